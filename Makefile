@@ -1,0 +1,67 @@
+# One command to run the platform, one to test it (see README.md).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+TEST_DATABASE_URL ?= $(or $(DATABASE_URL),postgres://postgres@127.0.0.1:5432/test)
+TEST_REDIS_URL ?= $(or $(REDIS_URL),redis://127.0.0.1:6379/0)
+VENDOR := static/vendor
+
+.PHONY: run test install install-test chromium lint format vendor clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e '.[test]'
+	touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+## run: migrate, seed the demo, start web + Celery worker + beat (Ctrl-C stops all)
+run: install
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py seed_demo
+	$(PY) manage.py run_stack
+
+## chromium: Debian's browser for the page-flow tests (never a downloaded build)
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+
+## test: install what the tests need and run the whole suite on PostgreSQL and Redis
+test: install-test chromium
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) \
+	  $(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install-test
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+## vendor: refresh static/vendor/ from the pinned npm packages (files are committed)
+vendor:
+	npm ci --no-audit --no-fund
+	rm -rf $(VENDOR) && mkdir -p $(VENDOR)/htmx $(VENDOR)/chartjs $(VENDOR)/pico $(VENDOR)/swagger-ui
+	cp node_modules/htmx.org/dist/htmx.min.js node_modules/htmx.org/LICENSE $(VENDOR)/htmx/
+	cp node_modules/chart.js/dist/chart.umd.min.js node_modules/chart.js/LICENSE.md $(VENDOR)/chartjs/
+	cp node_modules/@picocss/pico/css/pico.min.css node_modules/@picocss/pico/LICENSE.md $(VENDOR)/pico/
+	cp node_modules/swagger-ui-dist/swagger-ui-bundle.js \
+	   node_modules/swagger-ui-dist/swagger-ui-standalone-preset.js \
+	   node_modules/swagger-ui-dist/swagger-ui.css \
+	   node_modules/swagger-ui-dist/favicon-32x32.png \
+	   node_modules/swagger-ui-dist/LICENSE $(VENDOR)/swagger-ui/
+	node -e 'const p=require("./package.json").devDependencies;console.log(Object.entries(p).map(e=>e.join("@")).join("\n"))' > $(VENDOR)/VERSIONS.txt
+
+clean:
+	rm -rf $(VENV) var node_modules

@@ -1,0 +1,1 @@
+"""The REST API's shared parts: error format, pagination, throttling, strict serializers."""

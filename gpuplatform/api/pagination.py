@@ -1,0 +1,8 @@
+"""Page-number pagination with a client-chosen page size, capped."""
+
+from rest_framework import pagination
+
+
+class PageNumberPagination(pagination.PageNumberPagination):
+    page_size_query_param = "page_size"
+    max_page_size = 200

@@ -1,0 +1,20 @@
+"""Top-level URLs: pages, accounts, the API and admin."""
+
+from django.contrib import admin
+from django.urls import include, path
+
+from tenants import views as tenant_views
+
+admin.site.site_header = "gpuplatform ops admin"
+admin.site.site_title = "gpuplatform admin"
+
+urlpatterns = [
+    path("", tenant_views.home, name="home"),
+    path("healthz/", tenant_views.healthz, name="healthz"),
+    path("signup/", tenant_views.signup, name="signup"),
+    path("invitations/<str:token>/", tenant_views.invitation_accept, name="invitation_accept"),
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("api/v1/", include(("gpuplatform.api.urls", "api"), namespace="api")),
+    path("admin/", admin.site.urls),
+    path("", include("tenants.urls")),
+]

@@ -1,0 +1,1 @@
+"""Incidents: detection rules, the incident ledger, dispositions and notifications."""

@@ -1,0 +1,1 @@
+"""GPU nodes: inventory, VRAM allocations, telemetry samples, SSH transport and placement."""

@@ -1,0 +1,72 @@
+from django.contrib import admin
+
+from .models import Allocation, Gpu, GpuSample, Node, ProcessSample
+
+
+class GpuInline(admin.TabularInline):
+    model = Gpu
+    extra = 0
+    fields = [
+        "index",
+        "model",
+        "uuid",
+        "vram_total_mb",
+        "mig_enabled",
+        "overcommit_ratio",
+        "accepting_placements",
+        "present",
+    ]
+    readonly_fields = ["uuid"]
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ["name", "address", "port", "status", "driver_version", "last_seen_at"]
+    list_filter = ["status"]
+    search_fields = ["name", "address", "host_key_fingerprint"]
+    readonly_fields = ["host_key_fingerprint", "consecutive_failures", "last_seen_at", "created_at"]
+    inlines = [GpuInline]
+
+
+@admin.register(Gpu)
+class GpuAdmin(admin.ModelAdmin):
+    list_display = [
+        "__str__",
+        "uuid",
+        "vram_total_mb",
+        "mig_capable",
+        "mig_enabled",
+        "overcommit_ratio",
+        "accepting_placements",
+        "present",
+    ]
+    list_filter = ["model", "mig_capable", "mig_enabled", "accepting_placements", "present"]
+    search_fields = ["uuid", "model", "node__name"]
+    list_select_related = ["node"]
+
+
+@admin.register(Allocation)
+class AllocationAdmin(admin.ModelAdmin):
+    list_display = ["id", "gpu", "vram_mb", "owner_key", "state", "created_at", "released_at"]
+    list_filter = ["state"]
+    search_fields = ["owner_key", "gpu__uuid", "mig_device_uuid"]
+    list_select_related = ["gpu__node"]
+    readonly_fields = ["created_at", "released_at"]
+
+
+@admin.register(GpuSample)
+class GpuSampleAdmin(admin.ModelAdmin):
+    list_display = ["taken_at", "gpu", "memory_used_mb", "memory_total_mb", "utilization_gpu"]
+    list_filter = ["taken_at"]
+    search_fields = ["gpu__uuid"]
+    list_select_related = ["gpu__node"]
+    date_hierarchy = "taken_at"
+
+
+@admin.register(ProcessSample)
+class ProcessSampleAdmin(admin.ModelAdmin):
+    list_display = ["taken_at", "gpu", "pid", "used_memory_mb", "container_id"]
+    list_filter = ["taken_at"]
+    search_fields = ["gpu__uuid", "container_id", "pid"]
+    list_select_related = ["gpu__node"]
+    date_hierarchy = "taken_at"

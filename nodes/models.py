@@ -1,0 +1,224 @@
+"""GPU nodes, their GPUs, VRAM allocations and telemetry samples.
+
+`nodes` knows nothing of tenants: an allocation carries an opaque owner key.
+"""
+
+from decimal import Decimal
+
+from django.db import models
+from django.db.models import F, Q
+
+
+class Node(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending", "pending host-key approval"
+        ACTIVE = "active", "active"
+        DRAINING = "draining", "draining"
+        UNREACHABLE = "unreachable", "unreachable"
+
+    name = models.SlugField("name", max_length=64, unique=True)
+    address = models.CharField("address", max_length=255, help_text="Host name or IP address.")
+    port = models.PositiveIntegerField("SSH port", default=22)
+    ssh_user = models.CharField("SSH user", max_length=64, default="gpuplatform")
+    host_key = models.TextField(
+        "pinned host key",
+        blank=True,
+        help_text="The node's SSH host public key (known_hosts format), approved by ops.",
+    )
+    host_key_fingerprint = models.CharField("host-key fingerprint", max_length=128, blank=True)
+    status = models.CharField(
+        "status", max_length=16, choices=Status.choices, default=Status.PENDING
+    )
+    status_reason = models.CharField("status reason", max_length=500, blank=True)
+    capabilities = models.JSONField(
+        "enforcement capabilities",
+        default=dict,
+        blank=True,
+        help_text="What the node can enforce: nvidia runtime, MIG, software VRAM quota.",
+    )
+    driver_version = models.CharField("driver version", max_length=32, blank=True)
+    cuda_version = models.CharField("CUDA version", max_length=32, blank=True)
+    consecutive_failures = models.PositiveSmallIntegerField("consecutive failed samples", default=0)
+    last_seen_at = models.DateTimeField("last seen", null=True, blank=True)
+    created_at = models.DateTimeField("created", auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "node"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(port__gte=1) & Q(port__lte=65535),
+                name="%(app_label)s_%(class)s_port_range",
+                violation_error_message="The SSH port must be between 1 and 65535.",
+            ),
+            models.UniqueConstraint(
+                fields=["address", "port"],
+                name="%(app_label)s_%(class)s_unique_endpoint",
+                violation_error_message="A node with this address and port is already registered.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Gpu(models.Model):
+    node = models.ForeignKey(
+        "nodes.Node", on_delete=models.CASCADE, related_name="gpus", verbose_name="node"
+    )
+    uuid = models.CharField("GPU UUID", max_length=96, unique=True)
+    index = models.PositiveSmallIntegerField("index")
+    model = models.CharField("model", max_length=128)
+    vram_total_mb = models.PositiveIntegerField("total VRAM (MiB)")
+    mig_capable = models.BooleanField("MIG capable", default=False)
+    mig_enabled = models.BooleanField("MIG mode on", default=False)
+    overcommit_ratio = models.DecimalField(
+        "overcommit ratio",
+        max_digits=4,
+        decimal_places=2,
+        default=Decimal("1.00"),
+        help_text="Allocatable VRAM = total x ratio. Above 1.0 only from measured peaks.",
+    )
+    accepting_placements = models.BooleanField("accepting placements", default=True)
+    not_accepting_reason = models.CharField("why not accepting", max_length=500, blank=True)
+    present = models.BooleanField(
+        "present", default=True, help_text="False when rediscovery no longer finds this GPU."
+    )
+    discovered_at = models.DateTimeField("discovered", auto_now_add=True)
+
+    class Meta:
+        ordering = ["node__name", "index"]
+        verbose_name = "GPU"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node", "index"],
+                condition=Q(present=True),
+                name="%(app_label)s_%(class)s_unique_index_per_node",
+                violation_error_message="Two present GPUs cannot share an index on one node.",
+            ),
+            models.CheckConstraint(
+                condition=Q(overcommit_ratio__gte=Decimal("1.00"))
+                & Q(overcommit_ratio__lte=Decimal("4.00")),
+                name="%(app_label)s_%(class)s_overcommit_ratio_range",
+                violation_error_message="The overcommit ratio must be between 1.00 and 4.00.",
+            ),
+            models.CheckConstraint(
+                condition=Q(vram_total_mb__gt=0),
+                name="%(app_label)s_%(class)s_vram_positive",
+                violation_error_message="A GPU must have some VRAM.",
+            ),
+            models.CheckConstraint(
+                condition=Q(mig_enabled=False) | Q(mig_capable=True),
+                name="%(app_label)s_%(class)s_mig_needs_capable",
+                violation_error_message="MIG mode can only be on for a MIG-capable GPU.",
+            ),
+            models.CheckConstraint(
+                condition=Q(mig_enabled=False) | Q(overcommit_ratio=Decimal("1.00")),
+                name="%(app_label)s_%(class)s_no_overcommit_with_mig",
+                violation_error_message="MIG partitions and overcommit exclude each other.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/gpu{self.index} ({self.model})"
+
+
+class Allocation(models.Model):
+    class State(models.TextChoices):
+        RESERVED = "reserved", "reserved"
+        ACTIVE = "active", "active"
+        RELEASED = "released", "released"
+
+    gpu = models.ForeignKey(
+        "nodes.Gpu", on_delete=models.PROTECT, related_name="allocations", verbose_name="GPU"
+    )
+    vram_mb = models.PositiveIntegerField("VRAM (MiB)")
+    owner_key = models.CharField(
+        "owner key", max_length=128, help_text="Opaque key of whoever holds this VRAM."
+    )
+    mig_device_uuid = models.CharField("MIG device UUID", max_length=96, blank=True)
+    state = models.CharField("state", max_length=16, choices=State.choices, default=State.RESERVED)
+    created_at = models.DateTimeField("created", auto_now_add=True)
+    released_at = models.DateTimeField("released", null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "VRAM allocation"
+        indexes = [models.Index(fields=["gpu", "state"], name="nodes_alloc_gpu_state_idx")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(vram_mb__gt=0),
+                name="%(app_label)s_%(class)s_vram_positive",
+                violation_error_message="An allocation must reserve some VRAM.",
+            ),
+            models.UniqueConstraint(
+                fields=["owner_key"],
+                condition=~Q(state="released"),
+                name="%(app_label)s_%(class)s_one_live_per_owner",
+                violation_error_message="This owner already holds a live allocation.",
+            ),
+            models.CheckConstraint(
+                condition=Q(state="released", released_at__isnull=False)
+                | (~Q(state="released") & Q(released_at__isnull=True)),
+                name="%(app_label)s_%(class)s_released_at_iff_released",
+                violation_error_message="Only a released allocation has a release time.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.vram_mb} MiB on {self.gpu_id} for {self.owner_key}"
+
+
+class GpuSample(models.Model):
+    """One reading of one GPU. Bulk-inserted; kept 48 h raw, then rolled up."""
+
+    gpu = models.ForeignKey(
+        "nodes.Gpu", on_delete=models.CASCADE, related_name="samples", verbose_name="GPU"
+    )
+    taken_at = models.DateTimeField("taken at")
+    memory_used_mb = models.PositiveIntegerField("memory used (MiB)")
+    memory_total_mb = models.PositiveIntegerField("memory total (MiB)")
+    utilization_gpu = models.PositiveSmallIntegerField("GPU utilization (%)", null=True)
+    utilization_memory = models.PositiveSmallIntegerField("memory utilization (%)", null=True)
+    temperature_c = models.SmallIntegerField("temperature (°C)", null=True)
+    power_w = models.FloatField("power (W)", null=True)
+
+    class Meta:
+        ordering = ["-taken_at"]
+        verbose_name = "GPU sample"
+        indexes = [models.Index(fields=["gpu", "-taken_at"], name="nodes_gpusample_gpu_time_idx")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(memory_used_mb__lte=F("memory_total_mb")),
+                name="%(app_label)s_%(class)s_used_within_total",
+                violation_error_message="Used memory cannot exceed total memory.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_id} @ {self.taken_at:%Y-%m-%d %H:%M:%S}: {self.memory_used_mb} MiB"
+
+
+class ProcessSample(models.Model):
+    """One reading of one GPU process, with the container it runs in."""
+
+    gpu = models.ForeignKey(
+        "nodes.Gpu",
+        on_delete=models.CASCADE,
+        related_name="process_samples",
+        verbose_name="GPU",
+    )
+    taken_at = models.DateTimeField("taken at")
+    pid = models.PositiveIntegerField("PID")
+    used_memory_mb = models.PositiveIntegerField("used memory (MiB)")
+    container_id = models.CharField("container ID", max_length=128, blank=True)
+    sm_utilization = models.PositiveSmallIntegerField("SM utilization (%)", null=True)
+    memory_utilization = models.PositiveSmallIntegerField("memory utilization (%)", null=True)
+
+    class Meta:
+        ordering = ["-taken_at"]
+        verbose_name = "process sample"
+        indexes = [models.Index(fields=["gpu", "-taken_at"], name="nodes_procsample_gpu_time_idx")]
+
+    def __str__(self) -> str:
+        return f"pid {self.pid} on {self.gpu_id}: {self.used_memory_mb} MiB"

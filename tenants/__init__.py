@@ -1,0 +1,1 @@
+"""Tenants: accounts, members, API tokens, tiers, purchases and credit, slices."""

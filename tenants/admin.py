@@ -1,0 +1,179 @@
+from django.contrib import admin
+
+from .models import (
+    ApiToken,
+    AuditEvent,
+    Invitation,
+    LedgerEntry,
+    Membership,
+    Purchase,
+    Slice,
+    SliceTransition,
+    Tenant,
+    Tier,
+)
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 0
+    autocomplete_fields = ["user"]
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ["name", "slug", "status", "credit_balance", "created_at"]
+    list_filter = ["status", "created_at"]
+    search_fields = ["name", "slug", "memberships__user__email"]
+    # The balance moves only through the ledger (services), never by hand here.
+    readonly_fields = ["credit_balance", "created_at"]
+    prepopulated_fields = {"slug": ["name"]}
+    inlines = [MembershipInline]
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ["user", "tenant", "role", "created_at"]
+    list_filter = ["role"]
+    search_fields = ["user__email", "tenant__name"]
+    list_select_related = ["user", "tenant"]
+    autocomplete_fields = ["user", "tenant"]
+
+
+@admin.register(Invitation)
+class InvitationAdmin(admin.ModelAdmin):
+    list_display = [
+        "email",
+        "tenant",
+        "role",
+        "created_at",
+        "sent_at",
+        "accepted_at",
+        "revoked_at",
+        "expires_at",
+    ]
+    list_filter = ["role", "created_at"]
+    search_fields = ["email", "tenant__name"]
+    list_select_related = ["tenant"]
+    exclude = ["token_hash"]
+    readonly_fields = ["sent_at", "accepted_at", "created_at"]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "prefix",
+        "user",
+        "tenant",
+        "created_at",
+        "last_used_at",
+        "expires_at",
+        "revoked_at",
+    ]
+    list_filter = ["created_at", "revoked_at"]
+    search_fields = ["name", "prefix", "user__email", "tenant__name"]
+    list_select_related = ["user", "tenant"]
+    exclude = ["key_hash"]
+    readonly_fields = [
+        "user",
+        "tenant",
+        "name",
+        "prefix",
+        "created_at",
+        "last_used_at",
+        "expires_at",
+    ]
+
+    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+        return False  # tokens are made by their users: the value is shown only to them
+
+
+@admin.register(Tier)
+class TierAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "vram_mb",
+        "cpu_cores",
+        "host_ram_mb",
+        "pids_limit",
+        "price_per_hour",
+        "is_active",
+    ]
+    list_filter = ["is_active"]
+    search_fields = ["name"]
+    list_editable = ["price_per_hour", "is_active"]
+
+
+@admin.register(Purchase)
+class PurchaseAdmin(admin.ModelAdmin):
+    list_display = ["tenant", "tier", "hours", "price_paid", "minutes_left", "created_at"]
+    list_filter = ["tier", "created_at"]
+    search_fields = ["tenant__name"]
+    list_select_related = ["tenant", "tier"]
+    readonly_fields = [
+        "tenant",
+        "tier",
+        "hours",
+        "price_paid",
+        "minutes_total",
+        "created_by",
+        "created_at",
+    ]
+
+
+@admin.register(LedgerEntry)
+class LedgerEntryAdmin(admin.ModelAdmin):
+    """Append-only: visible to ops, never edited or deleted here."""
+
+    list_display = ["created_at", "tenant", "kind", "amount", "balance_after", "actor", "memo"]
+    list_filter = ["kind", "created_at"]
+    search_fields = ["tenant__name", "memo"]
+    list_select_related = ["tenant", "actor"]
+
+    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+        return False
+
+    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+    def has_delete_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+
+class SliceTransitionInline(admin.TabularInline):
+    model = SliceTransition
+    extra = 0
+    can_delete = False
+    readonly_fields = ["from_state", "to_state", "reason", "actor", "at"]
+
+    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+
+@admin.register(Slice)
+class SliceAdmin(admin.ModelAdmin):
+    list_display = ["id", "tenant", "image", "state", "estimate_mb", "created_at"]
+    list_filter = ["state", "created_at"]
+    search_fields = ["tenant__name", "image", "container_id", "idempotency_key"]
+    list_select_related = ["tenant"]
+    readonly_fields = [
+        "state",
+        "allocation",
+        "container_id",
+        "created_at",
+        "started_at",
+        "stopped_at",
+    ]
+    inlines = [SliceTransitionInline]
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(admin.ModelAdmin):
+    list_display = ["at", "tenant", "actor", "action", "summary"]
+    list_filter = ["action", "at"]
+    search_fields = ["tenant__name", "summary", "actor__email"]
+    list_select_related = ["tenant", "actor"]
+
+    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False

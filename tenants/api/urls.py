@@ -1,0 +1,12 @@
+from django.urls import path
+from rest_framework.routers import SimpleRouter
+
+from . import views
+
+router = SimpleRouter()
+router.register("tiers", views.TierViewSet, basename="tier")
+router.register("tokens", views.ApiTokenViewSet, basename="token")
+router.register("members", views.MemberViewSet, basename="member")
+router.register("ops/tenants", views.OpsTenantViewSet, basename="ops-tenant")
+
+urlpatterns = [path("me/", views.MeView.as_view(), name="me"), *router.urls]

@@ -1,0 +1,90 @@
+"""API token authentication: `Authorization: Bearer gpp_...`, looked up by its hash.
+
+Failed attempts are counted per client address: past the `auth_failure` rate every
+further attempt from that address gets 429 before any token is checked, so tokens
+cannot be guessed at speed.
+"""
+
+from datetime import timedelta
+
+from django.utils import timezone
+from rest_framework import authentication, exceptions, throttling
+from rest_framework.settings import api_settings
+
+from .models import ApiToken
+from .tokens import hash_secret
+
+# Writing last_used_at on every call would turn each read into a write.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+class AuthFailureThrottle(throttling.SimpleRateThrottle):
+    scope = "auth_failure"
+
+    def get_rate(self) -> str | None:
+        return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
+
+    def get_cache_key(self, request, view) -> str:  # type: ignore[no-untyped-def]
+        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+
+    def _load(self, request) -> None:  # type: ignore[no-untyped-def]
+        self.key = self.get_cache_key(request, None)
+        self.history = self.cache.get(self.key, [])
+        self.now = self.timer()
+        while self.history and self.history[-1] <= self.now - self.duration:
+            self.history.pop()
+
+    def check(self, request) -> None:  # type: ignore[no-untyped-def]
+        if self.rate is None:
+            return
+        self._load(request)
+        if len(self.history) >= self.num_requests:
+            raise exceptions.Throttled(wait=self.wait())
+
+    def record_failure(self, request) -> None:  # type: ignore[no-untyped-def]
+        if self.rate is None:
+            return
+        self._load(request)
+        self.history.insert(0, self.now)
+        self.cache.set(self.key, self.history, self.duration)
+
+
+class ApiTokenAuthentication(authentication.BaseAuthentication):
+    keywords = ("bearer", "token")
+
+    def authenticate(self, request):  # type: ignore[no-untyped-def]
+        header = authentication.get_authorization_header(request).split()
+        if not header or header[0].lower().decode(errors="replace") not in self.keywords:
+            return None
+        throttle = AuthFailureThrottle()
+        throttle.check(request)
+        try:
+            return self._authenticate(header)
+        except exceptions.AuthenticationFailed:
+            throttle.record_failure(request)
+            raise
+
+    def _authenticate(self, header: list[bytes]):  # type: ignore[no-untyped-def]
+        if len(header) != 2:
+            raise exceptions.AuthenticationFailed(
+                "Invalid Authorization header: expected 'Bearer <token>'."
+            )
+        try:
+            value = header[1].decode("ascii")
+        except UnicodeDecodeError as exc:
+            raise exceptions.AuthenticationFailed("Invalid token.") from exc
+        token = (
+            ApiToken.objects.live()
+            .select_related("user")
+            .filter(key_hash=hash_secret(value))
+            .first()
+        )
+        if token is None or not token.user.is_active:
+            raise exceptions.AuthenticationFailed("Invalid, expired or revoked token.")
+        now = timezone.now()
+        if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
+            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        return token.user, token
+
+    def authenticate_header(self, request) -> str:  # type: ignore[no-untyped-def]
+        return 'Bearer realm="api"'

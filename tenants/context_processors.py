@@ -1,0 +1,14 @@
+"""Puts the signed-in user's membership (tenant and role) into every template."""
+
+from django.http import HttpRequest
+
+from .selectors import membership_for_user
+
+
+def membership(request: HttpRequest) -> dict:
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        return {"membership": None}
+    if not hasattr(request, "_membership_cache"):
+        request._membership_cache = membership_for_user(user)  # type: ignore[attr-defined]
+    return {"membership": request._membership_cache}  # type: ignore[attr-defined]

@@ -1,0 +1,55 @@
+"""Create the demo ops user and demo tenant (if absent) and print how to log in.
+
+Passwords are random, made once and kept in var/demo-logins.txt (git-ignored), so a
+demo machine never runs with a well-known password.
+"""
+
+import json
+import secrets
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from tenants import services
+from tenants.models import Membership
+
+OPS_EMAIL = "ops@example.com"
+TENANT_EMAIL = "demo@example.com"
+TENANT_NAME = "Demo Lab"
+
+
+class Command(BaseCommand):
+    help = "Create the demo ops user and demo tenant user if absent; print the logins."
+
+    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+        path = settings.VAR_DIR / "demo-logins.json"
+        logins = json.loads(path.read_text()) if path.exists() else {}
+        User = get_user_model()
+        with transaction.atomic():
+            if not User.objects.filter(username=OPS_EMAIL).exists():
+                password = secrets.token_urlsafe(12)
+                User.objects.create_user(
+                    username=OPS_EMAIL,
+                    email=OPS_EMAIL,
+                    password=password,
+                    is_staff=True,
+                    is_superuser=True,
+                )
+                logins[OPS_EMAIL] = password
+            if not User.objects.filter(username=TENANT_EMAIL).exists():
+                password = secrets.token_urlsafe(12)
+                services.tenant_sign_up(
+                    email=TENANT_EMAIL, password=password, tenant_name=TENANT_NAME
+                )
+                logins[TENANT_EMAIL] = password
+        path.write_text(json.dumps(logins, indent=2))
+        path.chmod(0o600)
+        tenant = Membership.objects.filter(user__username=TENANT_EMAIL).select_related("tenant")
+        tenant_name = tenant[0].tenant.name if tenant else "?"
+        self.stdout.write(self.style.SUCCESS("gpuplatform demo logins"))
+        self.stdout.write(f"  URL:    {settings.SITE_URL}/")
+        for email, role in ((OPS_EMAIL, "ops (staff)"), (TENANT_EMAIL, f"owner of {tenant_name}")):
+            password = logins.get(email, "(set before this machine kept logins; reset it)")
+            self.stdout.write(f"  {role:<22} {email} / {password}")

@@ -1,0 +1,534 @@
+"""Tenants, their people and money, and the slices they launch.
+
+Every tenant-owned model's manager has `for_tenant(tenant)`: views, API and selectors
+read through it, so another tenant's object is simply not found (404).
+"""
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+
+
+class TenantScopedQuerySet(models.QuerySet):
+    tenant_field = "tenant"
+
+    def for_tenant(self, tenant: "Tenant | None") -> "TenantScopedQuerySet":
+        if tenant is None:
+            return self.none()
+        return self.filter(**{self.tenant_field: tenant})
+
+
+class TenantQuerySet(models.QuerySet):
+    def visible_to(self, user) -> "TenantQuerySet":  # type: ignore[no-untyped-def]
+        if not user.is_authenticated:
+            return self.none()
+        if user.is_staff:
+            return self.all()
+        return self.filter(memberships__user=user)
+
+
+class Tenant(models.Model):
+    class Status(models.TextChoices):
+        ACTIVE = "active", "active"
+        SUSPENDED = "suspended", "suspended"
+
+    name = models.CharField("name", max_length=100)
+    slug = models.SlugField("slug", max_length=110, unique=True)
+    status = models.CharField(
+        "status", max_length=16, choices=Status.choices, default=Status.ACTIVE
+    )
+    status_reason = models.CharField("status reason", max_length=500, blank=True)
+    credit_balance = models.DecimalField(
+        "credit balance", max_digits=12, decimal_places=2, default=Decimal("0.00")
+    )
+    created_at = models.DateTimeField("created", auto_now_add=True)
+
+    objects = TenantQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "tenant"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(credit_balance__gte=0),
+                name="%(app_label)s_%(class)s_balance_non_negative",
+                violation_error_message="The credit balance cannot go below zero.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_active(self) -> bool:
+        return self.status == self.Status.ACTIVE
+
+
+class Role(models.TextChoices):
+    OWNER = "owner", "owner"
+    MEMBER = "member", "member"
+    VIEWER = "viewer", "viewer"
+
+
+class Membership(models.Model):
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="memberships",
+        verbose_name="user",
+    )
+    tenant = models.ForeignKey(
+        "tenants.Tenant",
+        on_delete=models.CASCADE,
+        related_name="memberships",
+        verbose_name="tenant",
+    )
+    role = models.CharField("role", max_length=16, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField("joined", auto_now_add=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["tenant", "user__email"]
+        verbose_name = "membership"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(role__in=["owner", "member", "viewer"]),
+                name="%(app_label)s_%(class)s_role_known",
+                violation_error_message="Unknown role.",
+            ),
+            # One account belongs to one tenant: every request then has one scope.
+            models.UniqueConstraint(
+                fields=["user"],
+                name="%(app_label)s_%(class)s_one_tenant_per_user",
+                violation_error_message="This user already belongs to a tenant.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} ({self.role}) in {self.tenant}"
+
+    @property
+    def can_manage(self) -> bool:
+        return self.role == Role.OWNER
+
+    @property
+    def can_write(self) -> bool:
+        return self.role in (Role.OWNER, Role.MEMBER)
+
+
+class Invitation(models.Model):
+    tenant = models.ForeignKey(
+        "tenants.Tenant",
+        on_delete=models.CASCADE,
+        related_name="invitations",
+        verbose_name="tenant",
+    )
+    email = models.EmailField("email")
+    role = models.CharField("role", max_length=16, choices=Role.choices, default=Role.MEMBER)
+    # Set when the email goes out: the link's token exists only in that email.
+    token_hash = models.CharField("token hash", max_length=64, unique=True, null=True, blank=True)
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        related_name="invitations_sent",
+        verbose_name="invited by",
+    )
+    created_at = models.DateTimeField("created", auto_now_add=True)
+    expires_at = models.DateTimeField("expires")
+    sent_at = models.DateTimeField("email sent", null=True, blank=True)
+    accepted_at = models.DateTimeField("accepted", null=True, blank=True)
+    revoked_at = models.DateTimeField("revoked", null=True, blank=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "invitation"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "email"],
+                condition=Q(accepted_at__isnull=True, revoked_at__isnull=True),
+                name="%(app_label)s_%(class)s_one_pending_per_email",
+                violation_error_message="This address already has a pending invitation.",
+            ),
+            models.CheckConstraint(
+                condition=Q(role__in=["owner", "member", "viewer"]),
+                name="%(app_label)s_%(class)s_role_known",
+                violation_error_message="Unknown role.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.email} -> {self.tenant}"
+
+
+class ApiTokenQuerySet(TenantScopedQuerySet):
+    def live(self) -> "ApiTokenQuerySet":
+        from django.utils import timezone
+
+        return self.filter(revoked_at__isnull=True).filter(
+            Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now())
+        )
+
+
+class ApiToken(models.Model):
+    """A bearer token for automation. Only its SHA-256 is stored; the value is shown once."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="api_tokens",
+        verbose_name="user",
+    )
+    tenant = models.ForeignKey(
+        "tenants.Tenant",
+        on_delete=models.CASCADE,
+        related_name="api_tokens",
+        null=True,
+        blank=True,
+        verbose_name="tenant",
+        help_text="The tenant the user belonged to when the token was made; empty for ops.",
+    )
+    name = models.CharField("name", max_length=64)
+    prefix = models.CharField(
+        "prefix", max_length=16, help_text="The token's first characters, to recognise it."
+    )
+    key_hash = models.CharField("key hash (SHA-256)", max_length=64, unique=True)
+    created_at = models.DateTimeField("created", auto_now_add=True)
+    expires_at = models.DateTimeField("expires", null=True, blank=True)
+    last_used_at = models.DateTimeField("last used", null=True, blank=True)
+    revoked_at = models.DateTimeField("revoked", null=True, blank=True)
+
+    objects = ApiTokenQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "API token"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(expires_at__isnull=True) | Q(expires_at__gt=F("created_at")),
+                name="%(app_label)s_%(class)s_expires_after_created",
+                violation_error_message="A token must expire after it was created.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def is_live(self) -> bool:
+        from django.utils import timezone
+
+        return self.revoked_at is None and (
+            self.expires_at is None or self.expires_at > timezone.now()
+        )
+
+
+class Tier(models.Model):
+    """A VRAM tier the platform sells. Seeded with 4, 8, 12 and 24 GB; ops edit in admin."""
+
+    name = models.CharField("name", max_length=32, unique=True)
+    vram_mb = models.PositiveIntegerField("VRAM (MiB)", unique=True)
+    cpu_cores = models.DecimalField("CPU cores", max_digits=5, decimal_places=2)
+    host_ram_mb = models.PositiveIntegerField("host RAM (MiB)")
+    pids_limit = models.PositiveIntegerField("process limit", default=4096)
+    price_per_hour = models.DecimalField("price per hour (credits)", max_digits=8, decimal_places=2)
+    is_active = models.BooleanField("on sale", default=True)
+    description = models.CharField("description", max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["vram_mb"]
+        verbose_name = "tier"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(vram_mb__gt=0),
+                name="%(app_label)s_%(class)s_vram_positive",
+                violation_error_message="A tier must include some VRAM.",
+            ),
+            models.CheckConstraint(
+                condition=Q(cpu_cores__gt=0) & Q(host_ram_mb__gt=0) & Q(pids_limit__gt=0),
+                name="%(app_label)s_%(class)s_resources_positive",
+                violation_error_message="CPU cores, host RAM and process limit must be positive.",
+            ),
+            models.CheckConstraint(
+                condition=Q(price_per_hour__gte=0),
+                name="%(app_label)s_%(class)s_price_non_negative",
+                violation_error_message="A price cannot be negative.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def vram_gb(self) -> int:
+        return self.vram_mb // 1024
+
+    @property
+    def host_ram_gb(self) -> int:
+        return self.host_ram_mb // 1024
+
+
+class Purchase(models.Model):
+    tenant = models.ForeignKey(
+        "tenants.Tenant",
+        on_delete=models.PROTECT,
+        related_name="purchases",
+        verbose_name="tenant",
+    )
+    tier = models.ForeignKey(
+        "tenants.Tier", on_delete=models.PROTECT, related_name="purchases", verbose_name="tier"
+    )
+    hours = models.PositiveIntegerField("hours")
+    price_paid = models.DecimalField("price paid", max_digits=12, decimal_places=2)
+    minutes_total = models.PositiveIntegerField("minutes bought")
+    minutes_left = models.PositiveIntegerField("minutes left")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        related_name="purchases",
+        verbose_name="bought by",
+    )
+    created_at = models.DateTimeField("bought", auto_now_add=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "purchase"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(hours__gt=0),
+                name="%(app_label)s_%(class)s_hours_positive",
+                violation_error_message="A purchase must be for at least one hour.",
+            ),
+            models.CheckConstraint(
+                condition=Q(minutes_left__lte=F("minutes_total")),
+                name="%(app_label)s_%(class)s_minutes_left_within_total",
+                violation_error_message="Minutes left cannot exceed the minutes bought.",
+            ),
+            models.CheckConstraint(
+                condition=Q(price_paid__gte=0),
+                name="%(app_label)s_%(class)s_price_non_negative",
+                violation_error_message="A price cannot be negative.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tier} x {self.hours} h for {self.tenant}"
+
+
+class LedgerEntry(models.Model):
+    """Append-only credit movement. The tenant's balance is the sum of its entries."""
+
+    class Kind(models.TextChoices):
+        GRANT = "grant", "credit granted"
+        PURCHASE = "purchase", "purchase"
+        REFUND = "refund", "refund"
+        ADJUSTMENT = "adjustment", "adjustment"
+
+    tenant = models.ForeignKey(
+        "tenants.Tenant",
+        on_delete=models.PROTECT,
+        related_name="ledger_entries",
+        verbose_name="tenant",
+    )
+    kind = models.CharField("kind", max_length=16, choices=Kind.choices)
+    amount = models.DecimalField("amount", max_digits=12, decimal_places=2)
+    balance_after = models.DecimalField("balance after", max_digits=12, decimal_places=2)
+    purchase = models.ForeignKey(
+        "tenants.Purchase",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="ledger_entries",
+        verbose_name="purchase",
+    )
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="ledger_entries",
+        verbose_name="by",
+    )
+    memo = models.CharField("memo", max_length=200, blank=True)
+    created_at = models.DateTimeField("at", auto_now_add=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name = "ledger entry"
+        verbose_name_plural = "ledger entries"
+        constraints = [
+            models.CheckConstraint(
+                condition=~Q(amount=0),
+                name="%(app_label)s_%(class)s_amount_non_zero",
+                violation_error_message="A ledger entry must move some credit.",
+            ),
+            models.CheckConstraint(
+                condition=Q(balance_after__gte=0),
+                name="%(app_label)s_%(class)s_balance_after_non_negative",
+                violation_error_message="The credit balance cannot go below zero.",
+            ),
+            models.CheckConstraint(
+                condition=(Q(kind__in=["grant", "refund"]) & Q(amount__gt=0))
+                | (Q(kind="purchase") & Q(amount__lt=0))
+                | Q(kind="adjustment"),
+                name="%(app_label)s_%(class)s_sign_matches_kind",
+                violation_error_message="Grants and refunds add credit; purchases take it.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.amount} ({self.tenant})"
+
+
+class Slice(models.Model):
+    """A tenant's tier-sized container: the launch lifecycle lives here."""
+
+    class State(models.TextChoices):
+        REQUESTED = "requested", "requested"
+        REFUSED = "refused", "refused"
+        QUEUED = "queued", "queued"
+        PROVISIONING = "provisioning", "provisioning"
+        RUNNING = "running", "running"
+        STOPPING = "stopping", "stopping"
+        STOPPED = "stopped", "stopped"
+        FAILED = "failed", "failed"
+
+    FINAL_STATES = (State.REFUSED, State.STOPPED, State.FAILED)
+
+    tenant = models.ForeignKey(
+        "tenants.Tenant", on_delete=models.PROTECT, related_name="slices", verbose_name="tenant"
+    )
+    purchase = models.ForeignKey(
+        "tenants.Purchase",
+        on_delete=models.PROTECT,
+        related_name="slices",
+        verbose_name="purchase",
+    )
+    image = models.CharField("image", max_length=255)
+    command = models.JSONField("command (argv)", default=list, blank=True)
+    environment = models.JSONField("environment", default=dict, blank=True)
+    estimate_mb = models.PositiveIntegerField("estimated VRAM (MiB)", null=True, blank=True)
+    estimate = models.JSONField("estimate breakdown", default=dict, blank=True)
+    state = models.CharField("state", max_length=16, choices=State.choices, default=State.REQUESTED)
+    state_reason = models.CharField("state reason", max_length=500, blank=True)
+    allocation = models.OneToOneField(
+        "nodes.Allocation",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="slice",
+        verbose_name="VRAM allocation",
+    )
+    container_id = models.CharField("container ID", max_length=128, blank=True)
+    connection = models.JSONField("connection details", default=dict, blank=True)
+    idempotency_key = models.CharField("idempotency key", max_length=128, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        related_name="slices",
+        verbose_name="launched by",
+    )
+    created_at = models.DateTimeField("requested", auto_now_add=True)
+    started_at = models.DateTimeField("started", null=True, blank=True)
+    stopped_at = models.DateTimeField("stopped", null=True, blank=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "slice"
+        indexes = [models.Index(fields=["tenant", "state"], name="tenants_slice_tenant_state_idx")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="%(app_label)s_%(class)s_unique_idempotency_key",
+                violation_error_message="A launch with this idempotency key already exists.",
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=["running", "stopping"], allocation__isnull=False)
+                | ~Q(state__in=["running", "stopping"]),
+                name="%(app_label)s_%(class)s_running_has_allocation",
+                violation_error_message="A running slice must hold a VRAM allocation.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"slice {self.pk} ({self.state})"
+
+    @property
+    def owner_key(self) -> str:
+        """The opaque key `nodes` labels this slice's allocation and container with."""
+        return f"slice-{self.pk}"
+
+
+class SliceTransition(models.Model):
+    slice = models.ForeignKey(
+        "tenants.Slice",
+        on_delete=models.CASCADE,
+        related_name="transitions",
+        verbose_name="slice",
+    )
+    from_state = models.CharField("from", max_length=16, blank=True)
+    to_state = models.CharField("to", max_length=16)
+    reason = models.CharField("reason", max_length=500, blank=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name="by",
+    )
+    at = models.DateTimeField("at", auto_now_add=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+        verbose_name = "slice transition"
+
+    def __str__(self) -> str:
+        return f"{self.from_state or '-'} -> {self.to_state}"
+
+
+class AuditEvent(models.Model):
+    """Who did what to a tenant's account: members, invitations, tokens, status."""
+
+    tenant = models.ForeignKey(
+        "tenants.Tenant",
+        on_delete=models.CASCADE,
+        related_name="audit_events",
+        verbose_name="tenant",
+    )
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name="by",
+    )
+    action = models.CharField("action", max_length=64)
+    summary = models.CharField("summary", max_length=300)
+    data = models.JSONField("data", default=dict, blank=True)
+    at = models.DateTimeField("at", auto_now_add=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        verbose_name = "audit event"
+        indexes = [models.Index(fields=["tenant", "-at"], name="tenants_audit_tenant_at_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.action}: {self.summary}"

@@ -1,0 +1,414 @@
+"""Every write to tenants, members, invitations and API tokens goes through here."""
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.mail import send_mail
+from django.db import IntegrityError, transaction
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.text import slugify
+
+from gpuplatform.errors import Conflict, NotAllowed, ServiceError
+
+from .models import ApiToken, AuditEvent, Invitation, Membership, Role, Tenant
+from .tokens import API_TOKEN_PREFIX, display_prefix, hash_secret, new_secret
+
+User = get_user_model()
+
+API_TOKEN_MAX_DAYS = 365
+INVITATION_PURGE_AFTER = timedelta(days=30)
+
+
+def audit_event_record(
+    *,
+    tenant: Tenant,
+    actor: AbstractBaseUser | None,
+    action: str,
+    summary: str,
+    data: dict | None = None,
+) -> AuditEvent:
+    return AuditEvent.objects.create(
+        tenant=tenant,
+        actor=actor if actor is not None and actor.is_authenticated else None,
+        action=action,
+        summary=summary[:300],
+        data=data or {},
+    )
+
+
+def _unique_slug(name: str) -> str:
+    base = slugify(name)[:100] or "tenant"
+    slug, n = base, 1
+    while Tenant.objects.filter(slug=slug).exists():
+        n += 1
+        slug = f"{base}-{n}"
+    return slug
+
+
+def _check_password(password: str, user: AbstractBaseUser | None = None) -> None:
+    try:
+        validate_password(password, user)
+    except DjangoValidationError as exc:
+        raise ServiceError(" ".join(exc.messages), code="weak_password", field="password") from exc
+
+
+def _new_user(*, email: str, password: str):  # type: ignore[no-untyped-def]
+    email = User.objects.normalize_email(email).strip().lower()
+    if User.objects.filter(username__iexact=email).exists():
+        raise Conflict(
+            "An account with this email already exists.", code="email_taken", field="email"
+        )
+    user = User(username=email, email=email)
+    _check_password(password, user)
+    user.set_password(password)
+    user.save()
+    return user
+
+
+@transaction.atomic
+def tenant_create(*, owner: AbstractBaseUser, name: str) -> Membership:
+    """A new tenant with `owner` as its owner. The user must not belong to one already."""
+    name = name.strip()
+    if not name:
+        raise ServiceError("Give your organisation a name.", code="required", field="tenant_name")
+    if Membership.objects.filter(user=owner).exists():
+        raise Conflict("You already belong to a tenant.", code="already_member")
+    tenant = Tenant.objects.create(name=name, slug=_unique_slug(name))
+    membership = Membership.objects.create(user=owner, tenant=tenant, role=Role.OWNER)
+    audit_event_record(
+        tenant=tenant, actor=owner, action="tenant.created", summary=f"Tenant {name} created"
+    )
+    return membership
+
+
+@transaction.atomic
+def tenant_sign_up(*, email: str, password: str, tenant_name: str) -> Membership:
+    """Self-service sign-up: a user, a tenant, and the user as its owner, or nothing."""
+    user = _new_user(email=email, password=password)
+    return tenant_create(owner=user, name=tenant_name)
+
+
+@transaction.atomic
+def tenant_set_status(
+    *, tenant: Tenant, actor: AbstractBaseUser, status: str, reason: str = ""
+) -> Tenant:
+    if not actor.is_staff:
+        raise NotAllowed("Only ops can suspend or reactivate a tenant.")
+    if status not in Tenant.Status.values:
+        raise ServiceError(f"Unknown status {status!r}.", field="status")
+    tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    if tenant.status == status:
+        return tenant
+    if status == Tenant.Status.SUSPENDED and not reason.strip():
+        raise ServiceError("Say why the tenant is suspended.", code="required", field="reason")
+    tenant.status = status
+    tenant.status_reason = reason.strip()
+    tenant.save(update_fields=["status", "status_reason"])
+    audit_event_record(
+        tenant=tenant,
+        actor=actor,
+        action=f"tenant.{status}",
+        summary=f"Tenant {status} by ops" + (f": {reason.strip()}" if reason.strip() else ""),
+    )
+    return tenant
+
+
+# --- members ------------------------------------------------------------------------
+
+
+def _require_owner(actor_membership: Membership) -> None:
+    if not actor_membership.can_manage:
+        raise NotAllowed("Only an owner of this tenant can manage its members.")
+
+
+def _lock_owners(tenant: Tenant) -> list[Membership]:
+    # Lock order: memberships by pk, so two owners demoting each other serialise.
+    return list(
+        Membership.objects.select_for_update().filter(tenant=tenant, role=Role.OWNER).order_by("pk")
+    )
+
+
+@transaction.atomic
+def membership_change_role(
+    *, actor_membership: Membership, membership: Membership, role: str
+) -> Membership:
+    _require_owner(actor_membership)
+    if membership.tenant_id != actor_membership.tenant_id:
+        raise NotAllowed("That member is not in your tenant.")
+    if role not in Role.values:
+        raise ServiceError(f"Unknown role {role!r}.", code="invalid_choice", field="role")
+    owners = _lock_owners(membership.tenant)
+    membership = Membership.objects.select_for_update().get(pk=membership.pk)
+    if membership.role == role:
+        return membership
+    if membership.role == Role.OWNER and len(owners) == 1:
+        raise Conflict(
+            "A tenant needs at least one owner: promote someone else first.",
+            code="last_owner",
+            field="role",
+        )
+    old = membership.role
+    membership.role = role
+    membership.save(update_fields=["role"])
+    audit_event_record(
+        tenant=membership.tenant,
+        actor=actor_membership.user,
+        action="member.role_changed",
+        summary=f"{membership.user.email}: {old} -> {role}",
+    )
+    return membership
+
+
+@transaction.atomic
+def membership_remove(*, actor_membership: Membership, membership: Membership) -> None:
+    """Remove a member; their API tokens stop working at once."""
+    _require_owner(actor_membership)
+    if membership.tenant_id != actor_membership.tenant_id:
+        raise NotAllowed("That member is not in your tenant.")
+    owners = _lock_owners(membership.tenant)
+    membership = Membership.objects.select_for_update().get(pk=membership.pk)
+    if membership.role == Role.OWNER and len(owners) == 1:
+        raise Conflict(
+            "A tenant needs at least one owner: promote someone else first.", code="last_owner"
+        )
+    now = timezone.now()
+    revoked = ApiToken.objects.filter(user=membership.user, revoked_at__isnull=True).update(
+        revoked_at=now
+    )
+    email = membership.user.email
+    membership.delete()
+    audit_event_record(
+        tenant=actor_membership.tenant,
+        actor=actor_membership.user,
+        action="member.removed",
+        summary=f"{email} removed ({revoked} API token(s) revoked)",
+    )
+
+
+# --- invitations ----------------------------------------------------------------------
+
+
+@transaction.atomic
+def invitation_create(*, actor_membership: Membership, email: str, role: str) -> Invitation:
+    _require_owner(actor_membership)
+    tenant = actor_membership.tenant
+    email = User.objects.normalize_email(email).strip().lower()
+    if role not in Role.values:
+        raise ServiceError(f"Unknown role {role!r}.", code="invalid_choice", field="role")
+    if Membership.objects.filter(tenant=tenant, user__username__iexact=email).exists():
+        raise Conflict(f"{email} is already a member.", code="already_member", field="email")
+    invitation = Invitation(
+        tenant=tenant,
+        email=email,
+        role=role,
+        invited_by=actor_membership.user,
+        expires_at=timezone.now() + timedelta(days=settings.INVITATION_TTL_DAYS),
+    )
+    try:
+        with transaction.atomic():
+            invitation.save()
+    except IntegrityError as exc:
+        raise Conflict(
+            f"{email} already has a pending invitation.", code="already_invited", field="email"
+        ) from exc
+    audit_event_record(
+        tenant=tenant,
+        actor=actor_membership.user,
+        action="invitation.created",
+        summary=f"Invited {email} as {role}",
+    )
+    from .tasks import send_invitation
+
+    send_invitation.delay_on_commit(invitation.pk)
+    return invitation
+
+
+@transaction.atomic
+def invitation_resend(*, actor_membership: Membership, invitation: Invitation) -> Invitation:
+    _require_owner(actor_membership)
+    invitation = (
+        Invitation.objects.for_tenant(actor_membership.tenant)
+        .select_for_update()
+        .get(pk=invitation.pk)
+    )
+    if invitation.accepted_at or invitation.revoked_at:
+        raise Conflict("This invitation is no longer pending.", code="not_pending")
+    invitation.sent_at = None
+    invitation.token_hash = None
+    invitation.expires_at = timezone.now() + timedelta(days=settings.INVITATION_TTL_DAYS)
+    invitation.save(update_fields=["sent_at", "token_hash", "expires_at"])
+    from .tasks import send_invitation
+
+    send_invitation.delay_on_commit(invitation.pk)
+    return invitation
+
+
+@transaction.atomic
+def invitation_revoke(*, actor_membership: Membership, invitation: Invitation) -> Invitation:
+    _require_owner(actor_membership)
+    invitation = (
+        Invitation.objects.for_tenant(actor_membership.tenant)
+        .select_for_update()
+        .get(pk=invitation.pk)
+    )
+    if invitation.accepted_at:
+        raise Conflict("This invitation was already accepted.", code="not_pending")
+    if invitation.revoked_at is None:
+        invitation.revoked_at = timezone.now()
+        invitation.save(update_fields=["revoked_at"])
+        audit_event_record(
+            tenant=invitation.tenant,
+            actor=actor_membership.user,
+            action="invitation.revoked",
+            summary=f"Invitation for {invitation.email} revoked",
+        )
+    return invitation
+
+
+@transaction.atomic
+def invitation_send(*, invitation_id: int) -> bool:
+    """Email the invitation link. Safe to run twice: a sent invitation is not resent.
+
+    The link's token is made here and only its hash kept, so the secret lives in the
+    email alone (not in the broker, not in the database).
+    """
+    invitation = (
+        Invitation.objects.select_for_update(of=("self",))
+        .select_related("tenant", "invited_by")
+        .filter(pk=invitation_id)
+        .first()
+    )
+    if invitation is None or invitation.sent_at or invitation.accepted_at or invitation.revoked_at:
+        return False
+    if invitation.expires_at <= timezone.now():
+        return False
+    token = new_secret()
+    link = settings.SITE_URL.rstrip("/") + reverse("invitation_accept", args=[token])
+    context = {"invitation": invitation, "link": link}
+    send_mail(
+        subject=f"You are invited to {invitation.tenant.name} on gpuplatform",
+        message=render_to_string("tenants/email/invitation.txt", context),
+        from_email=None,
+        recipient_list=[invitation.email],
+    )
+    invitation.token_hash = hash_secret(token)
+    invitation.sent_at = timezone.now()
+    invitation.save(update_fields=["token_hash", "sent_at"])
+    return True
+
+
+def invitation_by_token(token: str) -> Invitation | None:
+    """The pending, unexpired invitation this link's token opens, or None."""
+    return (
+        Invitation.objects.select_related("tenant")
+        .filter(
+            token_hash=hash_secret(token),
+            accepted_at__isnull=True,
+            revoked_at__isnull=True,
+            expires_at__gt=timezone.now(),
+        )
+        .first()
+    )
+
+
+@transaction.atomic
+def invitation_accept(*, token: str, password: str) -> Membership:
+    """A new account for the invited address, joined to the inviting tenant."""
+    invitation = invitation_by_token(token)
+    if invitation is None:
+        raise ServiceError(
+            "This invitation link is invalid, expired or already used.", code="invalid_invitation"
+        )
+    invitation = Invitation.objects.select_for_update().get(pk=invitation.pk)
+    if invitation.accepted_at:
+        raise Conflict("This invitation was already accepted.", code="invalid_invitation")
+    if invitation.tenant.status != Tenant.Status.ACTIVE:
+        raise NotAllowed(
+            "This tenant is suspended; ask its owner or support.", code="tenant_suspended"
+        )
+    user = _new_user(email=invitation.email, password=password)
+    membership = Membership.objects.create(
+        user=user, tenant=invitation.tenant, role=invitation.role
+    )
+    invitation.accepted_at = timezone.now()
+    invitation.save(update_fields=["accepted_at"])
+    audit_event_record(
+        tenant=invitation.tenant,
+        actor=user,
+        action="invitation.accepted",
+        summary=f"{user.email} joined as {invitation.role}",
+    )
+    return membership
+
+
+def invitation_purge_expired() -> int:
+    """Delete pending invitations that expired long ago; accepted ones stay as history."""
+    cutoff = timezone.now() - INVITATION_PURGE_AFTER
+    deleted, _ = Invitation.objects.filter(accepted_at__isnull=True, expires_at__lt=cutoff).delete()
+    return deleted
+
+
+# --- API tokens -------------------------------------------------------------------------
+
+
+@transaction.atomic
+def api_token_create(
+    *, user: AbstractBaseUser, name: str, expires_in_days: int | None = None
+) -> tuple[ApiToken, str]:
+    """Make a token; the plain value is returned once and never stored."""
+    name = name.strip()
+    if not name:
+        raise ServiceError("Give the token a name.", code="required", field="name")
+    if len(name) > 64:
+        raise ServiceError(
+            "Ensure this field has no more than 64 characters.", code="max_length", field="name"
+        )
+    if expires_in_days is not None and not 1 <= expires_in_days <= API_TOKEN_MAX_DAYS:
+        raise ServiceError(
+            f"Choose between 1 and {API_TOKEN_MAX_DAYS} days.",
+            code="out_of_range",
+            field="expires_in_days",
+        )
+    membership = Membership.objects.select_related("tenant").filter(user=user).first()
+    if membership is None and not user.is_staff:
+        raise NotAllowed("Join or create a tenant before making API tokens.", code="no_tenant")
+    now = timezone.now()
+    value = new_secret(API_TOKEN_PREFIX)
+    token = ApiToken.objects.create(
+        user=user,
+        tenant=membership.tenant if membership else None,
+        name=name,
+        prefix=display_prefix(value),
+        key_hash=hash_secret(value),
+        expires_at=now + timedelta(days=expires_in_days) if expires_in_days else None,
+    )
+    if membership:
+        audit_event_record(
+            tenant=membership.tenant,
+            actor=user,
+            action="token.created",
+            summary=f"{user.email} created API token {name!r} ({token.prefix}…)",
+        )
+    return token, value
+
+
+@transaction.atomic
+def api_token_revoke(*, user: AbstractBaseUser, token: ApiToken) -> ApiToken:
+    token = ApiToken.objects.select_for_update().get(pk=token.pk, user=user)
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+        if token.tenant_id:
+            audit_event_record(
+                tenant=token.tenant,
+                actor=user,
+                action="token.revoked",
+                summary=f"{user.email} revoked API token {token.name!r} ({token.prefix}…)",
+            )
+    return token

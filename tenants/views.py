@@ -1,0 +1,332 @@
+"""Tenant pages: catalog, sign-up, account (members, invitations, tokens), ops tenants.
+
+htmx requests get the section they changed; plain form posts get the whole page, so
+every page also works without JavaScript.
+"""
+
+from functools import wraps
+
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth import login
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_POST
+
+from gpuplatform.errors import ServiceError
+
+from . import selectors, services
+from .forms import (
+    AcceptInvitationForm,
+    ApiTokenForm,
+    InvitationForm,
+    RoleForm,
+    SignUpForm,
+    TenantCreateForm,
+    TenantStatusForm,
+)
+from .models import ApiToken, Invitation, Membership, Tenant
+
+
+def _partial(request: HttpRequest) -> bool:
+    return bool(request.htmx and not request.htmx.boosted)
+
+
+def member_required(view):  # type: ignore[no-untyped-def]
+    """Signed in and in a tenant; sets request.membership."""
+
+    @wraps(view)
+    @login_required
+    def wrapper(request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        request.membership = selectors.membership_for_user(request.user)
+        if request.membership is None:
+            messages.info(request, "Create a tenant (or accept an invitation) first.")
+            return redirect("tenants:account")
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    return JsonResponse({"status": "ok"})
+
+
+@require_GET
+def home(request: HttpRequest) -> HttpResponse:
+    return redirect("tenants:catalog")
+
+
+@require_GET
+def catalog(request: HttpRequest) -> HttpResponse:
+    tiers = list(selectors.tier_list())
+    chart = {
+        "labels": [t.name for t in tiers],
+        "price_per_gb_hour": [round(float(t.price_per_hour) / max(t.vram_gb, 1), 4) for t in tiers],
+    }
+    return render(request, "tenants/catalog.html", {"tiers": tiers, "chart": chart})
+
+
+def signup(request: HttpRequest) -> HttpResponse:
+    if request.user.is_authenticated:
+        return redirect("tenants:account")
+    form = SignUpForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            membership = services.tenant_sign_up(
+                email=form.cleaned_data["email"],
+                password=form.cleaned_data["password"],
+                tenant_name=form.cleaned_data["tenant_name"],
+            )
+        except ServiceError as exc:
+            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+        else:
+            login(request, membership.user, backend="django.contrib.auth.backends.ModelBackend")
+            messages.success(request, f"Welcome! {membership.tenant.name} is ready.")
+            return redirect("tenants:account")
+    return render(request, "registration/signup.html", {"form": form})
+
+
+def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
+    invitation = services.invitation_by_token(token)
+    if invitation is None:
+        return render(request, "tenants/invitation_invalid.html", status=404)
+    if request.user.is_authenticated:
+        return render(
+            request,
+            "tenants/invitation_invalid.html",
+            {
+                "reason": "Sign out first: the invitation creates a new account for "
+                f"{invitation.email}."
+            },
+            status=409,
+        )
+    form = AcceptInvitationForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            membership = services.invitation_accept(
+                token=token, password=form.cleaned_data["password"]
+            )
+        except ServiceError as exc:
+            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+        else:
+            login(request, membership.user, backend="django.contrib.auth.backends.ModelBackend")
+            messages.success(request, f"You joined {membership.tenant.name}.")
+            return redirect("tenants:account")
+    return render(
+        request, "tenants/invitation_accept.html", {"invitation": invitation, "form": form}
+    )
+
+
+def _account_context(request: HttpRequest, **extra) -> dict:  # type: ignore[no-untyped-def]
+    membership = getattr(request, "membership", None)
+    tenant = membership.tenant if membership else None
+    return {
+        "membership": membership,
+        "members": selectors.member_list(tenant=tenant),
+        "invitations": selectors.invitation_pending_list(tenant=tenant),
+        "tokens": selectors.api_token_list(user=request.user)[:50],
+        "events": selectors.audit_event_list(tenant=tenant),
+        "token_form": extra.pop("token_form", None) or ApiTokenForm(),
+        "invite_form": extra.pop("invite_form", None) or InvitationForm(),
+        "role_choices": Membership._meta.get_field("role").choices,
+        **extra,
+    }
+
+
+@login_required
+def account(request: HttpRequest) -> HttpResponse:
+    request.membership = selectors.membership_for_user(request.user)
+    if request.membership is None and not request.user.is_staff:
+        form = TenantCreateForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            try:
+                services.tenant_create(owner=request.user, name=form.cleaned_data["tenant_name"])
+            except ServiceError as exc:
+                form.add_error(None, exc.message)
+            else:
+                return redirect("tenants:account")
+        return render(request, "tenants/no_tenant.html", {"form": form})
+    return render(request, "tenants/account.html", _account_context(request))
+
+
+# --- API tokens (any signed-in user, ops included) --------------------------------------
+
+
+def _tokens_response(request: HttpRequest, **extra) -> HttpResponse:  # type: ignore[no-untyped-def]
+    request.membership = selectors.membership_for_user(request.user)
+    context = _account_context(request, **extra)
+    template = "tenants/_tokens.html" if _partial(request) else "tenants/account.html"
+    return render(request, template, context, status=extra.get("status", 200))
+
+
+@login_required
+@require_POST
+def token_create(request: HttpRequest) -> HttpResponse:
+    form = ApiTokenForm(request.POST)
+    if not form.is_valid():
+        return _tokens_response(request, token_form=form)
+    try:
+        token, value = services.api_token_create(
+            user=request.user,
+            name=form.cleaned_data["name"],
+            expires_in_days=form.cleaned_data["expires_in_days"],
+        )
+    except ServiceError as exc:
+        form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+        return _tokens_response(request, token_form=form)
+    return _tokens_response(request, new_token=token, new_token_value=value)
+
+
+@login_required
+@require_POST
+def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
+    token = get_object_or_404(ApiToken.objects.filter(user=request.user), pk=pk)
+    services.api_token_revoke(user=request.user, token=token)
+    if not _partial(request):
+        messages.success(request, f"Token {token.name!r} revoked.")
+        return redirect("tenants:account")
+    return _tokens_response(request)
+
+
+# --- members and invitations (owners) ---------------------------------------------------
+
+
+def _members_response(request: HttpRequest, **extra) -> HttpResponse:  # type: ignore[no-untyped-def]
+    error = extra.get("member_error")
+    if not _partial(request):
+        if error:
+            messages.error(request, error)
+        return redirect("tenants:account")
+    return render(request, "tenants/_members.html", _account_context(request, **extra))
+
+
+@member_required
+@require_POST
+def invitation_create(request: HttpRequest) -> HttpResponse:
+    form = InvitationForm(request.POST)
+    if not form.is_valid():
+        if not _partial(request):
+            messages.error(request, "; ".join(e for errs in form.errors.values() for e in errs))
+            return redirect("tenants:account")
+        return render(request, "tenants/_members.html", _account_context(request, invite_form=form))
+    try:
+        invitation = services.invitation_create(
+            actor_membership=request.membership, **form.cleaned_data
+        )
+    except ServiceError as exc:
+        if _partial(request):
+            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+            return render(
+                request, "tenants/_members.html", _account_context(request, invite_form=form)
+            )
+        return _members_response(request, member_error=exc.message)
+    return _members_response(request, member_notice=f"Invitation sent to {invitation.email}.")
+
+
+@member_required
+@require_POST
+def invitation_revoke(request: HttpRequest, pk: int) -> HttpResponse:
+    invitation = get_object_or_404(Invitation.objects.for_tenant(request.membership.tenant), pk=pk)
+    try:
+        services.invitation_revoke(actor_membership=request.membership, invitation=invitation)
+    except ServiceError as exc:
+        return _members_response(request, member_error=exc.message)
+    return _members_response(request, member_notice=f"Invitation for {invitation.email} revoked.")
+
+
+@member_required
+@require_POST
+def invitation_resend(request: HttpRequest, pk: int) -> HttpResponse:
+    invitation = get_object_or_404(Invitation.objects.for_tenant(request.membership.tenant), pk=pk)
+    try:
+        services.invitation_resend(actor_membership=request.membership, invitation=invitation)
+    except ServiceError as exc:
+        return _members_response(request, member_error=exc.message)
+    return _members_response(request, member_notice=f"Invitation re-sent to {invitation.email}.")
+
+
+@member_required
+@require_POST
+def member_role(request: HttpRequest, pk: int) -> HttpResponse:
+    member = get_object_or_404(Membership.objects.for_tenant(request.membership.tenant), pk=pk)
+    form = RoleForm(request.POST)
+    if not form.is_valid():
+        return _members_response(request, member_error="Choose owner, member or viewer.")
+    try:
+        services.membership_change_role(
+            actor_membership=request.membership, membership=member, role=form.cleaned_data["role"]
+        )
+    except ServiceError as exc:
+        return _members_response(request, member_error=exc.message)
+    return _members_response(
+        request, member_notice=f"{member.user.email} is now {form.cleaned_data['role']}."
+    )
+
+
+@member_required
+@require_POST
+def member_remove(request: HttpRequest, pk: int) -> HttpResponse:
+    member = get_object_or_404(Membership.objects.for_tenant(request.membership.tenant), pk=pk)
+    email = member.user.email
+    try:
+        services.membership_remove(actor_membership=request.membership, membership=member)
+    except ServiceError as exc:
+        return _members_response(request, member_error=exc.message)
+    if member.user_id == request.user.id:
+        messages.info(request, "You left the tenant.")
+        response = HttpResponse(status=204)
+        response["HX-Redirect"] = "/account/"
+        return response if _partial(request) else redirect("tenants:account")
+    return _members_response(request, member_notice=f"{email} removed.")
+
+
+# --- ops ---------------------------------------------------------------------------------
+
+OPS_PAGE_SIZE = 25
+
+
+@staff_member_required
+@require_GET
+def ops_tenants(request: HttpRequest) -> HttpResponse:
+    q = request.GET.get("q", "").strip()[:100]
+    status = request.GET.get("status", "")
+    if status not in Tenant.Status.values:
+        status = ""
+    page = Paginator(selectors.tenant_list_for_ops(search=q, status=status), OPS_PAGE_SIZE)
+    context = {
+        "page": page.get_page(request.GET.get("page")),
+        "q": q,
+        "status": status,
+        "statuses": Tenant.Status.choices,
+    }
+    template = "tenants/ops/_tenant_rows.html" if _partial(request) else "tenants/ops/tenants.html"
+    return render(request, template, context)
+
+
+@staff_member_required
+@require_POST
+def ops_tenant_status(request: HttpRequest, pk: int) -> HttpResponse:
+    tenant = get_object_or_404(Tenant, pk=pk)
+    form = TenantStatusForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose active or suspended.")
+    else:
+        try:
+            services.tenant_set_status(tenant=tenant, actor=request.user, **form.cleaned_data)
+        except ServiceError as exc:
+            messages.error(request, exc.message)
+        else:
+            messages.success(request, f"{tenant.name} is now {form.cleaned_data['status']}.")
+    next_url = request.POST.get("next", "")
+    if next_url.startswith("/ops/") and url_has_allowed_host_and_scheme(
+        next_url, allowed_hosts={request.get_host()}
+    ):
+        return redirect(next_url)
+    return redirect("tenants:ops_tenants")

@@ -1,0 +1,116 @@
+"""Every tenants API resource against the shared contract, plus each one's own rules."""
+
+from decimal import Decimal
+
+import pytest
+
+from tenants import services
+from tenants.models import Role, Tier
+from tests.api_contract import ApiResourceContract
+from tests.factories import MembershipFactory
+
+pytestmark = pytest.mark.django_db
+
+
+class TestTokensApi(ApiResourceContract):
+    list_url = "/api/v1/tokens/"
+    filters = {"live": ("true", "false"), "search": ("laptop", "zzz-nothing")}
+
+    def make(self, membership):  # type: ignore[no-untyped-def]
+        token, _ = services.api_token_create(user=membership.user, name="laptop")
+        return token
+
+
+class TestMembersApi(ApiResourceContract):
+    list_url = "/api/v1/members/"
+    filters = {"role": ("viewer", "owner")}
+
+    def make(self, membership):  # type: ignore[no-untyped-def]
+        return MembershipFactory(tenant=membership.tenant, role=Role.VIEWER)
+
+
+class TestTiersApi(ApiResourceContract):
+    list_url = "/api/v1/tiers/"
+    tenant_scoped = False
+    filters = {"min_vram_mb": (1, 10**9)}
+
+    def make(self, membership):  # type: ignore[no-untyped-def]
+        n = Tier.objects.count() + 1
+        return Tier.objects.create(
+            name=f"{40 + n} GB",
+            vram_mb=(40 + n) * 1024,
+            cpu_cores=Decimal("2"),
+            host_ram_mb=8192,
+            price_per_hour=Decimal("1.00"),
+        )
+
+
+def test_tiers_seeded_with_the_four_sold_sizes(api_a):  # type: ignore[no-untyped-def]
+    rows = api_a.get("/api/v1/tiers/").json()["results"]
+    assert [r["vram_gb"] for r in rows] == [4, 8, 12, 24]
+    assert all(Decimal(r["price_per_hour"]) > 0 and Decimal(r["cpu_cores"]) > 0 for r in rows)
+
+
+def test_tiers_are_read_only(api_a):  # type: ignore[no-untyped-def]
+    response = api_a.post("/api/v1/tiers/", {"name": "x"}, format="json")
+    assert response.status_code == 405
+    assert response.json()["code"] == "method_not_allowed"
+
+
+def test_me_describes_user_tenant_and_role(api_a, owner_a):  # type: ignore[no-untyped-def]
+    body = api_a.get("/api/v1/me/").json()
+    assert body["email"] == owner_a.user.email
+    assert body["role"] == "owner"
+    assert body["tenant"]["name"] == "Alpha Labs"
+    assert body["is_staff"] is False
+
+
+def test_me_for_ops_without_tenant(api_ops):  # type: ignore[no-untyped-def]
+    body = api_ops.get("/api/v1/me/").json()
+    assert body["is_staff"] is True and body["tenant"] is None
+
+
+def test_session_auth_works_for_the_browser(client, owner_a):  # type: ignore[no-untyped-def]
+    client.force_login(owner_a.user)
+    assert client.get("/api/v1/me/").json()["email"] == owner_a.user.email
+
+
+def test_session_writes_need_csrf(owner_a):  # type: ignore[no-untyped-def]
+    from django.test import Client
+
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(owner_a.user)
+    response = browser.post("/api/v1/tokens/", {"name": "x"}, content_type="application/json")
+    assert response.status_code == 403
+    assert "CSRF" in response.json()["message"]
+
+
+class TestOpsTenantsApi:
+    def test_requires_staff(self, api_a, api_ops, owner_a):  # type: ignore[no-untyped-def]
+        assert api_a.get("/api/v1/ops/tenants/").status_code == 403
+        rows = api_ops.get("/api/v1/ops/tenants/").json()["results"]
+        assert owner_a.tenant.pk in [r["id"] for r in rows]
+        assert rows[0]["member_count"] >= 1
+
+    def test_suspend_needs_reason_and_blocks_tenant_writes(  # type: ignore[no-untyped-def]
+        self, api_ops, api_a, owner_a
+    ):
+        url = f"/api/v1/ops/tenants/{owner_a.tenant.pk}/status/"
+        response = api_ops.post(url, {"status": "suspended"}, format="json")
+        assert response.status_code == 400
+        assert response.json()["fields"]["reason"][0]["code"] == "required"
+        response = api_ops.post(url, {"status": "suspended", "reason": "unpaid"}, format="json")
+        assert response.status_code == 200
+        assert response.json()["status"] == "suspended"
+        owner_a.tenant.refresh_from_db()
+        assert owner_a.tenant.status_reason == "unpaid"
+        # reads still work for the suspended tenant
+        assert api_a.get("/api/v1/members/").status_code == 200
+        assert owner_a.tenant.audit_events.filter(action="tenant.suspended").exists()
+
+    def test_tenant_member_cannot_change_status(self, api_a, owner_a):  # type: ignore[no-untyped-def]
+        url = f"/api/v1/ops/tenants/{owner_a.tenant.pk}/status/"
+        assert (
+            api_a.post(url, {"status": "suspended", "reason": "x"}, format="json").status_code
+            == 403
+        )

@@ -1,0 +1,121 @@
+"""Tenant A never reaches tenant B's objects: every route that takes an id answers 404.
+
+The route table below must cover every URL pattern with an object id; the last test
+walks the URL conf so a new route without an isolation check fails here.
+"""
+
+import pytest
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from tenants import services
+from tenants.models import ApiToken, Invitation, Membership, Role
+from tests.factories import MembershipFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def b_objects(owner_b):  # type: ignore[no-untyped-def]
+    token, _ = services.api_token_create(user=owner_b.user, name="b-token")
+    member = MembershipFactory(tenant=owner_b.tenant, role=Role.MEMBER)
+    invitation = services.invitation_create(
+        actor_membership=owner_b, email="new@beta.test", role=Role.MEMBER
+    )
+    return {"token": token, "member": member, "invitation": invitation, "owner": owner_b}
+
+
+# (method, url template, object key, how to tell nothing changed)
+PAGE_ROUTES = [
+    ("post", "/account/tokens/{pk}/revoke/", "token"),
+    ("post", "/account/invitations/{pk}/revoke/", "invitation"),
+    ("post", "/account/invitations/{pk}/resend/", "invitation"),
+    ("post", "/account/members/{pk}/role/", "member"),
+    ("post", "/account/members/{pk}/remove/", "member"),
+]
+API_ROUTES = [
+    ("get", "/api/v1/tokens/{pk}/", "token"),
+    ("delete", "/api/v1/tokens/{pk}/", "token"),
+    ("get", "/api/v1/members/{pk}/", "member"),
+    ("get", "/api/v1/members/{pk}/", "owner"),
+]
+# Routes with an id that are not tenant-scoped, and why.
+NOT_TENANT_SCOPED = {
+    "api:tier-detail": "tiers are the public catalog",
+    "api:ops-tenant-detail": "ops only (403 for tenants), tested in test_api_resources",
+    "api:ops-tenant-set-status": "ops only (403 for tenants), tested in test_api_resources",
+    "tenants:ops_tenant_status": "ops only (staff login), tested in test_ops_pages",
+    "admin": "Django admin: staff only",
+}
+
+
+def _snapshot(objs):  # type: ignore[no-untyped-def]
+    return (
+        ApiToken.objects.get(pk=objs["token"].pk).revoked_at,
+        Invitation.objects.get(pk=objs["invitation"].pk).revoked_at,
+        Invitation.objects.get(pk=objs["invitation"].pk).sent_at,
+        Membership.objects.filter(tenant=objs["owner"].tenant)
+        .values_list("pk", "role")
+        .order_by("pk")[::1],
+    )
+
+
+@pytest.mark.parametrize(("method", "url", "key"), PAGE_ROUTES)
+def test_pages_answer_404_for_other_tenants_objects(  # type: ignore[no-untyped-def]
+    client, owner_a, b_objects, method, url, key
+):
+    client.force_login(owner_a.user)
+    before = _snapshot(b_objects)
+    data = {"role": "viewer"} if "role" in url else {}
+    for htmx in ({}, {"HTTP_HX_REQUEST": "true"}):
+        response = getattr(client, method)(url.format(pk=b_objects[key].pk), data, **htmx)
+        assert response.status_code == 404
+        assert "Beta" not in response.content.decode()
+    assert _snapshot(b_objects) == before
+
+
+@pytest.mark.parametrize(("method", "url", "key"), API_ROUTES)
+def test_api_answers_404_for_other_tenants_objects(  # type: ignore[no-untyped-def]
+    api_a, b_objects, method, url, key
+):
+    before = _snapshot(b_objects)
+    response = getattr(api_a, method)(url.format(pk=b_objects[key].pk))
+    assert response.status_code == 404
+    assert response.json() == {"code": "not_found", "message": "Not found."}
+    assert _snapshot(b_objects) == before
+
+
+def test_lists_never_show_other_tenants_rows(client, api_a, owner_a, b_objects):  # type: ignore[no-untyped-def]
+    for url in ("/api/v1/tokens/", "/api/v1/members/"):
+        body = api_a.get(url).content.decode()
+        assert "beta.test" not in body and "b-token" not in body
+    client.force_login(owner_a.user)
+    page = client.get("/account/").content.decode()
+    assert "beta.test" not in page and "b-token" not in page and "Beta" not in page
+
+
+def _routes(resolver=None, prefix="", ns=""):  # type: ignore[no-untyped-def]
+    resolver = resolver or get_resolver()
+    for entry in resolver.url_patterns:
+        if isinstance(entry, URLResolver):
+            name = entry.namespace or ns
+            if name == "admin":
+                continue
+            yield from _routes(entry, prefix + str(entry.pattern), name)
+        elif isinstance(entry, URLPattern):
+            full = f"{ns}:{entry.name}" if ns else entry.name
+            yield full, prefix + str(entry.pattern)
+
+
+def test_every_route_with_an_object_id_has_an_isolation_check():  # type: ignore[no-untyped-def]
+    covered = {u.split("{pk}")[0] for _, u, _ in PAGE_ROUTES + API_ROUTES}
+    missing = []
+    for name, pattern in _routes():
+        if "<int:pk>" not in pattern and "(?P<pk>" not in pattern:
+            continue
+        if name in NOT_TENANT_SCOPED:
+            continue
+        literal = "/" + pattern.split("<int:pk>")[0].split("(?P<pk>")[0].lstrip("^")
+        literal = literal.replace("^", "")
+        if literal not in covered:
+            missing.append((name, pattern))
+    assert not missing, f"routes with an id but no isolation test: {missing}"
