@@ -54,11 +54,13 @@ vendor:
 	npm ci --no-audit --no-fund
 	rm -rf $(VENDOR) && mkdir -p $(VENDOR)/htmx $(VENDOR)/chartjs $(VENDOR)/pico $(VENDOR)/swagger-ui
 	cp node_modules/htmx.org/dist/htmx.min.js node_modules/htmx.org/LICENSE $(VENDOR)/htmx/
-	cp node_modules/chart.js/dist/chart.umd.min.js node_modules/chart.js/LICENSE.md $(VENDOR)/chartjs/
+	cp node_modules/chart.js/dist/chart.umd.min.js node_modules/chart.js/dist/chart.umd.min.js.map \
+	   node_modules/chart.js/LICENSE.md $(VENDOR)/chartjs/
 	cp node_modules/@picocss/pico/css/pico.min.css node_modules/@picocss/pico/LICENSE.md $(VENDOR)/pico/
 	cp node_modules/swagger-ui-dist/swagger-ui-bundle.js \
 	   node_modules/swagger-ui-dist/swagger-ui-standalone-preset.js \
 	   node_modules/swagger-ui-dist/swagger-ui.css \
+	   node_modules/swagger-ui-dist/swagger-ui.css.map \
 	   node_modules/swagger-ui-dist/favicon-32x32.png \
 	   node_modules/swagger-ui-dist/LICENSE $(VENDOR)/swagger-ui/
 	node -e 'const p=require("./package.json").devDependencies;console.log(Object.entries(p).map(e=>e.join("@")).join("\n"))' > $(VENDOR)/VERSIONS.txt

@@ -22,7 +22,7 @@ VAR_DIR.mkdir(parents=True, exist_ok=True)
 DEV_SECRET_KEY = "django-insecure-gpuplatform-development-only-never-use-in-production"  # noqa: S105
 DEBUG = env.bool("DJANGO_DEBUG", default=True)
 SECRET_KEY = env.str("DJANGO_SECRET_KEY", default=DEV_SECRET_KEY)
-if not DEBUG and SECRET_KEY == DEV_SECRET_KEY:
+if not DEBUG and (not SECRET_KEY.strip() or SECRET_KEY == DEV_SECRET_KEY):
     raise ImproperlyConfigured(
         "DJANGO_SECRET_KEY must be set to a secret value when DJANGO_DEBUG is false."
     )
@@ -183,6 +183,9 @@ REST_FRAMEWORK = {
         "gpuplatform.api.throttling.AnonThrottle",
         "gpuplatform.api.throttling.UserThrottle",
     ],
+    # Behind a proxy, only the address the proxy saw counts: a client cannot dodge the
+    # rate limits by sending its own X-Forwarded-For.
+    "NUM_PROXIES": env.int("GPUPLATFORM_NUM_PROXIES", default=0 if DEBUG else 1),
     "DEFAULT_THROTTLE_RATES": {
         "anon": env.str("GPUPLATFORM_THROTTLE_ANON", default="60/min"),
         "user": env.str("GPUPLATFORM_THROTTLE_USER", default="1200/min"),

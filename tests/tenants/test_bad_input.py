@@ -144,3 +144,19 @@ def test_token_guessing_is_throttled_before_tokens_are_checked(  # type: ignore[
     # once blocked, even a right guess from that address is not confirmed
     guesser.credentials(HTTP_AUTHORIZATION=f"Bearer {good}")
     assert guesser.get("/api/v1/me/").status_code == 429
+
+
+def test_forged_forwarded_for_does_not_dodge_the_limit(low_rates, settings):  # type: ignore[no-untyped-def]
+    from rest_framework.test import APIClient
+
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
+    client = APIClient()
+    codes = []
+    for n in range(4):
+        # the client forges the first address; our one proxy appends the real one
+        client.credentials(
+            HTTP_AUTHORIZATION=f"Bearer gpp_guess{n}",
+            HTTP_X_FORWARDED_FOR=f"10.9.9.{n}, 203.0.113.7",
+        )
+        codes.append(client.get("/api/v1/me/").status_code)
+    assert codes == [401, 401, 401, 429]
