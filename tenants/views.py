@@ -163,7 +163,8 @@ def _tokens_response(request: HttpRequest, **extra) -> HttpResponse:  # type: ig
     request.membership = selectors.membership_for_user(request.user)
     context = _account_context(request, **extra)
     template = "tenants/_tokens.html" if _partial(request) else "tenants/account.html"
-    return render(request, template, context, status=extra.get("status", 200))
+    context["oob_activity"] = True
+    return render(request, template, context)
 
 
 @login_required
@@ -204,7 +205,9 @@ def _members_response(request: HttpRequest, **extra) -> HttpResponse:  # type: i
         if error:
             messages.error(request, error)
         return redirect("tenants:account")
-    return render(request, "tenants/_members.html", _account_context(request, **extra))
+    return render(
+        request, "tenants/_members.html", _account_context(request, oob_activity=True, **extra)
+    )
 
 
 @member_required

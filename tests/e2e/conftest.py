@@ -1,0 +1,100 @@
+"""Browser fixtures: Debian's chromium driven by Playwright against pytest-django's live_server.
+
+Never a downloaded browser: chromium comes from apt (`make chromium`). Each test gets a
+fresh browser context; a screenshot of its last page lands in var/screenshots/.
+"""
+
+import importlib
+import os
+import re
+from pathlib import Path
+
+import pytest
+from django.apps import apps
+from django.conf import settings
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SCREENSHOTS = Path(settings.BASE_DIR) / "var" / "screenshots"
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
+    """Keep each phase's report on the item so `page` can tell a failed test at teardown."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+# Scope "package", not "session": one browser for all of tests/e2e, but the event loop and
+# DJANGO_ALLOW_ASYNC_UNSAFE end with the package instead of leaking into later tests (a
+# `manage.py check --deploy` subprocess inherits the variable and fails async.E001).
+@pytest.fixture(scope="package")
+def playwright_sync(django_db_setup):  # type: ignore[no-untyped-def]
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is missing: `make chromium` installs Debian's chromium")
+    from playwright.sync_api import sync_playwright
+
+    # The sync API keeps an event loop running in this thread until it stops, so Django's
+    # async-safety check would refuse every ORM call (tests and DB flushes alike).
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    with sync_playwright() as pw:
+        yield pw
+    if previous is None:
+        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    else:
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture(scope="package")
+def browser(playwright_sync):  # type: ignore[no-untyped-def]
+    browser = playwright_sync.chromium.launch(
+        executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+    )
+    yield browser
+    browser.close()
+
+
+@pytest.fixture(autouse=True)
+def seeded_tiers(transactional_db):  # type: ignore[no-untyped-def]
+    """Transactional tests end with a flush, which empties the tiers the data migration
+    seeded; put them back with that same migration's code before each browser test."""
+    migration = importlib.import_module("tenants.migrations.0002_seed_tiers")
+    migration.seed(apps, None)
+
+
+@pytest.fixture
+def page(request, browser, live_server):  # type: ignore[no-untyped-def]
+    """A page in a fresh context (no cookies) on live_server; screenshot at the end."""
+    context = browser.new_context(base_url=live_server.url, viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(5_000)
+    page = context.new_page()
+    page.js_errors = []  # type: ignore[attr-defined]
+    page.on("pageerror", lambda exc: page.js_errors.append(str(exc)))  # type: ignore[attr-defined]
+    yield page
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    failed = getattr(request.node, "report_call", None)
+    suffix = "-failed" if failed is not None and failed.failed else ""
+    name = re.sub(r"[^\w.-]+", "_", request.node.name)
+    try:
+        page.screenshot(path=str(SCREENSHOTS / f"{name}{suffix}.png"), full_page=True)
+    finally:
+        context.close()
+
+
+@pytest.fixture
+def api_request(playwright_sync, live_server):  # type: ignore[no-untyped-def]
+    """HTTP client on live_server with no cookies: only the Bearer token authenticates."""
+    context = playwright_sync.request.new_context(base_url=live_server.url)
+    yield context
+    context.dispose()
