@@ -38,8 +38,8 @@ RUN pip install --no-deps . && rm -rf build ./*.egg-info
 RUN DJANGO_DEBUG=false \
     DJANGO_SECRET_KEY=build-only-collectstatic-throwaway-not-used-at-run-time-7f3c9a \
     python manage.py collectstatic --noinput \
-    && mkdir -p /app/var \
-    && chown -R app:app /app/var
+    && mkdir -p /app/var/ssh \
+    && chown -R app:app /app/var && chmod 700 /app/var/ssh
 
 # The code stays owned by root (read-only for the app); only /app/var (also the app
 # user's home) is writable.

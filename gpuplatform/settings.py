@@ -212,7 +212,25 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "/static/vendor/swagger-ui",
     "SWAGGER_UI_FAVICON_HREF": "/static/vendor/swagger-ui/favicon-32x32.png",
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "TenantStatusEnum": "tenants.models.Tenant.Status",
+        "NodeStatusEnum": "nodes.models.Node.Status",
+    },
 }
+
+# --- GPU nodes (SSH, telemetry) --------------------------------------------------------
+NODES_SSH_KEY_PATH = env.str(
+    "GPUPLATFORM_SSH_KEY_PATH", default=str(VAR_DIR / "ssh" / "id_ed25519")
+)
+NODES_SSH_CONNECT_TIMEOUT = env.float("GPUPLATFORM_SSH_CONNECT_TIMEOUT", default=5.0)
+NODES_SSH_COMMAND_TIMEOUT = env.float("GPUPLATFORM_SSH_COMMAND_TIMEOUT", default=15.0)
+NODES_SSH_MAX_CONCURRENCY = env.int("GPUPLATFORM_SSH_MAX_CONCURRENCY", default=64)
+NODES_SAMPLE_INTERVAL = env.int("GPUPLATFORM_SAMPLE_INTERVAL", default=30)
+NODES_UNREACHABLE_AFTER = env.int("GPUPLATFORM_UNREACHABLE_AFTER", default=3)
+NODES_RAW_RETENTION_HOURS = env.int("GPUPLATFORM_RAW_RETENTION_HOURS", default=48)
+NODES_ROLLUP_RETENTION_DAYS = env.int("GPUPLATFORM_ROLLUP_RETENTION_DAYS", default=30)
+# Bearer token for /metrics (Prometheus); empty turns the endpoint off.
+METRICS_TOKEN = env.str("GPUPLATFORM_METRICS_TOKEN", default="")
 
 # --- Celery -------------------------------------------------------------------------
 if REDIS_URL:
@@ -254,6 +272,15 @@ CELERY_TASK_ROUTES = {
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 # The one beat schedule of the platform; later issues add their periodic tasks here.
 CELERY_BEAT_SCHEDULE = {
+    "sample-fleet": {
+        "task": "telemetry.fan_out",
+        "schedule": float(NODES_SAMPLE_INTERVAL),
+        "options": {"expires": NODES_SAMPLE_INTERVAL},
+    },
+    "rollup-and-prune-samples": {
+        "task": "telemetry.rollup_and_prune",
+        "schedule": crontab(minute="*/5"),
+    },
     "purge-expired-invitations": {
         "task": "tenants.purge_expired_invitations",
         "schedule": crontab(minute=17),

@@ -3,6 +3,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from nodes import views as node_views
 from tenants import views as tenant_views
 
 admin.site.site_header = "gpuplatform ops admin"
@@ -16,5 +17,7 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", include(("gpuplatform.api.urls", "api"), namespace="api")),
     path("admin/", admin.site.urls),
+    path("metrics", node_views.metrics, name="metrics"),
     path("", include("tenants.urls")),
+    path("", include("nodes.urls")),
 ]

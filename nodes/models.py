@@ -26,6 +26,11 @@ class Node(models.Model):
         help_text="The node's SSH host public key (known_hosts format), approved by ops.",
     )
     host_key_fingerprint = models.CharField("host-key fingerprint", max_length=128, blank=True)
+    pending_host_key = models.TextField(
+        "host key awaiting approval",
+        blank=True,
+        help_text="Read from the node at first contact; used only after ops approve it.",
+    )
     status = models.CharField(
         "status", max_length=16, choices=Status.choices, default=Status.PENDING
     )
@@ -40,6 +45,16 @@ class Node(models.Model):
     cuda_version = models.CharField("CUDA version", max_length=32, blank=True)
     consecutive_failures = models.PositiveSmallIntegerField("consecutive failed samples", default=0)
     last_seen_at = models.DateTimeField("last seen", null=True, blank=True)
+    last_error = models.CharField("last error", max_length=500, blank=True)
+    last_error_at = models.DateTimeField("last error at", null=True, blank=True)
+    discovered_at = models.DateTimeField("last discovery", null=True, blank=True)
+    drained_at = models.DateTimeField(
+        "drained", null=True, blank=True, help_text="Set while ops keep new placements off."
+    )
+    drain_reason = models.CharField("drain reason", max_length=500, blank=True)
+    sample_source = models.CharField(
+        "telemetry source", max_length=16, blank=True, help_text="nvml or nvidia-smi"
+    )
     created_at = models.DateTimeField("created", auto_now_add=True)
 
     class Meta:
@@ -84,7 +99,20 @@ class Gpu(models.Model):
     present = models.BooleanField(
         "present", default=True, help_text="False when rediscovery no longer finds this GPU."
     )
+    pci_bus_id = models.CharField("PCI bus ID", max_length=32, blank=True)
+    mig_devices = models.JSONField("MIG devices", default=list, blank=True)
     discovered_at = models.DateTimeField("discovered", auto_now_add=True)
+    # The latest reading, kept on the row so the fleet view needs no time-series scan.
+    last_memory_used_mb = models.PositiveIntegerField("VRAM used (MiB)", null=True, blank=True)
+    last_utilization_gpu = models.PositiveSmallIntegerField(
+        "utilization (%)", null=True, blank=True
+    )
+    last_utilization_memory = models.PositiveSmallIntegerField(
+        "memory-bandwidth utilization (%)", null=True, blank=True
+    )
+    last_temperature_c = models.SmallIntegerField("temperature (°C)", null=True, blank=True)
+    last_power_w = models.FloatField("power (W)", null=True, blank=True)
+    last_sample_at = models.DateTimeField("last sample", null=True, blank=True)
 
     class Meta:
         ordering = ["node__name", "index"]
@@ -137,6 +165,7 @@ class Allocation(models.Model):
         "owner key", max_length=128, help_text="Opaque key of whoever holds this VRAM."
     )
     mig_device_uuid = models.CharField("MIG device UUID", max_length=96, blank=True)
+    container_id = models.CharField("container ID", max_length=128, blank=True)
     state = models.CharField("state", max_length=16, choices=State.choices, default=State.RESERVED)
     created_at = models.DateTimeField("created", auto_now_add=True)
     released_at = models.DateTimeField("released", null=True, blank=True)
@@ -222,3 +251,37 @@ class ProcessSample(models.Model):
 
     def __str__(self) -> str:
         return f"pid {self.pid} on {self.gpu_id}: {self.used_memory_mb} MiB"
+
+
+class GpuSampleRollup(models.Model):
+    """Five-minute max and mean of a GPU's samples, kept 30 days for capacity planning."""
+
+    gpu = models.ForeignKey(
+        "nodes.Gpu", on_delete=models.CASCADE, related_name="rollups", verbose_name="GPU"
+    )
+    bucket_start = models.DateTimeField("bucket start")
+    samples = models.PositiveIntegerField("samples")
+    memory_total_mb = models.PositiveIntegerField("memory total (MiB)")
+    memory_used_max_mb = models.PositiveIntegerField("memory used, max (MiB)")
+    memory_used_mean_mb = models.FloatField("memory used, mean (MiB)")
+    utilization_gpu_max = models.PositiveSmallIntegerField("utilization, max (%)", null=True)
+    utilization_gpu_mean = models.FloatField("utilization, mean (%)", null=True)
+
+    class Meta:
+        ordering = ["-bucket_start"]
+        verbose_name = "GPU sample rollup"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["gpu", "bucket_start"],
+                name="%(app_label)s_%(class)s_one_per_bucket",
+                violation_error_message="This GPU already has a rollup for that bucket.",
+            ),
+            models.CheckConstraint(
+                condition=Q(samples__gt=0),
+                name="%(app_label)s_%(class)s_samples_positive",
+                violation_error_message="A rollup summarises at least one sample.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_id} @ {self.bucket_start:%Y-%m-%d %H:%M}"

@@ -2,6 +2,10 @@
 
 from rest_framework import permissions
 
+from gpuplatform.api.permissions import IsOps
+
+__all__ = ["IsOps", "IsTenantMember"]
+
 from .selectors import membership_for_user
 
 
@@ -27,7 +31,3 @@ class IsTenantMember(permissions.BasePermission):
             self.message = "Your role in this tenant is read-only."
             return False
         return True
-
-
-class IsOps(permissions.IsAdminUser):
-    message = "Only ops (staff) can use this endpoint."

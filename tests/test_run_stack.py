@@ -17,10 +17,27 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_port(count: int = 1) -> int:
+    """A port p with p .. p+count-1 all free on 127.0.0.1."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count > 65535:
+            continue
+        try:
+            held = []
+            for port in range(base, base + count):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+        return base
+    raise RuntimeError("no free ports")
 
 
 def _children(pid: int) -> set[int]:
@@ -54,6 +71,7 @@ def _running(pid: int) -> bool:
 def embedded_env(tmp_path):  # type: ignore[no-untyped-def]
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env.update(
+        GPUPLATFORM_EMULATOR_CONTROL_PORT="0",
         GPUPLATFORM_VAR_DIR=str(tmp_path),
         EMAIL_URL="consolemail://",
         DJANGO_SETTINGS_MODULE="gpuplatform.settings",
@@ -75,7 +93,17 @@ def test_run_stack_serves_runs_tasks_and_stops_everything_on_ctrl_c(embedded_env
     log = tmp_path / "stack.log"
     with log.open("w") as out:
         stack = subprocess.Popen(
-            [PY, "manage.py", "run_stack", "--addr", f"127.0.0.1:{port}"],
+            [
+                PY,
+                "manage.py",
+                "run_stack",
+                "--addr",
+                f"127.0.0.1:{port}",
+                "--fleet",
+                "2",
+                "--fleet-base-port",
+                str(_free_port(2)),
+            ],
             cwd=ROOT,
             env=embedded_env,
             stdout=out,
@@ -118,6 +146,22 @@ def test_run_stack_serves_runs_tasks_and_stops_everything_on_ctrl_c(embedded_env
         while "To: new@stack.test" not in log.read_text():
             assert time.monotonic() < deadline + 30, log.read_text()
             time.sleep(0.5)
+        # The demo fleet is registered, and the worker discovers its GPUs over SSH.
+        assert "demo fleet: 2 emulated nodes registered" in log.read_text()
+        count = "from nodes.models import Gpu; print(Gpu.objects.filter(present=True).count())"
+        while True:
+            gpus = subprocess.run(
+                [PY, "manage.py", "shell", "-c", count],
+                cwd=ROOT,
+                env=embedded_env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            if gpus.stdout.strip() not in ("", "0"):
+                break
+            assert time.monotonic() < deadline + 60, log.read_text()
+            time.sleep(1)
         children = _children(stack.pid)
     finally:
         stack.send_signal(signal.SIGINT)
@@ -128,7 +172,7 @@ def test_run_stack_serves_runs_tasks_and_stops_everything_on_ctrl_c(embedded_env
             raise
     assert code == 0, log.read_text()
     text = log.read_text()
-    for name in ("web", "worker", "beat"):
+    for name in ("emulator", "web", "worker", "beat"):
         assert f"stopped {name}" in text
     time.sleep(0.5)
     alive = [pid for pid in children if _running(pid)]

@@ -41,11 +41,9 @@ API_ROUTES = [
 # Routes with an id that are not tenant-scoped, and why.
 NOT_TENANT_SCOPED = {
     "api:tier-detail": "tiers are the public catalog",
-    "api:ops-tenant-detail": "ops only (403 for tenants), tested in test_api_resources",
-    "api:ops-tenant-set-status": "ops only (403 for tenants), tested in test_api_resources",
-    "tenants:ops_tenant_status": "ops only (staff login), tested in test_ops_pages",
-    "admin": "Django admin: staff only",
 }
+# Ops-only routes: a tenant member is refused whatever the id (checked below).
+OPS_ONLY_PREFIXES = ("api:ops-", "api:node-", "api:gpu-", "nodes:", "tenants:ops_")
 
 
 def _snapshot(objs):  # type: ignore[no-untyped-def]
@@ -112,10 +110,33 @@ def test_every_route_with_an_object_id_has_an_isolation_check():  # type: ignore
     for name, pattern in _routes():
         if "<int:pk>" not in pattern and "(?P<pk>" not in pattern:
             continue
-        if name in NOT_TENANT_SCOPED:
+        if name in NOT_TENANT_SCOPED or name.startswith(OPS_ONLY_PREFIXES):
             continue
         literal = "/" + pattern.split("<int:pk>")[0].split("(?P<pk>")[0].lstrip("^")
         literal = literal.replace("^", "")
         if literal not in covered:
             missing.append((name, pattern))
     assert not missing, f"routes with an id but no isolation test: {missing}"
+
+
+def test_ops_routes_refuse_tenant_members(client, api_a, owner_a):  # type: ignore[no-untyped-def]
+    from django.urls import reverse
+
+    client.force_login(owner_a.user)
+    checked = 0
+    for name, pattern in _routes():
+        if not name or not name.startswith(OPS_ONLY_PREFIXES):
+            continue
+        kwargs = {"pk": 1} if ("<int:pk>" in pattern or "(?P<pk>" in pattern) else {}
+        url = reverse(name, kwargs=kwargs)
+        for method in ("get", "post"):
+            if name.startswith("api:"):
+                status = getattr(api_a, method)(url, {}, format="json").status_code
+                assert status in (403, 405), (name, method, status)
+            else:
+                response = getattr(client, method)(url, {})
+                assert response.status_code in (302, 405), (name, method)
+                if response.status_code == 302:
+                    assert "/admin/login/" in response["Location"], name
+        checked += 1
+    assert checked >= 10

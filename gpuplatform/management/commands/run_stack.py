@@ -1,23 +1,40 @@
-"""Run web, Celery worker and Celery beat as real processes; Ctrl-C stops them all.
+"""Run the emulated demo fleet, web, Celery worker and Celery beat as real processes;
+Ctrl-C stops them all.
 
 If one of them dies, the others are stopped too, so a broken stack never looks alive.
 """
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from nodes import ssh
 
 
 class Command(BaseCommand):
-    help = "Start web (runserver), a Celery worker and Celery beat; stop all on Ctrl-C."
+    help = "Start the demo fleet emulator, web, a Celery worker and beat; Ctrl-C stops all."
 
     def add_arguments(self, parser):  # type: ignore[no-untyped-def]
         parser.add_argument("--addr", default=os.environ.get("GPUPLATFORM_ADDR", "127.0.0.1:8000"))
+        parser.add_argument(
+            "--fleet",
+            type=int,
+            default=int(os.environ.get("GPUPLATFORM_DEMO_NODES", "4")),
+            help="emulated demo nodes to start and register (0: none)",
+        )
+        parser.add_argument(
+            "--fleet-base-port",
+            type=int,
+            default=int(os.environ.get("GPUPLATFORM_DEMO_BASE_PORT", "2201")),
+        )
 
     def handle(self, *args, **options):  # type: ignore[no-untyped-def]
         python = sys.executable
@@ -41,12 +58,31 @@ class Command(BaseCommand):
             worker += ["--without-gossip", "--without-mingle", "--without-heartbeat", "-P", "solo"]
         else:
             worker += ["--concurrency", "2"]
-        commands = {
-            "web": [python, "manage.py", "runserver", options["addr"], "--noreload"],
-            "worker": worker,
-            # Beat's scheduler (django-celery-beat, in the database) comes from settings.
-            "beat": [python, "-m", "celery", "-A", "gpuplatform", "beat", "--loglevel", "INFO"],
-        }
+        commands = {}
+        if options["fleet"] > 0:
+            key = ssh.load_or_create_platform_key(Path(settings.NODES_SSH_KEY_PATH))
+            state = settings.VAR_DIR / "emulator"
+            commands["emulator"] = [
+                python,
+                "-m",
+                "nodes.emulator",
+                "--count",
+                str(options["fleet"]),
+                "--base-port",
+                str(options["fleet_base_port"]),
+                "--state-dir",
+                str(state),
+                "--authorized-key",
+                ssh.public_key_line(key),
+            ]
+        commands.update(
+            {
+                "web": [python, "manage.py", "runserver", options["addr"], "--noreload"],
+                "worker": worker,
+                # Beat's scheduler (django-celery-beat, in the database) comes from settings.
+                "beat": [python, "-m", "celery", "-A", "gpuplatform", "beat", "--loglevel", "INFO"],
+            }
+        )
         procs: dict[str, subprocess.Popen] = {}
         stopping = False
 
@@ -56,19 +92,24 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
-        for name, argv in commands.items():
-            # Own process group: the terminal's Ctrl-C reaches us, and we stop children in order.
-            procs[name] = subprocess.Popen(  # noqa: S603 (fixed argv, no shell)
-                argv, cwd=settings.BASE_DIR, start_new_session=True
-            )
-            self.stdout.write(f"started {name} (pid {procs[name].pid})")
-        self.stdout.write(
-            self.style.SUCCESS(
-                f"gpuplatform is up at http://{options['addr']}/ (Ctrl-C stops web, worker, beat)"
-            )
-        )
         exit_code = 0
         try:
+            for name, argv in commands.items():
+                if name == "emulator":
+                    (settings.VAR_DIR / "emulator" / "fleet.json").unlink(missing_ok=True)
+                # Own session: the terminal's Ctrl-C reaches us, and we stop children in order.
+                procs[name] = subprocess.Popen(  # noqa: S603 (fixed argv, no shell)
+                    argv, cwd=settings.BASE_DIR, start_new_session=True
+                )
+                self.stdout.write(f"started {name} (pid {procs[name].pid})")
+                if name == "emulator":
+                    self._register_fleet(procs[name])
+            self.stdout.write(
+                self.style.SUCCESS(
+                    f"gpuplatform is up at http://{options['addr']}/ "
+                    f"(Ctrl-C stops {', '.join(procs)})"
+                )
+            )
             while not stopping:
                 for name, proc in procs.items():
                     if proc.poll() is not None:
@@ -91,3 +132,14 @@ class Command(BaseCommand):
                 self.stdout.write(f"stopped {name}")
         if exit_code:
             sys.exit(exit_code)
+
+    def _register_fleet(self, emulator: subprocess.Popen) -> None:
+        fleet_file = settings.VAR_DIR / "emulator" / "fleet.json"
+        deadline = time.monotonic() + 30
+        while not fleet_file.exists():
+            if emulator.poll() is not None or time.monotonic() > deadline:
+                raise CommandError("the node emulator did not start (is its port taken?)")
+            time.sleep(0.2)
+        count = len(json.loads(fleet_file.read_text()).get("nodes", []))
+        call_command("register_fleet", str(fleet_file), stdout=self.stdout)
+        self.stdout.write(f"demo fleet: {count} emulated nodes registered")

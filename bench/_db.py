@@ -1,0 +1,34 @@
+"""Shared set-up for benchmarks: Django on a throwaway database on the configured server."""
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
+
+
+@contextlib.contextmanager
+def throwaway_database(name: str):  # type: ignore[no-untyped-def]
+    """Create `bench_<name>` next to the configured database, yield, drop it."""
+    import django
+    from django.conf import settings
+
+    django.setup()
+    from django.db import connection
+    from django.test.utils import setup_test_environment
+
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    settings.ALLOWED_HOSTS = ["testserver"]
+    connection.settings_dict.setdefault("TEST", {})["NAME"] = (
+        None if connection.vendor == "sqlite" else f"bench_{name}"
+    )
+    setup_test_environment()
+    old_name = connection.settings_dict["NAME"]
+    connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    try:
+        yield connection
+    finally:
+        connection.creation.destroy_test_db(old_name, verbosity=0)

@@ -1,0 +1,138 @@
+"""Serializers for the fleet API (ops only)."""
+
+from rest_framework import serializers
+
+from gpuplatform.api.serializers import StrictSerializer
+from nodes import ssh
+from nodes.models import Gpu, Node
+
+
+class GpuSerializer(serializers.ModelSerializer):
+    node = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    allocated_mb = serializers.IntegerField(read_only=True, allow_null=True)
+
+    class Meta:
+        model = Gpu
+        fields = [
+            "id",
+            "node",
+            "index",
+            "uuid",
+            "model",
+            "vram_total_mb",
+            "allocated_mb",
+            "last_memory_used_mb",
+            "last_utilization_gpu",
+            "last_utilization_memory",
+            "last_temperature_c",
+            "last_power_w",
+            "last_sample_at",
+            "mig_capable",
+            "mig_enabled",
+            "mig_devices",
+            "overcommit_ratio",
+            "accepting_placements",
+            "not_accepting_reason",
+            "present",
+        ]
+        read_only_fields = fields
+
+
+class NodeGpuSerializer(GpuSerializer):
+    class Meta(GpuSerializer.Meta):
+        fields = [f for f in GpuSerializer.Meta.fields if f != "node"]
+        read_only_fields = fields
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    gpus = NodeGpuSerializer(many=True, read_only=True)
+    pending_host_key_fingerprint = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Node
+        fields = [
+            "id",
+            "name",
+            "address",
+            "port",
+            "ssh_user",
+            "status",
+            "status_reason",
+            "host_key_fingerprint",
+            "pending_host_key_fingerprint",
+            "capabilities",
+            "driver_version",
+            "cuda_version",
+            "sample_source",
+            "last_seen_at",
+            "consecutive_failures",
+            "last_error",
+            "last_error_at",
+            "drained_at",
+            "drain_reason",
+            "created_at",
+            "gpus",
+        ]
+        read_only_fields = fields
+
+    def get_pending_host_key_fingerprint(self, node: Node) -> str | None:
+        return ssh.fingerprint(node.pending_host_key) if node.pending_host_key else None
+
+
+class NodeCreateSerializer(StrictSerializer):
+    name = serializers.CharField(max_length=63)
+    address = serializers.CharField(max_length=255)
+    port = serializers.IntegerField(min_value=1, max_value=65535, default=22)
+    ssh_user = serializers.CharField(max_length=32, default="gpuplatform")
+    host_key = serializers.CharField(
+        max_length=4096,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="A known_hosts line you trust. Empty: the key is read for approval.",
+    )
+
+
+class NodeUpdateSerializer(StrictSerializer):
+    name = serializers.CharField(max_length=63, required=False)
+    address = serializers.CharField(max_length=255, required=False)
+    port = serializers.IntegerField(min_value=1, max_value=65535, required=False)
+    ssh_user = serializers.CharField(max_length=32, required=False)
+    host_key = serializers.CharField(max_length=4096, required=False, allow_blank=True)
+
+
+class ApproveHostKeySerializer(StrictSerializer):
+    fingerprint = serializers.CharField(
+        max_length=128, help_text="The SHA256 fingerprint shown for the pending key."
+    )
+
+
+class DrainSerializer(StrictSerializer):
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+
+class SeriesQuerySerializer(StrictSerializer):
+    start = serializers.DateTimeField(required=False, help_text="Default: 1 hour ago.")
+    end = serializers.DateTimeField(required=False, help_text="Default: now.")
+    max_points = serializers.IntegerField(min_value=10, max_value=500, default=500)
+    format = serializers.CharField(required=False)  # DRF's own ?format=
+
+    def validate(self, attrs):  # type: ignore[no-untyped-def]
+        if attrs.get("start") and attrs.get("end") and attrs["start"] >= attrs["end"]:
+            raise serializers.ValidationError({"start": ["start must be before end."]})
+        return attrs
+
+
+class SeriesPointSerializer(serializers.Serializer):
+    t = serializers.DateTimeField()
+    used_mb = serializers.FloatField()
+    used_max_mb = serializers.FloatField()
+    util = serializers.FloatField(allow_null=True)
+
+
+class SeriesSerializer(serializers.Serializer):
+    gpu = serializers.IntegerField()
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    memory_total_mb = serializers.IntegerField()
+    points = SeriesPointSerializer(many=True)

@@ -1,0 +1,139 @@
+"""Fleet API (ops only): nodes, their GPUs, and GPU time series."""
+
+from datetime import timedelta
+
+import django_filters
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from gpuplatform.api.permissions import IsOps
+from nodes import selectors, services
+from nodes.models import Gpu, Node
+
+from . import serializers
+
+
+class NodeFilter(django_filters.FilterSet):
+    class Meta:
+        model = Node
+        fields = ["status", "name"]
+
+
+class GpuFilter(django_filters.FilterSet):
+    node = django_filters.CharFilter(field_name="node__name")
+
+    class Meta:
+        model = Gpu
+        fields = ["node", "model", "present", "accepting_placements", "mig_enabled"]
+
+
+class NodeViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    viewsets.GenericViewSet,
+):
+    """GPU nodes. Register with a trusted known_hosts line, or approve the key read
+    from the node (`approve-host-key` with the fingerprint shown)."""
+
+    permission_classes = [IsOps]
+    serializer_class = serializers.NodeSerializer
+    filterset_class = NodeFilter
+    search_fields = ["name", "address"]
+    ordering_fields = ["name", "status", "last_seen_at"]
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        return selectors.node_list()
+
+    def _out(self, node: Node, code: int = status.HTTP_200_OK) -> Response:
+        return Response(self.get_serializer(self.get_queryset().get(pk=node.pk)).data, status=code)
+
+    @extend_schema(
+        request=serializers.NodeCreateSerializer, responses={201: serializers.NodeSerializer}
+    )
+    def create(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        data = serializers.NodeCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        return self._out(services.node_register(**data.validated_data), status.HTTP_201_CREATED)
+
+    @extend_schema(request=serializers.NodeUpdateSerializer, responses=serializers.NodeSerializer)
+    def update(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        node = self.get_object()
+        data = serializers.NodeUpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        return self._out(services.node_update(node=node, **data.validated_data))
+
+    def partial_update(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return self.update(request, *args, **kwargs)
+
+    @extend_schema(request=serializers.DrainSerializer, responses=serializers.NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def drain(self, request, pk=None):  # type: ignore[no-untyped-def]
+        data = serializers.DrainSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        return self._out(services.node_drain(node=self.get_object(), **data.validated_data))
+
+    @extend_schema(request=None, responses=serializers.NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def undrain(self, request, pk=None):  # type: ignore[no-untyped-def]
+        return self._out(services.node_undrain(node=self.get_object()))
+
+    @extend_schema(
+        request=serializers.ApproveHostKeySerializer, responses=serializers.NodeSerializer
+    )
+    @action(detail=True, methods=["post"], url_path="approve-host-key")
+    def approve_host_key(self, request, pk=None):  # type: ignore[no-untyped-def]
+        data = serializers.ApproveHostKeySerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        node = services.node_approve_host_key(node=self.get_object(), **data.validated_data)
+        return self._out(node)
+
+    @extend_schema(request=None, responses={202: serializers.NodeSerializer})
+    @action(detail=True, methods=["post"])
+    def rescan(self, request, pk=None):  # type: ignore[no-untyped-def]
+        """Read the node's host key again (after a planned key change)."""
+        return self._out(services.node_rescan(node=self.get_object()), status.HTTP_202_ACCEPTED)
+
+
+class GpuViewSet(viewsets.ReadOnlyModelViewSet):
+    """GPUs across the fleet with their latest reading and allocated VRAM."""
+
+    permission_classes = [IsOps]
+    serializer_class = serializers.GpuSerializer
+    filterset_class = GpuFilter
+    search_fields = ["uuid", "model", "node__name"]
+    ordering_fields = ["node__name", "index", "last_memory_used_mb"]
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        return selectors.gpu_list()
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("start", str, description="ISO 8601; default 1 hour ago"),
+            OpenApiParameter("end", str, description="ISO 8601; default now"),
+            OpenApiParameter("max_points", int, description="10-500, default 500"),
+        ],
+        responses=serializers.SeriesSerializer,
+    )
+    @action(detail=True, methods=["get"])
+    def samples(self, request, pk=None):  # type: ignore[no-untyped-def]
+        """VRAM used (mean, max) and utilization over a time range, downsampled
+        server-side to at most `max_points`."""
+        gpu = self.get_object()
+        query = serializers.SeriesQuerySerializer(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        end = query.validated_data.get("end") or timezone.now()
+        start = query.validated_data.get("start") or end - timedelta(hours=1)
+        if start >= end:
+            return Response(
+                {"code": "validation_error", "message": "start: start must be before end."},
+                status=status.HTTP_400_BAD_REQUEST,
+            )
+        series = selectors.gpu_series(
+            gpu=gpu, start=start, end=end, max_points=query.validated_data["max_points"]
+        )
+        return Response(serializers.SeriesSerializer(series).data)

@@ -1,0 +1,79 @@
+"""Where detection rules plug in: called after each batch of samples is stored.
+
+`nodes` knows nothing of incidents; the incidents app registers its rules here (in its
+AppConfig.ready). A hook gets the batch and must not raise: a failing hook is logged
+and never loses the samples, which are already committed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from .models import Node
+    from .telemetry import NodeSample
+
+
+class GpuSampleRow(NamedTuple):
+    """One stored GpuSample (field names are its columns)."""
+
+    gpu_id: int
+    taken_at: datetime
+    memory_used_mb: int
+    memory_total_mb: int
+    utilization_gpu: int | None
+    utilization_memory: int | None
+    temperature_c: int | None
+    power_w: float | None
+
+
+class ProcessSampleRow(NamedTuple):
+    """One stored ProcessSample (field names are its columns)."""
+
+    gpu_id: int
+    taken_at: datetime
+    pid: int
+    used_memory_mb: int
+    container_id: str
+    sm_utilization: int | None
+    memory_utilization: int | None
+
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SampleBatch:
+    """What one ingest stored: per node the parsed sample, and the rows written."""
+
+    nodes: list[Node]
+    samples: dict[int, NodeSample]  # node id -> parsed sample (with Xid events etc.)
+    gpu_samples: list[GpuSampleRow] = field(default_factory=list)
+    process_samples: list[ProcessSampleRow] = field(default_factory=list)
+
+
+SampleHook = Callable[[SampleBatch], None]
+_hooks: list[SampleHook] = []
+
+
+def register_sample_hook(hook: SampleHook) -> SampleHook:
+    if hook not in _hooks:
+        _hooks.append(hook)
+    return hook
+
+
+def unregister_sample_hook(hook: SampleHook) -> None:
+    if hook in _hooks:
+        _hooks.remove(hook)
+
+
+def run_sample_hooks(batch: SampleBatch) -> None:
+    for hook in list(_hooks):
+        try:
+            hook(batch)
+        except Exception:
+            logger.exception("sample hook %r failed", hook)

@@ -1,0 +1,52 @@
+"""Register (or update) the nodes listed in an emulator fleet file, keys pinned.
+
+`make run` uses it for the demo fleet: the emulator writes var/emulator/fleet.json with
+each node's address, port and host key, and this command trusts those keys because
+the file was written by a process this machine started.
+"""
+
+import json
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
+
+from nodes import services, ssh
+from nodes.models import Node
+
+
+class Command(BaseCommand):
+    help = "Register the nodes of an emulator fleet file with their host keys pinned."
+
+    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+        parser.add_argument("fleet_file", type=Path)
+
+    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+        path: Path = options["fleet_file"]
+        try:
+            described = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise CommandError(f"cannot read {path}: {exc}") from exc
+        from nodes import tasks
+
+        for entry in described.get("nodes", []):
+            key = ssh.normalise_host_key(entry["host_key"])
+            with transaction.atomic():
+                node = Node.objects.filter(name=entry["name"]).first()
+                if node is None:
+                    node = services.node_register(
+                        name=entry["name"],
+                        address=entry["address"],
+                        port=entry["port"],
+                        host_key=key,
+                    )
+                    verb = "registered"
+                else:
+                    node = services.node_update(
+                        node=node, address=entry["address"], port=entry["port"], host_key=key
+                    )
+                    tasks.discover_node.delay_on_commit(node.pk)
+                    verb = "updated"
+            self.stdout.write(
+                f"{verb} {node.name} at {node.address}:{node.port} ({ssh.fingerprint(key)})"
+            )

@@ -1,0 +1,365 @@
+# GPUPLATFORM_SAMPLER schema=1
+"""One NVML sample of this GPU node, printed as one JSON document (see nodes/telemetry.py).
+
+Runs ON the node as `python3 - [--discover]` with this source on stdin, or kept running
+with `--serve` (see nodes.telemetry.sampler_serve_argv): Python 3.8+, stdlib
+and pynvml only, nothing installed. Exit 0 with the sample; exit 3 with
+{"schema": 1, "source": "unavailable", "error": ...} when NVML cannot be used.
+Environment: GPUPLATFORM_VRAM_QUOTA_LIBRARY (quota library path, checked first),
+GPUPLATFORM_KERNEL_LOG (log file read before /var/log/kern.log when dmesg is not permitted).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+
+SCHEMA = 1
+UNAVAILABLE_EXIT = 3
+MIB = 1024 * 1024
+KERNEL_LOG_TAIL_BYTES = 256 * 1024
+QUOTA_LIBRARY_PATHS = (
+    "/usr/lib/gpuplatform/libvramquota.so",
+    "/usr/local/lib/gpuplatform/libvramquota.so",
+    "/usr/local/vgpu/libvgpu.so",  # HAMi-core
+)
+XID_RE = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+(?:\.[0-7])?)[^)]*\):"
+    r"\s*(?P<xid>\d+)(?P<rest>.*)"
+)
+XID_PID_RE = re.compile(r"^\s*,\s*pid='?(?P<pid>\d+)'?")
+FRACTION_RE = re.compile(r"[.,]\d+")
+CONTAINER_ID_RE = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
+MIG_PROFILE_RE = re.compile(r"\b(\d+g\.\d+gb(?:\+\w+)?)\b")
+
+nv = None  # the pynvml module, once imported
+# Error codes that mean "this GPU or driver does not have it": the value is null, not an error.
+NOT_SUPPORTED = (3, 13)  # NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND
+NOT_FOUND = 6  # NVML_ERROR_NOT_FOUND
+# NVML enum values (stable C ABI), so that old or partial bindings need not define them.
+TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU
+DEVICE_MIG_ENABLE = 1  # NVML_DEVICE_MIG_ENABLE
+ERROR_TYPE_UNCORRECTED = 1  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+VOLATILE_ECC = 0  # NVML_VOLATILE_ECC
+
+
+def text(value):
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def nvml(errors, what, fn_name, *args, quiet=()):
+    """Call pynvml.<fn_name>; None when unsupported (or quiet), else the error goes in errors."""
+    fn = getattr(nv, fn_name, None)
+    if fn is None:  # bindings older than the call
+        return None
+    try:
+        return fn(*args)
+    except nv.NVMLError as exc:
+        code = getattr(exc, "value", None)
+        if code not in NOT_SUPPORTED and code not in quiet:
+            errors.append(f"{what}: {fn_name}: {exc}")
+        return None
+
+
+def container_id(cgroup_text):
+    """The 64-hex container id in /proc/<pid>/cgroup (docker, containerd, cri-o, kubepods;
+    cgroup v1 and v2), or None for a process outside a container."""
+    found = CONTAINER_ID_RE.findall(cgroup_text)
+    return found[-1] if found else None
+
+
+def read_proc(pid, name):
+    try:
+        with open(f"/proc/{pid}/{name}", encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def sample_processes(errors, gpu_uuid, handle):
+    call = functools.partial(nvml, errors, gpu_uuid)
+    found = call("nvmlDeviceGetComputeRunningProcesses", handle) or []
+    # Code 0 too: pynvml raises NVMLError(SUCCESS) when there is no sample yet.
+    samples = call("nvmlDeviceGetProcessUtilization", handle, 0, quiet=(0, NOT_FOUND)) or []
+    latest = {}  # the most recent sample per pid
+    for s in sorted(samples, key=lambda s: s.timeStamp):
+        latest[s.pid] = s
+    out = []
+    for p in found:
+        used = getattr(p, "usedGpuMemory", None)  # None when the driver cannot tell
+        comm, cgroup, util = read_proc(p.pid, "comm"), read_proc(p.pid, "cgroup"), latest.get(p.pid)
+        out.append(
+            {
+                "gpu_uuid": gpu_uuid,
+                "pid": int(p.pid),
+                "used_memory_mb": None if used is None else int(used) // MIB,
+                "name": comm.strip() if comm else "",
+                "container_id": container_id(cgroup) if cgroup else None,
+                "sm_utilization": int(util.smUtil) if util is not None else None,
+                "memory_utilization": int(util.memUtil) if util is not None else None,
+            }
+        )
+    return out
+
+
+def sample_mig_devices(errors, what, handle):
+    call = functools.partial(nvml, errors, what)
+    devices = []
+    for i in range(call("nvmlDeviceGetMaxMigDeviceCount", handle) or 0):
+        mig = call("nvmlDeviceGetMigDeviceHandleByIndex", handle, i, quiet=(NOT_FOUND,))
+        uuid = mig is not None and call("nvmlDeviceGetUUID", mig)
+        mem = uuid and call("nvmlDeviceGetMemoryInfo", mig)
+        if not mem:  # an empty slot (NotFound) or an unreadable device (in errors)
+            continue
+        profile = MIG_PROFILE_RE.search(text(call("nvmlDeviceGetName", mig) or ""))
+        devices.append(
+            {
+                "uuid": text(uuid),
+                "gi_id": call("nvmlDeviceGetGpuInstanceId", mig),
+                "ci_id": call("nvmlDeviceGetComputeInstanceId", mig),
+                "profile": profile.group(1) if profile else None,
+                "memory_total_mb": int(mem.total) // MIB,
+                "memory_used_mb": int(mem.used) // MIB,
+                "handle": mig,
+            }
+        )
+    return devices
+
+
+def sample_gpu(errors, index):
+    """(gpu dict, processes), or (None, []) when the GPU cannot even say what it is."""
+    what = f"gpu {index}"
+    handle = nvml(errors, what, "nvmlDeviceGetHandleByIndex", index)
+    uuid = handle is not None and nvml(errors, what, "nvmlDeviceGetUUID", handle)
+    name = uuid and nvml(errors, what, "nvmlDeviceGetName", handle)
+    mem = name and nvml(errors, what, "nvmlDeviceGetMemoryInfo", handle)
+    if not mem:
+        errors.append(f"{what}: skipped, no handle, uuid, name or memory information")
+        return None, []
+    uuid = text(uuid)
+    call = functools.partial(nvml, errors, f"gpu {index} ({uuid})")
+    pci = call("nvmlDeviceGetPciInfo", handle)
+    util = call("nvmlDeviceGetUtilizationRates", handle)
+    power = call("nvmlDeviceGetPowerUsage", handle)  # mW
+    temp = call("nvmlDeviceGetTemperature", handle, TEMPERATURE_GPU)
+    mig_mode = call("nvmlDeviceGetMigMode", handle)  # [current, pending]
+    mig_enabled = bool(mig_mode) and mig_mode[0] == DEVICE_MIG_ENABLE
+    migs = sample_mig_devices(errors, f"gpu {index} ({uuid})", handle) if mig_enabled else []
+    ecc = call("nvmlDeviceGetTotalEccErrors", handle, ERROR_TYPE_UNCORRECTED, VOLATILE_ECC)
+    retired = call("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+    remapped = call("nvmlDeviceGetRemappedRows", handle)  # corrected, uncorrected, pending, failed
+    processes = []
+    for target_uuid, target in [(m["uuid"], m.pop("handle")) for m in migs] or [(uuid, handle)]:
+        processes.extend(sample_processes(errors, target_uuid, target))
+    gpu = {
+        "index": index,
+        "uuid": uuid,
+        "name": text(name),
+        "pci_bus_id": text(pci.busId) if pci is not None else None,
+        "memory_total_mb": int(mem.total) // MIB,
+        "memory_used_mb": int(mem.used) // MIB,
+        "memory_free_mb": int(mem.free) // MIB,
+        "utilization_gpu": int(util.gpu) if util is not None else None,
+        "utilization_memory": int(util.memory) if util is not None else None,
+        "temperature_c": int(temp) if temp is not None else None,
+        "power_w": round(power / 1000.0, 1) if power is not None else None,
+        "mig_capable": mig_mode is not None,
+        "mig_enabled": mig_enabled,
+        "mig_devices": migs,
+        "ecc_uncorrected_volatile": int(ecc) if ecc is not None else None,
+        "retired_pages_pending": bool(retired),
+        "remapped_rows_pending": bool(remapped and remapped[2]),
+        "remapped_rows_failure": bool(remapped and remapped[3]),
+    }
+    return gpu, processes
+
+
+def read_kernel_log(errors):
+    try:
+        run = subprocess.run(  # noqa: S603
+            ["dmesg", "--time-format", "iso"],  # noqa: S607
+            capture_output=True,
+            timeout=5,
+            check=False,
+        )
+        if run.returncode == 0:
+            return run.stdout.decode("utf-8", "replace")
+    except (OSError, subprocess.SubprocessError):
+        pass  # not installed or not permitted: the log files below
+    paths = [os.environ.get("GPUPLATFORM_KERNEL_LOG"), "/var/log/kern.log", "/var/log/messages"]
+    for path in [p for p in paths if p]:
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(max(0, os.fstat(fh.fileno()).st_size - KERNEL_LOG_TAIL_BYTES))
+                return fh.read().decode("utf-8", "replace")
+        except OSError:
+            continue
+    errors.append("xid: neither dmesg nor a kernel log file is readable")
+    return ""
+
+
+def new_xid_events(errors):
+    """Xid lines not reported by an earlier run: the state file holds the hashes of the Xid lines
+    seen last time (timestamps included), so each line is reported once while it is in the log.
+    dmesg recomputes wall-clock stamps on every run, so the sub-second digits are left out."""
+    state_dir = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    state_path = os.path.join(state_dir, f"gpuplatform-sampler-xid-{os.getuid()}.json")
+    try:
+        with open(state_path, encoding="utf-8") as fh:
+            seen = set(json.load(fh).get("seen", []))
+    except (OSError, ValueError, AttributeError):
+        seen = set()
+    events, current = [], []
+    for line in read_kernel_log(errors).splitlines():
+        match = XID_RE.search(line)
+        if not match:
+            continue
+        key = FRACTION_RE.sub("", line[: match.start()]) + line[match.start() :]
+        digest = hashlib.sha256(key.encode("utf-8", "replace")).hexdigest()[:20]
+        current.append(digest)
+        if digest in seen:
+            continue
+        pid = XID_PID_RE.match(match.group("rest"))
+        events.append(
+            {
+                "pci_bus_id": match.group("bus").lower(),
+                "xid": int(match.group("xid")),
+                "pid": int(pid.group("pid")) or None if pid else None,  # 0: the kernel
+                "raw": line[match.start() :].strip(),
+            }
+        )
+    try:
+        fd, tmp = tempfile.mkstemp(dir=state_dir, prefix=".gpuplatform-xid-")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump({"seen": current}, fh)
+        os.replace(tmp, state_path)
+    except OSError as exc:
+        errors.append(f"xid: cannot write state file {state_path}: {exc}")
+    return events
+
+
+def capabilities(errors, gpus):
+    docker = shutil.which("docker") is not None
+    nvidia_runtime = False
+    if docker:
+        try:
+            run = subprocess.run(  # noqa: S603
+                ["docker", "info", "--format", "{{json .Runtimes}}"],  # noqa: S607
+                capture_output=True,
+                timeout=10,
+                check=False,
+            )
+            nvidia_runtime = run.returncode == 0 and b"nvidia" in run.stdout
+        except (OSError, subprocess.SubprocessError) as exc:
+            errors.append(f"capabilities: docker info: {exc}")
+    library = None
+    configured = os.environ.get("GPUPLATFORM_VRAM_QUOTA_LIBRARY")
+    if configured and not os.path.isfile(configured):
+        errors.append(f"capabilities: GPUPLATFORM_VRAM_QUOTA_LIBRARY={configured} does not exist")
+    for path in ([configured] if configured else []) + list(QUOTA_LIBRARY_PATHS):
+        if os.path.isfile(path):
+            library = path
+            break
+    return {
+        "docker": docker,
+        "nvidia_runtime": nvidia_runtime,
+        "mig": any(g["mig_capable"] for g in gpus),
+        "vram_quota_library": library,
+    }
+
+
+def emit(doc, code):
+    sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+    return code
+
+
+def unavailable(error):
+    return emit({"schema": SCHEMA, "source": "unavailable", "error": error}, UNAVAILABLE_EXIT)
+
+
+def sample(discover):
+    errors = []
+    count = nv.nvmlDeviceGetCount()  # no count, no sample: the caller falls back to nvidia-smi
+    gpus, processes = [], []
+    for index in range(count):
+        gpu, procs = sample_gpu(errors, index)
+        if gpu is not None:
+            gpus.append(gpu)
+            processes.extend(procs)
+    cuda = nvml(errors, "system", "nvmlSystemGetCudaDriverVersion_v2")
+    doc = {
+        "schema": SCHEMA,
+        "source": "nvml",
+        "hostname": socket.gethostname(),
+        "taken_at": datetime.now(timezone.utc).isoformat(),  # noqa: UP017 - Python 3.8
+        "driver_version": text(nvml(errors, "system", "nvmlSystemGetDriverVersion") or ""),
+        "cuda_version": f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else "",
+        "gpus": gpus,
+        "processes": processes,
+        "xid_events": new_xid_events(errors),
+    }
+    if discover:
+        doc["capabilities"] = capabilities(errors, gpus)
+    doc["errors"] = errors
+    return doc
+
+
+def serve(requests):
+    """--serve: stay up with NVML initialised and answer one JSON line per request line
+    ("sample" or "discover") until stdin closes. Saves a process start and nvmlInit per
+    sample; the platform keeps the channel open between samples."""
+    while True:
+        line = requests.readline()
+        if not line:
+            return 0
+        request = line.strip()
+        if request not in (b"sample", b"discover"):
+            emit({"schema": SCHEMA, "source": "error", "error": "unknown request"}, 0)
+            continue
+        try:
+            doc = sample(request == b"discover")
+        except Exception as exc:  # answer this request; the next one may succeed
+            doc = {
+                "schema": SCHEMA,
+                "source": "unavailable",
+                "error": f"sampling failed: {type(exc).__name__}: {exc}",
+            }
+        emit(doc, 0)
+
+
+def main(argv):
+    global nv
+    try:
+        import pynvml
+    except ImportError as exc:
+        return unavailable(f"pynvml is not importable: {exc}")
+    nv = pynvml
+    try:
+        nv.nvmlInit()
+    except Exception as exc:  # NVMLError, or an OSError from a missing libnvidia-ml
+        return unavailable(f"nvmlInit failed: {exc}")
+    try:
+        if "--serve" in argv:
+            return serve(sys.stdin.buffer)
+        doc = sample("--discover" in argv)
+    except Exception as exc:  # a lost driver or a bug: no half sample, nvidia-smi instead
+        return unavailable(f"sampling failed: {type(exc).__name__}: {exc}")
+    finally:
+        with contextlib.suppress(Exception):  # nothing useful to do about a failed shutdown
+            nv.nvmlShutdown()
+    return emit(doc, 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,63 @@
+"""Celery tasks for the fleet: thin wrappers over services, safe to run twice."""
+
+from celery import shared_task
+from django.conf import settings
+
+from . import services
+
+# Nodes per sampling task: one task's SSH round trips overlap on threads and its rows
+# go to the database in one bulk insert, which a task per node could not do.
+SAMPLE_BATCH_SIZE = 100
+
+
+@shared_task(name="telemetry.fan_out", soft_time_limit=20, time_limit=30)
+def fan_out() -> int:
+    ids = list(services.sampleable_nodes().order_by("pk").values_list("pk", flat=True))
+    for start in range(0, len(ids), SAMPLE_BATCH_SIZE):
+        sample_nodes.apply_async(
+            args=[ids[start : start + SAMPLE_BATCH_SIZE]],
+            expires=settings.NODES_SAMPLE_INTERVAL,
+        )
+    return len(ids)
+
+
+@shared_task(name="telemetry.sample_nodes", soft_time_limit=25, time_limit=40)
+def sample_nodes(node_ids: list[int]) -> dict:
+    return services.nodes_sample(node_ids=node_ids)
+
+
+@shared_task(name="telemetry.sample_node", soft_time_limit=25, time_limit=40)
+def sample_node(node_id: int) -> dict:
+    return services.node_sample(node_id=node_id)
+
+
+@shared_task(
+    name="telemetry.discover_node",
+    soft_time_limit=40,
+    time_limit=60,
+    autoretry_for=(OSError,),
+    max_retries=3,
+    retry_backoff=True,
+)
+def discover_node(node_id: int) -> bool:
+    from . import ssh, telemetry
+
+    try:
+        return services.node_discover(node_id=node_id) is not None
+    except (ssh.SSHError, telemetry.ParseError):
+        return False  # recorded on the node (last error); the next sample retries
+
+
+@shared_task(name="telemetry.scan_host_key", soft_time_limit=20, time_limit=30)
+def scan_host_key(node_id: int) -> bool:
+    from . import ssh
+
+    try:
+        return services.node_scan_host_key(node_id=node_id) is not None
+    except ssh.SSHError:
+        return False  # recorded on the node
+
+
+@shared_task(name="telemetry.rollup_and_prune", soft_time_limit=240, time_limit=290)
+def rollup_and_prune() -> dict:
+    return services.samples_rollup_and_prune()

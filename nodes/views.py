@@ -1,0 +1,240 @@
+"""Ops pages for the fleet (overview, node detail, registration) and /metrics."""
+
+from __future__ import annotations
+
+import hmac
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from gpuplatform.errors import ServiceError
+
+from . import selectors, services, ssh
+from .forms import ApproveForm, DrainForm, NodeForm
+from .models import Node
+
+LIVE_SECONDS = 10
+
+
+def _partial(request: HttpRequest) -> bool:
+    return bool(request.htmx and not request.htmx.boosted)
+
+
+def _heat(gpu) -> int:  # type: ignore[no-untyped-def]
+    if not gpu.vram_total_mb or gpu.last_memory_used_mb is None:
+        return -1
+    return round(100 * gpu.last_memory_used_mb / gpu.vram_total_mb)
+
+
+@staff_member_required
+@require_GET
+def fleet(request: HttpRequest) -> HttpResponse:
+    nodes = list(selectors.node_list())
+    now = timezone.now()
+    for node in nodes:
+        for gpu in node.gpus.all():
+            gpu.heat = _heat(gpu)
+            gpu.age_s = (now - gpu.last_sample_at).total_seconds() if gpu.last_sample_at else None
+    context = {
+        "nodes": nodes,
+        "totals": selectors.fleet_totals(nodes),
+        "live_seconds": LIVE_SECONDS,
+    }
+    template = "nodes/_fleet_live.html" if _partial(request) else "nodes/fleet.html"
+    return render(request, template, context)
+
+
+def _node_context(node: Node) -> dict:
+    node = selectors.node_list().get(pk=node.pk)
+    gpus = list(node.gpus.all())
+    processes = selectors.latest_processes(gpu_ids=[g.pk for g in gpus])
+    for gpu in gpus:
+        gpu.heat = _heat(gpu)
+        gpu.processes = processes.get(gpu.pk, [])
+    return {
+        "node": node,
+        "gpus": gpus,
+        "pending_fingerprint": ssh.fingerprint(node.pending_host_key)
+        if node.pending_host_key
+        else "",
+        "live_seconds": LIVE_SECONDS,
+        "drain_form": DrainForm(),
+    }
+
+
+@staff_member_required
+@require_GET
+def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    node = get_object_or_404(Node, pk=pk)
+    template = "nodes/_node_live.html" if _partial(request) else "nodes/node_detail.html"
+    return render(request, template, _node_context(node))
+
+
+@staff_member_required
+def node_create(request: HttpRequest) -> HttpResponse:
+    form = NodeForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            node = services.node_register(**form.cleaned_data)
+        except ServiceError as exc:
+            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+        else:
+            messages.success(
+                request,
+                f"{node.name} registered. "
+                + (
+                    "Discovery started."
+                    if node.host_key
+                    else "Its host key is being read: approve the fingerprint below."
+                ),
+            )
+            return redirect("nodes:node_detail", pk=node.pk)
+    return render(request, "nodes/node_form.html", {"form": form})
+
+
+def _act(request: HttpRequest, pk: int, action) -> HttpResponse:  # type: ignore[no-untyped-def]
+    node = get_object_or_404(Node, pk=pk)
+    try:
+        message = action(node)
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, message)
+    return redirect("nodes:node_detail", pk=node.pk)
+
+
+@staff_member_required
+@require_POST
+def node_drain(request: HttpRequest, pk: int) -> HttpResponse:
+    form = DrainForm(request.POST)
+    reason = form.cleaned_data["reason"] if form.is_valid() else ""
+
+    def act(node: Node) -> str:
+        services.node_drain(node=node, reason=reason)
+        return f"{node.name} is draining: no new placements."
+
+    return _act(request, pk, act)
+
+
+@staff_member_required
+@require_POST
+def node_undrain(request: HttpRequest, pk: int) -> HttpResponse:
+    def act(node: Node) -> str:
+        services.node_undrain(node=node)
+        return f"{node.name} accepts placements again."
+
+    return _act(request, pk, act)
+
+
+@staff_member_required
+@require_POST
+def node_approve(request: HttpRequest, pk: int) -> HttpResponse:
+    form = ApproveForm(request.POST)
+    fingerprint = form.cleaned_data["fingerprint"] if form.is_valid() else ""
+
+    def act(node: Node) -> str:
+        services.node_approve_host_key(node=node, fingerprint=fingerprint)
+        return f"Host key {fingerprint} pinned for {node.name}; discovery started."
+
+    return _act(request, pk, act)
+
+
+@staff_member_required
+@require_POST
+def node_rescan(request: HttpRequest, pk: int) -> HttpResponse:
+    def act(node: Node) -> str:
+        services.node_rescan(node=node)
+        return "Reading the node's host key again; approve it when it appears."
+
+    return _act(request, pk, act)
+
+
+# --- Prometheus ---------------------------------------------------------------------------
+
+
+def _label(value: object) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Per-GPU gauges in the style of NVIDIA's DCGM exporter, for Prometheus/Grafana.
+
+    Protected by `Authorization: Bearer <GPUPLATFORM_METRICS_TOKEN>`; off when unset."""
+    token = settings.METRICS_TOKEN
+    if not token:
+        return HttpResponse(
+            "metrics are disabled: set GPUPLATFORM_METRICS_TOKEN\n",
+            status=404,
+            content_type="text/plain",
+        )
+    header = request.headers.get("Authorization", "")
+    if not (header.startswith("Bearer ") and hmac.compare_digest(header[7:].strip(), token)):
+        response = HttpResponse("unauthorized\n", status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    now = timezone.now()
+    families = {
+        "DCGM_FI_DEV_FB_USED": ("gauge", "Framebuffer memory used (in MiB)."),
+        "DCGM_FI_DEV_FB_FREE": ("gauge", "Framebuffer memory free (in MiB)."),
+        "DCGM_FI_DEV_FB_TOTAL": ("gauge", "Framebuffer memory total (in MiB)."),
+        "DCGM_FI_DEV_GPU_UTIL": ("gauge", "GPU utilization (in %)."),
+        "DCGM_FI_DEV_MEM_COPY_UTIL": ("gauge", "Memory utilization (in %)."),
+        "DCGM_FI_DEV_GPU_TEMP": ("gauge", "GPU temperature (in C)."),
+        "DCGM_FI_DEV_POWER_USAGE": ("gauge", "Power draw (in W)."),
+        "gpuplatform_gpu_allocated_mib": ("gauge", "VRAM reserved by slices (in MiB)."),
+        "gpuplatform_gpu_sample_age_seconds": ("gauge", "Seconds since the last sample."),
+        "gpuplatform_gpu_accepting_placements": ("gauge", "1 if new slices may land here."),
+    }
+    lines: dict[str, list[str]] = {name: [] for name in families}
+    node_lines = []
+    for node in selectors.node_list():
+        for status in Node.Status.values:
+            node_lines.append(
+                f'gpuplatform_node_status{{Hostname="{_label(node.name)}",status="{status}"}} '
+                f"{1 if node.status == status else 0}"
+            )
+        for gpu in node.gpus.all():
+            labels = (
+                f'gpu="{gpu.index}",UUID="{_label(gpu.uuid)}",modelName="{_label(gpu.model)}",'
+                f'Hostname="{_label(node.name)}"'
+            )
+            values = {
+                "DCGM_FI_DEV_FB_TOTAL": gpu.vram_total_mb,
+                "gpuplatform_gpu_allocated_mib": gpu.allocated_mb or 0,
+                "gpuplatform_gpu_accepting_placements": int(gpu.accepting_placements),
+            }
+            if gpu.last_sample_at:
+                used = gpu.last_memory_used_mb or 0
+                values.update(
+                    {
+                        "DCGM_FI_DEV_FB_USED": used,
+                        "DCGM_FI_DEV_FB_FREE": max(gpu.vram_total_mb - used, 0),
+                        "DCGM_FI_DEV_GPU_UTIL": gpu.last_utilization_gpu,
+                        "DCGM_FI_DEV_MEM_COPY_UTIL": gpu.last_utilization_memory,
+                        "DCGM_FI_DEV_GPU_TEMP": gpu.last_temperature_c,
+                        "DCGM_FI_DEV_POWER_USAGE": gpu.last_power_w,
+                        "gpuplatform_gpu_sample_age_seconds": round(
+                            (now - gpu.last_sample_at).total_seconds(), 1
+                        ),
+                    }
+                )
+            for name, value in values.items():
+                if value is not None:
+                    lines[name].append(f"{name}{{{labels}}} {value}")
+    out = []
+    for name, (kind, help_text) in families.items():
+        out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *lines[name]]
+    out += [
+        "# HELP gpuplatform_node_status 1 for the node's current status.",
+        "# TYPE gpuplatform_node_status gauge",
+        *node_lines,
+    ]
+    return HttpResponse(
+        "\n".join(out) + "\n", content_type="text/plain; version=0.0.4; charset=utf-8"
+    )

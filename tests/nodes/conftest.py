@@ -1,0 +1,47 @@
+"""Fleet fixtures: the node emulator over loopback SSH and a platform key for the pool."""
+
+import pytest
+
+from nodes import services, ssh
+from nodes.emulator import EmulatedFleet
+from nodes.emulator.keys import generate_ed25519, public_line
+
+
+@pytest.fixture(scope="module")
+def platform_key():  # type: ignore[no-untyped-def]
+    return generate_ed25519()
+
+
+@pytest.fixture
+def fleet(platform_key, tmp_path):  # type: ignore[no-untyped-def]
+    fleet = EmulatedFleet.start(
+        count=2, authorized_keys=[public_line(platform_key)], state_dir=tmp_path / "emu"
+    )
+    yield fleet
+    fleet.stop()
+
+
+@pytest.fixture
+def pool(platform_key):  # type: ignore[no-untyped-def]
+    pool = ssh.SSHPool(private_key=platform_key, connect_timeout=2, command_timeout=5)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture
+def register(fleet, django_capture_on_commit_callbacks):  # type: ignore[no-untyped-def]
+    """Register emulated node i with its host key pinned (as ops pasting known_hosts)."""
+
+    def _register(i: int = 0, **overrides):  # type: ignore[no-untyped-def]
+        emu = fleet.nodes[i]
+        data = {
+            "name": emu.name,
+            "address": "127.0.0.1",
+            "port": emu.port,
+            "host_key": emu.host_key_line(),
+            **overrides,
+        }
+        with django_capture_on_commit_callbacks(execute=False):
+            return services.node_register(**data)
+
+    return _register
