@@ -918,3 +918,47 @@ def test_sampler_exits_3_without_pynvml(node):
     assert doc["source"] == "unavailable"
     assert "pynvml" in doc["error"]
     assert done.stdout.count("\n") == 1  # one document, nothing else on stdout
+
+
+def test_sampler_serve_mode_answers_one_line_per_request(node):  # type: ignore[no-untyped-def]
+    """The sampler kept running: bootstrap + source on stdin, then request lines."""
+    from nodes.telemetry import sampler_serve_argv, sampler_serve_preamble
+
+    argv = sampler_serve_argv()
+    assert argv[:4] == ["python3", "-u", "-c", argv[3]] and argv[-1] == "--serve"
+    stdin = sampler_serve_preamble() + b"sample\ndiscover\nbogus\nsample\n"
+    done = subprocess.run(
+        [node.python, "-S", *argv[1:]],
+        input=stdin,
+        capture_output=True,
+        env=node.env,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.decode().splitlines()
+    assert len(lines) == 4
+    first, discover, bogus, again = lines
+    assert parse_sampler_output(first).capabilities is None
+    assert parse_sampler_output(discover).capabilities is not None
+    assert json.loads(bogus)["source"] == "error"
+    assert [g.uuid for g in parse_sampler_output(again).gpus] == [
+        g.uuid for g in parse_sampler_output(first).gpus
+    ]
+    assert node.shutdown_mark.exists()  # NVML shut down when stdin closed
+
+
+def test_sampler_serve_mode_without_nvml_says_unavailable(node):  # type: ignore[no-untyped-def]
+    from nodes.telemetry import SamplerUnavailable, sampler_serve_argv, sampler_serve_preamble
+
+    done = subprocess.run(
+        [node.python, "-S", *sampler_serve_argv()[1:]],
+        input=sampler_serve_preamble() + b"sample\n",
+        capture_output=True,
+        env={**node.env, "PYTHONPATH": ""},
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 3
+    with pytest.raises(SamplerUnavailable):
+        parse_sampler_output(done.stdout.decode())

@@ -1,0 +1,67 @@
+"""Fleet tasks: beat's fan-out samples every node in batches through the worker's pool."""
+
+import pytest
+from django.conf import settings as django_settings
+
+from gpuplatform.celery import app
+from nodes import services, ssh, tasks
+from nodes.emulator import EmulatedFleet
+from nodes.models import GpuSample, Node
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def worker_pool(settings, tmp_path):  # type: ignore[no-untyped-def]
+    """The per-process pool as a worker builds it: the platform key from settings."""
+    settings.NODES_SSH_KEY_PATH = str(tmp_path / "ssh" / "id_ed25519")
+    ssh.reset_pool()
+    pool = ssh.get_pool()
+    yield pool
+    ssh.reset_pool()
+
+
+@pytest.fixture
+def eager():  # type: ignore[no-untyped-def]
+    app.conf.task_always_eager = True
+    yield
+    app.conf.task_always_eager = False
+
+
+def test_beat_samples_the_fleet_every_interval():  # type: ignore[no-untyped-def]
+    entry = django_settings.CELERY_BEAT_SCHEDULE["sample-fleet"]
+    assert entry["task"] == "telemetry.fan_out"
+    assert entry["schedule"] == float(django_settings.NODES_SAMPLE_INTERVAL) == 30.0
+    route = app.amqp.router.route({}, "telemetry.sample_nodes")
+    assert route["queue"].name == "telemetry"
+
+
+def test_fan_out_samples_every_node_in_batches(
+    worker_pool, eager, tmp_path, monkeypatch, django_capture_on_commit_callbacks
+):  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(tasks, "SAMPLE_BATCH_SIZE", 2)
+    public = ssh.public_key_line(worker_pool.private_key)
+    fleet = EmulatedFleet.start(count=3, authorized_keys=[public], state_dir=tmp_path / "emu")
+    try:
+        for emu in fleet.nodes:
+            with django_capture_on_commit_callbacks(execute=False):
+                node = services.node_register(
+                    name=emu.name, address="127.0.0.1", port=emu.port, host_key=emu.host_key_line()
+                )
+            services.node_discover(node_id=node.pk)
+        pending = Node.objects.create(name="waiting", address="10.0.0.1")  # no key yet
+        dispatched = []
+        original = tasks.sample_nodes.apply_async
+
+        def record(*args, **kwargs):  # type: ignore[no-untyped-def]
+            dispatched.append(kwargs["args"][0])
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(tasks.sample_nodes, "apply_async", record)
+        assert tasks.fan_out.apply().get() == 3
+        assert [len(batch) for batch in dispatched] == [2, 1]
+        assert pending.pk not in sum(dispatched, [])
+        for node in Node.objects.exclude(pk=pending.pk):
+            assert GpuSample.objects.filter(gpu__node=node).count() == node.gpus.count()
+    finally:
+        fleet.stop()
