@@ -70,7 +70,7 @@ def main() -> None:
 
         from nodes import services
         from nodes.models import Gpu, GpuSample, Node, ProcessSample
-        from nodes.tasks import SAMPLE_BATCH_SIZE
+        from nodes.services import PIPELINE_CHUNK
 
         nodes = [
             Node.objects.create(
@@ -101,8 +101,9 @@ def main() -> None:
         for _ in range(args.rounds):
             batch = make_samples(nodes, gpus_by_node, procs_per_gpu=args.procs)
             start = time.perf_counter()
-            for offset in range(0, len(batch), SAMPLE_BATCH_SIZE):  # one sampling task's write
-                services.samples_ingest(results=batch[offset : offset + SAMPLE_BATCH_SIZE])
+            # what the sampling pipeline writes per call
+            for offset in range(0, len(batch), PIPELINE_CHUNK):
+                services.samples_ingest(results=batch[offset : offset + PIPELINE_CHUNK])
             pipeline.append(rows_per_round / (time.perf_counter() - start))
 
         # Baseline: the same rows, one ORM save() each (autocommit), for a slice of nodes.

@@ -294,5 +294,9 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("DJANGO_LOG_LEVEL", default="INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    # paramiko logs every connection and key exchange at INFO: too chatty for a fleet.
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        "paramiko": {"level": "WARNING"},
+    },
 }

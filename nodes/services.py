@@ -378,7 +378,7 @@ def sampleable_nodes() -> models.QuerySet[Node]:
     return Node.objects.exclude(host_key="").exclude(status=Node.Status.PENDING)
 
 
-PIPELINE_CHUNK = 50
+PIPELINE_CHUNK = 100
 
 
 def nodes_sample(*, node_ids: list[int], pool: ssh.SSHPool | None = None) -> dict[str, int]:
@@ -490,10 +490,13 @@ def samples_ingest(
     now = received_at or timezone.now()
     node_ids = [n.pk for n, _ in results]
     gpus: dict[str, tuple[int, int]] = {}  # uuid (GPU or MIG device) -> (gpu id, node id)
-    for gpu_id, uuid, node_id, mig_devices in Gpu.objects.filter(
-        node_id__in=node_ids, present=True
-    ).values_list("id", "uuid", "node_id", "mig_devices"):
+    present = Gpu.objects.filter(node_id__in=node_ids, present=True)
+    for gpu_id, uuid, node_id in present.values_list("id", "uuid", "node_id"):
         gpus[uuid] = (gpu_id, node_id)
+    # MIG device UUIDs map to their GPU (only MIG GPUs carry a device list to decode).
+    for gpu_id, node_id, mig_devices in present.filter(mig_enabled=True).values_list(
+        "id", "node_id", "mig_devices"
+    ):
         for mig in mig_devices or []:
             if mig.get("uuid"):
                 gpus.setdefault(mig["uuid"], (gpu_id, node_id))
@@ -535,6 +538,12 @@ def samples_ingest(
                 )
             )
     with transaction.atomic():
+        if connection.vendor == "postgresql":
+            # Telemetry is periodic: losing the last fraction of a second of samples in a
+            # database crash is acceptable, waiting for the WAL flush on every batch is
+            # not. Scoped to this transaction; everything else stays durable.
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL synchronous_commit TO OFF")
         _insert_rows(GpuSample, gpu_rows)
         _insert_rows(ProcessSample, proc_rows)
         _update_latest(gpu_rows)
