@@ -6,6 +6,7 @@ app_name = "tenants"
 
 urlpatterns = [
     path("tiers/", views.catalog, name="catalog"),
+    path("fit/", views.fit, name="fit"),
     path("account/", views.account, name="account"),
     path("account/tokens/", views.token_create, name="token_create"),
     path("account/tokens/<int:pk>/revoke/", views.token_revoke, name="token_revoke"),

@@ -333,3 +333,58 @@ def ops_tenant_status(request: HttpRequest, pk: int) -> HttpResponse:
     ):
         return redirect(next_url)
     return redirect("tenants:ops_tenants")
+
+
+# --- will it fit? ---------------------------------------------------------------------------
+
+
+def _fit_result(form) -> dict:  # type: ignore[no-untyped-def]
+    from . import estimator
+
+    if not form.is_valid():
+        return {"error": "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items())}
+    try:
+        result = estimator.estimate(estimator.EstimateRequest.from_mapping(form.to_mapping()))
+    except estimator.EstimatorError as exc:
+        return {"error": f"{exc.field}: {exc.message}"}
+    data = result.to_dict()
+    names = {t.vram_mb: t.name for t in form.tiers}
+    data["smallest_tier_name"] = names.get(data.get("smallest_fitting_tier_mib"))
+    data["tier_name"] = names.get(data.get("tier_mib"))
+    chart = {
+        "labels": [t["label"] for t in data["terms"]],
+        "mib": [t["mib"] for t in data["terms"]],
+        "tier_mib": data.get("tier_mib"),
+        "usable_mib": data.get("usable_mib"),
+    }
+    return {"result": data, "chart": chart}
+
+
+@require_GET
+def fit(request: HttpRequest) -> HttpResponse:
+    """Public: will a model fit a tier? The breakdown updates live as fields change."""
+    from .fit import FitForm
+
+    form = FitForm(request.GET or None)
+    context = {"form": form}
+    if request.GET:
+        context.update(_fit_result(form))
+    else:
+        bound = FitForm(
+            {
+                "model": "meta-llama/Llama-3.1-8B",
+                "workload": "inference",
+                "weights_dtype": "bf16",
+                "kv_cache_dtype": "bf16",
+                "engine": "transformers",
+                "batch": 1,
+                "context_tokens": 4096,
+                "method": "lora",
+                "optimizer": "adamw",
+                "tier_mib": form.fields["tier_mib"].initial or "",
+            }
+        )
+        context.update(_fit_result(bound))
+        context["form"] = bound
+    template = "tenants/_fit_result.html" if _partial(request) else "tenants/fit.html"
+    return render(request, template, context)

@@ -1,7 +1,7 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from . import views
+from . import estimates, views
 
 router = SimpleRouter()
 router.register("tiers", views.TierViewSet, basename="tier")
@@ -9,4 +9,9 @@ router.register("tokens", views.ApiTokenViewSet, basename="token")
 router.register("members", views.MemberViewSet, basename="member")
 router.register("ops/tenants", views.OpsTenantViewSet, basename="ops-tenant")
 
-urlpatterns = [path("me/", views.MeView.as_view(), name="me"), *router.urls]
+urlpatterns = [
+    path("me/", views.MeView.as_view(), name="me"),
+    path("estimates/", estimates.EstimateView.as_view(), name="estimate"),
+    path("estimates/models/", estimates.CatalogView.as_view(), name="estimate-models"),
+    *router.urls,
+]

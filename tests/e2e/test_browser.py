@@ -176,3 +176,21 @@ def test_sign_up_with_mismatched_passwords_shows_field_error_and_creates_no_user
     assert page.input_value("#id_tenant_name") == "Mismatch Labs"
     assert not get_user_model().objects.filter(email__iexact="mo@mismatch.test").exists()
     assert not Tenant.objects.filter(name="Mismatch Labs").exists()
+
+
+def test_will_it_fit_updates_live_and_recommends_a_tier(page):  # type: ignore[no-untyped-def]
+    page.goto("/fit/")
+    page.wait_for_function("typeof htmx === 'object' && typeof Chart === 'function'")
+    page.select_option("#id_model", "meta-llama/Llama-3.1-8B")
+    page.select_option("#id_tier_mib", "8192")
+    page.wait_for_function(
+        "document.querySelector('#fit-verdict').textContent.includes('Does not fit')"
+    )
+    assert "24 GB" in page.inner_text("#fit-smallest")
+    page.wait_for_function("Number(document.querySelector('#fit-chart').dataset.segments) > 2")
+    page.evaluate("window.__still_here = 1")  # survives htmx swaps, not a reload
+    page.select_option("#id_weights_dtype", "nf4")
+    page.wait_for_function("document.querySelector('#fit-verdict').textContent.includes('Fits')")
+    assert page.evaluate("window.__still_here") == 1  # swapped in place, no reload
+    assert "nf4" in page.inner_text("#fit-terms")
+    assert page.js_errors == []

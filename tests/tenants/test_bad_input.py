@@ -160,3 +160,18 @@ def test_forged_forwarded_for_does_not_dodge_the_limit(low_rates, settings):  # 
         )
         codes.append(client.get("/api/v1/me/").status_code)
     assert codes == [401, 401, 401, 429]
+
+
+def test_oversized_body_is_400_not_read_whole(api_a):  # type: ignore[no-untyped-def]
+    body = b'{"name": "' + b"x" * (1024 * 1024) + b'"}'
+    response = _post_raw(api_a, TOKENS, body)
+    assert response.status_code == 400
+    assert response.json()["code"] == "parse_error"
+    assert "1024 KiB" in response.json()["message"]
+
+
+def test_deeply_nested_json_is_400_not_500(api_a):  # type: ignore[no-untyped-def]
+    body = b'{"name": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    response = _post_raw(api_a, TOKENS, body)
+    assert response.status_code == 400
+    assert response.json()["code"] == "parse_error"

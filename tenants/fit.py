@@ -1,0 +1,80 @@
+"""The public "will it fit?" form: page fields -> an estimator request mapping."""
+
+from django import forms
+
+from . import estimator
+from .selectors import tier_list
+
+WORKLOADS = [("inference", "inference"), ("training", "fine-tuning / training")]
+WEIGHTS = [(d, d) for d in ("bf16", "fp16", "fp32", "fp8", "int8", "nf4", "int4", "gptq", "awq")]
+KV = [(d, d) for d in ("bf16", "fp16", "fp8")]
+ENGINES = [("transformers", "transformers (plain)"), ("vllm", "vLLM (paged KV)")]
+METHODS = [("lora", "LoRA"), ("qlora", "QLoRA"), ("full", "full fine-tune")]
+OPTIMIZERS = [
+    ("adamw", "AdamW (mixed precision)"),
+    ("adamw_bf16", "AdamW, pure bf16"),
+    ("adam8bit", "8-bit Adam"),
+    ("sgd_momentum", "SGD with momentum"),
+]
+DEFAULT_MODEL = "meta-llama/Llama-3.1-8B"
+
+
+class FitForm(forms.Form):
+    model = forms.ChoiceField(label="Model", required=False)
+    config_json = forms.CharField(
+        label="…or paste a config.json",
+        required=False,
+        max_length=1024 * 1024,
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": '{"model_type": "llama", …}'}),
+    )
+    workload = forms.ChoiceField(choices=WORKLOADS, initial="inference")
+    weights_dtype = forms.ChoiceField(label="Weights", choices=WEIGHTS, initial="bf16")
+    kv_cache_dtype = forms.ChoiceField(label="KV cache", choices=KV, initial="bf16")
+    engine = forms.ChoiceField(choices=ENGINES, initial="transformers")
+    batch = forms.IntegerField(min_value=1, max_value=100_000, initial=1)
+    context_tokens = forms.IntegerField(
+        label="Context (tokens)", min_value=1, max_value=10_000_000, initial=4096
+    )
+    method = forms.ChoiceField(
+        label="Training method", choices=METHODS, initial="lora", required=False
+    )
+    optimizer = forms.ChoiceField(choices=OPTIMIZERS, initial="adamw", required=False)
+    gradient_checkpointing = forms.BooleanField(required=False)
+    tier_mib = forms.TypedChoiceField(label="Tier", coerce=int, required=False)
+
+    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.tiers = list(tier_list())
+        self.fields["model"].choices = [(name, name) for name in sorted(estimator.CATALOG)]
+        self.fields["model"].initial = DEFAULT_MODEL
+        self.fields["tier_mib"].choices = [(t.vram_mb, t.name) for t in self.tiers]
+        if self.tiers:
+            self.fields["tier_mib"].initial = self.tiers[-1].vram_mb
+
+    def to_mapping(self) -> dict:
+        data = self.cleaned_data
+        if data.get("config_json", "").strip():
+            model = {"config_json": data["config_json"]}
+        else:
+            model = {"catalog": data.get("model") or DEFAULT_MODEL}
+        mapping = {
+            "model": model,
+            "workload": data["workload"],
+            "weights_dtype": data["weights_dtype"],
+            "kv_cache_dtype": data["kv_cache_dtype"],
+            "engine": data["engine"],
+            "batch": data["batch"],
+            "context_tokens": data["context_tokens"],
+            "tiers_mib": [t.vram_mb for t in self.tiers],
+        }
+        if data.get("tier_mib"):
+            mapping["tier_mib"] = data["tier_mib"]
+        if data["workload"] == "training":
+            mapping.update(
+                method=data.get("method") or "lora",
+                optimizer=data.get("optimizer") or "adamw",
+                gradient_checkpointing=bool(data.get("gradient_checkpointing")),
+                seq_len=data["context_tokens"],
+                micro_batch=data["batch"],
+            )
+        return mapping
