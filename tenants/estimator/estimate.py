@@ -262,17 +262,9 @@ def _compute(r: EstimateRequest) -> _Core:
         )
     )
     if r.weights_dtype in FOUR_BIT_BNB:
-        work = _largest_linear(m) * act
-        dynamic += work
-        terms.append(
-            Term(
-                "dequant_workspace",
-                "Dequantization workspace",
-                work / MIB,
-                "modelled",
-                "bitsandbytes dequantizes one 4-bit matrix to 16-bit per matmul during prefill",
-            )
-        )
+        term = _dequant_term(m, act, " during prefill")
+        dynamic += term.mib * MIB
+        terms.append(term)
     context = r.context_tokens
     positions = m.max_position_embeddings
     if positions is not None and context > positions and not m.learned_positions:
@@ -414,17 +406,9 @@ def _training(
             )
         )
     if r.weights_dtype in FOUR_BIT_BNB:
-        work = _largest_linear(m) * act
-        dynamic += work
-        terms.append(
-            Term(
-                "dequant_workspace",
-                "Dequantization workspace",
-                work / MIB,
-                "modelled",
-                "bitsandbytes dequantizes one 4-bit matrix to 16-bit per matmul",
-            )
-        )
+        term = _dequant_term(m, act, "")
+        dynamic += term.mib * MIB
+        terms.append(term)
     grads = trainable * train_bytes
     dynamic += grads
     terms.append(
@@ -803,3 +787,14 @@ def _combine(
                 labels.append(f"{length_field.replace('_', ' ')} {best:,}")
     label = "Together: " + "; ".join(labels)
     return Suggestion(label, applied, total, _fits(current, total, tier))
+
+
+def _dequant_term(m: ModelSpec, act: float, when: str) -> Term:
+    """bitsandbytes 4-bit: one matrix at a time is dequantized to 16-bit for its matmul."""
+    return Term(
+        "dequant_workspace",
+        "Dequantization workspace",
+        _largest_linear(m) * act / MIB,
+        "modelled",
+        f"bitsandbytes dequantizes one 4-bit matrix to 16-bit per matmul{when}",
+    )

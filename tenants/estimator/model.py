@@ -180,6 +180,20 @@ class ModelSpec:
         return sliding * capped + (self.num_layers - sliding) * full
 
 
+# BERT-style encoders: biased attention and MLP, post-LayerNorm with an embedding norm,
+# a pooler, no final norm and no LM head.
+ENCODER_FLAGS: dict[str, Any] = {
+    "attention_bias": True,
+    "mlp_bias": True,
+    "gated_mlp": False,
+    "norm": "layernorm",
+    "final_norm": False,
+    "embedding_norm": True,
+    "pooler": True,
+    "encoder_only": True,
+}
+
+
 def param_count(model: ModelSpec) -> int:
     """Total parameters: exact when a checkpoint gave them, else derived."""
     if model.param_count_override is not None:
@@ -662,14 +676,7 @@ def _encoder(r: _Reader, family: str) -> dict[str, Any]:
         "token_types": r.int(
             "type_vocab_size", "token_types", default=2, minimum=0, maximum=MAX_VOCAB
         ),
-        "attention_bias": True,
-        "mlp_bias": True,
-        "gated_mlp": False,
-        "norm": "layernorm",
-        "final_norm": False,
-        "embedding_norm": True,
-        "pooler": True,
-        "encoder_only": True,
+        **ENCODER_FLAGS,
         "learned_positions": positions,
         "max_position_embeddings": max(usable_positions, 1),
     }
@@ -857,14 +864,7 @@ def _family_flags(family: str, positions: int | None) -> dict[str, Any]:
         }
     if family in _ENCODERS:
         return {
-            "attention_bias": True,
-            "mlp_bias": True,
-            "gated_mlp": False,
-            "norm": "layernorm",
-            "final_norm": False,
-            "embedding_norm": True,
-            "pooler": True,
-            "encoder_only": True,
+            **ENCODER_FLAGS,
             "learned_positions": positions or 512,
             "token_types": 2 if family == "bert" else 1,
         }
