@@ -56,4 +56,5 @@ CMD ["gunicorn", "gpuplatform.wsgi:application", \
      "--graceful-timeout", "30", \
      "--worker-tmp-dir", "/dev/shm", \
      "--access-logfile", "-", \
+     "--logger-class", "gpuplatform.gunicorn_logging.RedactingLogger", \
      "--error-logfile", "-"]

@@ -24,7 +24,21 @@ class NodeAdmin(admin.ModelAdmin):
     list_display = ["name", "address", "port", "status", "driver_version", "last_seen_at"]
     list_filter = ["status"]
     search_fields = ["name", "address", "host_key_fingerprint"]
-    readonly_fields = ["host_key_fingerprint", "consecutive_failures", "last_seen_at", "created_at"]
+    # Where and how a node is reached, and its pinned key, change only through the ops
+    # page or API (services re-validate, drop a key when the address moves, rescan).
+    readonly_fields = [
+        "address",
+        "port",
+        "ssh_user",
+        "host_key",
+        "host_key_fingerprint",
+        "pending_host_key",
+        "consecutive_failures",
+        "last_seen_at",
+        "last_error",
+        "last_error_at",
+        "created_at",
+    ]
     inlines = [GpuInline]
 
 

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connection, models, transaction
-from django.db.models import Avg, Case, Count, F, Max, Q, Value, When
+from django.db.models import Avg, Case, Count, F, Max, Min, Q, Value, When
 from django.utils import timezone
 
 from gpuplatform.errors import Conflict, ServiceError
@@ -290,7 +290,8 @@ def _record_failure(node: Node, exc: Exception) -> None:
     message = str(exc)[:500] or exc.__class__.__name__
     with transaction.atomic():
         locked = Node.objects.select_for_update().get(pk=node.pk)
-        locked.consecutive_failures += 1
+        # capped: a node down for weeks must not overflow the counter
+        locked.consecutive_failures = min(locked.consecutive_failures + 1, 32767)
         locked.last_error, locked.last_error_at = message, now
         fields = ["consecutive_failures", "last_error", "last_error_at"]
         give_up = isinstance(exc, ssh.HostKeyMismatch) or (
@@ -302,6 +303,10 @@ def _record_failure(node: Node, exc: Exception) -> None:
             locked.status_reason = message
             fields += ["status", "status_reason"]
         locked.save(update_fields=fields)
+
+
+def node_note_error(*, node_id: int, message: str) -> None:
+    Node.objects.filter(pk=node_id).update(last_error=message[:500], last_error_at=timezone.now())
 
 
 def node_discover(*, node_id: int, pool: ssh.SSHPool | None = None) -> Node | None:
@@ -328,9 +333,11 @@ def node_discover(*, node_id: int, pool: ssh.SSHPool | None = None) -> Node | No
             accepting_placements=False,
             not_accepting_reason="no longer found on the node",
         )
-        existing = {g.uuid: g for g in Gpu.objects.filter(node=node)}
+        # By UUID across the fleet: a GPU moved from another node keeps its history.
+        existing = {g.uuid: g for g in Gpu.objects.filter(uuid__in=seen)}
         for reading in sample.gpus:
             gpu = existing.get(reading.uuid) or Gpu(node=node, uuid=reading.uuid)
+            gpu.node = node
             gpu.index = reading.index
             gpu.model = reading.name
             gpu.vram_total_mb = reading.memory_total_mb
@@ -464,9 +471,13 @@ def _read_chunk(pool: ssh.SSHPool, nodes: list[Node]):  # type: ignore[no-untype
 
 
 def _store_chunk(results, failures) -> dict[str, int]:  # type: ignore[no-untyped-def]
-    for node, exc in failures:
-        _record_failure(node, exc)
+    # The answers first: one node's bookkeeping problem must not cost the others' samples.
     batch = samples_ingest(results=results) if results else SampleBatch([], {})
+    for node, exc in failures:
+        try:
+            _record_failure(node, exc)
+        except Exception:
+            logger.exception("could not record the failure of node %s", node.pk)
     return {
         "nodes": 0,
         "sampled": len(results),
@@ -537,8 +548,9 @@ def samples_ingest(
                     p.memory_utilization,
                 )
             )
+    outermost = not connection.in_atomic_block
     with transaction.atomic():
-        if connection.vendor == "postgresql":
+        if outermost and connection.vendor == "postgresql":
             # Telemetry is periodic: losing the last fraction of a second of samples in a
             # database crash is acceptable, waiting for the WAL flush on every batch is
             # not. Scoped to this transaction; everything else stays durable.
@@ -684,7 +696,9 @@ def samples_rollup_and_prune(*, now: datetime | None = None) -> dict[str, int]:
     # Only complete buckets; start again from the last bucket already rolled up.
     complete_before = now - timedelta(seconds=now.timestamp() % 300)
     last = GpuSampleRollup.objects.aggregate(last=Max("bucket_start"))["last"]
-    since = last if last else raw_cutoff - timedelta(minutes=5)
+    if last is None:  # first run: roll up everything there is before anything is pruned
+        last = GpuSample.objects.aggregate(first=Min("taken_at"))["first"] or now
+    since = last
     rows = (
         GpuSample.objects.filter(taken_at__gte=since, taken_at__lt=complete_before)
         .annotate(bucket=FiveMinuteBucket("taken_at"))

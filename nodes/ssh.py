@@ -165,11 +165,24 @@ def _open_socket(address: str, port: int, timeout: float) -> socket.socket:
     return sock
 
 
-def _start_transport(address: str, port: int, timeout: float) -> paramiko.Transport:
+# The host-key algorithms to ask for when a key of that type is pinned: the server must
+# present the pinned kind, not the first kind paramiko prefers (ssh-ed25519).
+HOST_KEY_ALGORITHMS = {
+    "ssh-rsa": ["rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"],
+}
+
+
+def _start_transport(
+    address: str, port: int, timeout: float, pinned_type: str | None = None
+) -> paramiko.Transport:
     sock = _open_socket(address, port, timeout)
     transport = paramiko.Transport(sock)
     transport.banner_timeout = timeout
     transport.handshake_timeout = timeout
+    if pinned_type:
+        wanted = HOST_KEY_ALGORITHMS.get(pinned_type, [pinned_type])
+        options = transport.get_security_options()
+        options.key_types = [k for k in wanted if k in options.key_types] or wanted
     try:
         transport.start_client(timeout=timeout)
     except (paramiko.SSHException, OSError, EOFError) as exc:
@@ -285,7 +298,13 @@ class SSHPool:
             return conn
 
     def _handshake(self, endpoint: Endpoint) -> paramiko.Transport:
-        transport = _start_transport(endpoint.address, endpoint.port, self.connect_timeout)
+        try:
+            pinned_type, _ = parse_host_key(endpoint.host_key)
+        except ValueError as exc:
+            raise SSHError(f"the pinned host key is unusable ({exc}); approve it again") from exc
+        transport = _start_transport(
+            endpoint.address, endpoint.port, self.connect_timeout, pinned_type
+        )
         try:
             seen = public_key_line(transport.get_remote_server_key())
             if seen != normalise_host_key(endpoint.host_key):
@@ -393,11 +412,13 @@ class SSHPool:
                     self._connect(endpoint)
                 except SSHError as exc:
                     errors[endpoint.key] = exc
+                except Exception as exc:  # e.g. a malformed pinned key: this node only
+                    errors[endpoint.key] = SSHError(f"cannot connect: {exc}")
 
             with ThreadPoolExecutor(max_workers=min(connect_threads, len(missing))) as ex:
                 list(ex.map(connect, missing))
         deadline = time.monotonic() + timeout
-        sent: list[tuple[Endpoint, _Connection, str, _Stream] | SSHError] = []
+        sent: list[tuple[Endpoint, _Connection, str, _Stream] | SSHError | None] = []
         for endpoint, argv, preamble, request in items:
             if endpoint.key in errors:
                 sent.append(errors[endpoint.key])
@@ -406,7 +427,8 @@ class SSHPool:
             try:
                 conn = self._connect(endpoint)
                 stream = self._stream(conn, command, preamble, timeout)
-                stream.lock.acquire()
+                if not stream.lock.acquire(timeout=timeout):
+                    raise CommandTimeout(f"the stream is busy: {command[:80]}")
                 try:
                     stream.channel.sendall(request)
                 except BaseException:
@@ -419,22 +441,35 @@ class SSHPool:
                 self.drop(endpoint)
                 sent.append(SSHError(f"the SSH session broke: {exc}"))
         results: list[bytes | SSHError] = []
-        for entry in sent:
-            if isinstance(entry, SSHError):
-                results.append(entry)
-                continue
-            endpoint, conn, command, stream = entry
-            try:
-                results.append(self._read_line(stream, command, deadline))
-            except SSHError as exc:
-                self._close_stream(conn, command, stream)
-                results.append(exc)
-            except (paramiko.SSHException, OSError, EOFError) as exc:
-                self._close_stream(conn, command, stream)
-                self.drop(endpoint)
-                results.append(SSHError(f"the SSH session broke: {exc}"))
-            finally:
-                stream.lock.release()
+        try:
+            for i, entry in enumerate(sent):
+                if isinstance(entry, SSHError):
+                    results.append(entry)
+                    continue
+                endpoint, conn, command, stream = entry
+                sent[i] = None  # handled here, whatever happens
+                try:
+                    results.append(self._read_line(stream, command, deadline))
+                except SSHError as exc:
+                    self._close_stream(conn, command, stream)
+                    results.append(exc)
+                except (paramiko.SSHException, OSError, EOFError) as exc:
+                    self._close_stream(conn, command, stream)
+                    self.drop(endpoint)
+                    results.append(SSHError(f"the SSH session broke: {exc}"))
+                except BaseException:
+                    self._close_stream(conn, command, stream)
+                    raise
+                finally:
+                    stream.lock.release()
+        finally:
+            # Interrupted (e.g. the task's time limit): streams not read are out of step
+            # with their requests, so close them; and never leave one locked.
+            for entry in sent:
+                if entry is not None and not isinstance(entry, SSHError):
+                    _, conn, command, stream = entry
+                    self._close_stream(conn, command, stream)
+                    stream.lock.release()
         return results
 
     def _is_open(self, endpoint: Endpoint) -> bool:

@@ -2,6 +2,7 @@
 
 from celery import shared_task
 from django.conf import settings
+from django.db import IntegrityError
 
 from . import services
 
@@ -46,6 +47,9 @@ def discover_node(node_id: int) -> bool:
         return services.node_discover(node_id=node_id) is not None
     except (ssh.SSHError, telemetry.ParseError):
         return False  # recorded on the node (last error); the next sample retries
+    except IntegrityError as exc:  # e.g. two GPUs reporting one index: say so on the node
+        services.node_note_error(node_id=node_id, message=f"discovery refused: {exc}")
+        return False
 
 
 @shared_task(name="telemetry.scan_host_key", soft_time_limit=20, time_limit=30)

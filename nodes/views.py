@@ -174,7 +174,8 @@ def metrics(request: HttpRequest) -> HttpResponse:
             content_type="text/plain",
         )
     header = request.headers.get("Authorization", "")
-    if not (header.startswith("Bearer ") and hmac.compare_digest(header[7:].strip(), token)):
+    presented = header[7:].strip().encode("utf-8", "surrogateescape")
+    if not (header.startswith("Bearer ") and hmac.compare_digest(presented, token.encode())):
         response = HttpResponse("unauthorized\n", status=401, content_type="text/plain")
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response

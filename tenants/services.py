@@ -125,6 +125,10 @@ def tenant_set_status(
 def _require_owner(actor_membership: Membership) -> None:
     if not actor_membership.can_manage:
         raise NotAllowed("Only an owner of this tenant can manage its members.")
+    if not actor_membership.tenant.is_active:
+        raise NotAllowed(
+            "This tenant is suspended: members cannot be changed.", code="tenant_suspended"
+        )
 
 
 def _lock_owners(tenant: Tenant) -> list[Membership]:
@@ -289,7 +293,7 @@ def invitation_send(*, invitation_id: int) -> bool:
     if invitation.expires_at <= timezone.now():
         return False
     token = new_secret()
-    link = settings.SITE_URL.rstrip("/") + reverse("invitation_accept", args=[token])
+    link = settings.SITE_URL.rstrip("/") + reverse("invitation_link", args=[token])
     context = {"invitation": invitation, "link": link}
     send_mail(
         subject=f"You are invited to {invitation.tenant.name} on gpuplatform",
@@ -378,6 +382,8 @@ def api_token_create(
     membership = Membership.objects.select_related("tenant").filter(user=user).first()
     if membership is None and not user.is_staff:
         raise NotAllowed("Join or create a tenant before making API tokens.", code="no_tenant")
+    if membership is not None and not membership.tenant.is_active:
+        raise NotAllowed("This tenant is suspended: no new API tokens.", code="tenant_suspended")
     now = timezone.now()
     value = new_secret(API_TOKEN_PREFIX)
     token = ApiToken.objects.create(

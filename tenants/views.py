@@ -93,8 +93,22 @@ def signup(request: HttpRequest) -> HttpResponse:
     return render(request, "registration/signup.html", {"form": form})
 
 
-def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
-    invitation = services.invitation_by_token(token)
+INVITATION_SESSION_KEY = "invitation_token"
+
+
+def invitation_link(request: HttpRequest, token: str) -> HttpResponse:
+    """The emailed link. The token moves into the session and the browser goes on to a
+    URL without it, so it does not linger in history, Referer headers or later logs
+    (Django's password reset does the same)."""
+    if services.invitation_by_token(token) is None:
+        return render(request, "tenants/invitation_invalid.html", status=404)
+    request.session[INVITATION_SESSION_KEY] = token
+    return redirect("invitation_accept")
+
+
+def invitation_accept(request: HttpRequest) -> HttpResponse:
+    token = request.session.get(INVITATION_SESSION_KEY, "")
+    invitation = services.invitation_by_token(token) if token else None
     if invitation is None:
         return render(request, "tenants/invitation_invalid.html", status=404)
     if request.user.is_authenticated:
@@ -116,6 +130,7 @@ def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
         except ServiceError as exc:
             form.add_error(exc.field if exc.field in form.fields else None, exc.message)
         else:
+            request.session.pop(INVITATION_SESSION_KEY, None)
             login(request, membership.user, backend="django.contrib.auth.backends.ModelBackend")
             messages.success(request, f"You joined {membership.tenant.name}.")
             return redirect("tenants:account")
@@ -298,7 +313,7 @@ OPS_PAGE_SIZE = 25
 @staff_member_required
 @require_GET
 def ops_tenants(request: HttpRequest) -> HttpResponse:
-    q = request.GET.get("q", "").strip()[:100]
+    q = request.GET.get("q", "").replace("\x00", "").strip()[:100]
     status = request.GET.get("status", "")
     if status not in Tenant.Status.values:
         status = ""

@@ -168,3 +168,17 @@ def test_tasks_are_thin_named_and_bounded():  # type: ignore[no-untyped-def]
         assert "." in name and not name.startswith(("tasks.", "__main__"))
         limit = task.time_limit or app.conf.task_time_limit
         assert limit, name
+
+
+def test_access_log_redacts_secret_links():  # type: ignore[no-untyped-def]
+    from gpuplatform.gunicorn_logging import redact
+
+    assert redact("GET /invitations/Abc-123_xyz/ HTTP/1.1") == (
+        "GET /invitations/[redacted]/ HTTP/1.1"
+    )
+    assert redact("GET /accounts/reset/MQ/set-password/ HTTP/1.1") == (
+        "GET /accounts/reset/MQ/set-password/ HTTP/1.1"
+    )
+    assert redact("GET /accounts/reset/MQ/c8x-4f2a/ HTTP/1.1").endswith("[redacted]/ HTTP/1.1")
+    assert redact("POST /invitations/accept/ HTTP/1.1") == "POST /invitations/accept/ HTTP/1.1"
+    assert redact("GET /api/v1/me/ HTTP/1.1") == "GET /api/v1/me/ HTTP/1.1"

@@ -118,6 +118,10 @@ class SeriesQuerySerializer(StrictSerializer):
     format = serializers.CharField(required=False)  # DRF's own ?format=
 
     def validate(self, attrs):  # type: ignore[no-untyped-def]
+        for name in ("start", "end"):
+            value = attrs.get(name)
+            if value is not None and not 2000 <= value.year <= 9000:
+                raise serializers.ValidationError({name: ["Give a time between 2000 and 9000."]})
         if attrs.get("start") and attrs.get("end") and attrs["start"] >= attrs["end"]:
             raise serializers.ValidationError({"start": ["start must be before end."]})
         return attrs

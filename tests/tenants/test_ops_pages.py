@@ -65,3 +65,22 @@ def test_nav_shows_ops_links_only_to_staff(client, owner_a, ops_user):  # type: 
     assert "/ops/tenants/" not in client.get("/tiers/").content.decode()
     client.force_login(ops_user)
     assert "/ops/tenants/" in client.get("/tiers/").content.decode()
+
+
+def test_ops_search_with_a_nul_byte_is_not_a_500(client, ops_user):  # type: ignore[no-untyped-def]
+    client.force_login(ops_user)
+    assert client.get("/ops/tenants/", {"q": "a\x00b"}).status_code == 200
+
+
+def test_suspended_tenant_cannot_change_members_or_make_tokens(owner_a, ops_user):  # type: ignore[no-untyped-def]
+    from gpuplatform.errors import NotAllowed
+    from tenants import services
+
+    services.tenant_set_status(
+        tenant=owner_a.tenant, actor=ops_user, status="suspended", reason="review"
+    )
+    owner_a.tenant.refresh_from_db()
+    with pytest.raises(NotAllowed, match="suspended"):
+        services.invitation_create(actor_membership=owner_a, email="x@y.test", role="owner")
+    with pytest.raises(NotAllowed, match="suspended"):
+        services.api_token_create(user=owner_a.user, name="new")
