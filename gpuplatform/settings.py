@@ -124,6 +124,8 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "tenants:account"
 LOGOUT_REDIRECT_URL = "login"
 INVITATION_TTL_DAYS = env.int("GPUPLATFORM_INVITATION_TTL_DAYS", default=7)
+# Failed logins per client address in 15 minutes before further attempts are refused.
+LOGIN_FAILURE_LIMIT = env.int("GPUPLATFORM_LOGIN_FAILURE_LIMIT", default=20)
 
 # --- Email (console by default; EMAIL_URL=smtp+tls://user:pass@host:587 in production)
 vars().update(env.email_url("EMAIL_URL", default="consolemail://"))

@@ -5,6 +5,7 @@ from django.urls import include, path
 
 from nodes import views as node_views
 from tenants import views as tenant_views
+from tenants.login import ThrottledLoginView
 
 admin.site.site_header = "gpuplatform ops admin"
 admin.site.site_title = "gpuplatform admin"
@@ -15,6 +16,7 @@ urlpatterns = [
     path("signup/", tenant_views.signup, name="signup"),
     path("invitations/accept/", tenant_views.invitation_accept, name="invitation_accept"),
     path("invitations/<str:token>/", tenant_views.invitation_link, name="invitation_link"),
+    path("accounts/login/", ThrottledLoginView.as_view(), name="login"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", include(("gpuplatform.api.urls", "api"), namespace="api")),
     path("admin/", admin.site.urls),

@@ -393,14 +393,15 @@ class SSHPool:
         items: list[tuple[Endpoint, list[str], bytes, bytes]],
         *,
         timeout: float | None = None,
-        connect_threads: int = 16,
+        connect_threads: int = 64,
     ) -> list[bytes | SSHError]:
         """`request` to many nodes at once, pipelined: every request goes out before any
         answer is read, so the nodes work in parallel while this thread only waits.
         Items are (endpoint, argv, preamble, request); each result is the answer line or
         the SSHError for that node (one node's failure never fails the others)."""
         timeout = self.command_timeout if timeout is None else timeout
-        # Connect first where needed, in parallel: handshakes cost CPU and round trips.
+        # Connect first where needed, in parallel: handshakes cost CPU and round trips,
+        # and a dead node costs its full connect timeout (then backoff makes it instant).
         with self._lock:
             missing = [e for e, *_ in items if not self._is_open(e)]
         errors: dict[tuple, SSHError] = {}

@@ -67,7 +67,13 @@ def _new_user(*, email: str, password: str):  # type: ignore[no-untyped-def]
     user = User(username=email, email=email)
     _check_password(password, user)
     user.set_password(password)
-    user.save()
+    try:
+        with transaction.atomic():
+            user.save()
+    except IntegrityError as exc:  # a double submit racing the check above
+        raise Conflict(
+            "An account with this email already exists.", code="email_taken", field="email"
+        ) from exc
     return user
 
 

@@ -242,3 +242,22 @@ def test_user_without_tenant_can_create_one(client):  # type: ignore[no-untyped-
     response = client.post("/account/", {"tenant_name": "Solo"})
     assert response.status_code == 302
     assert Membership.objects.get(user=user).role == Role.OWNER
+
+
+def test_failed_logins_are_limited_per_address(client, owner_a, settings):  # type: ignore[no-untyped-def]
+    from django.core.cache import cache
+
+    cache.clear()
+    settings.LOGIN_FAILURE_LIMIT = 3
+    for _ in range(3):
+        response = client.post(
+            "/accounts/login/", {"username": owner_a.user.username, "password": "wrong"}
+        )
+        assert response.status_code == 200
+    locked = client.post(
+        "/accounts/login/", {"username": owner_a.user.username, "password": PASSWORD}
+    )
+    assert locked.status_code == 429  # even the right password waits
+    cache.clear()
+    ok = client.post("/accounts/login/", {"username": owner_a.user.username, "password": PASSWORD})
+    assert ok.status_code == 302
