@@ -11,14 +11,15 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connection, models, transaction
-from django.db.models import Avg, Case, Count, F, Max, Min, Q, Value, When
+from django.db.models import Avg, Case, Count, F, Max, Min, Q, Sum, Value, When
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from gpuplatform.errors import Conflict, ServiceError
 
 from . import ssh, telemetry
 from .hooks import GpuSampleRow, ProcessSampleRow, SampleBatch, run_sample_hooks
-from .models import Gpu, GpuSample, GpuSampleRollup, Node, ProcessSample
+from .models import Allocation, Gpu, GpuSample, GpuSampleRollup, Node, ProcessSample
 
 logger = logging.getLogger(__name__)
 
@@ -658,6 +659,118 @@ def _update_latest(rows: list[GpuSampleRow]) -> None:
             f"FROM unnest({unnest}) AS v({names}) WHERE g.id = v.id",
             [rows[0].taken_at, *arrays],
         )
+
+
+# --- placement ----------------------------------------------------------------------------
+
+
+def _candidates(vram_mb: int) -> list:  # type: ignore[type-arg]
+    """GPUs that may take a reservation now, with what is already allocated on them."""
+    from .placement import Candidate, MigSlot
+
+    live = ~Q(allocations__state=Allocation.State.RELEASED)
+    gpus = (
+        Gpu.objects.filter(
+            present=True,
+            accepting_placements=True,
+            node__status=Node.Status.ACTIVE,
+            node__drained_at__isnull=True,
+        )
+        .annotate(allocated=Coalesce(Sum("allocations__vram_mb", filter=live), 0))
+        .order_by("pk")
+    )
+    taken_mig = set(
+        Allocation.objects.exclude(state=Allocation.State.RELEASED)
+        .exclude(mig_device_uuid="")
+        .values_list("mig_device_uuid", flat=True)
+    )
+    return [
+        Candidate(
+            gpu_id=g.pk,
+            total_mb=g.vram_total_mb,
+            allocated_mb=g.allocated,
+            overcommit_ratio=g.overcommit_ratio,
+            mig_enabled=g.mig_enabled,
+            free_mig=tuple(
+                MigSlot(m["uuid"], m["memory_total_mb"])
+                for m in (g.mig_devices or [])
+                if m.get("uuid") and m["uuid"] not in taken_mig
+            ),
+        )
+        for g in gpus
+    ]
+
+
+MAX_PLACEMENT_ATTEMPTS = 5
+
+
+def allocation_reserve(*, owner_key: str, vram_mb: int) -> Allocation | None:
+    """Reserve `vram_mb` for `owner_key` on the best GPU, or return None (no capacity).
+
+    Optimistic and safe: the choice is made without locks, then the chosen GPU's row is
+    locked and its allocations re-counted inside the transaction; if a concurrent
+    reservation took the room, the next attempt chooses again. One GPU lock at a time
+    (always a single row), so two reservations never deadlock, and capacity x ratio is
+    never exceeded."""
+    from .placement import choose
+
+    if vram_mb <= 0:
+        raise ServiceError("A reservation needs some VRAM.", field="vram_mb")
+    for _ in range(MAX_PLACEMENT_ATTEMPTS):
+        choice = choose(_candidates(vram_mb), vram_mb)
+        if choice is None:
+            return None
+        with transaction.atomic():
+            gpu = (
+                Gpu.objects.select_for_update(of=("self",))
+                .filter(
+                    pk=choice.gpu_id,
+                    present=True,
+                    accepting_placements=True,
+                    node__status=Node.Status.ACTIVE,
+                    node__drained_at__isnull=True,
+                )
+                .first()
+            )
+            if gpu is None:
+                continue
+            allocated = (
+                Allocation.objects.filter(gpu=gpu)
+                .exclude(state=Allocation.State.RELEASED)
+                .aggregate(total=Coalesce(Sum("vram_mb"), 0))["total"]
+            )
+            if choice.mig_device_uuid:
+                taken = Allocation.objects.filter(mig_device_uuid=choice.mig_device_uuid).exclude(
+                    state=Allocation.State.RELEASED
+                )
+                if taken.exists():
+                    continue
+            elif allocated + vram_mb > int(gpu.vram_total_mb * gpu.overcommit_ratio):
+                continue
+            try:
+                with transaction.atomic():
+                    return Allocation.objects.create(
+                        gpu=gpu,
+                        vram_mb=vram_mb,
+                        owner_key=owner_key,
+                        mig_device_uuid=choice.mig_device_uuid,
+                    )
+            except IntegrityError as exc:
+                raise Conflict(
+                    "This owner already holds VRAM.", code="already_allocated", field="owner_key"
+                ) from exc
+    return None
+
+
+@transaction.atomic
+def allocation_release(*, allocation: Allocation) -> Allocation:
+    """Give the VRAM back. Safe to run twice."""
+    allocation = Allocation.objects.select_for_update().get(pk=allocation.pk)
+    if allocation.state != Allocation.State.RELEASED:
+        allocation.state = Allocation.State.RELEASED
+        allocation.released_at = timezone.now()
+        allocation.save(update_fields=["state", "released_at"])
+    return allocation
 
 
 # --- retention -------------------------------------------------------------------------------

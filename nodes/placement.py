@@ -1,0 +1,70 @@
+"""Where a VRAM reservation goes: pure placement math, no Django.
+
+Rules (DESIGN.md, Flows): an exact MIG device of the right size when one is free;
+otherwise a software slice on a GPU whose allocated VRAM stays within total x its
+overcommit ratio, best fit (the GPU left with the least room), ties by id. The caller
+filters out draining/unreachable nodes and GPUs not accepting placements, and
+re-checks the chosen GPU under its row lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+
+@dataclass(frozen=True)
+class MigSlot:
+    uuid: str
+    memory_mb: int
+
+
+@dataclass(frozen=True)
+class Candidate:
+    gpu_id: int
+    total_mb: int
+    allocated_mb: int
+    overcommit_ratio: Decimal = Decimal("1.00")
+    mig_enabled: bool = False
+    free_mig: tuple[MigSlot, ...] = ()
+
+    @property
+    def capacity_mb(self) -> int:
+        # Never round capacity up: a fraction of a MiB is not there to sell.
+        return int(Decimal(self.total_mb) * self.overcommit_ratio)
+
+    @property
+    def room_mb(self) -> int:
+        return self.capacity_mb - self.allocated_mb
+
+
+@dataclass(frozen=True)
+class Choice:
+    gpu_id: int
+    mig_device_uuid: str = ""
+    room_after_mb: int = 0
+
+
+def choose(candidates: list[Candidate], vram_mb: int) -> Choice | None:
+    """The best place for `vram_mb`, or None when nothing has room."""
+    if vram_mb <= 0:
+        raise ValueError("a reservation needs some VRAM")
+    mig = [
+        (slot.memory_mb - vram_mb, c.gpu_id, slot.uuid)
+        for c in candidates
+        if c.mig_enabled
+        for slot in c.free_mig
+        if slot.memory_mb >= vram_mb
+    ]
+    if mig:
+        waste, gpu_id, uuid = min(mig)
+        return Choice(gpu_id=gpu_id, mig_device_uuid=uuid, room_after_mb=waste)
+    software = [
+        (c.room_mb - vram_mb, c.gpu_id)
+        for c in candidates
+        if not c.mig_enabled and c.room_mb >= vram_mb
+    ]
+    if not software:
+        return None
+    room_after, gpu_id = min(software)
+    return Choice(gpu_id=gpu_id, room_after_mb=room_after)
