@@ -76,6 +76,11 @@ class Node(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def reachable_status(self) -> str:
+        """The status a node returns to once it answers again: ops' drain still holds."""
+        return self.Status.DRAINING if self.drained_at else self.Status.ACTIVE
+
 
 class Gpu(models.Model):
     node = models.ForeignKey(

@@ -202,7 +202,7 @@ def node_approve_host_key(*, node: Node, fingerprint: str) -> Node:
     node.pending_host_key = ""
     node.consecutive_failures = 0
     if node.status == Node.Status.UNREACHABLE:
-        node.status = Node.Status.DRAINING if node.drained_at else Node.Status.ACTIVE
+        node.status = node.reachable_status
     node.status_reason = ""
     node.save()
     from . import tasks
@@ -253,23 +253,52 @@ _NO_NVML_UNTIL: dict[tuple, float] = {}
 NO_NVML_RETRY_S = 300.0
 
 
-def _read_node(
-    pool: ssh.SSHPool, endpoint: ssh.Endpoint, *, discover: bool
-) -> telemetry.NodeSample:
-    """One reading: the NVML sampler kept running on the node (one request line, one
-    JSON line back), or nvidia-smi when the node has no usable NVML."""
-    if _NO_NVML_UNTIL.get(endpoint.key, 0.0) < time.monotonic():
-        request = telemetry.SERVE_REQUEST_DISCOVER if discover else telemetry.SERVE_REQUEST_SAMPLE
-        line = pool.request(
-            endpoint,
-            telemetry.sampler_serve_argv(),
-            preamble=telemetry.sampler_serve_preamble(),
-            request=request,
+def _read_nodes(
+    pool: ssh.SSHPool, endpoints: list[ssh.Endpoint], *, discover: bool
+) -> list[telemetry.NodeSample | Exception]:
+    """One reading per node, in order (an exception in a node's place when it failed).
+
+    Requests go to each node's running sampler together (pipelined); a node whose NVML
+    is unusable is read with nvidia-smi, one exec round trip per query."""
+    request = telemetry.SERVE_REQUEST_DISCOVER if discover else telemetry.SERVE_REQUEST_SAMPLE
+    now = time.monotonic()
+    out: list[telemetry.NodeSample | Exception | None] = [None] * len(endpoints)
+    streamed = [i for i, e in enumerate(endpoints) if _NO_NVML_UNTIL.get(e.key, 0.0) < now]
+    answers = (
+        pool.request_many(
+            [
+                (
+                    endpoints[i],
+                    telemetry.sampler_serve_argv(),
+                    telemetry.sampler_serve_preamble(),
+                    request,
+                )
+                for i in streamed
+            ]
         )
+        if streamed
+        else []
+    )
+    for i, answer in zip(streamed, answers, strict=True):
+        if isinstance(answer, ssh.SSHError):
+            out[i] = answer
+            continue
         try:
-            return telemetry.parse_sampler_output(line.decode("utf-8", errors="replace"))
+            out[i] = telemetry.parse_sampler_output(answer.decode("utf-8", errors="replace"))
         except telemetry.SamplerUnavailable:
-            _NO_NVML_UNTIL[endpoint.key] = time.monotonic() + NO_NVML_RETRY_S
+            _NO_NVML_UNTIL[endpoints[i].key] = time.monotonic() + NO_NVML_RETRY_S
+        except telemetry.ParseError as exc:
+            out[i] = exc
+    for i, endpoint in enumerate(endpoints):
+        if out[i] is None:
+            try:
+                out[i] = _read_nvidia_smi(pool, endpoint)
+            except (ssh.SSHError, telemetry.ParseError) as exc:
+                out[i] = exc
+    return out  # type: ignore[return-value]
+
+
+def _read_nvidia_smi(pool: ssh.SSHPool, endpoint: ssh.Endpoint) -> telemetry.NodeSample:
     gpus = pool.run(endpoint, telemetry.gpu_query_argv())
     if gpus.exit_status != 0:
         raise telemetry.ParseError(
@@ -319,11 +348,10 @@ def node_discover(*, node_id: int, pool: ssh.SSHPool | None = None) -> Node | No
     if node is None or not node.host_key:
         return node
     pool = pool or ssh.get_pool()
-    try:
-        sample = _read_node(pool, endpoint_for(node), discover=True)
-    except (ssh.SSHError, telemetry.ParseError) as exc:
-        _record_failure(node, exc)
-        raise
+    [sample] = _read_nodes(pool, [endpoint_for(node)], discover=True)
+    if isinstance(sample, Exception):
+        _record_failure(node, sample)
+        raise sample
     now = timezone.now()
     with transaction.atomic():
         node = Node.objects.select_for_update().get(pk=node_id)
@@ -373,7 +401,7 @@ def node_discover(*, node_id: int, pool: ssh.SSHPool | None = None) -> Node | No
         node.consecutive_failures = 0
         node.last_error = ""
         if node.status in (Node.Status.PENDING, Node.Status.UNREACHABLE):
-            node.status = Node.Status.DRAINING if node.drained_at else Node.Status.ACTIVE
+            node.status = node.reachable_status
             node.status_reason = ""
         node.save()
     return node
@@ -429,45 +457,14 @@ def _add(totals: dict[str, int], part: dict[str, int]) -> None:
 def _read_chunk(pool: ssh.SSHPool, nodes: list[Node]):  # type: ignore[no-untyped-def]
     results: list[tuple[Node, telemetry.NodeSample]] = []
     failures: list[tuple[Node, Exception]] = []
-    streamed, fallback = [], []
-    now = time.monotonic()
-    for node in nodes:
-        no_nvml = _NO_NVML_UNTIL.get(endpoint_for(node).key, 0.0) >= now
-        (fallback if no_nvml else streamed).append(node)
-    answers = (
-        pool.request_many(
-            [
-                (
-                    endpoint_for(n),
-                    telemetry.sampler_serve_argv(),
-                    telemetry.sampler_serve_preamble(),
-                    telemetry.SERVE_REQUEST_SAMPLE,
-                )
-                for n in streamed
-            ]
-        )
-        if streamed
-        else []
-    )
-    for node, answer in zip(streamed, answers, strict=True):
-        if isinstance(answer, ssh.SSHError):
-            failures.append((node, answer))
-            continue
-        try:
-            results.append((node, telemetry.parse_sampler_output(answer.decode(errors="replace"))))
-        except telemetry.SamplerUnavailable:
-            _NO_NVML_UNTIL[endpoint_for(node).key] = time.monotonic() + NO_NVML_RETRY_S
-            fallback.append(node)
-        except telemetry.ParseError as exc:
-            failures.append((node, exc))
-    for node in fallback:  # nodes without NVML: nvidia-smi, one exec round each
-        try:
-            results.append((node, _read_node(pool, endpoint_for(node), discover=False)))
-        except (ssh.SSHError, telemetry.ParseError) as exc:
-            failures.append((node, exc))
-    for node, exc in failures:
-        if isinstance(exc, ssh.HostKeyMismatch):
-            pool.drop(endpoint_for(node))
+    readings = _read_nodes(pool, [endpoint_for(n) for n in nodes], discover=False)
+    for node, reading in zip(nodes, readings, strict=True):
+        if isinstance(reading, Exception):
+            if isinstance(reading, ssh.HostKeyMismatch):
+                pool.drop(endpoint_for(node))
+            failures.append((node, reading))
+        else:
+            results.append((node, reading))
     return results, failures
 
 

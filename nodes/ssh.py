@@ -367,26 +367,11 @@ class SSHPool:
         kept running on the open transport, so later requests cost one round trip. A
         stream that ends, errs or misses its deadline is closed; the next call restarts
         it."""
-        if not argv or not all(isinstance(a, str) for a in argv):
-            raise ValueError("argv must be a non-empty list of strings")
-        command = shlex.join(argv)
-        timeout = self.command_timeout if timeout is None else timeout
         with self._slots:
-            conn = self._connect(endpoint)
-            try:
-                stream = self._stream(conn, command, preamble, timeout)
-                with stream.lock:
-                    try:
-                        stream.channel.sendall(request)
-                        return self._read_line(stream, command, time.monotonic() + timeout)
-                    except BaseException:
-                        self._close_stream(conn, command, stream)
-                        raise
-            except (CommandTimeout, SSHError):
-                raise
-            except (paramiko.SSHException, OSError, EOFError) as exc:
-                self.drop(endpoint)
-                raise SSHError(f"the SSH session broke: {exc}") from exc
+            [answer] = self.request_many([(endpoint, argv, preamble, request)], timeout=timeout)
+        if isinstance(answer, SSHError):
+            raise answer
+        return answer
 
     def request_many(
         self,
@@ -399,6 +384,9 @@ class SSHPool:
         answer is read, so the nodes work in parallel while this thread only waits.
         Items are (endpoint, argv, preamble, request); each result is the answer line or
         the SSHError for that node (one node's failure never fails the others)."""
+        for _, argv, _, _ in items:
+            if not argv or not all(isinstance(a, str) for a in argv):
+                raise ValueError("argv must be a non-empty list of strings")
         timeout = self.command_timeout if timeout is None else timeout
         # Connect first where needed, in parallel: handshakes cost CPU and round trips,
         # and a dead node costs its full connect timeout (then backoff makes it instant).

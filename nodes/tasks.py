@@ -27,11 +27,6 @@ def sample_nodes(node_ids: list[int]) -> dict:
     return services.nodes_sample(node_ids=node_ids)
 
 
-@shared_task(name="telemetry.sample_node", soft_time_limit=25, time_limit=40)
-def sample_node(node_id: int) -> dict:
-    return services.node_sample(node_id=node_id)
-
-
 @shared_task(
     name="telemetry.discover_node",
     soft_time_limit=40,

@@ -247,6 +247,7 @@ def sampler_serve_argv() -> list[str]:
     return ["python3", "-u", "-c", SERVE_BOOTSTRAP, "--serve"]
 
 
+@functools.lru_cache(maxsize=1)
 def sampler_serve_preamble() -> bytes:
     source = sampler_source().encode("utf-8")
     return str(len(source)).encode() + b"\n" + source

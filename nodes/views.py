@@ -97,61 +97,42 @@ def node_create(request: HttpRequest) -> HttpResponse:
     return render(request, "nodes/node_form.html", {"form": form})
 
 
-def _act(request: HttpRequest, pk: int, action) -> HttpResponse:  # type: ignore[no-untyped-def]
-    node = get_object_or_404(Node, pk=pk)
-    try:
-        message = action(node)
-    except ServiceError as exc:
-        messages.error(request, exc.message)
-    else:
-        messages.success(request, message)
-    return redirect("nodes:node_detail", pk=node.pk)
-
-
-@staff_member_required
-@require_POST
-def node_drain(request: HttpRequest, pk: int) -> HttpResponse:
+def _drain(request: HttpRequest, node: Node) -> str:
     form = DrainForm(request.POST)
-    reason = form.cleaned_data["reason"] if form.is_valid() else ""
-
-    def act(node: Node) -> str:
-        services.node_drain(node=node, reason=reason)
-        return f"{node.name} is draining: no new placements."
-
-    return _act(request, pk, act)
+    services.node_drain(node=node, reason=form.cleaned_data["reason"] if form.is_valid() else "")
+    return f"{node.name} is draining: no new placements."
 
 
-@staff_member_required
-@require_POST
-def node_undrain(request: HttpRequest, pk: int) -> HttpResponse:
-    def act(node: Node) -> str:
-        services.node_undrain(node=node)
-        return f"{node.name} accepts placements again."
-
-    return _act(request, pk, act)
+def _undrain(request: HttpRequest, node: Node) -> str:
+    services.node_undrain(node=node)
+    return f"{node.name} accepts placements again."
 
 
-@staff_member_required
-@require_POST
-def node_approve(request: HttpRequest, pk: int) -> HttpResponse:
+def _approve(request: HttpRequest, node: Node) -> str:
     form = ApproveForm(request.POST)
     fingerprint = form.cleaned_data["fingerprint"] if form.is_valid() else ""
+    services.node_approve_host_key(node=node, fingerprint=fingerprint)
+    return f"Host key {fingerprint} pinned for {node.name}; discovery started."
 
-    def act(node: Node) -> str:
-        services.node_approve_host_key(node=node, fingerprint=fingerprint)
-        return f"Host key {fingerprint} pinned for {node.name}; discovery started."
 
-    return _act(request, pk, act)
+def _rescan(request: HttpRequest, node: Node) -> str:
+    services.node_rescan(node=node)
+    return "Reading the node's host key again; approve it when it appears."
+
+
+NODE_ACTIONS = {"drain": _drain, "undrain": _undrain, "approve": _approve, "rescan": _rescan}
 
 
 @staff_member_required
 @require_POST
-def node_rescan(request: HttpRequest, pk: int) -> HttpResponse:
-    def act(node: Node) -> str:
-        services.node_rescan(node=node)
-        return "Reading the node's host key again; approve it when it appears."
-
-    return _act(request, pk, act)
+def node_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
+    """The node page's buttons: one service call each, then back to the page."""
+    node = get_object_or_404(Node, pk=pk)
+    try:
+        messages.success(request, NODE_ACTIONS[action](request, node))
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+    return redirect("nodes:node_detail", pk=node.pk)
 
 
 # --- Prometheus ---------------------------------------------------------------------------

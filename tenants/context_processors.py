@@ -9,6 +9,7 @@ def membership(request: HttpRequest) -> dict:
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return {"membership": None}
-    if not hasattr(request, "_membership_cache"):
-        request._membership_cache = membership_for_user(user)  # type: ignore[attr-defined]
-    return {"membership": request._membership_cache}  # type: ignore[attr-defined]
+    # Views set request.membership when they load it; load it here only otherwise.
+    if not hasattr(request, "membership"):
+        request.membership = membership_for_user(user)  # type: ignore[attr-defined]
+    return {"membership": request.membership}  # type: ignore[attr-defined]

@@ -3,19 +3,35 @@
 from django import forms
 
 from . import estimator
+from .estimator import request as accepted
 from .selectors import tier_list
 
-WORKLOADS = [("inference", "inference"), ("training", "fine-tuning / training")]
-WEIGHTS = [(d, d) for d in ("bf16", "fp16", "fp32", "fp8", "int8", "nf4", "int4", "gptq", "awq")]
-KV = [(d, d) for d in ("bf16", "fp16", "fp8")]
-ENGINES = [("transformers", "transformers (plain)"), ("vllm", "vLLM (paged KV)")]
-METHODS = [("lora", "LoRA"), ("qlora", "QLoRA"), ("full", "full fine-tune")]
-OPTIMIZERS = [
-    ("adamw", "AdamW (mixed precision)"),
-    ("adamw_bf16", "AdamW, pure bf16"),
-    ("adam8bit", "8-bit Adam"),
-    ("sgd_momentum", "SGD with momentum"),
-]
+LABELS = {
+    "training": "fine-tuning / training",
+    "transformers": "transformers (plain)",
+    "vllm": "vLLM (paged KV)",
+    "lora": "LoRA",
+    "qlora": "QLoRA",
+    "full": "full fine-tune",
+    "adamw": "AdamW (mixed precision)",
+    "adamw_bf16": "AdamW, pure bf16",
+    "adam8bit": "8-bit Adam",
+    "sgd_momentum": "SGD with momentum",
+    "auto": "auto (16-bit)",
+}
+
+
+def _choices(values: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The estimator's own accepted values: the form never offers one it would refuse."""
+    return [(v, LABELS.get(v, v)) for v in values]
+
+
+WORKLOADS = _choices(accepted.WORKLOADS)
+WEIGHTS = _choices(accepted.WEIGHT_DTYPES)
+KV = _choices(accepted.KV_DTYPES)
+ENGINES = _choices(accepted.ENGINES)
+METHODS = _choices(accepted.METHODS)
+OPTIMIZERS = _choices(accepted.OPTIMIZERS)
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B"
 
 

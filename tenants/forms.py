@@ -57,3 +57,10 @@ class ApiTokenForm(forms.Form):
 class TenantStatusForm(forms.Form):
     status = forms.ChoiceField(choices=Tenant.Status.choices)
     reason = forms.CharField(max_length=500, required=False)
+
+
+class TenantSearchForm(forms.Form):
+    """Ops tenant search; bad values (a NUL byte, an unknown status) mean no filter."""
+
+    q = forms.CharField(max_length=100, required=False, strip=True)
+    status = forms.ChoiceField(choices=[("", "any"), *Tenant.Status.choices], required=False)

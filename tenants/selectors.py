@@ -2,7 +2,6 @@
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Count, Q, QuerySet
-from django.utils import timezone
 
 from .models import ApiToken, AuditEvent, Invitation, Membership, Tenant, Tier
 
@@ -31,16 +30,11 @@ def invitation_pending_list(*, tenant: Tenant | None) -> QuerySet[Invitation]:
     )
 
 
-def api_token_list(*, user: AbstractBaseUser, live: bool | None = None) -> QuerySet[ApiToken]:
+def api_token_list(*, user: AbstractBaseUser) -> QuerySet[ApiToken]:
     """A user's own tokens: tokens are personal, so they are scoped by user, not tenant."""
     if not user.is_authenticated:
         return ApiToken.objects.none()
-    qs = ApiToken.objects.filter(user=user).order_by("-created_at", "-id")
-    if live is True:
-        qs = qs.live()
-    elif live is False:
-        qs = qs.exclude(pk__in=ApiToken.objects.filter(user=user).live().values("pk"))
-    return qs
+    return ApiToken.objects.filter(user=user).order_by("-created_at", "-id")
 
 
 def audit_event_list(*, tenant: Tenant | None, limit: int = 20) -> QuerySet[AuditEvent]:
@@ -60,11 +54,3 @@ def tenant_list_for_ops(*, search: str = "", status: str = "") -> QuerySet[Tenan
     if status:
         qs = qs.filter(status=status)
     return qs
-
-
-def invitation_is_pending(invitation: Invitation) -> bool:
-    return (
-        invitation.accepted_at is None
-        and invitation.revoked_at is None
-        and invitation.expires_at > timezone.now()
-    )

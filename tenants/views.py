@@ -27,6 +27,7 @@ from .forms import (
     RoleForm,
     SignUpForm,
     TenantCreateForm,
+    TenantSearchForm,
     TenantStatusForm,
 )
 from .models import ApiToken, Invitation, Membership, Tenant
@@ -313,10 +314,10 @@ OPS_PAGE_SIZE = 25
 @staff_member_required
 @require_GET
 def ops_tenants(request: HttpRequest) -> HttpResponse:
-    q = request.GET.get("q", "").replace("\x00", "").strip()[:100]
-    status = request.GET.get("status", "")
-    if status not in Tenant.Status.values:
-        status = ""
+    form = TenantSearchForm(request.GET)
+    valid = form.is_valid()
+    q = form.cleaned_data.get("q", "") if valid else ""
+    status = form.cleaned_data.get("status", "") if valid else ""
     page = Paginator(selectors.tenant_list_for_ops(search=q, status=status), OPS_PAGE_SIZE)
     context = {
         "page": page.get_page(request.GET.get("page")),

@@ -1,6 +1,7 @@
 """Fleet API, ops pages and /metrics: ops only, validated input, downsampled series."""
 
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from django.utils import timezone
@@ -54,12 +55,8 @@ class _OpsOnly(ApiResourceContract):
 
     @staticmethod
     def _ops_membership(user):  # type: ignore[no-untyped-def]
-        class _M:
-            pass
-
-        m = _M()
-        m.user = user
-        return m
+        # the contract passes "who acts"; for ops resources that is a staff user
+        return SimpleNamespace(user=user)
 
 
 class TestNodesApi(_OpsOnly):

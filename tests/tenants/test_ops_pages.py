@@ -56,8 +56,12 @@ def test_suspended_tenant_cannot_write_through_api(api_a, owner_a, ops_user):  #
     services.tenant_set_status(
         tenant=owner_a.tenant, actor=ops_user, status="suspended", reason="review"
     )
-    # members list is a read: allowed; the message on writes is explicit
+    # reads still work; writes are refused with the reason
     assert api_a.get("/api/v1/members/").status_code == 200
+    response = api_a.post("/api/v1/tokens/", {"name": "while suspended"}, format="json")
+    assert response.status_code == 403
+    assert response.json()["code"] == "tenant_suspended"
+    assert not owner_a.user.api_tokens.filter(name="while suspended").exists()
 
 
 def test_nav_shows_ops_links_only_to_staff(client, owner_a, ops_user):  # type: ignore[no-untyped-def]
