@@ -229,6 +229,11 @@ NODES_SSH_COMMAND_TIMEOUT = env.float("GPUPLATFORM_SSH_COMMAND_TIMEOUT", default
 NODES_SSH_MAX_CONCURRENCY = env.int("GPUPLATFORM_SSH_MAX_CONCURRENCY", default=64)
 NODES_SAMPLE_INTERVAL = env.int("GPUPLATFORM_SAMPLE_INTERVAL", default=30)
 NODES_UNREACHABLE_AFTER = env.int("GPUPLATFORM_UNREACHABLE_AFTER", default=3)
+# Seconds to wait after `docker run` before checking the container still runs.
+NODES_CONTAINER_SETTLE_S = env.float("GPUPLATFORM_CONTAINER_SETTLE_S", default=1.0)
+# A slice still provisioning after this long is retried (3 attempts) or failed by reconcile.
+SLICES_PROVISION_TIMEOUT_S = env.int("GPUPLATFORM_PROVISION_TIMEOUT", default=300)
+SLICES_RECONCILE_INTERVAL = env.int("GPUPLATFORM_RECONCILE_INTERVAL", default=60)
 NODES_RAW_RETENTION_HOURS = env.int("GPUPLATFORM_RAW_RETENTION_HOURS", default=48)
 NODES_ROLLUP_RETENTION_DAYS = env.int("GPUPLATFORM_ROLLUP_RETENTION_DAYS", default=30)
 # Bearer token for /metrics (Prometheus); empty turns the endpoint off.
@@ -282,6 +287,21 @@ CELERY_BEAT_SCHEDULE = {
     "rollup-and-prune-samples": {
         "task": "telemetry.rollup_and_prune",
         "schedule": crontab(minute="*/5"),
+    },
+    "meter-running-slices": {
+        "task": "tenants.meter",
+        "schedule": 60.0,
+        "options": {"expires": 60},
+    },
+    "reconcile-slices": {
+        "task": "provision.reconcile",
+        "schedule": float(SLICES_RECONCILE_INTERVAL),
+        "options": {"expires": SLICES_RECONCILE_INTERVAL},
+    },
+    "dispatch-slice-queue": {
+        "task": "provision.dispatch_queue",
+        "schedule": 30.0,
+        "options": {"expires": 30},
     },
     "purge-expired-invitations": {
         "task": "tenants.purge_expired_invitations",

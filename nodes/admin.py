@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import Allocation, Gpu, GpuSample, Node, ProcessSample
+from .models import Allocation, ContainerEvent, Gpu, GpuSample, Node, ProcessSample
 
 
 class GpuInline(admin.TabularInline):
@@ -16,7 +16,7 @@ class GpuInline(admin.TabularInline):
         "accepting_placements",
         "present",
     ]
-    readonly_fields = ["uuid"]
+    readonly_fields = ["uuid", "overcommit_ratio"]
 
 
 @admin.register(Node)
@@ -57,6 +57,8 @@ class GpuAdmin(admin.ModelAdmin):
     list_filter = ["model", "mig_capable", "mig_enabled", "accepting_placements", "present"]
     search_fields = ["uuid", "model", "node__name"]
     list_select_related = ["node"]
+    # The ratio is set on the ops policy page, which checks it against measured peaks.
+    readonly_fields = ["allocated_mb", "overcommit_ratio"]
 
 
 @admin.register(Allocation)
@@ -65,7 +67,24 @@ class AllocationAdmin(admin.ModelAdmin):
     list_filter = ["state"]
     search_fields = ["owner_key", "gpu__uuid", "mig_device_uuid"]
     list_select_related = ["gpu__node"]
-    readonly_fields = ["created_at", "released_at"]
+    # Reserve and release only through placement: it keeps each GPU's counter right.
+    readonly_fields = [
+        "gpu",
+        "vram_mb",
+        "owner_key",
+        "mig_device_uuid",
+        "guaranteed",
+        "state",
+        "container_id",
+        "created_at",
+        "released_at",
+    ]
+
+    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+        return False
+
+    def has_delete_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
 
 
 @admin.register(GpuSample)
@@ -84,3 +103,14 @@ class ProcessSampleAdmin(admin.ModelAdmin):
     search_fields = ["gpu__uuid", "container_id", "pid"]
     list_select_related = ["gpu__node"]
     date_hierarchy = "taken_at"
+
+
+@admin.register(ContainerEvent)
+class ContainerEventAdmin(admin.ModelAdmin):
+    list_display = ["at", "node", "container_id", "owner_key", "action", "detail"]
+    list_filter = ["action", "at"]
+    search_fields = ["container_id", "owner_key", "node__name"]
+    list_select_related = ["node"]
+
+    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False

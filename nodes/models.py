@@ -100,6 +100,9 @@ class Gpu(models.Model):
         help_text="Allocatable VRAM = total x ratio. Above 1.0 only from measured peaks.",
     )
     accepting_placements = models.BooleanField("accepting placements", default=True)
+    # Kept equal to the sum of live allocations, under this row's lock: placement then
+    # reads one row per GPU instead of aggregating every allocation on every launch.
+    allocated_mb = models.PositiveIntegerField("allocated VRAM (MiB)", default=0)
     not_accepting_reason = models.CharField("why not accepting", max_length=500, blank=True)
     present = models.BooleanField(
         "present", default=True, help_text="False when rediscovery no longer finds this GPU."
@@ -146,6 +149,15 @@ class Gpu(models.Model):
                 violation_error_message="MIG mode can only be on for a MIG-capable GPU.",
             ),
             models.CheckConstraint(
+                # A backstop for placement's exact rule, which sells a card by its nominal
+                # size (at most 2% above what it reports: see placement.nominal_mb).
+                condition=Q(
+                    allocated_mb__lte=F("vram_total_mb") * F("overcommit_ratio") * Decimal("1.02")
+                ),
+                name="%(app_label)s_%(class)s_allocated_within_capacity",
+                violation_error_message="Allocated VRAM cannot exceed total x overcommit ratio.",
+            ),
+            models.CheckConstraint(
                 condition=Q(mig_enabled=False) | Q(overcommit_ratio=Decimal("1.00")),
                 name="%(app_label)s_%(class)s_no_overcommit_with_mig",
                 violation_error_message="MIG partitions and overcommit exclude each other.",
@@ -171,6 +183,11 @@ class Allocation(models.Model):
     )
     mig_device_uuid = models.CharField("MIG device UUID", max_length=96, blank=True)
     container_id = models.CharField("container ID", max_length=128, blank=True)
+    guaranteed = models.BooleanField(
+        "guaranteed",
+        default=True,
+        help_text="Never placed on, nor left on, an overcommitted GPU.",
+    )
     state = models.CharField("state", max_length=16, choices=State.choices, default=State.RESERVED)
     created_at = models.DateTimeField("created", auto_now_add=True)
     released_at = models.DateTimeField("released", null=True, blank=True)
@@ -290,3 +307,23 @@ class GpuSampleRollup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.gpu_id} @ {self.bucket_start:%Y-%m-%d %H:%M}"
+
+
+class ContainerEvent(models.Model):
+    """What the platform did to a container on its own: orphans stopped by reconcile."""
+
+    node = models.ForeignKey(
+        "nodes.Node", on_delete=models.CASCADE, related_name="container_events", verbose_name="node"
+    )
+    container_id = models.CharField("container ID", max_length=128)
+    owner_key = models.CharField("owner key", max_length=128, blank=True)
+    action = models.CharField("action", max_length=32)
+    detail = models.CharField("detail", max_length=500, blank=True)
+    at = models.DateTimeField("at", auto_now_add=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        verbose_name = "container event"
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.container_id[:12]} on {self.node_id}"

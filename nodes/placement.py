@@ -9,8 +9,22 @@ re-checks the chosen GPU under its row lock.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from decimal import Decimal
+
+# Cards and MIG devices report a little less than their marketed size (the driver keeps
+# some): an RTX 4090 "24 GB" reports 24564 MiB, an A30 2g.12gb MIG device 12096 MiB. A tier
+# is sold by the marketed size, so within this tolerance the nominal size is what counts.
+NOMINAL_TOLERANCE = Decimal("0.02")
+
+
+def nominal_mb(reported_mb: int) -> int:
+    """The marketed whole-GiB size a card or MIG device reports just under, else as reported."""
+    nearest = max(1, math.floor(reported_mb / 1024 + 0.5)) * 1024  # half up, as SQL ROUND
+    if reported_mb <= nearest and (nearest - reported_mb) <= nearest * NOMINAL_TOLERANCE:
+        return nearest
+    return reported_mb
 
 
 @dataclass(frozen=True)
@@ -30,8 +44,8 @@ class Candidate:
 
     @property
     def capacity_mb(self) -> int:
-        # Never round capacity up: a fraction of a MiB is not there to sell.
-        return int(Decimal(self.total_mb) * self.overcommit_ratio)
+        # Never round capacity up beyond the nominal size: a fraction of a MiB is not there.
+        return int(Decimal(nominal_mb(self.total_mb)) * self.overcommit_ratio)
 
     @property
     def room_mb(self) -> int:
@@ -54,7 +68,7 @@ def choose(candidates: list[Candidate], vram_mb: int) -> Choice | None:
         for c in candidates
         if c.mig_enabled
         for slot in c.free_mig
-        if slot.memory_mb >= vram_mb
+        if nominal_mb(slot.memory_mb) >= vram_mb
     ]
     if mig:
         waste, gpu_id, uuid = min(mig)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Prefetch, Q, QuerySet, Sum
+from django.db.models import Prefetch, Q, QuerySet
 from django.utils import timezone
 
 from .models import Allocation, Gpu, GpuSample, GpuSampleRollup, Node, ProcessSample
@@ -15,11 +15,8 @@ MAX_POINTS = 500
 
 
 def gpus_with_allocation() -> QuerySet[Gpu]:
-    return Gpu.objects.annotate(
-        allocated_mb=Sum(
-            "allocations__vram_mb", filter=~Q(allocations__state=Allocation.State.RELEASED)
-        )
-    )
+    # `allocated_mb` is a counter kept on the row by placement: no aggregate needed.
+    return Gpu.objects.all()
 
 
 def node_list() -> QuerySet[Node]:

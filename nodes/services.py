@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import IntegrityError, connection, models, transaction
 from django.db.models import Avg, Case, Count, F, Max, Min, Q, Sum, Value, When
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from gpuplatform.errors import Conflict, ServiceError
@@ -661,21 +661,37 @@ def _update_latest(rows: list[GpuSampleRow]) -> None:
 # --- placement ----------------------------------------------------------------------------
 
 
-def _candidates(vram_mb: int) -> list:  # type: ignore[type-arg]
-    """GPUs that may take a reservation now, with what is already allocated on them."""
+def _placeable_gpus(*, guaranteed: bool) -> models.QuerySet[Gpu]:
+    """GPUs a new reservation may land on: present, accepting, on an active node."""
+    gpus = Gpu.objects.filter(
+        present=True,
+        accepting_placements=True,
+        node__status=Node.Status.ACTIVE,
+        node__drained_at__isnull=True,
+    )
+    if guaranteed:
+        # DOMAIN.md: no overcommit for work that was sold as guaranteed.
+        gpus = gpus.filter(overcommit_ratio=1)
+    return gpus
+
+
+def _mig_candidates(*, vram_mb: int, guaranteed: bool) -> list:  # type: ignore[type-arg]
+    """MIG-partitioned GPUs with their free devices (placement.choose picks the device)."""
     from .placement import Candidate, MigSlot
 
-    live = ~Q(allocations__state=Allocation.State.RELEASED)
-    gpus = (
-        Gpu.objects.filter(
-            present=True,
-            accepting_placements=True,
-            node__status=Node.Status.ACTIVE,
-            node__drained_at__isnull=True,
+    with connection.cursor() as cursor:  # most fleets have none: ask cheaply first
+        cursor.execute("SELECT 1 FROM nodes_gpu WHERE mig_enabled AND present LIMIT 1")
+        if cursor.fetchone() is None:
+            return []
+    rows = list(
+        _placeable_gpus(guaranteed=guaranteed)
+        .filter(mig_enabled=True)
+        .values_list(
+            "pk", "vram_total_mb", "allocated_mb", "overcommit_ratio", "mig_enabled", "mig_devices"
         )
-        .annotate(allocated=Coalesce(Sum("allocations__vram_mb", filter=live), 0))
-        .order_by("pk")
     )
+    if not rows:
+        return []
     taken_mig = set(
         Allocation.objects.exclude(state=Allocation.State.RELEASED)
         .exclude(mig_device_uuid="")
@@ -683,91 +699,322 @@ def _candidates(vram_mb: int) -> list:  # type: ignore[type-arg]
     )
     return [
         Candidate(
-            gpu_id=g.pk,
-            total_mb=g.vram_total_mb,
-            allocated_mb=g.allocated,
-            overcommit_ratio=g.overcommit_ratio,
-            mig_enabled=g.mig_enabled,
+            gpu_id=pk,
+            total_mb=total,
+            allocated_mb=allocated,
+            overcommit_ratio=ratio,
+            mig_enabled=mig,
             free_mig=tuple(
                 MigSlot(m["uuid"], m["memory_total_mb"])
-                for m in (g.mig_devices or [])
-                if m.get("uuid") and m["uuid"] not in taken_mig
+                for m in (devices or [])
+                if mig and m.get("uuid") and m["uuid"] not in taken_mig
             ),
         )
-        for g in gpus
+        for pk, total, allocated, ratio, mig, devices in rows
     ]
+
+
+def _capacity_mb(gpu: Gpu) -> int:
+    from .placement import Candidate
+
+    return Candidate(
+        gpu_id=gpu.pk,
+        total_mb=gpu.vram_total_mb,
+        allocated_mb=gpu.allocated_mb,
+        overcommit_ratio=gpu.overcommit_ratio,
+    ).capacity_mb
+
+
+def _try_gpu(choice, *, vram_mb: int, owner_key: str, guaranteed: bool, skip_locked: bool):  # type: ignore[no-untyped-def]
+    """Lock the chosen GPU's row and reserve on it if it still has room.
+
+    Returns the allocation, False when the GPU no longer fits, or None when another
+    reservation holds its lock (only with skip_locked)."""
+    gpu = (
+        _placeable_gpus(guaranteed=guaranteed)
+        .select_related("node")
+        .select_for_update(of=("self",), skip_locked=skip_locked)
+        .filter(pk=choice.gpu_id)
+        .first()
+    )
+    if gpu is None:
+        if skip_locked and Gpu.objects.filter(pk=choice.gpu_id).exists():
+            return None
+        return False
+    if choice.mig_device_uuid:
+        taken = Allocation.objects.filter(mig_device_uuid=choice.mig_device_uuid).exclude(
+            state=Allocation.State.RELEASED
+        )
+        if taken.exists():
+            return False
+    elif gpu.allocated_mb + vram_mb > _capacity_mb(gpu):
+        return False
+    return _create_allocation(
+        gpu, vram_mb, owner_key, guaranteed, mig_device_uuid=choice.mig_device_uuid
+    )
+
+
+@transaction.atomic(savepoint=False)  # the caller's transaction, or its own
+def allocation_reserve(
+    *, owner_key: str, vram_mb: int, guaranteed: bool = True
+) -> Allocation | None:
+    """Reserve `vram_mb` for `owner_key` on the best GPU, or return None (no capacity).
+
+    The rules are placement.choose's: an exact free MIG device first, else best fit
+    under total x ratio. Software slices are chosen and locked in one statement (the
+    same best-fit rule in SQL, `FOR UPDATE SKIP LOCKED`), so parallel launches take
+    different GPUs instead of queueing on one row; a GPU another launch holds is waited
+    for only when nothing else fits. A reservation holds one GPU lock at a time (no
+    deadlock), and allocated VRAM never exceeds capacity (a database constraint backs
+    this). The lock is held until the caller's transaction commits."""
+    from .placement import choose
+
+    if vram_mb <= 0:
+        raise ServiceError("A reservation needs some VRAM.", field="vram_mb")
+    candidates = _mig_candidates(vram_mb=vram_mb, guaranteed=guaranteed)
+    busy = []
+    while candidates:
+        choice = choose(candidates, vram_mb)
+        if choice is None or not choice.mig_device_uuid:
+            break
+        result = _try_in_savepoint(choice, vram_mb, owner_key, guaranteed, skip_locked=True)
+        if result:
+            return result
+        if result is None:
+            busy.append(choice)
+        candidates = _without(candidates, choice)
+    for choice in busy:
+        result = _try_in_savepoint(choice, vram_mb, owner_key, guaranteed, skip_locked=False)
+        if result:
+            return result
+    result = _reserve_software(vram_mb, owner_key, guaranteed, skip_locked=True)
+    if result is not None:
+        return result
+    # Everything that fits may be locked by other launches: wait for the best one, a
+    # single row at a time (a scan that waits could hold rows it then skips).
+    for _ in range(MAX_PLACEMENT_ATTEMPTS):
+        best = _software_fits(vram_mb, guaranteed).values_list("pk", flat=True).first()
+        if best is None:
+            return None
+        result = _reserve_software(vram_mb, owner_key, guaranteed, skip_locked=False, pk=best)
+        if result is not None:
+            return result
+    return None
 
 
 MAX_PLACEMENT_ATTEMPTS = 5
 
 
-def allocation_reserve(*, owner_key: str, vram_mb: int) -> Allocation | None:
-    """Reserve `vram_mb` for `owner_key` on the best GPU, or return None (no capacity).
+# placement.nominal_mb and Candidate.capacity_mb in SQL, in integers where possible;
+# capacity is rounded down (FLOOR; SQLite's CAST truncates, the same for positives).
+# The PostgreSQL form is also the expression of the index nodes_gpu_room_idx
+# (migration 0004): change both together (test_room_index_serves_placement).
+_NEAREST = "((vram_total_mb + 512) / 1024 * 1024)"
+_NOMINAL = (
+    f"CASE WHEN {_NEAREST} >= vram_total_mb AND ({_NEAREST} - vram_total_mb) * 50 <= {_NEAREST} "
+    f"THEN {_NEAREST} ELSE vram_total_mb END"
+)
+ROOM_SQL = {
+    "postgresql": f"(FLOOR(({_NOMINAL}) * overcommit_ratio)::integer - allocated_mb)",
+    "sqlite": f"(CAST(({_NOMINAL}) * overcommit_ratio AS INTEGER) - allocated_mb)",
+}
 
-    Optimistic and safe: the choice is made without locks, then the chosen GPU's row is
-    locked and its allocations re-counted inside the transaction; if a concurrent
-    reservation took the room, the next attempt chooses again. One GPU lock at a time
-    (always a single row), so two reservations never deadlock, and capacity x ratio is
-    never exceeded."""
-    from .placement import choose
 
-    if vram_mb <= 0:
-        raise ServiceError("A reservation needs some VRAM.", field="vram_mb")
-    for _ in range(MAX_PLACEMENT_ATTEMPTS):
-        choice = choose(_candidates(vram_mb), vram_mb)
-        if choice is None:
+def _software_fits(vram_mb: int, guaranteed: bool) -> models.QuerySet[Gpu]:
+    from django.db.models.expressions import RawSQL
+
+    return (
+        _placeable_gpus(guaranteed=guaranteed)
+        .filter(mig_enabled=False)
+        .annotate(room=RawSQL(ROOM_SQL[connection.vendor], ()))  # noqa: S611 - constant
+        .filter(room__gte=vram_mb)
+        .order_by("room", "pk")
+    )
+
+
+def _reserve_software(vram_mb, owner_key, guaranteed, *, skip_locked, pk=None):  # type: ignore[no-untyped-def]
+    """Best fit among non-MIG GPUs (or GPU `pk`), chosen and locked by one query. None:
+    nothing fits (or, with skip_locked, all that fits is locked by other launches)."""
+    if skip_locked:
+        gpu = _claim_best_fit(vram_mb, guaranteed)
+        if gpu is None:
             return None
-        with transaction.atomic():
-            gpu = (
-                Gpu.objects.select_for_update(of=("self",))
-                .filter(
-                    pk=choice.gpu_id,
-                    present=True,
-                    accepting_placements=True,
-                    node__status=Node.Status.ACTIVE,
-                    node__drained_at__isnull=True,
-                )
-                .first()
-            )
-            if gpu is None:
-                continue
-            allocated = (
-                Allocation.objects.filter(gpu=gpu)
-                .exclude(state=Allocation.State.RELEASED)
-                .aggregate(total=Coalesce(Sum("vram_mb"), 0))["total"]
-            )
-            if choice.mig_device_uuid:
-                taken = Allocation.objects.filter(mig_device_uuid=choice.mig_device_uuid).exclude(
-                    state=Allocation.State.RELEASED
-                )
-                if taken.exists():
-                    continue
-            elif allocated + vram_mb > int(gpu.vram_total_mb * gpu.overcommit_ratio):
-                continue
-            try:
-                with transaction.atomic():
-                    return Allocation.objects.create(
-                        gpu=gpu,
-                        vram_mb=vram_mb,
-                        owner_key=owner_key,
-                        mig_device_uuid=choice.mig_device_uuid,
-                    )
-            except IntegrityError as exc:
-                raise Conflict(
-                    "This owner already holds VRAM.", code="already_allocated", field="owner_key"
-                ) from exc
-    return None
+        return _create_allocation(
+            gpu, vram_mb, owner_key, guaranteed, mig_device_uuid="", counted=True
+        )
+    # Waiting for a lock: a row whose room went meanwhile must not stay locked.
+    gpus = _software_fits(vram_mb, guaranteed)
+    if pk is not None:
+        gpus = gpus.filter(pk=pk)
+    gpus = gpus.select_related("node").select_for_update(of=("self",))
+    sid = transaction.savepoint()
+    try:
+        gpu = gpus.first()
+        if gpu is None or gpu.allocated_mb + vram_mb > _capacity_mb(gpu):
+            transaction.savepoint_rollback(sid)
+            return None
+        allocation = _create_allocation(gpu, vram_mb, owner_key, guaranteed, mig_device_uuid="")
+    except BaseException:
+        transaction.savepoint_rollback(sid)
+        raise
+    transaction.savepoint_commit(sid)
+    return allocation
+
+
+def _claim_best_fit(vram_mb: int, guaranteed: bool) -> Gpu | None:
+    """The hot path of every launch, in one statement: choose the best-fit GPU that no
+    other launch holds (SKIP LOCKED), lock it and count the VRAM on it. The row comes
+    back locked and current, so its room is what the WHERE clause saw."""
+    vendor = connection.vendor
+    lock = "FOR UPDATE OF g SKIP LOCKED" if vendor == "postgresql" else ""
+    only_whole = "AND g.overcommit_ratio = 1" if guaranteed else ""
+    room = ROOM_SQL[vendor]
+    sql = f"""
+        UPDATE nodes_gpu SET allocated_mb = allocated_mb + %s
+        WHERE id = (
+            SELECT g.id FROM nodes_gpu g JOIN nodes_node n ON n.id = g.node_id
+            WHERE g.present AND g.accepting_placements AND NOT g.mig_enabled
+              AND n.status = %s AND n.drained_at IS NULL {only_whole}
+              AND {room} >= %s
+            ORDER BY {room}, g.id LIMIT 1 {lock}
+        )
+        RETURNING {", ".join(f'"{name}"' for name in _CLAIM_FIELDS)}
+    """  # noqa: S608 - fixed SQL; the values are parameters
+    if vendor == "postgresql":  # the node's name for the slice's timeline, in one go
+        sql += ", (SELECT name FROM nodes_node WHERE nodes_node.id = nodes_gpu.node_id)"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [vram_mb, Node.Status.ACTIVE, vram_mb])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    gpu = Gpu(**dict(zip(_CLAIM_FIELDS, row, strict=False)))
+    gpu._state.adding = False
+    if len(row) > len(_CLAIM_FIELDS):
+        gpu.node = Node(pk=gpu.node_id, name=row[-1])
+        gpu.node._state.adding = False
+    return gpu
+
+
+# What a claimed GPU row brings back: enough for the allocation and the timeline.
+_CLAIM_FIELDS = (
+    "id",
+    "node_id",
+    "index",
+    "uuid",
+    "vram_total_mb",
+    "overcommit_ratio",
+    "allocated_mb",
+    "mig_enabled",
+)
+
+
+def _create_allocation(gpu, vram_mb, owner_key, guaranteed, *, mig_device_uuid, counted=False):  # type: ignore[no-untyped-def]
+    # Always called inside the caller's savepoint, which an IntegrityError rolls back.
+    try:
+        allocation = Allocation.objects.create(
+            gpu=gpu,
+            vram_mb=vram_mb,
+            owner_key=owner_key,
+            mig_device_uuid=mig_device_uuid,
+            guaranteed=guaranteed,
+        )
+    except IntegrityError as exc:
+        raise Conflict(
+            "This owner already holds VRAM.", code="already_allocated", field="owner_key"
+        ) from exc
+    if not counted:
+        Gpu.objects.filter(pk=gpu.pk).update(allocated_mb=F("allocated_mb") + vram_mb)
+        gpu.allocated_mb += vram_mb
+    return allocation
+
+
+def _try_in_savepoint(choice, vram_mb, owner_key, guaranteed, *, skip_locked):  # type: ignore[no-untyped-def]
+    # Rolling back the savepoint drops the row lock of a GPU that did not fit, so a
+    # reservation holds at most one GPU lock while it waits: no deadlock cycle.
+    sid = transaction.savepoint()
+    try:
+        result = _try_gpu(
+            choice,
+            vram_mb=vram_mb,
+            owner_key=owner_key,
+            guaranteed=guaranteed,
+            skip_locked=skip_locked,
+        )
+    except BaseException:
+        transaction.savepoint_rollback(sid)
+        raise
+    if result:
+        transaction.savepoint_commit(sid)
+    else:
+        transaction.savepoint_rollback(sid)
+    return result
+
+
+def _without(candidates: list, choice) -> list:  # type: ignore[no-untyped-def, type-arg]
+    """Drop the chosen GPU (or, for MIG, only the chosen device) from the candidates."""
+    from dataclasses import replace
+
+    out = []
+    for c in candidates:
+        if c.gpu_id != choice.gpu_id:
+            out.append(c)
+        elif choice.mig_device_uuid:
+            rest = tuple(m for m in c.free_mig if m.uuid != choice.mig_device_uuid)
+            if rest:
+                out.append(replace(c, free_mig=rest))
+    return out
 
 
 @transaction.atomic
 def allocation_release(*, allocation: Allocation) -> Allocation:
-    """Give the VRAM back. Safe to run twice."""
+    """Give the VRAM back. Safe to run twice. Locks the allocation, then its GPU."""
     allocation = Allocation.objects.select_for_update().get(pk=allocation.pk)
     if allocation.state != Allocation.State.RELEASED:
+        Gpu.objects.select_for_update().filter(pk=allocation.gpu_id).update(
+            allocated_mb=Greatest(F("allocated_mb") - allocation.vram_mb, 0)
+        )
         allocation.state = Allocation.State.RELEASED
         allocation.released_at = timezone.now()
         allocation.save(update_fields=["state", "released_at"])
     return allocation
+
+
+@transaction.atomic
+def allocation_activate(*, allocation: Allocation, container_id: str) -> Allocation:
+    """The container holding this VRAM runs: record it."""
+    updated = (
+        Allocation.objects.filter(pk=allocation.pk)
+        .exclude(state=Allocation.State.RELEASED)
+        .update(state=Allocation.State.ACTIVE, container_id=container_id)
+    )
+    if not updated:
+        raise Conflict("This allocation was released.", code="allocation_released")
+    allocation.refresh_from_db()
+    return allocation
+
+
+def gpus_recount_allocations() -> int:
+    """Repair each GPU's allocated counter from its live allocations; returns GPUs fixed."""
+    fixed = 0
+    live = ~Q(allocations__state=Allocation.State.RELEASED)
+    drift = Gpu.objects.annotate(
+        live_mb=Coalesce(Sum("allocations__vram_mb", filter=live), 0)
+    ).exclude(allocated_mb=F("live_mb"))
+    for gpu_id in drift.values_list("pk", flat=True):
+        with transaction.atomic():
+            gpu = Gpu.objects.select_for_update().get(pk=gpu_id)
+            total = (
+                Allocation.objects.filter(gpu=gpu)
+                .exclude(state=Allocation.State.RELEASED)
+                .aggregate(t=Coalesce(Sum("vram_mb"), 0))["t"]
+            )
+            if gpu.allocated_mb != total:
+                logger.warning(
+                    "GPU %s counter %s MiB, live %s MiB: fixed", gpu.pk, gpu.allocated_mb, total
+                )
+                Gpu.objects.filter(pk=gpu.pk).update(allocated_mb=total)
+                fixed += 1
+    return fixed
 
 
 # --- retention -------------------------------------------------------------------------------
@@ -871,3 +1118,292 @@ def _aware(value):  # type: ignore[no-untyped-def]
     if timezone.is_naive(value):
         value = timezone.make_aware(value, timezone.utc)
     return value
+
+
+# --- containers ------------------------------------------------------------------------------
+
+
+class ContainerError(Exception):
+    """The node refused or failed a container operation; the message says why."""
+
+    def __init__(self, message: str, *, info=None):  # type: ignore[no-untyped-def]
+        super().__init__(message)
+        self.info = info
+
+
+CONTAINER_START_TIMEOUT = 120.0  # an image pull on first use can take a while
+
+
+def _docker(node: Node, argv: list[str], pool: ssh.SSHPool | None, timeout: float | None = None):  # type: ignore[no-untyped-def]
+    pool = pool or ssh.get_pool()
+    return pool.run(endpoint_for(node), argv, timeout=timeout)
+
+
+def _last_line(data: bytes) -> str:
+    lines = [ln for ln in data.decode("utf-8", "replace").strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else "")[:400]
+
+
+def container_inspect(*, node: Node, container: str, pool: ssh.SSHPool | None = None):  # type: ignore[no-untyped-def]
+    """The container's state, or None when the node has no such container."""
+    from . import runtime
+
+    result = _docker(node, runtime.inspect_argv(container), pool)
+    if not result.ok:
+        if b"No such" in result.stderr:
+            return None
+        raise ContainerError(f"docker inspect failed: {_last_line(result.stderr)}")
+    infos = runtime.parse_inspect(result.stdout.decode("utf-8", "replace"))
+    return infos[0] if infos else None
+
+
+def container_logs_tail(
+    *, node: Node, container: str, lines: int = 20, pool: ssh.SSHPool | None = None
+) -> str:
+    from . import runtime
+
+    try:
+        result = _docker(node, runtime.logs_tail_argv(container, lines), pool)
+    except ssh.SSHError:
+        return ""
+    text = (result.stdout + result.stderr).decode("utf-8", "replace")
+    return "\n".join(ln for ln in text.splitlines() if not ln.startswith("[emulator]"))[-2000:]
+
+
+def container_start(
+    *,
+    allocation: Allocation,
+    name: str,
+    image: str,
+    cpus,  # type: ignore[no-untyped-def]
+    memory_mb: int,
+    pids_limit: int,
+    command: list[str],
+    environment: dict[str, str],
+    ports: list[int],
+    pool: ssh.SSHPool | None = None,
+):
+    """Start the allocation's container with its VRAM quota by the strongest layer the
+    node has, and check it runs. Safe to repeat: a container of this name that already
+    carries this owner's label (an earlier attempt) is adopted, not started twice.
+
+    Raises ContainerError (refused, or exited at once: `.info` has its state) or
+    ssh.SSHError (the node did not answer)."""
+    from . import runtime
+
+    allocation = Allocation.objects.select_related("gpu__node").get(pk=allocation.pk)
+    if allocation.state == Allocation.State.RELEASED:
+        raise ContainerError("The VRAM allocation was released before the container started.")
+    gpu, node = allocation.gpu, allocation.gpu.node
+    mig = bool(allocation.mig_device_uuid)
+    # Under MIG, CUDA (and JAX's memory fraction) sees the MIG device, not the whole GPU.
+    device_mb = gpu.vram_total_mb
+    if mig:
+        device_mb = (
+            next(
+                (
+                    int(m.get("memory_total_mb") or 0)
+                    for m in gpu.mig_devices or []
+                    if m.get("uuid") == allocation.mig_device_uuid
+                ),
+                0,
+            )
+            or allocation.vram_mb
+        )
+    spec = runtime.ContainerSpec(
+        name=name,
+        image=image,
+        owner_key=allocation.owner_key,
+        device=allocation.mig_device_uuid or gpu.uuid,
+        vram_mb=min(allocation.vram_mb, device_mb),
+        gpu_total_mb=device_mb,
+        cpus=cpus,
+        memory_mb=memory_mb,
+        pids_limit=pids_limit,
+        command=tuple(command),
+        environment=tuple(sorted(environment.items())),
+        ports=tuple(ports),
+        mig=mig,
+        quota_library="" if mig else (node.capabilities or {}).get("vram_quota_library") or "",
+    )
+    argv = runtime.run_argv(spec)
+    result = _docker(node, argv, pool, timeout=CONTAINER_START_TIMEOUT)
+    if result.ok:
+        container_id = result.stdout.decode().strip().splitlines()[-1].strip()
+    elif b"is already in use" in result.stderr:
+        container_id = name
+    else:
+        raise ContainerError(f"docker run failed: {_last_line(result.stderr)}")
+    info = container_inspect(node=node, container=container_id, pool=pool)
+    if info is None or info.owner_key != allocation.owner_key:
+        raise ContainerError(f"container {name} is not ours or is gone")
+    if not info.running and info.status == "created":
+        started = _docker(node, ["docker", "start", info.id], pool)
+        if not started.ok:
+            raise ContainerError(f"docker start failed: {_last_line(started.stderr)}", info=info)
+        info = container_inspect(node=node, container=info.id, pool=pool)
+    settle = settings.NODES_CONTAINER_SETTLE_S
+    if info is not None and info.running and settle > 0:
+        time.sleep(settle)  # a container that crashes on start does so within moments
+        info = container_inspect(node=node, container=info.id, pool=pool)
+    if info is None or not info.running:
+        raise ContainerError(_exit_reason(info), info=info)
+    return info
+
+
+def _exit_reason(info) -> str:  # type: ignore[no-untyped-def]
+    if info is None:
+        return "the container disappeared"
+    if info.oom_killed:
+        return f"the container was killed out of memory (exit {info.exit_code})"
+    if info.error:
+        return f"the container failed: {info.error[:300]}"
+    return f"the container exited with code {info.exit_code}"
+
+
+def container_exit_reason(info) -> str:  # type: ignore[no-untyped-def]
+    return _exit_reason(info)
+
+
+def container_remove(
+    *, node: Node, container: str, grace_s: int = 10, pool: ssh.SSHPool | None = None
+) -> bool:
+    """Stop (SIGTERM, then SIGKILL after `grace_s`) and remove a container. True if it existed."""
+    from . import runtime
+
+    stopped = _docker(node, runtime.stop_argv(container, grace_s), pool, timeout=grace_s + 20)
+    if not stopped.ok and b"No such" not in stopped.stderr:
+        raise ContainerError(f"docker stop failed: {_last_line(stopped.stderr)}")
+    removed = _docker(node, runtime.rm_argv(container), pool)
+    if removed.ok:
+        return True
+    if b"No such" in removed.stderr:
+        return stopped.ok
+    raise ContainerError(f"docker rm failed: {_last_line(removed.stderr)}")
+
+
+def node_containers(*, node: Node, pool: ssh.SSHPool | None = None) -> list:  # type: ignore[type-arg]
+    """Every platform-labelled container on the node, running or not."""
+    from . import runtime
+
+    result = _docker(node, runtime.ps_argv(), pool)
+    if not result.ok:
+        raise ContainerError(f"docker ps failed: {_last_line(result.stderr)}")
+    return runtime.parse_ps(result.stdout.decode("utf-8", "replace"))
+
+
+def container_event_record(
+    *, node: Node, container_id: str, owner_key: str, action: str, detail: str
+) -> None:
+    from .models import ContainerEvent
+
+    ContainerEvent.objects.create(
+        node=node,
+        container_id=container_id[:128],
+        owner_key=owner_key[:128],
+        action=action,
+        detail=detail[:500],
+    )
+
+
+# --- GPU placement policy ---------------------------------------------------------------------
+
+MIN_HISTORY_DAYS = 7
+MAX_HISTORY_DAYS = 30
+
+
+def gpu_recommended_ratio(*, gpu: Gpu, now: datetime | None = None) -> dict:
+    """The highest overcommit ratio DOMAIN.md allows for this GPU: physical VRAM over the
+    peak use seen in the last 7-30 days of rollups, rounded down; None without 7 days."""
+    from decimal import ROUND_DOWN, Decimal
+
+    now = now or timezone.now()
+    window = GpuSampleRollup.objects.filter(
+        gpu=gpu, bucket_start__gte=now - timedelta(days=MAX_HISTORY_DAYS)
+    ).aggregate(first=Min("bucket_start"), peak=Max("memory_used_max_mb"), n=Sum("samples"))
+    days = 0.0
+    if window["first"] is not None:
+        days = (now - window["first"]).total_seconds() / 86400
+    out = {"days_of_history": round(days, 1), "peak_mb": window["peak"], "ratio": None}
+    if gpu.mig_enabled:
+        out["reason"] = "MIG partitions and overcommit exclude each other."
+    elif days < MIN_HISTORY_DAYS or not window["peak"]:
+        out["reason"] = (
+            f"Needs {MIN_HISTORY_DAYS} days of samples; this GPU has {days:.1f}. "
+            "A ratio is never guessed."
+        )
+    else:
+        ratio = Decimal(gpu.vram_total_mb) / Decimal(window["peak"])
+        ratio = min(max(ratio, Decimal("1.00")), Decimal("4.00")).quantize(
+            Decimal("0.01"), rounding=ROUND_DOWN
+        )
+        out["ratio"] = ratio
+        out["reason"] = (
+            f"{gpu.vram_total_mb} MiB physical / {window['peak']} MiB peak over {days:.0f} days."
+        )
+    return out
+
+
+@transaction.atomic
+def gpu_set_overcommit(*, gpu: Gpu, ratio, now: datetime | None = None) -> Gpu:  # type: ignore[no-untyped-def]
+    """Set the GPU's overcommit ratio, only where DOMAIN.md allows it."""
+    from decimal import Decimal, InvalidOperation
+
+    try:
+        ratio = Decimal(str(ratio))
+        if not ratio.is_finite():
+            raise InvalidOperation
+        ratio = ratio.quantize(Decimal("0.01"))
+    except (InvalidOperation, ValueError) as exc:
+        raise ServiceError("The ratio must be a number.", field="overcommit_ratio") from exc
+    if not Decimal("1.00") <= ratio <= Decimal("4.00"):
+        raise ServiceError("The ratio must be between 1.00 and 4.00.", field="overcommit_ratio")
+    gpu = Gpu.objects.select_for_update().get(pk=gpu.pk)
+    if ratio > Decimal("1.00"):
+        if gpu.mig_enabled:
+            raise Conflict(
+                "This GPU is MIG-partitioned: MIG and overcommit exclude each other.",
+                code="mig_enabled",
+                field="overcommit_ratio",
+            )
+        guaranteed = Allocation.objects.filter(gpu=gpu, guaranteed=True).exclude(
+            state=Allocation.State.RELEASED
+        )
+        if guaranteed.exists():
+            raise Conflict(
+                "Guaranteed slices run on this GPU; they are never overcommitted. "
+                "Wait until they stop or move them first.",
+                code="guaranteed_slices",
+                field="overcommit_ratio",
+            )
+        rec = gpu_recommended_ratio(gpu=gpu, now=now)
+        if rec["ratio"] is None or ratio > rec["ratio"]:
+            allowed = rec["ratio"] if rec["ratio"] is not None else "1.00"
+            raise Conflict(
+                f"At most {allowed} for this GPU: {rec['reason']}",
+                code="ratio_above_recommended",
+                field="overcommit_ratio",
+            )
+    gpu.overcommit_ratio = ratio
+    if gpu.allocated_mb > _capacity_mb(gpu):
+        raise Conflict(
+            f"{gpu.allocated_mb} MiB is allocated on this GPU; the ratio cannot go below "
+            "what is already placed.",
+            code="below_allocated",
+            field="overcommit_ratio",
+        )
+    gpu.overcommit_ratio = ratio
+    gpu.save(update_fields=["overcommit_ratio"])
+    return gpu
+
+
+@transaction.atomic
+def gpu_set_accepting(*, gpu: Gpu, accepting: bool, reason: str = "") -> Gpu:
+    """Open or close a GPU to new placements (running work continues)."""
+    gpu = Gpu.objects.select_for_update().get(pk=gpu.pk)
+    if not accepting and not reason.strip():
+        raise ServiceError("Say why the GPU stops taking placements.", field="reason")
+    gpu.accepting_placements = accepting
+    gpu.not_accepting_reason = "" if accepting else reason.strip()[:500]
+    gpu.save(update_fields=["accepting_placements", "not_accepting_reason"])
+    return gpu

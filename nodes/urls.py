@@ -6,6 +6,9 @@ app_name = "nodes"
 
 urlpatterns = [
     path("ops/fleet/", views.fleet, name="fleet"),
+    path("ops/fleet/policy/", views.policy, name="policy"),
+    path("ops/fleet/policy/<int:pk>/ratio/", views.policy_ratio, name="policy_ratio"),
+    path("ops/fleet/policy/<int:pk>/accepting/", views.policy_accepting, name="policy_accepting"),
     path("ops/nodes/new/", views.node_create, name="node_create"),
     path("ops/nodes/<int:pk>/", views.node_detail, name="node_detail"),
     path("ops/nodes/<int:pk>/drain/", views.node_action, {"action": "drain"}, name="node_drain"),

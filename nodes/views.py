@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import hmac
 
+from django import forms
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
+from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
@@ -16,7 +19,7 @@ from gpuplatform.errors import ServiceError
 
 from . import selectors, services, ssh
 from .forms import ApproveForm, DrainForm, NodeForm
-from .models import Node
+from .models import Gpu, Node
 
 LIVE_SECONDS = 10
 
@@ -133,6 +136,84 @@ def node_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     except ServiceError as exc:
         messages.error(request, exc.message)
     return redirect("nodes:node_detail", pk=node.pk)
+
+
+# --- placement policy: overcommit ratio and accepting placements, per GPU ----------------
+
+POLICY_PAGE_SIZE = 50
+
+
+class RatioForm(forms.Form):
+    # The range and the recommended bound are the service's rules; it says why it refuses.
+    overcommit_ratio = forms.DecimalField(max_digits=5, decimal_places=2)
+
+
+class AcceptingForm(forms.Form):
+    accepting = forms.TypedChoiceField(choices=[("1", "allow"), ("0", "stop")], coerce=int)
+    reason = forms.CharField(max_length=500, required=False)
+
+
+@staff_member_required
+@require_GET
+def policy(request: HttpRequest) -> HttpResponse:
+    gpus = selectors.gpu_list().filter(present=True)
+    page = Paginator(gpus, POLICY_PAGE_SIZE).get_page(request.GET.get("page"))
+    for gpu in page:
+        gpu.recommended = services.gpu_recommended_ratio(gpu=gpu)
+        gpu.allocatable_mb = int(gpu.vram_total_mb * gpu.overcommit_ratio)
+    return render(request, "nodes/policy.html", {"page": page})
+
+
+def _back_to_policy(request: HttpRequest, gpu: Gpu) -> HttpResponse:
+    page = request.POST.get("page", "")
+    query = f"?page={page}" if page.isdigit() else ""
+    return redirect(f"{reverse('nodes:policy')}{query}#gpu-{gpu.pk}")
+
+
+def _gpu_name(gpu: Gpu) -> str:
+    return f"{gpu.node.name} GPU {gpu.index}"
+
+
+@staff_member_required
+@require_POST
+def policy_ratio(request: HttpRequest, pk: int) -> HttpResponse:
+    gpu = get_object_or_404(Gpu.objects.select_related("node"), pk=pk)
+    form = RatioForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"{_gpu_name(gpu)}: enter a ratio such as 1.25.")
+        return _back_to_policy(request, gpu)
+    try:
+        gpu = services.gpu_set_overcommit(gpu=gpu, ratio=form.cleaned_data["overcommit_ratio"])
+    except ServiceError as exc:
+        messages.error(request, f"{_gpu_name(gpu)}: {exc.message}")
+    else:
+        messages.success(
+            request, f"{_gpu_name(gpu)}: overcommit ratio set to {gpu.overcommit_ratio}."
+        )
+    return _back_to_policy(request, gpu)
+
+
+@staff_member_required
+@require_POST
+def policy_accepting(request: HttpRequest, pk: int) -> HttpResponse:
+    gpu = get_object_or_404(Gpu.objects.select_related("node"), pk=pk)
+    form = AcceptingForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"{_gpu_name(gpu)}: choose allow or stop.")
+        return _back_to_policy(request, gpu)
+    accepting = bool(form.cleaned_data["accepting"])
+    try:
+        services.gpu_set_accepting(gpu=gpu, accepting=accepting, reason=form.cleaned_data["reason"])
+    except ServiceError as exc:
+        messages.error(request, f"{_gpu_name(gpu)}: {exc.message}")
+    else:
+        messages.success(
+            request,
+            f"{_gpu_name(gpu)} accepts placements again."
+            if accepting
+            else f"{_gpu_name(gpu)} takes no new placements; running slices continue.",
+        )
+    return _back_to_policy(request, gpu)
 
 
 # --- Prometheus ---------------------------------------------------------------------------

@@ -3,6 +3,7 @@ from django.contrib import admin
 from .models import (
     ApiToken,
     AuditEvent,
+    Image,
     Invitation,
     LedgerEntry,
     Membership,
@@ -11,6 +12,7 @@ from .models import (
     SliceTransition,
     Tenant,
     Tier,
+    UsageRecord,
 )
 
 
@@ -157,10 +159,16 @@ class SliceAdmin(admin.ModelAdmin):
     list_filter = ["state", "created_at"]
     search_fields = ["tenant__name", "image", "container_id", "idempotency_key"]
     list_select_related = ["tenant"]
+    # State, money and placement change only through services (the state machine).
     readonly_fields = [
         "state",
+        "state_reason",
         "allocation",
         "container_id",
+        "purchase",
+        "vram_mb",
+        "minutes_used",
+        "last_metered_at",
         "created_at",
         "started_at",
         "stopped_at",
@@ -176,4 +184,30 @@ class AuditEventAdmin(admin.ModelAdmin):
     list_select_related = ["tenant", "actor"]
 
     def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+
+@admin.register(Image)
+class ImageAdmin(admin.ModelAdmin):
+    list_display = ["name", "reference", "digest", "connect", "is_active", "updated_at"]
+    list_filter = ["connect", "is_active"]
+    search_fields = ["name", "reference", "description"]
+
+
+@admin.register(UsageRecord)
+class UsageRecordAdmin(admin.ModelAdmin):
+    """Metering is written by the platform only."""
+
+    list_display = ["period_end", "tenant", "slice", "purchase", "minutes", "minutes_left_after"]
+    list_filter = ["period_end"]
+    search_fields = ["tenant__name"]
+    list_select_related = ["tenant"]
+
+    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+        return False
+
+    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+    def has_delete_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
         return False

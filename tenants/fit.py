@@ -35,14 +35,10 @@ OPTIMIZERS = _choices(accepted.OPTIMIZERS)
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B"
 
 
-class FitForm(forms.Form):
+class JobForm(forms.Form):
+    """The job the estimator sizes: shared by "will it fit?" and the launch page."""
+
     model = forms.ChoiceField(label="Model", required=False)
-    config_json = forms.CharField(
-        label="…or paste a config.json",
-        required=False,
-        max_length=1024 * 1024,
-        widget=forms.Textarea(attrs={"rows": 3, "placeholder": '{"model_type": "llama", …}'}),
-    )
     workload = forms.ChoiceField(choices=WORKLOADS, initial="inference")
     weights_dtype = forms.ChoiceField(label="Weights", choices=WEIGHTS, initial="bf16")
     kv_cache_dtype = forms.ChoiceField(label="KV cache", choices=KV, initial="bf16")
@@ -55,14 +51,50 @@ class FitForm(forms.Form):
         label="Training method", choices=METHODS, initial="lora", required=False
     )
     optimizer = forms.ChoiceField(choices=OPTIMIZERS, initial="adamw", required=False)
+
+    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.fields["model"].choices = [(name, name) for name in sorted(estimator.CATALOG)]
+        self.fields["model"].initial = DEFAULT_MODEL
+
+    def job_mapping(self, model: dict) -> dict:
+        """The estimator request for the cleaned job, without any tier."""
+        data = self.cleaned_data
+        mapping = {
+            "model": model,
+            "workload": data["workload"],
+            "weights_dtype": data["weights_dtype"],
+            "kv_cache_dtype": data["kv_cache_dtype"],
+            "engine": data["engine"],
+            "batch": data["batch"],
+            "context_tokens": data["context_tokens"],
+        }
+        if data["workload"] == "training":
+            mapping.update(
+                method=data.get("method") or "lora",
+                optimizer=data.get("optimizer") or "adamw",
+                gradient_checkpointing=bool(data.get("gradient_checkpointing")),
+                seq_len=data["context_tokens"],
+                micro_batch=data["batch"],
+            )
+        return mapping
+
+
+class FitForm(JobForm):
+    field_order = ["model", "config_json"]  # the rest keep the order JobForm gives them
+
+    config_json = forms.CharField(
+        label="…or paste a config.json",
+        required=False,
+        max_length=1024 * 1024,
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": '{"model_type": "llama", …}'}),
+    )
     gradient_checkpointing = forms.BooleanField(required=False)
     tier_mib = forms.TypedChoiceField(label="Tier", coerce=int, required=False)
 
     def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self.tiers = list(tier_list())
-        self.fields["model"].choices = [(name, name) for name in sorted(estimator.CATALOG)]
-        self.fields["model"].initial = DEFAULT_MODEL
         self.fields["tier_mib"].choices = [(t.vram_mb, t.name) for t in self.tiers]
         if self.tiers:
             self.fields["tier_mib"].initial = self.tiers[-1].vram_mb
@@ -73,24 +105,8 @@ class FitForm(forms.Form):
             model = {"config_json": data["config_json"]}
         else:
             model = {"catalog": data.get("model") or DEFAULT_MODEL}
-        mapping = {
-            "model": model,
-            "workload": data["workload"],
-            "weights_dtype": data["weights_dtype"],
-            "kv_cache_dtype": data["kv_cache_dtype"],
-            "engine": data["engine"],
-            "batch": data["batch"],
-            "context_tokens": data["context_tokens"],
-            "tiers_mib": [t.vram_mb for t in self.tiers],
-        }
+        mapping = self.job_mapping(model)
+        mapping["tiers_mib"] = [t.vram_mb for t in self.tiers]
         if data.get("tier_mib"):
             mapping["tier_mib"] = data["tier_mib"]
-        if data["workload"] == "training":
-            mapping.update(
-                method=data.get("method") or "lora",
-                optimizer=data.get("optimizer") or "adamw",
-                gradient_checkpointing=bool(data.get("gradient_checkpointing")),
-                seq_len=data["context_tokens"],
-                micro_batch=data["batch"],
-            )
         return mapping

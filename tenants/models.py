@@ -287,6 +287,12 @@ class Purchase(models.Model):
     price_paid = models.DecimalField("price paid", max_digits=12, decimal_places=2)
     minutes_total = models.PositiveIntegerField("minutes bought")
     minutes_left = models.PositiveIntegerField("minutes left")
+    idempotency_key = models.CharField("idempotency key", max_length=128, blank=True)
+    low_warning_at = models.DateTimeField("low-time warning sent", null=True, blank=True)
+    refunded_at = models.DateTimeField("refunded", null=True, blank=True)
+    refunded_amount = models.DecimalField(
+        "refunded", max_digits=12, decimal_places=2, default=Decimal("0.00")
+    )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         on_delete=models.SET_NULL,
@@ -307,6 +313,17 @@ class Purchase(models.Model):
                 name="%(app_label)s_%(class)s_hours_positive",
                 violation_error_message="A purchase must be for at least one hour.",
             ),
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="%(app_label)s_%(class)s_unique_idempotency_key",
+                violation_error_message="A purchase with this idempotency key already exists.",
+            ),
+            models.CheckConstraint(
+                condition=Q(refunded_amount__gte=0) & Q(refunded_amount__lte=F("price_paid")),
+                name="%(app_label)s_%(class)s_refund_within_price",
+                violation_error_message="A refund cannot exceed what was paid.",
+            ),
             models.CheckConstraint(
                 condition=Q(minutes_left__lte=F("minutes_total")),
                 name="%(app_label)s_%(class)s_minutes_left_within_total",
@@ -321,6 +338,10 @@ class Purchase(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tier} x {self.hours} h for {self.tenant}"
+
+    @property
+    def minutes_used(self) -> int:
+        return self.minutes_total - self.minutes_left
 
 
 class LedgerEntry(models.Model):
@@ -390,6 +411,56 @@ class LedgerEntry(models.Model):
         return f"{self.kind} {self.amount} ({self.tenant})"
 
 
+class Image(models.Model):
+    """A container image ops allow tenants to launch."""
+
+    class Connect(models.TextChoices):
+        SSH = "ssh", "SSH with the tenant's public key"
+        JUPYTER = "jupyter", "Jupyter with a token"
+        SERVICE = "service", "the image's own service"
+
+    name = models.CharField("name", max_length=64, unique=True)
+    reference = models.CharField(
+        "reference", max_length=255, help_text="Repository and tag, e.g. pytorch/pytorch:2.4.0"
+    )
+    digest = models.CharField(
+        "digest",
+        max_length=71,
+        blank=True,
+        help_text="sha256:… to pin the exact image; the launch then runs reference@digest.",
+    )
+    description = models.CharField("description", max_length=300, blank=True)
+    default_command = models.JSONField("default command (argv)", default=list, blank=True)
+    ports = models.JSONField("exposed ports", default=list, blank=True)
+    connect = models.CharField(
+        "how the tenant connects", max_length=16, choices=Connect.choices, default=Connect.SSH
+    )
+    is_active = models.BooleanField("allowed", default=True)
+    created_at = models.DateTimeField("added", auto_now_add=True)
+    updated_at = models.DateTimeField("changed", auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "image"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(connect__in=["ssh", "jupyter", "service"]),
+                name="%(app_label)s_%(class)s_connect_known",
+                violation_error_message="Unknown connection kind.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def pinned_reference(self) -> str:
+        return f"{self.reference}@{self.digest}" if self.digest else self.reference
+
+
+LIVE_SLICE_STATES = ("requested", "queued", "provisioning", "running", "stopping")
+
+
 class Slice(models.Model):
     """A tenant's tier-sized container: the launch lifecycle lives here."""
 
@@ -414,7 +485,23 @@ class Slice(models.Model):
         related_name="slices",
         verbose_name="purchase",
     )
-    image = models.CharField("image", max_length=255)
+    image = models.CharField("image reference", max_length=255)
+    image_entry = models.ForeignKey(
+        "tenants.Image",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="slices",
+        verbose_name="image",
+    )
+    vram_mb = models.PositiveIntegerField("VRAM quota (MiB)", default=0)
+    guaranteed = models.BooleanField(
+        "guaranteed",
+        default=True,
+        help_text="Never on an overcommitted GPU (online inference, hardware isolation).",
+    )
+    ssh_public_key = models.TextField("SSH public key", blank=True)
+    model_request = models.JSONField("estimate input", default=dict, blank=True)
     command = models.JSONField("command (argv)", default=list, blank=True)
     environment = models.JSONField("environment", default=dict, blank=True)
     estimate_mb = models.PositiveIntegerField("estimated VRAM (MiB)", null=True, blank=True)
@@ -440,16 +527,32 @@ class Slice(models.Model):
         verbose_name="launched by",
     )
     created_at = models.DateTimeField("requested", auto_now_add=True)
+    queued_at = models.DateTimeField("queued", null=True, blank=True)
+    provision_attempts = models.PositiveSmallIntegerField("provisioning attempts", default=0)
+    provision_started_at = models.DateTimeField("provisioning since", null=True, blank=True)
     started_at = models.DateTimeField("started", null=True, blank=True)
     stopped_at = models.DateTimeField("stopped", null=True, blank=True)
+    last_metered_at = models.DateTimeField("metered up to", null=True, blank=True)
+    minutes_used = models.PositiveIntegerField("minutes metered", default=0)
+    exit_code = models.IntegerField("exit code", null=True, blank=True)
+    peak_vram_mb = models.PositiveIntegerField("measured peak VRAM (MiB)", null=True, blank=True)
 
     objects = TenantScopedQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at"]
         verbose_name = "slice"
-        indexes = [models.Index(fields=["tenant", "state"], name="tenants_slice_tenant_state_idx")]
+        indexes = [
+            models.Index(fields=["tenant", "state"], name="tenants_slice_tenant_state_idx"),
+            models.Index(fields=["state", "queued_at"], name="tenants_slice_state_queue_idx"),
+        ]
         constraints = [
+            models.UniqueConstraint(
+                fields=["purchase"],
+                condition=Q(state__in=LIVE_SLICE_STATES),
+                name="%(app_label)s_%(class)s_one_live_per_purchase",
+                violation_error_message="This purchase already has a slice that is not stopped.",
+            ),
             models.UniqueConstraint(
                 fields=["tenant", "idempotency_key"],
                 condition=~Q(idempotency_key=""),
@@ -471,6 +574,49 @@ class Slice(models.Model):
     def owner_key(self) -> str:
         """The opaque key `nodes` labels this slice's allocation and container with."""
         return f"slice-{self.pk}"
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in self.FINAL_STATES
+
+    @property
+    def container_name(self) -> str:
+        return f"gpp-slice-{self.pk}"
+
+
+class UsageRecord(models.Model):
+    """Minutes of a purchase a running slice consumed: one row per metering step."""
+
+    tenant = models.ForeignKey(
+        "tenants.Tenant", on_delete=models.CASCADE, related_name="usage", verbose_name="tenant"
+    )
+    slice = models.ForeignKey(
+        "tenants.Slice", on_delete=models.CASCADE, related_name="usage", verbose_name="slice"
+    )
+    purchase = models.ForeignKey(
+        "tenants.Purchase", on_delete=models.CASCADE, related_name="usage", verbose_name="purchase"
+    )
+    minutes = models.PositiveIntegerField("minutes")
+    minutes_left_after = models.PositiveIntegerField("minutes left after")
+    period_start = models.DateTimeField("from")
+    period_end = models.DateTimeField("to")
+    at = models.DateTimeField("recorded", auto_now_add=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-period_end", "-id"]
+        verbose_name = "usage record"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(minutes__gt=0) & Q(period_end__gt=F("period_start")),
+                name="%(app_label)s_%(class)s_positive_period",
+                violation_error_message="A usage record covers at least one minute.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.minutes} min of {self.purchase_id} by slice {self.slice_id}"
 
 
 class SliceTransition(models.Model):

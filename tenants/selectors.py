@@ -1,9 +1,22 @@
 """Reads for views, API and tasks: one query shape each, scoped to a tenant or user."""
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Avg, Count, F, Max, Q, QuerySet
 
-from .models import ApiToken, AuditEvent, Invitation, Membership, Tenant, Tier
+from .models import (
+    LIVE_SLICE_STATES,
+    ApiToken,
+    AuditEvent,
+    Image,
+    Invitation,
+    LedgerEntry,
+    Membership,
+    Purchase,
+    Slice,
+    Tenant,
+    Tier,
+    UsageRecord,
+)
 
 
 def membership_for_user(user: AbstractBaseUser) -> Membership | None:
@@ -54,3 +67,114 @@ def tenant_list_for_ops(*, search: str = "", status: str = "") -> QuerySet[Tenan
     if status:
         qs = qs.filter(status=status)
     return qs
+
+
+# --- money and slices ---------------------------------------------------------------------------
+
+
+def purchase_list(*, tenant: Tenant | None) -> QuerySet[Purchase]:
+    """A tenant's purchases, with whether a slice is using each now."""
+    return (
+        Purchase.objects.for_tenant(tenant)
+        .select_related("tier")
+        .annotate(live_slices=Count("slices", filter=Q(slices__state__in=LIVE_SLICE_STATES)))
+        .order_by("-created_at", "-id")
+    )
+
+
+def purchase_list_for_ops(*, tenant_id: int | None = None) -> QuerySet[Purchase]:
+    qs = Purchase.objects.select_related("tier", "tenant").annotate(
+        live_slices=Count("slices", filter=Q(slices__state__in=LIVE_SLICE_STATES))
+    )
+    if tenant_id:
+        qs = qs.filter(tenant_id=tenant_id)
+    return qs.order_by("-created_at", "-id")
+
+
+def ledger_list(*, tenant: Tenant | None) -> QuerySet[LedgerEntry]:
+    return (
+        LedgerEntry.objects.for_tenant(tenant)
+        .select_related("actor", "purchase__tier")
+        .order_by("-created_at", "-id")
+    )
+
+
+def usage_list(*, tenant: Tenant | None) -> QuerySet[UsageRecord]:
+    return UsageRecord.objects.for_tenant(tenant).order_by("-period_end", "-id")
+
+
+def image_list(*, active_only: bool = True) -> QuerySet[Image]:
+    qs = Image.objects.all().order_by("name")
+    return qs.filter(is_active=True) if active_only else qs
+
+
+def _slice_related(qs: QuerySet[Slice]) -> QuerySet[Slice]:
+    return qs.select_related(
+        "purchase__tier", "image_entry", "allocation__gpu__node", "tenant", "created_by"
+    )
+
+
+def slice_list(*, tenant: Tenant | None) -> QuerySet[Slice]:
+    return _slice_related(Slice.objects.for_tenant(tenant)).order_by("-created_at", "-id")
+
+
+def slice_list_for_ops() -> QuerySet[Slice]:
+    return _slice_related(Slice.objects.all()).order_by("-created_at", "-id")
+
+
+def slice_transitions(*, slice: Slice):  # type: ignore[no-untyped-def]
+    return slice.transitions.select_related("actor").order_by("at", "id")
+
+
+def slice_vram_series(*, slice: Slice, max_points: int = 500) -> list[dict]:
+    """The slice's VRAM over time (sum of its container's processes per sample)."""
+    from django.db.models import Sum
+
+    from nodes.models import ProcessSample
+
+    if slice.allocation_id is None or not slice.container_id:
+        return []
+    rows = list(
+        ProcessSample.objects.filter(
+            gpu_id=slice.allocation.gpu_id,  # type: ignore[union-attr]
+            container_id=slice.container_id,
+            taken_at__gte=slice.started_at or slice.created_at,
+        )
+        .values("taken_at")
+        .annotate(used_mb=Sum("used_memory_mb"))
+        .order_by("taken_at")
+    )
+    if len(rows) > max_points:
+        step = -(-len(rows) // max_points)
+        rows = [
+            max(rows[i : i + step], key=lambda r: r["used_mb"]) for i in range(0, len(rows), step)
+        ]
+    return [{"t": r["taken_at"].isoformat(), "used_mb": r["used_mb"]} for r in rows]
+
+
+def calibration_rows(*, limit: int = 200) -> list[dict]:
+    """Estimated against measured peak VRAM of finished slices, by image and model."""
+    qs = (
+        Slice.objects.filter(peak_vram_mb__isnull=False, estimate_mb__isnull=False)
+        .values("image_entry__name", "estimate__model__name")
+        .annotate(
+            slices=Count("pk"),
+            estimate_mean=Avg("estimate_mb"),
+            peak_mean=Avg("peak_vram_mb"),
+            peak_max=Max("peak_vram_mb"),
+            ratio_mean=Avg(F("peak_vram_mb") * 1.0 / F("estimate_mb")),
+        )
+        .order_by("-slices")[:limit]
+    )
+    return [
+        {
+            "image": r["image_entry__name"] or "(removed)",
+            "model": r["estimate__model__name"] or "(custom)",
+            "slices": r["slices"],
+            "estimate_mean_mb": round(r["estimate_mean"] or 0),
+            "peak_mean_mb": round(r["peak_mean"] or 0),
+            "peak_max_mb": r["peak_max"],
+            "peak_over_estimate": round(r["ratio_mean"] or 0, 3),
+        }
+        for r in qs
+    ]

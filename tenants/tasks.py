@@ -20,3 +20,90 @@ def send_invitation(invitation_id: int) -> bool:
 @shared_task(name="tenants.purge_expired_invitations", soft_time_limit=60, time_limit=90)
 def purge_expired_invitations() -> int:
     return services.invitation_purge_expired()
+
+
+# --- the slice lifecycle: provisioning talks to nodes, so it runs on the provision queue ---
+
+PROVISION_RETRIES = 2
+
+
+@shared_task(
+    name="provision.slice",
+    bind=True,
+    max_retries=PROVISION_RETRIES,
+    soft_time_limit=240,
+    time_limit=270,
+)
+def provision_slice(self, slice_id: int) -> str:  # type: ignore[no-untyped-def]
+    from nodes import ssh
+
+    final = self.request.retries >= PROVISION_RETRIES
+    try:
+        return services.slice_provision(slice_id=slice_id, final_attempt=final)
+    except ssh.SSHError as exc:
+        raise self.retry(exc=exc, countdown=5 * (self.request.retries + 1)) from exc
+
+
+@shared_task(
+    name="provision.stop_slice",
+    bind=True,
+    max_retries=3,
+    soft_time_limit=90,
+    time_limit=120,
+)
+def stop_slice(self, slice_id: int, force: bool = False) -> str:  # type: ignore[no-untyped-def]
+    from nodes import ssh
+    from nodes.services import ContainerError
+
+    try:
+        return services.slice_finish_stop(slice_id=slice_id, force=force)
+    except (ssh.SSHError, ContainerError) as exc:
+        # Still stopping, still not metered; reconcile retries after the timeout too.
+        raise self.retry(exc=exc, countdown=10 * (self.request.retries + 1)) from exc
+
+
+@shared_task(
+    name="provision.remove_container",
+    autoretry_for=(OSError,),
+    max_retries=3,
+    retry_backoff=True,
+    soft_time_limit=60,
+    time_limit=90,
+)
+def remove_container(node_id: int, container: str, owner_key: str) -> bool:
+    from nodes import ssh
+    from nodes.services import ContainerError
+
+    try:
+        return services.container_remove_quietly(
+            node_id=node_id, container=container, owner_key=owner_key
+        )
+    except (ssh.SSHError, ContainerError):
+        return False  # reconcile removes labelled containers with no live slice
+
+
+@shared_task(name="provision.dispatch_queue", soft_time_limit=60, time_limit=90)
+def dispatch_queue() -> int:
+    return services.slices_dispatch_queue()
+
+
+@shared_task(name="provision.reconcile", soft_time_limit=100, time_limit=120)
+def reconcile() -> dict:
+    return services.slices_reconcile()
+
+
+@shared_task(name="tenants.meter", soft_time_limit=50, time_limit=60)
+def meter() -> dict:
+    return services.slices_meter()
+
+
+@shared_task(
+    name="tenants.notify_members",
+    autoretry_for=(OSError,),
+    retry_backoff=True,
+    max_retries=5,
+    soft_time_limit=30,
+    time_limit=45,
+)
+def notify_members(tenant_id: int, subject: str, body: str) -> int:
+    return services.members_notify_send(tenant_id=tenant_id, subject=subject, body=body)

@@ -1,5 +1,6 @@
 from django.urls import path
 
+from . import lifecycle_views as lifecycle
 from . import views
 
 app_name = "tenants"
@@ -17,4 +18,18 @@ urlpatterns = [
     path("account/members/<int:pk>/remove/", views.member_remove, name="member_remove"),
     path("ops/tenants/", views.ops_tenants, name="ops_tenants"),
     path("ops/tenants/<int:pk>/status/", views.ops_tenant_status, name="ops_tenant_status"),
+    # the slice lifecycle
+    path("dashboard/", lifecycle.dashboard, name="dashboard"),
+    path("buy/", lifecycle.buy, name="buy"),
+    path("launch/", lifecycle.launch, name="launch"),
+    path("slices/<int:pk>/", lifecycle.slice_detail, name="slice_detail"),
+    path("slices/<int:pk>/stop/", lifecycle.slice_stop, name="slice_stop"),
+    path("ops/slices/", lifecycle.ops_slices, name="ops_slices"),
+    path("ops/slices/<int:pk>/stop/", lifecycle.ops_slice_stop, name="ops_slice_stop"),
+    path("ops/credit/", lifecycle.ops_credit, name="ops_credit"),
+    path("ops/credit/refund/<int:pk>/", lifecycle.ops_refund, name="ops_refund"),
+    path("ops/images/", lifecycle.ops_images, name="ops_images"),
+    path("ops/images/<int:pk>/", lifecycle.ops_image_edit, name="ops_image_edit"),
+    path("ops/images/<int:pk>/active/", lifecycle.ops_image_active, name="ops_image_active"),
+    path("ops/calibration/", lifecycle.ops_calibration, name="ops_calibration"),
 ]

@@ -57,3 +57,88 @@ def api_ops(ops_user) -> APIClient:  # type: ignore[no-untyped-def]
 @pytest.fixture
 def token_client():  # type: ignore[no-untyped-def]
     return _token_client
+
+
+# --- the slice lifecycle: an emulated GPU fleet the worker's own pool can reach ---------------
+
+
+@pytest.fixture
+def worker_fleet(settings, tmp_path, django_capture_on_commit_callbacks):  # type: ignore[no-untyped-def]
+    """Start emulated nodes authorised for the platform key from settings (the key the
+    worker's pool uses), register them with pinned host keys and discover their GPUs.
+
+    Call it with NodeSpecs (default: one node with one RTX 4090, 24 GB, no quota
+    library). Returns the EmulatedFleet; registered Node rows are `fleet.registered`."""
+    from nodes import services as node_services
+    from nodes import ssh
+    from nodes.emulator import EmulatedFleet
+    from nodes.emulator.catalog import GpuSpec, NodeSpec
+
+    settings.NODES_SSH_KEY_PATH = str(tmp_path / "ssh" / "id_ed25519")
+    settings.NODES_CONTAINER_SETTLE_S = 0.05
+    ssh.reset_pool()
+    started = []
+
+    def start(specs=None, **kwargs):  # type: ignore[no-untyped-def]
+        specs = specs or [NodeSpec("gpu-a", (GpuSpec("NVIDIA GeForce RTX 4090"),), None)]
+        public = ssh.public_key_line(ssh.get_pool().private_key)
+        fleet = EmulatedFleet.start(
+            nodes=specs,
+            authorized_keys=[public],
+            state_dir=tmp_path / f"emu{len(started)}",
+            **kwargs,
+        )
+        started.append(fleet)
+        fleet.registered = []
+        for emu in fleet.nodes:
+            with django_capture_on_commit_callbacks(execute=False):
+                node = node_services.node_register(
+                    name=emu.name, address="127.0.0.1", port=emu.port, host_key=emu.host_key_line()
+                )
+            fleet.registered.append(node_services.node_discover(node_id=node.pk))
+        return fleet
+
+    yield start
+    for fleet in started:
+        fleet.stop()
+    ssh.reset_pool()
+
+
+@pytest.fixture
+def image_ssh(db):  # type: ignore[no-untyped-def]
+    from tenants.models import Image
+
+    return Image.objects.create(
+        name="CUDA base", reference="nvidia/cuda:12.4.1-base-ubuntu22.04", ports=[22], connect="ssh"
+    )
+
+
+@pytest.fixture
+def funded(db, ops_user):  # type: ignore[no-untyped-def]
+    """Grant a tenant credit and buy `hours` of the tier of `vram_gb`: returns the purchase."""
+    from tenants import services
+    from tenants.models import Tier
+
+    if not Tier.objects.exists():  # a transactional test's flush emptied the seeded tiers
+        import importlib
+
+        from django.apps import apps
+
+        importlib.import_module("tenants.migrations.0002_seed_tiers").seed(apps, None)
+
+    def buy(membership, vram_gb: int = 8, hours: int = 2, credit: str = "100.00"):  # type: ignore[no-untyped-def]
+        services.credit_grant(
+            tenant=membership.tenant, amount=credit, actor=ops_user, memo="test credit"
+        )
+        membership.tenant.refresh_from_db()
+        tier = Tier.objects.get(vram_mb=vram_gb * 1024)
+        purchase, _ = services.purchase_create(membership=membership, tier=tier, hours=hours)
+        return purchase
+
+    return buy
+
+
+SSH_KEY = (
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGNhcmVmdWxseWZha2VidXRyZWFsbHlzaGFwZWRrZXkx tenant@laptop"
+)
+SMALL_MODEL = {"model": {"catalog": "Qwen/Qwen2.5-1.5B"}, "context_tokens": 2048}

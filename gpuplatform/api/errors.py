@@ -9,6 +9,7 @@
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -55,6 +56,15 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
             fields = {exc.field: [{"code": exc.code, "message": exc.message}]}
             message = f"{exc.field}: {exc.message}"
         return Response(error_body(exc.code, message, fields), status=exc.status_code)
+    if isinstance(exc, RequestDataTooBig):
+        # Django refuses a body over DATA_UPLOAD_MAX_MEMORY_SIZE before any parser runs.
+        return Response(
+            error_body(
+                "request_too_large",
+                "The request body is too large (the API accepts at most 1 MiB of JSON).",
+            ),
+            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+        )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):

@@ -140,3 +140,52 @@ class SeriesSerializer(serializers.Serializer):
     end = serializers.DateTimeField()
     memory_total_mb = serializers.IntegerField()
     points = SeriesPointSerializer(many=True)
+
+
+class RecommendedRatioSerializer(serializers.Serializer):
+    ratio = serializers.DecimalField(
+        max_digits=4,
+        decimal_places=2,
+        allow_null=True,
+        help_text="The highest ratio allowed; null without 7 days of samples, or on MIG.",
+    )
+    reason = serializers.CharField()
+    days_of_history = serializers.FloatField()
+    peak_mb = serializers.IntegerField(allow_null=True)
+
+
+class GpuPolicySerializer(serializers.Serializer):
+    gpu = serializers.IntegerField(source="pk")
+    node = serializers.CharField(source="node.name")
+    index = serializers.IntegerField()
+    vram_total_mb = serializers.IntegerField()
+    allocated_mb = serializers.IntegerField()
+    mig_enabled = serializers.BooleanField()
+    overcommit_ratio = serializers.DecimalField(max_digits=4, decimal_places=2)
+    accepting_placements = serializers.BooleanField()
+    not_accepting_reason = serializers.CharField()
+    recommended = RecommendedRatioSerializer()
+
+
+class GpuPolicyUpdateSerializer(StrictSerializer):
+    overcommit_ratio = serializers.DecimalField(
+        max_digits=5,
+        decimal_places=2,
+        required=False,
+        help_text="1.00 to 4.00; above 1.00 only up to the recommended ratio.",
+    )
+    accepting_placements = serializers.BooleanField(required=False)
+    reason = serializers.CharField(
+        max_length=500,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="Why the GPU stops taking placements (required when closing it).",
+    )
+
+    def validate(self, attrs):  # type: ignore[no-untyped-def]
+        if "overcommit_ratio" not in attrs and "accepting_placements" not in attrs:
+            raise serializers.ValidationError(
+                "Give overcommit_ratio, accepting_placements, or both."
+            )
+        return attrs

@@ -1,8 +1,9 @@
-"""Fleet API (ops only): nodes, their GPUs, and GPU time series."""
+"""Fleet API (ops only): nodes, their GPUs, GPU time series and placement policy."""
 
 from datetime import timedelta
 
 import django_filters
+from django.db import transaction
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
@@ -137,3 +138,36 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
             gpu=gpu, start=start, end=end, max_points=query.validated_data["max_points"]
         )
         return Response(serializers.SeriesSerializer(series).data)
+
+    def _policy(self, gpu: Gpu) -> Response:
+        gpu = self.get_queryset().get(pk=gpu.pk)
+        gpu.recommended = services.gpu_recommended_ratio(gpu=gpu)
+        return Response(serializers.GpuPolicySerializer(gpu).data)
+
+    @extend_schema(methods=["GET"], request=None, responses=serializers.GpuPolicySerializer)
+    @extend_schema(
+        methods=["POST"],
+        request=serializers.GpuPolicyUpdateSerializer,
+        responses=serializers.GpuPolicySerializer,
+    )
+    @action(detail=True, methods=["get", "post"])
+    def policy(self, request, pk=None):  # type: ignore[no-untyped-def]
+        """The GPU's overcommit ratio (with the highest one its measured peaks allow) and
+        whether it takes new placements. POST changes either: a ratio above the
+        recommended one, on a MIG GPU, or under guaranteed slices is a 409."""
+        gpu = self.get_object()
+        if request.method == "POST":
+            data = serializers.GpuPolicyUpdateSerializer(data=request.data)
+            data.is_valid(raise_exception=True)
+            values = data.validated_data
+            # Both knobs or neither: a refused ratio leaves the accepting mark as it was.
+            with transaction.atomic():
+                if "overcommit_ratio" in values:
+                    services.gpu_set_overcommit(gpu=gpu, ratio=values["overcommit_ratio"])
+                if "accepting_placements" in values:
+                    services.gpu_set_accepting(
+                        gpu=gpu,
+                        accepting=values["accepting_placements"],
+                        reason=values["reason"],
+                    )
+        return self._policy(gpu)

@@ -62,6 +62,9 @@ _PROFILE_DEFAULTS: dict[str, dict[str, float]] = {
 }
 
 
+TENANT_PREFIX = "EMULATOR_"
+
+
 def _num(env: dict[str, str], key: str, default: float | None) -> float | None:
     raw = env.get(ENV_PREFIX + key)
     if raw is None or raw.strip() == "":
@@ -92,6 +95,16 @@ class Workload:
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> Workload:
+        # The workload stands for the tenant's own program, so a tenant's launch may set it
+        # with EMULATOR_* (the platform reserves GPUPLATFORM_* names for itself).
+        env = {
+            **{
+                ENV_PREFIX + k[len(TENANT_PREFIX) :]: v
+                for k, v in env.items()
+                if k.startswith(TENANT_PREFIX)
+            },
+            **env,
+        }
         raw = env.get(ENV_PREFIX + "PROFILE", "steady").strip().lower() or "steady"
         profile = raw if raw in PROFILES else "steady"
         d = _PROFILE_DEFAULTS[profile]

@@ -1,13 +1,22 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from . import estimates, views
+from . import estimates, lifecycle, views
 
 router = SimpleRouter()
 router.register("tiers", views.TierViewSet, basename="tier")
 router.register("tokens", views.ApiTokenViewSet, basename="token")
 router.register("members", views.MemberViewSet, basename="member")
+router.register("purchases", lifecycle.PurchaseViewSet, basename="purchase")
+router.register("slices", lifecycle.SliceViewSet, basename="slice")
+router.register("ledger", lifecycle.LedgerViewSet, basename="ledger")
+router.register("usage", lifecycle.UsageViewSet, basename="usage")
+router.register("images", lifecycle.ImageViewSet, basename="image")
 router.register("ops/tenants", views.OpsTenantViewSet, basename="ops-tenant")
+router.register("ops/images", lifecycle.OpsImageViewSet, basename="ops-image")
+router.register("ops/credit-grants", lifecycle.OpsCreditGrantViewSet, basename="ops-credit-grant")
+router.register("ops/slices", lifecycle.OpsSliceViewSet, basename="ops-slice")
+router.register("ops/purchases", lifecycle.OpsPurchaseViewSet, basename="ops-purchase")
 
 urlpatterns = [
     path("me/", views.MeView.as_view(), name="me"),

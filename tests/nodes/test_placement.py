@@ -93,3 +93,117 @@ def test_parallel_reservations_never_over_allocate():  # type: ignore[no-untyped
         used = gpu.allocations.aggregate(total=Sum("vram_mb"))["total"] or 0
         assert used <= gpu.vram_total_mb
     assert Allocation.objects.count() == 6
+
+
+@pytest.mark.parametrize(
+    ("reported", "nominal"),
+    [
+        (24564, 24576),  # RTX 4090: sold as 24 GB
+        (24576, 24576),  # A30
+        (81920, 81920),  # A100 80GB
+        (81559, 81920),  # H100 80GB HBM3 (0.4% under)
+        (12096, 12288),  # A30 2g.12gb MIG device
+        (5952, 5952),  # A30 1g.6gb: 3% under 6 GiB, as reported (no 6 GB tier anyway)
+        (23034, 23034),  # L4: 22.5 GiB really; never sold as 24
+        (16000, 16000),  # more than 2% under 16 GiB: as reported
+        (24600, 24600),  # above the nominal size: as reported, never rounded down
+    ],
+)
+def test_nominal_size_is_the_marketed_gib_just_above_what_the_card_reports(reported, nominal):  # type: ignore[no-untyped-def]
+    from nodes.placement import nominal_mb
+
+    assert nominal_mb(reported) == nominal
+
+
+def test_a_24_gb_card_holds_4_8_and_12_gb_slices():  # type: ignore[no-untyped-def]
+    card = Candidate(1, 24564, 0)  # what an RTX 4090 reports
+    for used, size in ((0, 4096), (4096, 8192), (12288, 12288)):
+        assert choose([Candidate(1, 24564, used)], size) is not None
+    assert choose([Candidate(1, 24564, 24576)], 4096) is None
+    assert card.capacity_mb == 24576
+
+
+@pytest.mark.django_db
+def test_sql_best_fit_matches_the_pure_rule():  # type: ignore[no-untyped-def]
+    """allocation_reserve picks software slices in SQL; it must agree with choose()."""
+    import random
+
+    rng = random.Random(7)
+    node = Node.objects.create(name="eq", address="10.7.2.1", status="active")
+    sizes = [24564, 24576, 23034, 81559, 81920, 12096, 40960]
+    ratios = [Decimal("1.00"), Decimal("1.00"), Decimal("1.50"), Decimal("1.25")]
+    for i in range(40):
+        total = rng.choice(sizes)
+        Gpu.objects.create(
+            node=node,
+            uuid=f"GPU-eq-{i}",
+            index=i,
+            model="x",
+            vram_total_mb=total,
+            overcommit_ratio=rng.choice(ratios),
+        )
+    for n in range(120):
+        size = rng.choice([4096, 8192, 12288, 24576])
+        guaranteed = rng.random() < 0.5
+        gpus = Gpu.objects.filter(node=node).order_by("pk")
+        if guaranteed:
+            gpus = gpus.filter(overcommit_ratio=1)
+        expected = choose(
+            [Candidate(g.pk, g.vram_total_mb, g.allocated_mb, g.overcommit_ratio) for g in gpus],
+            size,
+        )
+        got = services.allocation_reserve(owner_key=f"eq-{n}", vram_mb=size, guaranteed=guaranteed)
+        assert (got.gpu_id if got else None) == (expected.gpu_id if expected else None), n
+
+
+@pytest.mark.django_db
+def test_room_in_sql_is_exactly_the_pure_capacity_rounded_down():  # type: ignore[no-untyped-def]
+    from django.db.models.expressions import RawSQL
+
+    node = Node.objects.create(name="room", address="10.7.3.1", status="active")
+    cases = [
+        (total, ratio)
+        for total in (1000, 5952, 12096, 23034, 24564, 24576, 81559, 81920, 16000, 24600)
+        for ratio in ("1.00", "1.25", "1.33", "1.50", "2.17", "3.99")
+    ]
+    for i, (total, ratio) in enumerate(cases):
+        Gpu.objects.create(
+            node=node,
+            uuid=f"GPU-room-{i}",
+            index=i,
+            model="x",
+            vram_total_mb=total,
+            overcommit_ratio=Decimal(ratio),
+            allocated_mb=7,
+        )
+    rooms = Gpu.objects.filter(node=node).annotate(
+        room=RawSQL(services.ROOM_SQL[connection.vendor], ())  # noqa: S611
+    )
+    for g in rooms:
+        expected = Candidate(g.pk, g.vram_total_mb, 7, g.overcommit_ratio).room_mb
+        assert g.room == expected, (g.vram_total_mb, g.overcommit_ratio)
+
+
+@pytest.mark.django_db
+def test_room_index_serves_placement():  # type: ignore[no-untyped-def]
+    """The best-fit query must read the fleet through nodes_gpu_room_idx (migration
+    0004), whose expression has to stay identical to services.ROOM_SQL."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the index is PostgreSQL's")
+    from django.db import transaction
+
+    node = Node.objects.create(name="idx", address="10.7.4.1", status="active")
+    Gpu.objects.bulk_create(
+        Gpu(node=node, uuid=f"GPU-idx-{i}", index=i, model="x", vram_total_mb=24576)
+        for i in range(300)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE nodes_gpu")
+    with transaction.atomic():
+        query = services._software_fits(8192, True).select_for_update(of=("self",))[:1]
+        sql, params = query.query.sql_with_params()
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            cursor.execute("EXPLAIN " + sql, params)
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "nodes_gpu_room_idx" in plan, plan

@@ -1,13 +1,15 @@
 """Every tenants API resource against the shared contract, plus each one's own rules."""
 
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.utils import timezone
 
 from tenants import services
-from tenants.models import Role, Tier
+from tenants.models import Image, Role, Tier, UsageRecord
 from tests.api_contract import ApiResourceContract
-from tests.factories import MembershipFactory
+from tests.factories import MembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -42,6 +44,94 @@ class TestTiersApi(ApiResourceContract):
             cpu_cores=Decimal("2"),
             host_ram_mb=8192,
             price_per_hour=Decimal("1.00"),
+        )
+
+
+def _ops():  # type: ignore[no-untyped-def]
+    return UserFactory(email="contract-ops@platform.test", is_staff=True)
+
+
+def _purchase(membership):  # type: ignore[no-untyped-def]
+    services.credit_grant(tenant=membership.tenant, amount="10.00", actor=_ops(), memo="test")
+    tier = Tier.objects.get(vram_mb=4096)
+    purchase, _ = services.purchase_create(membership=membership, tier=tier, hours=1)
+    return purchase
+
+
+def _slice(membership):  # type: ignore[no-untyped-def]
+    image = Image.objects.filter(name="contract").first() or services.image_create(
+        actor=_ops(),
+        name="contract",
+        reference="vllm/vllm-openai:v0.6.3",
+        ports=[8000],
+        connect="service",
+    )
+    slice, _ = services.slice_launch(
+        membership=membership,
+        purchase=_purchase(membership),
+        image=image,
+        model_request={"model": {"catalog": "Qwen/Qwen2.5-0.5B"}, "context_tokens": 2048},
+    )
+    return slice  # queued: no GPU is registered here
+
+
+class TestPurchasesApi(ApiResourceContract):
+    list_url = "/api/v1/purchases/"
+    filters = {"has_minutes_left": ("true", "false")}
+
+    def make(self, membership):  # type: ignore[no-untyped-def]
+        return _purchase(membership)
+
+
+class TestSlicesApi(ApiResourceContract):
+    list_url = "/api/v1/slices/"
+    filters = {"state": ("queued", "stopped")}
+
+    def make(self, membership):  # type: ignore[no-untyped-def]
+        return _slice(membership)
+
+
+class TestLedgerApi(ApiResourceContract):
+    list_url = "/api/v1/ledger/"
+    filters = {"kind": ("grant", "refund")}
+
+    def make(self, membership):  # type: ignore[no-untyped-def]
+        return services.credit_grant(
+            tenant=membership.tenant, amount="5.00", actor=_ops(), memo="contract"
+        )
+
+
+class TestUsageApi(ApiResourceContract):
+    list_url = "/api/v1/usage/"
+
+    def make(self, membership):  # type: ignore[no-untyped-def]
+        slice = _slice(membership)
+        end = timezone.now()
+        # what metering writes for one minute of a running slice
+        return UsageRecord.objects.create(
+            tenant=membership.tenant,
+            slice=slice,
+            purchase=slice.purchase,
+            minutes=1,
+            minutes_left_after=59,
+            period_start=end - timedelta(minutes=1),
+            period_end=end,
+        )
+
+
+class TestImagesApi(ApiResourceContract):
+    list_url = "/api/v1/images/"
+    tenant_scoped = False
+    filters = {"search": ("notebook", "zzz-nothing"), "connect": ("jupyter", "ssh")}
+
+    def make(self, membership):  # type: ignore[no-untyped-def]
+        n = Image.objects.count()
+        return services.image_create(
+            actor=_ops(),
+            name=f"notebook-{n}",
+            reference=f"quay.io/jupyter/base-notebook:v{n}",
+            connect="jupyter",
+            ports=[8888],
         )
 
 

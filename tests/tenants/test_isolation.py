@@ -4,24 +4,72 @@ The route table below must cover every URL pattern with an object id; the last t
 walks the URL conf so a new route without an isolation check fails here.
 """
 
+from datetime import timedelta
+
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils import timezone
 
 from tenants import services
-from tenants.models import ApiToken, Invitation, Membership, Role
+from tenants.models import (
+    ApiToken,
+    Invitation,
+    LedgerEntry,
+    Membership,
+    Purchase,
+    Role,
+    Slice,
+    Tenant,
+    Tier,
+    UsageRecord,
+)
 from tests.factories import MembershipFactory
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def b_objects(owner_b):  # type: ignore[no-untyped-def]
+def b_objects(owner_b, ops_user):  # type: ignore[no-untyped-def]
     token, _ = services.api_token_create(user=owner_b.user, name="b-token")
     member = MembershipFactory(tenant=owner_b.tenant, role=Role.MEMBER)
     invitation = services.invitation_create(
         actor_membership=owner_b, email="new@beta.test", role=Role.MEMBER
     )
-    return {"token": token, "member": member, "invitation": invitation, "owner": owner_b}
+    grant = services.credit_grant(
+        tenant=owner_b.tenant, amount="50.00", actor=ops_user, memo="b-credit"
+    )
+    purchase, _ = services.purchase_create(
+        membership=owner_b, tier=Tier.objects.get(vram_mb=4096), hours=2
+    )
+    image = services.image_create(
+        actor=ops_user, name="b-image", reference="vllm/vllm-openai:v0.6.3", connect="service"
+    )
+    slice, _ = services.slice_launch(  # queued: no GPU here
+        membership=owner_b,
+        purchase=purchase,
+        image=image,
+        model_request={"model": {"catalog": "Qwen/Qwen2.5-0.5B"}, "context_tokens": 2048},
+    )
+    now = timezone.now()
+    usage = UsageRecord.objects.create(  # as metering writes it
+        tenant=owner_b.tenant,
+        slice=slice,
+        purchase=purchase,
+        minutes=1,
+        minutes_left_after=119,
+        period_start=now - timedelta(minutes=1),
+        period_end=now,
+    )
+    return {
+        "token": token,
+        "member": member,
+        "invitation": invitation,
+        "owner": owner_b,
+        "purchase": purchase,
+        "slice": slice,
+        "ledger": grant,
+        "usage": usage,
+    }
 
 
 # (method, url template, object key, how to tell nothing changed)
@@ -31,16 +79,25 @@ PAGE_ROUTES = [
     ("post", "/account/invitations/{pk}/resend/", "invitation"),
     ("post", "/account/members/{pk}/role/", "member"),
     ("post", "/account/members/{pk}/remove/", "member"),
+    ("get", "/slices/{pk}/", "slice"),
+    ("post", "/slices/{pk}/stop/", "slice"),
 ]
 API_ROUTES = [
     ("get", "/api/v1/tokens/{pk}/", "token"),
     ("delete", "/api/v1/tokens/{pk}/", "token"),
     ("get", "/api/v1/members/{pk}/", "member"),
     ("get", "/api/v1/members/{pk}/", "owner"),
+    ("get", "/api/v1/purchases/{pk}/", "purchase"),
+    ("get", "/api/v1/slices/{pk}/", "slice"),
+    ("post", "/api/v1/slices/{pk}/stop/", "slice"),
+    ("get", "/api/v1/slices/{pk}/vram/", "slice"),
+    ("get", "/api/v1/ledger/{pk}/", "ledger"),
+    ("get", "/api/v1/usage/{pk}/", "usage"),
 ]
 # Routes with an id that are not tenant-scoped, and why.
 NOT_TENANT_SCOPED = {
     "api:tier-detail": "tiers are the public catalog",
+    "api:image-detail": "the image allowlist is the same for every tenant",
 }
 # Ops-only routes: a tenant member is refused whatever the id (checked below).
 OPS_ONLY_PREFIXES = ("api:ops-", "api:node-", "api:gpu-", "nodes:", "tenants:ops_")
@@ -54,6 +111,10 @@ def _snapshot(objs):  # type: ignore[no-untyped-def]
         Membership.objects.filter(tenant=objs["owner"].tenant)
         .values_list("pk", "role")
         .order_by("pk")[::1],
+        Tenant.objects.get(pk=objs["owner"].tenant_id).credit_balance,
+        LedgerEntry.objects.filter(tenant=objs["owner"].tenant).count(),
+        Purchase.objects.values_list("minutes_left", "refunded_at").get(pk=objs["purchase"].pk),
+        Slice.objects.values_list("state", "state_reason").get(pk=objs["slice"].pk),
     )
 
 
@@ -86,6 +147,10 @@ def test_lists_never_show_other_tenants_rows(client, api_a, owner_a, b_objects):
     for url in ("/api/v1/tokens/", "/api/v1/members/"):
         body = api_a.get(url).content.decode()
         assert "beta.test" not in body and "b-token" not in body
+    for url in ("/api/v1/purchases/", "/api/v1/slices/", "/api/v1/ledger/", "/api/v1/usage/"):
+        response = api_a.get(url)
+        assert response.json()["count"] == 0, url
+        assert "beta.test" not in response.content.decode()
     client.force_login(owner_a.user)
     page = client.get("/account/").content.decode()
     assert "beta.test" not in page and "b-token" not in page and "Beta" not in page

@@ -13,7 +13,34 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from tenants import services
-from tenants.models import Membership
+from tenants.models import Image, LedgerEntry, Membership
+
+# The allowlist a fresh demo starts with (ops edit it on /ops/images/).
+DEMO_IMAGES = [
+    {
+        "name": "CUDA base (SSH)",
+        "reference": "nvidia/cuda:12.4.1-base-ubuntu22.04",
+        "description": "A bare CUDA 12.4 userland; connect over SSH with your key.",
+        "ports": [22],
+        "connect": Image.Connect.SSH,
+    },
+    {
+        "name": "PyTorch Jupyter",
+        "reference": "pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime",
+        "description": "PyTorch 2.4 with JupyterLab; open it with its token.",
+        "default_command": ["jupyter", "lab", "--ip=0.0.0.0", "--no-browser", "--allow-root"],
+        "ports": [8888],
+        "connect": Image.Connect.JUPYTER,
+    },
+    {
+        "name": "vLLM server",
+        "reference": "vllm/vllm-openai:v0.6.3",
+        "description": "An OpenAI-compatible inference server on port 8000.",
+        "ports": [8000],
+        "connect": Image.Connect.SERVICE,
+    },
+]
+DEMO_CREDIT = "50.00"
 
 OPS_EMAIL = "ops@example.com"
 TENANT_EMAIL = "demo@example.com"
@@ -44,6 +71,15 @@ class Command(BaseCommand):
                     email=TENANT_EMAIL, password=password, tenant_name=TENANT_NAME
                 )
                 logins[TENANT_EMAIL] = password
+            ops = User.objects.get(username=OPS_EMAIL)
+            for spec in DEMO_IMAGES:
+                if not Image.objects.filter(name=spec["name"]).exists():
+                    services.image_create(actor=ops, **spec)
+            demo = Membership.objects.filter(user__username=TENANT_EMAIL).first()
+            if demo and not LedgerEntry.objects.filter(tenant=demo.tenant).exists():
+                services.credit_grant(
+                    tenant=demo.tenant, amount=DEMO_CREDIT, actor=ops, memo="Demo credit"
+                )
         path.write_text(json.dumps(logins, indent=2))
         path.chmod(0o600)
         tenant = Membership.objects.filter(user__username=TENANT_EMAIL).select_related("tenant")

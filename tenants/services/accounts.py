@@ -16,8 +16,8 @@ from django.utils.text import slugify
 
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
 
-from .models import ApiToken, AuditEvent, Invitation, Membership, Role, Tenant
-from .tokens import API_TOKEN_PREFIX, display_prefix, hash_secret, new_secret
+from ..models import ApiToken, AuditEvent, Invitation, Membership, Role, Tenant
+from ..tokens import API_TOKEN_PREFIX, display_prefix, hash_secret, new_secret
 
 User = get_user_model()
 
@@ -233,7 +233,7 @@ def invitation_create(*, actor_membership: Membership, email: str, role: str) ->
         action="invitation.created",
         summary=f"Invited {email} as {role}",
     )
-    from .tasks import send_invitation
+    from ..tasks import send_invitation
 
     send_invitation.delay_on_commit(invitation.pk)
     return invitation
@@ -253,7 +253,7 @@ def invitation_resend(*, actor_membership: Membership, invitation: Invitation) -
     invitation.token_hash = None
     invitation.expires_at = timezone.now() + timedelta(days=settings.INVITATION_TTL_DAYS)
     invitation.save(update_fields=["sent_at", "token_hash", "expires_at"])
-    from .tasks import send_invitation
+    from ..tasks import send_invitation
 
     send_invitation.delay_on_commit(invitation.pk)
     return invitation
@@ -424,3 +424,27 @@ def api_token_revoke(*, user: AbstractBaseUser, token: ApiToken) -> ApiToken:
                 summary=f"{user.email} revoked API token {token.name!r} ({token.prefix}…)",
             )
     return token
+
+
+def members_notify(*, tenant: Tenant, subject: str, body: str) -> None:
+    """Email the tenant's owners and members (after commit): slice failures, time running out."""
+    from ..tasks import notify_members
+
+    notify_members.delay_on_commit(tenant.pk, subject[:150], body[:4000])
+
+
+def members_notify_send(*, tenant_id: int, subject: str, body: str) -> int:
+    emails = list(
+        Membership.objects.filter(tenant_id=tenant_id, role__in=[Role.OWNER, Role.MEMBER])
+        .exclude(user__email="")
+        .values_list("user__email", flat=True)
+    )
+    if not emails:
+        return 0
+    send_mail(
+        f"[gpuplatform] {subject}",
+        body,
+        settings.DEFAULT_FROM_EMAIL,
+        emails,
+    )
+    return len(emails)

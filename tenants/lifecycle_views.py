@@ -1,0 +1,589 @@
+"""Pages of the slice lifecycle: the tenant's dashboard, buy, launch and slice pages, and
+the ops pages for slices, credit, the image allowlist and calibration.
+
+Every page works as plain forms; htmx only refreshes the live parts, and a live part
+answers HTTP 286 (htmx: stop polling) once nothing in it can change any more.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import ROUND_DOWN, Decimal
+from urllib.parse import urlencode
+
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.core.paginator import Paginator
+from django.db.models import Q, Sum
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from gpuplatform.errors import ServiceError
+
+from . import selectors, services
+from .lifecycle_forms import (
+    BuyForm,
+    CreditGrantForm,
+    ForceStopForm,
+    ImageForm,
+    LaunchForm,
+    RefundForm,
+    SliceFilterForm,
+    StopForm,
+    new_form_token,
+)
+from .models import LIVE_SLICE_STATES, Image, LedgerEntry, Purchase, Slice, Tenant
+from .views import _partial, member_required
+
+LIVE_SECONDS = 3
+STOP_POLLING = 286  # htmx: swap this answer, then stop polling
+OPS_PAGE_SIZE = 25
+GAUGE_WINDOW_MINUTES = 10
+
+
+def _live(response: HttpResponse, *, done: bool) -> HttpResponse:
+    if done:
+        response.status_code = STOP_POLLING
+    return response
+
+
+def _form_error(form, exc: ServiceError) -> None:  # type: ignore[no-untyped-def]
+    """Put a service's message on the field it names (`model.batch` -> `batch`)."""
+    field = exc.field or ""
+    for name in (field, field.rpartition(".")[2], field.partition(".")[0]):
+        if name and name in form.fields:
+            form.add_error(name, exc.message)
+            return
+    form.add_error(None, exc.message)
+
+
+# --- reads for these pages ------------------------------------------------------------------
+
+
+def latest_vram_mb(slices: list[Slice]) -> dict[int, int]:
+    """The VRAM each running slice's container held in its latest sample (one query).
+
+    Only the last few minutes are scanned: an older reading is not "now"."""
+    from nodes.models import ProcessSample
+
+    running = [
+        s for s in slices if s.state == Slice.State.RUNNING and s.allocation_id and s.container_id
+    ]
+    if not running:
+        return {}
+    since = timezone.now() - timedelta(minutes=GAUGE_WINDOW_MINUTES)
+    cond = Q()
+    for s in running:
+        cond |= Q(gpu_id=s.allocation.gpu_id, container_id=s.container_id)  # type: ignore[union-attr]
+    rows = (
+        ProcessSample.objects.filter(cond, taken_at__gte=since)
+        .values("gpu_id", "container_id", "taken_at")
+        .annotate(used_mb=Sum("used_memory_mb"))
+        .order_by("-taken_at")
+    )
+    latest: dict[tuple[int, str], int] = {}
+    for row in rows:
+        latest.setdefault((row["gpu_id"], row["container_id"]), row["used_mb"])
+    return {
+        s.pk: latest[(s.allocation.gpu_id, s.container_id)]  # type: ignore[union-attr]
+        for s in running
+        if (s.allocation.gpu_id, s.container_id) in latest  # type: ignore[union-attr]
+    }
+
+
+def _with_gauges(slices: list[Slice]) -> list[Slice]:
+    used = latest_vram_mb(slices)
+    for s in slices:
+        s.used_mb = used.get(s.pk)  # type: ignore[attr-defined]
+        s.used_pct = round(100 * s.used_mb / s.vram_mb) if s.used_mb and s.vram_mb else 0  # type: ignore[attr-defined]
+    return slices
+
+
+def low_purchases(tenant: Tenant):  # type: ignore[no-untyped-def]
+    """Purchases about to run out: the warning metering records at 10 minutes left."""
+    return (
+        Purchase.objects.for_tenant(tenant)
+        .select_related("tier")
+        .filter(refunded_at__isnull=True, minutes_left__gt=0)
+        .filter(
+            Q(low_warning_at__isnull=False) | Q(minutes_left__lte=services.LOW_TIME_WARNING_MINUTES)
+        )
+    )
+
+
+def refund_amount(purchase: Purchase) -> Decimal:
+    """What purchase_refund would return now (shown on the confirmation)."""
+    if not purchase.minutes_total:
+        return Decimal("0.00")
+    amount = (
+        purchase.price_paid * Decimal(purchase.minutes_left) / Decimal(purchase.minutes_total)
+    ).quantize(Decimal("0.01"), rounding=ROUND_DOWN)
+    return min(amount, purchase.price_paid - purchase.refunded_amount)
+
+
+# --- tenant: dashboard ------------------------------------------------------------------------
+
+
+def _dashboard_live_context(tenant: Tenant) -> dict:
+    slices = _with_gauges(list(selectors.slice_list(tenant=tenant)[:20]))
+    purchases = list(selectors.purchase_list(tenant=tenant)[:20])
+    for p in purchases:
+        p.usable = p.minutes_left > 0 and not p.live_slices and p.refunded_at is None  # type: ignore[attr-defined]
+    any_live = Slice.objects.for_tenant(tenant).filter(state__in=LIVE_SLICE_STATES).exists()
+    return {
+        "slices": slices,
+        "purchases": purchases,
+        "low": list(low_purchases(tenant)),
+        "any_live": any_live,
+        "live_seconds": LIVE_SECONDS,
+    }
+
+
+@member_required
+@require_GET
+def dashboard(request: HttpRequest) -> HttpResponse:
+    tenant = request.membership.tenant
+    context = _dashboard_live_context(tenant)
+    if _partial(request):
+        response = render(request, "tenants/_dashboard_live.html", context)
+        return _live(response, done=not context["any_live"])
+    context.update(
+        membership=request.membership,
+        tenant=tenant,
+        ledger=selectors.ledger_list(tenant=tenant)[:10],
+    )
+    return render(request, "tenants/dashboard.html", context)
+
+
+# --- tenant: buy ------------------------------------------------------------------------------
+
+
+@member_required
+@require_http_methods(["GET", "POST"])
+def buy(request: HttpRequest) -> HttpResponse:
+    """Choose a tier and hours, confirm the total, buy once (the form's token is the key)."""
+    tenant = request.membership.tenant
+    form = BuyForm(request.POST or None, initial=_buy_initial(request))
+    status = 200
+    confirming = False
+    insufficient = False
+    if request.method == "POST" and form.is_valid():
+        if request.POST.get("confirm") != "yes":
+            confirming = True  # step 2: show the total, post again to buy
+        else:
+            try:
+                purchase, created = services.purchase_create(
+                    membership=request.membership,
+                    tier=form.cleaned_data["tier"],
+                    hours=form.cleaned_data["hours"],
+                    idempotency_key=form.cleaned_data["idempotency_token"],
+                )
+            except ServiceError as exc:
+                _form_error(form, exc)
+                status = exc.status_code
+                insufficient = exc.code == "insufficient_credit"
+            else:
+                if created:
+                    messages.success(
+                        request,
+                        f"Bought {purchase.tier.name} for {purchase.hours} h "
+                        f"({purchase.price_paid} credits).",
+                    )
+                else:
+                    messages.info(request, "That purchase was already made; nothing was charged.")
+                return redirect("tenants:dashboard")
+    elif request.method == "POST":
+        status = 400
+    tiers = list(selectors.tier_list())
+    total = form.total() if form.is_bound and not form.errors else None
+    return render(
+        request,
+        "tenants/buy.html",
+        {
+            "form": form,
+            "tenant": tenant,
+            "confirming": confirming,
+            "total": total,
+            "balance_after": tenant.credit_balance - total if total is not None else None,
+            "tiers": tiers,
+            "prices": {str(t.pk): str(t.price_per_hour) for t in tiers},
+            "insufficient": insufficient,
+        },
+        status=status,
+    )
+
+
+def _buy_initial(request: HttpRequest) -> dict:
+    tier = request.GET.get("tier", "")
+    return {"tier": int(tier)} if tier.isdigit() else {}
+
+
+# --- tenant: launch ---------------------------------------------------------------------------
+
+
+@member_required
+@require_http_methods(["GET", "POST"])
+def launch(request: HttpRequest) -> HttpResponse:
+    tenant = request.membership.tenant
+    initial = {}
+    wanted = request.GET.get("purchase", "")
+    if wanted.isdigit():
+        initial["purchase"] = int(wanted)
+    form = LaunchForm(request.POST or None, tenant=tenant, initial=initial)
+    status = 200
+    refusal = None
+    if request.method == "POST":
+        if not form.is_valid():
+            status = 400
+        else:
+            data = form.cleaned_data
+            try:
+                slice, created = services.slice_launch(
+                    membership=request.membership,
+                    purchase=data["purchase"],
+                    image=data["image"],
+                    model_request=form.model_request(),
+                    command=data["command"],
+                    environment=data["environment"],
+                    ssh_public_key=data["ssh_public_key"],
+                    guaranteed=data["guaranteed"],
+                    idempotency_key=data["idempotency_token"],
+                )
+            except services.ServiceRefusal as exc:
+                refusal = {"message": exc.message, "estimate": exc.estimate, "slice": exc.slice}
+                status = exc.status_code
+                # The refused launch is recorded under this key: a corrected form needs a new one.
+                form = LaunchForm(_fresh_token(request.POST), tenant=tenant)
+                form.is_valid()
+            except ServiceError as exc:
+                _form_error(form, exc)
+                status = exc.status_code
+            else:
+                if not created:
+                    messages.info(request, "This launch was already submitted.")
+                return redirect("tenants:slice_detail", pk=slice.pk)
+    tiers = {str(p.pk): p.tier.vram_mb for p in form.usable}
+    return render(
+        request,
+        "tenants/launch.html",
+        {
+            "form": form,
+            "refusal": refusal,
+            "purchase_tiers": tiers,
+            "has_purchases": bool(tiers),
+            "has_images": form.fields["image"].queryset.exists(),
+            "ssh_images": list(
+                form.fields["image"]
+                .queryset.filter(connect=Image.Connect.SSH)
+                .values_list("pk", flat=True)
+            ),
+        },
+        status=status,
+    )
+
+
+def _fresh_token(data):  # type: ignore[no-untyped-def]
+    data = data.copy()
+    data["idempotency_token"] = new_form_token()
+    return data
+
+
+# --- tenant: one slice ------------------------------------------------------------------------
+
+
+def _tenant_slice(request: HttpRequest, pk: int) -> Slice:
+    return get_object_or_404(selectors.slice_list(tenant=request.membership.tenant), pk=pk)
+
+
+def _slice_context(slice: Slice) -> dict:
+    series = selectors.slice_vram_series(slice=slice)
+    peak_so_far = max((p["used_mb"] for p in series), default=None)
+    used = latest_vram_mb([slice]).get(slice.pk)
+    return {
+        "slice": slice,
+        "transitions": list(selectors.slice_transitions(slice=slice)),
+        "queue_position": services.queue_position(slice),
+        "series": series,
+        "chart": {
+            "labels": [p["t"] for p in series],
+            "used_mb": [p["used_mb"] for p in series],
+            "quota_mb": slice.vram_mb,
+        },
+        "used_mb": used,
+        "used_pct": round(100 * used / slice.vram_mb) if used and slice.vram_mb else 0,
+        "peak_mb": slice.peak_vram_mb if slice.peak_vram_mb is not None else peak_so_far,
+        "can_stop": not slice.is_final and slice.state != Slice.State.STOPPING,
+        "live_seconds": LIVE_SECONDS,
+    }
+
+
+@member_required
+@require_GET
+def slice_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    slice = _tenant_slice(request, pk)
+    context = _slice_context(slice)
+    if _partial(request):
+        response = render(request, "tenants/_slice_live.html", context)
+        return _live(response, done=slice.is_final)
+    return render(request, "tenants/slice_detail.html", context)
+
+
+@member_required
+@require_http_methods(["GET", "POST"])
+def slice_stop(request: HttpRequest, pk: int) -> HttpResponse:
+    """GET asks to confirm; only the confirmation form's POST stops (or cancels) it."""
+    slice = _tenant_slice(request, pk)
+    if slice.is_final:
+        messages.info(request, f"This slice is already {slice.state}.")
+        return redirect("tenants:slice_detail", pk=slice.pk)
+    status = 200
+    if request.method == "POST":
+        if StopForm(request.POST).is_valid():
+            try:
+                slice = services.slice_stop(slice=slice, actor=request.user)
+            except ServiceError as exc:
+                messages.error(request, exc.message)
+            else:
+                messages.success(request, slice.state_reason or f"Slice {slice.pk} is stopping.")
+            return redirect("tenants:slice_detail", pk=slice.pk)
+        status = 400
+    return render(request, "tenants/slice_stop.html", {"slice": slice}, status=status)
+
+
+# --- ops: slices ------------------------------------------------------------------------------
+
+
+def _ops_slices(form: SliceFilterForm):  # type: ignore[no-untyped-def]
+    qs = selectors.slice_list_for_ops()
+    if not form.is_valid():
+        return qs
+    data = form.cleaned_data
+    if data.get("state"):
+        qs = qs.filter(state=data["state"])
+    if data.get("tenant"):
+        qs = qs.filter(tenant=data["tenant"])
+    if data.get("node"):
+        qs = qs.filter(allocation__gpu__node=data["node"])
+    if data.get("image"):
+        qs = qs.filter(image_entry=data["image"])
+    return qs
+
+
+@staff_member_required
+@require_GET
+def ops_slices(request: HttpRequest) -> HttpResponse:
+    form = SliceFilterForm(request.GET or None)
+    page = Paginator(_ops_slices(form), OPS_PAGE_SIZE).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    return render(
+        request,
+        "tenants/ops_slices.html",
+        {"form": form, "page": page, "query": query.urlencode()},
+    )
+
+
+@staff_member_required
+@require_http_methods(["GET", "POST"])
+def ops_slice_stop(request: HttpRequest, pk: int) -> HttpResponse:
+    slice = get_object_or_404(selectors.slice_list_for_ops(), pk=pk)
+    form = ForceStopForm(request.POST or None)
+    status = 200
+    if request.method == "POST":
+        if form.is_valid():
+            try:
+                services.slice_stop(
+                    slice=slice, actor=request.user, reason=form.cleaned_data["reason"], force=True
+                )
+            except ServiceError as exc:
+                messages.error(request, exc.message)
+            else:
+                messages.success(request, f"Slice {slice.pk} of {slice.tenant.name} force-stopped.")
+            return redirect("tenants:ops_slices")
+        status = 400
+    return render(
+        request, "tenants/ops_slice_stop.html", {"slice": slice, "form": form}, status=status
+    )
+
+
+# --- ops: credit and refunds ------------------------------------------------------------------
+
+
+def recent_grants(limit: int = 20):  # type: ignore[no-untyped-def]
+    return (
+        LedgerEntry.objects.filter(kind=LedgerEntry.Kind.GRANT)
+        .select_related("tenant", "actor")
+        .order_by("-created_at", "-id")[:limit]
+    )
+
+
+@staff_member_required
+@require_http_methods(["GET", "POST"])
+def ops_credit(request: HttpRequest) -> HttpResponse:
+    q = request.GET.get("q", "").replace("\x00", "").strip()[:100]
+    tenants = selectors.tenant_list_for_ops(search=q)
+    form = CreditGrantForm(request.POST or None, tenants=tenants if q else None)
+    status = 200
+    if request.method == "POST":
+        if form.is_valid():
+            data = form.cleaned_data
+            try:
+                entry = services.credit_grant(
+                    tenant=data["tenant"],
+                    amount=data["amount"],
+                    actor=request.user,
+                    memo=data["memo"],
+                )
+            except ServiceError as exc:
+                _form_error(form, exc)
+                status = exc.status_code
+            else:
+                messages.success(
+                    request,
+                    f"{entry.amount:.2f} credits granted to {data['tenant'].name}; "
+                    f"balance {entry.balance_after}.",
+                )
+                return redirect(
+                    reverse("tenants:ops_credit") + (f"?{urlencode({'q': q})}" if q else "")
+                )
+        else:
+            status = 400
+    refund_tenant = request.GET.get("tenant", "")
+    purchases = selectors.purchase_list_for_ops(
+        tenant_id=int(refund_tenant) if refund_tenant.isdigit() else None
+    ).filter(minutes_left__gt=0, refunded_at__isnull=True)[:50]
+    return render(
+        request,
+        "tenants/ops_credit.html",
+        {
+            "form": form,
+            "q": q,
+            "matches": tenants.count() if q else None,
+            "grants": recent_grants(),
+            "purchases": purchases,
+        },
+        status=status,
+    )
+
+
+@staff_member_required
+@require_http_methods(["GET", "POST"])
+def ops_refund(request: HttpRequest, pk: int) -> HttpResponse:
+    purchase = get_object_or_404(selectors.purchase_list_for_ops(), pk=pk)
+    form = RefundForm(request.POST or None)
+    status = 200
+    if request.method == "POST":
+        if form.is_valid():
+            try:
+                entry = services.purchase_refund(
+                    purchase=purchase, actor=request.user, memo=form.cleaned_data["memo"]
+                )
+            except ServiceError as exc:
+                messages.error(request, exc.message)
+                status = exc.status_code
+            else:
+                amount = entry.amount if entry is not None else Decimal("0.00")
+                messages.success(request, f"Refunded {amount} credits to {purchase.tenant.name}.")
+                return redirect("tenants:ops_credit")
+        else:
+            status = 400
+    return render(
+        request,
+        "tenants/ops_refund.html",
+        {"purchase": purchase, "form": form, "amount": refund_amount(purchase)},
+        status=status,
+    )
+
+
+# --- ops: image allowlist ---------------------------------------------------------------------
+
+
+@staff_member_required
+@require_http_methods(["GET", "POST"])
+def ops_images(request: HttpRequest) -> HttpResponse:
+    form = ImageForm(request.POST or None, initial={"connect": Image.Connect.SSH, "ports": "22"})
+    status = 200
+    if request.method == "POST":
+        if form.is_valid():
+            try:
+                image = services.image_create(actor=request.user, **form.cleaned_data)
+            except ServiceError as exc:
+                _form_error(form, exc)
+                status = exc.status_code
+            else:
+                messages.success(request, f"{image.name} ({image.pinned_reference}) is allowed.")
+                return redirect("tenants:ops_images")
+        else:
+            status = 400
+    return render(
+        request,
+        "tenants/ops_images.html",
+        {"form": form, "images": selectors.image_list(active_only=False)},
+        status=status,
+    )
+
+
+@staff_member_required
+@require_http_methods(["GET", "POST"])
+def ops_image_edit(request: HttpRequest, pk: int) -> HttpResponse:
+    image = get_object_or_404(Image, pk=pk)
+    form = ImageForm(request.POST or None, initial=ImageForm.initial_for(image))
+    status = 200
+    if request.method == "POST":
+        if form.is_valid():
+            try:
+                image = services.image_update(actor=request.user, image=image, **form.cleaned_data)
+            except ServiceError as exc:
+                _form_error(form, exc)
+                status = exc.status_code
+            else:
+                messages.success(request, f"{image.name} saved.")
+                return redirect("tenants:ops_images")
+        else:
+            status = 400
+    return render(
+        request, "tenants/ops_image_edit.html", {"form": form, "image": image}, status=status
+    )
+
+
+@staff_member_required
+@require_POST
+def ops_image_active(request: HttpRequest, pk: int) -> HttpResponse:
+    """Deactivate (no new launches; running slices keep it) or allow again."""
+    image = get_object_or_404(Image, pk=pk)
+    active = request.POST.get("is_active") == "1"
+    try:
+        services.image_update(actor=request.user, image=image, is_active=active)
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(
+            request,
+            f"{image.name} is allowed again."
+            if active
+            else f"{image.name} is deactivated: no new launches; running slices keep it.",
+        )
+    return redirect("tenants:ops_images")
+
+
+# --- ops: calibration -------------------------------------------------------------------------
+
+
+@staff_member_required
+@require_GET
+def ops_calibration(request: HttpRequest) -> HttpResponse:
+    rows = selectors.calibration_rows()
+    chart = {
+        "points": [
+            {
+                "x": r["estimate_mean_mb"],
+                "y": r["peak_mean_mb"],
+                "label": f"{r['image']} · {r['model']}",
+            }
+            for r in rows
+        ],
+    }
+    return render(request, "tenants/ops_calibration.html", {"rows": rows, "chart": chart})

@@ -1,0 +1,306 @@
+"""Money: credit grants, purchases, refunds and per-minute metering.
+
+Credit moves only through `LedgerEntry` rows written here, each under the tenant's row
+lock, so the balance and the ledger agree and concurrent purchases cannot overdraw.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+from decimal import ROUND_DOWN, Decimal, InvalidOperation
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from gpuplatform.errors import Conflict, NotAllowed, ServiceError
+
+from ..models import LedgerEntry, Membership, Purchase, Slice, Tenant, Tier, UsageRecord
+from .accounts import audit_event_record, members_notify
+
+MAX_PURCHASE_HOURS = 720
+MAX_GRANT = Decimal("100000.00")
+LOW_TIME_WARNING_MINUTES = 10
+CENT = Decimal("0.01")
+
+
+def _amount(value, *, field: str) -> Decimal:  # type: ignore[no-untyped-def]
+    try:
+        amount = Decimal(str(value))
+        if not amount.is_finite() or abs(amount) > MAX_GRANT:
+            raise ServiceError(
+                f"Enter an amount of credit up to {MAX_GRANT}, e.g. 25.00.", field=field
+            )
+        exact = amount == amount.quantize(CENT)
+    except (InvalidOperation, ValueError) as exc:
+        raise ServiceError("Enter an amount of credit, e.g. 25.00.", field=field) from exc
+    if not exact:
+        raise ServiceError("Credit has at most two decimal places.", field=field)
+    return amount
+
+
+def _lock_tenant(tenant: Tenant) -> Tenant:
+    return Tenant.objects.select_for_update().get(pk=tenant.pk)
+
+
+def _ledger(
+    *,
+    tenant: Tenant,
+    kind: str,
+    amount: Decimal,
+    actor: AbstractBaseUser | None,
+    memo: str = "",
+    purchase: Purchase | None = None,
+) -> LedgerEntry:
+    """Move credit on a locked tenant row and write the entry that says so."""
+    new_balance = tenant.credit_balance + amount
+    if new_balance < 0:
+        raise Conflict(
+            f"Not enough credit: {tenant.credit_balance} left, {-amount} needed.",
+            code="insufficient_credit",
+        )
+    tenant.credit_balance = new_balance
+    tenant.save(update_fields=["credit_balance"])
+    return LedgerEntry.objects.create(
+        tenant=tenant,
+        kind=kind,
+        amount=amount,
+        balance_after=new_balance,
+        purchase=purchase,
+        actor=actor if actor is not None and actor.is_authenticated else None,
+        memo=memo[:200],
+    )
+
+
+@transaction.atomic
+def credit_grant(
+    *,
+    tenant: Tenant,
+    amount,
+    actor: AbstractBaseUser,
+    memo: str = "",  # type: ignore[no-untyped-def]
+) -> LedgerEntry:
+    """Ops add credit to a tenant's balance."""
+    if not getattr(actor, "is_staff", False):
+        raise NotAllowed("Only ops can grant credit.")
+    amount = _amount(amount, field="amount")
+    if amount <= 0:
+        raise ServiceError("A grant must add some credit.", field="amount")
+    if amount > MAX_GRANT:
+        raise ServiceError(f"One grant is at most {MAX_GRANT} credits.", field="amount")
+    memo = memo.strip()
+    if not memo:
+        raise ServiceError("Say what the grant is for.", field="memo")
+    tenant = _lock_tenant(tenant)
+    entry = _ledger(
+        tenant=tenant, kind=LedgerEntry.Kind.GRANT, amount=amount, actor=actor, memo=memo
+    )
+    audit_event_record(
+        tenant=tenant,
+        actor=actor,
+        action="credit.grant",
+        summary=f"{amount} credits granted: {memo}",
+        data={"ledger_entry": entry.pk},
+    )
+    return entry
+
+
+def _check_idempotency_key(key: str) -> str:
+    key = (key or "").strip()
+    if len(key) > 128 or any(ord(c) < 33 or ord(c) > 126 for c in key):
+        raise ServiceError(
+            "The Idempotency-Key must be 1 to 128 printable ASCII characters without spaces.",
+            field="idempotency_key",
+        )
+    return key
+
+
+def purchase_create(
+    *, membership: Membership, tier: Tier, hours: int, idempotency_key: str = ""
+) -> tuple[Purchase, bool]:
+    """Buy `hours` of `tier` at its current price. Returns (purchase, created).
+
+    A repeated idempotency key returns the first purchase (created False) and charges
+    nothing; the same key with a different tier or hours is a conflict."""
+    key = _check_idempotency_key(idempotency_key)
+    if key:
+        existing = _purchase_for_key(membership.tenant, key, tier=tier, hours=hours)
+        if existing is not None:
+            return existing, False
+    try:
+        return _purchase_create(membership=membership, tier=tier, hours=hours, key=key), True
+    except IntegrityError:
+        # Two requests with one key raced: the other one won and charged once.
+        existing = (
+            _purchase_for_key(membership.tenant, key, tier=tier, hours=hours) if key else None
+        )
+        if existing is None:
+            raise
+        return existing, False
+
+
+def _purchase_for_key(tenant: Tenant, key: str, *, tier: Tier, hours: int) -> Purchase | None:
+    existing = Purchase.objects.for_tenant(tenant).filter(idempotency_key=key).first()
+    if existing is not None and (existing.tier_id != tier.pk or existing.hours != hours):
+        raise Conflict(
+            "This Idempotency-Key was used for a different purchase.",
+            code="idempotency_key_reused",
+            field="idempotency_key",
+        )
+    return existing
+
+
+@transaction.atomic
+def _purchase_create(*, membership: Membership, tier: Tier, hours: int, key: str) -> Purchase:
+    if not membership.can_write:
+        raise NotAllowed("Viewers cannot buy.")
+    if (
+        not isinstance(hours, int)
+        or isinstance(hours, bool)
+        or not 1 <= hours <= MAX_PURCHASE_HOURS
+    ):
+        raise ServiceError(f"Buy between 1 and {MAX_PURCHASE_HOURS} hours.", field="hours")
+    if not tier.is_active:
+        raise ServiceError("This tier is not on sale.", field="tier")
+    tenant = _lock_tenant(membership.tenant)
+    if not tenant.is_active:
+        raise NotAllowed("This tenant is suspended.")
+    price = (tier.price_per_hour * hours).quantize(CENT)
+    purchase = Purchase.objects.create(
+        tenant=tenant,
+        tier=tier,
+        hours=hours,
+        price_paid=price,
+        minutes_total=hours * 60,
+        minutes_left=hours * 60,
+        idempotency_key=key,
+        created_by=membership.user,
+    )
+    if price > 0:
+        _ledger(
+            tenant=tenant,
+            kind=LedgerEntry.Kind.PURCHASE,
+            amount=-price,
+            actor=membership.user,
+            memo=f"{tier.name} for {hours} h",
+            purchase=purchase,
+        )
+    audit_event_record(
+        tenant=tenant,
+        actor=membership.user,
+        action="purchase.create",
+        summary=f"Bought {tier.name} for {hours} h ({price} credits)",
+        data={"purchase": purchase.pk},
+    )
+    return purchase
+
+
+@transaction.atomic
+def purchase_refund(*, purchase: Purchase, actor: AbstractBaseUser, memo: str = "") -> LedgerEntry:
+    """Ops return a purchase's unused minutes to credit, pro rata (rounded down)."""
+    if not getattr(actor, "is_staff", False):
+        raise NotAllowed("Only ops can refund.")
+    tenant = _lock_tenant(purchase.tenant)
+    purchase = Purchase.objects.select_for_update().get(pk=purchase.pk)
+    if purchase.slices.filter(state__in=LIVE_FOR_REFUND).exists():
+        raise Conflict("A slice still uses this purchase: stop it first.", code="purchase_in_use")
+    if purchase.minutes_left == 0:
+        raise Conflict("Nothing left to refund on this purchase.", code="nothing_to_refund")
+    amount = (
+        purchase.price_paid * Decimal(purchase.minutes_left) / Decimal(purchase.minutes_total)
+    ).quantize(CENT, rounding=ROUND_DOWN)
+    amount = min(amount, purchase.price_paid - purchase.refunded_amount)
+    minutes = purchase.minutes_left
+    purchase.minutes_left = 0
+    purchase.refunded_at = timezone.now()
+    purchase.refunded_amount += amount
+    purchase.save(update_fields=["minutes_left", "refunded_at", "refunded_amount"])
+    summary = f"Refunded {minutes} unused minutes of {purchase.tier.name}"
+    entry = None
+    if amount > 0:
+        entry = _ledger(
+            tenant=tenant,
+            kind=LedgerEntry.Kind.REFUND,
+            amount=amount,
+            actor=actor,
+            memo=(memo.strip() or summary)[:200],
+            purchase=purchase,
+        )
+    audit_event_record(
+        tenant=tenant,
+        actor=actor,
+        action="purchase.refund",
+        summary=f"{summary}: {amount} credits",
+        data={"purchase": purchase.pk, "minutes": minutes, "amount": str(amount)},
+    )
+    return entry  # type: ignore[return-value]
+
+
+LIVE_FOR_REFUND = (
+    Slice.State.REQUESTED,
+    Slice.State.QUEUED,
+    Slice.State.PROVISIONING,
+    Slice.State.RUNNING,
+    Slice.State.STOPPING,
+)
+
+
+# --- metering ---------------------------------------------------------------------------------
+
+
+def slice_meter(*, slice: Slice, now: datetime, final: bool = False) -> int:
+    """Charge the whole minutes a running slice used since it was last metered.
+
+    Call inside a transaction holding the slice's row lock. With `final` (the slice is
+    stopping) a started minute counts as a whole one, as clouds bill. Returns the
+    minutes charged; stops nothing itself."""
+    if slice.last_metered_at is None:
+        return 0
+    elapsed = (now - slice.last_metered_at).total_seconds()
+    minutes = math.ceil(elapsed / 60 - 1e-9) if final else int(elapsed // 60)
+    if minutes <= 0:
+        return 0
+    purchase = Purchase.objects.select_for_update().get(pk=slice.purchase_id)
+    charged = min(minutes, purchase.minutes_left)
+    period_end = slice.last_metered_at + timedelta(minutes=minutes)
+    if charged:
+        purchase.minutes_left -= charged
+        purchase.save(update_fields=["minutes_left"])
+        UsageRecord.objects.create(
+            tenant_id=slice.tenant_id,
+            slice=slice,
+            purchase=purchase,
+            minutes=charged,
+            minutes_left_after=purchase.minutes_left,
+            period_start=slice.last_metered_at,
+            period_end=period_end,
+        )
+    slice.minutes_used += charged
+    slice.last_metered_at = now if final else period_end
+    slice.save(update_fields=["minutes_used", "last_metered_at"])
+    slice.purchase = purchase
+    return charged
+
+
+def purchase_warn_if_low(*, purchase: Purchase) -> bool:
+    """Record the 10-minutes-left warning once per purchase; True when it was sent now."""
+    if purchase.minutes_left > LOW_TIME_WARNING_MINUTES or purchase.low_warning_at is not None:
+        return False
+    if purchase.minutes_left == 0:
+        return False
+    purchase.low_warning_at = timezone.now()
+    purchase.save(update_fields=["low_warning_at"])
+    summary = (
+        f"{purchase.minutes_left} minutes left on {purchase.tier.name}: the slice is "
+        "stopped when they run out, so save your work."
+    )
+    audit_event_record(
+        tenant=purchase.tenant,
+        actor=None,
+        action="purchase.low",
+        summary=summary,
+        data={"purchase": purchase.pk, "minutes_left": purchase.minutes_left},
+    )
+    members_notify(tenant=purchase.tenant, subject="Your slice's time is running out", body=summary)
+    return True

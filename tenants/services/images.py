@@ -1,0 +1,115 @@
+"""The image allowlist ops keep: only these images can be launched."""
+
+from __future__ import annotations
+
+import re
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+
+from gpuplatform.errors import Conflict, NotAllowed, ServiceError
+
+from ..models import Image
+
+# Docker's reference grammar, simplified: [registry[:port]/]path[:tag]
+REFERENCE_RE = re.compile(
+    r"^(?:[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0-9]{1,5})?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?$"
+)
+DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._()+-]{0,63}$")
+MAX_PORTS = 8
+
+
+def _clean(data: dict) -> dict:  # type: ignore[type-arg]
+    from .slices import clean_command
+
+    out = dict(data)
+    if "name" in out:
+        out["name"] = str(out["name"]).strip()
+        if not NAME_RE.match(out["name"]):
+            raise ServiceError(
+                "Name: letters, digits, spaces and . _ ( ) + -, up to 64 characters.", field="name"
+            )
+    if "reference" in out:
+        out["reference"] = str(out["reference"]).strip()
+        if len(out["reference"]) > 255 or not REFERENCE_RE.match(out["reference"]):
+            raise ServiceError(
+                "Not an image reference: expected e.g. pytorch/pytorch:2.4.0-cuda12.1-runtime.",
+                field="reference",
+            )
+    if "digest" in out:
+        out["digest"] = str(out["digest"] or "").strip()
+        if out["digest"] and not DIGEST_RE.match(out["digest"]):
+            raise ServiceError("A digest looks like sha256:<64 hex digits>.", field="digest")
+    if "default_command" in out:
+        try:
+            out["default_command"] = clean_command(out["default_command"])
+        except ServiceError as exc:
+            raise ServiceError(exc.message, field="default_command") from exc
+    if "ports" in out:
+        ports = out["ports"] or []
+        if (
+            not isinstance(ports, list)
+            or len(ports) > MAX_PORTS
+            or not all(
+                isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= 65535 for p in ports
+            )
+        ):
+            raise ServiceError(
+                f"Ports are up to {MAX_PORTS} numbers between 1 and 65535.", field="ports"
+            )
+        out["ports"] = sorted(set(ports))
+    if "connect" in out and out["connect"] not in Image.Connect.values:
+        raise ServiceError("How tenants connect: ssh, jupyter or service.", field="connect")
+    connect = out.get("connect")
+    ports = out.get("ports")
+    if connect == Image.Connect.SSH and ports is not None and 22 not in ports:
+        raise ServiceError("An SSH image must expose port 22.", field="ports")
+    if connect == Image.Connect.JUPYTER and ports is not None and 8888 not in ports:
+        raise ServiceError("A Jupyter image must expose port 8888.", field="ports")
+    return out
+
+
+def _require_ops(actor: AbstractBaseUser) -> None:
+    if not getattr(actor, "is_staff", False):
+        raise NotAllowed("Only ops manage the image allowlist.")
+
+
+@transaction.atomic
+def image_create(*, actor: AbstractBaseUser, **fields) -> Image:  # type: ignore[no-untyped-def]
+    _require_ops(actor)
+    fields.setdefault("connect", Image.Connect.SSH)
+    fields.setdefault("ports", [22] if fields["connect"] == Image.Connect.SSH else [])
+    data = _clean(fields)
+    try:
+        with transaction.atomic():
+            return Image.objects.create(**data)
+    except IntegrityError as exc:
+        raise Conflict(
+            "An image with this name exists.", code="image_exists", field="name"
+        ) from exc
+
+
+@transaction.atomic
+def image_update(*, actor: AbstractBaseUser, image: Image, **changes) -> Image:  # type: ignore[no-untyped-def]
+    """Change an allowlist entry; running slices keep the image they started with."""
+    _require_ops(actor)
+    image = Image.objects.select_for_update().get(pk=image.pk)
+    merged = {
+        "connect": changes.get("connect", image.connect),
+        "ports": changes.get("ports", image.ports),
+        **changes,
+    }
+    data = _clean(merged)
+    for key in changes:
+        setattr(image, key, data[key])
+    try:
+        with transaction.atomic():
+            image.save()
+    except IntegrityError as exc:
+        raise Conflict(
+            "An image with this name exists.", code="image_exists", field="name"
+        ) from exc
+    return image
