@@ -16,7 +16,11 @@ class GpuInline(admin.TabularInline):
         "accepting_placements",
         "present",
     ]
-    readonly_fields = ["uuid", "overcommit_ratio"]
+    readonly_fields = fields  # see GpuAdmin: every change has its own owner
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
 
 
 @admin.register(Node)
@@ -57,8 +61,23 @@ class GpuAdmin(admin.ModelAdmin):
     list_filter = ["model", "mig_capable", "mig_enabled", "accepting_placements", "present"]
     search_fields = ["uuid", "model", "node__name"]
     list_select_related = ["node"]
-    # The ratio is set on the ops policy page, which checks it against measured peaks.
-    readonly_fields = ["allocated_mb", "overcommit_ratio"]
+    # Discovery owns the hardware facts; the ratio and the placement mark are set on the
+    # ops policy page (checked against measured peaks, with a reason); placement owns
+    # allocated_mb.
+    readonly_fields = [
+        "node",
+        "uuid",
+        "index",
+        "vram_total_mb",
+        "mig_capable",
+        "mig_enabled",
+        "mig_devices",
+        "allocated_mb",
+        "overcommit_ratio",
+        "accepting_placements",
+        "not_accepting_reason",
+        "present",
+    ]
 
 
 @admin.register(Allocation)

@@ -150,9 +150,9 @@ class Gpu(models.Model):
             ),
             models.CheckConstraint(
                 # A backstop for placement's exact rule, which sells a card by its nominal
-                # size (at most 2% above what it reports: see placement.nominal_mb).
+                # size (nominal <= reported / 0.98: see placement.nominal_mb).
                 condition=Q(
-                    allocated_mb__lte=F("vram_total_mb") * F("overcommit_ratio") * Decimal("1.02")
+                    allocated_mb__lte=F("vram_total_mb") * F("overcommit_ratio") * Decimal("1.021")
                 ),
                 name="%(app_label)s_%(class)s_allocated_within_capacity",
                 violation_error_message="Allocated VRAM cannot exceed total x overcommit ratio.",

@@ -27,6 +27,12 @@ def nominal_mb(reported_mb: int) -> int:
     return reported_mb
 
 
+# A MIG device is "the right size" for a slice up to this much larger (an A30 1g.6gb,
+# 5952 MiB, for a 4 GB slice): a bigger device would hand a tenant hardware it did not
+# buy and strand it for everyone else; the slice then goes to a software slice instead.
+MIG_MAX_OVERSIZE = 1.5
+
+
 @dataclass(frozen=True)
 class MigSlot:
     uuid: str
@@ -68,7 +74,7 @@ def choose(candidates: list[Candidate], vram_mb: int) -> Choice | None:
         for c in candidates
         if c.mig_enabled
         for slot in c.free_mig
-        if nominal_mb(slot.memory_mb) >= vram_mb
+        if vram_mb <= nominal_mb(slot.memory_mb) <= vram_mb * MIG_MAX_OVERSIZE
     ]
     if mig:
         waste, gpu_id, uuid = min(mig)

@@ -339,6 +339,19 @@ def node_note_error(*, node_id: int, message: str) -> None:
     Node.objects.filter(pk=node_id).update(last_error=message[:500], last_error_at=timezone.now())
 
 
+DISCOVERED_GPU_FIELDS = [
+    "node",
+    "index",
+    "model",
+    "vram_total_mb",
+    "mig_capable",
+    "mig_enabled",
+    "pci_bus_id",
+    "mig_devices",
+    "present",
+]
+
+
 def node_discover(*, node_id: int, pool: ssh.SSHPool | None = None) -> Node | None:
     """Read the node's GPUs, driver and what it can enforce; update the inventory.
 
@@ -363,7 +376,9 @@ def node_discover(*, node_id: int, pool: ssh.SSHPool | None = None) -> Node | No
             not_accepting_reason="no longer found on the node",
         )
         # By UUID across the fleet: a GPU moved from another node keeps its history.
-        existing = {g.uuid: g for g in Gpu.objects.filter(uuid__in=seen)}
+        # Locked, and saved with only the fields discovery owns: placement keeps
+        # allocated_mb (and ops the ratio and the placement mark) on these rows meanwhile.
+        existing = {g.uuid: g for g in Gpu.objects.select_for_update().filter(uuid__in=seen)}
         for reading in sample.gpus:
             gpu = existing.get(reading.uuid) or Gpu(node=node, uuid=reading.uuid)
             gpu.node = node
@@ -383,10 +398,15 @@ def node_discover(*, node_id: int, pool: ssh.SSHPool | None = None) -> Node | No
                 }
                 for m in reading.mig_devices
             ]
+            fields = DISCOVERED_GPU_FIELDS
             if gpu.mig_enabled:
                 gpu.overcommit_ratio = 1  # MIG partitions and overcommit exclude each other
+                fields = [*fields, "overcommit_ratio"]
             gpu.present = True
-            gpu.save()
+            if gpu.pk is None:
+                gpu.save()
+            else:
+                gpu.save(update_fields=fields)
         caps = sample.capabilities or telemetry.Capabilities()
         node.capabilities = {
             "docker": caps.docker,
@@ -1012,7 +1032,18 @@ def gpus_recount_allocations() -> int:
                 logger.warning(
                     "GPU %s counter %s MiB, live %s MiB: fixed", gpu.pk, gpu.allocated_mb, total
                 )
-                Gpu.objects.filter(pk=gpu.pk).update(allocated_mb=total)
+                try:
+                    with transaction.atomic():
+                        Gpu.objects.filter(pk=gpu.pk).update(allocated_mb=total)
+                except IntegrityError:
+                    # More is placed than the GPU can hold (e.g. its ratio was lowered by
+                    # hand): keep new work off it and say so, rather than fail the round.
+                    logger.error("GPU %s holds %s MiB, over its capacity", gpu.pk, total)
+                    Gpu.objects.filter(pk=gpu.pk).update(
+                        accepting_placements=False,
+                        not_accepting_reason=f"{total} MiB placed: over capacity, check it",
+                    )
+                    continue
                 fixed += 1
     return fixed
 

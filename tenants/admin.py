@@ -113,15 +113,28 @@ class PurchaseAdmin(admin.ModelAdmin):
     list_filter = ["tier", "created_at"]
     search_fields = ["tenant__name"]
     list_select_related = ["tenant", "tier"]
+    # Money moves through the ledger only: purchases and refunds are made on the ops
+    # pages (services), never edited here.
     readonly_fields = [
         "tenant",
         "tier",
         "hours",
         "price_paid",
         "minutes_total",
+        "minutes_left",
+        "idempotency_key",
+        "low_warning_at",
+        "refunded_at",
+        "refunded_amount",
         "created_by",
         "created_at",
     ]
+
+    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+        return False
+
+    def has_delete_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
 
 
 @admin.register(LedgerEntry)
@@ -174,6 +187,12 @@ class SliceAdmin(admin.ModelAdmin):
         "stopped_at",
     ]
     inlines = [SliceTransitionInline]
+
+    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+        return False
+
+    def has_delete_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False  # its allocation would stay live: stop it on /ops/slices/ instead
 
 
 @admin.register(AuditEvent)

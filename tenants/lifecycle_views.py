@@ -216,9 +216,15 @@ def buy(request: HttpRequest) -> HttpResponse:
     )
 
 
+def _is_id(text: str) -> bool:
+    """A database id in a query string: ASCII digits that fit a bigint (str.isdigit also
+    accepts digits int() refuses, such as '²')."""
+    return text.isascii() and text.isdigit() and len(text) < 19
+
+
 def _buy_initial(request: HttpRequest) -> dict:
     tier = request.GET.get("tier", "")
-    return {"tier": int(tier)} if tier.isdigit() else {}
+    return {"tier": int(tier)} if _is_id(tier) else {}
 
 
 # --- tenant: launch ---------------------------------------------------------------------------
@@ -230,7 +236,7 @@ def launch(request: HttpRequest) -> HttpResponse:
     tenant = request.membership.tenant
     initial = {}
     wanted = request.GET.get("purchase", "")
-    if wanted.isdigit():
+    if _is_id(wanted):
         initial["purchase"] = int(wanted)
     form = LaunchForm(request.POST or None, tenant=tenant, initial=initial)
     status = 200
@@ -298,7 +304,13 @@ def _tenant_slice(request: HttpRequest, pk: int) -> Slice:
     return get_object_or_404(selectors.slice_list(tenant=request.membership.tenant), pk=pk)
 
 
-def _slice_context(slice: Slice) -> dict:
+def _slice_context(slice: Slice, membership=None) -> dict:  # type: ignore[no-untyped-def]
+    from .api.lifecycle_serializers import redact_for_viewers
+
+    # Viewers see the slice, not its keys (the same rule as the API).
+    slice.connection = redact_for_viewers(
+        {"connection": slice.connection, "environment": slice.environment}, membership
+    )["connection"]
     series = selectors.slice_vram_series(slice=slice)
     peak_so_far = max((p["used_mb"] for p in series), default=None)
     used = latest_vram_mb([slice]).get(slice.pk)
@@ -324,7 +336,7 @@ def _slice_context(slice: Slice) -> dict:
 @require_GET
 def slice_detail(request: HttpRequest, pk: int) -> HttpResponse:
     slice = _tenant_slice(request, pk)
-    context = _slice_context(slice)
+    context = _slice_context(slice, request.membership)
     if _partial(request):
         response = render(request, "tenants/_slice_live.html", context)
         return _live(response, done=slice.is_final)
@@ -453,7 +465,7 @@ def ops_credit(request: HttpRequest) -> HttpResponse:
             status = 400
     refund_tenant = request.GET.get("tenant", "")
     purchases = selectors.purchase_list_for_ops(
-        tenant_id=int(refund_tenant) if refund_tenant.isdigit() else None
+        tenant_id=int(refund_tenant) if _is_id(refund_tenant) else None
     ).filter(minutes_left__gt=0, refunded_at__isnull=True)[:50]
     return render(
         request,

@@ -61,7 +61,7 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
         return Response(
             error_body(
                 "request_too_large",
-                "The request body is too large (the API accepts at most 1 MiB of JSON).",
+                "The request body is too large: JSON bodies are limited to 1 MiB.",
             ),
             status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
         )

@@ -96,7 +96,7 @@ class Migration(migrations.Migration):
                                 models.F("vram_total_mb"), "*", models.F("overcommit_ratio")
                             ),
                             "*",
-                            models.Value(Decimal("1.02")),
+                            models.Value(Decimal("1.021")),
                         ),
                     )
                 ),

@@ -22,6 +22,17 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._()+-]{0,63}$")
 MAX_PORTS = 8
 
 
+def _runtime_accepts(reference: str) -> bool:
+    """The container runtime's own check: an allowlisted image must be launchable."""
+    from nodes import runtime
+
+    try:
+        runtime._check_image(reference)
+    except ValueError:
+        return False
+    return True
+
+
 def _clean(data: dict) -> dict:  # type: ignore[type-arg]
     from .slices import clean_command
 
@@ -34,7 +45,11 @@ def _clean(data: dict) -> dict:  # type: ignore[type-arg]
             )
     if "reference" in out:
         out["reference"] = str(out["reference"]).strip()
-        if len(out["reference"]) > 255 or not REFERENCE_RE.match(out["reference"]):
+        if (
+            len(out["reference"]) > 255
+            or not REFERENCE_RE.match(out["reference"])
+            or not _runtime_accepts(out["reference"])
+        ):
             raise ServiceError(
                 "Not an image reference: expected e.g. pytorch/pytorch:2.4.0-cuda12.1-runtime.",
                 field="reference",

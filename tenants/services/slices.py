@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import re
 import secrets
 from datetime import datetime, timedelta
@@ -38,7 +39,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "": (S.REQUESTED,),
     S.REQUESTED: (S.REFUSED, S.QUEUED, S.PROVISIONING, S.FAILED),
     S.QUEUED: (S.PROVISIONING, S.STOPPED, S.FAILED),
-    S.PROVISIONING: (S.RUNNING, S.STOPPING, S.FAILED),
+    S.PROVISIONING: (S.RUNNING, S.STOPPING, S.STOPPED, S.FAILED),  # STOPPED: never started
     S.RUNNING: (S.STOPPING, S.FAILED),
     S.STOPPING: (S.STOPPED, S.FAILED),
     S.REFUSED: (),
@@ -260,8 +261,17 @@ def slice_launch(
     reserved) and ServiceRefusal is raised after commit, with the breakdown. A repeated
     idempotency key returns the first slice."""
     key = _check_idempotency_key(idempotency_key)
+    command = clean_command(command)
+    environment = clean_environment(environment)
+    same = {
+        "purchase_id": purchase.pk,
+        "image_entry_id": image.pk,
+        "command": command,
+        "environment": environment,
+        "model_request": model_request,
+    }
     if key:
-        existing = _slice_for_key(membership, key, purchase)
+        existing = _slice_for_key(membership, key, same)
         if existing is not None:
             return existing, False
     try:
@@ -275,9 +285,10 @@ def slice_launch(
             ssh_public_key=ssh_public_key,
             guaranteed=guaranteed,
             key=key,
+            same=same,
         )
     except IntegrityError as exc:
-        existing = _slice_for_key(membership, key, purchase) if key else None
+        existing = _slice_for_key(membership, key, same) if key else None
         if existing is not None:
             return existing, False
         busy = Slice.objects.filter(
@@ -295,9 +306,11 @@ def slice_launch(
     return slice, created
 
 
-def _slice_for_key(membership: Membership, key: str, purchase: Purchase) -> Slice | None:
+def _slice_for_key(membership: Membership, key: str, same: dict) -> Slice | None:
+    """The slice a key already made, if the request is the same; a different request
+    with a used key is a conflict, never a silent replay of the first one."""
     existing = Slice.objects.for_tenant(membership.tenant).filter(idempotency_key=key).first()
-    if existing is not None and existing.purchase_id != purchase.pk:
+    if existing is not None and any(getattr(existing, f) != v for f, v in same.items()):
         raise Conflict(
             "This Idempotency-Key was used for a different launch.",
             code="idempotency_key_reused",
@@ -318,6 +331,7 @@ def _slice_launch(
     ssh_public_key: str,
     guaranteed: bool,
     key: str,
+    same: dict,
 ) -> tuple[Slice, bool]:
     if not membership.can_write:
         raise NotAllowed("Viewers cannot launch slices.")
@@ -337,7 +351,7 @@ def _slice_launch(
     )
     if key:
         # A retry that waited for the lock behind its own first attempt gets that slice.
-        existing = _slice_for_key(membership, key, purchase)
+        existing = _slice_for_key(membership, key, same)
         if existing is not None:
             return existing, False
     if purchase.minutes_left <= 0:
@@ -349,6 +363,8 @@ def _slice_launch(
     # a 409), without a query of its own on every launch.
     tier = purchase.tier
     request = _estimate_input(model_request, tier.vram_mb)
+    if request.training:
+        guaranteed = True  # DOMAIN.md: never overcommit training jobs
     connection: dict = {"kind": image.connect}
     if image.connect == Image.Connect.JUPYTER:
         connection["token"] = secrets.token_urlsafe(24)
@@ -389,11 +405,21 @@ def _slice_launch(
 
 def _place_or_queue(slice: Slice, *, actor: AbstractBaseUser | None = None) -> bool:
     """Reserve VRAM for a requested or queued slice: provisioning (after commit) or queued."""
-    allocation = node_services.allocation_reserve(
-        owner_key=slice.owner_key, vram_mb=slice.vram_mb, guaranteed=slice.guaranteed
+    waiting = slice.state == S.REQUESTED and (
+        Slice.objects.filter(state=S.QUEUED, vram_mb=slice.vram_mb).exists()
+    )
+    allocation = (
+        None  # first in, first out per tier: a new launch never passes the line
+        if waiting
+        else node_services.allocation_reserve(
+            owner_key=slice.owner_key, vram_mb=slice.vram_mb, guaranteed=slice.guaranteed
+        )
     )
     if allocation is None:
         if slice.state == S.REQUESTED:
+            from ..tasks import dispatch_queue
+
+            dispatch_queue.delay_on_commit()  # the head of the line may fit right now
             slice.queued_at = timezone.now()
             _transition(
                 slice,
@@ -404,6 +430,7 @@ def _place_or_queue(slice: Slice, *, actor: AbstractBaseUser | None = None) -> b
             )
         return False
     slice.allocation = allocation
+    slice.provision_started_at = timezone.now()  # the timeout counts from placement
     gpu = allocation.gpu
     where = f"{gpu.node.name} GPU {gpu.index}"
     if allocation.mig_device_uuid:
@@ -413,7 +440,7 @@ def _place_or_queue(slice: Slice, *, actor: AbstractBaseUser | None = None) -> b
         S.PROVISIONING,
         f"{slice.vram_mb} MiB reserved on {where}; starting the container.",
         actor=actor,
-        fields=("allocation",),
+        fields=("allocation", "provision_started_at"),
     )
     from ..tasks import provision_slice
 
@@ -431,14 +458,32 @@ def slices_dispatch_queue(*, limit: int = 200) -> int:
                 head = (
                     Slice.objects.select_for_update(of=("self",))
                     .filter(state=S.QUEUED, vram_mb=vram_mb)
-                    .select_related("tenant")
+                    .select_related("tenant", "image_entry", "purchase")
                     .order_by("queued_at", "pk")
                     .first()
                 )
-                if head is None or not _place_or_queue(head):
+                if head is None:
+                    break
+                stale = _no_longer_launchable(head)
+                if stale:
+                    head.stopped_at = timezone.now()
+                    _transition(head, S.STOPPED, stale, fields=("stopped_at",))
+                    continue
+                if not _place_or_queue(head):
                     break
                 placed += 1
     return placed
+
+
+def _no_longer_launchable(slice: Slice) -> str:
+    """Why a queued slice can no longer start (cancelled with this reason), or ''."""
+    if not slice.tenant.is_active:
+        return "Cancelled while waiting: the tenant is suspended. Nothing was charged."
+    if slice.image_entry is not None and not slice.image_entry.is_active:
+        return "Cancelled while waiting: the image was taken off the allowlist."
+    if slice.purchase.minutes_left <= 0:
+        return "Cancelled while waiting: the purchase has no minutes left."
+    return ""
 
 
 def queue_position(slice: Slice) -> int | None:
@@ -490,6 +535,8 @@ def slice_provision(*, slice_id: int, final_attempt: bool = True) -> str:
     its VRAM is released."""
     with transaction.atomic():
         slice = _lock(slice_id)
+        if slice.state == S.STOPPING:
+            _dispatch_stop(slice)  # stopped meanwhile: the stop task removes what exists
         if slice.state != S.PROVISIONING:
             return slice.state
         if slice.allocation is None or slice.allocation.state == "released":
@@ -560,6 +607,9 @@ def _provision_failed(slice_id: int, reason: str, info) -> str:  # type: ignore[
     with transaction.atomic():
         slice = _lock(slice_id)
         if slice.state not in (S.PROVISIONING, S.STOPPING):
+            return slice.state
+        if slice.state == S.STOPPING:
+            _dispatch_stop(slice)  # stopped meanwhile: finish that stop, removing leftovers
             return slice.state
         text = f"Could not start the container: {reason}."
         if logs.strip():
@@ -676,16 +726,25 @@ def _stop_locked(
 ) -> Slice:
     who = "ops" if getattr(actor, "is_staff", False) else "you"
     reason = reason.strip()[:300]
-    if slice.is_final or slice.state == S.STOPPING:
+    if slice.is_final:
         return slice
-    if slice.state in (S.REQUESTED, S.QUEUED):
+    if slice.state == S.STOPPING:
+        if force:  # ops: the node may never answer again; finish without it
+            _abandon_container(slice, actor=actor, reason=reason)
+        return slice
+    no_container_yet = slice.state == S.PROVISIONING and slice.provision_attempts == 0
+    if slice.state in (S.REQUESTED, S.QUEUED) or no_container_yet:
+        # Nothing was started (provisioning counts its attempt under this same lock).
+        _settle(slice, timezone.now())
         slice.stopped_at = timezone.now()
+        if force:
+            reason = f"Force-stopped by ops: {reason}" if reason else "Force-stopped by ops."
         _transition(
             slice,
             S.STOPPED,
-            reason or f"Cancelled by {who} while waiting; nothing was charged.",
+            reason or f"Cancelled by {who} before it started; nothing was charged.",
             actor=actor,
-            fields=("stopped_at",),
+            fields=("stopped_at", "peak_vram_mb", "last_metered_at"),
         )
         return slice
     if slice.state == S.RUNNING:
@@ -694,9 +753,36 @@ def _stop_locked(
     text = reason or f"Stopped by {who}."
     if force:
         text = f"Force-stopped by ops: {reason}" if reason else "Force-stopped by ops."
+    provisioning = slice.state == S.PROVISIONING
     _transition(slice, S.STOPPING, text, actor=actor, fields=("last_metered_at",))
-    _dispatch_stop(slice, force=force)
+    if not provisioning:
+        _dispatch_stop(slice, force=force)
+    # else: the provisioning task in flight sees STOPPING when it ends and hands the
+    # container it started to the stop task; the VRAM stays reserved until then.
     return slice
+
+
+def _abandon_container(slice: Slice, *, actor: AbstractBaseUser | None, reason: str) -> None:
+    """Finish a stop the node cannot confirm (unreachable): release the VRAM now and
+    leave the container to reconcile, which removes labelled containers with no live
+    slice once the node answers again."""
+    if slice.allocation is not None:
+        node_services.container_event_record(
+            node=slice.allocation.gpu.node,
+            container_id=slice.container_id or slice.container_name,
+            owner_key=slice.owner_key,
+            action="abandoned",
+            detail="Stop finished without the node; reconcile removes it when it answers.",
+        )
+    _settle(slice, timezone.now())
+    _transition(
+        slice,
+        S.STOPPED,
+        reason
+        or "Stopped without the node's confirmation (it does not answer); the VRAM was released.",
+        actor=actor,
+        fields=("stopped_at", "peak_vram_mb", "last_metered_at"),
+    )
 
 
 def slice_finish_stop(*, slice_id: int, force: bool = False) -> str:
@@ -736,6 +822,12 @@ def slices_meter(*, now: datetime | None = None) -> dict[str, int]:
             slice = _lock(slice_id)
             if slice.state != S.RUNNING:
                 continue
+            node = slice.allocation.gpu.node  # type: ignore[union-attr]
+            if node.status == Node.Status.UNREACHABLE:
+                # Nobody can use a slice on a node that does not answer: not charged.
+                slice.last_metered_at = now
+                slice.save(update_fields=["last_metered_at"])
+                continue
             counts["minutes"] += slice_meter(slice=slice, now=now)
             counts["metered"] += 1
             purchase = slice.purchase
@@ -765,36 +857,71 @@ def slices_reconcile(*, now: datetime | None = None) -> dict[str, int]:
     now = now or timezone.now()
     timeout = timedelta(seconds=settings.SLICES_PROVISION_TIMEOUT_S)
     counts = {"nodes": 0, "failed": 0, "orphans": 0, "retried": 0, "adopted": 0, "skipped": 0}
-    for node in Node.objects.filter(status__in=[Node.Status.ACTIVE, Node.Status.DRAINING]):
+    nodes = list(Node.objects.filter(status__in=[Node.Status.ACTIVE, Node.Status.DRAINING]))
+    random.shuffle(nodes)  # a slow node never starves the same tail of the fleet
+    for node in nodes:
         try:
             containers = node_services.node_containers(node=node)
-        except (ssh.SSHError, node_services.ContainerError) as exc:
+        except (ssh.SSHError, node_services.ContainerError, ValueError) as exc:
             logger.info("reconcile: cannot list containers on %s: %s", node.name, exc)
             counts["skipped"] += 1
             continue
-        counts["nodes"] += 1
-        by_owner = {c.owner_key: c for c in containers if c.owner_key}
-        slices = list(
-            Slice.objects.filter(allocation__gpu__node=node, state__in=HOLDS_VRAM).values_list(
-                "pk", "state"
-            )
-        )
-        expected = {f"slice-{pk}" for pk, _ in slices}
-        for pk, state in slices:
-            container = by_owner.get(f"slice-{pk}")
-            if state == S.RUNNING and (container is None or not container.running):
-                counts["failed"] += _reconcile_dead(pk, node, container)
-            elif state == S.PROVISIONING:
-                outcome = _reconcile_provisioning(pk, container, now, timeout)
-                if outcome:
-                    counts[outcome] += 1
-            elif state == S.STOPPING:
-                _reconcile_stopping(pk, now, timeout)
-        for container in containers:
-            if container.owner_key not in expected and not _just_started(container.owner_key):
-                counts["orphans"] += _remove_orphan(node, container)
+        try:
+            _reconcile_node(node, containers, now, timeout, counts)
+        except Exception:
+            logger.exception("reconcile: node %s failed this round", node.name)
+            counts["skipped"] += 1
+    counts["abandoned"] = _abandon_unreachable_stops(now, timeout)
     node_services.gpus_recount_allocations()
     return counts
+
+
+def _abandon_unreachable_stops(now: datetime, timeout: timedelta) -> int:
+    """Stops waiting on a node that does not answer finish without it after the timeout:
+    the VRAM and the purchase are freed; the container is removed when it comes back."""
+    done = 0
+    stuck = Slice.objects.filter(
+        state=S.STOPPING, allocation__gpu__node__status=Node.Status.UNREACHABLE
+    ).values_list("pk", flat=True)
+    for pk in stuck:
+        with transaction.atomic():
+            slice = _lock(pk)
+            last = slice.transitions.order_by("-at").values_list("at", flat=True).first()
+            if slice.state != S.STOPPING or (last is not None and now - last < timeout):
+                continue
+            _abandon_container(slice, actor=None, reason="")
+            done += 1
+    return done
+
+
+def _reconcile_node(
+    node: Node,
+    containers: list,
+    now: datetime,
+    timeout: timedelta,
+    counts: dict,  # type: ignore[type-arg]
+) -> None:
+    counts["nodes"] += 1
+    by_owner = {c.owner_key: c for c in containers if c.owner_key}
+    slices = list(
+        Slice.objects.filter(allocation__gpu__node=node, state__in=HOLDS_VRAM).values_list(
+            "pk", "state"
+        )
+    )
+    expected = {f"slice-{pk}" for pk, _ in slices}
+    for pk, state in slices:
+        container = by_owner.get(f"slice-{pk}")
+        if state == S.RUNNING and (container is None or not container.running):
+            counts["failed"] += _reconcile_dead(pk, node, container)
+        elif state == S.PROVISIONING:
+            outcome = _reconcile_provisioning(pk, container, now, timeout)
+            if outcome:
+                counts[outcome] += 1
+        elif state == S.STOPPING:
+            _reconcile_stopping(pk, now, timeout)
+    for container in containers:
+        if container.owner_key not in expected and not _just_started(container.owner_key):
+            counts["orphans"] += _remove_orphan(node, container)
 
 
 def _just_started(owner_key: str) -> bool:

@@ -31,6 +31,16 @@ def test_exact_mig_device_first_then_software_slices():  # type: ignore[no-untyp
     assert big.gpu_id == 2 and big.mig_device_uuid == ""  # MIG GPUs take no software slice
 
 
+def test_a_much_larger_mig_device_is_not_the_right_size():  # type: ignore[no-untyped-def]
+    """A 4 GB slice must not take a 40 GB MIG device (the tenant would get hardware it
+    did not buy, stranded for everyone else): it goes to a software slice instead."""
+    mig = Candidate(1, 81920, 0, mig_enabled=True, free_mig=(MigSlot("MIG-40", 40192),))
+    plain = Candidate(2, 24576, 0)
+    assert choose([mig, plain], 4096) == choose([plain], 4096)
+    assert choose([mig], 4096) is None
+    assert choose([mig, plain], 32768).mig_device_uuid == "MIG-40"  # 1.23x: right size
+
+
 def test_overcommit_ratio_bounds_capacity():  # type: ignore[no-untyped-def]
     gpu = Candidate(1, 24576, 24576, overcommit_ratio=Decimal("1.50"))
     assert choose([gpu], 12288).gpu_id == 1

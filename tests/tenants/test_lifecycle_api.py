@@ -619,7 +619,9 @@ def test_stop_of_a_placed_slice_is_stopping_and_tenant_cannot_force(  # type: ig
     assert Slice.objects.get(pk=slice.pk).state == Slice.State.PROVISIONING
     response = api_a.post(f"/api/v1/slices/{slice.pk}/stop/", {})
     assert response.status_code == 202
-    assert response.json()["state"] == "stopping"
+    # no container was started yet (no attempt): stopped at once, its VRAM released
+    assert response.json()["state"] == "stopped"
+    assert Allocation.objects.get(owner_key=slice.owner_key).state == "released"
 
 
 def test_running_slice_shows_connection_and_vram_series_against_quota(  # type: ignore[no-untyped-def]
@@ -900,6 +902,7 @@ def test_ops_slices_list_all_tenants_with_filters_and_force_stop(  # type: ignor
     row = api_ops.get(f"/api/v1/ops/slices/{placed.pk}/").json()
     assert row["tenant_name"] == "Alpha Labs" and row["node"] == "gpu-a" and row["gpu_index"] == 0
 
+    Slice.objects.filter(pk=placed.pk).update(provision_attempts=1)  # a start is under way
     response = api_ops.post(
         f"/api/v1/ops/slices/{placed.pk}/stop/", {"reason": "abuse report", "force": True}
     )

@@ -482,7 +482,8 @@ def test_ops_slices_filter_paginate_and_force_stop_with_a_reason(  # type: ignor
     assert a.state == Slice.State.QUEUED
     client.post(f"/ops/slices/{a.pk}/stop/", {"reason": "abuse report", "confirm": "True"})
     a.refresh_from_db()
-    assert a.state == Slice.State.STOPPED and a.state_reason == "abuse report"
+    assert a.state == Slice.State.STOPPED
+    assert a.state_reason == "Force-stopped by ops: abuse report"
 
 
 def test_ops_grant_credit_from_the_page(client, ops_user, owner_a, owner_b):  # type: ignore[no-untyped-def]

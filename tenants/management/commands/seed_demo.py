@@ -18,9 +18,9 @@ from tenants.models import Image, LedgerEntry, Membership
 # The allowlist a fresh demo starts with (ops edit it on /ops/images/).
 DEMO_IMAGES = [
     {
-        "name": "CUDA base (SSH)",
-        "reference": "nvidia/cuda:12.4.1-base-ubuntu22.04",
-        "description": "A bare CUDA 12.4 userland; connect over SSH with your key.",
+        "name": "PyTorch (SSH)",
+        "reference": "runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04",
+        "description": "PyTorch 2.4 with CUDA 12.4; its sshd takes your key from PUBLIC_KEY.",
         "ports": [22],
         "connect": Image.Connect.SSH,
     },
