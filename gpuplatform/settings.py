@@ -217,8 +217,16 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "TenantStatusEnum": "tenants.models.Tenant.Status",
         "NodeStatusEnum": "nodes.models.Node.Status",
+        "IncidentStatusEnum": "incidents.models.Incident.Status",
+        "IncidentEventKindEnum": "incidents.models.IncidentEvent.Kind",
+        "WebhookDeliveryStatusEnum": "incidents.models.WebhookDelivery.Status",
+        "LedgerEntryKindEnum": "tenants.models.LedgerEntry.Kind",
     },
 }
+
+# Tenant webhooks may only reach public addresses (checked when sent); a private test
+# network can allow its own.
+WEBHOOKS_ALLOW_PRIVATE = env.bool("GPUPLATFORM_WEBHOOKS_ALLOW_PRIVATE", default=False)
 
 # --- GPU nodes (SSH, telemetry) --------------------------------------------------------
 NODES_SSH_KEY_PATH = env.str(
@@ -302,6 +310,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "provision.dispatch_queue",
         "schedule": 30.0,
         "options": {"expires": 30},
+    },
+    "incidents-sweep": {
+        "task": "incidents.sweep",
+        "schedule": 60.0,
+        "options": {"expires": 60},
     },
     "purge-expired-invitations": {
         "task": "tenants.purge_expired_invitations",

@@ -23,4 +23,5 @@ urlpatterns = [
     path("metrics", node_views.metrics, name="metrics"),
     path("", include("tenants.urls")),
     path("", include("nodes.urls")),
+    path("", include("incidents.urls")),
 ]

@@ -1,6 +1,14 @@
 from django.contrib import admin
 
-from .models import Incident, IncidentEvent
+from .models import (
+    GpuWatch,
+    Incident,
+    IncidentEvent,
+    SliceWatch,
+    Thresholds,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 
 
 class IncidentEventInline(admin.TabularInline):
@@ -30,8 +38,24 @@ class IncidentAdmin(admin.ModelAdmin):
     list_filter = ["status", "severity", "root_cause", "rule"]
     search_fields = ["title", "target_key", "tenant__name", "node__name", "gpu__uuid"]
     list_select_related = ["tenant", "node"]
-    readonly_fields = ["evidence", "first_seen_at", "last_seen_at", "occurrences"]
+    # Status changes go through the ledger pages so the timeline records them.
+    readonly_fields = [
+        "rule",
+        "target_key",
+        "status",
+        "evidence",
+        "first_seen_at",
+        "last_seen_at",
+        "occurrences",
+        "acknowledged_by",
+        "acknowledged_at",
+        "resolved_by",
+        "resolved_at",
+    ]
     inlines = [IncidentEventInline]
+
+    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+        return False
 
 
 @admin.register(IncidentEvent)
@@ -40,3 +64,52 @@ class IncidentEventAdmin(admin.ModelAdmin):
     list_filter = ["kind"]
     search_fields = ["message", "incident__title"]
     list_select_related = ["incident", "actor"]
+
+
+@admin.register(Thresholds)
+class ThresholdsAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "vram_warning_pct", "vram_critical_pct", "updated_at", "updated_by"]
+    readonly_fields = ["updated_at", "updated_by"]
+
+
+@admin.register(SliceWatch)
+class SliceWatchAdmin(admin.ModelAdmin):
+    list_display = [
+        "slice",
+        "over_quota_streak",
+        "last_active_at",
+        "idle_warned_at",
+        "throttled_at",
+    ]
+    readonly_fields = list_display
+
+
+@admin.register(GpuWatch)
+class GpuWatchAdmin(admin.ModelAdmin):
+    list_display = ["gpu", "breaker_open", "hardware_drained"]
+    readonly_fields = ["gpu", "breaker_open", "hardware_drained", "orphan_streaks"]
+
+
+@admin.register(WebhookEndpoint)
+class WebhookEndpointAdmin(admin.ModelAdmin):
+    list_display = ["url", "tenant", "is_active", "created_at"]
+    list_filter = ["is_active"]
+    search_fields = ["url", "tenant__name"]
+    exclude = ["secret"]  # shown once, when the endpoint is made through the API
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "endpoint", "incident", "event", "status", "attempts"]
+    list_filter = ["status", "event"]
+    readonly_fields = [
+        "endpoint",
+        "incident",
+        "event",
+        "payload",
+        "status",
+        "attempts",
+        "response_status",
+        "last_error",
+        "delivered_at",
+    ]

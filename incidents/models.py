@@ -183,3 +183,177 @@ class IncidentEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.message}"
+
+
+class Thresholds(models.Model):
+    """The watchdog's thresholds: one row, DOMAIN.md's numbers by default, edited by ops."""
+
+    vram_warning_pct = models.FloatField("VRAM warning (%)", default=85.0)
+    vram_critical_pct = models.FloatField("VRAM critical: placements stop (%)", default=95.0)
+    breaker_reset_pct = models.FloatField("placements resume below (%)", default=85.0)
+    process_jump_mb = models.PositiveIntegerField("process jump (MiB)", default=3072)
+    sweep_high_pct = models.FloatField("fleet sweep: card above (%)", default=90.0)
+    sweep_rise_mb = models.PositiveIntegerField("fleet sweep: rise (MiB)", default=5120)
+    sweep_window_s = models.PositiveIntegerField("fleet sweep: window (s)", default=300)
+    leak_window_s = models.PositiveIntegerField("leak window (s)", default=1800)
+    leak_min_growth_mb = models.PositiveIntegerField("leak: minimum growth (MiB)", default=1024)
+    idle_after_s = models.PositiveIntegerField("idle after (s)", default=900)
+    idle_stop_after_s = models.PositiveIntegerField("idle: stop after warning (s)", default=300)
+    bandwidth_pct = models.FloatField("memory-bandwidth limit per process (%)", default=70.0)
+    quota_grace_samples = models.PositiveSmallIntegerField(
+        "quota breach grace (samples)", default=1
+    )
+    orphan_confirm_samples = models.PositiveSmallIntegerField(
+        "orphan confirmed after (samples)", default=2
+    )
+    unattributed_mb = models.PositiveIntegerField("unattributed memory (MiB)", default=1024)
+    updated_at = models.DateTimeField("changed", auto_now=True)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name="changed by",
+    )
+
+    class Meta:
+        verbose_name = "watchdog thresholds"
+        verbose_name_plural = "watchdog thresholds"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(vram_warning_pct__gt=0)
+                & Q(vram_warning_pct__lte=F("vram_critical_pct"))
+                & Q(vram_critical_pct__lte=100)
+                & Q(breaker_reset_pct__lte=F("vram_critical_pct"))
+                & Q(breaker_reset_pct__gt=0),
+                name="%(app_label)s_%(class)s_vram_levels_ordered",
+                violation_error_message="Need 0 < warning <= critical <= 100, reset <= critical.",
+            ),
+            models.CheckConstraint(
+                condition=Q(bandwidth_pct__gt=0) & Q(bandwidth_pct__lte=100),
+                name="%(app_label)s_%(class)s_bandwidth_pct_range",
+                violation_error_message="The bandwidth limit is a percentage.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return "watchdog thresholds"
+
+    @classmethod
+    def current(cls) -> "Thresholds":
+        row = cls.objects.order_by("pk").first()
+        return row if row is not None else cls.objects.create()
+
+    def as_rules(self):  # type: ignore[no-untyped-def]
+        from dataclasses import fields
+
+        from .rules import Thresholds as RuleThresholds
+
+        return RuleThresholds(**{f.name: getattr(self, f.name) for f in fields(RuleThresholds)})
+
+
+class SliceWatch(models.Model):
+    """What the watchdog remembers about a running slice between samples."""
+
+    slice = models.OneToOneField(
+        "tenants.Slice", on_delete=models.CASCADE, related_name="watch", verbose_name="slice"
+    )
+    over_quota_streak = models.PositiveSmallIntegerField("samples over quota in a row", default=0)
+    last_active_at = models.DateTimeField("last compute activity", null=True, blank=True)
+    idle_warned_at = models.DateTimeField("idle warning sent", null=True, blank=True)
+    throttled_at = models.DateTimeField("throttled since", null=True, blank=True)
+
+    class Meta:
+        verbose_name = "slice watch"
+
+    def __str__(self) -> str:
+        return f"watch of slice {self.slice_id}"
+
+
+class GpuWatch(models.Model):
+    """Why the watchdog closed a GPU to placements, and orphans it is watching."""
+
+    gpu = models.OneToOneField(
+        "nodes.Gpu", on_delete=models.CASCADE, related_name="watch", verbose_name="GPU"
+    )
+    breaker_open = models.BooleanField("closed by the 95% breaker", default=False)
+    hardware_drained = models.BooleanField("drained for a hardware fault", default=False)
+    orphan_streaks = models.JSONField("orphan processes seen (pid: samples)", default=dict)
+
+    class Meta:
+        verbose_name = "GPU watch"
+
+    def __str__(self) -> str:
+        return f"watch of GPU {self.gpu_id}"
+
+
+class WebhookEndpointQuerySet(models.QuerySet):
+    def for_tenant(self, tenant) -> "WebhookEndpointQuerySet":  # type: ignore[no-untyped-def]
+        if tenant is None:
+            return self.none()
+        return self.filter(tenant=tenant)
+
+
+class WebhookEndpoint(models.Model):
+    """Where incident notifications are POSTed, signed with HMAC-SHA256 of the body."""
+
+    tenant = models.ForeignKey(
+        "tenants.Tenant",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="webhooks",
+        verbose_name="tenant",
+        help_text="Empty: an ops endpoint that receives every incident.",
+    )
+    url = models.URLField("URL", max_length=500)
+    secret = models.CharField("signing secret", max_length=128)
+    is_active = models.BooleanField("active", default=True)
+    created_at = models.DateTimeField("created", auto_now_add=True)
+
+    objects = WebhookEndpointQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "webhook endpoint"
+
+    def __str__(self) -> str:
+        return self.url
+
+
+class WebhookDelivery(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending", "pending"
+        DELIVERED = "delivered", "delivered"
+        FAILED = "failed", "failed"
+
+    endpoint = models.ForeignKey(
+        "incidents.WebhookEndpoint",
+        on_delete=models.CASCADE,
+        related_name="deliveries",
+        verbose_name="endpoint",
+    )
+    incident = models.ForeignKey(
+        "incidents.Incident",
+        on_delete=models.CASCADE,
+        related_name="deliveries",
+        verbose_name="incident",
+    )
+    event = models.CharField("event", max_length=32)
+    payload = models.JSONField("payload")
+    status = models.CharField(
+        "status", max_length=16, choices=Status.choices, default=Status.PENDING
+    )
+    attempts = models.PositiveSmallIntegerField("attempts", default=0)
+    response_status = models.PositiveSmallIntegerField("last HTTP status", null=True, blank=True)
+    last_error = models.CharField("last error", max_length=500, blank=True)
+    created_at = models.DateTimeField("created", auto_now_add=True)
+    delivered_at = models.DateTimeField("delivered", null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "webhook delivery"
+
+    def __str__(self) -> str:
+        return f"{self.event} #{self.incident_id} -> {self.endpoint_id} ({self.status})"

@@ -63,6 +63,18 @@ def token_client():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
+def eager():  # type: ignore[no-untyped-def]
+    """Celery tasks run in this process (after commit, as dispatched), errors raised."""
+    from gpuplatform.celery import app
+
+    app.conf.task_always_eager = True
+    app.conf.task_eager_propagates = True
+    yield
+    app.conf.task_always_eager = False
+    app.conf.task_eager_propagates = False
+
+
+@pytest.fixture
 def worker_fleet(settings, tmp_path, django_capture_on_commit_callbacks):  # type: ignore[no-untyped-def]
     """Start emulated nodes authorised for the platform key from settings (the key the
     worker's pool uses), register them with pinned host keys and discover their GPUs.

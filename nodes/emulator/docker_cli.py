@@ -1,6 +1,7 @@
 """The docker CLI subset an emulated node answers (Docker 26 output formats).
 
-run, create/start, inspect, ps, stop, kill, rm, logs, port, info, version, images, pull.
+run, create/start, inspect, ps, stop, kill, pause/unpause, rm, logs, port, info, version,
+images, pull.
 Containers are `state.Container`s; one with a GPU runs an emulated workload whose VRAM
 follows its GPUPLATFORM_EMULATOR_PROFILE (see state.Workload).
 """
@@ -82,7 +83,8 @@ def _image_id(image: str) -> str:
 
 def _status_text(c: Container, now: float) -> str:
     if c.status == "running":
-        return "Up " + human_duration(now - (c.started or now))
+        up = "Up " + human_duration(now - (c.started or now))
+        return up + " (Paused)" if c.paused else up
     if c.status == "exited":
         return f"Exited ({c.exit_code}) {human_duration(now - (c.finished or now))} ago"
     return "Created"
@@ -121,7 +123,7 @@ def ps_context(c: Container, now: float, trunc: bool) -> dict[str, Any]:
         "Ports": _ports_text(c),
         "RunningFor": human_duration(now - c.created) + " ago",
         "Size": "0B",
-        "State": c.status,
+        "State": c.state,
         "Status": _status_text(c, now),
     }
 
@@ -206,9 +208,9 @@ def inspect_doc(node: NodeState, c: Container) -> dict[str, Any]:
         "Path": c.cmd[0] if c.cmd else "",
         "Args": c.cmd[1:],
         "State": {
-            "Status": c.status,
+            "Status": c.state,
             "Running": c.running,
-            "Paused": False,
+            "Paused": c.paused,
             "Restarting": False,
             "OOMKilled": c.oom_killed,
             "Dead": False,
@@ -832,7 +834,7 @@ def _matches(c: Container, filters: dict[str, list[str]]) -> bool:
                 lk, eq, lv = v.partition("=")
                 ok = lk in c.labels and (not eq or c.labels[lk] == lv)
             elif k == "status":
-                ok = c.status == v
+                ok = c.state == v
             elif k == "name":
                 ok = re.search(v, c.name) is not None
             elif k == "id":
@@ -948,6 +950,11 @@ def cmd_start(node: NodeState, inv: Invocation, args: list[str], *, restart: boo
         return e.status
 
     def action(c: Container) -> str:
+        if c.paused and not restart:
+            return (
+                "Error response from daemon: cannot start a paused container, try unpause "
+                "instead\nError: failed to start containers: " + c.id
+            )
         if c.running and not restart:
             return ""
         if c.running:
@@ -969,6 +976,23 @@ def cmd_start(node: NodeState, inv: Invocation, args: list[str], *, restart: boo
         return ""
 
     return _each(node, inv, "restart" if restart else "start", p.positional, action)
+
+
+def cmd_pause(node: NodeState, inv: Invocation, args: list[str], *, unpause: bool = False) -> int:
+    """`docker pause` / `docker unpause` (the cgroup freezer): a paused container keeps
+    its memory, computes nothing, and its workload's clock stands still."""
+    cmd = "unpause" if unpause else "pause"
+    try:
+        p = parse_flags(cmd, args, [], interspersed=True)
+    except UsageError as e:
+        inv.err(f"{e}\n")
+        return e.status
+
+    def action(c: Container) -> str:
+        err = node.unpause_container(c) if unpause else node.pause_container(c)
+        return f"Error response from daemon: {err}" if err else ""
+
+    return _each(node, inv, cmd, p.positional, action)
 
 
 def cmd_rm(node: NodeState, inv: Invocation, args: list[str]) -> int:
@@ -1079,8 +1103,8 @@ def info_doc(node: NodeState) -> dict[str, Any]:
     return {
         "ID": "ZQ7N:" + node.name.upper(),
         "Containers": len(cs),
-        "ContainersRunning": sum(c.running for c in cs),
-        "ContainersPaused": 0,
+        "ContainersRunning": sum(c.running and not c.paused for c in cs),
+        "ContainersPaused": sum(c.paused for c in cs),
         "ContainersStopped": sum(not c.running for c in cs),
         "Images": len({c.image for c in cs} | (node.images or set())),
         "Driver": "overlay2",
@@ -1129,7 +1153,8 @@ def cmd_info(node: NodeState, inv: Invocation, args: list[str]) -> int:
         + DOCKER_VERSION
         + "\n Context:    default\n\n"
         "Server:\n"
-        f" Containers: {doc['Containers']}\n  Running: {doc['ContainersRunning']}\n  Paused: 0\n"
+        f" Containers: {doc['Containers']}\n  Running: {doc['ContainersRunning']}\n"
+        f"  Paused: {doc['ContainersPaused']}\n"
         f"  Stopped: {doc['ContainersStopped']}\n Images: {doc['Images']}\n"
         f" Server Version: {DOCKER_VERSION}\n Storage Driver: overlay2\n Cgroup Driver: systemd\n"
         " Cgroup Version: 2\n Runtimes: io.containerd.runc.v2 nvidia runc\n Default Runtime: runc\n"
@@ -1225,6 +1250,8 @@ _SUBCOMMANDS = {
     "stop": cmd_stop,
     "kill": lambda n, i, a: cmd_stop(n, i, a, kill=True),
     "rm": cmd_rm,
+    "pause": cmd_pause,
+    "unpause": lambda n, i, a: cmd_pause(n, i, a, unpause=True),
     "logs": cmd_logs,
     "start": cmd_start,
     "restart": lambda n, i, a: cmd_start(n, i, a, restart=True),

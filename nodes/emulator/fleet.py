@@ -26,14 +26,14 @@ class ContainerInfo:
     id: str
     name: str
     image: str
-    status: str
+    status: str  # docker's State.Status: created | running | paused | exited
     exit_code: int
     oom_killed: bool
     pid: int
     gpu_uuid: str | None
     device_uuid: str | None  # the MIG UUID when on a MIG device, else the GPU UUID
     used_mb: int
-    limit_mb: float | None
+    limit_mb: float | None  # the tightest cap it was given (the framework's is advisory)
     limit_source: str | None
     profile: str | None
     env: dict[str, str]
@@ -41,6 +41,10 @@ class ContainerInfo:
     cmd: tuple[str, ...]
     host_config: dict[str, Any]
     logs: tuple[str, ...]
+    hard_limit_mb: float | None = None  # the cap that stops any allocation (MIG, quota lib)
+    paused: bool = False
+    sm_utilization: int | None = None  # what NVML reports for its process now
+    memory_utilization: int | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,7 @@ class EmulatedNode:
         ]
 
     def _info(self, c: Container) -> ContainerInfo:
+        proc = next((p for p in self.state.processes if p.container_id == c.id), None)
         gpu_uuid = dev_uuid = None
         if c.device is not None:
             gpu = self.state.gpus[c.device[0]]
@@ -175,7 +180,7 @@ class EmulatedNode:
             id=c.id,
             name=c.name,
             image=c.image,
-            status=c.status,
+            status=c.state,
             exit_code=c.exit_code,
             oom_killed=c.oom_killed,
             pid=c.pid,
@@ -190,6 +195,10 @@ class EmulatedNode:
             cmd=tuple(c.cmd),
             host_config={k: v for k, v in c.host_config.items() if not k.startswith("_")},
             logs=tuple(line for _, _, line in c.logs),
+            hard_limit_mb=c.hard_limit_mb,
+            paused=c.paused,
+            sm_utilization=proc.sm_raw if proc else None,
+            memory_utilization=proc.mem_raw if proc else None,
         )
 
     @property

@@ -21,7 +21,15 @@ from . import catalog
 from .catalog import GpuModel, MigProfile, NodeSpec
 
 PROFILES = ("steady", "ramp", "leak", "burst", "oom", "idle")
+# Profiles that size themselves to the framework cap (GPUPLATFORM_VRAM_LIMIT_MB, the XLA
+# fraction...): a serving engine sizing its cache, PyTorch's per-process memory fraction.
+# The others (a leak, a ramp, a burst) allocate regardless: only a hard limit (a MIG device,
+# the quota library) or a full card stops them, with a CUDA OOM. GPUPLATFORM_EMULATOR_
+# COOPERATIVE=0/1 overrides the profile's default.
+COOPERATIVE_PROFILES = ("steady", "idle", "oom")
 ENV_PREFIX = "GPUPLATFORM_EMULATOR_"
+# What an uncaught torch.OutOfMemoryError exits with (a Python exception, not a signal).
+CUDA_OOM_EXIT = 1
 
 
 class Clock:
@@ -92,6 +100,7 @@ class Workload:
     exit_code: int = 0
     speed: float = 1.0
     unknown_profile: str | None = None
+    cooperative: bool = True  # honours the framework cap (see COOPERATIVE_PROFILES)
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> Workload:
@@ -110,6 +119,10 @@ class Workload:
         d = _PROFILE_DEFAULTS[profile]
         base = _num(env, "MB", d["mb"]) or 0.0
         peak = _num(env, "PEAK_MB", base * 4 if profile == "ramp" else None)
+        coop_raw = env.get(ENV_PREFIX + "COOPERATIVE", "").strip().lower()
+        cooperative = (
+            coop_raw in ("1", "true", "yes", "on") if coop_raw else profile in COOPERATIVE_PROFILES
+        )
         return cls(
             profile=profile,
             base_mb=max(0.0, base),
@@ -124,6 +137,7 @@ class Workload:
             exit_code=int(_num(env, "EXIT_CODE", 0) or 0),
             speed=_num(env, "SPEED", 1.0) or 1.0,
             unknown_profile=None if raw in PROFILES else raw,
+            cooperative=cooperative,
         )
 
     def in_burst(self, t: float) -> bool:
@@ -224,9 +238,13 @@ class Container:
     gpu_request: str | None  # the raw --gpus value
     device: tuple[int, int | None] | None = None  # (gpu index, mig index)
     workload: Workload | None = None
-    limit_mb: float | None = None
+    limit_mb: float | None = None  # the tightest cap it was given, enforced or not
     limit_source: str | None = None
-    status: str = "created"  # created | running | exited
+    hard_limit_mb: float | None = None  # what stops any allocation: MIG, the quota library
+    status: str = "created"  # created | running | exited (paused: running + `paused`)
+    paused: bool = False
+    paused_at: float | None = None  # emulated time of the current pause
+    paused_s: float = 0.0  # emulated seconds spent paused in earlier pauses
     started: float | None = None
     finished: float | None = None
     exit_code: int = 0
@@ -249,7 +267,28 @@ class Container:
 
     @property
     def running(self) -> bool:
+        """Docker's State.Running: a paused container is still running (and holds its
+        memory)."""
         return self.status == "running"
+
+    @property
+    def state(self) -> str:
+        """Docker's State.Status: created | running | paused | exited."""
+        return "paused" if self.paused and self.running else self.status
+
+    def run_s(self, now: float) -> float:
+        """Emulated wall seconds the workload has run (paused time excluded)."""
+        if self.started is None:
+            return 0.0
+        held = self.paused_s
+        if self.paused and self.paused_at is not None:
+            held += now - self.paused_at
+        return max(0.0, now - self.started - held)
+
+    def wall_time(self, run_s: float) -> float:
+        """The emulated time at which the workload will have run `run_s` seconds (while
+        it is not paused again)."""
+        return (self.started or 0.0) + self.paused_s + run_s
 
     def log(self, t: float, stream: str, text: str) -> None:
         for line in text.splitlines():
@@ -588,7 +627,9 @@ class NodeState:
         matches = [c for cid, c in self.containers.items() if cid.startswith(ref.lower())]
         return matches[0] if len(matches) == 1 else None
 
-    def effective_limit(self, c: Container) -> tuple[float | None, str | None]:
+    def _limits(self, c: Container) -> list[tuple[float, str]]:
+        """Every VRAM cap the container was given: (MiB, "mig" | "framework" |
+        "quota-library")."""
         env = c.env_dict
         limits: list[tuple[float, str]] = []
         if c.device is not None:
@@ -599,15 +640,32 @@ class NodeState:
         if fw:
             with contextlib.suppress(ValueError):
                 limits.append((float(fw), "framework"))
-        if self.quota_library:
+        if self._quota_library_loaded(env):
             for key in ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT_0"):
                 if key in env:
                     mb = parse_size_mb(env[key])
                     if mb is not None:
                         limits.append((mb, "quota-library"))
-        if not limits:
-            return None, None
-        return min(limits)
+        return limits
+
+    def _quota_library_loaded(self, env: dict[str, str]) -> bool:
+        """The node's quota library intercepts CUDA only when it is preloaded
+        (LD_PRELOAD names it; the separator is a colon or a space)."""
+        if not self.quota_library:
+            return False
+        preload = env.get("LD_PRELOAD", "").replace(":", " ").split()
+        return self.quota_library in preload
+
+    def effective_limit(self, c: Container) -> tuple[float | None, str | None]:
+        """The tightest cap the container was given, enforced or advisory."""
+        limits = self._limits(c)
+        return min(limits) if limits else (None, None)
+
+    def hard_limit(self, c: Container) -> float | None:
+        """The cap that stops any allocation: a MIG device's size or the quota library's
+        limit. The framework cap is advisory: only cooperative code honours it."""
+        hard = [mb for mb, source in self._limits(c) if source != "framework"]
+        return min(hard) if hard else None
 
     def start_container(self, c: Container) -> None:
         now = self.clock.now()
@@ -619,7 +677,10 @@ class NodeState:
         c.error = ""
         c.pid = self.new_pid()
         c.quota_hit_logged = False
+        c.paused, c.paused_at, c.paused_s = False, None, 0.0
+        c.used_mb = 0
         c.limit_mb, c.limit_source = self.effective_limit(c)
+        c.hard_limit_mb = self.hard_limit(c)
         if c.device is not None:
             c.workload = Workload.from_env(c.env_dict)
             w = c.workload
@@ -634,7 +695,13 @@ class NodeState:
                 "stdout",
                 f"[emulator] workload profile={w.profile} base={int(w.base_mb)}MiB "
                 f"device={target} quota="
-                + (f"{int(c.limit_mb)}MiB ({c.limit_source})" if c.limit_mb else "none"),
+                + (f"{int(c.limit_mb)}MiB ({c.limit_source})" if c.limit_mb else "none")
+                + (
+                    f" enforced={int(c.hard_limit_mb)}MiB"
+                    if c.hard_limit_mb is not None
+                    else " enforced=none"
+                )
+                + ("" if w.cooperative else " cooperative=no"),
             )
             if gpu.mig_enabled and c.device[1] is None:
                 self._exit(
@@ -663,12 +730,38 @@ class NodeState:
         c.oom_killed = oom_killed
         c.pid = 0
         c.used_mb = 0
+        c.paused, c.paused_at = False, None
 
     def stop_container(self, c: Container, code: int = 137, why: str = "stopped") -> None:
         if c.running:
             self.refresh()
             if c.running:
                 self._exit(c, self.clock.now(), code)
+
+    def pause_container(self, c: Container) -> str:
+        """`docker pause`: the processes are frozen (cgroup freezer): they keep their
+        memory, compute nothing, and the workload's clock stops. Returns docker's error
+        text, "" when done."""
+        with self.lock:
+            self.refresh()
+            if not c.running:
+                return f"Container {c.id} is not running"
+            if c.paused:
+                return f"Container {c.id} is already paused"
+            c.paused, c.paused_at = True, self.clock.now()
+            self.refresh()
+            return ""
+
+    def unpause_container(self, c: Container) -> str:
+        with self.lock:
+            self.refresh()
+            if not c.paused or not c.running:
+                return f"Container {c.id} is not paused"
+            now = self.clock.now()
+            c.paused_s += now - (c.paused_at if c.paused_at is not None else now)
+            c.paused, c.paused_at = False, None
+            self.refresh()
+            return ""
 
     def _cuda_oom_text(self, c: Container, gpu: GpuState, want: float, free: float) -> str:
         total = (
@@ -689,25 +782,51 @@ class NodeState:
             f"{c.used_mb * 0.07:.2f} MiB is reserved by PyTorch but unallocated."
         )
 
+    def _cuda_oom(self, c: Container, at: float, held: float, want: float, free: float) -> None:
+        """The workload's allocation failed: torch raises OutOfMemoryError, uncaught.
+        The "oom" profile keeps its historical exit 137; any other exits 1, as Python
+        does on an uncaught exception."""
+        gpu = self.gpus[c.device[0]]  # type: ignore[index]
+        c.used_mb = int(held)
+        w = c.workload
+        code = 137 if w is not None and w.profile == "oom" else CUDA_OOM_EXIT
+        self._exit(c, at, code, stream_text=self._cuda_oom_text(c, gpu, want, free))
+
+    def _cap_for(self, c: Container) -> float | None:
+        """The limit a workload's allocations run into before the card's own size: every
+        cap for a cooperative workload, only the hard one for the others."""
+        w = c.workload
+        if w is not None and not w.cooperative:
+            return c.hard_limit_mb
+        return c.limit_mb
+
     def refresh(self) -> None:
-        """Bring containers and GPU processes up to the clock's now."""
+        """Bring containers and GPU processes up to the clock's now.
+
+        Memory already held stays held: a container's growth comes out of what is free
+        on its device, first come first served, and never out of a neighbour. A workload
+        that cannot get what it wants dies with a CUDA OOM (or, when it is cooperative,
+        holds at its cap)."""
         with self.lock:
             now = self.clock.now()
             running = sorted(
                 (c for c in self.containers.values() if c.running and c.workload is not None),
                 key=lambda c: (c.started or 0.0, c.id),
             )
-            # 1. time-determined exits (exit-after, OOM at the quota)
+            # 1. time-determined exits (exit-after; OOM when the demand crosses the cap)
             for c in running:
                 w = c.workload
                 assert w is not None and c.started is not None
+                if c.paused:
+                    continue  # frozen: its clock does not move
                 candidates: list[tuple[float, str]] = []
                 if w.exit_after_s is not None:
-                    candidates.append((c.started + w.exit_after_s / w.speed, "exit"))
-                if w.profile == "oom" and c.limit_mb is not None:
-                    t = w.crossing(c.limit_mb)
+                    candidates.append((c.wall_time(w.exit_after_s / w.speed), "exit"))
+                cap = self._cap_for(c)
+                if cap is not None and (w.profile == "oom" or not w.cooperative):
+                    t = w.crossing(cap)
                     if t is not None:
-                        candidates.append((c.started + t / w.speed, "oom"))
+                        candidates.append((c.wall_time(t / w.speed), "oom"))
                 due = [x for x in candidates if x[0] <= now]
                 if not due:
                     continue
@@ -716,11 +835,9 @@ class NodeState:
                     c.log(at, "stdout", "[emulator] workload finished")
                     self._exit(c, at, w.exit_code)
                 else:
-                    gpu = self.gpus[c.device[0]]  # type: ignore[index]
-                    c.used_mb = int(c.limit_mb or 0)
-                    text = self._cuda_oom_text(c, gpu, c.limit_mb + 1, 0)  # type: ignore[operator]
-                    self._exit(c, at, 137, stream_text=text)
-            # 2. memory on each device, first come first served
+                    assert cap is not None
+                    self._cuda_oom(c, at, cap, cap + 1, 0)
+            # 2. memory on each device
             remaining: dict[tuple[int, int | None], float] = {}
             for gpu in self.gpus:
                 if gpu.mig_enabled:
@@ -730,26 +847,51 @@ class NodeState:
             procs: list[GpuProcess] = []
             for hp in self.host_processes.values():
                 key = (hp.gpu_index, None)
-                hp.used_mb = int(min(hp.used_mb, remaining[key]))
+                hp.used_mb = int(max(0.0, min(hp.used_mb, remaining[key])))
                 remaining[key] -= hp.used_mb
                 procs.append(hp)
-            for c in running:
-                if not c.running:
-                    continue
+
+            def free_for(dev: tuple[int, int | None]) -> float:
+                if dev[1] is None:
+                    return remaining[dev]
+                return min(remaining[dev], remaining[(dev[0], None)])
+
+            def take(dev: tuple[int, int | None], mb: float) -> None:
+                remaining[dev] -= mb
+                if dev[1] is not None:  # a MIG device's memory also comes out of the card
+                    remaining[(dev[0], None)] -= mb
+
+            live = [c for c in running if c.running]
+            wants: dict[str, tuple[float, float]] = {}  # id -> (workload t, demand)
+            held: dict[str, float] = {}
+            # 2a. what each container already holds (up to what it still wants) stays its own
+            for c in live:
+                w = c.workload
+                assert w is not None and c.device is not None
+                t = c.run_s(now) * w.speed
+                want = w.demand(t)
+                wants[c.id] = (t, want)
+                keep = max(0.0, min(want, float(c.used_mb), free_for(c.device)))
+                held[c.id] = keep
+                take(c.device, keep)
+            # 2b. growth, in start order, from what is free
+            for c in live:
                 w = c.workload
                 assert w is not None and c.device is not None and c.started is not None
                 gpu = self.gpus[c.device[0]]
-                t = max(0.0, (now - c.started) * w.speed)
-                want = w.demand(t)
+                t, want = wants[c.id]
                 dev_key = c.device
-                physical = remaining[dev_key]
-                if dev_key[1] is not None:  # a MIG slice also comes out of the card
-                    physical = min(physical, remaining[(dev_key[0], None)])
-                cap = physical if c.limit_mb is None else min(physical, c.limit_mb)
+                physical = held[c.id] + free_for(dev_key)
+                limit = self._cap_for(c)
+                cap = physical if limit is None else min(physical, limit)
                 if want > cap:
-                    if w.profile == "oom":
-                        c.used_mb = int(cap)
-                        self._exit(c, now, 137, stream_text=self._cuda_oom_text(c, gpu, want, cap))
+                    if w.profile == "oom" or not w.cooperative:
+                        take(dev_key, -held[c.id])  # its memory is freed at once
+                        at = now
+                        crossing = w.crossing(cap) if not c.paused else None
+                        if crossing is not None:
+                            at = min(now, max(c.started, c.wall_time(crossing / w.speed)))
+                        self._cuda_oom(c, at, cap, want, physical - cap)
                         continue
                     if not c.quota_hit_logged:
                         c.quota_hit_logged = True
@@ -761,7 +903,7 @@ class NodeState:
                                 f"(wanted {int(want)} MiB): "
                                 + (
                                     "VRAM quota"
-                                    if c.limit_mb is not None and cap >= c.limit_mb
+                                    if limit is not None and cap >= limit
                                     else "device memory exhausted"
                                 )
                                 + ", holding"
@@ -770,10 +912,8 @@ class NodeState:
                     want = cap
                 used = int(want)
                 c.used_mb = used
-                remaining[dev_key] -= used
-                if dev_key[1] is not None:
-                    remaining[(dev_key[0], None)] -= used
-                sm, mem = w.util(t)
+                take(dev_key, used - held[c.id])
+                sm, mem = (0, 0) if c.paused else w.util(t)
                 if gpu.mig_enabled:  # per-process utilisation is not reported in MIG mode
                     sm_v, mem_v = None, None
                 else:

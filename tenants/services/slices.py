@@ -711,8 +711,8 @@ def slice_stop(
     """Stop (or cancel) a slice; metering ends now. Stopping a stopped slice is a no-op.
 
     Tenants need write access; `force` (ops) kills the container without a grace period."""
-    if force and not getattr(actor, "is_staff", False):
-        raise NotAllowed("Only ops can force-stop a slice.")
+    if force and actor is not None and not getattr(actor, "is_staff", False):
+        raise NotAllowed("Only ops can force-stop a slice.")  # (None: the watchdog)
     slice = _lock(slice.pk)
     if actor is not None and not getattr(actor, "is_staff", False):
         membership = Membership.objects.filter(user=actor, tenant=slice.tenant).first()

@@ -431,8 +431,18 @@ def test_container_vram_follows_its_profile(ssh, node, fleet) -> None:  # type: 
         "GPUPLATFORM_EMULATOR_RATE_MB_PER_MIN=100",
     )
     idle = docker_run(ssh, g1, "GPUPLATFORM_EMULATOR_PROFILE=idle", "GPUPLATFORM_EMULATOR_MB=2048")
-    # a leak capped by the slice's quota holds at the quota
+    # cooperative code (a serving engine sizing its cache) holds at the framework cap ...
     capped = docker_run(
+        ssh,
+        g1,
+        "GPUPLATFORM_EMULATOR_PROFILE=leak",
+        "GPUPLATFORM_EMULATOR_COOPERATIVE=1",
+        "GPUPLATFORM_EMULATOR_MB=3000",
+        "GPUPLATFORM_EMULATOR_RATE_MB_PER_MIN=1000",
+        "GPUPLATFORM_VRAM_LIMIT_MB=4096",
+    )
+    # ... a leak does not: the framework cap is advisory, only a hard limit stops it
+    advisory = docker_run(
         ssh,
         g1,
         "GPUPLATFORM_EMULATOR_PROFILE=leak",
@@ -446,6 +456,7 @@ def test_container_vram_follows_its_profile(ssh, node, fleet) -> None:  # type: 
     doc = sample(ssh)
     assert 2150 <= proc_mb(doc, ramp) <= 2300 and 690 <= proc_mb(doc, leak) <= 720
     assert proc_mb(doc, capped) == 4096
+    assert 5000 <= proc_mb(doc, advisory) <= 5100
     idle_proc = next(p for p in doc["processes"] if p["container_id"] == idle)
     assert idle_proc["used_memory_mb"] == 2048 and idle_proc["sm_utilization"] == 0
     fleet.advance(600)
@@ -453,8 +464,11 @@ def test_container_vram_follows_its_profile(ssh, node, fleet) -> None:  # type: 
     assert proc_mb(doc, ramp) == 4000  # its peak
     assert proc_mb(doc, leak) >= 1700  # still growing
     assert proc_mb(doc, capped) == 4096
+    assert proc_mb(doc, advisory) >= 15000  # far past its 4096 MiB framework cap
     assert doc["gpus"][0]["memory_used_mb"] == proc_mb(doc, ramp) + proc_mb(doc, leak)
     assert "refused" in "\n".join(node.container(capped).logs)  # type: ignore[union-attr]
+    info = node.container(advisory)
+    assert info is not None and info.limit_source == "framework" and info.hard_limit_mb is None
 
 
 def test_oom_profile_exits_137_at_the_quota(ssh, node, fleet) -> None:  # type: ignore[no-untyped-def]
@@ -464,7 +478,8 @@ def test_oom_profile_exits_137_at_the_quota(ssh, node, fleet) -> None:  # type: 
         "GPUPLATFORM_EMULATOR_PROFILE=oom",
         "GPUPLATFORM_EMULATOR_MB=2048",
         "GPUPLATFORM_EMULATOR_RATE_MB_PER_MIN=1024",
-        "CUDA_DEVICE_MEMORY_LIMIT=4096m",  # the software quota library's variable
+        "CUDA_DEVICE_MEMORY_LIMIT=4096m",  # the software quota library's variable ...
+        "LD_PRELOAD=/usr/lib/gpuplatform/libvramquota.so",  # ... read once it is preloaded
     )
     assert 2048 <= proc_mb(sample(ssh), cid) < 2100
     fleet.advance(60)
@@ -503,6 +518,132 @@ def test_quota_library_variable_needs_the_library() -> None:
         doc = json.loads(n.execute("python3 - --discover", SAMPLER).stdout)
         assert doc["capabilities"]["vram_quota_library"] is None
         assert doc["gpus"][0]["ecc_uncorrected_volatile"] is None  # GeForce: no ECC
+
+
+QUOTA_LIB = "/usr/lib/gpuplatform/libvramquota.so"
+
+
+def inspect_state(client: paramiko.SSHClient, ref: str) -> dict:
+    status, out, err = run(client, f"docker inspect --format '{{{{json .State}}}}' {ref}")
+    assert status == 0, err
+    return json.loads(out)
+
+
+def test_leak_under_the_quota_library_dies_alone_with_cuda_oom(ssh, node, fleet) -> None:  # type: ignore[no-untyped-def]
+    g0 = node.gpus[0].uuid
+    neighbour = docker_run(ssh, g0, "GPUPLATFORM_EMULATOR_MB=6000")
+    leak_env = (
+        "GPUPLATFORM_EMULATOR_PROFILE=leak",
+        "GPUPLATFORM_EMULATOR_MB=3000",
+        "GPUPLATFORM_EMULATOR_RATE_MB_PER_MIN=1000",
+        "GPUPLATFORM_VRAM_LIMIT_MB=4096",
+        "CUDA_DEVICE_MEMORY_LIMIT=4096m",
+    )
+    leak = docker_run(ssh, g0, *leak_env, f"LD_PRELOAD={QUOTA_LIB}")
+    unloaded = docker_run(ssh, g0, *leak_env)  # the variable alone: no library intercepts
+    info = node.container(leak)
+    assert info is not None and info.hard_limit_mb == 4096 == info.limit_mb
+    assert node.container(unloaded).hard_limit_mb is None  # type: ignore[union-attr]
+    fleet.advance(50)
+    assert 3800 <= proc_mb(sample(ssh), leak) < 4096
+    fleet.advance(30)  # 3000 MiB + 1000 MiB/min passes 4096 MiB at t=65.8 s
+    doc = sample(ssh)
+    assert all(p["container_id"] != leak for p in doc["processes"])
+    assert proc_mb(doc, neighbour) == 6000  # untouched
+    assert proc_mb(doc, unloaded) > 4096  # nothing stopped this one
+    state = inspect_state(ssh, leak)
+    # an uncaught torch.OutOfMemoryError: Python's exit 1, not the kernel's OOM killer
+    assert state["Status"] == "exited" and state["ExitCode"] == 1 and state["OOMKilled"] is False
+    _, _, err = run(ssh, f"docker logs --tail 5 {leak}")
+    assert "torch.OutOfMemoryError: CUDA out of memory" in err
+
+
+def test_leak_without_a_hard_limit_fills_the_card_and_dies_neighbours_keep_theirs(
+    ssh, node, fleet
+) -> None:  # type: ignore[no-untyped-def]
+    g1 = node.gpus[1].uuid  # an A30: 24576 MiB
+    leak = docker_run(
+        ssh,
+        g1,
+        "GPUPLATFORM_EMULATOR_PROFILE=leak",
+        "GPUPLATFORM_EMULATOR_MB=4000",
+        "GPUPLATFORM_EMULATOR_RATE_MB_PER_MIN=6000",
+        "GPUPLATFORM_VRAM_LIMIT_MB=8192",  # advisory
+    )
+    later = docker_run(ssh, g1, "GPUPLATFORM_EMULATOR_MB=12000")  # started after the leak
+    assert proc_mb(sample(ssh), later) == 12000
+    fleet.advance(60)
+    doc = sample(ssh)
+    assert 10000 <= proc_mb(doc, leak) < 10200 and proc_mb(doc, later) == 12000
+    fleet.advance(60)  # it wants 16000 MiB; 12576 MiB is all the card has left
+    doc = sample(ssh)
+    assert all(p["container_id"] != leak for p in doc["processes"])
+    assert proc_mb(doc, later) == 12000  # never shrunk to make room
+    assert doc["gpus"][1]["memory_used_mb"] == 12000
+    state = inspect_state(ssh, leak)
+    assert state["Status"] == "exited" and state["ExitCode"] == 1
+    _, _, err = run(ssh, f"docker logs {leak}")
+    assert "CUDA out of memory" in err
+
+
+def test_pause_keeps_memory_stops_compute_and_the_workload_clock(ssh, node, fleet) -> None:  # type: ignore[no-untyped-def]
+    cid = docker_run(
+        ssh,
+        node.gpus[0].uuid,
+        "GPUPLATFORM_EMULATOR_PROFILE=leak",
+        "GPUPLATFORM_EMULATOR_MB=2000",
+        "GPUPLATFORM_EMULATOR_RATE_MB_PER_MIN=600",
+        "GPUPLATFORM_EMULATOR_SM_UTIL=80",
+        "EMULATOR_MEM_UTIL=75",  # a tenant's own knob: a memory-bandwidth hog
+        name="hog",
+    )
+
+    def proc() -> dict:
+        doc = sample(ssh)
+        return next(p for p in doc["processes"] if p["container_id"] == cid) | {
+            "gpu": doc["gpus"][0]
+        }
+
+    p = proc()
+    assert (p["sm_utilization"], p["memory_utilization"]) == (80, 75)
+    assert run(ssh, "docker pause hog") == (0, "hog\n", "")
+    fleet.advance(60)
+    p = proc()
+    assert 2000 <= p["used_memory_mb"] < 2030  # kept its memory; did not grow
+    assert (p["sm_utilization"], p["memory_utilization"]) == (0, 0)
+    assert p["gpu"]["utilization_gpu"] == 0 and p["gpu"]["utilization_memory"] == 0
+    state = inspect_state(ssh, cid)
+    assert (state["Status"], state["Running"], state["Paused"]) == ("paused", True, True)
+    _, out, _ = run(ssh, "docker ps --format '{{.State}}|{{.Status}}'")
+    assert out == "paused|Up About a minute (Paused)\n"
+    assert run(ssh, "docker pause hog") == (
+        1,
+        "",
+        f"Error response from daemon: Container {cid} is already paused\n",
+    )
+    assert run(ssh, "docker unpause hog")[:2] == (0, "hog\n")
+    fleet.advance(60)
+    p = proc()
+    assert 2600 <= p["used_memory_mb"] < 2640 and p["sm_utilization"] == 80  # one minute on
+    assert inspect_state(ssh, cid)["Paused"] is False
+    assert run(ssh, "docker unpause hog") == (
+        1,
+        "",
+        f"Error response from daemon: Container {cid} is not paused\n",
+    )
+    assert run(ssh, "docker pause nope") == (
+        1,
+        "",
+        "Error response from daemon: No such container: nope\n",
+    )
+    run(ssh, "docker pause hog")
+    assert run(ssh, "docker stop hog")[0] == 0  # a paused container can be stopped
+    assert inspect_state(ssh, cid)["Status"] == "exited"
+    assert run(ssh, "docker pause hog") == (
+        1,
+        "",
+        f"Error response from daemon: Container {cid} is not running\n",
+    )
 
 
 # --- the shell and its audit log

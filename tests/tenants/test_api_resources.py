@@ -204,3 +204,50 @@ class TestOpsTenantsApi:
             api_a.post(url, {"status": "suspended", "reason": "x"}, format="json").status_code
             == 403
         )
+
+
+# --- incidents (issue 6): a tenant's view of incidents about its slices, its webhooks ----------
+
+
+def _incident(membership):  # type: ignore[no-untyped-def]
+    from incidents import services as incident_services
+    from incidents.rules import APP_PARAMETERS, CRITICAL, STOP_SLICE, Finding
+
+    slice = _slice(membership)
+    finding = Finding(
+        rule="quota_breach",
+        target=f"slice:{slice.pk}",
+        severity=CRITICAL,
+        root_cause=APP_PARAMETERS,
+        title=f"Slice {slice.pk} over its VRAM quota",
+        slice_id=slice.pk,
+        tenant_id=membership.tenant_id,
+        action=STOP_SLICE,
+    )
+    incident, _ = incident_services.incident_record(finding=finding, now=timezone.now())
+    return incident
+
+
+class TestIncidentsApi(ApiResourceContract):
+    list_url = "/api/v1/incidents/"
+    filters = {
+        "status": ("unresolved", "resolved"),
+        "severity": ("critical", "info"),
+        "root_cause": ("app_parameters", "hardware"),
+        "search": ("VRAM quota", "zzz-nothing"),
+    }
+
+    def make(self, membership):  # type: ignore[no-untyped-def]
+        return _incident(membership)
+
+
+class TestWebhooksApi(ApiResourceContract):
+    list_url = "/api/v1/webhooks/"
+    filters = {"is_active": ("true", "false"), "search": ("alpha-hooks", "zzz-nothing")}
+
+    def make(self, membership):  # type: ignore[no-untyped-def]
+        from incidents.models import WebhookEndpoint
+
+        return WebhookEndpoint.objects.create(
+            tenant=membership.tenant, url="https://alpha-hooks.example.com/in", secret="s" * 43
+        )

@@ -10,6 +10,7 @@ import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
+from incidents.models import Incident, WebhookEndpoint
 from tenants import services
 from tenants.models import (
     ApiToken,
@@ -60,7 +61,21 @@ def b_objects(owner_b, ops_user):  # type: ignore[no-untyped-def]
         period_start=now - timedelta(minutes=1),
         period_end=now,
     )
+    incident = Incident.objects.create(  # about B's slice: only B's members see it
+        rule="quota_breach",
+        target_key=f"slice:{slice.pk}",
+        title=f"Slice {slice.pk} over its VRAM quota",
+        tenant=owner_b.tenant,
+        slice=slice,
+        first_seen_at=now,
+        last_seen_at=now,
+    )
+    webhook = WebhookEndpoint.objects.create(
+        tenant=owner_b.tenant, url="https://hooks.beta.test/in", secret="b-secret"
+    )
     return {
+        "incident": incident,
+        "webhook": webhook,
         "token": token,
         "member": member,
         "invitation": invitation,
@@ -81,6 +96,7 @@ PAGE_ROUTES = [
     ("post", "/account/members/{pk}/remove/", "member"),
     ("get", "/slices/{pk}/", "slice"),
     ("post", "/slices/{pk}/stop/", "slice"),
+    ("get", "/incidents/{pk}/", "incident"),
 ]
 API_ROUTES = [
     ("get", "/api/v1/tokens/{pk}/", "token"),
@@ -93,6 +109,10 @@ API_ROUTES = [
     ("get", "/api/v1/slices/{pk}/vram/", "slice"),
     ("get", "/api/v1/ledger/{pk}/", "ledger"),
     ("get", "/api/v1/usage/{pk}/", "usage"),
+    ("get", "/api/v1/incidents/{pk}/", "incident"),
+    ("get", "/api/v1/webhooks/{pk}/", "webhook"),
+    ("get", "/api/v1/webhooks/{pk}/deliveries/", "webhook"),
+    ("delete", "/api/v1/webhooks/{pk}/", "webhook"),
 ]
 # Routes with an id that are not tenant-scoped, and why.
 NOT_TENANT_SCOPED = {
@@ -100,7 +120,14 @@ NOT_TENANT_SCOPED = {
     "api:image-detail": "the image allowlist is the same for every tenant",
 }
 # Ops-only routes: a tenant member is refused whatever the id (checked below).
-OPS_ONLY_PREFIXES = ("api:ops-", "api:node-", "api:gpu-", "nodes:", "tenants:ops_")
+OPS_ONLY_PREFIXES = (
+    "api:ops-",
+    "api:node-",
+    "api:gpu-",
+    "nodes:",
+    "tenants:ops_",
+    "incidents:ops_",
+)
 
 
 def _snapshot(objs):  # type: ignore[no-untyped-def]
@@ -115,6 +142,7 @@ def _snapshot(objs):  # type: ignore[no-untyped-def]
         LedgerEntry.objects.filter(tenant=objs["owner"].tenant).count(),
         Purchase.objects.values_list("minutes_left", "refunded_at").get(pk=objs["purchase"].pk),
         Slice.objects.values_list("state", "state_reason").get(pk=objs["slice"].pk),
+        WebhookEndpoint.objects.get(pk=objs["webhook"].pk).is_active,
     )
 
 

@@ -8,7 +8,6 @@ import pytest
 from django.core import mail
 from django.utils import timezone
 
-from gpuplatform.celery import app
 from nodes.emulator.catalog import GpuSpec, NodeSpec
 from nodes.models import Allocation, ContainerEvent, Gpu
 from tenants import services
@@ -16,15 +15,6 @@ from tenants.models import LedgerEntry, Slice, UsageRecord
 from tests.conftest import SMALL_MODEL, SSH_KEY
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def eager():  # type: ignore[no-untyped-def]
-    app.conf.task_always_eager = True
-    app.conf.task_eager_propagates = True
-    yield
-    app.conf.task_always_eager = False
-    app.conf.task_eager_propagates = False
 
 
 def launch(membership, purchase, image, **kw):  # type: ignore[no-untyped-def]

@@ -18,15 +18,6 @@ from tests.conftest import SMALL_MODEL, SSH_KEY
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def eager():  # type: ignore[no-untyped-def]
-    app.conf.task_always_eager = True
-    app.conf.task_eager_propagates = True
-    yield
-    app.conf.task_always_eager = False
-    app.conf.task_eager_propagates = False
-
-
 def launch(membership, purchase, image, **kw):  # type: ignore[no-untyped-def]
     slice, _ = services.slice_launch(
         membership=membership,

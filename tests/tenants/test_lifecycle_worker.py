@@ -9,145 +9,38 @@ emulator's authorisation."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
-import uuid
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-from django.conf import settings
 
-from gpuplatform.celery import app
 from nodes import services as node_services
 from nodes.models import Allocation, Gpu, ProcessSample
 from tenants import selectors, services, tasks
 from tenants.models import Slice, UsageRecord
 from tests.conftest import SMALL_MODEL, SSH_KEY
+from tests.worker_harness import broker_on, wait_for, workers_for
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKER_REDIS_DB = 7
 OWNER_LABEL = "gpuplatform.owner"
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 
-def wait_for(predicate, timeout: float = 30.0, interval: float = 0.1):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
-
-
-def _redis_url(db: int) -> str:
-    parts = urlsplit(settings.REDIS_URL)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, ""))
-
-
-def _reset_producer_pools() -> None:
-    app._pool = None
-    app.amqp._producer_pool = None
-
-
 @pytest.fixture
 def broker():  # type: ignore[no-untyped-def]
-    """This process publishes to the worker's own Redis database, emptied first."""
-    if not settings.CELERY_BROKER_URL.startswith("redis"):
-        pytest.skip("set REDIS_URL (make test does) to run the worker on Redis")
-    url = _redis_url(WORKER_REDIS_DB)
-    before = app.conf.broker_url
-    app.conf.broker_url = url
-    _reset_producer_pools()
-
-    def clear() -> None:
-        app.control.purge()
-        with app.connection_for_write() as conn:
-            client = conn.default_channel.client
-            # acks_late messages of a killed worker wait here for redelivery: drop them
-            client.delete("unacked", "unacked_index", "unacked_mutex")
-
-    clear()
-    yield url
-    clear()
-    app.conf.broker_url = before
-    _reset_producer_pools()
+    yield from broker_on(WORKER_REDIS_DB)
 
 
 @pytest.fixture
 def workers(broker, tmp_path):  # type: ignore[no-untyped-def]
-    """start() runs a Celery worker process on the default and provision queues, with
-    this test's database, broker and platform SSH key; returns (process, log path).
-    Start it after the fleet: the fleet fixture makes the key the worker must use."""
-    db = settings.DATABASES["default"]
-    if not db["ENGINE"].endswith("postgresql"):
-        pytest.skip("the worker tests need PostgreSQL")
-    database_url = (
-        f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    yield from workers_for(
+        broker,
+        tmp_path,
+        queues="default,provision",
+        name="lifecycle",
+        env={"GPUPLATFORM_PROVISION_TIMEOUT": "2"},
     )
-    mail_dir = tmp_path / "mail"
-    mail_dir.mkdir()
-    started: list[subprocess.Popen] = []
-
-    def start():  # type: ignore[no-untyped-def]
-        log = tmp_path / f"worker{len(started)}.log"
-        env = {
-            **os.environ,
-            "DATABASE_URL": database_url,
-            "REDIS_URL": broker,
-            "EMAIL_URL": f"filemail:///{mail_dir}",
-            "DJANGO_SETTINGS_MODULE": "gpuplatform.settings",
-            "GPUPLATFORM_SSH_KEY_PATH": str(settings.NODES_SSH_KEY_PATH),
-            "GPUPLATFORM_CONTAINER_SETTLE_S": "0.05",
-            "GPUPLATFORM_PROVISION_TIMEOUT": "2",
-        }
-        proc = subprocess.Popen(  # noqa: S603
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "gpuplatform",
-                "worker",
-                "-Q",
-                "default,provision",
-                "-P",
-                "solo",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-                "-n",
-                f"lifecycle-{uuid.uuid4().hex[:8]}@%h",
-                "--loglevel",
-                "INFO",
-                "--logfile",
-                str(log),
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
-        )
-        started.append(proc)
-        ready = wait_for(lambda: log.exists() and "ready." in log.read_text(), timeout=60)
-        assert ready, log.read_text() if log.exists() else "the worker wrote no log"
-        return proc, log
-
-    yield start
-    for proc in started:
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in started:
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def launch(membership, purchase, image):  # type: ignore[no-untyped-def]

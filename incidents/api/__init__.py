@@ -1,0 +1,1 @@
+"""REST API of the incident ledger: incidents, watchdog thresholds and webhooks."""

@@ -1,0 +1,241 @@
+"""Incidents API: the ledger (ops: everything; a tenant: incidents about their own
+slices, in plain words), the ops actions on it, the watchdog's thresholds, and webhook
+endpoints (a tenant owner's own; ops' for every incident).
+
+Reads go through incidents.selectors (a tenant's queryset is scoped there, so another
+tenant's incident is a 404); each action calls one service, whose errors become
+400/403/409 in gpuplatform/api/errors.py.
+"""
+
+import secrets
+
+from django.db import transaction
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from gpuplatform.api.permissions import IsOps
+from gpuplatform.errors import Conflict
+from incidents import selectors, services
+from incidents.models import Incident, WebhookEndpoint
+from tenants.models import Tenant
+from tenants.permissions import IsTenantMember
+
+from . import filters
+from . import serializers as s
+
+# Each incident is POSTed to every active endpoint of its tenant: keep the fan-out small.
+MAX_ACTIVE_WEBHOOKS = 5
+
+
+def _is_ops(request) -> bool:  # type: ignore[no-untyped-def]
+    return bool(getattr(request.user, "is_staff", False))
+
+
+class IsOpsOrTenantMember(IsTenantMember):
+    """Ops read everything; anyone else must belong to a tenant (sets request.membership)."""
+
+    def has_permission(self, request, view) -> bool:  # type: ignore[no-untyped-def]
+        if _is_ops(request):
+            request.membership = None
+            return True
+        return super().has_permission(request, view)
+
+
+class IsOpsOrTenantOwner(IsOpsOrTenantMember):
+    """Webhook endpoints: ops manage theirs, a tenant's owner manages the tenant's."""
+
+    def has_permission(self, request, view) -> bool:  # type: ignore[no-untyped-def]
+        if not super().has_permission(request, view):
+            return False
+        membership = request.membership
+        if membership is not None and not membership.can_manage:
+            self.message = "Only the tenant's owner manages its webhooks."
+            return False
+        return True
+
+
+class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Incidents. Ops see the whole ledger, with filters by status (`unresolved` for
+    every one not resolved), severity, class, rule, node, GPU, tenant and time. A tenant
+    member sees only the incidents about their own slices, reduced to the slice, what
+    happened and what to change (`explanation`); their filters are status, severity,
+    class, slice and time. Acknowledge, resolve and reopen are for ops."""
+
+    permission_classes = [IsAuthenticated, IsOpsOrTenantMember]
+    ordering_fields = ["last_seen_at", "first_seen_at", "occurrences", "severity_rank", "id"]
+
+    @property
+    def _ops_view(self) -> bool:
+        # The schema documents the ops shape: it is a superset of the tenant's.
+        return getattr(self, "swagger_fake_view", False) or _is_ops(self.request)
+
+    @property
+    def filterset_class(self):  # type: ignore[no-untyped-def]
+        return filters.OpsIncidentFilter if self._ops_view else filters.TenantIncidentFilter
+
+    @property
+    def search_fields(self) -> list[str]:
+        if self._ops_view:
+            return ["title", "target_key", "tenant__name", "resolution_note"]
+        return ["title"]
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        if getattr(self, "swagger_fake_view", False):
+            return Incident.objects.none()
+        if _is_ops(self.request):
+            return selectors.incident_list().select_related("acknowledged_by", "resolved_by")
+        membership = getattr(self.request, "membership", None)
+        if membership is None:  # never the unscoped ledger for a non-ops caller
+            return Incident.objects.none()
+        return selectors.incident_list(tenant=membership.tenant)
+
+    def get_serializer_class(self):  # type: ignore[no-untyped-def]
+        if not self._ops_view:
+            return s.TenantIncidentSerializer
+        return s.OpsIncidentSerializer if self.action == "list" else s.OpsIncidentDetailSerializer
+
+    def _out(self, incident: Incident) -> Response:
+        fresh = self.get_queryset().get(pk=incident.pk)
+        return Response(s.OpsIncidentDetailSerializer(fresh).data)
+
+    @extend_schema(request=s.NoInputSerializer, responses=s.OpsIncidentDetailSerializer)
+    @action(detail=True, methods=["post"], permission_classes=[IsOps])
+    def acknowledge(self, request, pk=None):  # type: ignore[no-untyped-def]
+        """Ops: take the incident on (409 `resolved` when it is resolved: reopen it)."""
+        incident = self.get_object()
+        s.NoInputSerializer(data=request.data).is_valid(raise_exception=True)
+        return self._out(services.incident_acknowledge(incident=incident, actor=request.user))
+
+    @extend_schema(request=s.ResolveSerializer, responses=s.OpsIncidentDetailSerializer)
+    @action(detail=True, methods=["post"], permission_classes=[IsOps])
+    def resolve(self, request, pk=None):  # type: ignore[no-untyped-def]
+        """Ops: resolve with a note saying how (archived on the timeline)."""
+        incident = self.get_object()
+        data = s.ResolveSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        services.incident_resolve(incident=incident, actor=request.user, **data.validated_data)
+        return self._out(incident)
+
+    @extend_schema(request=s.ReopenSerializer, responses=s.OpsIncidentDetailSerializer)
+    @action(detail=True, methods=["post"], permission_classes=[IsOps])
+    def reopen(self, request, pk=None):  # type: ignore[no-untyped-def]
+        """Ops: reopen a resolved incident (409 `newer_incident_open` when the watchdog
+        has opened a newer one for the same rule and target)."""
+        incident = self.get_object()
+        data = s.ReopenSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        services.incident_reopen(incident=incident, actor=request.user, **data.validated_data)
+        return self._out(incident)
+
+    @extend_schema(
+        operation_id="incidents_acknowledge_many",
+        request=s.AcknowledgeManySerializer,
+        responses=s.AcknowledgedSerializer,
+    )
+    @action(
+        detail=False,
+        methods=["post"],
+        url_path="acknowledge",
+        url_name="acknowledge-many",
+        permission_classes=[IsOps],
+    )
+    def acknowledge_many(self, request):  # type: ignore[no-untyped-def]
+        """Ops: acknowledge many at once; resolved ones and unknown ids are skipped."""
+        data = s.AcknowledgeManySerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        done = services.incidents_acknowledge(ids=data.validated_data["ids"], actor=request.user)
+        return Response(s.AcknowledgedSerializer({"acknowledged": done}).data)
+
+
+class ThresholdsView(APIView):
+    """Ops: the watchdog's thresholds (DOMAIN.md's numbers by default). PATCH any subset;
+    the VRAM levels must stay ordered (0 < warning <= critical <= 100, placements resume
+    at or below critical), else 400 naming `thresholds`."""
+
+    permission_classes = [IsOps]
+
+    @extend_schema(responses=s.ThresholdsSerializer)
+    def get(self, request):  # type: ignore[no-untyped-def]
+        return Response(s.ThresholdsSerializer(selectors.thresholds()).data)
+
+    @extend_schema(request=s.ThresholdsUpdateSerializer, responses=s.ThresholdsSerializer)
+    def patch(self, request):  # type: ignore[no-untyped-def]
+        data = s.ThresholdsUpdateSerializer(data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        row = services.thresholds_update(actor=request.user, **data.validated_data)
+        return Response(s.ThresholdsSerializer(row).data)
+
+
+class WebhookEndpointViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Webhook endpoints that receive incident notifications, signed with HMAC-SHA256.
+    A tenant's owner manages the tenant's (they get the incidents about its slices,
+    without node, GPU or tenant ids); ops manage ops endpoints (every incident). The
+    secret is made here and shown once, by create. DELETE deactivates."""
+
+    permission_classes = [IsAuthenticated, IsOpsOrTenantOwner]
+    serializer_class = s.WebhookEndpointSerializer
+    filterset_class = filters.WebhookEndpointFilter
+    ordering_fields = ["created_at"]
+    search_fields = ["url"]
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        endpoints = WebhookEndpoint.objects.order_by("-created_at", "-id")
+        if _is_ops(self.request):
+            return endpoints.filter(tenant__isnull=True)
+        membership = getattr(self.request, "membership", None)
+        return endpoints.for_tenant(membership.tenant if membership else None)
+
+    @extend_schema(
+        request=s.WebhookEndpointCreateSerializer,
+        responses={201: s.WebhookEndpointCreatedSerializer},
+    )
+    def create(self, request):  # type: ignore[no-untyped-def]
+        membership = request.membership
+        tenant = membership.tenant if membership is not None else None
+        data = s.WebhookEndpointCreateSerializer(
+            data=request.data, context={"for_tenant": tenant is not None}
+        )
+        data.is_valid(raise_exception=True)
+        with transaction.atomic():
+            # No webhook service exists in incidents.services; this is the whole write.
+            if tenant is not None:  # one create at a time per tenant, so the cap holds
+                Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
+            if self.get_queryset().filter(is_active=True).count() >= MAX_ACTIVE_WEBHOOKS:
+                raise Conflict(
+                    f"At most {MAX_ACTIVE_WEBHOOKS} active endpoints: delete one first.",
+                    code="too_many_webhooks",
+                )
+            endpoint = WebhookEndpoint.objects.create(
+                tenant=tenant,
+                url=data.validated_data["url"],
+                secret=secrets.token_urlsafe(32),
+            )
+        body = s.WebhookEndpointCreatedSerializer(endpoint).data
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={204: None})
+    def destroy(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        endpoint = self.get_object()
+        if endpoint.is_active:
+            endpoint.is_active = False
+            endpoint.save(update_fields=["is_active"])
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(responses=s.WebhookDeliverySerializer(many=True))
+    @action(detail=True, methods=["get"], filter_backends=[])
+    def deliveries(self, request, pk=None):  # type: ignore[no-untyped-def]
+        """The endpoint's recent deliveries, newest first: status, attempts, the last
+        HTTP status and error."""
+        endpoint = self.get_object()
+        rows = endpoint.deliveries.order_by("-created_at", "-id")
+        page = self.paginate_queryset(rows)
+        return self.get_paginated_response(s.WebhookDeliverySerializer(page, many=True).data)

@@ -1,0 +1,142 @@
+"""Forms of the incident pages: ledger filters, the actions' confirmations, the KPI
+period and the watchdog thresholds. Services enforce the rules; these shape the input."""
+
+from django import forms
+
+from nodes.models import Node
+from tenants.models import Tenant
+
+from . import kpis
+from .models import Incident, Thresholds
+from .selectors import SORTS
+
+DATETIME_WIDGET = forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M")
+
+
+class IncidentFilterForm(forms.Form):
+    """Ledger filters. A field with a bad value is dropped (and shown as an error); the
+    others still filter."""
+
+    status = forms.ChoiceField(
+        choices=[("", "any status"), ("unresolved", "unresolved"), *Incident.Status.choices],
+        required=False,
+    )
+    severity = forms.ChoiceField(
+        choices=[("", "any severity"), *Incident.Severity.choices], required=False
+    )
+    root_cause = forms.ChoiceField(
+        label="Class", choices=[("", "any class"), *Incident.RootCause.choices], required=False
+    )
+    rule = forms.ChoiceField(choices=[("", "any rule")], required=False)
+    node = forms.ModelChoiceField(
+        queryset=Node.objects.order_by("name"),
+        to_field_name="name",
+        required=False,
+        empty_label="any node",
+    )
+    gpu = forms.CharField(label="GPU UUID", max_length=96, required=False)
+    tenant = forms.ModelChoiceField(
+        queryset=Tenant.objects.order_by("name"), required=False, empty_label="any tenant"
+    )
+    since = forms.DateTimeField(label="Seen since", required=False, widget=DATETIME_WIDGET)
+    until = forms.DateTimeField(label="First seen until", required=False, widget=DATETIME_WIDGET)
+    q = forms.CharField(label="Search", max_length=100, required=False)
+    sort = forms.ChoiceField(
+        choices=[
+            ("last_seen", "last seen"),
+            ("first_seen", "first seen"),
+            ("severity", "severity"),
+            ("occurrences", "occurrences"),
+        ],
+        required=False,
+    )
+
+    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        rules = Incident.objects.order_by("rule").values_list("rule", flat=True).distinct()
+        self.fields["rule"].choices = [("", "any rule"), *((r, r) for r in rules)]
+
+    def selector_args(self) -> dict:
+        """The valid filters, as selectors.incident_list takes them."""
+        self.is_valid()
+        data = getattr(self, "cleaned_data", {})
+        q = (data.get("q") or "").replace("\x00", "").strip()
+        sort = data.get("sort") or "last_seen"
+        return {
+            "status": data.get("status") or "",
+            "severity": data.get("severity") or "",
+            "root_cause": data.get("root_cause") or "",
+            "rule": data.get("rule") or "",
+            "node": data["node"].name if data.get("node") else "",
+            "gpu": (data.get("gpu") or "").strip(),
+            "tenant_id": data["tenant"].pk if data.get("tenant") else None,
+            "since": data.get("since"),
+            "until": data.get("until"),
+            "search": q,
+            "sort": sort if sort in SORTS else "last_seen",
+        }
+
+
+class ConfirmForm(forms.Form):
+    confirm = forms.BooleanField(widget=forms.HiddenInput, initial=True)
+
+
+class ResolveForm(ConfirmForm):
+    note = forms.CharField(
+        label="Resolution note",
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="What was wrong and what fixed it (kept in the ledger).",
+    )
+
+
+class ReopenForm(ConfirmForm):
+    note = forms.CharField(
+        label="Why reopen", max_length=400, required=False, widget=forms.Textarea({"rows": 2})
+    )
+
+
+class ReasonForm(ConfirmForm):
+    reason = forms.CharField(max_length=300, help_text="Recorded on the incident's timeline.")
+
+
+class StopSliceForm(ConfirmForm):
+    reason = forms.CharField(
+        max_length=300, help_text="Recorded on the slice and the incident; the tenant sees it."
+    )
+
+
+class PeriodForm(forms.Form):
+    days = forms.TypedChoiceField(
+        label="Period",
+        coerce=int,
+        choices=[(str(d), f"last {d} days") for d in kpis.PERIODS],
+        required=False,
+    )
+
+    def days_or_default(self) -> int:
+        if self.is_valid() and self.cleaned_data.get("days"):
+            return self.cleaned_data["days"]
+        return kpis.PERIODS[0]
+
+
+THRESHOLD_FIELDS = [
+    f.name
+    for f in Thresholds._meta.concrete_fields
+    if f.name not in ("id", "updated_at", "updated_by")
+]
+
+
+class ThresholdsForm(forms.Form):
+    """One field per threshold, with DOMAIN.md's default (the model's default) beside it.
+    The ordering rules are the service's: its refusal is shown on the form."""
+
+    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.fields.update(forms.fields_for_model(Thresholds, fields=THRESHOLD_FIELDS))
+        for name, field in self.fields.items():
+            field.default_value = Thresholds._meta.get_field(name).default  # type: ignore[attr-defined]
+            field.help_text = f"default {field.default_value:g}"  # type: ignore[attr-defined]
+
+    def changes(self) -> dict:
+        return dict(self.cleaned_data)

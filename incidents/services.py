@@ -1,0 +1,947 @@
+"""The watchdog and the incident ledger: every write about incidents.
+
+`watch_batch` runs on each stored batch of samples (a nodes sample hook, in the telemetry
+worker, right after the batch commits) and `watch_sweep` every minute over the recent
+window. Both turn rule findings (incidents.rules) into deduplicated incidents with the
+runbook's five steps on their timeline, and act on the offender alone: placement
+changes happen inline; anything that talks to a node (stopping a container, ending an
+orphan, throttling) goes to the `incidents` queue after commit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from gpuplatform.errors import Conflict, NotAllowed, ServiceError
+from nodes import services as node_services
+from nodes.hooks import SampleBatch
+from nodes.models import Gpu, GpuSample, Node, ProcessSample
+from tenants.models import Slice
+
+from . import rules
+from .models import GpuWatch, Incident, IncidentEvent, SliceWatch, Thresholds
+
+logger = logging.getLogger(__name__)
+
+E = IncidentEvent.Kind
+BREAKER_REASON = "VRAM breaker"
+SEVERITY_RANK = {rules.INFO: 0, rules.WARNING: 1, rules.CRITICAL: 2}
+LIVE = (Slice.State.PROVISIONING, Slice.State.RUNNING, Slice.State.STOPPING)
+# Actions that talk to a node: done by a task on the incidents queue.
+REMOTE_ACTIONS = (rules.STOP_SLICE, rules.END_ORPHAN, rules.THROTTLE, rules.UNTHROTTLE)
+
+
+# --- the ledger -------------------------------------------------------------------------------
+
+
+def incident_event(
+    incident: Incident,
+    kind: str,
+    message: str,
+    *,
+    actor: AbstractBaseUser | None = None,
+    data: dict | None = None,
+) -> IncidentEvent:
+    return IncidentEvent.objects.create(
+        incident=incident,
+        kind=kind,
+        message=message[:500],
+        actor=actor if actor is not None and actor.is_authenticated else None,
+        data=data or {},
+    )
+
+
+def _located(f: rules.Finding, context: dict) -> str:
+    parts = []
+    ev = f.evidence
+    if "pid" in ev:
+        parts.append(f"PID {ev['pid']}")
+    if ev.get("container_id"):
+        parts.append(f"container {str(ev['container_id'])[:12]}")
+    if f.slice_id:
+        parts.append(f"slice {f.slice_id}")
+    if context.get("tenant_name"):
+        parts.append(f"tenant {context['tenant_name']}")
+    if context.get("gpu_name"):
+        parts.append(context["gpu_name"])
+    elif context.get("node_name"):
+        parts.append(f"node {context['node_name']}")
+    return ", ".join(parts) or "the fleet"
+
+
+def incident_record(
+    *, finding: rules.Finding, now: datetime, context: dict | Callable[[], dict] | None = None
+) -> tuple[Incident, bool]:
+    """Open an incident for the finding, or count another occurrence of the open one
+    (one per rule and target). A new one gets the runbook's first three steps; its
+    context (names, frozen evidence) is only gathered then: `context` may be a callable."""
+    open_one = (
+        Incident.objects.open()
+        .select_for_update()
+        .filter(rule=finding.rule, target_key=finding.target)
+        .first()
+    )
+    if open_one is not None:
+        open_one.occurrences += 1
+        open_one.last_seen_at = now
+        fields = ["occurrences", "last_seen_at"]
+        if SEVERITY_RANK[finding.severity] > SEVERITY_RANK.get(open_one.severity, 0):
+            open_one.severity = finding.severity
+            open_one.title = finding.title[:200]
+            fields += ["severity", "title"]
+            incident_event(open_one, E.NOTE, f"Escalated to {finding.severity}: {finding.title}")
+            open_one.save(update_fields=fields)
+            from .notify import incident_notify
+
+            incident_notify(incident=open_one, event="escalated")
+            return open_one, False
+        open_one.save(update_fields=fields)
+        return open_one, False
+    context = (context() if callable(context) else context) or {}
+    since = finding.evidence.get("since_epoch")
+    evidence = {
+        **finding.evidence,
+        "detail": finding.detail,
+        "detected_at": now.isoformat(),
+        # when the condition began, as far as the samples show: time to detect
+        "condition_since": (
+            datetime.fromtimestamp(since, tz=UTC).isoformat() if since else now.isoformat()
+        ),
+        **context.get("evidence", {}),
+    }
+    try:
+        with transaction.atomic():
+            incident = Incident.objects.create(
+                rule=finding.rule,
+                target_key=finding.target[:200],
+                title=finding.title[:200],
+                root_cause=finding.root_cause,
+                severity=finding.severity,
+                tenant_id=finding.tenant_id,
+                node_id=finding.node_id,
+                gpu_id=finding.gpu_id,
+                slice_id=finding.slice_id,
+                evidence=evidence,
+                first_seen_at=now,
+                last_seen_at=now,
+            )
+    except IntegrityError:  # another worker opened it a moment ago: count this one
+        return incident_record(finding=finding, now=now, context=context)
+    incident_event(incident, E.DETECTED, finding.title, data={"rule": finding.rule})
+    incident_event(incident, E.LOCATED, f"Located: {_located(finding, context)}.")
+    incident_event(
+        incident,
+        E.CLASSIFIED,
+        f"Classified: {Incident.RootCause(finding.root_cause).label}.",
+        data={"root_cause": finding.root_cause},
+    )
+    return incident, True
+
+
+def incident_clear(*, finding: rules.Finding, now: datetime, note: str = "") -> Incident | None:
+    """The condition is gone: the system resolves the open incident and archives it."""
+    incident = (
+        Incident.objects.open()
+        .select_for_update()
+        .filter(rule=finding.rule, target_key=finding.target)
+        .first()
+    )
+    if incident is None:
+        return None
+    _resolve(incident, None, note or f"Condition cleared: {finding.title}.", now)
+    return incident
+
+
+def _resolve(incident: Incident, actor, note: str, now: datetime) -> None:  # type: ignore[no-untyped-def]
+    incident.status = Incident.Status.RESOLVED
+    incident.resolved_at = now
+    incident.resolved_by = actor if actor is not None and actor.is_authenticated else None
+    incident.resolution_note = note[:2000]
+    incident.save(update_fields=["status", "resolved_at", "resolved_by", "resolution_note"])
+    incident_event(incident, E.STATUS, f"Resolved: {note}"[:500], actor=actor)
+    incident_event(incident, E.ARCHIVED, _archive_line(incident), actor=actor)
+    if actor is not None or incident.severity == Incident.Severity.CRITICAL or incident.slice_id:
+        # Who was told it started is told it ended (a warning that clears itself is not).
+        from .notify import incident_notify
+
+        incident_notify(incident=incident, event="resolved")
+
+
+def _archive_line(incident: Incident) -> str:
+    """Step five: tenant account, task, time, symptom and disposition, in one line."""
+    disposed = (
+        incident.events.filter(kind=E.DISPOSED).order_by("-at").values_list("message", flat=True)
+    ).first()
+    who = incident.tenant.name if incident.tenant_id else "no tenant"
+    task = f"slice {incident.slice_id}" if incident.slice_id else incident.target_key
+    return (
+        f"Archived: {who}; {task}; {incident.first_seen_at:%Y-%m-%d %H:%M:%S} UTC; "
+        f"{incident.title}; {disposed or 'no action needed'}."
+    )[:500]
+
+
+def _require_ops(actor: AbstractBaseUser) -> None:
+    if not getattr(actor, "is_staff", False):
+        raise NotAllowed("Only ops manage incidents.")
+
+
+@transaction.atomic
+def incident_acknowledge(*, incident: Incident, actor: AbstractBaseUser) -> Incident:
+    _require_ops(actor)
+    incident = Incident.objects.select_for_update().get(pk=incident.pk)
+    if incident.status == Incident.Status.RESOLVED:
+        raise Conflict("This incident is resolved; reopen it first.", code="resolved")
+    if incident.status == Incident.Status.OPEN:
+        incident.status = Incident.Status.ACKNOWLEDGED
+        incident.acknowledged_by = actor
+        incident.acknowledged_at = timezone.now()
+        incident.save(update_fields=["status", "acknowledged_by", "acknowledged_at"])
+        incident_event(incident, E.STATUS, "Acknowledged.", actor=actor)
+    return incident
+
+
+def incidents_acknowledge(*, ids: list[int], actor: AbstractBaseUser) -> int:
+    """Bulk acknowledge; resolved ones and ids that do not exist are skipped."""
+    _require_ops(actor)
+    done = 0
+    for pk in Incident.objects.filter(pk__in=ids, status=Incident.Status.OPEN).values_list(
+        "pk", flat=True
+    ):
+        try:
+            incident = incident_acknowledge(incident=Incident(pk=pk), actor=actor)
+        except Conflict:
+            continue  # resolved meanwhile
+        if incident.acknowledged_by_id == actor.pk:
+            done += 1
+    return done
+
+
+@transaction.atomic
+def incident_resolve(*, incident: Incident, actor: AbstractBaseUser, note: str) -> Incident:
+    _require_ops(actor)
+    note = (note or "").strip()
+    if not note:
+        raise ServiceError("Say how it was resolved.", field="note")
+    incident = Incident.objects.select_for_update().get(pk=incident.pk)
+    if incident.status == Incident.Status.RESOLVED:
+        return incident
+    _resolve(incident, actor, note, timezone.now())
+    return incident
+
+
+@transaction.atomic
+def incident_reopen(*, incident: Incident, actor: AbstractBaseUser, note: str = "") -> Incident:
+    _require_ops(actor)
+    incident = Incident.objects.select_for_update().get(pk=incident.pk)
+    if incident.status != Incident.Status.RESOLVED:
+        return incident
+    if Incident.objects.open().filter(rule=incident.rule, target_key=incident.target_key).exists():
+        raise Conflict(
+            "A newer incident for this rule and target is open: work on that one.",
+            code="newer_incident_open",
+        )
+    incident.status = Incident.Status.ACKNOWLEDGED
+    incident.resolved_at = None
+    incident.resolved_by = None
+    incident.resolution_note = ""  # the old note stays in the timeline
+    incident.acknowledged_by = actor
+    incident.acknowledged_at = timezone.now()
+    incident.save(
+        update_fields=[
+            "status",
+            "resolved_at",
+            "resolved_by",
+            "resolution_note",
+            "acknowledged_by",
+            "acknowledged_at",
+        ]
+    )
+    incident_event(incident, E.STATUS, f"Reopened. {note}".strip(), actor=actor)
+    return incident
+
+
+@transaction.atomic
+def incident_confirm_orphan(*, incident: Incident, actor: AbstractBaseUser) -> Incident:
+    """Ops confirm an orphan (a process or container of no slice): it is ended now."""
+    _require_ops(actor)
+    incident = Incident.objects.select_for_update().get(pk=incident.pk)
+    if incident.rule != "orphan_process" or incident.gpu_id is None:
+        raise Conflict("Only an orphan process can be ended from here.", code="not_an_orphan")
+    if incident.status == Incident.Status.RESOLVED:
+        raise Conflict("This incident is resolved.", code="resolved")
+    incident_event(incident, E.ACTION, "Ops confirmed the orphan: ending it.", actor=actor)
+    from .tasks import dispose
+
+    dispose.delay_on_commit(incident.pk, rules.END_ORPHAN, incident.evidence)
+    return incident
+
+
+def _mitigated(incident: Incident, message: str, *, actor=None, data=None) -> None:  # type: ignore[no-untyped-def]
+    if incident.status in (Incident.Status.OPEN, Incident.Status.ACKNOWLEDGED):
+        incident.status = Incident.Status.MITIGATED
+        incident.save(update_fields=["status"])
+    incident_event(incident, E.DISPOSED, message, actor=actor, data=data)
+
+
+@transaction.atomic
+def thresholds_update(*, actor: AbstractBaseUser, **changes: Any) -> Thresholds:
+    _require_ops(actor)
+    row = Thresholds.current()
+    row = Thresholds.objects.select_for_update().get(pk=row.pk)
+    for name, value in changes.items():
+        if not hasattr(row, name) or name in ("id", "updated_at", "updated_by"):
+            raise ServiceError(f"Unknown threshold {name}.", field=name)
+        setattr(row, name, value)
+    row.updated_by = actor
+    try:
+        with transaction.atomic():
+            row.full_clean(exclude=["updated_by"])
+            row.save()
+    except Exception as exc:  # ValidationError or IntegrityError: say which rule
+        raise ServiceError(
+            "Thresholds must stay ordered: 0 < warning <= critical <= 100, "
+            "placements resume at or below critical; limits are positive.",
+            field="thresholds",
+        ) from exc
+    return row
+
+
+# --- the watchdog, per batch ------------------------------------------------------------------
+
+
+def watch_batch(batch: SampleBatch) -> dict[str, int]:
+    """Run the per-sample rules on a stored batch and act on what they find."""
+    if not batch.gpu_samples:
+        return {}
+    th_row = Thresholds.current()
+    th = th_row.as_rules()
+    now = batch.gpu_samples[0].taken_at
+    gpu_ids = {r.gpu_id for r in batch.gpu_samples}
+    gpus = {
+        g.pk: g
+        for g in Gpu.objects.filter(pk__in=gpu_ids)
+        .select_related("node")
+        .only(*GPU_VIEW_FIELDS, "node__name", "node__status")
+    }
+    watches = {w.gpu_id: w for w in GpuWatch.objects.filter(gpu_id__in=gpu_ids)}
+    procs_by_gpu: dict[int, list[rules.ProcessView]] = defaultdict(list)
+    slices, slice_watches, known = _live_slices(gpu_ids)
+    # Jumps are judged for processes of running slices (the rest are the sweep's orphans):
+    # the previous readings are fetched for those containers only.
+    previous = (
+        _previous_process_readings({r["cid"] for r in slices}, gpu_ids, now) if slices else {}
+    )
+    for p in batch.process_samples:
+        procs_by_gpu[p.gpu_id].append(
+            rules.ProcessView(
+                gpu_id=p.gpu_id,
+                pid=p.pid,
+                used_mb=p.used_memory_mb,
+                container_id=p.container_id,
+                sm_utilization=p.sm_utilization,
+                memory_utilization=p.memory_utilization,
+                previous_used_mb=previous.get((p.gpu_id, p.pid)),
+            )
+        )
+    findings: list[rules.Finding] = []
+    owners: dict[str, rules.SliceView] = {}
+    active_ids: list[int] = []
+    for row in slices:
+        used = sum(p.used_mb for p in procs_by_gpu[row["gpu_id"]] if p.container_id == row["cid"])
+        watch = slice_watches[row["pk"]]
+        streak = watch.over_quota_streak + 1 if used > row["quota"] else 0
+        active = any(
+            (p.sm_utilization or 0) > 0
+            for p in procs_by_gpu[row["gpu_id"]]
+            if p.container_id == row["cid"]
+        )
+        _remember_slice(watch, streak=streak)
+        if active:
+            active_ids.append(row["pk"])
+        view = rules.SliceView(
+            slice_id=row["pk"],
+            tenant_id=row["tenant_id"],
+            gpu_id=row["gpu_id"],
+            node_id=row["node_id"],
+            container_id=row["cid"],
+            quota_mb=row["quota"],
+            used_mb=used,
+            over_quota_streak=streak,
+            throttled=watch.throttled_at is not None,
+        )
+        owners[row["cid"]] = view
+        findings += rules.quota_breach(view, th)
+    if active_ids:  # computing again: not idle (and a later idle spell warns afresh)
+        SliceWatch.objects.filter(slice_id__in=active_ids).update(
+            last_active_at=now, idle_warned_at=None
+        )
+    xids = _xids_by_gpu(batch, gpus)
+    for r in batch.gpu_samples:
+        gpu = gpus.get(r.gpu_id)
+        if gpu is None:
+            continue
+        watch = watches.get(r.gpu_id)
+        view = rules.GpuView(
+            gpu_id=gpu.pk,
+            node_id=gpu.node_id,
+            uuid=gpu.uuid,
+            total_mb=r.memory_total_mb,
+            used_mb=r.memory_used_mb,
+            accepting=gpu.accepting_placements,
+            breaker_open=bool(watch and watch.breaker_open),
+            hardware_drained=bool(watch and watch.hardware_drained),
+            utilization_memory=r.utilization_memory,
+        )
+        findings += rules.vram_pressure(view, th)
+        reading = _reading(batch, gpu)
+        findings += rules.hardware(
+            view,
+            xids=xids.get(gpu.pk, []),
+            ecc_uncorrected=getattr(reading, "ecc_uncorrected_volatile", None),
+            remapped_rows_failure=bool(getattr(reading, "remapped_rows_failure", False)),
+        )
+        procs = procs_by_gpu[gpu.pk]
+        for p in procs:
+            owner = owners.get(p.container_id)
+            findings += rules.process_jump(p, th, owner=owner)
+            findings += rules.bandwidth(p, th, owner=owner)
+    return apply_findings(findings, now=now, gpus=gpus)
+
+
+GPU_VIEW_FIELDS = (
+    "id",
+    "node_id",
+    "index",
+    "uuid",
+    "model",
+    "vram_total_mb",
+    "accepting_placements",
+    "pci_bus_id",
+)
+
+
+def _previous_process_readings(
+    containers: set[str], gpu_ids: set[int], now: datetime
+) -> dict[tuple[int, int], int]:
+    """Each of these containers' processes' reading one sample before this batch."""
+    since = now - timedelta(seconds=3 * settings.NODES_SAMPLE_INTERVAL)
+    out: dict[tuple[int, int], int] = {}
+    rows = (
+        ProcessSample.objects.filter(
+            gpu_id__in=gpu_ids,
+            container_id__in=containers,
+            taken_at__lt=now,
+            taken_at__gte=since,
+        )
+        .order_by("taken_at")
+        .values_list("gpu_id", "pid", "used_memory_mb")
+    )
+    for gpu_id, pid, used in rows:
+        out[(gpu_id, pid)] = used  # ordered by time: the latest wins
+    return out
+
+
+def _live_slices(gpu_ids: set[int]):  # type: ignore[no-untyped-def]
+    """Running slices on these GPUs (with their watch rows), and every container a live
+    slice owns there (processes in them are nobody's orphans)."""
+    rows = list(
+        Slice.objects.filter(allocation__gpu_id__in=gpu_ids, state__in=LIVE).values(
+            "pk",
+            "state",
+            "tenant_id",
+            "vram_mb",
+            "container_id",
+            "allocation__gpu_id",
+            "allocation__gpu__node_id",
+        )
+    )
+    known = {r["container_id"] for r in rows if r["container_id"]}
+    running = [
+        {
+            "pk": r["pk"],
+            "tenant_id": r["tenant_id"],
+            "quota": r["vram_mb"],
+            "cid": r["container_id"],
+            "gpu_id": r["allocation__gpu_id"],
+            "node_id": r["allocation__gpu__node_id"],
+        }
+        for r in rows
+        if r["state"] == Slice.State.RUNNING and r["container_id"]
+    ]
+    watches = {
+        w.slice_id: w for w in SliceWatch.objects.filter(slice_id__in=[r["pk"] for r in running])
+    }
+    for r in running:
+        if r["pk"] not in watches:
+            watches[r["pk"]] = SliceWatch.objects.get_or_create(slice_id=r["pk"])[0]
+    return running, watches, known
+
+
+def _remember_slice(watch: SliceWatch, *, streak: int) -> None:
+    if watch.over_quota_streak != streak:
+        watch.over_quota_streak = streak
+        watch.save(update_fields=["over_quota_streak"])
+
+
+def _remember_orphans(gpu: Gpu, watch: GpuWatch | None, findings: list[rules.Finding]) -> None:
+    seen = {
+        str(f.evidence["pid"]): f.evidence["seen"] for f in findings if f.rule == "orphan_process"
+    }
+    if watch is None and not seen:
+        return
+    if watch is None:
+        watch = GpuWatch.objects.get_or_create(gpu=gpu)[0]
+    if watch.orphan_streaks != seen:
+        watch.orphan_streaks = seen
+        watch.save(update_fields=["orphan_streaks"])
+
+
+def _reading(batch: SampleBatch, gpu: Gpu):  # type: ignore[no-untyped-def]
+    sample = batch.samples.get(gpu.node_id)
+    if sample is None:
+        return None
+    return next((g for g in sample.gpus if g.uuid == gpu.uuid), None)
+
+
+def _xids_by_gpu(batch: SampleBatch, gpus: dict[int, Gpu]) -> dict[int, list[tuple[int, str]]]:
+    by_bus = {(g.node_id, _bus(g.pci_bus_id)): g.pk for g in gpus.values() if g.pci_bus_id}
+    out: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    for node_id, sample in batch.samples.items():
+        for x in sample.xid_events:
+            gpu_id = by_bus.get((node_id, _bus(x.pci_bus_id or "")))
+            if gpu_id is not None:
+                out[gpu_id].append((x.xid, x.raw))
+    return out
+
+
+def _bus(pci: str) -> str:
+    """'00000000:3B:00.0' and '0000:3b:00' name the same device: compare bus:device."""
+    parts = pci.lower().split(":")
+    return ":".join(parts[-2:]).split(".")[0] if len(parts) >= 2 else pci.lower()
+
+
+# --- acting on findings ----------------------------------------------------------------------
+
+
+def apply_findings(
+    findings: list[rules.Finding], *, now: datetime, gpus: dict[int, Gpu] | None = None
+) -> dict[str, int]:
+    """Incidents for the findings, then their actions: placement changes inline, node
+    work on the incidents queue after commit. Resolving findings close what cleared."""
+    counts = {"opened": 0, "repeated": 0, "resolved": 0, "actions": 0}
+    open_keys = set(
+        Incident.objects.open()
+        .filter(target_key__in={f.target for f in findings})
+        .values_list("rule", "target_key")
+    )
+    for f in findings:
+        if f.resolves:
+            if f.key not in open_keys and f.action != rules.OPEN_GPU:
+                continue  # nothing open: the common, healthy case costs no query
+            with transaction.atomic():
+                if incident_clear(finding=f, now=now):
+                    counts["resolved"] += 1
+                if f.action:
+                    _act(None, f, now)
+                    counts["actions"] += 1
+            continue
+        with transaction.atomic():
+            incident, created = incident_record(finding=f, now=now, context=_context(f, gpus or {}))
+            counts["opened" if created else "repeated"] += 1
+            if f.action:
+                _act(incident, f, now)
+                counts["actions"] += 1
+            elif created and f.rule == "oom_exit":
+                # Reconcile already disposed of it: the slice failed alone, its VRAM was
+                # released and metering stopped. The ledger records that as step four.
+                _mitigated(
+                    incident,
+                    "The container ended alone; reconcile failed its slice, released its "
+                    "VRAM and stopped metering. Neighbours were not touched.",
+                )
+            if created:
+                from .notify import incident_notify
+
+                incident_notify(incident=incident, event="opened")
+    return counts
+
+
+def _context(f: rules.Finding, gpus: dict[int, Gpu]) -> dict:
+    gpu = gpus.get(f.gpu_id) if f.gpu_id else None
+    out: dict[str, Any] = {}
+    if gpu is not None:
+        out["gpu_name"] = f"{gpu.node.name} GPU {gpu.index}"
+        out["node_name"] = gpu.node.name
+    if f.slice_id:
+        s = Slice.objects.filter(pk=f.slice_id).select_related("tenant").first()
+        if s is not None:
+            out["tenant_name"] = s.tenant.name
+            out["evidence"] = {
+                "slice": {
+                    "id": s.pk,
+                    "image": s.image,
+                    "tenant": s.tenant.name,
+                    "quota_mb": s.vram_mb,
+                    "container_id": s.container_id,
+                },
+                "processes": _process_list(f.gpu_id, s.container_id),
+            }
+    elif f.gpu_id:
+        out["evidence"] = {"processes": _process_list(f.gpu_id, None)}
+    if f.gpu_id:
+        out.setdefault("evidence", {})["window"] = _window(f.gpu_id)
+    return out
+
+
+def _process_list(gpu_id: int | None, container_id: str | None) -> list[dict]:
+    """The processes of the latest sample on the GPU (PID, MiB, container), frozen."""
+    if gpu_id is None:
+        return []
+    samples = ProcessSample.objects.filter(gpu_id=gpu_id)
+    if container_id:  # the last sample that still showed it (it may be gone now)
+        samples = samples.filter(container_id=container_id)
+    latest = samples.order_by("-taken_at").values_list("taken_at", flat=True).first()
+    if latest is None:
+        return []
+    rows = ProcessSample.objects.filter(gpu_id=gpu_id, taken_at=latest)
+    if container_id:
+        rows = rows.filter(container_id=container_id)
+    return [
+        {"pid": p.pid, "used_mb": p.used_memory_mb, "container_id": p.container_id}
+        for p in rows[:50]
+    ]
+
+
+def _window(gpu_id: int, minutes: int = 10) -> list[list]:
+    since = timezone.now() - timedelta(minutes=minutes)
+    return [
+        [t.isoformat(), used]
+        for t, used in GpuSample.objects.filter(gpu_id=gpu_id, taken_at__gte=since)
+        .order_by("taken_at")
+        .values_list("taken_at", "memory_used_mb")[:200]
+    ]
+
+
+def _act(incident: Incident | None, f: rules.Finding, now: datetime) -> None:
+    """Carry out a finding's action (inside the caller's transaction)."""
+    if f.action == rules.CLOSE_GPU and f.gpu_id:
+        gpu = Gpu.objects.get(pk=f.gpu_id)
+        if gpu.accepting_placements:  # closed already (ops, a fault): keep their reason
+            node_services.gpu_set_accepting(
+                gpu=gpu,
+                accepting=False,
+                reason=f"{BREAKER_REASON}: {f.evidence.get('percent')}% used",
+            )
+        GpuWatch.objects.update_or_create(gpu=gpu, defaults={"breaker_open": True})
+        if incident:
+            _mitigated(incident, "GPU closed to new placements (running work continues).")
+    elif f.action == rules.OPEN_GPU and f.gpu_id:
+        watch = GpuWatch.objects.filter(gpu_id=f.gpu_id).first()
+        if watch is not None and watch.breaker_open:
+            watch.breaker_open = False
+            watch.save(update_fields=["breaker_open"])
+            gpu = Gpu.objects.get(pk=f.gpu_id)
+            # Reopen only what the breaker closed: an ops or hardware closure stays.
+            if not watch.hardware_drained and gpu.not_accepting_reason.startswith(BREAKER_REASON):
+                node_services.gpu_set_accepting(gpu=gpu, accepting=True)
+    elif f.action == rules.DRAIN_GPU and f.gpu_id:
+        gpu = Gpu.objects.get(pk=f.gpu_id)
+        node_services.gpu_set_accepting(gpu=gpu, accepting=False, reason=f.title)
+        GpuWatch.objects.update_or_create(gpu=gpu, defaults={"hardware_drained": True})
+        if incident:
+            _mitigated(incident, "GPU drained: it takes no new slice; its tenants were told.")
+        _tell_tenants_on(
+            gpu_ids=[gpu.pk], subject="A GPU your slice runs on has a fault", body=f.title
+        )
+    elif f.action == rules.NOTIFY_TENANTS and f.node_id:
+        ids = list(Gpu.objects.filter(node_id=f.node_id).values_list("pk", flat=True))
+        _tell_tenants_on(
+            gpu_ids=ids, subject="The node your slice runs on does not answer", body=f.title
+        )
+        if incident:
+            incident_event(incident, E.ACTION, "Tenants on the node were told.")
+    elif f.action == rules.WARN_IDLE and f.slice_id:
+        SliceWatch.objects.update_or_create(slice_id=f.slice_id, defaults={"idle_warned_at": now})
+        s = Slice.objects.select_related("tenant").get(pk=f.slice_id)
+        from tenants.services import members_notify
+
+        members_notify(tenant=s.tenant, subject=f"Slice {s.pk} is idle", body=f.detail)
+        if incident:
+            incident_event(incident, E.ACTION, "Tenant warned: idle slices are reclaimed.")
+    elif f.action in REMOTE_ACTIONS and incident is not None:
+        if f.action == rules.THROTTLE and f.slice_id:
+            SliceWatch.objects.update_or_create(slice_id=f.slice_id, defaults={"throttled_at": now})
+        from .tasks import dispose
+
+        dispose.delay_on_commit(incident.pk, f.action, f.evidence)
+    elif f.action == rules.UNTHROTTLE and f.slice_id:
+        SliceWatch.objects.filter(slice_id=f.slice_id).update(throttled_at=None)
+
+
+def _tell_tenants_on(*, gpu_ids: list[int], subject: str, body: str) -> None:
+    from tenants.models import Tenant
+    from tenants.services import members_notify
+
+    tenants = Tenant.objects.filter(
+        slices__allocation__gpu_id__in=gpu_ids, slices__state__in=LIVE
+    ).distinct()
+    for tenant in tenants:
+        members_notify(tenant=tenant, subject=subject, body=body)
+
+
+# --- node work, on the incidents queue ---------------------------------------------------------
+
+
+def incident_dispose(*, incident_id: int, action: str, evidence: dict) -> str:
+    """Stop the offending slice's container, end an orphan, or throttle: the offender
+    alone. Safe to run twice (a stopped slice is not stopped again)."""
+    incident = Incident.objects.select_related("slice", "gpu__node").get(pk=incident_id)
+    if action == rules.STOP_SLICE and incident.slice_id:
+        return _stop_offender(incident)
+    if action == rules.END_ORPHAN and incident.gpu_id:
+        return _end_orphan(incident, evidence)
+    if action in (rules.THROTTLE, rules.UNTHROTTLE) and incident.slice_id:
+        from .throttle import throttle_slice
+
+        return throttle_slice(incident=incident, action=action)
+    return "nothing to do"
+
+
+def _stop_offender(incident: Incident) -> str:
+    from tenants import services as tenant_services
+
+    s = incident.slice
+    if s is None or s.is_final:
+        return "already stopped"
+    reason = _stop_reason(incident)
+    tenant_services.slice_stop(slice=s, actor=None, reason=reason, force=True)
+    state = tenant_services.slice_finish_stop(slice_id=s.pk, force=True)
+    with transaction.atomic():
+        _mitigated(
+            incident,
+            f"Stopped slice {s.pk}'s container alone and released its VRAM; metering stopped.",
+            data={"slice_state": state},
+        )
+    from tenants.services import members_notify
+
+    members_notify(tenant=s.tenant, subject=f"Slice {s.pk} was stopped", body=reason)
+    return state
+
+
+def _stop_reason(incident: Incident) -> str:
+    if incident.rule == "quota_breach":
+        ev = incident.evidence
+        return (
+            f"Stopped by the watchdog: its processes used {ev.get('used_mb')} MiB of a "
+            f"{ev.get('quota_mb')} MiB quota. Lower the batch size or context, quantize "
+            "the model, or buy a bigger tier."
+        )
+    if incident.rule == "idle_slice":
+        return (
+            "Stopped by the watchdog: no compute for "
+            f"{int(incident.evidence.get('idle_s', 0)) // 60} minutes, so its memory was "
+            "released for others. Launch again when you need it."
+        )
+    return f"Stopped by the watchdog: {incident.title}."
+
+
+def _end_orphan(incident: Incident, evidence: dict) -> str:
+    node = incident.gpu.node  # type: ignore[union-attr]
+    container = evidence.get("container_id") or ""
+    pid = evidence.get("pid")
+    if container:
+        node_services.container_remove(node=node, container=container, grace_s=0)
+        done = f"Removed container {container[:12]} holding the memory."
+    elif isinstance(pid, int) and pid > 1:
+        result = node_services._docker(node, ["kill", "-9", str(pid)], None)
+        if not result.ok:
+            return f"kill failed: {result.stderr.decode(errors='replace')[:200]}"
+        done = f"Ended process {pid} holding the memory."
+    else:
+        return "nothing to end"
+    with transaction.atomic():
+        _mitigated(incident, done, data={"pid": pid, "container_id": container})
+    return done
+
+
+# --- the sweep, every minute -------------------------------------------------------------------
+
+
+def watch_sweep(*, now: datetime | None = None) -> dict[str, int]:
+    """Windowed rules: the fleet sweep, slow leaks, idle slices; OOM exits reconcile
+    found; unreachable nodes."""
+    now = now or timezone.now()
+    th = Thresholds.current().as_rules()
+    findings: list[rules.Finding] = []
+    gpus = {g.pk: g for g in Gpu.objects.filter(present=True).select_related("node")}
+    since = now - timedelta(seconds=th.sweep_window_s)
+    series: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for gpu_id, t, used in (
+        GpuSample.objects.filter(taken_at__gte=since, taken_at__lte=now)
+        .order_by("taken_at")
+        .values_list("gpu_id", "taken_at", "memory_used_mb")
+    ):
+        series[gpu_id].append((t.timestamp(), used))
+    for gpu_id, points in series.items():
+        gpu = gpus.get(gpu_id)
+        if gpu is None:
+            continue
+        view = rules.GpuView(
+            gpu_id=gpu.pk,
+            node_id=gpu.node_id,
+            uuid=gpu.uuid,
+            total_mb=gpu.vram_total_mb,
+            used_mb=points[-1][1],
+        )
+        findings += rules.fleet_sweep(view, points, th)
+    findings += _sweep_orphans(gpus, th)
+    findings += _sweep_slices(now, th)
+    findings += _sweep_oom(now)
+    findings += _sweep_nodes()
+    return apply_findings(findings, now=now, gpus=gpus)
+
+
+def _sweep_orphans(gpus: dict[int, Gpu], th: rules.Thresholds) -> list[rules.Finding]:
+    """Reclaim failures on each card's latest sample: memory held by processes of no
+    slice, or used with no process. Not urgent like a breach, so once a minute; an
+    orphan seen on `orphan_confirm_samples` sweeps in a row is ended."""
+    out: list[rules.Finding] = []
+    latest = ProcessSample.objects.filter(
+        gpu_id__in=list(gpus), taken_at=F("gpu__last_sample_at")
+    ).values_list("gpu_id", "pid", "used_memory_mb", "container_id")
+    procs: dict[int, list[rules.ProcessView]] = defaultdict(list)
+    for gpu_id, pid, used, cid in latest:
+        procs[gpu_id].append(
+            rules.ProcessView(gpu_id=gpu_id, pid=pid, used_mb=used, container_id=cid)
+        )
+    _, _, known = _live_slices(set(gpus))
+    watches = {w.gpu_id: w for w in GpuWatch.objects.filter(gpu_id__in=list(gpus))}
+    for gpu in gpus.values():
+        if gpu.last_memory_used_mb is None or gpu.node.status != Node.Status.ACTIVE:
+            continue
+        watch = watches.get(gpu.pk)
+        view = rules.GpuView(
+            gpu_id=gpu.pk,
+            node_id=gpu.node_id,
+            uuid=gpu.uuid,
+            total_mb=gpu.vram_total_mb,
+            used_mb=gpu.last_memory_used_mb,
+        )
+        streaks = {
+            (gpu.pk, int(pid)): n
+            for pid, n in ((watch.orphan_streaks if watch else {}) or {}).items()
+        }
+        found = rules.orphans(view, procs[gpu.pk], known, th, streaks=streaks)
+        _remember_orphans(gpu, watch, found)
+        out += found
+    return out
+
+
+def _sweep_slices(now: datetime, th: rules.Thresholds) -> list[rules.Finding]:
+    out: list[rules.Finding] = []
+    running = list(
+        Slice.objects.filter(state=Slice.State.RUNNING)
+        .exclude(container_id="")
+        .select_related("allocation__gpu", "watch")
+    )
+    if not running:
+        return out
+    since = now - timedelta(seconds=th.leak_window_s)
+    sums: dict[str, dict[datetime, int]] = defaultdict(lambda: defaultdict(int))
+    for cid, t, used in ProcessSample.objects.filter(
+        container_id__in=[s.container_id for s in running], taken_at__gte=since
+    ).values_list("container_id", "taken_at", "used_memory_mb"):
+        sums[cid][t] += used
+    for s in running:
+        gpu = s.allocation.gpu  # type: ignore[union-attr]
+        view = rules.SliceView(
+            slice_id=s.pk,
+            tenant_id=s.tenant_id,
+            gpu_id=gpu.pk,
+            node_id=gpu.node_id,
+            container_id=s.container_id,
+            quota_mb=s.vram_mb,
+        )
+        points = sorted((t.timestamp(), mb) for t, mb in sums[s.container_id].items())
+        out += rules.slow_leak(view, points, th)
+        watch = getattr(s, "watch", None)
+        last_active = (watch.last_active_at if watch else None) or s.started_at
+        idle_for = (now - last_active).total_seconds() if last_active else None
+        warned = watch.idle_warned_at if watch else None
+        warned_for = (now - warned).total_seconds() if warned else None
+        out += rules.idle(
+            view, idle_for_s=idle_for, warned_for_s=warned_for, th=th, now_epoch=now.timestamp()
+        )
+    return out
+
+
+OOM_LOOKBACK = timedelta(minutes=30)
+
+
+def _sweep_oom(now: datetime) -> list[rules.Finding]:
+    """A container that exited out of memory (exit 137, OOM-killed, CUDA OOM in its
+    log): reconcile recorded it on the slice; here it becomes an OOM incident."""
+    failed = (
+        Slice.objects.filter(state=Slice.State.FAILED, stopped_at__gte=now - OOM_LOOKBACK)
+        .filter(
+            Q(exit_code=137)
+            | Q(state_reason__icontains="out of memory")
+            | Q(state_reason__icontains="out of GPU memory")
+        )
+        .select_related("allocation__gpu")
+    )
+    out = []
+    for s in failed:
+        gpu = s.allocation.gpu if s.allocation else None
+        out.append(
+            rules.Finding(
+                rule="oom_exit",
+                target=f"slice:{s.pk}",
+                severity=rules.WARNING,
+                root_cause=rules.APP_PARAMETERS,
+                title=f"Slice {s.pk} ended out of memory",
+                detail=s.state_reason[:300],
+                gpu_id=gpu.pk if gpu else None,
+                node_id=gpu.node_id if gpu else None,
+                slice_id=s.pk,
+                tenant_id=s.tenant_id,
+                evidence={"exit_code": s.exit_code, "reason": s.state_reason[:300]},
+            )
+        )
+    return [
+        f for f in out if not Incident.objects.filter(rule=f.rule, target_key=f.target).exists()
+    ]
+
+
+def _sweep_nodes() -> list[rules.Finding]:
+    out = []
+    for node in Node.objects.filter(status=Node.Status.UNREACHABLE):
+        out.append(rules.unreachable(node.pk, node.name, node.status_reason))
+    for node in (
+        Node.objects.filter(status__in=[Node.Status.ACTIVE, Node.Status.DRAINING])
+        .filter(incidents__rule="node_unreachable", incidents__resolved_at__isnull=True)
+        .distinct()
+    ):
+        f = rules.unreachable(node.pk, node.name, "")
+        out.append(
+            rules.Finding(
+                rule=f.rule,
+                target=f.target,
+                severity=f.severity,
+                root_cause=f.root_cause,
+                title=f"Node {node.name} answers again",
+                node_id=node.pk,
+                resolves=True,
+            )
+        )
+    return out

@@ -1,0 +1,51 @@
+"""Celery tasks for the watchdog: thin wrappers over services, safe to run twice."""
+
+from celery import shared_task
+
+from . import notify, services
+
+
+@shared_task(name="incidents.dispose", bind=True, max_retries=2, soft_time_limit=60, time_limit=90)
+def dispose(self, incident_id: int, action: str, evidence: dict) -> str:  # type: ignore[no-untyped-def]
+    from nodes import ssh
+    from nodes.services import ContainerError
+
+    try:
+        return services.incident_dispose(incident_id=incident_id, action=action, evidence=evidence)
+    except (ssh.SSHError, ContainerError) as exc:
+        raise self.retry(exc=exc, countdown=2 * (self.request.retries + 1)) from exc
+
+
+@shared_task(name="incidents.sweep", soft_time_limit=50, time_limit=60)
+def sweep() -> dict:
+    return services.watch_sweep()
+
+
+@shared_task(
+    name="incidents.notify_email",
+    autoretry_for=(OSError,),
+    retry_backoff=True,
+    max_retries=5,
+    soft_time_limit=30,
+    time_limit=45,
+)
+def notify_email(incident_id: int, event: str) -> int:
+    return notify.email_send(incident_id=incident_id, event=event)
+
+
+WEBHOOK_RETRIES = 5
+
+
+@shared_task(
+    name="incidents.deliver_webhook",
+    bind=True,
+    max_retries=WEBHOOK_RETRIES,
+    soft_time_limit=30,
+    time_limit=45,
+)
+def deliver_webhook(self, delivery_id: int) -> str:  # type: ignore[no-untyped-def]
+    final = self.request.retries >= WEBHOOK_RETRIES
+    try:
+        return notify.webhook_deliver(delivery_id=delivery_id, final_attempt=final)
+    except notify.DeliveryFailed as exc:
+        raise self.retry(exc=exc, countdown=min(600, 5 * 2**self.request.retries)) from exc

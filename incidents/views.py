@@ -1,0 +1,602 @@
+"""Incident pages. Ops: the ledger (filters, search, sorting, bulk acknowledge, CSV
+export, live refresh), one incident (evidence, evidence chart, runbook timeline, actions
+behind a confirmation), the KPIs and the watchdog thresholds. Tenants: the incidents
+about their own slices, in plain words, with no node, GPU or other tenant in sight.
+
+Every page works as plain forms; htmx only refreshes the live parts, and the incident
+page's live part answers HTTP 286 (stop polling) once the incident is resolved.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.core.paginator import Paginator
+from django.db import transaction
+from django.http import Http404, HttpRequest, HttpResponse, QueryDict, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from gpuplatform.errors import ServiceError
+from nodes import services as node_services
+from tenants import services as tenant_services
+from tenants.views import _partial, member_required
+
+from . import kpis, selectors, services
+from .forms import (
+    ConfirmForm,
+    IncidentFilterForm,
+    PeriodForm,
+    ReasonForm,
+    ReopenForm,
+    ResolveForm,
+    StopSliceForm,
+    ThresholdsForm,
+)
+from .models import Incident, IncidentEvent
+from .notify import tenant_text
+
+LIVE_SECONDS = 10
+STOP_POLLING = 286  # htmx: swap this answer, then stop polling
+PAGE_SIZE = 25
+E = IncidentEvent.Kind
+RUNBOOK = [
+    (E.DETECTED, "Detected"),
+    (E.LOCATED, "Located"),
+    (E.CLASSIFIED, "Classified"),
+    (E.DISPOSED, "Disposed"),
+    (E.ARCHIVED, "Archived"),
+]
+
+
+def _is_id(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) < 19
+
+
+def _ledger_url(query: str = "") -> str:
+    # Re-encoded so only a query string of ours follows the ledger's path.
+    clean = QueryDict(query).urlencode()
+    return reverse("incidents:ops_incidents") + (f"?{clean}" if clean else "")
+
+
+# --- ops: the ledger --------------------------------------------------------------------------
+
+
+@staff_member_required
+@require_GET
+def ops_incidents(request: HttpRequest) -> HttpResponse:
+    form = IncidentFilterForm(request.GET or None)
+    incidents = selectors.incident_list(**form.selector_args())
+    if request.GET.get("format") == "csv":
+        return csv_response(incidents)
+    page = Paginator(incidents, PAGE_SIZE).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    query.pop("format", None)
+    context = {
+        "form": form,
+        "page": page,
+        "query": query.urlencode(),
+        "live_seconds": LIVE_SECONDS,
+        "now": timezone.now(),
+    }
+    if _partial(request):
+        return render(request, "incidents/_ledger_live.html", context)
+    return render(request, "incidents/ops_ledger.html", context)
+
+
+@staff_member_required
+@require_GET
+def ops_incidents_export(request: HttpRequest) -> HttpResponse:
+    form = IncidentFilterForm(request.GET or None)
+    return csv_response(selectors.incident_list(**form.selector_args()))
+
+
+@staff_member_required
+@require_POST
+def ops_incidents_acknowledge(request: HttpRequest) -> HttpResponse:
+    """Bulk acknowledge the checked rows (the service skips any that are not open)."""
+    ids = sorted({int(v) for v in request.POST.getlist("ids") if _is_id(v)})
+    if not ids:
+        messages.info(request, "Select the incidents to acknowledge first.")
+    else:
+        try:
+            done = services.incidents_acknowledge(ids=ids, actor=request.user)
+        except ServiceError as exc:
+            messages.error(request, exc.message)
+        else:
+            skipped = len(ids) - done
+            messages.success(
+                request,
+                f"{done} incident{'s' if done != 1 else ''} acknowledged"
+                + (f"; {skipped} skipped (not open)." if skipped else "."),
+            )
+    return redirect(_ledger_url(request.POST.get("query", "")))
+
+
+# --- ops: CSV export ----------------------------------------------------------------------------
+
+CSV_HEADER = [
+    "id",
+    "rule",
+    "title",
+    "severity",
+    "status",
+    "class",
+    "tenant",
+    "node",
+    "gpu",
+    "slice",
+    "first seen",
+    "last seen",
+    "occurrences",
+    "acknowledged by",
+    "acknowledged at",
+    "resolved by",
+    "resolved at",
+    "note",
+]
+# A cell starting with one of these is a formula to a spreadsheet (CSV injection).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+class _Echo:
+    """csv.writer writes a row here and gets it back, so rows can be streamed."""
+
+    def write(self, value: str) -> str:
+        return value
+
+
+def csv_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    text = str(value)
+    return f"'{text}" if text.startswith(FORMULA_STARTS) else text
+
+
+def _who(user) -> str:  # type: ignore[no-untyped-def]
+    return (user.email or user.get_username()) if user is not None else ""
+
+
+def _csv_rows(incidents) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    writer = csv.writer(_Echo())
+    yield writer.writerow(CSV_HEADER)
+    for i in incidents.select_related("acknowledged_by", "resolved_by").iterator(chunk_size=500):
+        node = i.node or (i.gpu.node if i.gpu else None)
+        row = [
+            i.pk,
+            i.rule,
+            i.title,
+            i.severity,
+            i.status,
+            i.root_cause,
+            i.tenant.name if i.tenant else "",
+            node.name if node else "",
+            i.gpu.uuid if i.gpu else "",
+            i.slice_id,
+            i.first_seen_at,
+            i.last_seen_at,
+            i.occurrences,
+            _who(i.acknowledged_by) if i.acknowledged_by_id else "",
+            i.acknowledged_at,
+            _who(i.resolved_by) if i.resolved_by_id else ("system" if i.resolved_at else ""),
+            i.resolved_at,
+            i.resolution_note,
+        ]
+        yield writer.writerow([csv_cell(v) for v in row])
+
+
+def csv_response(incidents) -> StreamingHttpResponse:  # type: ignore[no-untyped-def]
+    response = StreamingHttpResponse(_csv_rows(incidents), content_type="text/csv; charset=utf-8")
+    stamp = timezone.now().strftime("%Y%m%d-%H%M")
+    response["Content-Disposition"] = f'attachment; filename="incidents-{stamp}.csv"'
+    return response
+
+
+# --- ops: one incident --------------------------------------------------------------------------
+
+
+def _ops_incident(pk: int) -> Incident:
+    return get_object_or_404(
+        Incident.objects.select_related(
+            "tenant",
+            "node",
+            "gpu__node",
+            "slice__allocation__gpu__node",
+            "acknowledged_by",
+            "resolved_by",
+        ),
+        pk=pk,
+    )
+
+
+def _node_of(incident: Incident):  # type: ignore[no-untyped-def]
+    if incident.node is not None:
+        return incident.node
+    return incident.gpu.node if incident.gpu is not None else None
+
+
+def available_actions(incident: Incident) -> dict[str, bool]:
+    resolved = incident.status == Incident.Status.RESOLVED
+    node = _node_of(incident)
+    return {
+        "acknowledge": incident.status == Incident.Status.OPEN,
+        "resolve": not resolved,
+        "reopen": resolved,
+        "stop_slice": incident.slice is not None and not incident.slice.is_final,
+        "drain_gpu": incident.gpu is not None and incident.gpu.accepting_placements,
+        "drain_node": node is not None and node.drained_at is None,
+    }
+
+
+def _points(window: Any) -> list[list]:
+    if not isinstance(window, list):
+        return []
+    return [
+        [p[0], p[1]]
+        for p in window
+        if isinstance(p, list | tuple)
+        and len(p) == 2
+        and isinstance(p[0], str)
+        and isinstance(p[1], int | float)
+    ]
+
+
+# Evidence keys shown in their own places on the page; the rest are listed as facts.
+EVIDENCE_SHOWN = {"detail", "window", "processes", "slice", "xid_lines", "detected_at"}
+
+
+def evidence_context(incident: Incident) -> dict[str, Any]:
+    ev = incident.evidence if isinstance(incident.evidence, dict) else {}
+    slice_ev = ev.get("slice") if isinstance(ev.get("slice"), dict) else {}
+    window = _points(ev.get("window"))
+    quota = slice_ev.get("quota_mb") or ev.get("quota_mb")
+    total = ev.get("total_mb") or (incident.gpu.vram_total_mb if incident.gpu else None)
+    limit, limit_label = (quota, "slice quota (MiB)") if quota else (total, "GPU total (MiB)")
+    processes = [p for p in ev.get("processes") or [] if isinstance(p, dict)]
+    xids = [str(x) for x in ev.get("xid_lines") or []]
+    facts = [
+        (key.replace("_", " "), value)
+        for key, value in sorted(ev.items())
+        if key not in EVIDENCE_SHOWN and not isinstance(value, dict | list)
+    ]
+    return {
+        "detail": ev.get("detail", ""),
+        "detected_at": ev.get("detected_at", ""),
+        "slice": slice_ev,
+        "processes": processes,
+        "xid_lines": xids,
+        "facts": facts,
+        "chart": {
+            "labels": [p[0] for p in window],
+            "used_mb": [p[1] for p in window],
+            "limit_mb": limit if isinstance(limit, int | float) else None,
+            "limit_label": limit_label,
+        },
+    }
+
+
+def _incident_context(incident: Incident) -> dict[str, Any]:
+    events = list(selectors.incident_timeline(incident=incident))
+    latest = {e.kind: e for e in events}  # ordered by time: the last of each kind wins
+    resolved = incident.status == Incident.Status.RESOLVED
+    steps = [
+        {
+            "kind": kind,
+            "label": label,
+            "event": latest.get(kind) if kind != E.ARCHIVED or resolved else None,
+        }
+        for kind, label in RUNBOOK
+    ]
+    return {
+        "incident": incident,
+        "node": _node_of(incident),
+        "steps": steps,
+        "events": events,
+        "evidence": evidence_context(incident),
+        "actions": available_actions(incident),
+        "live_seconds": LIVE_SECONDS,
+    }
+
+
+@staff_member_required
+@require_GET
+def ops_incident(request: HttpRequest, pk: int) -> HttpResponse:
+    incident = _ops_incident(pk)
+    context = _incident_context(incident)
+    if _partial(request):
+        response = render(request, "incidents/_incident_live.html", context)
+        if incident.status == Incident.Status.RESOLVED:
+            response.status_code = STOP_POLLING
+        return response
+    return render(request, "incidents/ops_incident.html", context)
+
+
+# --- ops: actions, each behind a confirmation ----------------------------------------------
+
+
+def _acknowledge(request: HttpRequest, incident: Incident, data: dict) -> str:
+    services.incident_acknowledge(incident=incident, actor=request.user)
+    return f"Incident #{incident.pk} acknowledged."
+
+
+def _resolve(request: HttpRequest, incident: Incident, data: dict) -> str:
+    services.incident_resolve(incident=incident, actor=request.user, note=data["note"])
+    return f"Incident #{incident.pk} resolved."
+
+
+def _reopen(request: HttpRequest, incident: Incident, data: dict) -> str:
+    services.incident_reopen(incident=incident, actor=request.user, note=data.get("note", ""))
+    return f"Incident #{incident.pk} reopened."
+
+
+def _stop_slice(request: HttpRequest, incident: Incident, data: dict) -> str:
+    reason = data["reason"]
+    with transaction.atomic():
+        s = tenant_services.slice_stop(
+            slice=incident.slice, actor=request.user, reason=reason, force=True
+        )
+        services.incident_event(
+            incident,
+            E.ACTION,
+            f"Slice {s.pk} force-stopped by ops ({s.state}): {reason}",
+            actor=request.user,
+            data={"action": "stop_slice", "slice_id": s.pk, "slice_state": s.state},
+        )
+    return f"Slice {s.pk} is {s.state}; its tenant sees the reason."
+
+
+def _gpu_name(gpu) -> str:  # type: ignore[no-untyped-def]
+    return f"{gpu.node.name} GPU {gpu.index}"
+
+
+def _drain_gpu(request: HttpRequest, incident: Incident, data: dict) -> str:
+    gpu = incident.gpu
+    reason = data["reason"]
+    with transaction.atomic():
+        node_services.gpu_set_accepting(
+            gpu=gpu, accepting=False, reason=f"Incident #{incident.pk}: {reason}"
+        )
+        services.incident_event(
+            incident,
+            E.ACTION,
+            f"Drained {_gpu_name(gpu)}: no new placements, running work continues. {reason}",
+            actor=request.user,
+            data={"action": "drain_gpu", "gpu_id": gpu.pk},
+        )
+    return f"{_gpu_name(gpu)} takes no new placements."
+
+
+def _drain_node(request: HttpRequest, incident: Incident, data: dict) -> str:
+    node = _node_of(incident)
+    reason = data["reason"]
+    with transaction.atomic():
+        node_services.node_drain(node=node, reason=f"Incident #{incident.pk}: {reason}")
+        services.incident_event(
+            incident,
+            E.ACTION,
+            f"Drained node {node.name}: no new placements, running work continues. {reason}",
+            actor=request.user,
+            data={"action": "drain_node", "node_id": node.pk},
+        )
+    return f"Node {node.name} is draining: no new placements."
+
+
+@dataclass(frozen=True)
+class Action:
+    form: type[forms.Form]
+    run: Callable[[HttpRequest, Incident, dict], str]
+    title: str
+    button: str
+    explain: str
+    unavailable: str
+
+
+ACTIONS = {
+    "acknowledge": Action(
+        ConfirmForm,
+        _acknowledge,
+        "Acknowledge",
+        "Acknowledge",
+        "You take it: the ledger shows you as the one working on it.",
+        "Only an open incident can be acknowledged.",
+    ),
+    "resolve": Action(
+        ResolveForm,
+        _resolve,
+        "Resolve",
+        "Resolve",
+        "It is archived with your note; the watchdog opens a new one if it happens again.",
+        "This incident is already resolved.",
+    ),
+    "reopen": Action(
+        ReopenForm,
+        _reopen,
+        "Reopen",
+        "Reopen",
+        "It goes back to acknowledged, with you on the timeline.",
+        "Only a resolved incident can be reopened.",
+    ),
+    "stop_slice": Action(
+        StopSliceForm,
+        _stop_slice,
+        "Stop the slice",
+        "Force-stop the slice",
+        "Its container is killed at once, its VRAM released and metering stopped; the "
+        "tenant is told why.",
+        "No running slice to stop: it has none, or it has already ended.",
+    ),
+    "drain_gpu": Action(
+        ReasonForm,
+        _drain_gpu,
+        "Drain the GPU",
+        "Drain the GPU",
+        "The GPU takes no new slices; those running on it continue. Open it again on the "
+        "placement policy page.",
+        "No GPU to drain: none is named, or it already takes no placements.",
+    ),
+    "drain_node": Action(
+        ReasonForm,
+        _drain_node,
+        "Drain the node",
+        "Drain the node",
+        "No GPU of the node takes new slices; those running continue. Undrain it on the "
+        "node's page.",
+        "No node to drain: none is named, or it is already draining.",
+    ),
+}
+
+
+@staff_member_required
+@require_http_methods(["GET", "POST"])
+def ops_incident_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
+    """GET asks to confirm; only the confirmation form's POST acts."""
+    spec = ACTIONS.get(action)
+    if spec is None:
+        raise Http404
+    incident = _ops_incident(pk)
+    back = redirect("incidents:ops_incident", pk=incident.pk)
+    if not available_actions(incident)[action]:
+        messages.info(request, spec.unavailable)
+        return back
+    form = spec.form(request.POST if request.method == "POST" else None)
+    status = 200
+    if request.method == "POST":
+        if form.is_valid():
+            try:
+                text = spec.run(request, incident, form.cleaned_data)
+            except ServiceError as exc:
+                name = (exc.field or "").rpartition(".")[2]
+                if name not in form.fields:
+                    messages.error(request, exc.message)
+                    return back
+                form.add_error(name, exc.message)
+                status = exc.status_code
+            else:
+                messages.success(request, text)
+                return back
+        else:
+            status = 400
+    return render(
+        request,
+        "incidents/ops_incident_action.html",
+        {
+            "incident": incident,
+            "node": _node_of(incident),
+            "action": action,
+            "spec": spec,
+            "form": form,
+        },
+        status=status,
+    )
+
+
+# --- ops: KPIs ----------------------------------------------------------------------------------
+
+
+def duration_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+@staff_member_required
+@require_GET
+def ops_kpis(request: HttpRequest) -> HttpResponse:
+    form = PeriodForm(request.GET or None)
+    days = form.days_or_default()
+    until = timezone.now()
+    data = kpis.compute(since=until - timedelta(days=days), until=until)
+    for row in [data, *data["by_class"], *data["by_node"]]:
+        row["mttd"] = duration_text(row["mttd_s"])
+        row["mttr"] = duration_text(row["mttr_s"])
+    charts = {
+        "per_day": data["per_day"],
+        "by_node": {
+            "labels": [r["node"] for r in data["by_node"]],
+            "per_1000": [r["per_1000_gpu_hours"] or 0 for r in data["by_node"]],
+            "preemption_pct": [r["preemption_rate_pct"] or 0 for r in data["by_node"]],
+        },
+        "by_class": {
+            "labels": [r["label"] for r in data["by_class"]],
+            "mttd_min": [round((r["mttd_s"] or 0) / 60, 2) for r in data["by_class"]],
+            "mttr_min": [round((r["mttr_s"] or 0) / 60, 2) for r in data["by_class"]],
+        },
+    }
+    return render(
+        request,
+        "incidents/ops_kpis.html",
+        {"form": form, "days": days, "kpi": data, "charts": charts, "periods": kpis.PERIODS},
+    )
+
+
+# --- ops: watchdog thresholds ------------------------------------------------------------------
+
+
+@staff_member_required
+@require_http_methods(["GET", "POST"])
+def ops_watchdog(request: HttpRequest) -> HttpResponse:
+    row = selectors.thresholds()
+    initial = {name: getattr(row, name) for name in ThresholdsForm().fields}
+    form = ThresholdsForm(request.POST if request.method == "POST" else None, initial=initial)
+    status = 200
+    if request.method == "POST":
+        if form.is_valid():
+            try:
+                services.thresholds_update(actor=request.user, **form.changes())
+            except ServiceError as exc:
+                form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+                status = exc.status_code
+            else:
+                messages.success(request, "Watchdog thresholds saved; the next sample uses them.")
+                return redirect("incidents:ops_watchdog")
+        else:
+            status = 400
+    return render(request, "incidents/ops_watchdog.html", {"form": form, "row": row}, status=status)
+
+
+# --- tenant: incidents about their own slices -------------------------------------------------
+
+
+def _tenant_incidents(request: HttpRequest):  # type: ignore[no-untyped-def]
+    return selectors.incident_list(tenant=request.membership.tenant)
+
+
+@member_required
+@require_GET
+def incident_list(request: HttpRequest) -> HttpResponse:
+    page = Paginator(_tenant_incidents(request), PAGE_SIZE).get_page(request.GET.get("page"))
+    for incident in page:
+        incident.plain = tenant_text(incident)  # type: ignore[attr-defined]
+    return render(request, "incidents/tenant_list.html", {"page": page})
+
+
+@member_required
+@require_GET
+def incident_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    incident = get_object_or_404(_tenant_incidents(request), pk=pk)
+    ev = incident.evidence if isinstance(incident.evidence, dict) else {}
+    usage = None
+    if isinstance(ev.get("used_mb"), int) and isinstance(ev.get("quota_mb"), int):
+        usage = {"used_mb": ev["used_mb"], "quota_mb": ev["quota_mb"]}
+    return render(
+        request,
+        "incidents/tenant_detail.html",
+        {"incident": incident, "plain": tenant_text(incident), "usage": usage},
+    )

@@ -1,0 +1,350 @@
+"""Incident notifications: signed webhooks to a real HTTP receiver on loopback, retries,
+and email to ops and to the tenant whose slice it was, never to a neighbour.
+
+Incidents are recorded the watchdog's way (services.apply_findings with a rules.Finding);
+notifications are queued after commit and run here by Celery's eager mode, or by calling
+the notify functions the tasks call."""
+
+import hashlib
+import hmac
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from django.core import mail
+from django.utils import timezone
+
+from gpuplatform.celery import app
+from incidents import notify, rules, services, tasks
+from incidents.models import Incident, WebhookDelivery, WebhookEndpoint
+from nodes import services as node_services
+from nodes.models import Allocation, Gpu, Node
+from tenants.models import Image, Purchase, Slice, Tier
+
+pytestmark = pytest.mark.django_db
+
+CID_A = "a" * 64
+CID_B = "b" * 64
+ADVICE = "Lower the batch size or context length"
+
+
+class Receiver:
+    """A webhook receiver on 127.0.0.1 (random port): records each POST and answers
+    with the status set for its path (200 unless told)."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        self.answers: dict[str, int] = {}
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                receiver.requests.append(
+                    {"path": self.path, "headers": dict(self.headers), "body": body}
+                )
+                code = receiver.answers.get(self.path, 200)
+                self.send_response(code)
+                if code in (301, 302, 307, 308):  # would send the platform elsewhere
+                    self.send_header("Location", "http://169.254.169.254/latest/meta-data/")
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args) -> None:  # type: ignore[no-untyped-def]
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.server.server_port}{path}"
+
+    def paths(self) -> list[str]:
+        return sorted(r["path"] for r in self.requests)
+
+    def to(self, path: str) -> list[dict]:
+        return [r for r in self.requests if r["path"] == path]
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver(monkeypatch, settings):  # type: ignore[no-untyped-def]
+    settings.WEBHOOKS_ALLOW_PRIVATE = True  # the receiver is on loopback
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")  # urllib must not go through a proxy
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    server = Receiver()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def eager():  # type: ignore[no-untyped-def]
+    app.conf.task_always_eager = True
+    yield
+    app.conf.task_always_eager = False
+
+
+@pytest.fixture
+def gpu():  # type: ignore[no-untyped-def]
+    node = Node.objects.create(name="w1", address="10.8.0.1", status="active", host_key="k")
+    return Gpu.objects.create(
+        node=node, uuid="GPU-w1-0-where", index=0, model="A30", vram_total_mb=24576
+    )
+
+
+def running_slice(owner, gpu, cid):  # type: ignore[no-untyped-def]
+    tier = Tier.objects.get(vram_mb=8192)
+    purchase = Purchase.objects.create(
+        tenant=owner.tenant, tier=tier, hours=1, price_paid=0, minutes_total=60, minutes_left=60
+    )
+    image = Image.objects.get_or_create(name="img", defaults={"reference": "x/y:1"})[0]
+    allocation = node_services.allocation_reserve(owner_key="slice-pending", vram_mb=tier.vram_mb)
+    s = Slice.objects.create(
+        tenant=owner.tenant,
+        purchase=purchase,
+        image="x/y:1",
+        image_entry=image,
+        vram_mb=tier.vram_mb,
+        state="running",
+        allocation=allocation,
+        container_id=cid,
+        started_at=timezone.now(),
+        last_metered_at=timezone.now(),
+    )
+    Allocation.objects.filter(pk=allocation.pk).update(owner_key=s.owner_key)
+    return s
+
+
+def breach(s, gpu) -> rules.Finding:  # type: ignore[no-untyped-def]
+    """The first sample over quota: recorded, no action yet (one sample of grace)."""
+    return rules.Finding(
+        rule="quota_breach",
+        target=f"slice:{s.pk}",
+        severity=rules.CRITICAL,
+        root_cause=rules.APP_PARAMETERS,
+        title=f"Slice {s.pk} over its VRAM quota",
+        gpu_id=gpu.pk,
+        node_id=gpu.node_id,
+        slice_id=s.pk,
+        tenant_id=s.tenant_id,
+        evidence={"pid": 4242, "used_mb": 9000, "quota_mb": 8192},
+    )
+
+
+@pytest.fixture
+def endpoints(receiver, owner_a, owner_b):  # type: ignore[no-untyped-def]
+    def make(tenant, path, *, active=True):  # type: ignore[no-untyped-def]
+        return WebhookEndpoint.objects.create(
+            tenant=tenant, url=receiver.url(path), secret=f"secret-{path}", is_active=active
+        )
+
+    return {
+        "ops": make(None, "/ops"),
+        "a": make(owner_a.tenant, "/a"),
+        "a-off": make(owner_a.tenant, "/a-off", active=False),
+        "b": make(owner_b.tenant, "/b"),
+    }
+
+
+def expected_signature(secret: str, timestamp: str, body: bytes) -> str:
+    # computed here, not with notify.sign: this is what a receiver does
+    return (
+        "sha256="
+        + hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    )
+
+
+def verify(request: dict, secret: str) -> dict:
+    """Check a received webhook as a receiver would; return its JSON body."""
+    headers = request["headers"]
+    timestamp = headers["X-Gpuplatform-Timestamp"]
+    assert abs(int(timestamp) - time.time()) < 60
+    assert hmac.compare_digest(
+        headers["X-Gpuplatform-Signature"], expected_signature(secret, timestamp, request["body"])
+    )
+    assert headers["Content-Type"] == "application/json"
+    # a signature made with another secret does not pass
+    assert headers["X-Gpuplatform-Signature"] != expected_signature(
+        "someone-else", timestamp, request["body"]
+    )
+    return json.loads(request["body"])
+
+
+# --- who is told -------------------------------------------------------------------------------
+
+
+def test_an_incident_about_a_slice_reaches_ops_and_that_tenant_only(  # type: ignore[no-untyped-def]
+    gpu, owner_a, owner_b, ops_user, endpoints, receiver, eager, django_capture_on_commit_callbacks
+):
+    slice_a = running_slice(owner_a, gpu, CID_A)
+    running_slice(owner_b, gpu, CID_B)  # the neighbour on the same card
+    with django_capture_on_commit_callbacks(execute=True):
+        services.apply_findings([breach(slice_a, gpu)], now=timezone.now(), gpus={gpu.pk: gpu})
+    incident = Incident.objects.get(rule="quota_breach")
+
+    assert receiver.paths() == ["/a", "/ops"]  # not B's, not A's inactive one
+    ops_body = verify(receiver.to("/ops")[0], "secret-/ops")
+    tenant_body = verify(receiver.to("/a")[0], "secret-/a")
+    for body in (ops_body, tenant_body):
+        assert body["event"] == "incident.opened"
+        assert body["incident"]["id"] == incident.pk
+        assert body["incident"]["slice"] == slice_a.pk
+        assert body["incident"]["severity"] == "critical"
+    assert ops_body["incident"]["tenant"] == owner_a.tenant_id
+    assert ops_body["incident"]["node"] == gpu.node_id and ops_body["incident"]["gpu"] == gpu.pk
+    assert not {"tenant", "node", "gpu"} & set(tenant_body["incident"])
+    assert "GPU-w1-0-where" not in receiver.to("/a")[0]["body"].decode()
+
+    deliveries = WebhookDelivery.objects.filter(incident=incident)
+    assert {d.endpoint_id for d in deliveries} == {endpoints["ops"].pk, endpoints["a"].pk}
+    for d in deliveries:
+        assert (d.status, d.attempts, d.response_status) == ("delivered", 1, 200)
+        assert d.delivered_at is not None and d.last_error == ""
+
+    # email: ops get the incident, tenant A's owner gets it in plain words, B nobody
+    recipients = [address for message in mail.outbox for address in message.to]
+    assert sorted(recipients) == sorted([ops_user.email, owner_a.user.email])
+    assert owner_b.user.email not in recipients
+    to_ops = next(m for m in mail.outbox if ops_user.email in m.to)
+    assert f"/ops/incidents/{incident.pk}/" in to_ops.body and "quota_breach" in to_ops.body
+    to_tenant = next(m for m in mail.outbox if owner_a.user.email in m.to)
+    assert to_tenant.body == notify.tenant_text(incident)
+    assert ADVICE in to_tenant.body and f"slice {slice_a.pk}" in to_tenant.subject
+    assert "w1" not in to_tenant.body and "GPU-w1-0-where" not in to_tenant.body
+
+
+def test_an_incident_about_no_tenant_reaches_ops_only(  # type: ignore[no-untyped-def]
+    gpu, owner_a, ops_user, endpoints, receiver, eager, django_capture_on_commit_callbacks
+):
+    running_slice(owner_a, gpu, CID_A)  # a tenant on the card is not about this incident
+    card = rules.Finding(
+        rule="vram_high",
+        target=f"gpu:{gpu.uuid}",
+        severity=rules.WARNING,
+        root_cause=rules.NO_ISOLATION,
+        title="GPU VRAM at 88%",
+        gpu_id=gpu.pk,
+        node_id=gpu.node_id,
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        services.apply_findings([card], now=timezone.now(), gpus={gpu.pk: gpu})
+    assert receiver.paths() == ["/ops"]
+    assert verify(receiver.requests[0], "secret-/ops")["incident"]["gpu"] == gpu.pk
+    assert [m.to for m in mail.outbox] == [[ops_user.email]]
+
+
+def test_email_send_directly_tells_ops_and_the_tenant_owner_only(  # type: ignore[no-untyped-def]
+    gpu, owner_a, owner_b, ops_user, django_capture_on_commit_callbacks
+):
+    slice_a = running_slice(owner_a, gpu, CID_A)
+    with django_capture_on_commit_callbacks(execute=False) as queued:
+        services.apply_findings([breach(slice_a, gpu)], now=timezone.now(), gpus={gpu.pk: gpu})
+    assert queued and mail.outbox == []  # nothing sent before commit
+    incident = Incident.objects.get(rule="quota_breach")
+    sent = notify.email_send(incident_id=incident.pk, event="opened")
+    assert sent == 2 and len(mail.outbox) == 2
+    assert owner_b.user.email not in str([m.to for m in mail.outbox])
+    plain = next(m for m in mail.outbox if m.to == [owner_a.user.email]).body
+    assert plain.startswith(f"Slice {slice_a.pk} over its VRAM quota.") and ADVICE in plain
+
+
+# --- failures and retries -------------------------------------------------------------------
+
+
+def _one_delivery(gpu, owner_a, endpoints, capture) -> WebhookDelivery:  # type: ignore[no-untyped-def]
+    slice_a = running_slice(owner_a, gpu, CID_A)
+    with capture(execute=False):  # queued, not run: the test runs the deliveries
+        services.apply_findings([breach(slice_a, gpu)], now=timezone.now(), gpus={gpu.pk: gpu})
+    return WebhookDelivery.objects.get(endpoint=endpoints["a"])
+
+
+def test_a_receiver_error_keeps_the_delivery_pending_then_fails_it_on_the_last_attempt(  # type: ignore[no-untyped-def]
+    gpu, owner_a, endpoints, receiver, django_capture_on_commit_callbacks
+):
+    receiver.answers["/a"] = 500
+    delivery = _one_delivery(gpu, owner_a, endpoints, django_capture_on_commit_callbacks)
+    assert (delivery.status, delivery.attempts) == ("pending", 0)
+
+    with pytest.raises(notify.DeliveryFailed):
+        notify.webhook_deliver(delivery_id=delivery.pk, final_attempt=False)
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.attempts, delivery.response_status) == ("pending", 1, 500)
+    assert "500" in delivery.last_error and delivery.delivered_at is None
+
+    assert notify.webhook_deliver(delivery_id=delivery.pk, final_attempt=True) == "failed"
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.attempts, delivery.response_status) == ("failed", 2, 500)
+    assert len(receiver.to("/a")) == 2
+    # each attempt was signed afresh and correctly
+    for request in receiver.to("/a"):
+        verify(request, "secret-/a")
+
+
+def test_an_unreachable_receiver_is_recorded_as_an_error(  # type: ignore[no-untyped-def]
+    gpu, owner_a, endpoints, receiver, django_capture_on_commit_callbacks
+):
+    delivery = _one_delivery(gpu, owner_a, endpoints, django_capture_on_commit_callbacks)
+    receiver.stop()  # nobody listens on that port any more
+    with pytest.raises(notify.DeliveryFailed):
+        notify.webhook_deliver(delivery_id=delivery.pk, final_attempt=False)
+    delivery.refresh_from_db()
+    assert delivery.status == "pending" and delivery.attempts == 1
+    assert delivery.response_status is None and delivery.last_error
+
+
+def test_a_delivered_webhook_is_not_sent_twice(  # type: ignore[no-untyped-def]
+    gpu, owner_a, endpoints, receiver, django_capture_on_commit_callbacks
+):
+    receiver.answers["/a"] = 503
+    delivery = _one_delivery(gpu, owner_a, endpoints, django_capture_on_commit_callbacks)
+    with pytest.raises(notify.DeliveryFailed):
+        notify.webhook_deliver(delivery_id=delivery.pk, final_attempt=False)
+    receiver.answers["/a"] = 204  # the receiver is back
+    assert notify.webhook_deliver(delivery_id=delivery.pk, final_attempt=False) == "delivered"
+    # at-least-once delivery of the task: running it again sends nothing
+    assert notify.webhook_deliver(delivery_id=delivery.pk, final_attempt=False) == "delivered"
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.attempts, delivery.response_status) == ("delivered", 2, 204)
+    assert delivery.last_error == "" and len(receiver.to("/a")) == 2
+
+
+def test_the_webhook_task_retries_until_its_last_attempt(  # type: ignore[no-untyped-def]
+    gpu, owner_a, endpoints, receiver, django_capture_on_commit_callbacks
+):
+    receiver.answers["/a"] = 500
+    delivery = _one_delivery(gpu, owner_a, endpoints, django_capture_on_commit_callbacks)
+    tasks.deliver_webhook.apply(args=[delivery.pk])  # eager: retries run at once
+    delivery.refresh_from_db()
+    attempts = tasks.WEBHOOK_RETRIES + 1
+    assert (delivery.status, delivery.attempts) == ("failed", attempts)
+    assert len(receiver.to("/a")) == attempts
+
+
+def test_a_tenant_webhook_to_a_private_address_is_refused_when_sent(  # type: ignore[no-untyped-def]
+    gpu, owner_a, endpoints, receiver, settings, django_capture_on_commit_callbacks
+):
+    settings.WEBHOOKS_ALLOW_PRIVATE = False  # production: the tenant's URL is on loopback
+    delivery = _one_delivery(gpu, owner_a, endpoints, django_capture_on_commit_callbacks)
+    assert notify.webhook_deliver(delivery_id=delivery.pk, final_attempt=True) == "failed"
+    delivery.refresh_from_db()
+    assert "non-public address" in delivery.last_error
+    assert receiver.to("/a") == []  # nothing was sent
+
+
+def test_a_redirect_is_a_failed_delivery_not_followed(  # type: ignore[no-untyped-def]
+    gpu, owner_a, endpoints, receiver, django_capture_on_commit_callbacks
+):
+    receiver.answers["/a"] = 302
+    delivery = _one_delivery(gpu, owner_a, endpoints, django_capture_on_commit_callbacks)
+    with pytest.raises(notify.DeliveryFailed):
+        notify.webhook_deliver(delivery_id=delivery.pk, final_attempt=False)
+    delivery.refresh_from_db()
+    assert delivery.status == "pending" and delivery.response_status == 302
+    assert len(receiver.to("/a")) == 1

@@ -1,0 +1,266 @@
+"""The watchdog on stored batches: what each sample does to the ledger and the fleet.
+
+Batches go through nodes.services.samples_ingest, the same path the sampler takes, so
+the rules run from the real sample hook."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from incidents import services
+from incidents.models import Incident, IncidentEvent, SliceWatch
+from nodes import services as node_services
+from nodes.models import Allocation, Gpu, Node
+from nodes.telemetry import GpuReading, NodeSample, ProcessReading, XidEvent
+from tenants.models import Image, Purchase, Slice, Tier
+
+pytestmark = pytest.mark.django_db
+
+CID = "c" * 64
+
+
+@pytest.fixture
+def node():  # type: ignore[no-untyped-def]
+    return Node.objects.create(name="w1", address="10.8.0.1", status="active", host_key="k")
+
+
+@pytest.fixture
+def gpu(node):  # type: ignore[no-untyped-def]
+    return Gpu.objects.create(
+        node=node,
+        uuid="GPU-w1-0",
+        index=0,
+        model="A30",
+        vram_total_mb=24576,
+        pci_bus_id="00000000:3B:00.0",
+    )
+
+
+def sample(node, gpu, used_mb, *, procs=(), xids=(), at=None):  # type: ignore[no-untyped-def]
+    reading = GpuReading(
+        index=0,
+        uuid=gpu.uuid,
+        name=gpu.model,
+        memory_total_mb=gpu.vram_total_mb,
+        memory_used_mb=used_mb,
+        utilization_gpu=50,
+        utilization_memory=20,
+    )
+    return node_services.samples_ingest(
+        results=[
+            (
+                node,
+                NodeSample(
+                    source="nvml",
+                    taken_at=at or timezone.now(),
+                    gpus=(reading,),
+                    processes=tuple(procs),
+                    xid_events=tuple(xids),
+                ),
+            )
+        ],
+        received_at=at,
+    )
+
+
+def running_slice(owner, gpu, quota_gb=8):  # type: ignore[no-untyped-def]
+    tier = Tier.objects.get(vram_mb=quota_gb * 1024)
+    purchase = Purchase.objects.create(
+        tenant=owner.tenant, tier=tier, hours=1, price_paid=0, minutes_total=60, minutes_left=60
+    )
+    image = Image.objects.get_or_create(name="img", defaults={"reference": "x/y:1"})[0]
+    allocation = node_services.allocation_reserve(owner_key="slice-pending", vram_mb=tier.vram_mb)
+    s = Slice.objects.create(
+        tenant=owner.tenant,
+        purchase=purchase,
+        image="x/y:1",
+        image_entry=image,
+        vram_mb=tier.vram_mb,
+        state="running",
+        allocation=allocation,
+        container_id=CID,
+        started_at=timezone.now(),
+        last_metered_at=timezone.now(),
+    )
+    Allocation.objects.filter(pk=allocation.pk).update(owner_key=s.owner_key)
+    return s
+
+
+def test_breaker_opens_at_95_and_closes_below_85_only(node, gpu):  # type: ignore[no-untyped-def]
+    sample(node, gpu, 23500)  # 95.6%
+    gpu.refresh_from_db()
+    assert not gpu.accepting_placements and "breaker" in gpu.not_accepting_reason
+    critical = Incident.objects.get(rule="vram_critical")
+    assert critical.severity == "critical" and critical.status == "mitigated"
+    assert Incident.objects.get(rule="vram_high").severity == "warning"
+    assert node_services.allocation_reserve(owner_key="x", vram_mb=512) is None
+
+    sample(node, gpu, 23600)  # still over: the same incident, one more occurrence
+    critical.refresh_from_db()
+    assert critical.occurrences == 2 and Incident.objects.filter(rule="vram_critical").count() == 1
+
+    sample(node, gpu, 22000)  # 89.5%: below 95 but not below 85 -> still closed
+    gpu.refresh_from_db()
+    assert not gpu.accepting_placements
+
+    sample(node, gpu, 20000)  # 81% -> open again, incidents resolved and archived
+    gpu.refresh_from_db()
+    critical.refresh_from_db()
+    assert gpu.accepting_placements
+    assert critical.status == "resolved" and critical.resolved_by is None
+    kinds = list(critical.events.values_list("kind", flat=True))
+    for step in ("detected", "located", "classified", "disposed", "archived"):
+        assert step in kinds, kinds
+    assert Incident.objects.get(rule="vram_high").status == "resolved"
+
+
+def test_slice_over_quota_gets_one_sample_of_grace_then_its_stop_is_dispatched(
+    node, gpu, owner_a, django_capture_on_commit_callbacks, monkeypatch
+):  # type: ignore[no-untyped-def]
+    from incidents import tasks
+
+    sent = []
+    monkeypatch.setattr(tasks.dispose, "delay", lambda *a: sent.append(a))
+    s = running_slice(owner_a, gpu)
+    over = [ProcessReading(gpu_uuid=gpu.uuid, pid=4242, used_memory_mb=9000, container_id=CID)]
+    with django_capture_on_commit_callbacks(execute=True):
+        sample(node, gpu, 9500, procs=over)
+    incident = Incident.objects.get(rule="quota_breach")
+    assert incident.slice_id == s.pk and incident.tenant_id == owner_a.tenant_id
+    assert sent == [] and SliceWatch.objects.get(slice=s).over_quota_streak == 1
+    with django_capture_on_commit_callbacks(execute=True):
+        sample(node, gpu, 9600, procs=over)
+    assert len(sent) == 1 and sent[0][0] == incident.pk and sent[0][1] == "stop_slice"
+    incident.refresh_from_db()
+    assert incident.occurrences == 2
+    evidence = incident.evidence
+    assert evidence["slice"]["tenant"] == owner_a.tenant.name
+    assert evidence["used_mb"] == 9000 and evidence["quota_mb"] == 8192
+    located = incident.events.get(kind=IncidentEvent.Kind.LOCATED).message
+    assert f"slice {s.pk}" in located and owner_a.tenant.name in located
+
+
+def test_xid_79_drains_the_gpu_so_no_new_slice_lands_there(node, gpu):  # type: ignore[no-untyped-def]
+    xid = XidEvent(
+        xid=79,
+        raw="NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.",
+        pci_bus_id="0000:3b:00",
+    )
+    sample(node, gpu, 1000, xids=[xid])
+    gpu.refresh_from_db()
+    assert not gpu.accepting_placements
+    incident = Incident.objects.get(rule="hardware_fault")
+    assert incident.root_cause == "hardware" and "fallen off the bus" in str(incident.evidence)
+    assert node_services.allocation_reserve(owner_key="y", vram_mb=4096) is None
+    sample(node, gpu, 1000)  # the card stays drained after the Xid has passed
+    gpu.refresh_from_db()
+    assert not gpu.accepting_placements
+
+
+def test_a_process_of_no_slice_is_ended_only_when_seen_again(
+    node, gpu, django_capture_on_commit_callbacks, monkeypatch
+):  # type: ignore[no-untyped-def]
+    from incidents import tasks
+
+    sent = []
+    monkeypatch.setattr(tasks.dispose, "delay", lambda *a: sent.append(a))
+    stray = [ProcessReading(gpu_uuid=gpu.uuid, pid=777, used_memory_mb=3000, container_id="")]
+    with django_capture_on_commit_callbacks(execute=True):
+        sample(node, gpu, 3000, procs=stray)
+        services.watch_sweep()
+    assert sent == [] and Incident.objects.get(rule="orphan_process").occurrences == 1
+    with django_capture_on_commit_callbacks(execute=True):
+        sample(node, gpu, 3000, procs=stray)
+        services.watch_sweep()
+    assert [a[1] for a in sent] == ["end_orphan"] and sent[0][2]["pid"] == 777
+    with django_capture_on_commit_callbacks(execute=True):
+        sample(node, gpu, 3000)  # gone: no more findings, nothing else ended
+        services.watch_sweep()
+    assert len(sent) == 1
+
+
+def test_memory_used_with_no_process_is_a_reclaim_failure(node, gpu):  # type: ignore[no-untyped-def]
+    sample(node, gpu, 6000)
+    services.watch_sweep()
+    incident = Incident.objects.get(rule="unattributed_memory")
+    assert incident.root_cause == "reclaim_failure" and incident.gpu_id == gpu.pk
+
+
+def test_idle_slice_is_warned_then_reclaimed_with_time_moved_forward(
+    node, gpu, owner_a, django_capture_on_commit_callbacks, monkeypatch
+):  # type: ignore[no-untyped-def]
+    from incidents import tasks
+
+    sent = []
+    monkeypatch.setattr(tasks.dispose, "delay", lambda *a: sent.append(a))
+    s = running_slice(owner_a, gpu)
+    start = timezone.now()
+    Slice.objects.filter(pk=s.pk).update(started_at=start)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.watch_sweep(now=start + timedelta(minutes=14))
+    assert not Incident.objects.filter(rule="idle_slice").exists()
+    with django_capture_on_commit_callbacks(execute=True):
+        services.watch_sweep(now=start + timedelta(minutes=15, seconds=5))
+    assert SliceWatch.objects.get(slice=s).idle_warned_at is not None and sent == []
+    with django_capture_on_commit_callbacks(execute=True):
+        services.watch_sweep(now=start + timedelta(minutes=21))
+    assert [a[1] for a in sent] == ["stop_slice"]
+
+
+def test_incidents_are_scoped_to_their_tenant(node, gpu, owner_a, owner_b, monkeypatch):  # type: ignore[no-untyped-def]
+    from incidents import tasks
+
+    monkeypatch.setattr(tasks.dispose, "delay", lambda *a: None)
+    running_slice(owner_a, gpu)
+    over = [ProcessReading(gpu_uuid=gpu.uuid, pid=1, used_memory_mb=9000, container_id=CID)]
+    sample(node, gpu, 9000, procs=over)
+    assert Incident.objects.for_tenant(owner_a.tenant).filter(rule="quota_breach").count() == 1
+    assert Incident.objects.for_tenant(owner_b.tenant).count() == 0
+
+
+def test_breaker_never_reopens_a_gpu_ops_closed(node, gpu, ops_user):  # type: ignore[no-untyped-def]
+    sample(node, gpu, 23500)  # breaker closes it
+    gpu.refresh_from_db()
+    node_services.gpu_set_accepting(gpu=gpu, accepting=False, reason="ops: fan failing")
+    sample(node, gpu, 1000)  # back under 85%: the breaker lets go, ops' closure stays
+    gpu.refresh_from_db()
+    assert not gpu.accepting_placements and gpu.not_accepting_reason == "ops: fan failing"
+
+
+def test_breaker_keeps_the_reason_of_a_gpu_already_closed(node, gpu):  # type: ignore[no-untyped-def]
+    node_services.gpu_set_accepting(gpu=gpu, accepting=False, reason="ops: maintenance")
+    sample(node, gpu, 23500)
+    gpu.refresh_from_db()
+    assert gpu.not_accepting_reason == "ops: maintenance"
+    sample(node, gpu, 1000)
+    gpu.refresh_from_db()
+    assert not gpu.accepting_placements
+
+
+def test_time_to_detect_starts_when_the_condition_began(node, gpu):  # type: ignore[no-untyped-def]
+    sample(node, gpu, 23500)
+    incident = Incident.objects.get(rule="vram_critical")
+    assert incident.evidence["condition_since"] == incident.evidence["detected_at"]
+
+
+def test_an_unreachable_node_is_a_connectivity_incident_until_it_answers(
+    node, gpu, owner_a, eager, django_capture_on_commit_callbacks
+):  # type: ignore[no-untyped-def]
+    from django.core import mail
+
+    running_slice(owner_a, gpu)
+    Node.objects.filter(pk=node.pk).update(status="unreachable", status_reason="timed out")
+    with django_capture_on_commit_callbacks(execute=True):
+        services.watch_sweep()
+    incident = Incident.objects.get(rule="node_unreachable")
+    assert incident.root_cause == "connectivity" and incident.severity == "critical"
+    told = [m for m in mail.outbox if "does not answer" in m.subject]
+    assert [m.to for m in told] == [[owner_a.user.email]]
+    services.watch_sweep()  # still down: the same incident
+    incident.refresh_from_db()
+    assert incident.occurrences == 2
+    Node.objects.filter(pk=node.pk).update(status="active", status_reason="")
+    services.watch_sweep()
+    incident.refresh_from_db()
+    assert incident.status == "resolved"
