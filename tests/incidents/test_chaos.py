@@ -159,8 +159,12 @@ def test_a_leaking_slice_is_stopped_alone_and_its_neighbours_keep_their_memory(
         stopping = leaky.transitions.get(to_state=Slice.State.STOPPING)
         assert "watchdog" in stopping.reason and "8192 MiB quota" in stopping.reason
         assert wait_for(lambda: container(leaky) is None, timeout=15), emu.containers
+        # the worker records the disposal right after the stop commits
+        assert wait_for(
+            lambda: Incident.objects.get(pk=incident.pk).status == Incident.Status.MITIGATED,
+            timeout=10,
+        )
         incident.refresh_from_db()
-        assert incident.status == Incident.Status.MITIGATED
         sample()  # the card is back under the breaker's line
         assert Gpu.objects.get(pk=gpu.pk).accepting_placements
 
