@@ -7,9 +7,9 @@ Definitions (the page states them too):
   (none below one GPU-hour).
 - Memory-preemption failure rate: of the slices that ran in the period (started before
   its end, not stopped before its start, placed on a GPU), the share hurt by a
-  neighbour's incident: an incident on the same GPU whose slice is another slice or
-  none, and whose time (first seen until resolved, or until the period's end while
-  unresolved) overlaps the slice's run within the period.
+  neighbour: the slice failed while a critical memory incident (no isolation, or a
+  reclaim failure) about another slice or the whole card was open on its GPU, or
+  within 5 minutes after. An incident the isolation contained hurts nobody.
 - Mean time to detect: first seen minus when the condition began as far as the samples
   show (evidence "condition_since": the breaching sample, the start of a leak's steady
   growth, the last compute of an idle slice, the low point of a rise); 0 without it.
@@ -53,6 +53,8 @@ ZERO = timedelta(0)
 # When the condition began: an ISO time, as services.incident_record writes it.
 ISO_TIME = r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}"
 NO_NODE = "(no node)"
+MEMORY_CLASSES = ("no_isolation", "reclaim_failure")
+HURT_SLACK = timedelta(minutes=5)
 # Below one GPU-hour a rate per 1,000 GPU-hours says nothing (a GPU found a minute ago
 # would turn one incident into millions): no rate is given.
 MIN_GPU_HOURS = 1.0
@@ -139,11 +141,18 @@ def gpu_hours_by_node(*, since: datetime, until: datetime) -> dict[str, float]:
 
 def slices_hurt_by_node(*, since: datetime, until: datetime) -> dict[str, tuple[int, int]]:
     """Per node: (slices that ran in the period, of which hurt by a neighbour's incident)."""
+    # Hurt = the slice itself failed while a neighbour's critical memory incident was
+    # open on its GPU (or within HURT_SLACK after): an incident the isolation contained
+    # (the neighbour stopped alone, the others ran on) hurts nobody.
     neighbour = (
-        Incident.objects.filter(gpu_id=OuterRef("allocation__gpu_id"))
+        Incident.objects.filter(
+            gpu_id=OuterRef("allocation__gpu_id"),
+            severity=Incident.Severity.CRITICAL,
+            root_cause__in=MEMORY_CLASSES,
+        )
         .filter(Q(slice__isnull=True) | ~Q(slice_id=OuterRef("pk")))
-        .annotate(ended=Coalesce("resolved_at", Value(until)))
-        .filter(first_seen_at__lte=OuterRef("run_end"), ended__gte=OuterRef("run_start"))
+        .annotate(ended=Coalesce("resolved_at", Value(until)) + Value(HURT_SLACK))
+        .filter(first_seen_at__lte=OuterRef("stopped_at"), ended__gte=OuterRef("stopped_at"))
     )
     rows = (
         Slice.objects.filter(
@@ -154,7 +163,7 @@ def slices_hurt_by_node(*, since: datetime, until: datetime) -> dict[str, tuple[
             run_start=Greatest("started_at", Value(since)),
             run_end=Least(Coalesce("stopped_at", Value(until)), Value(until)),
         )
-        .annotate(hurt=Exists(neighbour))
+        .annotate(hurt=Exists(neighbour) & Q(state=Slice.State.FAILED))
         .values("allocation__gpu__node__name")
         .annotate(ran=Count("id"), hurt_n=Count("id", filter=Q(hurt=True)))
         .order_by()

@@ -231,6 +231,22 @@ class Thresholds(models.Model):
                 violation_error_message="Need 0 < warning <= critical <= 100, reset <= critical.",
             ),
             models.CheckConstraint(
+                # a zero would make every slice idle, every sample a breach, every
+                # process confirmed: the fleet stopped by one typo
+                condition=Q(process_jump_mb__gte=256)
+                & Q(sweep_rise_mb__gte=256)
+                & Q(sweep_window_s__gte=60)
+                & Q(leak_window_s__gte=300)
+                & Q(leak_min_growth_mb__gte=64)
+                & Q(idle_after_s__gte=300)
+                & Q(idle_stop_after_s__gte=60)
+                & Q(quota_grace_samples__gte=1)
+                & Q(orphan_confirm_samples__gte=2)
+                & Q(unattributed_mb__gte=64),
+                name="%(app_label)s_%(class)s_limits_sane",
+                violation_error_message="A limit is below its safe minimum.",
+            ),
+            models.CheckConstraint(
                 condition=Q(bandwidth_pct__gt=0) & Q(bandwidth_pct__lte=100),
                 name="%(app_label)s_%(class)s_bandwidth_pct_range",
                 violation_error_message="The bandwidth limit is a percentage.",

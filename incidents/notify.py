@@ -173,23 +173,26 @@ def email_send(*, incident_id: int, event: str) -> int:
     return sent
 
 
+TENANT_ADVICE = {
+    "quota_breach": "Your job used more GPU memory than your tier. Lower the batch size "
+    "or context length, load the model quantized (8-bit or 4-bit), or buy a bigger tier.",
+    "oom_exit": "Your job ran out of GPU memory. Lower the batch size or context length, "
+    "quantize the model, or buy a bigger tier.",
+    "idle_slice": "Your slice did no GPU work for a long time, so its memory was released "
+    "for others. Launch again when you need it.",
+    "slow_leak": "Your job's GPU memory keeps growing. Check for tensors kept across "
+    "steps (for example losses kept with their graph) or an unbounded cache.",
+    "bandwidth_hog": "Your job used most of the card's memory bandwidth, so it was slowed "
+    "down to protect other tenants on the card. It runs at full speed again once it uses less.",
+    "process_jump": "Your job's GPU memory jumped by several GB at once.",
+    "hardware_fault": "The GPU your slice runs on reported a hardware fault. We took it "
+    "out of service for new work; relaunch to move to a healthy GPU.",
+    "node_unreachable": "The machine your slice runs on stopped answering. You are not "
+    "charged while it is down.",
+}
+
+
 def tenant_text(incident: Incident) -> str:
     """What happened to the tenant's slice, in plain words, and what to change."""
-    advice = {
-        "quota_breach": "Your job used more GPU memory than your tier. Lower the batch size "
-        "or context length, load the model quantized (8-bit or 4-bit), or buy a bigger tier.",
-        "oom_exit": "Your job ran out of GPU memory. Lower the batch size or context length, "
-        "quantize the model, or buy a bigger tier.",
-        "idle_slice": "Your slice did no GPU work for a long time, so its memory was released "
-        "for others. Launch again when you need it.",
-        "slow_leak": "Your job's GPU memory keeps growing. Check for tensors kept across "
-        "steps (for example losses kept with their graph) or an unbounded cache.",
-        "bandwidth_hog": "Your job used most of the card's memory bandwidth, so it was slowed "
-        "down to protect other tenants on the card. It runs at full speed again once it uses less.",
-        "process_jump": "Your job's GPU memory jumped by several GB at once.",
-        "hardware_fault": "The GPU your slice runs on reported a hardware fault. We took it "
-        "out of service for new work; relaunch to move to a healthy GPU.",
-        "node_unreachable": "The machine your slice runs on stopped answering. You are not "
-        "charged while it is down.",
-    }.get(incident.rule, "")
+    advice = TENANT_ADVICE.get(incident.rule, "")
     return f"{incident.title}.\n\n{advice}".strip()

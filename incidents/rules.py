@@ -113,6 +113,10 @@ class Finding:
         return (self.rule, self.target)
 
 
+# How far under a warning line a reading must fall before the warning clears.
+CLEAR_MARGIN_PCT = 5.0
+
+
 def _pct(used: int, total: int) -> float:
     return 100.0 * used / total if total > 0 else 0.0
 
@@ -170,7 +174,9 @@ def vram_pressure(gpu: GpuView, th: Thresholds) -> list[Finding]:
                 **common,
             )
         )
-    else:
+    elif pct < th.vram_warning_pct - CLEAR_MARGIN_PCT:
+        # Cleared only well under the line: a well-packed card at 84-86% must not open
+        # and close an incident on every crossing.
         out.append(
             Finding(
                 rule="vram_high",
@@ -241,8 +247,9 @@ def process_jump(p: ProcessView, th: Thresholds, *, owner: SliceView | None) -> 
 
 
 def bandwidth(p: ProcessView, th: Thresholds, *, owner: SliceView | None) -> list[Finding]:
-    """A process using more than 70% of its card's memory bandwidth is throttled (and
-    released when it falls back)."""
+    """A slice whose busiest process uses more than 70% of its card's memory bandwidth
+    is throttled on every sample while it stays over, and released when it falls back.
+    Call it once per slice with that process (its highest reading)."""
     if owner is None or p.memory_utilization is None:
         return []
     target = f"slice:{owner.slice_id}"
@@ -263,7 +270,7 @@ def bandwidth(p: ProcessView, th: Thresholds, *, owner: SliceView | None) -> lis
                 title=f"Slice {owner.slice_id} uses {p.memory_utilization}% of the card's "
                 "memory bandwidth",
                 detail=f"Over {th.bandwidth_pct:g}%: throttled so neighbours keep theirs.",
-                action=THROTTLE if not owner.throttled else "",
+                action=THROTTLE,
                 **common,
             )
         ]
@@ -294,7 +301,9 @@ def orphans(
         if p.used_mb <= 0 or (p.container_id and p.container_id in known_containers):
             continue
         seen = streaks.get((p.gpu_id, p.pid), 0) + 1
-        confirmed = seen >= th.orphan_confirm_samples
+        # Only a container can be ended safely (the watchdog checks it is the platform's
+        # and slice-less on the node first); a bare PID is left to ops.
+        confirmed = seen >= th.orphan_confirm_samples and bool(p.container_id)
         out.append(
             Finding(
                 rule="orphan_process",
@@ -411,6 +420,8 @@ def fleet_sweep(gpu: GpuView, series: list[tuple[float, int]], th: Thresholds) -
                 above[0],
             )
     flagged = pct > th.sweep_high_pct or rise > th.sweep_rise_mb
+    if not flagged and pct > th.sweep_high_pct - CLEAR_MARGIN_PCT and rise > 0:
+        return []  # between the lines: neither flagged again nor cleared
     return [
         Finding(
             rule="fleet_sweep",

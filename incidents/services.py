@@ -30,15 +30,20 @@ from tenants.models import Slice
 
 from . import rules
 from .models import GpuWatch, Incident, IncidentEvent, SliceWatch, Thresholds
+from .notify import TENANT_ADVICE
 
 logger = logging.getLogger(__name__)
 
 E = IncidentEvent.Kind
 BREAKER_REASON = "VRAM breaker"
+HARDWARE_REASON = "Hardware fault"  # the GPU stays drained while its reason says so
 SEVERITY_RANK = {rules.INFO: 0, rules.WARNING: 1, rules.CRITICAL: 2}
 LIVE = (Slice.State.PROVISIONING, Slice.State.RUNNING, Slice.State.STOPPING)
 # Actions that talk to a node: done by a task on the incidents queue.
-REMOTE_ACTIONS = (rules.STOP_SLICE, rules.END_ORPHAN, rules.THROTTLE, rules.UNTHROTTLE)
+REMOTE_ACTIONS = (rules.STOP_SLICE, rules.END_ORPHAN, rules.THROTTLE)
+# Done once per incident, not again on every repeat of the finding (a stop is asked for
+# again while the slice still runs: its task is idempotent, and a lost one is retried).
+ONE_SHOT_ACTIONS = (rules.NOTIFY_TENANTS, rules.DRAIN_GPU, rules.END_ORPHAN)
 
 
 # --- the ledger -------------------------------------------------------------------------------
@@ -93,7 +98,7 @@ def incident_record(
     )
     if open_one is not None:
         open_one.occurrences += 1
-        open_one.last_seen_at = now
+        open_one.last_seen_at = max(open_one.last_seen_at, now)  # sweeps may overlap
         fields = ["occurrences", "last_seen_at"]
         if SEVERITY_RANK[finding.severity] > SEVERITY_RANK.get(open_one.severity, 0):
             open_one.severity = finding.severity
@@ -309,8 +314,8 @@ def thresholds_update(*, actor: AbstractBaseUser, **changes: Any) -> Thresholds:
             row.save()
     except Exception as exc:  # ValidationError or IntegrityError: say which rule
         raise ServiceError(
-            "Thresholds must stay ordered: 0 < warning <= critical <= 100, "
-            "placements resume at or below critical; limits are positive.",
+            "Thresholds must stay ordered (0 < warning <= critical <= 100, "
+            "placements resume at or below critical) and limits at or above their safe minimums.",
             field="thresholds",
         ) from exc
     return row
@@ -332,7 +337,14 @@ def watch_batch(batch: SampleBatch) -> dict[str, int]:
     gpus = {
         row[0]: GpuRow(*row)
         for row in Gpu.objects.filter(node_id__in=node_ids, present=True).values_list(
-            "pk", "node_id", "index", "uuid", "accepting_placements", "pci_bus_id", "node__name"
+            "pk",
+            "node_id",
+            "index",
+            "uuid",
+            "accepting_placements",
+            "pci_bus_id",
+            "node__name",
+            "not_accepting_reason",
         )
     }
     watches = {w.gpu_id: w for w in GpuWatch.objects.filter(gpu__node_id__in=node_ids)}
@@ -360,8 +372,9 @@ def watch_batch(batch: SampleBatch) -> dict[str, int]:
         used = sum(p.used_mb for p in procs_by_gpu[row["gpu_id"]] if p.container_id == row["cid"])
         watch = slice_watches[row["pk"]]
         streak = watch.over_quota_streak + 1 if used > row["quota"] else 0
+        # Unknown utilisation (MIG devices, nvidia-smi nodes report none) is not idleness.
         active = any(
-            (p.sm_utilization or 0) > 0
+            p.sm_utilization is None or p.sm_utilization > 0
             for p in procs_by_gpu[row["gpu_id"]]
             if p.container_id == row["cid"]
         )
@@ -399,7 +412,8 @@ def watch_batch(batch: SampleBatch) -> dict[str, int]:
             used_mb=r.memory_used_mb,
             accepting=gpu.accepting_placements,
             breaker_open=bool(watch and watch.breaker_open),
-            hardware_drained=bool(watch and watch.hardware_drained),
+            hardware_drained=not gpu.accepting_placements
+            and gpu.not_accepting_reason.startswith(HARDWARE_REASON),
             utilization_memory=r.utilization_memory,
         )
         findings += rules.vram_pressure(view, th)
@@ -411,10 +425,28 @@ def watch_batch(batch: SampleBatch) -> dict[str, int]:
             remapped_rows_failure=bool(getattr(reading, "remapped_rows_failure", False)),
         )
         procs = procs_by_gpu[gpu.pk]
+        busiest: dict[str, rules.ProcessView] = {}
         for p in procs:
             owner = owners.get(p.container_id)
             findings += rules.process_jump(p, th, owner=owner)
-            findings += rules.bandwidth(p, th, owner=owner)
+            if owner is not None and p.memory_utilization is not None:
+                top = busiest.get(p.container_id)
+                if top is None or p.memory_utilization > (top.memory_utilization or 0):
+                    busiest[p.container_id] = p
+        for cid, p in busiest.items():  # one verdict per slice: its busiest process
+            findings += rules.bandwidth(p, th, owner=owners[cid])
+    for slice_id in active_ids:  # computing again: an idle incident has cleared
+        findings.append(
+            rules.Finding(
+                rule="idle_slice",
+                target=f"slice:{slice_id}",
+                severity=rules.INFO,
+                root_cause=rules.RECLAIM_FAILURE,
+                title=f"Slice {slice_id} computes again",
+                slice_id=slice_id,
+                resolves=True,
+            )
+        )
     return apply_findings(findings, now=now, gpus=gpus)
 
 
@@ -440,6 +472,7 @@ class GpuRow(NamedTuple):
     accepting_placements: bool
     pci_bus_id: str
     node_name: str
+    not_accepting_reason: str
 
 
 def _previous_process_readings(containers: set[str], now: datetime) -> dict[tuple[int, int], int]:
@@ -505,7 +538,10 @@ def _remember_slice(watch: SliceWatch, *, streak: int) -> None:
         watch.save(update_fields=["over_quota_streak"])
 
 
-def _remember_orphans(gpu: Gpu, watch: GpuWatch | None, findings: list[rules.Finding]) -> None:
+def _remember_orphans(
+    gpu: Gpu, watch: GpuWatch | None, findings: list[rules.Finding], sample_at: str
+) -> None:
+    """Orphans counted on this sample (a streak grows once per new sample)."""
     seen = {
         str(f.evidence["pid"]): f.evidence["seen"] for f in findings if f.rule == "orphan_process"
     }
@@ -513,8 +549,9 @@ def _remember_orphans(gpu: Gpu, watch: GpuWatch | None, findings: list[rules.Fin
         return
     if watch is None:
         watch = GpuWatch.objects.get_or_create(gpu=gpu)[0]
-    if watch.orphan_streaks != seen:
-        watch.orphan_streaks = seen
+    memory = {"at": sample_at, "pids": seen}
+    if watch.orphan_streaks != memory:
+        watch.orphan_streaks = memory
         watch.save(update_fields=["orphan_streaks"])
 
 
@@ -536,10 +573,21 @@ def _xids_by_gpu(batch: SampleBatch, gpus: dict[int, GpuRow]) -> dict[int, list[
     return out
 
 
-def _bus(pci: str) -> str:
-    """'00000000:3B:00.0' and '0000:3b:00' name the same device: compare bus:device."""
-    parts = pci.lower().split(":")
-    return ":".join(parts[-2:]).split(".")[0] if len(parts) >= 2 else pci.lower()
+def _bus(pci: str) -> tuple[int, int, int] | str:
+    """'00000009:3B:00.0' and 'PCI:0009:3b:00' name the same device: (domain, bus,
+    device), the domain included (multi-segment hosts repeat bus numbers)."""
+    text = pci.lower().removeprefix("pci:")
+    parts = text.split(":")
+    try:
+        if len(parts) == 3:
+            domain, bus, dev = parts
+        elif len(parts) == 2:
+            domain, (bus, dev) = "0", parts
+        else:
+            return text
+        return (int(domain, 16), int(bus, 16), int(dev.split(".")[0], 16))
+    except ValueError:
+        return text
 
 
 # --- acting on findings ----------------------------------------------------------------------
@@ -554,35 +602,54 @@ def apply_findings(
     # Open incidents are few fleet-wide: one read, instead of an IN list per finding.
     open_keys = set(Incident.objects.open().values_list("rule", "target_key"))
     for f in findings:
-        if f.resolves:
-            if f.key not in open_keys and f.action != rules.OPEN_GPU:
-                continue  # nothing open: the common, healthy case costs no query
-            with transaction.atomic():
-                if incident_clear(finding=f, now=now):
-                    counts["resolved"] += 1
-                if f.action:
-                    _act(None, f, now)
-                    counts["actions"] += 1
-            continue
-        with transaction.atomic():
-            incident, created = incident_record(finding=f, now=now, context=_context(f, gpus or {}))
-            counts["opened" if created else "repeated"] += 1
-            if f.action:
-                _act(incident, f, now)
-                counts["actions"] += 1
-            elif created and f.rule == "oom_exit":
-                # Reconcile already disposed of it: the slice failed alone, its VRAM was
-                # released and metering stopped. The ledger records that as step four.
-                _mitigated(
-                    incident,
-                    "The container ended alone; reconcile failed its slice, released its "
-                    "VRAM and stopped metering. Neighbours were not touched.",
-                )
-            if created:
-                from .notify import incident_notify
-
-                incident_notify(incident=incident, event="opened")
+        try:
+            _apply_one(f, now=now, gpus=gpus or {}, open_keys=open_keys, counts=counts)
+        except Exception:
+            # One bad finding must not cost the others their incident or their action.
+            logger.exception("watchdog: finding %s on %s failed", f.rule, f.target)
     return counts
+
+
+def _apply_one(f: rules.Finding, *, now, gpus, open_keys, counts) -> None:  # type: ignore[no-untyped-def]
+    if f.resolves:
+        if f.key not in open_keys and f.action not in (rules.OPEN_GPU, rules.UNTHROTTLE):
+            return  # nothing open: the common, healthy case costs no query
+        with transaction.atomic():
+            if incident_clear(finding=f, now=now):
+                counts["resolved"] += 1
+            if f.action:
+                _act(None, f, now)
+                counts["actions"] += 1
+        return
+    with transaction.atomic():
+        incident, created = incident_record(
+            finding=f, now=now, context=lambda f=f: _context(f, gpus)
+        )
+        counts["opened" if created else "repeated"] += 1
+        if f.action and (f.action not in ONE_SHOT_ACTIONS or _first_time(incident, f.action)):
+            _act(incident, f, now)
+            counts["actions"] += 1
+        elif created and f.rule == "oom_exit":
+            # Reconcile already disposed of it: the slice failed alone, its VRAM was
+            # released and metering stopped. The ledger records that, and archives it.
+            _mitigated(
+                incident,
+                "The container ended alone; reconcile failed its slice, released its "
+                "VRAM and stopped metering. Neighbours were not touched.",
+            )
+            _resolve(incident, None, "Disposed by reconcile: the slice failed alone.", now)
+        if created:
+            from .notify import incident_notify
+
+            incident_notify(incident=incident, event="opened")
+
+
+def _first_time(incident: Incident, action: str) -> bool:
+    """Record that `action` was taken for this incident; False if it already was."""
+    if incident.events.filter(kind=E.ACTION, data__requested=action).exists():
+        return False
+    incident_event(incident, E.ACTION, f"Action requested: {action}.", data={"requested": action})
+    return True
 
 
 def _context(f: rules.Finding, gpus: dict[int, Gpu]) -> dict:
@@ -662,7 +729,7 @@ def _act(incident: Incident | None, f: rules.Finding, now: datetime) -> None:
             watch.save(update_fields=["breaker_open"])
             gpu = Gpu.objects.get(pk=f.gpu_id)
             # Reopen only what the breaker closed: an ops or hardware closure stays.
-            if not watch.hardware_drained and gpu.not_accepting_reason.startswith(BREAKER_REASON):
+            if gpu.not_accepting_reason.startswith(BREAKER_REASON):
                 node_services.gpu_set_accepting(gpu=gpu, accepting=True)
     elif f.action == rules.DRAIN_GPU and f.gpu_id:
         gpu = Gpu.objects.get(pk=f.gpu_id)
@@ -671,12 +738,16 @@ def _act(incident: Incident | None, f: rules.Finding, now: datetime) -> None:
         if incident:
             _mitigated(incident, "GPU drained: it takes no new slice; its tenants were told.")
         _tell_tenants_on(
-            gpu_ids=[gpu.pk], subject="A GPU your slice runs on has a fault", body=f.title
+            gpu_ids=[gpu.pk],
+            subject="A GPU your slice runs on has a fault",
+            body=TENANT_ADVICE["hardware_fault"],
         )
     elif f.action == rules.NOTIFY_TENANTS and f.node_id:
         ids = list(Gpu.objects.filter(node_id=f.node_id).values_list("pk", flat=True))
         _tell_tenants_on(
-            gpu_ids=ids, subject="The node your slice runs on does not answer", body=f.title
+            gpu_ids=ids,
+            subject="The machine your slice runs on does not answer",
+            body=TENANT_ADVICE["node_unreachable"],
         )
         if incident:
             incident_event(incident, E.ACTION, "Tenants on the node were told.")
@@ -696,6 +767,9 @@ def _act(incident: Incident | None, f: rules.Finding, now: datetime) -> None:
         dispose.delay_on_commit(incident.pk, f.action, f.evidence)
     elif f.action == rules.UNTHROTTLE and f.slice_id:
         SliceWatch.objects.filter(slice_id=f.slice_id).update(throttled_at=None)
+        from .tasks import release_throttle
+
+        release_throttle.delay_on_commit(f.slice_id)
 
 
 def _tell_tenants_on(*, gpu_ids: list[int], subject: str, body: str) -> None:
@@ -734,14 +808,20 @@ def _stop_offender(incident: Incident) -> str:
     if s is None or s.is_final:
         return "already stopped"
     reason = _stop_reason(incident)
-    tenant_services.slice_stop(slice=s, actor=None, reason=reason, force=True)
+    if s.state != Slice.State.STOPPING:
+        tenant_services.slice_stop(slice=s, actor=None, reason=reason, force=True)
+    # A retry finds it stopping: finish removing the container (raising if the node
+    # will not), never release the VRAM while the offender may still hold it.
     state = tenant_services.slice_finish_stop(slice_id=s.pk, force=True)
     with transaction.atomic():
+        incident = Incident.objects.select_for_update().get(pk=incident.pk)
         _mitigated(
             incident,
             f"Stopped slice {s.pk}'s container alone and released its VRAM; metering stopped.",
             data={"slice_state": state},
         )
+        if state in (Slice.State.STOPPED, Slice.State.FAILED):
+            _resolve(incident, None, "Disposed: the offending slice was stopped.", timezone.now())
     from tenants.services import members_notify
 
     members_notify(tenant=s.tenant, subject=f"Slice {s.pk} was stopped", body=reason)
@@ -766,21 +846,40 @@ def _stop_reason(incident: Incident) -> str:
 
 
 def _end_orphan(incident: Incident, evidence: dict) -> str:
+    """End an orphan only if it is the platform's own container with no live slice, as
+    the node shows it now; anything else (a bare PID, a container ops run themselves) is
+    left for ops with the evidence: a PID may have been reused since the sample."""
+    from nodes import runtime
+
     node = incident.gpu.node  # type: ignore[union-attr]
     container = evidence.get("container_id") or ""
     pid = evidence.get("pid")
-    if container:
-        node_services.container_remove(node=node, container=container, grace_s=0)
-        done = f"Removed container {container[:12]} holding the memory."
-    elif isinstance(pid, int) and pid > 1:
-        result = node_services._docker(node, ["kill", "-9", str(pid)], None)
-        if not result.ok:
-            return f"kill failed: {result.stderr.decode(errors='replace')[:200]}"
-        done = f"Ended process {pid} holding the memory."
-    else:
-        return "nothing to end"
+    info = node_services.container_inspect(node=node, container=container) if container else None
+    ours = info is not None and info.labels.get(runtime.LABEL_MANAGED) == "1"
+    owner_live = (
+        ours
+        and info.owner_key.startswith("slice-")
+        and Slice.objects.filter(
+            pk=int(info.owner_key[6:]) if info.owner_key[6:].isdigit() else 0,
+            state__in=LIVE,
+        ).exists()
+    )
+    if not ours or owner_live:
+        with transaction.atomic():
+            incident_event(
+                incident,
+                E.NOTE,
+                "Not ended automatically: it is not a platform container without a live "
+                "slice (or it is gone). Ops decide from the evidence.",
+                data={"pid": pid, "container_id": container},
+            )
+        return "left for ops"
+    node_services.container_remove(node=node, container=info.id, grace_s=0)
+    done = f"Removed the platform container {info.id[:12]} holding the memory (no live slice)."
     with transaction.atomic():
-        _mitigated(incident, done, data={"pid": pid, "container_id": container})
+        incident = Incident.objects.select_for_update().get(pk=incident.pk)
+        _mitigated(incident, done, data={"pid": pid, "container_id": info.id})
+        _resolve(incident, None, "Disposed: the orphan container was removed.", timezone.now())
     return done
 
 
@@ -839,6 +938,8 @@ def _sweep_orphans(gpus: dict[int, Gpu], th: rules.Thresholds) -> list[rules.Fin
     for gpu in gpus.values():
         if gpu.last_memory_used_mb is None or gpu.node.status != Node.Status.ACTIVE:
             continue
+        if gpu.node.sample_source != "nvml":
+            continue  # nvidia-smi names no container: every process would look orphaned
         watch = watches.get(gpu.pk)
         view = rules.GpuView(
             gpu_id=gpu.pk,
@@ -847,12 +948,13 @@ def _sweep_orphans(gpus: dict[int, Gpu], th: rules.Thresholds) -> list[rules.Fin
             total_mb=gpu.vram_total_mb,
             used_mb=gpu.last_memory_used_mb,
         )
-        streaks = {
-            (gpu.pk, int(pid)): n
-            for pid, n in ((watch.orphan_streaks if watch else {}) or {}).items()
-        }
+        memory = (watch.orphan_streaks if watch else {}) or {}
+        sample_at = gpu.last_sample_at.isoformat() if gpu.last_sample_at else ""
+        if memory.get("at") == sample_at:
+            continue  # no new sample since the last sweep: nothing new to count
+        streaks = {(gpu.pk, int(pid)): n for pid, n in (memory.get("pids") or {}).items()}
         found = rules.orphans(view, procs[gpu.pk], known, th, streaks=streaks)
-        _remember_orphans(gpu, watch, found)
+        _remember_orphans(gpu, watch, found, sample_at)
         out += found
     return out
 
@@ -862,7 +964,7 @@ def _sweep_slices(now: datetime, th: rules.Thresholds) -> list[rules.Finding]:
     running = list(
         Slice.objects.filter(state=Slice.State.RUNNING)
         .exclude(container_id="")
-        .select_related("allocation__gpu", "watch")
+        .select_related("allocation__gpu__node", "watch")
     )
     if not running:
         return out
@@ -872,8 +974,13 @@ def _sweep_slices(now: datetime, th: rules.Thresholds) -> list[rules.Finding]:
         container_id__in=[s.container_id for s in running], taken_at__gte=since
     ).values_list("container_id", "taken_at", "used_memory_mb"):
         sums[cid][t] += used
+    fresh_after = now - timedelta(seconds=3 * settings.NODES_SAMPLE_INTERVAL)
     for s in running:
         gpu = s.allocation.gpu  # type: ignore[union-attr]
+        if gpu.node.status != Node.Status.ACTIVE and gpu.node.status != Node.Status.DRAINING:
+            continue  # no telemetry from it: nothing can be judged idle or leaking
+        if gpu.last_sample_at is None or gpu.last_sample_at < fresh_after:
+            continue
         view = rules.SliceView(
             slice_id=s.pk,
             tenant_id=s.tenant_id,

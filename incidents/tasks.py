@@ -16,6 +16,24 @@ def dispose(self, incident_id: int, action: str, evidence: dict) -> str:  # type
         raise self.retry(exc=exc, countdown=2 * (self.request.retries + 1)) from exc
 
 
+@shared_task(
+    name="incidents.release_throttle",
+    bind=True,
+    max_retries=3,
+    soft_time_limit=30,
+    time_limit=45,
+)
+def release_throttle(self, slice_id: int) -> str:  # type: ignore[no-untyped-def]
+    from nodes import ssh
+
+    from .throttle import release
+
+    try:
+        return release(slice_id=slice_id)
+    except ssh.SSHError as exc:
+        raise self.retry(exc=exc, countdown=2 * (self.request.retries + 1)) from exc
+
+
 @shared_task(name="incidents.sweep", soft_time_limit=50, time_limit=60)
 def sweep() -> dict:
     return services.watch_sweep()

@@ -269,7 +269,13 @@ class ProcessSample(models.Model):
     class Meta:
         ordering = ["-taken_at"]
         verbose_name = "process sample"
-        indexes = [models.Index(fields=["gpu", "-taken_at"], name="nodes_procsample_gpu_time_idx")]
+        indexes = [
+            models.Index(fields=["gpu", "-taken_at"], name="nodes_procsample_gpu_time_idx"),
+            # the watchdog's per-slice windows (leaks, idle) and the slice's VRAM chart
+            models.Index(
+                fields=["container_id", "-taken_at"], name="nodes_procsample_cont_time_idx"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"pid {self.pid} on {self.gpu_id}: {self.used_memory_mb} MiB"

@@ -737,7 +737,7 @@ def _stop_locked(
         # Nothing was started (provisioning counts its attempt under this same lock).
         _settle(slice, timezone.now())
         slice.stopped_at = timezone.now()
-        if force:
+        if force and actor is not None:
             reason = f"Force-stopped by ops: {reason}" if reason else "Force-stopped by ops."
         _transition(
             slice,
@@ -751,7 +751,7 @@ def _stop_locked(
         slice_meter(slice=slice, now=timezone.now(), final=True)
         slice.last_metered_at = None
     text = reason or f"Stopped by {who}."
-    if force:
+    if force and actor is not None:
         text = f"Force-stopped by ops: {reason}" if reason else "Force-stopped by ops."
     provisioning = slice.state == S.PROVISIONING
     _transition(slice, S.STOPPING, text, actor=actor, fields=("last_metered_at",))

@@ -612,14 +612,15 @@ def kpi_fleet(owner_a, owner_b, n1, n2):  # type: ignore[no-untyped-def]
     )
     g0, g1, g6, g9 = gpus[0], gpus[1], gpus[6], gpus[9]
     a, b = owner_a.tenant, owner_b.tenant
-    s1 = make_slice(a, g0, state="stopped", started=hours(1), stopped=hours(5))
+    s1 = make_slice(a, g0, state="failed", started=hours(1), stopped=hours(2.75))
     s2 = make_slice(b, g6, started=T0)
     s3 = make_slice(b, g0, started=hours(4))
     s4 = make_slice(a, g1, state="stopped", started=hours(-2), stopped=hours(20))
     make_slice(a, g0, state="stopped", started=hours(-10), stopped=hours(-5))  # not in the day
-    make_incident(  # a neighbour's trouble on g0 from 02:00 to 03:00: hurts s1 only
+    make_incident(  # a neighbour's trouble on g0 from 02:00 to 03:00: s1 failed in it
         gpu=g0,
         node=n1,
+        severity="critical",
         root_cause="no_isolation",
         first_seen_at=hours(2),
         last_seen_at=hours(2.5),
@@ -675,11 +676,15 @@ def test_a_gpu_found_mid_period_counts_from_then_and_an_open_incident_runs_to_th
     early, late = make_gpu(n1, 0), make_gpu(n1, 1)
     Gpu.objects.filter(pk=early.pk).update(discovered_at=T0 - timedelta(days=1))
     Gpu.objects.filter(pk=late.pk).update(discovered_at=hours(18))
-    s = make_slice(owner_a.tenant, late, started=hours(23))
-    make_incident(gpu=late, first_seen_at=hours(19), last_seen_at=hours(19))  # still open
+    s = make_slice(owner_a.tenant, late, state="failed", started=hours(23), stopped=hours(23.5))
+    make_incident(  # still open: it lasts to the end of the period
+        gpu=late, severity="critical", first_seen_at=hours(19), last_seen_at=hours(19)
+    )
     k = kpis.compute(since=T0, until=T0 + timedelta(hours=24))
     assert k["gpu_hours"] == 30.0  # 24 + 6
     assert (k["slices_ran"], k["slices_hurt"]) == (1, 1), s
+    Slice.objects.filter(pk=s.pk).update(state="stopped")  # contained: it ran on, unhurt
+    assert kpis.compute(since=T0, until=T0 + timedelta(hours=24))["slices_hurt"] == 0
     # Under one GPU-hour there is no rate (one incident would read as a huge number).
     Gpu.objects.filter(pk=early.pk).update(present=False)
     short = kpis.compute(since=hours(18.5), until=hours(19.25))

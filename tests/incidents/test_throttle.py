@@ -18,7 +18,7 @@ def test_a_bandwidth_hog_is_paused_and_resumed_alone(
 ):  # type: ignore[no-untyped-def]
     monkeypatch.setattr(throttle, "DUTY_PAUSE_S", 0.05)
     monkeypatch.setattr(throttle, "DUTY_RUN_S", 0.05)
-    monkeypatch.setattr(throttle, "CYCLES", 2)
+    monkeypatch.setattr(throttle, "_cycles", lambda: 2)
     fleet = worker_fleet()
     emu = fleet.nodes[0]
 
@@ -48,5 +48,5 @@ def test_a_bandwidth_hog_is_paused_and_resumed_alone(
     assert ["docker", "unpause", hog.container_id] in docker
     assert not [a for a in docker if calm.container_id in a]  # the neighbour untouched
     assert emu.container(hog.container_id).status == "running"  # resumed at the end
-    assert IncidentEvent.objects.filter(incident=incident, kind="action").exists()
+    assert IncidentEvent.objects.filter(incident=incident, kind="disposed").exists()
     assert not Incident.objects.filter(slice=calm).exists()

@@ -22,7 +22,9 @@ CID = "c" * 64
 
 @pytest.fixture
 def node():  # type: ignore[no-untyped-def]
-    return Node.objects.create(name="w1", address="10.8.0.1", status="active", host_key="k")
+    return Node.objects.create(
+        name="w1", address="10.8.0.1", status="active", host_key="k", sample_source="nvml"
+    )
 
 
 @pytest.fixture
@@ -37,7 +39,7 @@ def gpu(node):  # type: ignore[no-untyped-def]
     )
 
 
-def sample(node, gpu, used_mb, *, procs=(), xids=(), at=None):  # type: ignore[no-untyped-def]
+def sample(node, gpu, used_mb, *, procs=(), xids=(), at=None, source="nvml"):  # type: ignore[no-untyped-def]
     reading = GpuReading(
         index=0,
         uuid=gpu.uuid,
@@ -52,7 +54,7 @@ def sample(node, gpu, used_mb, *, procs=(), xids=(), at=None):  # type: ignore[n
             (
                 node,
                 NodeSample(
-                    source="nvml",
+                    source=source,
                     taken_at=at or timezone.now(),
                     gpus=(reading,),
                     processes=tuple(procs),
@@ -104,7 +106,9 @@ def test_breaker_opens_at_95_and_closes_below_85_only(node, gpu):  # type: ignor
     gpu.refresh_from_db()
     assert not gpu.accepting_placements
 
-    sample(node, gpu, 20000)  # 81% -> open again, incidents resolved and archived
+    sample(node, gpu, 20000)  # 81% -> open again; the warning holds until under 80%
+    assert Incident.objects.get(rule="vram_high").status != "resolved"
+    sample(node, gpu, 19000)  # 77%: everything cleared and archived
     gpu.refresh_from_db()
     critical.refresh_from_db()
     assert gpu.accepting_placements
@@ -165,11 +169,14 @@ def test_a_process_of_no_slice_is_ended_only_when_seen_again(
 
     sent = []
     monkeypatch.setattr(tasks.dispose, "delay", lambda *a: sent.append(a))
-    stray = [ProcessReading(gpu_uuid=gpu.uuid, pid=777, used_memory_mb=3000, container_id="")]
+    stray = [ProcessReading(gpu_uuid=gpu.uuid, pid=777, used_memory_mb=3000, container_id="d" * 64)]
     with django_capture_on_commit_callbacks(execute=True):
         sample(node, gpu, 3000, procs=stray)
         services.watch_sweep()
     assert sent == [] and Incident.objects.get(rule="orphan_process").occurrences == 1
+    with django_capture_on_commit_callbacks(execute=True):
+        services.watch_sweep()  # no new sample since: the same sighting, not a second
+    assert sent == []
     with django_capture_on_commit_callbacks(execute=True):
         sample(node, gpu, 3000, procs=stray)
         services.watch_sweep()
@@ -197,14 +204,19 @@ def test_idle_slice_is_warned_then_reclaimed_with_time_moved_forward(
     s = running_slice(owner_a, gpu)
     start = timezone.now()
     Slice.objects.filter(pk=s.pk).update(started_at=start)
+
+    def fresh(at):  # type: ignore[no-untyped-def]
+        Gpu.objects.filter(pk=gpu.pk).update(last_sample_at=at)  # telemetry keeps coming
+        return at
+
     with django_capture_on_commit_callbacks(execute=True):
-        services.watch_sweep(now=start + timedelta(minutes=14))
+        services.watch_sweep(now=fresh(start + timedelta(minutes=14)))
     assert not Incident.objects.filter(rule="idle_slice").exists()
     with django_capture_on_commit_callbacks(execute=True):
-        services.watch_sweep(now=start + timedelta(minutes=15, seconds=5))
+        services.watch_sweep(now=fresh(start + timedelta(minutes=15, seconds=5)))
     assert SliceWatch.objects.get(slice=s).idle_warned_at is not None and sent == []
     with django_capture_on_commit_callbacks(execute=True):
-        services.watch_sweep(now=start + timedelta(minutes=21))
+        services.watch_sweep(now=fresh(start + timedelta(minutes=21)))
     assert [a[1] for a in sent] == ["stop_slice"]
 
 
@@ -264,3 +276,92 @@ def test_an_unreachable_node_is_a_connectivity_incident_until_it_answers(
     services.watch_sweep()
     incident.refresh_from_db()
     assert incident.status == "resolved"
+
+
+def test_pci_addresses_compare_with_their_domain():  # type: ignore[no-untyped-def]
+    assert services._bus("00000009:01:00.0") == services._bus("PCI:0009:01:00")
+    assert services._bus("00000009:01:00.0") != services._bus("00000019:01:00.0")
+    assert services._bus("0000:3b:00") == services._bus("00000000:3B:00.0")
+
+
+def test_one_busy_process_throttles_its_slice_without_flapping(
+    node, gpu, owner_a, django_capture_on_commit_callbacks, monkeypatch
+):  # type: ignore[no-untyped-def]
+    from incidents import tasks
+
+    sent = []
+    monkeypatch.setattr(tasks.dispose, "delay", lambda *a: sent.append(a[1]))
+    monkeypatch.setattr(tasks.release_throttle, "delay", lambda *a: sent.append("release"))
+    running_slice(owner_a, gpu)
+    procs = [
+        ProcessReading(
+            gpu_uuid=gpu.uuid, pid=1, used_memory_mb=2000, container_id=CID, memory_utilization=90
+        ),
+        ProcessReading(
+            gpu_uuid=gpu.uuid, pid=2, used_memory_mb=100, container_id=CID, memory_utilization=3
+        ),
+    ]
+    for _ in range(3):
+        with django_capture_on_commit_callbacks(execute=True):
+            sample(node, gpu, 2100, procs=procs)
+    incidents = Incident.objects.filter(rule="bandwidth_hog")
+    assert incidents.count() == 1 and incidents.get().status != "resolved"
+    assert sent == ["throttle", "throttle", "throttle"]  # a duty cycle per interval
+
+
+def test_unreachable_node_tells_tenants_once_without_naming_the_node(
+    node, gpu, owner_a, eager, django_capture_on_commit_callbacks
+):  # type: ignore[no-untyped-def]
+    from django.core import mail
+
+    running_slice(owner_a, gpu)
+    Node.objects.filter(pk=node.pk).update(status="unreachable", status_reason="timed out")
+    for _ in range(3):
+        with django_capture_on_commit_callbacks(execute=True):
+            services.watch_sweep()
+    told = [m for m in mail.outbox if m.to == [owner_a.user.email]]
+    assert len(told) == 1 and node.name not in told[0].subject + told[0].body
+
+
+def test_nothing_is_ended_from_a_node_whose_telemetry_names_no_container(
+    node, gpu, django_capture_on_commit_callbacks, monkeypatch
+):  # type: ignore[no-untyped-def]
+    from incidents import tasks
+
+    sent = []
+    monkeypatch.setattr(tasks.dispose, "delay", lambda *a: sent.append(a))
+    stray = [ProcessReading(gpu_uuid=gpu.uuid, pid=4242, used_memory_mb=6000)]
+    for _ in range(3):
+        with django_capture_on_commit_callbacks(execute=True):
+            sample(node, gpu, 6000, procs=stray, source="nvidia-smi")
+            services.watch_sweep()
+    assert sent == [] and not Incident.objects.filter(rule="orphan_process").exists()
+
+
+def test_unknown_utilisation_and_silent_telemetry_are_not_idleness(
+    node, gpu, owner_a, django_capture_on_commit_callbacks, monkeypatch
+):  # type: ignore[no-untyped-def]
+    from incidents import tasks
+
+    sent = []
+    monkeypatch.setattr(tasks.dispose, "delay", lambda *a: sent.append(a))
+    s = running_slice(owner_a, gpu)
+    start = timezone.now() - timedelta(hours=1)
+    Slice.objects.filter(pk=s.pk).update(started_at=start)
+    unknown = [ProcessReading(gpu_uuid=gpu.uuid, pid=9, used_memory_mb=2000, container_id=CID)]
+    sample(node, gpu, 2000, procs=unknown)  # a MIG device: no per-process utilisation
+    services.watch_sweep()
+    assert not Incident.objects.filter(rule="idle_slice").exists()
+    # no samples for a while (telemetry outage): nothing is judged idle either
+    services.watch_sweep(now=timezone.now() + timedelta(hours=2))
+    assert not Incident.objects.filter(rule="idle_slice").exists() and sent == []
+
+
+def test_thresholds_cannot_be_set_to_stop_the_fleet(ops_user):  # type: ignore[no-untyped-def]
+    from gpuplatform.errors import ServiceError
+
+    with pytest.raises(ServiceError):
+        services.thresholds_update(actor=ops_user, idle_after_s=0)
+    with pytest.raises(ServiceError):
+        services.thresholds_update(actor=ops_user, quota_grace_samples=0)
+    assert services.thresholds_update(actor=ops_user, idle_after_s=1200).idle_after_s == 1200
