@@ -235,7 +235,13 @@ def available_actions(incident: Incident) -> dict[str, bool]:
         "resolve": not resolved,
         "reopen": resolved,
         "stop_slice": incident.slice is not None and not incident.slice.is_final,
-        "drain_gpu": incident.gpu is not None and incident.gpu.accepting_placements,
+        # the breaker's own closure lifts by itself: ops may turn it into a drain
+        "drain_gpu": incident.gpu is not None
+        and (
+            incident.gpu.accepting_placements
+            or incident.gpu.not_accepting_reason.startswith(services.BREAKER_REASON)
+        ),
+        "end_orphan": incident.rule == "orphan_process" and not resolved,
         "drain_node": node is not None and node.drained_at is None,
     }
 
@@ -393,6 +399,14 @@ def _drain_node(request: HttpRequest, incident: Incident, data: dict) -> str:
     return f"Node {node.name} is draining: no new placements."
 
 
+def _end_orphan(request: HttpRequest, incident: Incident, data: dict) -> str:
+    services.incident_confirm_orphan(incident=incident, actor=request.user)
+    return (
+        "Confirmed: the watchdog checks the node and removes it if it is still a platform "
+        "container with no live slice; otherwise it is left to you, with a note."
+    )
+
+
 @dataclass(frozen=True)
 class Action:
     form: type[forms.Form]
@@ -445,6 +459,15 @@ ACTIONS = {
         "The GPU takes no new slices; those running on it continue. Open it again on the "
         "placement policy page.",
         "No GPU to drain: none is named, or it already takes no placements.",
+    ),
+    "end_orphan": Action(
+        ConfirmForm,
+        _end_orphan,
+        "End the orphan",
+        "End it",
+        "The node is asked again first: only a platform container that no live slice owns "
+        "is removed (a PID may have been reused since the sample).",
+        "Only an open orphan-process incident can be confirmed.",
     ),
     "drain_node": Action(
         ReasonForm,

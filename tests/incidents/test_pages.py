@@ -804,3 +804,26 @@ def test_tenants_see_only_incidents_about_their_own_slices_in_plain_words(  # ty
 def test_tenant_incident_pages_need_a_login(client):  # type: ignore[no-untyped-def]
     response = client.get("/incidents/")
     assert response.status_code == 302 and "/accounts/login/" in response["Location"]
+
+
+def test_ops_confirm_an_orphan_from_its_page_and_the_node_is_asked_again(
+    client, ops_user, n1, django_capture_on_commit_callbacks, monkeypatch
+):  # type: ignore[no-untyped-def]
+    from incidents import tasks
+
+    sent = []
+    monkeypatch.setattr(tasks.dispose, "delay", lambda *a: sent.append(a))
+    gpu = make_gpu(n1, 0)
+    incident = make_incident(
+        rule="orphan_process",
+        gpu=gpu,
+        node=n1,
+        root_cause="reclaim_failure",
+        evidence={"pid": 77, "container_id": "e" * 64},
+    )
+    client.force_login(ops_user)
+    assert "End the orphan" in client.get(f"/ops/incidents/{incident.pk}/").content.decode()
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(f"/ops/incidents/{incident.pk}/end-orphan/", {"confirm": "on"})
+    assert [(a[0], a[1]) for a in sent] == [(incident.pk, "end_orphan")]
+    assert incident.events.filter(kind="action", actor=ops_user).exists()
