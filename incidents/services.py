@@ -399,11 +399,30 @@ def watch_batch(batch: SampleBatch) -> dict[str, int]:
             last_active_at=now, idle_warned_at=None
         )
     xids = _xids_by_gpu(batch, gpus)
+    readings = {
+        g.uuid: g
+        for sample in batch.samples.values()
+        for g in sample.gpus
+        if g.ecc_uncorrected_volatile or g.remapped_rows_failure
+    }
+    quiet_below = th.vram_warning_pct - rules.CLEAR_MARGIN_PCT
+    flagged = {key[1] for key in _open_keys()}  # targets with an open incident
     for r in batch.gpu_samples:
         gpu = gpus.get(r.gpu_id)
         if gpu is None:
             continue
         watch = watches.get(r.gpu_id)
+        breaker = bool(watch and watch.breaker_open)
+        quiet = (
+            100 * r.memory_used_mb < quiet_below * r.memory_total_mb
+            and not breaker
+            and gpu.pk not in xids
+            and gpu.uuid not in readings
+            and f"gpu:{gpu.uuid}" not in flagged
+        )
+        findings += _process_rules(procs_by_gpu[gpu.pk], owners, th)
+        if quiet:
+            continue  # the common case on a healthy fleet: no card-level finding
         view = rules.GpuView(
             gpu_id=gpu.pk,
             node_id=gpu.node_id,
@@ -417,24 +436,13 @@ def watch_batch(batch: SampleBatch) -> dict[str, int]:
             utilization_memory=r.utilization_memory,
         )
         findings += rules.vram_pressure(view, th)
-        reading = _reading(batch, gpu)
+        reading = readings.get(gpu.uuid)
         findings += rules.hardware(
             view,
             xids=xids.get(gpu.pk, []),
             ecc_uncorrected=getattr(reading, "ecc_uncorrected_volatile", None),
             remapped_rows_failure=bool(getattr(reading, "remapped_rows_failure", False)),
         )
-        procs = procs_by_gpu[gpu.pk]
-        busiest: dict[str, rules.ProcessView] = {}
-        for p in procs:
-            owner = owners.get(p.container_id)
-            findings += rules.process_jump(p, th, owner=owner)
-            if owner is not None and p.memory_utilization is not None:
-                top = busiest.get(p.container_id)
-                if top is None or p.memory_utilization > (top.memory_utilization or 0):
-                    busiest[p.container_id] = p
-        for cid, p in busiest.items():  # one verdict per slice: its busiest process
-            findings += rules.bandwidth(p, th, owner=owners[cid])
     for slice_id in active_ids:  # computing again: an idle incident has cleared
         findings.append(
             rules.Finding(
@@ -448,6 +456,26 @@ def watch_batch(batch: SampleBatch) -> dict[str, int]:
             )
         )
     return apply_findings(findings, now=now, gpus=gpus)
+
+
+def _process_rules(
+    procs: list[rules.ProcessView], owners: dict[str, rules.SliceView], th: rules.Thresholds
+) -> list[rules.Finding]:
+    """Jumps per process; bandwidth once per slice, judged on its busiest process."""
+    out: list[rules.Finding] = []
+    busiest: dict[str, rules.ProcessView] = {}
+    for p in procs:
+        owner = owners.get(p.container_id)
+        if owner is None:
+            continue  # processes of no running slice are the sweep's orphans
+        out += rules.process_jump(p, th, owner=owner)
+        if p.memory_utilization is not None:
+            top = busiest.get(p.container_id)
+            if top is None or p.memory_utilization > (top.memory_utilization or 0):
+                busiest[p.container_id] = p
+    for cid, p in busiest.items():
+        out += rules.bandwidth(p, th, owner=owners[cid])
+    return out
 
 
 GPU_VIEW_FIELDS = (
@@ -593,14 +621,18 @@ def _bus(pci: str) -> tuple[int, int, int] | str:
 # --- acting on findings ----------------------------------------------------------------------
 
 
+def _open_keys() -> set[tuple[str, str]]:
+    # Open incidents are few fleet-wide: one read, instead of an IN list per finding.
+    return set(Incident.objects.open().values_list("rule", "target_key"))
+
+
 def apply_findings(
     findings: list[rules.Finding], *, now: datetime, gpus: dict[int, Gpu] | None = None
 ) -> dict[str, int]:
     """Incidents for the findings, then their actions: placement changes inline, node
     work on the incidents queue after commit. Resolving findings close what cleared."""
     counts = {"opened": 0, "repeated": 0, "resolved": 0, "actions": 0}
-    # Open incidents are few fleet-wide: one read, instead of an IN list per finding.
-    open_keys = set(Incident.objects.open().values_list("rule", "target_key"))
+    open_keys = _open_keys()
     for f in findings:
         try:
             _apply_one(f, now=now, gpus=gpus or {}, open_keys=open_keys, counts=counts)
