@@ -182,9 +182,11 @@ class CreditGrantForm(forms.Form):
         label="Credits", max_digits=12, decimal_places=2, min_value=Decimal("0.01")
     )
     memo = forms.CharField(max_length=200, help_text="What the grant is for (the tenant sees it).")
+    idempotency_token = TokenField(required=False)
 
     def __init__(self, *args, tenants=None, **kwargs):  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
+        self.fields["idempotency_token"].initial = new_form_token()  # a double click: once
         self.fields["tenant"].queryset = (
             tenants if tenants is not None else Tenant.objects.order_by("name")
         )

@@ -448,6 +448,7 @@ def ops_credit(request: HttpRequest) -> HttpResponse:
                     amount=data["amount"],
                     actor=request.user,
                     memo=data["memo"],
+                    idempotency_key=data.get("idempotency_token") or "",
                 )
             except ServiceError as exc:
                 _form_error(form, exc)

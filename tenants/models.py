@@ -379,6 +379,12 @@ class LedgerEntry(models.Model):
         verbose_name="by",
     )
     memo = models.CharField("memo", max_length=200, blank=True)
+    idempotency_key = models.CharField(
+        "idempotency key",
+        max_length=128,
+        blank=True,
+        help_text="A grant retried with the same key is written once.",
+    )
     created_at = models.DateTimeField("at", auto_now_add=True)
 
     objects = TenantScopedQuerySet.as_manager()
@@ -388,6 +394,12 @@ class LedgerEntry(models.Model):
         verbose_name = "ledger entry"
         verbose_name_plural = "ledger entries"
         constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="%(app_label)s_%(class)s_unique_idempotency_key",
+                violation_error_message="A ledger entry with this idempotency key exists.",
+            ),
             models.CheckConstraint(
                 condition=~Q(amount=0),
                 name="%(app_label)s_%(class)s_amount_non_zero",

@@ -265,7 +265,11 @@ class OpsCreditGrantViewSet(viewsets.GenericViewSet):
     def create(self, request):  # type: ignore[no-untyped-def]
         data = s.CreditGrantSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        entry = services.credit_grant(actor=request.user, **data.validated_data)
+        entry = services.credit_grant(
+            actor=request.user,
+            idempotency_key=_idempotency_key(request),
+            **data.validated_data,
+        )
         return Response(s.OpsLedgerEntrySerializer(entry).data, status=status.HTTP_201_CREATED)
 
 

@@ -122,7 +122,24 @@ def tenant_set_status(
         action=f"tenant.{status}",
         summary=f"Tenant {status} by ops" + (f": {reason.strip()}" if reason.strip() else ""),
     )
+    if status == Tenant.Status.SUSPENDED:
+        _stop_all_slices(tenant, actor, reason.strip())
     return tenant
+
+
+def _stop_all_slices(tenant: Tenant, actor: AbstractBaseUser, reason: str) -> None:
+    """A suspended tenant runs nothing: its slices are stopped (queued ones cancelled),
+    their VRAM released and metering stopped; what is left of their purchases stays
+    refundable by ops."""
+    from ..models import LIVE_SLICE_STATES, Slice
+    from .slices import _lock, _stop_locked
+
+    for pk in Slice.objects.filter(tenant=tenant, state__in=LIVE_SLICE_STATES).values_list(
+        "pk", flat=True
+    ):
+        _stop_locked(
+            _lock(pk), actor=actor, reason=f"The tenant was suspended: {reason}", force=True
+        )
 
 
 # --- members ------------------------------------------------------------------------

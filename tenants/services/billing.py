@@ -52,6 +52,7 @@ def _ledger(
     actor: AbstractBaseUser | None,
     memo: str = "",
     purchase: Purchase | None = None,
+    idempotency_key: str = "",
 ) -> LedgerEntry:
     """Move credit on a locked tenant row and write the entry that says so."""
     new_balance = tenant.credit_balance + amount
@@ -70,18 +71,50 @@ def _ledger(
         purchase=purchase,
         actor=actor if actor is not None and actor.is_authenticated else None,
         memo=memo[:200],
+        idempotency_key=idempotency_key,
     )
 
 
-@transaction.atomic
 def credit_grant(
     *,
     tenant: Tenant,
-    amount,
+    amount,  # type: ignore[no-untyped-def]
     actor: AbstractBaseUser,
-    memo: str = "",  # type: ignore[no-untyped-def]
+    memo: str = "",
+    idempotency_key: str = "",
 ) -> LedgerEntry:
-    """Ops add credit to a tenant's balance."""
+    """Ops add credit to a tenant's balance. A retry with the same idempotency key
+    returns the first entry and adds nothing; the same key for another grant is a 409."""
+    key = _check_idempotency_key(idempotency_key)
+    try:
+        return _credit_grant(tenant=tenant, amount=amount, actor=actor, memo=memo, key=key)
+    except IntegrityError:
+        existing = _grant_for_key(tenant, key, amount) if key else None
+        if existing is None:
+            raise
+        return existing
+
+
+def _grant_for_key(tenant: Tenant, key: str, amount) -> LedgerEntry | None:  # type: ignore[no-untyped-def]
+    existing = LedgerEntry.objects.for_tenant(tenant).filter(idempotency_key=key).first()
+    if existing is not None and existing.amount != _amount(amount, field="amount"):
+        raise Conflict(
+            "This Idempotency-Key was used for a different grant.",
+            code="idempotency_key_reused",
+            field="idempotency_key",
+        )
+    return existing
+
+
+@transaction.atomic
+def _credit_grant(
+    *,
+    tenant: Tenant,
+    amount,  # type: ignore[no-untyped-def]
+    actor: AbstractBaseUser,
+    memo: str,
+    key: str,
+) -> LedgerEntry:
     if not getattr(actor, "is_staff", False):
         raise NotAllowed("Only ops can grant credit.")
     amount = _amount(amount, field="amount")
@@ -93,8 +126,17 @@ def credit_grant(
     if not memo:
         raise ServiceError("Say what the grant is for.", field="memo")
     tenant = _lock_tenant(tenant)
+    if key:  # under the tenant's lock: a retry that waited behind its first attempt
+        existing = _grant_for_key(tenant, key, amount)
+        if existing is not None:
+            return existing
     entry = _ledger(
-        tenant=tenant, kind=LedgerEntry.Kind.GRANT, amount=amount, actor=actor, memo=memo
+        tenant=tenant,
+        kind=LedgerEntry.Kind.GRANT,
+        amount=amount,
+        actor=actor,
+        memo=memo,
+        idempotency_key=key,
     )
     audit_event_record(
         tenant=tenant,

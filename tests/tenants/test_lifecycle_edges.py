@@ -252,3 +252,66 @@ def test_viewers_do_not_see_the_jupyter_token_on_the_slice_page(client, owner_a)
     assert "t0ken" not in page
     client.force_login(owner_a.user)
     assert "t0ken" in client.get(f"/slices/{slice.pk}/").content.decode()
+
+
+@pytest.mark.django_db
+def test_a_credit_grant_retried_with_its_key_is_written_once(api_ops, owner_a):  # type: ignore[no-untyped-def]
+    from tenants.models import LedgerEntry
+
+    body = {"tenant": owner_a.tenant_id, "amount": "25.00", "memo": "welcome"}
+    first = api_ops.post(
+        "/api/v1/ops/credit-grants/", body, format="json", HTTP_IDEMPOTENCY_KEY="grant-1"
+    )
+    again = api_ops.post(
+        "/api/v1/ops/credit-grants/", body, format="json", HTTP_IDEMPOTENCY_KEY="grant-1"
+    )
+    assert first.status_code == again.status_code == 201
+    assert first.json()["id"] == again.json()["id"]
+    assert LedgerEntry.objects.filter(tenant=owner_a.tenant).count() == 1
+    owner_a.tenant.refresh_from_db()
+    assert str(owner_a.tenant.credit_balance) == "25.00"
+    other = api_ops.post(
+        "/api/v1/ops/credit-grants/",
+        {**body, "amount": "99.00"},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="grant-1",
+    )
+    assert other.status_code == 409 and other.json()["code"] == "idempotency_key_reused"
+
+
+@pytest.mark.django_db
+def test_a_double_click_on_grant_grants_once(client, ops_user, owner_a):  # type: ignore[no-untyped-def]
+    import re
+
+    from tenants.models import LedgerEntry
+
+    client.force_login(ops_user)
+    page = client.get("/ops/credit/").content.decode()
+    token = re.search(r'name="idempotency_token" value="([^"]+)"', page).group(1)
+    form = {
+        "tenant": owner_a.tenant_id,
+        "amount": "10.00",
+        "memo": "trial",
+        "idempotency_token": token,
+    }
+    client.post("/ops/credit/", form)
+    client.post("/ops/credit/", form)
+    assert LedgerEntry.objects.filter(tenant=owner_a.tenant).count() == 1
+
+
+def test_suspending_a_tenant_stops_its_slices_and_their_metering(
+    eager, worker_fleet, owner_a, funded, image_ssh, ops_user
+):  # type: ignore[no-untyped-def]
+    fleet = worker_fleet()
+    running = launch(owner_a, funded(owner_a, vram_gb=12), image_ssh)
+    queued = launch(owner_a, funded(owner_a, vram_gb=24), image_ssh)
+    assert (running.state, queued.state) == (Slice.State.RUNNING, Slice.State.QUEUED)
+    services.tenant_set_status(
+        tenant=owner_a.tenant, status="suspended", reason="abuse report", actor=ops_user
+    )
+    running.refresh_from_db()
+    queued.refresh_from_db()
+    assert running.state == Slice.State.STOPPED and queued.state == Slice.State.STOPPED
+    assert "suspended: abuse report" in running.transitions.get(to_state="stopping").reason
+    assert running.last_metered_at is None and fleet.nodes[0].containers == []
+    assert Gpu.objects.get().allocated_mb == 0
