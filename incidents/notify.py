@@ -9,10 +9,9 @@ import http.client
 import ipaddress
 import json
 import socket
+import ssl
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -75,29 +74,63 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
     return "sha256=" + mac.hexdigest()
 
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """A webhook is answered, not forwarded: a redirect is a failed delivery (and never
-    a way to make the platform fetch an internal address)."""
+class HTTPStatusError(Exception):
+    """The endpoint answered, but not with 2xx (a redirect included: never followed)."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
-        return None
-
-
-_OPENER = urllib.request.build_opener(_NoRedirects)
+    def __init__(self, code: int):
+        super().__init__(f"HTTP {code}")
+        self.code = code
 
 
-def _refuse_private_destination(url: str) -> None:
-    """Tenant endpoints must resolve to public addresses only, checked at send time (a
-    name can be re-pointed after the endpoint was saved)."""
-    host = urllib.parse.urlsplit(url).hostname or ""
+class _PinnedHTTPS(http.client.HTTPSConnection):
+    """TLS to `ip`, with the certificate checked against the URL's host name."""
+
+    def __init__(self, host: str, port: int, ip: str, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(host, port, **kwargs)
+        self._ip = ip
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self._ip, self.port), self.timeout)
+        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)  # type: ignore[attr-defined]
+
+
+def _post(url: str, body: bytes, headers: dict[str, str], *, public_only: bool) -> int:
+    """POST to the address the name resolved to once, checked once: a name re-pointed
+    between the check and the connection (DNS rebinding) cannot reach anything else."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("the webhook URL must be http(s)")
+    host = parts.hostname
+    port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+        infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
     except socket.gaierror as exc:
         raise ValueError(f"cannot resolve {host}: {exc}") from exc
-    for info in infos:
-        address = ipaddress.ip_address(info[4][0])
-        if not address.is_global:
-            raise ValueError(f"{host} resolves to a non-public address ({address})")
+    addresses = [info[4][0] for info in infos]
+    if public_only:
+        for address in addresses:
+            if not ipaddress.ip_address(address).is_global:
+                raise ValueError(f"{host} resolves to a non-public address ({address})")
+    ip = addresses[0]
+    if parts.scheme == "https":
+        conn: http.client.HTTPConnection = _PinnedHTTPS(
+            host, port, ip, timeout=WEBHOOK_TIMEOUT_S, context=ssl.create_default_context()
+        )
+    else:
+        conn = http.client.HTTPConnection(ip, port, timeout=WEBHOOK_TIMEOUT_S)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    try:
+        conn.request(
+            "POST", path, body=body, headers={**headers, "Host": parts.netloc.split("@")[-1]}
+        )
+        response = conn.getresponse()
+        response.read(64 * 1024)
+        status = response.status
+    finally:
+        conn.close()
+    if not 200 <= status < 300:
+        raise HTTPStatusError(status)
+    return status
 
 
 class DeliveryFailed(Exception):
@@ -110,27 +143,22 @@ def webhook_deliver(*, delivery_id: int, final_attempt: bool) -> str:
         return delivery.status
     body = json.dumps(delivery.payload, sort_keys=True).encode()
     timestamp = str(int(time.time()))
-    request = urllib.request.Request(  # noqa: S310 - ops-configured https/http URL
-        delivery.endpoint.url,
-        data=body,
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "User-Agent": "gpuplatform-webhooks/1",
-            TIMESTAMP_HEADER: timestamp,
-            SIGNATURE_HEADER: sign(delivery.endpoint.secret, timestamp, body),
-        },
-    )
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "gpuplatform-webhooks/1",
+        TIMESTAMP_HEADER: timestamp,
+        SIGNATURE_HEADER: sign(delivery.endpoint.secret, timestamp, body),
+    }
     delivery.attempts += 1
+    public_only = delivery.endpoint.tenant_id is not None and not settings.WEBHOOKS_ALLOW_PRIVATE
     try:
-        if delivery.endpoint.tenant_id is not None and not settings.WEBHOOKS_ALLOW_PRIVATE:
-            _refuse_private_destination(delivery.endpoint.url)
-        with _OPENER.open(request, timeout=WEBHOOK_TIMEOUT_S) as response:
-            delivery.response_status = response.status
+        delivery.response_status = _post(
+            delivery.endpoint.url, body, headers, public_only=public_only
+        )
         delivery.status = WebhookDelivery.Status.DELIVERED
         delivery.delivered_at = timezone.now()
         delivery.last_error = ""
-    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+    except (HTTPStatusError, OSError, ValueError, http.client.HTTPException) as exc:
         code = getattr(exc, "code", None)
         delivery.response_status = code if isinstance(code, int) else None
         delivery.last_error = str(exc)[:500]

@@ -573,9 +573,7 @@ def _remember_orphans(
     seen = {
         str(f.evidence["pid"]): f.evidence["seen"] for f in findings if f.rule == "orphan_process"
     }
-    if watch is None and not seen:
-        return
-    if watch is None:
+    if watch is None:  # remembered even with nothing found: one sample is judged once
         watch = GpuWatch.objects.get_or_create(gpu=gpu)[0]
     memory = {"at": sample_at, "pids": seen}
     if watch.orphan_streaks != memory:
@@ -949,7 +947,29 @@ def watch_sweep(*, now: datetime | None = None) -> dict[str, int]:
     findings += _sweep_slices(now, th)
     findings += _sweep_oom(now)
     findings += _sweep_nodes()
-    return apply_findings(findings, now=now, gpus=gpus)
+    counts = apply_findings(findings, now=now, gpus=gpus)
+    counts["expired"] = _expire_quiet(now)
+    return counts
+
+
+# Rules whose condition has no clear "back to normal" reading: their incident closes
+# once it has not been seen for this long (a recurrence later opens a new one).
+QUIET_RULES = ("process_jump", "slow_leak", "orphan_process", "unattributed_memory")
+QUIET_AFTER = timedelta(minutes=30)
+
+
+def _expire_quiet(now: datetime) -> int:
+    done = 0
+    stale = Incident.objects.open().filter(rule__in=QUIET_RULES, last_seen_at__lt=now - QUIET_AFTER)
+    for pk in stale.values_list("pk", flat=True):
+        with transaction.atomic():
+            incident = Incident.objects.select_for_update().get(pk=pk)
+            if incident.status == Incident.Status.RESOLVED:
+                continue
+            minutes = int(QUIET_AFTER.total_seconds() // 60)
+            _resolve(incident, None, f"Not seen for {minutes} minutes.", now)
+            done += 1
+    return done
 
 
 def _sweep_orphans(gpus: dict[int, Gpu], th: rules.Thresholds) -> list[rules.Finding]:

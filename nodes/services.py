@@ -1343,24 +1343,46 @@ MIN_HISTORY_DAYS = 7
 MAX_HISTORY_DAYS = 30
 
 
-def gpu_recommended_ratio(*, gpu: Gpu, now: datetime | None = None) -> dict:
+def rollup_windows(*, gpu_ids: list[int], now: datetime | None = None) -> dict[int, dict]:
+    """Per GPU, over the last 30 days of rollups: the first bucket, the peak, and on how
+    many distinct days there are samples at all (one query for a page of GPUs)."""
+    from django.db.models.functions import TruncDate
+
+    now = now or timezone.now()
+    rows = (
+        GpuSampleRollup.objects.filter(
+            gpu_id__in=gpu_ids, bucket_start__gte=now - timedelta(days=MAX_HISTORY_DAYS)
+        )
+        .values("gpu_id")
+        .annotate(
+            first=Min("bucket_start"),
+            peak=Max("memory_used_max_mb"),
+            days=Count(TruncDate("bucket_start"), distinct=True),
+        )
+        .order_by()
+    )
+    return {row["gpu_id"]: row for row in rows}
+
+
+def gpu_recommended_ratio(
+    *, gpu: Gpu, now: datetime | None = None, window: dict | None = None
+) -> dict:
     """The highest overcommit ratio DOMAIN.md allows for this GPU: physical VRAM over the
-    peak use seen in the last 7-30 days of rollups, rounded down; None without 7 days."""
+    peak use seen in the last 7-30 days of rollups, rounded down; None unless samples
+    cover at least 7 distinct days (two samples a week apart are not a week of history)."""
     from decimal import ROUND_DOWN, Decimal
 
     now = now or timezone.now()
-    window = GpuSampleRollup.objects.filter(
-        gpu=gpu, bucket_start__gte=now - timedelta(days=MAX_HISTORY_DAYS)
-    ).aggregate(first=Min("bucket_start"), peak=Max("memory_used_max_mb"), n=Sum("samples"))
-    days = 0.0
-    if window["first"] is not None:
-        days = (now - window["first"]).total_seconds() / 86400
-    out = {"days_of_history": round(days, 1), "peak_mb": window["peak"], "ratio": None}
+    if window is None:
+        window = rollup_windows(gpu_ids=[gpu.pk], now=now).get(gpu.pk)
+    window = window or {"first": None, "peak": None, "days": 0}
+    covered = int(window["days"] or 0)
+    out = {"days_of_history": covered, "peak_mb": window["peak"], "ratio": None}
     if gpu.mig_enabled:
         out["reason"] = "MIG partitions and overcommit exclude each other."
-    elif days < MIN_HISTORY_DAYS or not window["peak"]:
+    elif covered < MIN_HISTORY_DAYS or not window["peak"]:
         out["reason"] = (
-            f"Needs {MIN_HISTORY_DAYS} days of samples; this GPU has {days:.1f}. "
+            f"Needs samples on {MIN_HISTORY_DAYS} days; this GPU has {covered}. "
             "A ratio is never guessed."
         )
     else:
@@ -1370,7 +1392,8 @@ def gpu_recommended_ratio(*, gpu: Gpu, now: datetime | None = None) -> dict:
         )
         out["ratio"] = ratio
         out["reason"] = (
-            f"{gpu.vram_total_mb} MiB physical / {window['peak']} MiB peak over {days:.0f} days."
+            f"{gpu.vram_total_mb} MiB physical / {window['peak']} MiB peak over "
+            f"{covered} days with samples."
         )
     return out
 

@@ -236,6 +236,6 @@ class WebhookEndpointViewSet(
         """The endpoint's recent deliveries, newest first: status, attempts, the last
         HTTP status and error."""
         endpoint = self.get_object()
-        rows = endpoint.deliveries.order_by("-created_at", "-id")
+        rows = endpoint.deliveries.select_related("endpoint").order_by("-created_at", "-id")
         page = self.paginate_queryset(rows)
         return self.get_paginated_response(s.WebhookDeliverySerializer(page, many=True).data)

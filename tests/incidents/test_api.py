@@ -657,3 +657,13 @@ def test_schema_lists_the_incident_routes(anon_api):  # type: ignore[no-untyped-
         "/api/v1/webhooks/{id}/deliveries/",
     ):
         assert path in text, path
+
+
+def test_a_tenant_sees_only_the_kind_of_a_delivery_error(ledger, api_a, owner_a):  # type: ignore[no-untyped-def]
+    mine = api_a.post(WEBHOOKS, {"url": "https://hooks.alpha.example/x"}, format="json").json()
+    notify.incident_notify(incident=ledger["a"], event="opened")
+    WebhookDelivery.objects.filter(endpoint_id=mine["id"]).update(
+        attempts=1, response_status=None, last_error="[Errno 111] Connection refused 10.0.0.7:8080"
+    )
+    row = api_a.get(f"{WEBHOOKS}{mine['id']}/deliveries/").json()["results"][0]
+    assert row["last_error"] == "the endpoint could not be reached"

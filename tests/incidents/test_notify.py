@@ -348,3 +348,38 @@ def test_a_redirect_is_a_failed_delivery_not_followed(  # type: ignore[no-untype
     delivery.refresh_from_db()
     assert delivery.status == "pending" and delivery.response_status == 302
     assert len(receiver.to("/a")) == 1
+
+
+def test_the_name_is_resolved_once_and_the_checked_address_is_the_one_used(  # type: ignore[no-untyped-def]
+    gpu, owner_a, endpoints, receiver, settings, monkeypatch, django_capture_on_commit_callbacks
+):
+    """DNS rebinding: the address checked is the address connected to. The tenant's
+    host name resolves once (here to loopback, allowed in this test) and the request
+    carries the name in its Host header."""
+    import socket
+
+    port = receiver.server.server_port
+    WebhookEndpoint.objects.filter(pk=endpoints["a"].pk).update(
+        url=f"http://hooks.alpha.test:{port}/a"
+    )
+    real = socket.getaddrinfo
+    lookups = []
+
+    def resolve(host, *args, **kwargs):  # type: ignore[no-untyped-def]
+        lookups.append(host)
+        if host == "hooks.alpha.test":
+            return real("127.0.0.1", *args, **kwargs)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    delivery = _one_delivery(gpu, owner_a, endpoints, django_capture_on_commit_callbacks)
+    assert notify.webhook_deliver(delivery_id=delivery.pk, final_attempt=True) == "delivered"
+    assert lookups.count("hooks.alpha.test") == 1
+    (request,) = receiver.to("/a")
+    assert request["headers"]["Host"] == f"hooks.alpha.test:{port}"
+    verify(request, "secret-/a")
+
+    settings.WEBHOOKS_ALLOW_PRIVATE = False  # production: the same name is refused
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(status="pending")
+    assert notify.webhook_deliver(delivery_id=delivery.pk, final_attempt=True) == "failed"
+    assert len(receiver.to("/a")) == 1

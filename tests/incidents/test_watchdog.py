@@ -365,3 +365,14 @@ def test_thresholds_cannot_be_set_to_stop_the_fleet(ops_user):  # type: ignore[n
     with pytest.raises(ServiceError):
         services.thresholds_update(actor=ops_user, quota_grace_samples=0)
     assert services.thresholds_update(actor=ops_user, idle_after_s=1200).idle_after_s == 1200
+
+
+def test_incidents_without_a_clear_signal_close_after_30_quiet_minutes(node, gpu):  # type: ignore[no-untyped-def]
+    sample(node, gpu, 6000)  # memory with no process
+    services.watch_sweep()
+    incident = Incident.objects.get(rule="unattributed_memory")
+    later = timezone.now() + timedelta(minutes=31)
+    assert services.watch_sweep(now=later)["expired"] == 1
+    incident.refresh_from_db()
+    assert incident.status == "resolved" and "Not seen for 30 minutes" in incident.resolution_note
+    assert incident.events.filter(kind="archived").exists()

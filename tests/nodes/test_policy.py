@@ -125,3 +125,18 @@ def test_release_returns_the_vram_and_is_safe_twice(gpu):  # type: ignore[no-unt
     assert services.gpus_recount_allocations() == 1
     gpu.refresh_from_db()
     assert gpu.allocated_mb == 0
+
+
+def test_two_samples_a_week_apart_are_not_a_week_of_history(gpu):  # type: ignore[no-untyped-def]
+    now = timezone.now()
+    for age in (timedelta(days=8), timedelta(minutes=10)):
+        GpuSampleRollup.objects.create(
+            gpu=gpu,
+            bucket_start=now - age,
+            samples=1,
+            memory_total_mb=24576,
+            memory_used_max_mb=4096,
+            memory_used_mean_mb=4096,
+        )
+    rec = services.gpu_recommended_ratio(gpu=gpu, now=now)
+    assert rec["ratio"] is None and rec["days_of_history"] == 2

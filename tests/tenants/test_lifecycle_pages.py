@@ -600,13 +600,13 @@ def test_policy_page_shows_the_recommendation_and_the_refusals(client, ops_user,
     page = client.get("/ops/fleet/policy/").content.decode()
     row = re.search(rf'<tr id="gpu-{gpu.pk}".*?</tr>', page, re.S).group(0)
     assert "0 / 24576 / 24576" in row
-    assert "Needs 7 days of samples; this GPU has 0.0" in row
+    assert "Needs samples on 7 days; this GPU has 0" in row
     assert "MIG partitions and overcommit exclude each other." in page
 
     response = client.post(f"/ops/fleet/policy/{gpu.pk}/ratio/", {"overcommit_ratio": "1.5"})
     assert response["Location"] == f"/ops/fleet/policy/#gpu-{gpu.pk}"
     shown = client.get("/ops/fleet/policy/").content.decode()
-    assert "gpu-host-1 GPU 0: At most 1.00 for this GPU: Needs 7 days" in shown
+    assert "gpu-host-1 GPU 0: At most 1.00 for this GPU: Needs samples on 7 days" in shown
     client.post(f"/ops/fleet/policy/{mig.pk}/ratio/", {"overcommit_ratio": "1.2", "page": "1"})
     assert (
         "MIG and overcommit exclude each other" in client.get("/ops/fleet/policy/").content.decode()
