@@ -315,3 +315,24 @@ def test_suspending_a_tenant_stops_its_slices_and_their_metering(
     assert "suspended: abuse report" in running.transitions.get(to_state="stopping").reason
     assert running.last_metered_at is None and fleet.nodes[0].containers == []
     assert Gpu.objects.get().allocated_mb == 0
+
+
+def test_reconcile_goes_on_past_a_node_that_does_not_answer(worker_fleet):  # type: ignore[no-untyped-def]
+    from nodes.emulator.catalog import GpuSpec, NodeSpec
+
+    fleet = worker_fleet(
+        [
+            NodeSpec("gpu-up", (GpuSpec("NVIDIA A30"),), None),
+            NodeSpec("gpu-down", (GpuSpec("NVIDIA A30"),), None),
+        ]
+    )
+    up, down = fleet.nodes
+    result = up.execute(
+        "docker run -d --label gpuplatform.managed=1 --label gpuplatform.owner=slice-424242 "
+        f"--gpus device={up.gpus[0].uuid} nvidia/cuda:12.4.1-base-ubuntu22.04"
+    )
+    orphan = result.stdout.decode().strip()
+    down.set_down(True)
+    counts = services.slices_reconcile()
+    assert counts["skipped"] == 1 and counts["nodes"] == 1 and counts["orphans"] == 1
+    assert up.container(orphan) is None
