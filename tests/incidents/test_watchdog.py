@@ -376,3 +376,37 @@ def test_incidents_without_a_clear_signal_close_after_30_quiet_minutes(node, gpu
     incident.refresh_from_db()
     assert incident.status == "resolved" and "Not seen for 30 minutes" in incident.resolution_note
     assert incident.events.filter(kind="archived").exists()
+
+
+def test_a_fleet_of_hot_cards_costs_a_few_queries_per_batch_not_a_few_per_card(
+    node, django_assert_max_num_queries
+):  # type: ignore[no-untyped-def]
+    """86-90% is where a well-packed fleet runs: every card keeps an open warning, and
+    each new sample only counts another occurrence of it."""
+    gpus = [
+        Gpu.objects.create(
+            node=node, uuid=f"GPU-hot-{i}", index=i, model="A30", vram_total_mb=24576
+        )
+        for i in range(24)
+    ]
+
+    def hot_batch():  # type: ignore[no-untyped-def]
+        readings = tuple(
+            GpuReading(
+                index=g.index,
+                uuid=g.uuid,
+                name=g.model,
+                memory_total_mb=24576,
+                memory_used_mb=21600,
+            )
+            for g in gpus
+        )
+        return node_services.samples_ingest(
+            results=[(node, NodeSample(source="nvml", taken_at=timezone.now(), gpus=readings))]
+        )
+
+    hot_batch()
+    assert Incident.objects.filter(rule="vram_high").count() == 24
+    with django_assert_max_num_queries(20):
+        hot_batch()
+    assert set(Incident.objects.values_list("occurrences", flat=True)) == {2}
