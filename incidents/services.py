@@ -335,19 +335,6 @@ def watch_batch(batch: SampleBatch) -> dict[str, int]:
     # Everything is read by node (a batch is up to 200 nodes, 1,600 GPUs): short IN
     # lists and plain rows keep the hook a fraction of the ingest it follows.
     node_ids = [n.pk for n in batch.nodes]
-    gpus = {
-        row[0]: GpuRow(*row)
-        for row in Gpu.objects.filter(node_id__in=node_ids, present=True).values_list(
-            "pk",
-            "node_id",
-            "index",
-            "uuid",
-            "accepting_placements",
-            "pci_bus_id",
-            "node__name",
-            "not_accepting_reason",
-        )
-    }
     watches = {w.gpu_id: w for w in GpuWatch.objects.filter(gpu__node_id__in=node_ids)}
     procs_by_gpu: dict[int, list[rules.ProcessView]] = defaultdict(list)
     slices, slice_watches, known = _live_slices(node_ids=node_ids)
@@ -399,31 +386,43 @@ def watch_batch(batch: SampleBatch) -> dict[str, int]:
         SliceWatch.objects.filter(slice_id__in=active_ids).update(
             last_active_at=now, idle_warned_at=None
         )
-    xids = _xids_by_gpu(batch, gpus)
     readings = {
         g.uuid: g
         for sample in batch.samples.values()
         for g in sample.gpus
         if g.ecc_uncorrected_volatile or g.remapped_rows_failure
     }
+    with_xids = {node_id for node_id, sample in batch.samples.items() if sample.xid_events}
     quiet_below = th.vram_warning_pct - rules.CLEAR_MARGIN_PCT
-    flagged = {key[1] for key in _open_keys()}  # targets with an open incident
+    open_keys = _open_keys()
+    flagged = {key[1] for key in open_keys}  # targets with an open incident
+    loud = []
     for r in batch.gpu_samples:
+        findings += _process_rules(procs_by_gpu[r.gpu_id], owners, th)
+        uuid = batch.gpu_uuids.get(r.gpu_id, "")
+        watch = watches.get(r.gpu_id)
+        quiet = (
+            100 * r.memory_used_mb < quiet_below * r.memory_total_mb
+            and not (watch and watch.breaker_open)
+            and uuid
+            and uuid not in readings
+            and f"gpu:{uuid}" not in flagged
+        )
+        if not quiet:
+            loud.append(r)
+    # The common case on a healthy fleet is that no card needs a card-level rule: the
+    # GPU rows are read only for those that do (and for nodes that reported an Xid).
+    gpus = _gpu_rows(
+        gpu_ids={r.gpu_id for r in loud},
+        node_ids=with_xids,
+    )
+    xids = _xids_by_gpu(batch, gpus)
+    loud += [r for r in batch.gpu_samples if r.gpu_id in xids and r not in loud]
+    for r in loud:
         gpu = gpus.get(r.gpu_id)
         if gpu is None:
             continue
         watch = watches.get(r.gpu_id)
-        breaker = bool(watch and watch.breaker_open)
-        quiet = (
-            100 * r.memory_used_mb < quiet_below * r.memory_total_mb
-            and not breaker
-            and gpu.pk not in xids
-            and gpu.uuid not in readings
-            and f"gpu:{gpu.uuid}" not in flagged
-        )
-        findings += _process_rules(procs_by_gpu[gpu.pk], owners, th)
-        if quiet:
-            continue  # the common case on a healthy fleet: no card-level finding
         view = rules.GpuView(
             gpu_id=gpu.pk,
             node_id=gpu.node_id,
@@ -456,7 +455,27 @@ def watch_batch(batch: SampleBatch) -> dict[str, int]:
                 resolves=True,
             )
         )
-    return apply_findings(findings, now=now, gpus=gpus)
+    return apply_findings(findings, now=now, gpus=gpus, open_keys=open_keys)
+
+
+def _gpu_rows(*, gpu_ids: set[int], node_ids: set[int]) -> dict[int, GpuRow]:
+    if not gpu_ids and not node_ids:
+        return {}
+    return {
+        row[0]: GpuRow(*row)
+        for row in Gpu.objects.filter(
+            Q(pk__in=gpu_ids) | Q(node_id__in=node_ids, present=True)
+        ).values_list(
+            "pk",
+            "node_id",
+            "index",
+            "uuid",
+            "accepting_placements",
+            "pci_bus_id",
+            "node__name",
+            "not_accepting_reason",
+        )
+    }
 
 
 def _process_rules(
@@ -632,12 +651,17 @@ def _open_keys() -> dict[tuple[str, str], tuple[int, str]]:
 
 
 def apply_findings(
-    findings: list[rules.Finding], *, now: datetime, gpus: dict[int, Gpu] | None = None
+    findings: list[rules.Finding],
+    *,
+    now: datetime,
+    gpus: dict[int, Gpu] | None = None,
+    open_keys: dict[tuple[str, str], tuple[int, str]] | None = None,
 ) -> dict[str, int]:
     """Incidents for the findings, then their actions: placement changes inline, node
     work on the incidents queue after commit. Resolving findings close what cleared."""
     counts = {"opened": 0, "repeated": 0, "resolved": 0, "actions": 0}
-    open_keys = _open_keys()
+    if open_keys is None:
+        open_keys = _open_keys()
     repeats: list[int] = []
     for f in findings:
         known = open_keys.get(f.key)
@@ -711,6 +735,8 @@ def _first_time(incident: Incident, action: str) -> bool:
 
 def _context(f: rules.Finding, gpus: dict[int, Gpu]) -> dict:
     gpu = gpus.get(f.gpu_id) if f.gpu_id else None
+    if gpu is None and f.gpu_id:  # a quiet card the batch did not read: read it now
+        gpu = _gpu_rows(gpu_ids={f.gpu_id}, node_ids=set()).get(f.gpu_id)
     out: dict[str, Any] = {}
     if gpu is not None:
         node_name = getattr(gpu, "node_name", None) or gpu.node.name

@@ -54,6 +54,7 @@ class SampleBatch:
     samples: dict[int, NodeSample]  # node id -> parsed sample (with Xid events etc.)
     gpu_samples: list[GpuSampleRow] = field(default_factory=list)
     process_samples: list[ProcessSampleRow] = field(default_factory=list)
+    gpu_uuids: dict[int, str] = field(default_factory=dict)  # GPU id -> its UUID
 
 
 SampleHook = Callable[[SampleBatch], None]

@@ -607,6 +607,9 @@ def samples_ingest(
         samples={n.pk: s for n, s in results},
         gpu_samples=gpu_rows,
         process_samples=proc_rows,
+        gpu_uuids={
+            gpu_id: uuid for uuid, (gpu_id, _) in gpus.items() if not uuid.startswith("MIG-")
+        },
     )
     run_sample_hooks(batch)
     return batch
