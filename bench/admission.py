@@ -17,13 +17,12 @@ import argparse
 import multiprocessing
 import os
 import statistics
-import subprocess
-import sys
 import time
 
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/9")
 
 from _db import ROOT, throwaway_database  # noqa: E402, I001 (bench/ on sys.path)
+from _worker import start_worker, stop_worker  # noqa: E402
 
 SIZES_GB = (4, 8, 12, 8)  # the launch mix: mostly 8 GB, as sold
 MODEL = {"model": {"catalog": "Qwen/Qwen2.5-0.5B"}, "context_tokens": 2048}
@@ -211,7 +210,6 @@ def _run(purchase_ids: list[int], clients: int, *, legacy: bool) -> tuple[float,
 def _latency(runs: int) -> tuple[float, float]:
     """Launch to running through a real worker (Redis broker) and the emulator."""
     from django.conf import settings
-    from django.db import connection
 
     from nodes import services as node_services
     from nodes import ssh
@@ -229,36 +227,9 @@ def _latency(runs: int) -> tuple[float, float]:
         nodes=[NodeSpec(f"lat-{i}", (GpuSpec("NVIDIA A30"),) * 4) for i in range(2)],
         authorized_keys=[public],
     )
-    env = {
-        **os.environ,
-        "DATABASE_URL": _database_url(connection.settings_dict),
-        "GPUPLATFORM_SSH_KEY_PATH": settings.NODES_SSH_KEY_PATH,
-    }
-    from gpuplatform.celery import app
-
-    app.control.purge()
-    worker = subprocess.Popen(  # noqa: S603 - our own interpreter and fixed arguments
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "gpuplatform",
-            "worker",
-            "-Q",
-            "provision,default",
-            "-c",
-            "2",
-            "--loglevel",
-            "WARNING",
-            "-n",
-            f"bench-{os.getpid()}@%h",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    log = ROOT / "var" / "bench-admission-worker.log"
+    log.unlink(missing_ok=True)
+    worker = start_worker(queues="provision,default", log=log, name="bench-admission")
     try:
         # drain the throughput fleet so latency slices land on the emulated nodes
         _reset()
@@ -300,8 +271,7 @@ def _latency(runs: int) -> tuple[float, float]:
         q = statistics.quantiles(times, n=20)
         return statistics.median(times), q[18]
     finally:
-        worker.terminate()
-        worker.wait(10)
+        stop_worker(worker)
         fleet.stop()
 
 
@@ -309,11 +279,6 @@ def settings_settle() -> float:
     from django.conf import settings
 
     return settings.NODES_CONTAINER_SETTLE_S
-
-
-def _database_url(d: dict) -> str:
-    auth = d["USER"] + (f":{d['PASSWORD']}" if d.get("PASSWORD") else "")
-    return f"postgres://{auth}@{d['HOST'] or '127.0.0.1'}:{d['PORT'] or 5432}/{d['NAME']}"
 
 
 def main() -> None:

@@ -36,7 +36,6 @@ import argparse
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -45,16 +44,12 @@ os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/9")
 os.environ.setdefault("EMAIL_URL", "dummymail://")
 
 from _db import ROOT, throwaway_database  # noqa: E402, I001 (bench/ on sys.path)
+from _worker import start_worker, stop_worker  # noqa: E402
 
 BASELINE_S = 480  # the manual runbook: 8 minutes per incident
 MODEL = {"model": {"catalog": "Qwen/Qwen2.5-0.5B"}, "context_tokens": 2048}
 OFFENDER_ENV = {"EMULATOR_PROFILE": "steady", "EMULATOR_COOPERATIVE": "0", "EMULATOR_MB": "9000"}
 NEIGHBOUR_ENV = {"EMULATOR_PROFILE": "steady", "EMULATOR_MB": "3500"}
-
-
-def _database_url(d: dict) -> str:
-    auth = d["USER"] + (f":{d['PASSWORD']}" if d.get("PASSWORD") else "")
-    return f"postgres://{auth}@{d['HOST'] or '127.0.0.1'}:{d['PORT'] or 5432}/{d['NAME']}"
 
 
 def _p95(values: list[float]) -> float:
@@ -80,56 +75,12 @@ def _wait_state(slice_id: int, states: tuple[str, ...], log: Path, timeout: floa
 
 
 def _start_worker(log: Path) -> subprocess.Popen:
-    from django.conf import settings
-    from django.db import connection
-
-    from gpuplatform.celery import app
-
-    app.control.purge()
-    with app.connection_for_write() as conn:  # a killed run's unacked messages, if any
-        conn.default_channel.client.delete("unacked", "unacked_index", "unacked_mutex")
-    env = {
-        **os.environ,
-        "DATABASE_URL": _database_url(connection.settings_dict),
-        "GPUPLATFORM_SSH_KEY_PATH": settings.NODES_SSH_KEY_PATH,
-        "GPUPLATFORM_CONTAINER_SETTLE_S": "0.05",
-    }
-    worker = subprocess.Popen(  # noqa: S603 - our own interpreter and fixed arguments
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "gpuplatform",
-            "worker",
-            "-Q",
-            "default,provision,telemetry,incidents",
-            "-c",
-            "2",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "--loglevel",
-            "INFO",
-            "--logfile",
-            str(log),
-            "-n",
-            f"bench-detection-{os.getpid()}@%h",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    return start_worker(
+        queues="default,provision,telemetry,incidents",
+        log=log,
+        name="bench-detection",
+        env={"GPUPLATFORM_CONTAINER_SETTLE_S": "0.05"},
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if log.exists() and "ready." in log.read_text():
-            return worker
-        if worker.poll() is not None:
-            break
-        time.sleep(0.1)
-    worker.terminate()
-    raise SystemExit("the worker did not start:\n" + (log.read_text() if log.exists() else ""))
 
 
 def _measure(runs: int, log: Path) -> dict[str, list[float]]:
@@ -257,12 +208,7 @@ def _measure(runs: int, log: Path) -> dict[str, list[float]]:
         return out
     finally:
         node_services._read_nodes = read_nodes
-        worker.terminate()
-        try:
-            worker.wait(15)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        stop_worker(worker)
         fleet.stop()
 
 

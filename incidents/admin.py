@@ -86,8 +86,8 @@ class SliceWatchAdmin(admin.ModelAdmin):
 
 @admin.register(GpuWatch)
 class GpuWatchAdmin(admin.ModelAdmin):
-    list_display = ["gpu", "breaker_open", "hardware_drained"]
-    readonly_fields = ["gpu", "breaker_open", "hardware_drained", "orphan_streaks"]
+    list_display = ["gpu", "breaker_open"]
+    readonly_fields = ["gpu", "breaker_open", "orphan_streaks"]
 
 
 @admin.register(WebhookEndpoint)

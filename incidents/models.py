@@ -288,13 +288,13 @@ class SliceWatch(models.Model):
 
 
 class GpuWatch(models.Model):
-    """Why the watchdog closed a GPU to placements, and orphans it is watching."""
+    """The 95% breaker's hold on a GPU (a drain for a hardware fault is the GPU's own
+    reason, not kept here), and the orphans the sweep is counting."""
 
     gpu = models.OneToOneField(
         "nodes.Gpu", on_delete=models.CASCADE, related_name="watch", verbose_name="GPU"
     )
     breaker_open = models.BooleanField("closed by the 95% breaker", default=False)
-    hardware_drained = models.BooleanField("drained for a hardware fault", default=False)
     orphan_streaks = models.JSONField("orphan processes seen (pid: samples)", default=dict)
 
     class Meta:

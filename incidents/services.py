@@ -498,18 +498,6 @@ def _process_rules(
     return out
 
 
-GPU_VIEW_FIELDS = (
-    "id",
-    "node_id",
-    "index",
-    "uuid",
-    "model",
-    "vram_total_mb",
-    "accepting_placements",
-    "pci_bus_id",
-)
-
-
 class GpuRow(NamedTuple):
     """What the per-batch rules need of a GPU (plain rows: no model instances)."""
 
@@ -599,13 +587,6 @@ def _remember_orphans(
     if watch.orphan_streaks != memory:
         watch.orphan_streaks = memory
         watch.save(update_fields=["orphan_streaks"])
-
-
-def _reading(batch: SampleBatch, gpu: GpuRow):  # type: ignore[no-untyped-def]
-    sample = batch.samples.get(gpu.node_id)
-    if sample is None:
-        return None
-    return next((g for g in sample.gpus if g.uuid == gpu.uuid), None)
 
 
 def _xids_by_gpu(batch: SampleBatch, gpus: dict[int, GpuRow]) -> dict[int, list[tuple[int, str]]]:
@@ -817,7 +798,6 @@ def _act(incident: Incident | None, f: rules.Finding, now: datetime) -> None:
     elif f.action == rules.DRAIN_GPU and f.gpu_id:
         gpu = Gpu.objects.get(pk=f.gpu_id)
         node_services.gpu_set_accepting(gpu=gpu, accepting=False, reason=f.title)
-        GpuWatch.objects.update_or_create(gpu=gpu, defaults={"hardware_drained": True})
         if incident:
             _mitigated(incident, "GPU drained: it takes no new slice; its tenants were told.")
         _tell_tenants_on(
@@ -939,14 +919,9 @@ def _end_orphan(incident: Incident, evidence: dict) -> str:
     pid = evidence.get("pid")
     info = node_services.container_inspect(node=node, container=container) if container else None
     ours = info is not None and info.labels.get(runtime.LABEL_MANAGED) == "1"
-    owner_live = (
-        ours
-        and info.owner_key.startswith("slice-")
-        and Slice.objects.filter(
-            pk=int(info.owner_key[6:]) if info.owner_key[6:].isdigit() else 0,
-            state__in=LIVE,
-        ).exists()
-    )
+    from tenants.services import owner_is_live
+
+    owner_live = ours and owner_is_live(info.owner_key)
     if not ours or owner_live:
         with transaction.atomic():
             incident_event(

@@ -27,6 +27,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from gpuplatform.errors import ServiceError
+from gpuplatform.querystring import is_id
 from nodes import services as node_services
 from tenants import services as tenant_services
 from tenants.views import _partial, member_required
@@ -56,10 +57,6 @@ RUNBOOK = [
     (E.DISPOSED, "Disposed"),
     (E.ARCHIVED, "Archived"),
 ]
-
-
-def _is_id(text: str) -> bool:
-    return text.isascii() and text.isdigit() and len(text) < 19
 
 
 def _ledger_url(query: str = "") -> str:
@@ -105,7 +102,7 @@ def ops_incidents_export(request: HttpRequest) -> HttpResponse:
 @require_POST
 def ops_incidents_acknowledge(request: HttpRequest) -> HttpResponse:
     """Bulk acknowledge the checked rows (the service skips any that are not open)."""
-    ids = sorted({int(v) for v in request.POST.getlist("ids") if _is_id(v)})
+    ids = sorted({int(v) for v in request.POST.getlist("ids") if is_id(v)})
     if not ids:
         messages.info(request, "Select the incidents to acknowledge first.")
     else:

@@ -1281,11 +1281,12 @@ def container_start(
         time.sleep(settle)  # a container that crashes on start does so within moments
         info = container_inspect(node=node, container=info.id, pool=pool)
     if info is None or not info.running:
-        raise ContainerError(_exit_reason(info), info=info)
+        raise ContainerError(container_exit_reason(info), info=info)
     return info
 
 
-def _exit_reason(info) -> str:  # type: ignore[no-untyped-def]
+def container_exit_reason(info) -> str:  # type: ignore[no-untyped-def]
+    """Why a container is not running, in words."""
     if info is None:
         return "the container disappeared"
     if info.oom_killed:
@@ -1293,10 +1294,6 @@ def _exit_reason(info) -> str:  # type: ignore[no-untyped-def]
     if info.error:
         return f"the container failed: {info.error[:300]}"
     return f"the container exited with code {info.exit_code}"
-
-
-def container_exit_reason(info) -> str:  # type: ignore[no-untyped-def]
-    return _exit_reason(info)
 
 
 def container_remove(

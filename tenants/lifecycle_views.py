@@ -22,6 +22,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from gpuplatform.errors import ServiceError
+from gpuplatform.querystring import is_id
 
 from . import selectors, services
 from .lifecycle_forms import (
@@ -216,15 +217,9 @@ def buy(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _is_id(text: str) -> bool:
-    """A database id in a query string: ASCII digits that fit a bigint (str.isdigit also
-    accepts digits int() refuses, such as '²')."""
-    return text.isascii() and text.isdigit() and len(text) < 19
-
-
 def _buy_initial(request: HttpRequest) -> dict:
     tier = request.GET.get("tier", "")
-    return {"tier": int(tier)} if _is_id(tier) else {}
+    return {"tier": int(tier)} if is_id(tier) else {}
 
 
 # --- tenant: launch ---------------------------------------------------------------------------
@@ -236,7 +231,7 @@ def launch(request: HttpRequest) -> HttpResponse:
     tenant = request.membership.tenant
     initial = {}
     wanted = request.GET.get("purchase", "")
-    if _is_id(wanted):
+    if is_id(wanted):
         initial["purchase"] = int(wanted)
     form = LaunchForm(request.POST or None, tenant=tenant, initial=initial)
     status = 200
@@ -466,7 +461,7 @@ def ops_credit(request: HttpRequest) -> HttpResponse:
             status = 400
     refund_tenant = request.GET.get("tenant", "")
     purchases = selectors.purchase_list_for_ops(
-        tenant_id=int(refund_tenant) if _is_id(refund_tenant) else None
+        tenant_id=int(refund_tenant) if is_id(refund_tenant) else None
     ).filter(minutes_left__gt=0, refunded_at__isnull=True)[:50]
     return render(
         request,

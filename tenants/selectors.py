@@ -126,15 +126,16 @@ def slice_transitions(*, slice: Slice):  # type: ignore[no-untyped-def]
     return slice.transitions.select_related("actor").order_by("at", "id")
 
 
-def slice_vram_series(*, slice: Slice, max_points: int = 500) -> list[dict]:
-    """The slice's VRAM over time (sum of its container's processes per sample)."""
+def slice_vram_per_sample(*, slice: Slice):  # type: ignore[no-untyped-def]
+    """Per sample, the VRAM the slice's container held (its processes summed): rows of
+    taken_at and used_mb; None when it never ran a container."""
     from django.db.models import Sum
 
     from nodes.models import ProcessSample
 
     if slice.allocation_id is None or not slice.container_id:
-        return []
-    rows = list(
+        return None
+    return (
         ProcessSample.objects.filter(
             gpu_id=slice.allocation.gpu_id,  # type: ignore[union-attr]
             container_id=slice.container_id,
@@ -142,8 +143,15 @@ def slice_vram_series(*, slice: Slice, max_points: int = 500) -> list[dict]:
         )
         .values("taken_at")
         .annotate(used_mb=Sum("used_memory_mb"))
-        .order_by("taken_at")
     )
+
+
+def slice_vram_series(*, slice: Slice, max_points: int = 500) -> list[dict]:
+    """The slice's VRAM over time, at most `max_points` (each the highest of its span)."""
+    per_sample = slice_vram_per_sample(slice=slice)
+    if per_sample is None:
+        return []
+    rows = list(per_sample.order_by("taken_at"))
     if len(rows) > max_points:
         step = -(-len(rows) // max_points)
         rows = [

@@ -154,3 +154,19 @@ SSH_KEY = (
     "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGNhcmVmdWxseWZha2VidXRyZWFsbHlzaGFwZWRrZXkx tenant@laptop"
 )
 SMALL_MODEL = {"model": {"catalog": "Qwen/Qwen2.5-1.5B"}, "context_tokens": 2048}
+
+
+def launch(membership, purchase, image, **kw):  # type: ignore[no-untyped-def]
+    """A launch as a tenant makes it (the small catalog model, an SSH key), re-read."""
+    from tenants import services
+
+    slice, _ = services.slice_launch(
+        membership=membership,
+        purchase=purchase,
+        image=image,
+        model_request=kw.pop("model_request", SMALL_MODEL),
+        ssh_public_key=kw.pop("ssh_public_key", SSH_KEY),
+        **kw,
+    )
+    slice.refresh_from_db()
+    return slice

@@ -19,6 +19,7 @@ from .slices import (  # noqa: F401
     clean_environment,
     container_remove_quietly,
     measured_peak_mb,
+    owner_is_live,
     queue_position,
     slice_finish_stop,
     slice_launch,

@@ -19,13 +19,14 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
-from django.db.models import Max, Sum
+from django.db.models import Max
 from django.utils import timezone
 
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
+from gpuplatform.querystring import is_id
 from nodes import runtime, ssh
 from nodes import services as node_services
-from nodes.models import Node, ProcessSample
+from nodes.models import Node
 
 from .. import estimator
 from ..models import Image, Membership, Purchase, Slice, SliceTransition
@@ -670,18 +671,12 @@ def _settle(slice: Slice, now: datetime) -> None:
 
 def measured_peak_mb(slice: Slice) -> int | None:
     """The highest VRAM the slice's container held in any one sample (from telemetry)."""
-    if slice.allocation is None or not slice.container_id:
+    from ..selectors import slice_vram_per_sample
+
+    per_sample = slice_vram_per_sample(slice=slice)
+    if per_sample is None:
         return slice.peak_vram_mb
-    per_sample = (
-        ProcessSample.objects.filter(
-            gpu_id=slice.allocation.gpu_id,
-            container_id=slice.container_id,
-            taken_at__gte=slice.started_at or slice.created_at,
-        )
-        .values("taken_at")
-        .annotate(total=Sum("used_memory_mb"))
-    )
-    peak = per_sample.aggregate(peak=Max("total"))["peak"]
+    peak = per_sample.aggregate(peak=Max("used_mb"))["peak"]
     return peak if peak is not None else slice.peak_vram_mb
 
 
@@ -938,15 +933,17 @@ def _reconcile_node(
         elif state == S.STOPPING:
             _reconcile_stopping(pk, now, timeout)
     for container in containers:
-        if container.owner_key not in expected and not _just_started(container.owner_key):
+        # not expected, yet live: its slice started after the node was listed
+        if container.owner_key not in expected and not owner_is_live(container.owner_key):
             counts["orphans"] += _remove_orphan(node, container)
 
 
-def _just_started(owner_key: str) -> bool:
-    """A container whose slice became live after the node was listed: not an orphan."""
-    if not owner_key.startswith("slice-") or not owner_key[6:].isdigit():
+def owner_is_live(owner_key: str) -> bool:
+    """Whether the key labels a slice that holds VRAM now (its container is no orphan)."""
+    number = owner_key.removeprefix("slice-")
+    if number == owner_key or not is_id(number):
         return False
-    return Slice.objects.filter(pk=int(owner_key[6:]), state__in=HOLDS_VRAM).exists()
+    return Slice.objects.filter(pk=int(number), state__in=HOLDS_VRAM).exists()
 
 
 def _reconcile_dead(slice_id: int, node: Node, container) -> int:  # type: ignore[no-untyped-def]
@@ -1048,9 +1045,6 @@ def container_remove_quietly(*, node_id: int, container: str, owner_key: str) ->
     node = Node.objects.filter(pk=node_id).first()
     if node is None:
         return False
-    live = Slice.objects.filter(
-        pk=int(owner_key[6:]) if owner_key[6:].isdigit() else 0, state__in=HOLDS_VRAM
-    )
-    if live.exists():
+    if owner_is_live(owner_key):
         return False  # a retry adopted it: leave it running
     return node_services.container_remove(node=node, container=container)

@@ -12,10 +12,10 @@ from rest_framework.test import APIClient
 
 from incidents import notify, rules, services
 from incidents.models import Incident, IncidentEvent, Thresholds, WebhookDelivery, WebhookEndpoint
-from nodes import services as node_services
-from nodes.models import Allocation, Gpu, Node, ProcessSample
-from tenants.models import Image, Purchase, Role, Slice, Tier
+from nodes.models import Gpu, Node, ProcessSample
+from tenants.models import Role
 from tests.factories import MembershipFactory
+from tests.incidents.support import running_slice
 
 pytestmark = pytest.mark.django_db
 
@@ -44,29 +44,6 @@ def gpu(node):  # type: ignore[no-untyped-def]
         vram_total_mb=24576,
         pci_bus_id="00000000:3B:00.0",
     )
-
-
-def running_slice(owner, gpu, cid, quota_gb=8):  # type: ignore[no-untyped-def]
-    tier = Tier.objects.get(vram_mb=quota_gb * 1024)
-    purchase = Purchase.objects.create(
-        tenant=owner.tenant, tier=tier, hours=1, price_paid=0, minutes_total=60, minutes_left=60
-    )
-    image = Image.objects.get_or_create(name="img", defaults={"reference": "x/y:1"})[0]
-    allocation = node_services.allocation_reserve(owner_key="slice-pending", vram_mb=tier.vram_mb)
-    s = Slice.objects.create(
-        tenant=owner.tenant,
-        purchase=purchase,
-        image="x/y:1",
-        image_entry=image,
-        vram_mb=tier.vram_mb,
-        state="running",
-        allocation=allocation,
-        container_id=cid,
-        started_at=timezone.now(),
-        last_metered_at=timezone.now(),
-    )
-    Allocation.objects.filter(pk=allocation.pk).update(owner_key=s.owner_key)
-    return s
 
 
 def breach(s, gpu, *, pid: int) -> rules.Finding:  # type: ignore[no-untyped-def]

@@ -19,9 +19,8 @@ from django.utils import timezone
 from gpuplatform.celery import app
 from incidents import notify, rules, services, tasks
 from incidents.models import Incident, WebhookDelivery, WebhookEndpoint
-from nodes import services as node_services
-from nodes.models import Allocation, Gpu, Node
-from tenants.models import Image, Purchase, Slice, Tier
+from nodes.models import Gpu, Node
+from tests.incidents.support import running_slice
 
 pytestmark = pytest.mark.django_db
 
@@ -97,29 +96,6 @@ def gpu():  # type: ignore[no-untyped-def]
     return Gpu.objects.create(
         node=node, uuid="GPU-w1-0-where", index=0, model="A30", vram_total_mb=24576
     )
-
-
-def running_slice(owner, gpu, cid):  # type: ignore[no-untyped-def]
-    tier = Tier.objects.get(vram_mb=8192)
-    purchase = Purchase.objects.create(
-        tenant=owner.tenant, tier=tier, hours=1, price_paid=0, minutes_total=60, minutes_left=60
-    )
-    image = Image.objects.get_or_create(name="img", defaults={"reference": "x/y:1"})[0]
-    allocation = node_services.allocation_reserve(owner_key="slice-pending", vram_mb=tier.vram_mb)
-    s = Slice.objects.create(
-        tenant=owner.tenant,
-        purchase=purchase,
-        image="x/y:1",
-        image_entry=image,
-        vram_mb=tier.vram_mb,
-        state="running",
-        allocation=allocation,
-        container_id=cid,
-        started_at=timezone.now(),
-        last_metered_at=timezone.now(),
-    )
-    Allocation.objects.filter(pk=allocation.pk).update(owner_key=s.owner_key)
-    return s
 
 
 def breach(s, gpu) -> rules.Finding:  # type: ignore[no-untyped-def]

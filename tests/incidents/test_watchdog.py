@@ -11,9 +11,10 @@ from django.utils import timezone
 from incidents import services
 from incidents.models import Incident, IncidentEvent, SliceWatch
 from nodes import services as node_services
-from nodes.models import Allocation, Gpu, Node
+from nodes.models import Gpu, Node
 from nodes.telemetry import GpuReading, NodeSample, ProcessReading, XidEvent
-from tenants.models import Image, Purchase, Slice, Tier
+from tenants.models import Slice
+from tests.incidents.support import running_slice
 
 pytestmark = pytest.mark.django_db
 
@@ -64,29 +65,6 @@ def sample(node, gpu, used_mb, *, procs=(), xids=(), at=None, source="nvml"):  #
         ],
         received_at=at,
     )
-
-
-def running_slice(owner, gpu, quota_gb=8):  # type: ignore[no-untyped-def]
-    tier = Tier.objects.get(vram_mb=quota_gb * 1024)
-    purchase = Purchase.objects.create(
-        tenant=owner.tenant, tier=tier, hours=1, price_paid=0, minutes_total=60, minutes_left=60
-    )
-    image = Image.objects.get_or_create(name="img", defaults={"reference": "x/y:1"})[0]
-    allocation = node_services.allocation_reserve(owner_key="slice-pending", vram_mb=tier.vram_mb)
-    s = Slice.objects.create(
-        tenant=owner.tenant,
-        purchase=purchase,
-        image="x/y:1",
-        image_entry=image,
-        vram_mb=tier.vram_mb,
-        state="running",
-        allocation=allocation,
-        container_id=CID,
-        started_at=timezone.now(),
-        last_metered_at=timezone.now(),
-    )
-    Allocation.objects.filter(pk=allocation.pk).update(owner_key=s.owner_key)
-    return s
 
 
 def test_breaker_opens_at_95_and_closes_below_85_only(node, gpu):  # type: ignore[no-untyped-def]
@@ -220,7 +198,7 @@ def test_idle_slice_is_warned_then_reclaimed_with_time_moved_forward(
     assert [a[1] for a in sent] == ["stop_slice"]
 
 
-def test_incidents_are_scoped_to_their_tenant(node, gpu, owner_a, owner_b, monkeypatch):  # type: ignore[no-untyped-def]
+def test_a_breach_is_filed_under_the_slices_tenant_only(node, gpu, owner_a, owner_b, monkeypatch):  # type: ignore[no-untyped-def]
     from incidents import tasks
 
     monkeypatch.setattr(tasks.dispose, "delay", lambda *a: None)

@@ -12,22 +12,9 @@ from nodes.emulator.catalog import GpuSpec, NodeSpec
 from nodes.models import Allocation, ContainerEvent, Gpu
 from tenants import services
 from tenants.models import LedgerEntry, Slice, UsageRecord
-from tests.conftest import SMALL_MODEL, SSH_KEY
+from tests.conftest import SMALL_MODEL, SSH_KEY, launch
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def launch(membership, purchase, image, **kw):  # type: ignore[no-untyped-def]
-    slice, _ = services.slice_launch(
-        membership=membership,
-        purchase=purchase,
-        image=image,
-        model_request=kw.pop("model_request", SMALL_MODEL),
-        ssh_public_key=SSH_KEY,
-        **kw,
-    )
-    slice.refresh_from_db()
-    return slice
 
 
 def test_launch_runs_container_with_quota_and_stop_releases_everything(

@@ -13,22 +13,9 @@ from nodes import services as node_services
 from nodes.models import Allocation, Gpu, Node
 from tenants import services
 from tenants.models import Slice, Tier
-from tests.conftest import SMALL_MODEL, SSH_KEY
+from tests.conftest import SMALL_MODEL, launch
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def launch(membership, purchase, image, **kw):  # type: ignore[no-untyped-def]
-    slice, _ = services.slice_launch(
-        membership=membership,
-        purchase=purchase,
-        image=image,
-        model_request=kw.pop("model_request", SMALL_MODEL),
-        ssh_public_key=SSH_KEY,
-        **kw,
-    )
-    slice.refresh_from_db()
-    return slice
 
 
 def test_rediscovery_keeps_the_allocation_counter(eager, worker_fleet, owner_a, funded, image_ssh):  # type: ignore[no-untyped-def]
@@ -119,7 +106,8 @@ def test_a_new_launch_never_passes_the_line_of_its_tier(
     waiting.refresh_from_db()
     newcomer.refresh_from_db()
     assert waiting.state == Slice.State.RUNNING and newcomer.state == Slice.State.QUEUED
-    assert first.pk  # still running, untouched
+    first.refresh_from_db()
+    assert first.state == Slice.State.RUNNING  # the slice already placed is untouched
 
 
 def test_queued_slices_of_a_suspended_tenant_are_cancelled_not_started(
