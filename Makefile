@@ -7,7 +7,7 @@ TEST_DATABASE_URL ?= $(or $(DATABASE_URL),postgres://postgres@127.0.0.1:5432/tes
 TEST_REDIS_URL ?= $(or $(REDIS_URL),redis://127.0.0.1:6379/0)
 VENDOR := static/vendor
 
-.PHONY: run test install install-test chromium lint format vendor clean
+.PHONY: run test install install-test chromium lab-packages lint format vendor clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +36,30 @@ chromium:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 
+## lab-packages: what the node lab needs (a real sshd and Docker Engine per lab node, a
+## static busybox and gcc for its workload image) and docker-compose to check the compose
+## file; installed only where missing, as root
+lab-packages:
+	@missing=""; \
+	command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ] || missing="$$missing docker.io"; \
+	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
+	command -v ssh-keygen >/dev/null 2>&1 || missing="$$missing openssh-client"; \
+	dpkg -s busybox-static >/dev/null 2>&1 || missing="$$missing busybox-static"; \
+	command -v gcc >/dev/null 2>&1 || missing="$$missing gcc"; \
+	dpkg -s libc6-dev >/dev/null 2>&1 || missing="$$missing libc6-dev"; \
+	command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing for the node lab:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  else \
+	    echo "the node lab needs:$$missing (not root or no apt: lab tests will say why)"; \
+	  fi; \
+	fi
+
 ## test: install what the tests need and run the whole suite on PostgreSQL and Redis
-test: install-test chromium
+test: install-test chromium lab-packages
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) \
 	  $(PY) -m pytest $(PYTEST_ARGS)
 

@@ -443,6 +443,24 @@ def watch_batch(batch: SampleBatch) -> dict[str, int]:
             ecc_uncorrected=getattr(reading, "ecc_uncorrected_volatile", None),
             remapped_rows_failure=bool(getattr(reading, "remapped_rows_failure", False)),
         )
+    # A card that fell off the bus (Xid 79) is gone from NVML: its Xid comes from the
+    # kernel log with no reading of the card beside it. It is drained all the same.
+    sampled = {r.gpu_id for r in batch.gpu_samples}
+    for gpu_id in xids.keys() - sampled:
+        gpu = gpus[gpu_id]
+        view = rules.GpuView(
+            gpu_id=gpu.pk,
+            node_id=gpu.node_id,
+            uuid=gpu.uuid,
+            total_mb=0,
+            used_mb=0,
+            accepting=gpu.accepting_placements,
+            hardware_drained=not gpu.accepting_placements
+            and gpu.not_accepting_reason.startswith(HARDWARE_REASON),
+        )
+        findings += rules.hardware(
+            view, xids=xids[gpu_id], ecc_uncorrected=None, remapped_rows_failure=False
+        )
     for slice_id in active_ids:  # computing again: an idle incident has cleared
         findings.append(
             rules.Finding(
@@ -1005,15 +1023,27 @@ def _sweep_orphans(gpus: dict[int, Gpu], th: rules.Thresholds) -> list[rules.Fin
     slice, or used with no process. Not urgent like a breach, so once a minute; an
     orphan seen on `orphan_confirm_samples` sweeps in a row is ended."""
     out: list[rules.Finding] = []
-    latest = ProcessSample.objects.filter(
-        gpu_id__in=list(gpus), taken_at=F("gpu__last_sample_at")
-    ).values_list("gpu_id", "pid", "used_memory_mb", "container_id")
+    latest = list(
+        ProcessSample.objects.filter(
+            gpu_id__in=list(gpus), taken_at=F("gpu__last_sample_at")
+        ).values_list("gpu_id", "pid", "used_memory_mb", "container_id")
+    )
     procs: dict[int, list[rules.ProcessView]] = defaultdict(list)
     for gpu_id, pid, used, cid in latest:
         procs[gpu_id].append(
             rules.ProcessView(gpu_id=gpu_id, pid=pid, used_mb=used, container_id=cid)
         )
     _, _, known = _live_slices()
+    # A card's latest sample may be older than a slice's end: its processes were the
+    # slice's when the sample was taken. Judge each sample against the slices live then.
+    unknown = {cid for _, _, _, cid in latest if cid and cid not in known}
+    ended = dict(
+        Slice.objects.filter(container_id__in=unknown, stopped_at__isnull=False).values_list(
+            "container_id", "stopped_at"
+        )
+        if unknown
+        else []
+    )
     watches = {w.gpu_id: w for w in GpuWatch.objects.filter(gpu_id__in=list(gpus))}
     for gpu in gpus.values():
         if gpu.last_memory_used_mb is None or gpu.node.status != Node.Status.ACTIVE:
@@ -1033,7 +1063,9 @@ def _sweep_orphans(gpus: dict[int, Gpu], th: rules.Thresholds) -> list[rules.Fin
         if memory.get("at") == sample_at:
             continue  # no new sample since the last sweep: nothing new to count
         streaks = {(gpu.pk, int(pid)): n for pid, n in (memory.get("pids") or {}).items()}
-        found = rules.orphans(view, procs[gpu.pk], known, th, streaks=streaks)
+        taken = gpu.last_sample_at
+        live_then = known | {cid for cid, at in ended.items() if taken and at >= taken}
+        found = rules.orphans(view, procs[gpu.pk], live_then, th, streaks=streaks)
         _remember_orphans(gpu, watch, found, sample_at)
         out += found
     return out

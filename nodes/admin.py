@@ -34,6 +34,7 @@ class NodeAdmin(admin.ModelAdmin):
         "address",
         "port",
         "ssh_user",
+        "container_network",
         "host_key",
         "host_key_fingerprint",
         "pending_host_key",

@@ -20,6 +20,14 @@ class Node(models.Model):
     address = models.CharField("address", max_length=255, help_text="Host name or IP address.")
     port = models.PositiveIntegerField("SSH port", default=22)
     ssh_user = models.CharField("SSH user", max_length=64, default="gpuplatform")
+    container_network = models.CharField(
+        "container network",
+        max_length=64,
+        default="bridge",
+        help_text="The Docker network slices join (`docker run --network`). `bridge` "
+        "publishes their ports on the node; `none` keeps them on their own loopback "
+        "(no published ports: reach them another way).",
+    )
     host_key = models.TextField(
         "pinned host key",
         blank=True,

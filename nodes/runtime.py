@@ -45,6 +45,9 @@ _NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]+$")  # docker's own rule for 
 _REF_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")  # a name, a full id or an id prefix
 _OWNER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# A Docker network name; never `host` (the node's own network namespace) or `container:`.
+_NETWORK_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,63}$")
+NO_NETWORK = "none"  # the container has its own loopback only: nothing can be published
 _DEVICE_RE = re.compile(
     r"^(?:GPU-[0-9A-Fa-f-]+"
     r"|MIG-[0-9A-Fa-f-]+"  # R470+ drivers: MIG-<uuid>
@@ -99,7 +102,7 @@ class ContainerSpec:
     # VRAM of the device the container sees, for the XLA fraction: the physical GPU, or
     # the MIG device when `mig` (JAX takes the fraction of what CUDA reports).
     gpu_total_mb: int
-    cpus: Decimal  # e.g. Decimal("3.00")
+    cpus: Decimal  # a cap, e.g. Decimal("3.00")
     memory_mb: int  # host RAM cap (swap included)
     pids_limit: int
     command: tuple[str, ...] = ()
@@ -107,6 +110,7 @@ class ContainerSpec:
     ports: tuple[int, ...] = ()  # container ports, each on an ephemeral host port
     mig: bool = False
     quota_library: str = ""  # the node's software VRAM-quota .so ("" = none)
+    network: str = "bridge"  # the node's container network (`none`: no published ports)
 
 
 @dataclass(frozen=True)
@@ -172,20 +176,27 @@ def _check_value(field: str, value: object) -> str:
     return value
 
 
-def _check_cpus(value: object) -> str:
+CPU_PERIOD_US = 100_000  # the kernel's default CFS period
+
+
+def _cpu_quota(value: object) -> int:
+    """The CFS quota (microseconds per CPU_PERIOD_US) that caps a container at `value`
+    cores: the cap `--cpus` sets, given as the quota itself because docker refuses a
+    --cpus above the node's core count, while a cap above what a node has only means the
+    slice may use all of it (CPU is capped per slice, not reserved; placement counts VRAM)."""
     if isinstance(value, bool) or not isinstance(value, Decimal | int):
         raise ValueError(f"cpus must be a Decimal, not {value!r}")
     try:
         cpus = Decimal(value)
-        nano = cpus * 1_000_000_000
-        if not cpus.is_finite() or cpus <= 0 or nano != nano.to_integral_value():
+        quota = cpus * CPU_PERIOD_US
+        if not cpus.is_finite() or quota < 1000 or quota != quota.to_integral_value():
             raise ValueError
     except (ValueError, InvalidOperation):
-        # docker stores NanoCPUs and refuses a value it cannot represent exactly
+        # the kernel's quota is whole microseconds, at least 1 ms
         raise ValueError(
-            f"cpus must be a positive number with at most 9 decimals, not {value!r}"
+            f"cpus must be at least 0.01 with at most 5 decimals, not {value!r}"
         ) from None
-    return f"{cpus:f}"
+    return int(quota)
 
 
 def xla_mem_fraction(vram_mb: int, gpu_total_mb: int) -> str:
@@ -256,7 +267,7 @@ def validate_spec(spec: ContainerSpec) -> None:
         raise ValueError(
             f"vram_mb ({spec.vram_mb}) is more than the device has ({spec.gpu_total_mb})"
         )
-    _check_cpus(spec.cpus)
+    _cpu_quota(spec.cpus)
     _int_at_least("memory_mb", spec.memory_mb, minimum=6)  # docker's minimum is 6 MB
     _int_at_least("pids_limit", spec.pids_limit)
     if not isinstance(spec.command, tuple):
@@ -275,6 +286,14 @@ def validate_spec(spec: ContainerSpec) -> None:
             raise ValueError(f"ports must be between 1 and 65535, not {port!r}")
     if len(set(spec.ports)) != len(spec.ports):
         raise ValueError("ports must not repeat a port")
+    if (
+        not isinstance(spec.network, str)
+        or not _NETWORK_RE.fullmatch(spec.network)
+        or spec.network in ("host", "default")
+    ):
+        raise ValueError(
+            f"network must be a Docker network name other than host, not {spec.network!r}"
+        )
     if not isinstance(spec.quota_library, str) or (
         spec.quota_library and not _LIBRARY_RE.fullmatch(spec.quota_library)
     ):
@@ -299,8 +318,10 @@ def run_argv(spec: ContainerSpec) -> list[str]:
         "--gpus",
         # one device: docker's CSV parsing of --gpus needs no quoting without a comma
         f"device={spec.device}",
-        "--cpus",
-        _check_cpus(spec.cpus),
+        "--cpu-period",
+        str(CPU_PERIOD_US),
+        "--cpu-quota",
+        str(_cpu_quota(spec.cpus)),
         "--memory",
         memory,
         # the same as --memory: the cap is RAM plus swap, so no swap on top of it
@@ -313,6 +334,8 @@ def run_argv(spec: ContainerSpec) -> list[str]:
         "--security-opt",
         "no-new-privileges",
         "--init",  # reaps zombies and forwards SIGTERM, so `docker stop` is graceful
+        "--network",
+        spec.network,
         "--label",
         f"{LABEL_OWNER}={spec.owner_key}",
         "--label",
@@ -323,7 +346,8 @@ def run_argv(spec: ContainerSpec) -> list[str]:
     # Tenant variables first; the platform's follow and cannot collide (reserved names).
     for name, value in (*spec.environment, *platform_env(spec)):
         argv += ["--env", f"{name}={value}"]
-    for port in spec.ports:
+    # On a network without an outside (none) there is nothing to publish a port on.
+    for port in spec.ports if spec.network != NO_NETWORK else ():
         argv += ["--publish", str(port)]
     argv.append(spec.image)
     argv += spec.command
@@ -332,23 +356,12 @@ def run_argv(spec: ContainerSpec) -> list[str]:
 
 def ps_argv(owner_key: str | None = None) -> list[str]:
     """Every platform container (LABEL_MANAGED), or every container of one owner (its
-    LABEL_OWNER), exited ones too, full ids, one JSON object a line (see `parse_ps`)."""
-    # One label filter only: docker ANDs repeated label filters but the emulator ORs
-    # them, and the owner label alone already names the platform's container.
-    if owner_key is None:
-        label = f"{LABEL_MANAGED}=1"
-    else:
-        label = f"{LABEL_OWNER}={_check_owner(owner_key)}"
-    return [
-        "docker",
-        "ps",
-        "--all",
-        "--no-trunc",
-        "--filter",
-        f"label={label}",
-        "--format",
-        _PS_FORMAT,
-    ]
+    LABEL_OWNER as well: docker ANDs label filters), exited ones too, full ids, one JSON
+    object a line (see `parse_ps`)."""
+    filters = ["--filter", f"label={LABEL_MANAGED}=1"]
+    if owner_key is not None:
+        filters += ["--filter", f"label={LABEL_OWNER}={_check_owner(owner_key)}"]
+    return ["docker", "ps", "--all", "--no-trunc", *filters, "--format", _PS_FORMAT]
 
 
 def inspect_argv(container: str) -> list[str]:

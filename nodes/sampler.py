@@ -86,18 +86,39 @@ def read_proc(pid, name):
         return None
 
 
+def process_utilization(errors, what, handle):
+    """The latest utilisation sample per pid, or None when the device cannot tell (MIG
+    devices, old GPUs). NVML returns a sample only for processes that had some
+    utilisation in its last sample period, and NOT_FOUND when none had (pynvml may also
+    raise NVMLError(SUCCESS) before the first sample): a process it leaves out computed
+    nothing, which is what the idle rule needs to see as 0, not as unknown."""
+    fn = getattr(nv, "nvmlDeviceGetProcessUtilization", None)
+    if fn is None:  # bindings older than the call
+        return None
+    try:
+        samples = fn(handle, 0)
+    except nv.NVMLError as exc:
+        code = getattr(exc, "value", None)
+        if code in (0, NOT_FOUND):
+            return {}
+        if code not in NOT_SUPPORTED:
+            errors.append(f"{what}: nvmlDeviceGetProcessUtilization: {exc}")
+        return None
+    latest = {}  # the most recent sample per pid
+    for s in sorted(samples or [], key=lambda s: s.timeStamp):
+        latest[s.pid] = s
+    return latest
+
+
 def sample_processes(errors, gpu_uuid, handle):
     call = functools.partial(nvml, errors, gpu_uuid)
     found = call("nvmlDeviceGetComputeRunningProcesses", handle) or []
-    # Code 0 too: pynvml raises NVMLError(SUCCESS) when there is no sample yet.
-    samples = call("nvmlDeviceGetProcessUtilization", handle, 0, quiet=(0, NOT_FOUND)) or []
-    latest = {}  # the most recent sample per pid
-    for s in sorted(samples, key=lambda s: s.timeStamp):
-        latest[s.pid] = s
+    latest = process_utilization(errors, gpu_uuid, handle)
     out = []
     for p in found:
         used = getattr(p, "usedGpuMemory", None)  # None when the driver cannot tell
-        comm, cgroup, util = read_proc(p.pid, "comm"), read_proc(p.pid, "cgroup"), latest.get(p.pid)
+        comm, cgroup = read_proc(p.pid, "comm"), read_proc(p.pid, "cgroup")
+        util = None if latest is None else latest.get(p.pid)
         out.append(
             {
                 "gpu_uuid": gpu_uuid,
@@ -105,8 +126,8 @@ def sample_processes(errors, gpu_uuid, handle):
                 "used_memory_mb": None if used is None else int(used) // MIB,
                 "name": comm.strip() if comm else "",
                 "container_id": container_id(cgroup) if cgroup else None,
-                "sm_utilization": int(util.smUtil) if util is not None else None,
-                "memory_utilization": int(util.memUtil) if util is not None else None,
+                "sm_utilization": None if latest is None else int(util.smUtil) if util else 0,
+                "memory_utilization": None if latest is None else int(util.memUtil) if util else 0,
             }
         )
     return out

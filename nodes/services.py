@@ -27,6 +27,8 @@ HOSTNAME_RE = re.compile(
     r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 )
 SSH_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+# A Docker network name (docker's own rule), never an option or a `container:` mode.
+NETWORK_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,63}$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 
@@ -48,7 +50,22 @@ def _clean_address(address: str) -> str:
     return address.lower()
 
 
-def _clean_registration(*, name: str, address: str, port: int, ssh_user: str) -> dict:
+def _clean_network(network: str) -> str:
+    network = (network or "").strip()
+    if not NETWORK_RE.match(network) or network in ("host", "default"):
+        raise ServiceError(
+            "Give the name of a Docker network on the node (letters, digits, _ . -), e.g. "
+            "bridge or none; host is refused, it would put slices in the node's own "
+            "network namespace.",
+            code="invalid_network",
+            field="container_network",
+        )
+    return network
+
+
+def _clean_registration(
+    *, name: str, address: str, port: int, ssh_user: str, container_network: str
+) -> dict:
     name = (name or "").strip()
     if not NAME_RE.match(name):
         raise ServiceError(
@@ -67,7 +84,13 @@ def _clean_registration(*, name: str, address: str, port: int, ssh_user: str) ->
             code="invalid_user",
             field="ssh_user",
         )
-    return {"name": name, "address": _clean_address(address), "port": port, "ssh_user": ssh_user}
+    return {
+        "name": name,
+        "address": _clean_address(address),
+        "port": port,
+        "ssh_user": ssh_user,
+        "container_network": _clean_network(container_network),
+    }
 
 
 def _clean_host_key(host_key: str) -> str:
@@ -94,10 +117,17 @@ def node_register(
     port: int = 22,
     ssh_user: str = "gpuplatform",
     host_key: str = "",
+    container_network: str = "bridge",
 ) -> Node:
     """Register a node. With a host key (a known_hosts line ops vouch for) it is pinned
     and discovery starts; without one the node's key is read for ops to approve."""
-    data = _clean_registration(name=name, address=address, port=port, ssh_user=ssh_user)
+    data = _clean_registration(
+        name=name,
+        address=address,
+        port=port,
+        ssh_user=ssh_user,
+        container_network=container_network,
+    )
     node = Node(**data, status=Node.Status.PENDING)
     if host_key.strip():
         node.host_key = _clean_host_key(host_key)
@@ -133,6 +163,7 @@ def node_update(*, node: Node, **changes) -> Node:
         address=changes.get("address", node.address),
         port=changes.get("port", node.port),
         ssh_user=changes.get("ssh_user", node.ssh_user),
+        container_network=changes.get("container_network", node.container_network),
     )
     moved = (data["address"], data["port"]) != (node.address, node.port)
     for key, value in data.items():
@@ -1068,10 +1099,12 @@ class FiveMinuteBucket(models.Func):
         )
 
     def as_sqlite(self, compiler, connection, **extra):  # type: ignore[no-untyped-def]
+        # '%%%%s': the template's own %-formatting leaves '%%s', which the SQLite backend
+        # turns into strftime's literal '%s' (a bare '%s' would be a query parameter)
         return self.as_sql(
             compiler,
             connection,
-            template="datetime((CAST(strftime('%%s', %(expressions)s) AS INTEGER) / 300) * 300,"
+            template="datetime((CAST(strftime('%%%%s', %(expressions)s) AS INTEGER) / 300) * 300,"
             " 'unixepoch')",
             **extra,
         )
@@ -1173,9 +1206,18 @@ def _docker(node: Node, argv: list[str], pool: ssh.SSHPool | None, timeout: floa
     return pool.run(endpoint_for(node), argv, timeout=timeout)
 
 
+_CLI_HINT_RE = re.compile(r"^(?:See|Run) 'docker [a-z ]+--help'")
+
+
 def _last_line(data: bytes) -> str:
-    lines = [ln for ln in data.decode("utf-8", "replace").strip().splitlines() if ln.strip()]
-    return (lines[-1] if lines else "")[:400]
+    """The error line of a CLI's output: the last line that is not docker's usage hint
+    ("See 'docker run --help'." / "Run 'docker run --help' for more information")."""
+    lines = [
+        ln.strip()
+        for ln in data.decode("utf-8", "replace").strip().splitlines()
+        if ln.strip() and not _CLI_HINT_RE.match(ln.strip())
+    ]
+    return (lines[-1].removeprefix("docker: ") if lines else "")[:400]
 
 
 def container_inspect(*, node: Node, container: str, pool: ssh.SSHPool | None = None):  # type: ignore[no-untyped-def]
@@ -1200,8 +1242,7 @@ def container_logs_tail(
         result = _docker(node, runtime.logs_tail_argv(container, lines), pool)
     except ssh.SSHError:
         return ""
-    text = (result.stdout + result.stderr).decode("utf-8", "replace")
-    return "\n".join(ln for ln in text.splitlines() if not ln.startswith("[emulator]"))[-2000:]
+    return (result.stdout + result.stderr).decode("utf-8", "replace")[-2000:]
 
 
 def container_start(
@@ -1259,6 +1300,7 @@ def container_start(
         ports=tuple(ports),
         mig=mig,
         quota_library="" if mig else (node.capabilities or {}).get("vram_quota_library") or "",
+        network=node.container_network,
     )
     argv = runtime.run_argv(spec)
     result = _docker(node, argv, pool, timeout=CONTAINER_START_TIMEOUT)

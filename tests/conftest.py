@@ -170,3 +170,74 @@ def launch(membership, purchase, image, **kw):  # type: ignore[no-untyped-def]
     )
     slice.refresh_from_db()
     return slice
+
+
+# --- the node lab: real sshd and dockerd per node, only the GPU emulated ----------------------
+
+
+@pytest.fixture(scope="session")
+def lab_pool():  # type: ignore[no-untyped-def]
+    from tests.lab_support import LabPool
+
+    pool = LabPool()
+    yield pool
+    left = pool.stop()
+    assert not left, f"the lab left behind: {left}"
+
+
+class LabFleet:
+    def __init__(self, lab, registered):  # type: ignore[no-untyped-def]
+        self.lab = lab
+        self.nodes = lab.nodes
+        self.registered = registered
+
+
+@pytest.fixture
+def lab_fleet(settings, tmp_path, lab_pool, django_capture_on_commit_callbacks):  # type: ignore[no-untyped-def]
+    """Lab nodes authorised for the platform key from settings (the key a worker's pool
+    uses), registered with pinned host keys as ops would (SSH user root, container network
+    none) and discovered. Call it with LabNodeSpecs (default: one node with one A30, 24 GB,
+    with the quota library). Every container is removed at the end, pass or fail."""
+    from nodelab import CONTAINER_NETWORK, SSH_USER, LabNodeSpec
+    from nodes import services as node_services
+    from nodes import ssh
+    from nodes.emulator.catalog import GpuSpec
+
+    settings.NODES_SSH_KEY_PATH = str(tmp_path / "ssh" / "id_ed25519")
+    settings.NODES_CONTAINER_SETTLE_S = 0.3
+    ssh.reset_pool()
+    used = []
+
+    def start(specs=None):  # type: ignore[no-untyped-def]
+        specs = tuple(specs or [LabNodeSpec("lab-a", (GpuSpec("NVIDIA A30"),))])
+        public = ssh.public_key_line(ssh.get_pool().private_key)
+        lab = lab_pool.get(specs, [public])
+        used.append(lab)
+        registered = []
+        for node in lab.nodes:
+            with django_capture_on_commit_callbacks(execute=False):
+                row = node_services.node_register(
+                    name=node.name,
+                    address="127.0.0.1",
+                    port=node.port,
+                    ssh_user=SSH_USER,
+                    host_key=node.host_key_line(),
+                    container_network=CONTAINER_NETWORK,
+                )
+            registered.append(node_services.node_discover(node_id=row.pk))
+        return LabFleet(lab, registered)
+
+    yield start
+    ssh.reset_pool()
+    for lab in used:
+        for node in lab.nodes:
+            node.reset()
+
+
+@pytest.fixture
+def lab_image(db):  # type: ignore[no-untyped-def]
+    """The lab's workload image on the allowlist (built on every lab node at start)."""
+    from nodelab import IMAGE
+    from tenants.models import Image
+
+    return Image.objects.create(name="Lab workload", reference=IMAGE, ports=[22], connect="ssh")

@@ -1,7 +1,9 @@
-"""`make run`'s last step: web, worker and beat as real processes on the embedded
-defaults (SQLite, filesystem broker), a task flowing from web-side code to the worker,
-and Ctrl-C stopping all of them."""
+"""`make run`'s last step: the demo fleet, web, worker and beat as real processes on the
+embedded defaults (SQLite, filesystem broker), a task flowing from web-side code to the
+worker, and Ctrl-C stopping all of them. Twice: against the node lab (a demo slice is a
+real container in the lab node's Docker Engine) and against the emulator."""
 
+import json
 import os
 import signal
 import socket
@@ -88,9 +90,60 @@ def embedded_env(tmp_path):  # type: ignore[no-untyped-def]
     return env
 
 
-def test_run_stack_serves_runs_tasks_and_stops_everything_on_ctrl_c(embedded_env, tmp_path):  # type: ignore[no-untyped-def]
+# A demo tenant's slice, launched as the demo would (seed_demo ran first): on the lab it
+# must become a real container.
+LAUNCH = """
+from tenants import services
+from tenants.models import Image, Membership, Tier, Slice
+m = Membership.objects.get(user__username="demo@example.com")
+p, _ = services.purchase_create(membership=m, tier=Tier.objects.get(vram_mb=4096), hours=1)
+s, _ = services.slice_launch(
+    membership=m, purchase=p, image=Image.objects.get(reference="gpuplatform-lab/workload:1"),
+    model_request={"model": {"catalog": "Qwen/Qwen2.5-0.5B"}, "context_tokens": 1024},
+    environment={"WORKLOAD_MB": "600"},
+)
+print(s.pk)
+"""
+STATE = (
+    "from tenants.models import Slice; s = Slice.objects.get(pk={pk}); "
+    "print(s.state, s.container_id)"
+)
+
+
+def _shell(env: dict, script: str) -> str:  # type: ignore[type-arg]
+    result = subprocess.run(
+        [PY, "manage.py", "shell", "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    return lines[-1] if lines else ""  # what the script printed last (kombu warns first)
+
+
+@pytest.mark.parametrize(
+    "far_end", [pytest.param("lab", marks=pytest.mark.lab), "emulator"], ids=["lab", "emulator"]
+)
+def test_run_stack_serves_runs_tasks_and_stops_everything_on_ctrl_c(
+    far_end, embedded_env, tmp_path
+):  # type: ignore[no-untyped-def]
+    if far_end == "lab":
+        from nodelab import problems
+        from tests.lab_support import unavailable
+
+        if problems():
+            unavailable(problems()[0])
     port = _free_port()
     log = tmp_path / "stack.log"
+    env = {**embedded_env, "GPUPLATFORM_DEMO_FAR_END": far_end}
+    if far_end == "lab":
+        seeded = subprocess.run(
+            [PY, "manage.py", "seed_demo"], cwd=ROOT, env=env, capture_output=True, text=True
+        )
+        assert seeded.returncode == 0, seeded.stderr
     with log.open("w") as out:
         stack = subprocess.Popen(
             [
@@ -105,12 +158,13 @@ def test_run_stack_serves_runs_tasks_and_stops_everything_on_ctrl_c(embedded_env
                 str(_free_port(2)),
             ],
             cwd=ROOT,
-            env=embedded_env,
+            env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+    docker_host = None
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 90
         while True:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz/", timeout=2) as r:
@@ -127,53 +181,71 @@ def test_run_stack_serves_runs_tasks_and_stops_everything_on_ctrl_c(embedded_env
 
         # Code in another process dispatches after commit; the worker (filesystem
         # broker, no server) sends the invitation email to its console.
-        script = (
+        _shell(
+            env,
             "from tenants import services; "
             "m = services.tenant_sign_up(email='o@stack.test', "
             "password='stack-passphrase-long-1', tenant_name='Stack'); "
             "services.invitation_create(actor_membership=m, email='new@stack.test', "
-            "role='member')"
+            "role='member')",
         )
-        result = subprocess.run(
-            [PY, "manage.py", "shell", "-c", script],
-            cwd=ROOT,
-            env=embedded_env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert result.returncode == 0, result.stderr
         while "To: new@stack.test" not in log.read_text():
             assert time.monotonic() < deadline + 30, log.read_text()
             time.sleep(0.5)
-        # The demo fleet is registered, and the worker discovers its GPUs over SSH.
-        assert "demo fleet: 2 emulated nodes registered" in log.read_text()
+        # The demo fleet is registered, says which far end it is, and the worker
+        # discovers its GPUs over SSH.
+        text = log.read_text()
+        assert f"demo fleet: 2 {far_end} nodes registered" in text
+        which = "lab nodes (real sshd and Docker Engine" if far_end == "lab" else "emulated nodes"
+        assert f"demo fleet: {which}" in text
         count = "from nodes.models import Gpu; print(Gpu.objects.filter(present=True).count())"
-        while True:
-            gpus = subprocess.run(
-                [PY, "manage.py", "shell", "-c", count],
-                cwd=ROOT,
-                env=embedded_env,
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            if gpus.stdout.strip() not in ("", "0"):
-                break
+        while _shell(env, count) in ("", "0"):
             assert time.monotonic() < deadline + 60, log.read_text()
             time.sleep(1)
+        if far_end == "lab":
+            fleet = json.loads((tmp_path / "lab" / "fleet.json").read_text())
+            docker_host = fleet["nodes"][0]["docker_host"]
+            pk = _shell(env, LAUNCH)
+            while not _shell(env, STATE.format(pk=pk)).startswith(("running", "failed")):
+                assert time.monotonic() < deadline + 90, log.read_text()
+                time.sleep(0.5)
+            state, container = _shell(env, STATE.format(pk=pk)).split()
+            assert state == "running", log.read_text()
+            # the demo's slice is a real container in a lab node's Docker Engine
+            hosts = [n["docker_host"] for n in fleet["nodes"]]
+            listed = [
+                subprocess.run(
+                    ["docker", "--host", h, "ps", "--quiet", "--no-trunc"],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout.split()
+                for h in hosts
+            ]
+            assert [container] in listed, listed
+        # the embedded database (SQLite) takes a sample and the telemetry rollup too
+        rollup = (
+            "from datetime import timedelta; from django.utils import timezone; "
+            "from nodes import services; from nodes.models import Node; "
+            "services.nodes_sample(node_ids=list(Node.objects.values_list('pk', flat=True))); "
+            "print(services.samples_rollup_and_prune(now=timezone.now() + timedelta(minutes=10))"
+            "['rollups'])"
+        )
+        assert int(_shell(env, rollup)) > 0
         children = _children(stack.pid)
     finally:
         stack.send_signal(signal.SIGINT)
         try:
-            code = stack.wait(timeout=30)
+            code = stack.wait(timeout=60)
         except subprocess.TimeoutExpired:
             stack.kill()
             raise
     assert code == 0, log.read_text()
     text = log.read_text()
-    for name in ("emulator", "web", "worker", "beat"):
+    for name in (far_end, "web", "worker", "beat"):
         assert f"stopped {name}" in text
     time.sleep(0.5)
     alive = [pid for pid in children if _running(pid)]
     assert alive == [], f"left running: {alive}"
+    if docker_host:  # the lab's daemons are gone with it, and its files
+        assert not Path(docker_host.removeprefix("unix://")).exists()

@@ -56,6 +56,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "address",
             "port",
             "ssh_user",
+            "container_network",
             "status",
             "status_reason",
             "host_key_fingerprint",
@@ -84,6 +85,11 @@ class NodeCreateSerializer(StrictSerializer):
     address = serializers.CharField(max_length=255)
     port = serializers.IntegerField(min_value=1, max_value=65535, default=22)
     ssh_user = serializers.CharField(max_length=32, default="gpuplatform")
+    container_network = serializers.CharField(
+        max_length=64,
+        default="bridge",
+        help_text="Docker network slices join: bridge (ports published) or none.",
+    )
     host_key = serializers.CharField(
         max_length=4096,
         required=False,
@@ -98,6 +104,7 @@ class NodeUpdateSerializer(StrictSerializer):
     address = serializers.CharField(max_length=255, required=False)
     port = serializers.IntegerField(min_value=1, max_value=65535, required=False)
     ssh_user = serializers.CharField(max_length=32, required=False)
+    container_network = serializers.CharField(max_length=64, required=False)
     host_key = serializers.CharField(max_length=4096, required=False, allow_blank=True)
 
 

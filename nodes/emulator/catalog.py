@@ -1,7 +1,12 @@
-"""GPU models, MIG profiles and the default fleet layouts of the node emulator.
+"""GPU models, MIG profiles and the default fleet layouts of the node emulator and the
+node lab.
 
 Names and memory sizes are what `nvidia-smi` / NVML report on real hosts (MiB).
-MIG profile sizes are the `nvidia-smi mig -lgip` GiB figures times 1024.
+MIG profile sizes are the `nvidia-smi mig -lgip` GiB figures times 1024, or the MIG
+device sizes real `nvidia-smi` printed (H200). `reserved_mb` is the memory the driver
+sets aside ("Reserved" in `nvidia-smi -q -d MEMORY`, counted as used by NVML's v1 memory
+info), from the real captures in utkuozdemir/nvidia_gpu_exporter internal/captures/
+where the model was captured, 0 where it was not.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ class GpuModel:
     mig_profiles: tuple[MigProfile, ...] = ()
     ecc: bool = True  # ECC reported (GeForce: off, nvidia-smi says [N/A])
     default_mig_layout: tuple[str, ...] = ()
+    reserved_mb: int = 0
 
     @property
     def mig_capable(self) -> bool:
@@ -74,6 +80,13 @@ _H100_80_MIG = (
     MigProfile("7g.80gb", _mib(79.0), 7, (0,)),
 )
 
+# H200 MIG device sizes as real nvidia-smi 590.48.01 printed them (captures, h200-mig).
+_H200_MIG = (
+    MigProfile("1g.18gb", 16384, 1, (9, 10, 11, 12, 13, 7, 8)),
+    MigProfile("2g.35gb", 33280, 2, (3, 4, 5)),
+    MigProfile("3g.71gb", 71424, 3, (2, 1)),
+)
+
 MODELS: dict[str, GpuModel] = {
     m.name: m
     for m in (
@@ -87,10 +100,11 @@ MODELS: dict[str, GpuModel] = {
         ),
         GpuModel("NVIDIA L4", 23034, 72.0, 16.0),
         GpuModel("NVIDIA A10", 23028, 150.0, 21.0),
-        GpuModel("NVIDIA L40S", 46068, 350.0, 35.0),
+        GpuModel("NVIDIA L40S", 46068, 350.0, 35.0, reserved_mb=609),
         GpuModel("Tesla T4", 15360, 70.0, 10.0),
         GpuModel("NVIDIA GeForce RTX 4090", 24564, 450.0, 21.0, ecc=False),
         GpuModel("NVIDIA GeForce RTX 3090", 24576, 350.0, 25.0, ecc=False),
+        GpuModel("NVIDIA GeForce RTX 4080 SUPER", 16376, 320.0, 26.0, ecc=False, reserved_mb=434),
         GpuModel(
             "NVIDIA A100-SXM4-80GB",
             81920,
@@ -114,6 +128,16 @@ MODELS: dict[str, GpuModel] = {
             72.0,
             _H100_80_MIG,
             default_mig_layout=("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"),
+            reserved_mb=479,
+        ),
+        GpuModel(
+            "NVIDIA H200",
+            143771,
+            700.0,
+            78.0,
+            _H200_MIG,
+            default_mig_layout=("3g.71gb", "2g.35gb", "1g.18gb", "1g.18gb"),
+            reserved_mb=614,
         ),
     )
 }

@@ -344,6 +344,8 @@ RUN_FLAGS = [
     Flag(("name",), _V),
     Flag(("gpus",), _V),
     Flag(("cpus",), _V),
+    Flag(("cpu-period",), _V),
+    Flag(("cpu-quota",), _V),
     Flag(("memory", "m"), _V),
     Flag(("memory-swap",), _V),
     Flag(("memory-reservation",), _V),
@@ -521,6 +523,8 @@ def cmd_run(node: NodeState, inv: Invocation, args: list[str], *, create_only: b
         "Runtime": p.get("runtime", "runc"),
         "ShmSize": 67108864,
         "NanoCpus": 0,
+        "CpuPeriod": 0,
+        "CpuQuota": 0,
         "Memory": 0,
         "MemorySwap": 0,
         "PidsLimit": None,
@@ -541,6 +545,25 @@ def cmd_run(node: NodeState, inv: Invocation, args: list[str], *, create_only: b
                 f"failed to parse {cpus} as a rational number",
                 cmd=sub,
             )
+    for flag, key in (("cpu-period", "CpuPeriod"), ("cpu-quota", "CpuQuota")):
+        value = p.get(flag)
+        if value is not None:
+            try:
+                host_config[key] = int(value)
+            except ValueError:
+                return _run_error(
+                    inv,
+                    f'invalid argument "{value}" for "--{flag}" flag: '
+                    f'strconv.ParseInt: parsing "{value}": invalid syntax',
+                    cmd=sub,
+                )
+    if host_config["NanoCpus"] and (host_config["CpuPeriod"] or host_config["CpuQuota"]):
+        return _run_error(
+            inv,
+            "Error response from daemon: Conflicting options: Nano CPUs and CPU Period "
+            "cannot both be set",
+            cmd=sub,
+        )
     mem = p.get("memory")
     if mem is not None:
         mb = parse_size_mb(mem if mem[-1:].isalpha() else mem + "b")
@@ -673,8 +696,7 @@ def cmd_run(node: NodeState, inv: Invocation, args: list[str], *, create_only: b
         time.sleep(0.05)
     with node.lock:
         for _, stream, line in c.logs:
-            if not line.startswith("[emulator]"):
-                (inv.out if stream == "stdout" else inv.err)(line + "\n")
+            (inv.out if stream == "stdout" else inv.err)(line + "\n")
         status = c.exit_code if not c.running else 0
         if c.auto_remove and not c.running:
             node.containers.pop(c.id, None)
@@ -827,13 +849,18 @@ def _ps_methods(c: Container) -> dict[str, Any]:
 
 
 def _matches(c: Container, filters: dict[str, list[str]]) -> bool:
+    """Docker's filter semantics: every `label` filter must hold (AND); several values
+    of any other key are alternatives (OR)."""
     for k, values in filters.items():
+        if k == "label":
+            for v in values:
+                lk, eq, lv = v.partition("=")
+                if lk not in c.labels or (eq and c.labels[lk] != lv):
+                    return False
+            continue
         ok = False
         for v in values:
-            if k == "label":
-                lk, eq, lv = v.partition("=")
-                ok = lk in c.labels and (not eq or c.labels[lk] == lv)
-            elif k == "status":
+            if k == "status":
                 ok = c.state == v
             elif k == "name":
                 ok = re.search(v, c.name) is not None

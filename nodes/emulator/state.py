@@ -70,7 +70,9 @@ _PROFILE_DEFAULTS: dict[str, dict[str, float]] = {
 }
 
 
-TENANT_PREFIX = "EMULATOR_"
+# The tenant's own names for the workload: EMULATOR_*, or WORKLOAD_* as the node lab's
+# workload program reads them (so one scenario runs against either far end).
+TENANT_PREFIXES = ("EMULATOR_", "WORKLOAD_")
 
 
 def _num(env: dict[str, str], key: str, default: float | None) -> float | None:
@@ -105,12 +107,13 @@ class Workload:
     @classmethod
     def from_env(cls, env: dict[str, str]) -> Workload:
         # The workload stands for the tenant's own program, so a tenant's launch may set it
-        # with EMULATOR_* (the platform reserves GPUPLATFORM_* names for itself).
+        # with EMULATOR_* or WORKLOAD_* (the platform reserves GPUPLATFORM_* for itself).
         env = {
             **{
-                ENV_PREFIX + k[len(TENANT_PREFIX) :]: v
+                ENV_PREFIX + k[len(prefix) :]: v
                 for k, v in env.items()
-                if k.startswith(TENANT_PREFIX)
+                for prefix in TENANT_PREFIXES
+                if k.startswith(prefix)
             },
             **env,
         }
@@ -688,12 +691,14 @@ class NodeState:
             target = gpu.mig_devices[c.device[1]].uuid if c.device[1] is not None else gpu.uuid
             if w.unknown_profile:
                 c.log(
-                    now, "stderr", f"[emulator] unknown profile {w.unknown_profile!r}, using steady"
+                    now,
+                    "stderr",
+                    f"gpu-workload: unknown profile {w.unknown_profile!r}, using steady",
                 )
             c.log(
                 now,
                 "stdout",
-                f"[emulator] workload profile={w.profile} base={int(w.base_mb)}MiB "
+                f"gpu-workload: profile={w.profile} base={int(w.base_mb)}MiB "
                 f"device={target} quota="
                 + (f"{int(c.limit_mb)}MiB ({c.limit_source})" if c.limit_mb else "none")
                 + (
@@ -717,7 +722,7 @@ class NodeState:
                 )
         else:
             c.workload = None
-            c.log(now, "stdout", "[emulator] container started without a GPU")
+            c.log(now, "stdout", "gpu-workload: started without a GPU")
 
     def _exit(
         self, c: Container, at: float, code: int, *, oom_killed: bool = False, stream_text: str = ""
@@ -832,7 +837,7 @@ class NodeState:
                     continue
                 at, why = min(due)
                 if why == "exit":
-                    c.log(at, "stdout", "[emulator] workload finished")
+                    c.log(at, "stdout", "gpu-workload: finished")
                     self._exit(c, at, w.exit_code)
                 else:
                     assert cap is not None
@@ -899,7 +904,7 @@ class NodeState:
                             now,
                             "stderr",
                             (
-                                f"[emulator] allocation refused at {int(cap)} MiB "
+                                f"gpu-workload: allocation refused at {int(cap)} MiB "
                                 f"(wanted {int(want)} MiB): "
                                 + (
                                     "VRAM quota"

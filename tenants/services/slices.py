@@ -511,13 +511,19 @@ def _container_environment(slice: Slice) -> dict[str, str]:
 
 
 def _connection_details(slice: Slice, info) -> dict:  # type: ignore[no-untyped-def]
-    host = slice.allocation.gpu.node.address  # type: ignore[union-attr]
+    node = slice.allocation.gpu.node  # type: ignore[union-attr]
+    host = node.address
     out = dict(slice.connection or {})
     kind = out.get("kind", Image.Connect.SERVICE)
     ports = dict(info.ports or {})
     out["host"] = host
     out["ports"] = {str(k): v for k, v in sorted(ports.items())}
-    if kind == Image.Connect.SSH and 22 in ports:
+    if node.container_network == runtime.NO_NETWORK:
+        out["note"] = (
+            f"Node {node.name} keeps slices on their own loopback network: no port is "
+            "published, so there is nothing to connect to from outside."
+        )
+    elif kind == Image.Connect.SSH and 22 in ports:
         out["port"] = ports[22]
         out["user"] = "root"
         out["command"] = f"ssh -p {ports[22]} root@{host}"

@@ -31,27 +31,14 @@ from tenants import services
 from tenants.models import Slice, UsageRecord
 from tests.conftest import SSH_KEY
 from tests.factories import MembershipFactory
-from tests.worker_harness import broker_on, wait_for, workers_for
+from tests.worker_harness import wait_for
 
-WORKER_REDIS_DB = 6
 MODEL = {"model": {"catalog": "Qwen/Qwen2.5-0.5B"}, "context_tokens": 2048}
 LEAK_RATE_MB_PER_MIN = 2048
 STEADY_MB = {4: 3500, 12: 11000}  # what the neighbours hold, under their quotas
 STEPS = ["detected", "located", "classified", "disposed", "archived"]
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def broker():  # type: ignore[no-untyped-def]
-    yield from broker_on(WORKER_REDIS_DB)
-
-
-@pytest.fixture
-def workers(broker, tmp_path):  # type: ignore[no-untyped-def]
-    yield from workers_for(
-        broker, tmp_path, queues="default,provision,telemetry,incidents", name="chaos", env={}
-    )
 
 
 def state_of(slice: Slice) -> str:
@@ -65,6 +52,24 @@ def wait_state(slice: Slice, *states: str, log: Path, timeout: float = 30) -> Sl
     failures = [ln for ln in text.splitlines() if "raised unexpected" in ln]
     assert reached, (slice.state, slice.state_reason, failures, text[-3000:])
     return slice
+
+
+def launcher(funded, image):  # type: ignore[no-untyped-def]
+    """launch(member, gb, **env): a slice of that tier on a fresh purchase, with env."""
+
+    def launch(member, gb: int, **env: str) -> Slice:  # type: ignore[no-untyped-def]
+        s, created = services.slice_launch(
+            membership=member,
+            purchase=funded(member, vram_gb=gb, hours=2),
+            image=image,
+            model_request=MODEL,
+            environment=env,
+            ssh_public_key=SSH_KEY,
+        )
+        assert created and s.vram_mb == gb * 1024
+        return s
+
+    return launch
 
 
 def kinds(incident: Incident) -> list[str]:
@@ -83,18 +88,7 @@ def test_a_leaking_slice_is_stopped_alone_and_its_neighbours_keep_their_memory(
     _, log = workers()
     owner_c = MembershipFactory(tenant__name="Gamma Compute", user__email="carol@gamma.test")
 
-    def launch(member, gb: int, **env: str) -> Slice:  # type: ignore[no-untyped-def]
-        s, created = services.slice_launch(
-            membership=member,
-            purchase=funded(member, vram_gb=gb, hours=2),
-            image=image_ssh,
-            model_request=MODEL,
-            environment=env,
-            ssh_public_key=SSH_KEY,
-        )
-        assert created and s.vram_mb == gb * 1024
-        return s
-
+    launch = launcher(funded, image_ssh)
     small = launch(owner_a, 4, EMULATOR_MB=str(STEADY_MB[4]))
     leaky = launch(
         owner_b,

@@ -279,3 +279,16 @@ def test_retention_prunes_raw_samples_and_keeps_rollups(register, settings):  # 
     # running it again changes nothing
     services.samples_rollup_and_prune(now=now)
     assert GpuSampleRollup.objects.get(gpu=gpu, bucket_start=old).samples == 3
+
+
+def test_a_docker_cli_error_is_reported_by_its_error_line_not_its_usage_hint() -> None:
+    from nodes.services import _last_line
+
+    # what Docker 20.10 and Docker 28 print when the daemon refuses a run
+    old = b"docker: Error response from daemon: No such image: x:1.\nSee 'docker run --help'.\n"
+    new = (
+        b"docker: Error response from daemon: No such image: x:1\n\n"
+        b"Run 'docker run --help' for more information\n"
+    )
+    assert _last_line(old) == "Error response from daemon: No such image: x:1."
+    assert _last_line(new) == "Error response from daemon: No such image: x:1"

@@ -114,6 +114,35 @@ def test_register_node_through_api_validates_and_pins(api_ops, django_capture_on
     assert dup.status_code == 409 and dup.json()["code"] == "duplicate_name"
 
 
+@pytest.mark.parametrize("network", ["host", "container:db", "--privileged", "", "a b"])
+def test_a_node_network_that_would_not_isolate_slices_is_refused(api_ops, network):  # type: ignore[no-untyped-def]
+    bad = api_ops.post(
+        "/api/v1/nodes/",
+        {"name": "gpu-8", "address": "10.0.0.8", "container_network": network},
+        format="json",
+    )
+    assert bad.status_code == 400, bad.content
+    assert "container_network" in bad.json()["fields"]
+    assert not Node.objects.filter(name="gpu-8").exists()
+
+
+def test_a_node_keeps_its_container_network_and_slices_use_it(
+    api_ops, django_capture_on_commit_callbacks
+):  # type: ignore[no-untyped-def]
+    with django_capture_on_commit_callbacks():
+        made = api_ops.post(
+            "/api/v1/nodes/",
+            {"name": "gpu-8", "address": "10.0.0.8", "container_network": "none"},
+            format="json",
+        )
+    assert made.status_code == 201 and made.json()["container_network"] == "none"
+    node = Node.objects.get(name="gpu-8")
+    changed = api_ops.patch(
+        f"/api/v1/nodes/{node.pk}/", {"container_network": "gpu-net"}, format="json"
+    )
+    assert changed.status_code == 200 and changed.json()["container_network"] == "gpu-net"
+
+
 def test_drain_and_undrain_through_api(api_ops, node):  # type: ignore[no-untyped-def]
     response = api_ops.post(
         f"/api/v1/nodes/{node.pk}/drain/", {"reason": "maintenance"}, format="json"

@@ -45,9 +45,9 @@ HOSTILE = (
     "*",
     "",
 )
-# "[emulator] workload profile=steady base=2048MiB device=GPU-... quota=8192MiB (framework)"
+# "gpu-workload: profile=steady base=2048MiB device=GPU-... quota=8192MiB (framework)"
 QUOTA_LINE = re.compile(
-    r"\[emulator\] workload profile=(?P<profile>\w+) base=\d+MiB device=(?P<device>\S+) "
+    r"gpu-workload: profile=(?P<profile>\w+) base=\d+MiB device=(?P<device>\S+) "
     r"quota=(?:(?P<mb>\d+)MiB \((?P<source>[\w-]+)\)|none)"
 )
 
@@ -92,7 +92,9 @@ def test_run_argv_has_every_limit_and_security_flag() -> None:
     expected = {
         "--name": ["gpp-slice-42"],
         "--gpus": [f"device={GPU}"],
-        "--cpus": ["3.00"],
+        "--cpu-period": ["100000"],
+        "--cpu-quota": ["300000"],
+        "--network": ["bridge"],
         "--memory": ["16384m"],
         "--memory-swap": ["16384m"],
         "--pids-limit": ["512"],
@@ -107,6 +109,13 @@ def test_run_argv_has_every_limit_and_security_flag() -> None:
     assert "--init" in head
 
 
+def test_run_argv_publishes_nothing_on_a_node_whose_containers_have_no_network() -> None:
+    argv = runtime.run_argv(spec(ports=(8888, 22), network="none"))
+    head = options(argv, "registry.local/ml/torch:2.3")
+    assert flag_values(head, "--network") == ["none"]
+    assert "--publish" not in head
+
+
 def test_run_argv_never_grants_the_host() -> None:
     # tenant command items that look like options stay after the image, where they are
     # the container's arguments
@@ -119,7 +128,6 @@ def test_run_argv_never_grants_the_host() -> None:
         "--mount",
         "--device",
         "--cap-add",
-        "--network",
         "--net",
         "--pid",
         "--ipc",
@@ -131,6 +139,8 @@ def test_run_argv_never_grants_the_host() -> None:
     )
     flags = [a for a in head if a.startswith("-")]
     assert not [f for f in flags if f.split("=")[0] in forbidden]
+    # the network is the node's own setting, never the host's namespace
+    assert flag_values(head, "--network") == ["bridge"]
     # every option that takes a value is followed by exactly its value
     assert all(not v.startswith("-") for v in flag_values(head, "--env"))
     assert argv[len(head) + 1 :] == list(HOSTILE)
@@ -274,6 +284,12 @@ def test_bad_tenant_env_is_refused(environment: tuple[Any, ...], message: str) -
         ("cpus", Decimal("NaN")),
         ("cpus", Decimal("Infinity")),
         ("cpus", Decimal("0.0000000001")),
+        ("cpus", Decimal("0.001")),  # under the kernel's 1 ms quota
+        ("cpus", Decimal("0.000015")),  # not whole microseconds
+        ("network", "host"),  # the node's own network namespace
+        ("network", "container:other"),
+        ("network", "--privileged"),
+        ("network", ""),
         ("cpus", 2.5),
         ("cpus", "2"),
         ("memory_mb", 0),
@@ -367,7 +383,11 @@ def test_ps_argv_lists_managed_containers_with_exact_owner_labels() -> None:
     fmt = argv[-1]
     assert "{{json .}}" in fmt and '{{.Label "gpuplatform.owner" | json}}' in fmt
     owned = runtime.ps_argv("slice-42")
-    assert flag_values(owned, "--filter") == ["label=gpuplatform.owner=slice-42"]
+    # docker ANDs label filters: the platform's own container of that owner
+    assert flag_values(owned, "--filter") == [
+        "label=gpuplatform.managed=1",
+        "label=gpuplatform.owner=slice-42",
+    ]
     with pytest.raises(ValueError, match="owner_key"):
         runtime.ps_argv("a,b")
 
@@ -774,7 +794,8 @@ def test_slice_container_lifecycle_on_an_emulated_gpu(
     assert hc["Privileged"] is False and hc["Binds"] is None and hc["CapAdd"] is None
     assert hc["NetworkMode"] == "bridge" and hc["Init"] is True
     assert hc["RestartPolicy"]["Name"] == "no" and hc["AutoRemove"] is False
-    assert hc["NanoCpus"] == 3_000_000_000 and hc["Memory"] == 16384 * 1024**2
+    assert hc["CpuQuota"] == 300_000 and hc["CpuPeriod"] == 100_000 and hc["NanoCpus"] == 0
+    assert hc["Memory"] == 16384 * 1024**2
     assert hc["PidsLimit"] == 512
     assert hc["DeviceRequests"][0]["DeviceIDs"] == [s.device]
     assert emu.device_uuid == s.device and emu.env["MODEL"] == "llama"

@@ -666,6 +666,10 @@ def nvmlDeviceGetComputeRunningProcesses(h):
 
 def nvmlDeviceGetProcessUtilization(h, last_seen):
     assert last_seen == 0
+    if SCENARIO == "no_process_computed" and h is _GPUS[1]:
+        raise NVMLError(6)  # NOT_FOUND: no process had utilisation in the sample period
+    if SCENARIO == "other_process_computed" and h is _GPUS[1]:
+        return [_Obj(pid=4190008, timeStamp=150, smUtil=40, memUtil=10)]
     return _get(h, "samples")
 """
 
@@ -962,3 +966,16 @@ def test_sampler_serve_mode_without_nvml_says_unavailable(node):  # type: ignore
     assert done.returncode == 3
     with pytest.raises(SamplerUnavailable):
         parse_sampler_output(done.stdout.decode())
+
+
+@pytest.mark.parametrize("scenario", ["no_process_computed", "other_process_computed"])
+def test_a_process_nvml_leaves_out_of_its_utilisation_samples_computed_nothing(node, scenario):
+    """NVML returns a utilisation sample only for processes that computed in its last
+    period (NOT_FOUND when none did): an idle process must read 0, or the idle rule
+    would never see it on a real card. Where the call is unsupported (MIG) it stays
+    unknown."""
+    _, sample = node.sample(FAKE_NVML_SCENARIO=scenario)
+    procs = {p.pid: p for p in sample.processes}
+    assert (procs[4190007].sm_utilization, procs[4190007].memory_utilization) == (0, 0)
+    assert procs[4190005].sm_utilization is None  # a MIG device: not supported, unknown
+    assert not any("Not Found" in e for e in sample.errors)

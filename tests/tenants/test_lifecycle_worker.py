@@ -19,28 +19,11 @@ from nodes.models import Allocation, Gpu, ProcessSample
 from tenants import selectors, services, tasks
 from tenants.models import Slice, UsageRecord
 from tests.conftest import SMALL_MODEL, SSH_KEY
-from tests.worker_harness import broker_on, wait_for, workers_for
+from tests.worker_harness import wait_for
 
-WORKER_REDIS_DB = 7
 OWNER_LABEL = "gpuplatform.owner"
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def broker():  # type: ignore[no-untyped-def]
-    yield from broker_on(WORKER_REDIS_DB)
-
-
-@pytest.fixture
-def workers(broker, tmp_path):  # type: ignore[no-untyped-def]
-    yield from workers_for(
-        broker,
-        tmp_path,
-        queues="default,provision",
-        name="lifecycle",
-        env={"GPUPLATFORM_PROVISION_TIMEOUT": "2"},
-    )
 
 
 def launch(membership, purchase, image):  # type: ignore[no-untyped-def]

@@ -1,7 +1,11 @@
-"""Run the emulated demo fleet, web, Celery worker and Celery beat as real processes;
-Ctrl-C stops them all.
+"""Run the demo fleet, web, Celery worker and Celery beat as real processes; Ctrl-C
+stops them all.
 
-If one of them dies, the others are stopped too, so a broken stack never looks alive.
+The demo fleet is the node lab (real sshd and dockerd per node, emulated GPUs) wherever
+it can start (root, Docker Engine and OpenSSH installed), else the pure-Python node
+emulator; the start-up says which, and why. GPUPLATFORM_DEMO_FAR_END=lab|emulator forces
+one. If one process dies, the others are stopped too, so a broken stack never looks
+alive.
 """
 
 import json
@@ -18,9 +22,12 @@ from django.core.management.base import BaseCommand, CommandError
 
 from nodes import ssh
 
+LAB_DIR = settings.VAR_DIR / "lab"
+EMULATOR_DIR = settings.VAR_DIR / "emulator"
+
 
 class Command(BaseCommand):
-    help = "Start the demo fleet emulator, web, a Celery worker and beat; Ctrl-C stops all."
+    help = "Start the demo fleet (node lab or emulator), web, a Celery worker and beat."
 
     def add_arguments(self, parser):  # type: ignore[no-untyped-def]
         parser.add_argument("--addr", default=os.environ.get("GPUPLATFORM_ADDR", "127.0.0.1:8000"))
@@ -28,7 +35,13 @@ class Command(BaseCommand):
             "--fleet",
             type=int,
             default=int(os.environ.get("GPUPLATFORM_DEMO_NODES", "4")),
-            help="emulated demo nodes to start and register (0: none)",
+            help="demo nodes to start and register (0: none)",
+        )
+        parser.add_argument(
+            "--far-end",
+            choices=["auto", "lab", "emulator"],
+            default=os.environ.get("GPUPLATFORM_DEMO_FAR_END", "auto"),
+            help="lab nodes, emulated nodes, or the lab where it can start (default)",
         )
         parser.add_argument(
             "--fleet-base-port",
@@ -58,31 +71,32 @@ class Command(BaseCommand):
             worker += ["--without-gossip", "--without-mingle", "--without-heartbeat", "-P", "solo"]
         else:
             worker += ["--concurrency", "2"]
-        commands = {}
+        fleet_commands = {}
         if options["fleet"] > 0:
             key = ssh.load_or_create_platform_key(Path(settings.NODES_SSH_KEY_PATH))
-            state = settings.VAR_DIR / "emulator"
-            commands["emulator"] = [
-                python,
-                "-m",
-                "nodes.emulator",
+            fleet = [
                 "--count",
                 str(options["fleet"]),
                 "--base-port",
                 str(options["fleet_base_port"]),
-                "--state-dir",
-                str(state),
                 "--authorized-key",
                 ssh.public_key_line(key),
             ]
-        commands.update(
-            {
-                "web": [python, "manage.py", "runserver", options["addr"], "--noreload"],
-                "worker": worker,
-                # Beat's scheduler (django-celery-beat, in the database) comes from settings.
-                "beat": [python, "-m", "celery", "-A", "gpuplatform", "beat", "--loglevel", "INFO"],
-            }
-        )
+            fleet_commands["lab"] = [python, "-m", "nodelab", *fleet, "--state-dir", str(LAB_DIR)]
+            fleet_commands["emulator"] = [
+                python,
+                "-m",
+                "nodes.emulator",
+                *fleet,
+                "--state-dir",
+                str(EMULATOR_DIR),
+            ]
+        commands = {
+            "web": [python, "manage.py", "runserver", options["addr"], "--noreload"],
+            "worker": worker,
+            # Beat's scheduler (django-celery-beat, in the database) comes from settings.
+            "beat": [python, "-m", "celery", "-A", "gpuplatform", "beat", "--loglevel", "INFO"],
+        }
         procs: dict[str, subprocess.Popen] = {}
         stopping = False
 
@@ -94,16 +108,14 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, stop)
         exit_code = 0
         try:
+            if fleet_commands:
+                self._start_fleet(procs, fleet_commands, options["far_end"])
             for name, argv in commands.items():
-                if name == "emulator":
-                    (settings.VAR_DIR / "emulator" / "fleet.json").unlink(missing_ok=True)
                 # Own session: the terminal's Ctrl-C reaches us, and we stop children in order.
                 procs[name] = subprocess.Popen(  # noqa: S603 (fixed argv, no shell)
                     argv, cwd=settings.BASE_DIR, start_new_session=True
                 )
                 self.stdout.write(f"started {name} (pid {procs[name].pid})")
-                if name == "emulator":
-                    self._register_fleet(procs[name])
             self.stdout.write(
                 self.style.SUCCESS(
                     f"gpuplatform is up at http://{options['addr']}/ "
@@ -122,7 +134,8 @@ class Command(BaseCommand):
             for proc in procs.values():
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGTERM)
-            deadline = time.monotonic() + 15
+            # the lab removes its containers and stops its daemons: give it longer
+            deadline = time.monotonic() + (45 if "lab" in procs else 15)
             for name, proc in procs.items():
                 try:
                     proc.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -133,13 +146,55 @@ class Command(BaseCommand):
         if exit_code:
             sys.exit(exit_code)
 
-    def _register_fleet(self, emulator: subprocess.Popen) -> None:
-        fleet_file = settings.VAR_DIR / "emulator" / "fleet.json"
-        deadline = time.monotonic() + 30
+    def _start_fleet(self, procs: dict, commands: dict, far_end: str) -> None:  # type: ignore[type-arg]
+        """Start the lab (or, where it cannot start and none was forced, the emulator),
+        register its nodes and say which far end the demo runs against."""
+        if far_end in ("auto", "lab"):
+            proc = self._spawn_fleet(procs, "lab", commands["lab"], LAB_DIR)
+            reason = self._register_fleet(proc, LAB_DIR / "fleet.json", "lab", required=False)
+            if reason is None:
+                self.stdout.write(
+                    "demo fleet: lab nodes (real sshd and Docker Engine per node, emulated "
+                    "GPUs); `docker ps` shows the demo's slices as real containers"
+                )
+                return
+            procs.pop("lab")
+            if far_end == "lab":
+                raise CommandError(f"the node lab cannot start: {reason}")
+            self.stdout.write(f"the node lab cannot start here ({reason}): using the emulator")
+        proc = self._spawn_fleet(procs, "emulator", commands["emulator"], EMULATOR_DIR)
+        self._register_fleet(proc, EMULATOR_DIR / "fleet.json", "emulator", required=True)
+        self.stdout.write("demo fleet: emulated nodes (the pure-Python node emulator)")
+
+    def _spawn_fleet(self, procs: dict, name: str, argv: list[str], state: Path):  # type: ignore[no-untyped-def, type-arg]
+        state.mkdir(parents=True, exist_ok=True)
+        (state / "fleet.json").unlink(missing_ok=True)
+        log = (state / "start.log").open("wb")
+        procs[name] = subprocess.Popen(  # noqa: S603 (fixed argv, no shell)
+            argv, cwd=settings.BASE_DIR, start_new_session=True, stderr=log
+        )
+        log.close()
+        self.stdout.write(f"started {name} (pid {procs[name].pid})")
+        return procs[name]
+
+    def _register_fleet(
+        self, proc: subprocess.Popen, fleet_file: Path, name: str, *, required: bool
+    ) -> str | None:
+        """Register the fleet once its file appears; the reason it did not, otherwise."""
+        deadline = time.monotonic() + 120
         while not fleet_file.exists():
-            if emulator.poll() is not None or time.monotonic() > deadline:
-                raise CommandError("the node emulator did not start (is its port taken?)")
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log = fleet_file.parent / "start.log"
+                lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
+                reason = lines[-1] if lines else f"{name} exited with {proc.returncode}"
+                reason = reason.removeprefix("the node lab cannot start: ")
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                if required:
+                    raise CommandError(f"the {name} did not start: {reason}")
+                return reason
             time.sleep(0.2)
         count = len(json.loads(fleet_file.read_text()).get("nodes", []))
         call_command("register_fleet", str(fleet_file), stdout=self.stdout)
-        self.stdout.write(f"demo fleet: {count} emulated nodes registered")
+        self.stdout.write(f"demo fleet: {count} {name} nodes registered")
+        return None

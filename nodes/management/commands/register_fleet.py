@@ -1,8 +1,9 @@
-"""Register (or update) the nodes listed in an emulator fleet file, keys pinned.
+"""Register (or update) the nodes listed in a demo fleet file, keys pinned.
 
-`make run` uses it for the demo fleet: the emulator writes var/emulator/fleet.json with
-each node's address, port and host key, and this command trusts those keys because
-the file was written by a process this machine started.
+`make run` uses it for the demo fleet: the node lab (var/lab/fleet.json) or the emulator
+(var/emulator/fleet.json) writes each node's address, port, SSH user, container network
+and host key, and this command trusts those keys because the file was written by a
+process this machine started.
 """
 
 import json
@@ -31,20 +32,19 @@ class Command(BaseCommand):
 
         for entry in described.get("nodes", []):
             key = ssh.normalise_host_key(entry["host_key"])
+            where = {
+                "address": entry["address"],
+                "port": entry["port"],
+                "ssh_user": entry.get("ssh_user", "gpuplatform"),
+                "container_network": entry.get("container_network", "bridge"),
+            }
             with transaction.atomic():
                 node = Node.objects.filter(name=entry["name"]).first()
                 if node is None:
-                    node = services.node_register(
-                        name=entry["name"],
-                        address=entry["address"],
-                        port=entry["port"],
-                        host_key=key,
-                    )
+                    node = services.node_register(name=entry["name"], host_key=key, **where)
                     verb = "registered"
                 else:
-                    node = services.node_update(
-                        node=node, address=entry["address"], port=entry["port"], host_key=key
-                    )
+                    node = services.node_update(node=node, host_key=key, **where)
                     tasks.discover_node.delay_on_commit(node.pk)
                     verb = "updated"
             self.stdout.write(

@@ -15,8 +15,19 @@ from django.db import transaction
 from tenants import services
 from tenants.models import Image, LedgerEntry, Membership
 
-# The allowlist a fresh demo starts with (ops edit it on /ops/images/).
+# The allowlist a fresh demo starts with (ops edit it on /ops/images/). On the node lab
+# (make run's far end where it can start) only the lab's own workload image exists: it
+# is built on each lab node at start, and nothing can be pulled.
 DEMO_IMAGES = [
+    {
+        "name": "GPU workload (lab)",
+        "reference": "gpuplatform-lab/workload:1",
+        "description": "The node lab's small CUDA job: holds VRAM along WORKLOAD_PROFILE "
+        "(steady, ramp, leak, burst, oom, idle, bandwidth) from WORKLOAD_MB, and says "
+        "what it does in its log.",
+        "ports": [],
+        "connect": Image.Connect.SERVICE,
+    },
     {
         "name": "PyTorch (SSH)",
         "reference": "runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04",

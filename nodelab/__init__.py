@@ -1,0 +1,27 @@
+"""The node lab: GPU nodes made of real software (OpenSSH, Docker Engine, the kernel's
+cgroups and processes) except the GPU, which `nodelab.gpud` emulates. Test equipment and
+the demo's far end; no production module imports it. See `nodelab.lab`."""
+
+from .lab import (
+    CONTAINER_NETWORK,
+    IMAGE,
+    SSH_USER,
+    Lab,
+    LabContainer,
+    LabNode,
+    LabNodeSpec,
+    LabUnavailable,
+    problems,
+)
+
+__all__ = [
+    "CONTAINER_NETWORK",
+    "IMAGE",
+    "SSH_USER",
+    "Lab",
+    "LabContainer",
+    "LabNode",
+    "LabNodeSpec",
+    "LabUnavailable",
+    "problems",
+]

@@ -1,0 +1,339 @@
+"""Chaos against the node lab: real containers under a real Docker Engine, reached over a
+real sshd, on one emulated 24 GB card shared by three tenants. The slice lifecycle and
+the watchdog's disposals run on a real Celery worker; sampling runs in this process
+(the watchdog's hook runs where a batch is stored and sends stops to the worker).
+
+- A leak: with the node's quota library the leaker's own allocation fails inside its job
+  (CUDA out of memory) and it ends alone; without it the watchdog stops it after one
+  sample of grace. Either way the neighbours keep their PIDs, their memory and their
+  metering.
+- A burst of more than 3 GB between samples is an anomalous process, nothing is stopped.
+- Bandwidth throttling pauses and resumes the hog's container for real (`docker pause`,
+  the kernel's freezer): its kernels stop while paused, the neighbour's never do.
+- Idle reclaim: a slice that computes nothing is warned, then stopped for real.
+- Xid 79: the card falls off the bus, is drained, and no new slice lands on it.
+- Quiet churn: 50 ordinary launch/stop cycles with sampling racing them file nothing."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from incidents import services as incident_services
+from incidents import throttle
+from incidents.models import Incident, IncidentEvent, SliceWatch
+from nodelab import LabNodeSpec
+from nodes import services as node_services
+from nodes.emulator.catalog import GpuSpec
+from nodes.models import Allocation, Gpu
+from tenants import services
+from tenants.models import Slice, UsageRecord
+from tests.conftest import SSH_KEY
+from tests.factories import MembershipFactory
+from tests.incidents.test_chaos import MODEL, launcher, state_of, wait_state
+from tests.worker_harness import wait_for
+
+STEADY_MB = {4: 2000, 12: 8000}  # with the leak under 85% of the card
+STEPS = ["detected", "located", "classified", "disposed", "archived"]
+A30 = (GpuSpec("NVIDIA A30"),)
+
+pytestmark = [pytest.mark.lab, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+
+
+def used_mb(node, s: Slice) -> int:  # type: ignore[no-untyped-def]
+    return sum(p["used"] for p in node.gpu_processes(s.container_id)) >> 20
+
+
+def pids(node, s: Slice) -> list[int]:  # type: ignore[no-untyped-def]
+    return [p["pid"] for p in node.gpu_processes(s.container_id)]
+
+
+@pytest.mark.parametrize("quota_library", [True, False], ids=["quota-library", "no-quota-library"])
+def test_a_leaking_slice_is_stopped_alone_and_its_neighbours_keep_their_memory(
+    quota_library, lab_fleet, workers, funded, lab_image, owner_a, owner_b, ops_user
+):  # type: ignore[no-untyped-def]
+    name = "chaos-q" if quota_library else "chaos-n"
+    fleet = lab_fleet([LabNodeSpec(name, A30, quota_library=quota_library)])
+    lab, node = fleet.nodes[0], fleet.registered[0]
+    assert bool(node.capabilities.get("vram_quota_library")) == quota_library
+    _, log = workers()
+    owner_c = MembershipFactory(tenant__name="Gamma Compute", user__email="carol@gamma.test")
+    launch = launcher(funded, lab_image)
+
+    small = launch(owner_a, 4, WORKLOAD_MB=str(STEADY_MB[4]))
+    large = launch(owner_c, 12, WORKLOAD_MB=str(STEADY_MB[12]))
+    # 200 MiB/s from a start under its quota; a leak ignores the framework cap
+    leaky = launch(
+        owner_b, 8, WORKLOAD_PROFILE="leak", WORKLOAD_MB="7000", WORKLOAD_RATE_MB_PER_MIN="12000"
+    )
+    slices = {"small": small, "leaky": leaky, "large": large}
+    for key, s in slices.items():
+        slices[key] = wait_state(s, Slice.State.RUNNING, Slice.State.FAILED, log=log)
+        assert slices[key].state == Slice.State.RUNNING, slices[key].state_reason
+    small, leaky, large = slices["small"], slices["leaky"], slices["large"]
+    gpu = Gpu.objects.get(node=node)
+    assert {s.allocation.gpu_id for s in slices.values()} == {gpu.pk}  # one card, full
+    assert Gpu.objects.get(pk=gpu.pk).allocated_mb == 24576 == gpu.vram_total_mb
+    leak_container = lab.container(leaky.container_id)
+    assert leak_container.env["GPUPLATFORM_VRAM_LIMIT_MB"] == "8192"
+    assert ("LD_PRELOAD" in leak_container.env) == quota_library
+    assert wait_for(
+        lambda: [used_mb(lab, s) for s in (small, large)] == [STEADY_MB[4], STEADY_MB[12]]
+    )
+    neighbours = {s.pk: (pids(lab, s), used_mb(lab, s)) for s in (small, large)}
+    assert wait_for(lambda: pids(lab, leaky), timeout=10)
+    leak_pid = pids(lab, leaky)[0]
+
+    def sample() -> None:
+        assert node_services.nodes_sample(node_ids=[node.pk])["sampled"] == 1
+
+    sample()  # under its quota: nothing
+    assert list(Incident.objects.values_list("rule", "title")) == []
+    if quota_library:
+        # the library refuses the allocation past 8192 MiB inside the job: CUDA OOM
+        assert wait_for(lambda: not lab.container(leaky.container_id).running, timeout=30)
+        info = lab.container(leaky.container_id)
+        assert info.exit_code == 1 and not info.oom_killed
+        logs = lab.logs(leaky.container_id)
+        assert "[vramquota] refused" in logs and "torch.OutOfMemoryError" in logs
+        sample()
+        assert not Incident.objects.filter(rule="quota_breach").exists()
+        assert services.slices_reconcile()["failed"] == 1
+        leaky = wait_state(leaky, Slice.State.FAILED, log=log)
+        assert leaky.exit_code == 1 and "out of GPU memory" in leaky.state_reason
+        assert wait_for(lambda: lab.container(leaky.container_id) is None, timeout=15)
+        incident_services.watch_sweep()
+        incident = Incident.objects.get(rule="oom_exit", slice=leaky)
+    else:
+        assert wait_for(lambda: used_mb(lab, leaky) > 8500, timeout=30)
+        sample()  # over its quota: the incident opens, one sample of grace
+        incident = Incident.objects.get(rule="quota_breach", slice=leaky)
+        assert state_of(leaky) == Slice.State.RUNNING
+        sample()  # still over: the stop goes to the worker, which stops it for real
+        leaky = wait_state(leaky, Slice.State.STOPPED, Slice.State.FAILED, log=log)
+        assert leaky.state == Slice.State.STOPPED, leaky.state_reason
+        stopping = leaky.transitions.get(to_state=Slice.State.STOPPING)
+        assert "watchdog" in stopping.reason and "8192 MiB quota" in stopping.reason
+        assert wait_for(lambda: lab.container(leaky.container_id) is None, timeout=15)
+        assert wait_for(
+            lambda: Incident.objects.get(pk=incident.pk).status == Incident.Status.RESOLVED,
+            timeout=15,
+        )
+        sample()  # the card is back under the breaker's line
+        assert Gpu.objects.get(pk=gpu.pk).accepting_placements
+    # the leaker's memory went with its process; the neighbours kept theirs, same PIDs
+    assert leak_pid not in [p["pid"] for p in lab.gpu_processes()]
+    assert leaky.allocation.state == Allocation.State.RELEASED
+    assert Gpu.objects.get(pk=gpu.pk).allocated_mb == 4096 + 12288
+    for s in (small, large):
+        assert state_of(s) == Slice.State.RUNNING
+        assert lab.container(s.container_id).running
+        assert (pids(lab, s), used_mb(lab, s)) == neighbours[s.pk]
+    assert not Incident.objects.filter(slice__in=[small, large]).exists()
+
+    incident.refresh_from_db()
+    assert incident.tenant_id == owner_b.tenant_id and incident.slice_id == leaky.pk
+    assert incident.node_id == node.pk and incident.gpu_id == gpu.pk
+    if not quota_library:
+        assert leak_pid in [p["pid"] for p in incident.evidence["processes"]]
+        located = incident.events.get(kind="located").message
+        assert f"slice {leaky.pk}" in located and owner_b.tenant.name in located
+        assert wait_for(
+            lambda: Incident.objects.get(pk=incident.pk).status == Incident.Status.RESOLVED,
+            timeout=10,
+        )
+        kinds = list(incident.events.order_by("at", "pk").values_list("kind", flat=True))
+        assert [k for k in kinds if k in STEPS] == STEPS
+
+    # metering stopped for it, and only for it
+    leaky.refresh_from_db()
+    minutes, records = leaky.minutes_used, UsageRecord.objects.filter(slice=leaky).count()
+    services.slices_meter(now=timezone.now() + timedelta(minutes=5))
+    leaky.refresh_from_db()
+    assert (leaky.minutes_used, UsageRecord.objects.filter(slice=leaky).count()) == (
+        minutes,
+        records,
+    )
+    assert all(Slice.objects.get(pk=s.pk).minutes_used >= 5 for s in (small, large))
+
+
+def test_a_burst_past_three_gigabytes_is_flagged_and_nothing_is_stopped(
+    eager, lab_fleet, funded, lab_image, owner_a, owner_b
+):  # type: ignore[no-untyped-def]
+    fleet = lab_fleet()
+    lab, node = fleet.nodes[0], fleet.registered[0]
+    launch = launcher(funded, lab_image)
+    calm = launch(owner_a, 4, WORKLOAD_MB="2000")
+    burst = launch(
+        owner_b, 8, WORKLOAD_PROFILE="burst", WORKLOAD_MB="2000", WORKLOAD_BURST_MB="4000",
+        WORKLOAD_PERIOD_S="6", WORKLOAD_BURST_S="3",
+    )  # fmt: skip
+    for s in (calm, burst):
+        s.refresh_from_db()
+        assert s.state == Slice.State.RUNNING, s.state_reason
+    assert wait_for(lambda: used_mb(lab, burst) == 2000, timeout=10)
+    node_services.nodes_sample(node_ids=[node.pk])
+    assert wait_for(lambda: used_mb(lab, burst) == 6000, timeout=10)  # within its 8 GB
+    node_services.nodes_sample(node_ids=[node.pk])
+    [incident] = Incident.objects.filter(rule="process_jump")
+    assert incident.slice_id == burst.pk and incident.tenant_id == owner_b.tenant_id
+    assert incident.evidence["pid"] in pids(lab, burst)
+    for s in (calm, burst):
+        assert state_of(s) == Slice.State.RUNNING and lab.container(s.container_id).running
+    assert not Incident.objects.exclude(rule="process_jump").exists()
+
+
+def test_a_bandwidth_hog_is_paused_and_resumed_for_real_and_alone(
+    eager, lab_fleet, funded, lab_image, owner_a, owner_b, monkeypatch
+):  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(throttle, "DUTY_PAUSE_S", 0.5)
+    monkeypatch.setattr(throttle, "DUTY_RUN_S", 0.5)
+    monkeypatch.setattr(throttle, "_cycles", lambda: 3)
+    fleet = lab_fleet()
+    lab, node = fleet.nodes[0], fleet.registered[0]
+    launch = launcher(funded, lab_image)
+    hog = launch(owner_a, 8, WORKLOAD_PROFILE="bandwidth", WORKLOAD_MB="1000")
+    calm = launch(owner_b, 8, WORKLOAD_MB="1000", WORKLOAD_MEM_UTIL="20")
+    for s in (hog, calm):
+        s.refresh_from_db()
+        assert s.state == Slice.State.RUNNING, s.state_reason
+    assert wait_for(lambda: pids(lab, hog) and pids(lab, calm), timeout=10)
+    time.sleep(1.2)  # a full utilisation window
+
+    def busy(s: Slice) -> float:
+        return sum(p["busy_s"] for p in lab.gpu_processes(s.container_id))
+
+    before = {s.pk: busy(s) for s in (hog, calm)}
+    started = time.monotonic()
+    node_services.nodes_sample(node_ids=[node.pk])  # throttles inline (eager): 3 s
+    wall = time.monotonic() - started
+    ran = {s.pk: busy(s) - before[s.pk] for s in (hog, calm)}
+
+    incident = Incident.objects.get(rule="bandwidth_hog")
+    assert incident.slice_id == hog.pk
+    assert SliceWatch.objects.get(slice=hog).throttled_at is not None
+    assert IncidentEvent.objects.filter(incident=incident, kind="disposed").exists()
+    # frozen half the time by the kernel's freezer; the neighbour never
+    assert wall >= 3.0
+    assert ran[hog.pk] < 0.75 * wall, (ran, wall)
+    assert ran[calm.pk] > 0.9 * wall, (ran, wall)
+    assert lab.container(hog.container_id).status == "running"  # resumed at the end
+    assert lab.container(calm.container_id).status == "running"
+    assert not Incident.objects.filter(slice=calm).exists()
+
+
+def test_an_idle_slice_is_warned_then_its_memory_is_reclaimed_for_real(
+    eager, lab_fleet, funded, lab_image, owner_a, owner_b
+):  # type: ignore[no-untyped-def]
+    fleet = lab_fleet()
+    lab, node = fleet.nodes[0], fleet.registered[0]
+    launch = launcher(funded, lab_image)
+    idle = launch(owner_a, 4, WORKLOAD_PROFILE="idle", WORKLOAD_MB="2500")
+    busy = launch(owner_b, 4, WORKLOAD_MB="1000")
+    for s in (idle, busy):
+        s.refresh_from_db()
+        assert s.state == Slice.State.RUNNING, s.state_reason
+    assert wait_for(lambda: used_mb(lab, idle) == 2500 and used_mb(lab, busy) == 1000)
+    time.sleep(1.2)
+    node_services.nodes_sample(node_ids=[node.pk])  # NVML: the idle one computed nothing
+    # sixteen minutes of that, as the watchdog sees it
+    Slice.objects.filter(pk__in=[idle.pk, busy.pk]).update(
+        started_at=timezone.now() - timedelta(minutes=16)
+    )
+    incident_services.watch_sweep()
+    warned = SliceWatch.objects.get(slice=idle)
+    assert warned.idle_warned_at is not None
+    assert SliceWatch.objects.get(slice=busy).idle_warned_at is None  # it computes
+    SliceWatch.objects.filter(pk=warned.pk).update(
+        idle_warned_at=timezone.now() - timedelta(minutes=6)
+    )
+    node_services.nodes_sample(node_ids=[node.pk])  # telemetry still fresh, still idle
+    incident_services.watch_sweep()
+    idle.refresh_from_db()
+    assert idle.state == Slice.State.STOPPED, idle.state_reason
+    assert lab.container(idle.container_id) is None
+    assert used_mb(lab, idle) == 0 and lab.gpu_processes(busy.container_id)
+    assert state_of(busy) == Slice.State.RUNNING
+    assert Incident.objects.get(rule="idle_slice").slice_id == idle.pk
+
+
+def test_xid_79_drains_the_card_and_no_new_slice_lands_there(
+    eager, lab_fleet, funded, lab_image, owner_a
+):  # type: ignore[no-untyped-def]
+    fleet = lab_fleet([LabNodeSpec("lab-xid", (GpuSpec("NVIDIA A30"), GpuSpec("NVIDIA A30")))])
+    lab, node = fleet.nodes[0], fleet.registered[0]
+    launch = launcher(funded, lab_image)
+    first = launch(owner_a, 12, WORKLOAD_MB="1000")
+    first.refresh_from_db()
+    a30 = Gpu.objects.get(node=node, index=0)
+    assert first.allocation.gpu_id == a30.pk  # best fit, equal room: the first card
+    node_services.nodes_sample(node_ids=[node.pk])
+    lab.inject_xid(gpu=0, code=79)
+    # the job on the card that fell off the bus fails on its next CUDA call
+    assert wait_for(lambda: not lab.container(first.container_id).running, timeout=10)
+    node_services.nodes_sample(node_ids=[node.pk])
+    incident = Incident.objects.get(rule="hardware_fault")
+    assert incident.gpu_id == a30.pk and "79" in incident.title
+    a30.refresh_from_db()
+    assert not a30.accepting_placements
+    second = launch(owner_a, 12, WORKLOAD_MB="1000")
+    second.refresh_from_db()
+    assert second.state == Slice.State.RUNNING, second.state_reason
+    assert second.allocation.gpu.index == 1  # the other card, not the drained one
+
+
+def test_quiet_churn_of_fifty_ordinary_slices_files_no_incident(
+    eager, lab_fleet, funded, lab_image, owner_a, settings
+):  # type: ignore[no-untyped-def]
+    """Launch, run, stop, fifty times, with the sampler racing the stops from another
+    thread and the sweep after each: no incident. (Before, every stop left an orphan:
+    the sweep judged a sample taken while the slice ran against slices live after it
+    stopped.)"""
+    fleet = lab_fleet()
+    settings.NODES_CONTAINER_SETTLE_S = 0.05
+    lab, node = fleet.nodes[0], fleet.registered[0]
+    purchase = funded(owner_a, vram_gb=4, hours=3, credit="1000.00")
+    done = threading.Event()
+    sampled = [0]
+
+    def sampler() -> None:
+        try:
+            while not done.is_set():
+                node_services.nodes_sample(node_ids=[node.pk])
+                sampled[0] += 1
+                time.sleep(0.1)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=sampler, daemon=True)
+    thread.start()
+    try:
+        for i in range(50):
+            s, _ = services.slice_launch(
+                membership=owner_a,
+                purchase=purchase,
+                image=lab_image,
+                model_request=MODEL,
+                environment={"WORKLOAD_MB": str(500 + 10 * i)},
+                ssh_public_key=SSH_KEY,
+            )
+            s.refresh_from_db()
+            assert s.state == Slice.State.RUNNING, (i, s.state_reason)
+            assert wait_for(lambda s=s: used_mb(lab, s) > 0, timeout=10)
+            services.slice_stop(slice=s, actor=owner_a.user)
+            s.refresh_from_db()
+            assert s.state == Slice.State.STOPPED
+            incident_services.watch_sweep()
+    finally:
+        done.set()
+        thread.join(timeout=30)
+    node_services.nodes_sample(node_ids=[node.pk])
+    incident_services.watch_sweep()
+    assert sampled[0] >= 50
+    assert list(Incident.objects.values_list("rule", "title")) == []
+    assert lab.container_ids() == [] and lab.gpu_processes() == []
