@@ -264,6 +264,58 @@ def test_an_xid_from_the_emulated_driver_reaches_the_sampler_once(tools, pool): 
     assert second.xid_events == ()
 
 
+@pytest.mark.parametrize("cli", ["docker", "/usr/bin/docker"], ids=["node-path", "debian-cli"])
+def test_the_real_clis_ps_and_inspect_parse_as_the_platform_reads_them(tools, pool, cli):  # type: ignore[no-untyped-def]
+    from decimal import Decimal
+
+    from nodes import runtime
+
+    if cli != "docker" and not Path(cli).exists():
+        pytest.skip(f"{cli} is not on this machine")
+
+    def on_node(argv: list[str]) -> str:
+        done = run(pool, tools, cli, *argv[1:])
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    gpu = tools.gpu("state")["gpus"][4]["uuid"]
+    started = {}
+    for owner, env in (("slice-41", ()), ("slice-42", (("WORKLOAD_EXIT_AFTER_S", "0"),))):
+        spec = runtime.ContainerSpec(
+            name=f"gpp-{owner}", image=IMAGE, owner_key=owner, device=gpu, vram_mb=4096,
+            gpu_total_mb=46068, cpus=Decimal("2.00"), memory_mb=512, pids_limit=64,
+            environment=env, ports=(22,), network="none",
+        )  # fmt: skip
+        started[owner] = on_node(runtime.run_argv(spec)).strip().splitlines()[-1]
+    assert wait_for(lambda: not tools.container(started["slice-42"]).running, timeout=10)
+    listed = {c.owner_key: c for c in runtime.parse_ps(on_node(runtime.ps_argv()))}
+    assert set(listed) == {"slice-41", "slice-42"}
+    assert listed["slice-41"].running and listed["slice-41"].id == started["slice-41"]
+    assert not listed["slice-42"].running and listed["slice-42"].exit_code == 0
+    assert listed["slice-41"].labels[runtime.LABEL_MANAGED] == "1"
+    assert listed["slice-41"].ports == {}  # nothing published on network none
+    [one] = runtime.parse_ps(on_node(runtime.ps_argv("slice-41")))  # the labels ANDed
+    assert one.id == started["slice-41"]
+    [info] = runtime.parse_inspect(on_node(runtime.inspect_argv(started["slice-41"])))
+    assert info.running and info.status == "running" and info.exit_code is None
+    assert info.started_at and not info.finished_at and not info.oom_killed
+    assert info.image == IMAGE and info.name == "gpp-slice-41"
+    [done] = runtime.parse_inspect(on_node(runtime.inspect_argv(started["slice-42"])))
+    assert done.status == "exited" and done.exit_code == 0 and done.finished_at
+
+
+def test_ecc_and_row_remapping_faults_reach_the_sampler(tools, pool):  # type: ignore[no-untyped-def]
+    tools.gpu("ecc", gpu=0, count=2, remap_failed=True)
+    answer = pool.request(
+        endpoint(tools),
+        telemetry.sampler_serve_argv(),
+        preamble=telemetry.sampler_serve_preamble(),
+        request=telemetry.SERVE_REQUEST_SAMPLE,
+    )
+    h100 = telemetry.parse_sampler_output(answer.decode()).gpus[0]
+    assert h100.ecc_uncorrected_volatile == 2 and h100.remapped_rows_failure
+
+
 # --- the toolkit hook and the emulated driver ------------------------------------------
 
 

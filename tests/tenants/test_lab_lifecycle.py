@@ -232,3 +232,36 @@ def test_the_launch_of_an_image_the_node_does_not_have_fails_and_says_why(
     assert Allocation.objects.get(pk=s.allocation_id).state == Allocation.State.RELEASED
     purchase.refresh_from_db()
     assert purchase.minutes_left == purchase.minutes_total  # nothing charged
+
+
+def test_a_stop_the_node_cannot_confirm_finishes_without_it_and_the_container_goes_later(
+    eager, lab_fleet, owner_a, funded, lab_image, settings
+):  # type: ignore[no-untyped-def]
+    from gpuplatform.celery import app
+    from nodes import ssh
+    from nodes.models import Node
+
+    settings.NODES_SSH_CONNECT_TIMEOUT = 2
+    fleet = lab_fleet()
+    node = fleet.nodes[0]
+    s = launch(owner_a, funded(owner_a, vram_gb=4), lab_image, environment={"WORKLOAD_MB": "700"})
+    assert s.state == Slice.State.RUNNING
+    node.stop_sshd(sessions=True)  # the node goes down with the slice running on it
+    Node.objects.update(status=Node.Status.UNREACHABLE)
+    app.conf.task_eager_propagates = False  # the stop task fails: nothing answers
+    services.slice_stop(slice=s, actor=owner_a.user)
+    s.refresh_from_db()
+    assert s.state == Slice.State.STOPPING
+    settings.SLICES_PROVISION_TIMEOUT_S = 0  # reconcile finishes it past the timeout
+    counts = services.slices_reconcile()
+    s.refresh_from_db()
+    assert counts["abandoned"] == 1 and s.state == Slice.State.STOPPED
+    assert Allocation.objects.get(pk=s.allocation_id).state == Allocation.State.RELEASED
+    assert node.container(s.container_id).running  # the node never heard of the stop
+    # the node answers again: its leftover container is removed as an orphan, for real
+    node.start_sshd()
+    Node.objects.update(status=Node.Status.ACTIVE)
+    ssh.get_pool()._backoff.clear()
+    counts = services.slices_reconcile()
+    assert counts["orphans"] == 1, counts
+    assert node.container(s.container_id) is None and node.gpu_processes() == []
