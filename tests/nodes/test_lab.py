@@ -476,6 +476,13 @@ def test_a_lab_that_cannot_start_says_why_in_one_line(monkeypatch, tmp_path):  #
     assert time.monotonic() - started < 5
 
 
+def test_a_lab_started_without_root_says_so_before_touching_anything(monkeypatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(lab_module.os, "geteuid", lambda: 1000)
+    with pytest.raises(LabUnavailable) as caught:
+        Lab.start([LabNodeSpec("lab-user")], authorized_keys=[])
+    assert str(caught.value) == "the node lab needs root: dockerd and sshd run as root"
+
+
 def test_a_lab_whose_port_is_taken_says_so_and_leaves_nothing_behind():  # type: ignore[no-untyped-def]
     root = Path(tempfile.mkdtemp(prefix="gpl-"))
     with socket.socket() as held:

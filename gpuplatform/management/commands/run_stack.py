@@ -155,7 +155,8 @@ class Command(BaseCommand):
             if reason is None:
                 self.stdout.write(
                     "demo fleet: lab nodes (real sshd and Docker Engine per node, emulated "
-                    "GPUs); `docker ps` shows the demo's slices as real containers"
+                    "GPUs); the demo's slices are real containers: `docker --host "
+                    "unix://<node's docker.sock above> ps` lists them"
                 )
                 return
             procs.pop("lab")
