@@ -3,6 +3,7 @@ period and the watchdog thresholds. Services enforce the rules; these shape the 
 
 from django import forms
 
+from gpuplatform.datetimes import UtcDateTimeField
 from nodes.models import Node
 from tenants.models import Tenant
 
@@ -38,8 +39,8 @@ class IncidentFilterForm(forms.Form):
     tenant = forms.ModelChoiceField(
         queryset=Tenant.objects.order_by("name"), required=False, empty_label="any tenant"
     )
-    since = forms.DateTimeField(label="Seen since", required=False, widget=DATETIME_WIDGET)
-    until = forms.DateTimeField(label="First seen until", required=False, widget=DATETIME_WIDGET)
+    since = UtcDateTimeField(label="Seen since", required=False, widget=DATETIME_WIDGET)
+    until = UtcDateTimeField(label="First seen until", required=False, widget=DATETIME_WIDGET)
     q = forms.CharField(label="Search", max_length=100, required=False)
     sort = forms.ChoiceField(
         choices=[

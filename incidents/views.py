@@ -74,6 +74,8 @@ def ops_incidents(request: HttpRequest) -> HttpResponse:
     form = IncidentFilterForm(request.GET or None)
     incidents = selectors.incident_list(**form.selector_args())
     if request.GET.get("format") == "csv":
+        if form.is_bound and not form.is_valid():
+            return _export_refused(form)
         return csv_response(incidents)
     page = Paginator(incidents, PAGE_SIZE).get_page(request.GET.get("page"))
     query = request.GET.copy()
@@ -95,7 +97,18 @@ def ops_incidents(request: HttpRequest) -> HttpResponse:
 @require_GET
 def ops_incidents_export(request: HttpRequest) -> HttpResponse:
     form = IncidentFilterForm(request.GET or None)
+    if form.is_bound and not form.is_valid():  # said before the stream starts, not in it
+        return _export_refused(form)
     return csv_response(selectors.incident_list(**form.selector_args()))
+
+
+def _export_refused(form: IncidentFilterForm) -> HttpResponse:
+    lines = [f"{name}: {' '.join(errors)}" for name, errors in form.errors.items()]
+    return HttpResponse(
+        "Nothing exported: " + "; ".join(lines) + "\n",
+        status=400,
+        content_type="text/plain; charset=utf-8",
+    )
 
 
 @staff_member_required

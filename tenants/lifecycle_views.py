@@ -200,6 +200,7 @@ def buy(request: HttpRequest) -> HttpResponse:
         status = 400
     tiers = list(selectors.tier_list())
     total = form.total() if form.is_bound and not form.errors else None
+    balance_after = tenant.credit_balance - total if total is not None else None
     return render(
         request,
         "tenants/buy.html",
@@ -208,7 +209,10 @@ def buy(request: HttpRequest) -> HttpResponse:
             "tenant": tenant,
             "confirming": confirming,
             "total": total,
-            "balance_after": tenant.credit_balance - total if total is not None else None,
+            "balance_after": balance_after,
+            "shortfall": -balance_after
+            if balance_after is not None and balance_after < 0
+            else None,
             "tiers": tiers,
             "prices": {str(t.pk): str(t.price_per_hour) for t in tiers},
             "insufficient": insufficient,

@@ -7,6 +7,7 @@ runs and who else is there.
 import django_filters
 from django.db.models import Q
 
+from gpuplatform.datetimes import UtcIsoDateTimeFilter
 from incidents.models import Incident, WebhookEndpoint
 
 STATUS_CHOICES = [*Incident.Status.choices, ("unresolved", "not resolved")]
@@ -21,12 +22,12 @@ class TenantIncidentFilter(django_filters.FilterSet):
     severity = django_filters.ChoiceFilter(choices=Incident.Severity.choices)
     root_cause = django_filters.ChoiceFilter(choices=Incident.RootCause.choices)
     slice = django_filters.NumberFilter(field_name="slice")
-    since = django_filters.IsoDateTimeFilter(
+    since = UtcIsoDateTimeFilter(
         field_name="last_seen_at",
         lookup_expr="gte",
         help_text="Seen at or after this time (ISO 8601).",
     )
-    until = django_filters.IsoDateTimeFilter(
+    until = UtcIsoDateTimeFilter(
         field_name="first_seen_at",
         lookup_expr="lte",
         help_text="First seen at or before this time (ISO 8601).",

@@ -3,6 +3,7 @@
 from rest_framework import serializers
 
 from gpuplatform.api.serializers import StrictSerializer
+from gpuplatform.datetimes import to_utc
 from nodes import ssh
 from nodes.models import Gpu, Node
 
@@ -126,9 +127,11 @@ class SeriesQuerySerializer(StrictSerializer):
 
     def validate(self, attrs):  # type: ignore[no-untyped-def]
         for name in ("start", "end"):
-            value = attrs.get(name)
-            if value is not None and not 2000 <= value.year <= 9000:
-                raise serializers.ValidationError({name: ["Give a time between 2000 and 9000."]})
+            if attrs.get(name) is not None:
+                try:
+                    attrs[name] = to_utc(attrs[name])
+                except ValueError as exc:
+                    raise serializers.ValidationError({name: [str(exc)]}) from None
         if attrs.get("start") and attrs.get("end") and attrs["start"] >= attrs["end"]:
             raise serializers.ValidationError({"start": ["start must be before end."]})
         return attrs

@@ -116,3 +116,5 @@ class TenantStatusSerializer(StrictModelSerializer):
     class Meta:
         model = Tenant
         fields = ["status", "reason"]
+        # required: the model's default would otherwise make it optional here
+        extra_kwargs = {"status": {"required": True}}

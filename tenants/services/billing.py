@@ -15,6 +15,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
+from nodes.models import Node
 
 from ..models import LedgerEntry, Membership, Purchase, Slice, Tenant, Tier, UsageRecord
 from .accounts import audit_event_record, members_notify
@@ -291,6 +292,12 @@ LIVE_FOR_REFUND = (
 # --- metering ---------------------------------------------------------------------------------
 
 
+def node_answers(slice: Slice) -> bool:
+    """False while the slice's node is unreachable (its minutes are not charged)."""
+    allocation = slice.allocation
+    return allocation is None or allocation.gpu.node.status != Node.Status.UNREACHABLE
+
+
 def slice_meter(*, slice: Slice, now: datetime, final: bool = False) -> int:
     """Charge the whole minutes a running slice used since it was last metered.
 
@@ -298,6 +305,12 @@ def slice_meter(*, slice: Slice, now: datetime, final: bool = False) -> int:
     stopping) a started minute counts as a whole one, as clouds bill. Returns the
     minutes charged; stops nothing itself."""
     if slice.last_metered_at is None:
+        return 0
+    if not node_answers(slice):
+        # Nobody can use a slice on a node that does not answer: not charged, on the
+        # minute's tick and on the final charge alike.
+        slice.last_metered_at = now
+        slice.save(update_fields=["last_metered_at"])
         return 0
     elapsed = (now - slice.last_metered_at).total_seconds()
     minutes = math.ceil(elapsed / 60 - 1e-9) if final else int(elapsed // 60)

@@ -31,7 +31,7 @@ from nodes.models import Node
 from .. import estimator
 from ..models import Image, Membership, Purchase, Slice, SliceTransition
 from .accounts import members_notify
-from .billing import _check_idempotency_key, purchase_warn_if_low, slice_meter
+from .billing import _check_idempotency_key, node_answers, purchase_warn_if_low, slice_meter
 
 logger = logging.getLogger(__name__)
 
@@ -823,11 +823,8 @@ def slices_meter(*, now: datetime | None = None) -> dict[str, int]:
             slice = _lock(slice_id)
             if slice.state != S.RUNNING:
                 continue
-            node = slice.allocation.gpu.node  # type: ignore[union-attr]
-            if node.status == Node.Status.UNREACHABLE:
-                # Nobody can use a slice on a node that does not answer: not charged.
-                slice.last_metered_at = now
-                slice.save(update_fields=["last_metered_at"])
+            if not node_answers(slice):
+                slice_meter(slice=slice, now=now)  # charges nothing, moves the mark
                 continue
             counts["minutes"] += slice_meter(slice=slice, now=now)
             counts["metered"] += 1

@@ -382,6 +382,22 @@ def test_bad_filters_are_400_or_404_never_500(ledger, api_ops, query):  # type: 
         assert set(response.json()["fields"]) <= set(query)
 
 
+@pytest.mark.parametrize("field", ["since", "until"])
+def test_a_time_with_any_utc_offset_is_read_in_utc_and_an_impossible_one_names_its_field(
+    ledger, api_ops, field
+):  # type: ignore[no-untyped-def]
+    # -22:03 is a valid ISO 8601 offset that PostgreSQL refuses: it was a 500
+    far = api_ops.get(INCIDENTS, {field: "2026-01-30T08:31:43-22:03"})
+    assert far.status_code == 200, far.content
+    near = api_ops.get(INCIDENTS, {field: "2026-01-31T06:34:43Z"})  # the same instant
+    assert far.json()["count"] == near.json()["count"]
+    for impossible in ("0001-01-01T00:00:00+05:00", "9999-12-31T23:59:59-23:59"):
+        response = api_ops.get(INCIDENTS, {field: impossible})
+        assert response.status_code == 400, response.content
+        assert list(response.json()["fields"]) == [field]
+        assert "between the years 2000 and 9000" in response.json()["message"]
+
+
 def test_list_is_paginated(ledger, api_ops):  # type: ignore[no-untyped-def]
     page = api_ops.get(INCIDENTS, {"page_size": 3}).json()
     assert page["count"] == 4 and len(page["results"]) == 3 and page["next"]

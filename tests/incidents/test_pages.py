@@ -377,6 +377,25 @@ def test_csv_export_has_the_header_and_the_filtered_rows_with_formulas_neutralis
         assert not cell.startswith(("=", "+", "-", "@")), cell
 
 
+def test_the_ledger_and_its_export_read_any_utc_offset_and_refuse_an_impossible_time(  # type: ignore[no-untyped-def]
+    client, ops_user, ledger
+):
+    client.force_login(ops_user)
+    # an offset PostgreSQL refuses (past +-15:59): the page and the export used to 500
+    far = {"since": "2020-01-30T08:31:43-22:03"}
+    page = client.get("/ops/incidents/", far)
+    assert page.status_code == 200
+    rows = _csv(client.get("/ops/incidents/export.csv", far))
+    assert len(rows) == 1 + len(ledger)  # every incident was seen since then
+    for url in ("/ops/incidents/export.csv", "/ops/incidents/"):
+        refused = client.get(url, {"since": "0001-01-01T00:00:00+05:00", "format": "csv"})
+        assert refused.status_code == 400  # before any byte of CSV, not a cut stream
+        assert "since: Give a time between the years 2000 and 9000." in refused.content.decode()
+    shown = client.get("/ops/incidents/", {"since": "0001-01-01T00:00:00+05:00"})
+    assert shown.status_code == 200
+    assert "Give a time between the years 2000 and 9000." in shown.content.decode()
+
+
 # --- one incident ------------------------------------------------------------------------------
 
 

@@ -198,6 +198,20 @@ class TestOpsTenantsApi:
         assert api_a.get("/api/v1/members/").status_code == 200
         assert owner_a.tenant.audit_events.filter(action="tenant.suspended").exists()
 
+    @pytest.mark.parametrize("body", [{}, {"reason": "x"}, {"status": None, "reason": "x"}])
+    def test_a_status_change_without_a_status_is_400_naming_it(self, api_ops, owner_a, body):  # type: ignore[no-untyped-def]
+        url = f"/api/v1/ops/tenants/{owner_a.tenant.pk}/status/"
+        response = api_ops.post(url, body, format="json")
+        assert response.status_code == 400, response.content
+        assert "status" in response.json()["fields"]
+        owner_a.tenant.refresh_from_db()
+        assert owner_a.tenant.status == "active"
+
+    def test_the_schema_says_a_status_change_needs_a_status(self, api_ops):  # type: ignore[no-untyped-def]
+        schema = api_ops.get("/api/v1/schema/", {"format": "json"}).json()
+        body = schema["components"]["schemas"]["TenantStatusRequest"]
+        assert "status" in body["required"]
+
     def test_tenant_member_cannot_change_status(self, api_a, owner_a):  # type: ignore[no-untyped-def]
         url = f"/api/v1/ops/tenants/{owner_a.tenant.pk}/status/"
         assert (

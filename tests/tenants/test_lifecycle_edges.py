@@ -88,6 +88,27 @@ def test_no_minutes_are_charged_while_the_node_is_unreachable(
     assert purchase.minutes_left == 55  # only the minutes since it answered again
 
 
+@pytest.mark.parametrize("answers", [True, False], ids=["node-answers", "node-unreachable"])
+def test_the_final_charge_of_a_stop_follows_the_meters_rule(
+    answers, eager, worker_fleet, owner_a, funded, image_ssh
+):  # type: ignore[no-untyped-def]
+    fleet = worker_fleet()
+    purchase = funded(owner_a, hours=1)
+    slice = launch(owner_a, purchase, image_ssh)
+    # ten minutes since the last tick; the meter would skip them on a silent node
+    Slice.objects.filter(pk=slice.pk).update(last_metered_at=timezone.now() - timedelta(minutes=10))
+    if not answers:
+        fleet.nodes[0].set_down(True)
+        Node.objects.update(status=Node.Status.UNREACHABLE)
+        app.conf.task_eager_propagates = False  # the stop task fails: node down
+    services.slice_stop(slice=slice, actor=owner_a.user)
+    purchase.refresh_from_db()
+    slice.refresh_from_db()
+    # answered: ten minutes and the started eleventh, as billed on any stop
+    assert purchase.minutes_left == (49 if answers else 60)
+    assert slice.minutes_used == (11 if answers else 0)
+
+
 def test_a_new_launch_never_passes_the_line_of_its_tier(
     eager, worker_fleet, owner_a, owner_b, funded, image_ssh, monkeypatch
 ):  # type: ignore[no-untyped-def]

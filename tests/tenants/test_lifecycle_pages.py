@@ -271,6 +271,28 @@ def test_buy_without_enough_credit_says_so_and_charges_nothing(client, owner_a, 
     assert not Purchase.objects.exists()
 
 
+def test_the_confirm_step_with_an_empty_balance_says_what_is_missing_and_cannot_pay(  # type: ignore[no-untyped-def]
+    client, owner_a, tier8
+):
+    client.force_login(owner_a.user)
+    response = client.post("/buy/", {"tier": tier8.pk, "hours": 2, "idempotency_token": "t-2"})
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert 'id="balance-after"' not in page  # no "Balance after: -0.76"
+    assert "-0.76" not in page
+    assert 'id="buy-shortfall"' in page and "0.76 credits are missing" in page
+    assert "granted by the platform's operators" in page
+    pay = re.search(r'<button type="submit" id="confirm-purchase"[^>]*>', page).group(0)
+    assert "disabled" in pay
+    # and a Pay posted anyway (a stale page, a script) is refused by the server
+    response = client.post(
+        "/buy/", {"tier": tier8.pk, "hours": 2, "idempotency_token": "t-2", "confirm": "yes"}
+    )
+    assert response.status_code == 409 and not Purchase.objects.exists()
+    owner_a.tenant.refresh_from_db()
+    assert owner_a.tenant.credit_balance == 0
+
+
 def test_buy_refuses_bad_hours_on_the_form(client, funded, tier8):  # type: ignore[no-untyped-def]
     client.force_login(funded.user)
     response = client.post("/buy/", {"tier": tier8.pk, "hours": 0, "idempotency_token": "t"})
