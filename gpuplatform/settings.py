@@ -227,6 +227,8 @@ SPECTACULAR_SETTINGS = {
 # Tenant webhooks may only reach public addresses (checked when sent); a private test
 # network can allow its own.
 WEBHOOKS_ALLOW_PRIVATE = env.bool("GPUPLATFORM_WEBHOOKS_ALLOW_PRIVATE", default=False)
+# Ops are mailed every incident event; resolutions too unless this is off.
+INCIDENTS_MAIL_OPS_RESOLVED = env.bool("GPUPLATFORM_MAIL_OPS_RESOLVED", default=True)
 
 # --- GPU nodes (SSH, telemetry) --------------------------------------------------------
 NODES_SSH_KEY_PATH = env.str(

@@ -7,9 +7,12 @@ from django.db.models import F, Q
 
 class IncidentQuerySet(models.QuerySet):
     def for_tenant(self, tenant) -> "IncidentQuerySet":  # type: ignore[no-untyped-def]
+        """A tenant's: those about its slices, and those that touched its slices (a node
+        that stopped answering, a GPU drained for a fault under them)."""
         if tenant is None:
             return self.none()
-        return self.filter(tenant=tenant)
+        touched = IncidentSlice.objects.filter(tenant=tenant).values("incident_id")
+        return self.filter(models.Q(tenant=tenant) | models.Q(pk__in=touched))
 
     def open(self) -> "IncidentQuerySet":
         return self.exclude(status=Incident.Status.RESOLVED)
@@ -142,6 +145,44 @@ class Incident(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.title}"
+
+
+class IncidentSlice(models.Model):
+    """A slice an incident touched besides its own: the running slices on a node that
+    stopped answering, or on a GPU drained for a hardware fault. Their tenants see the
+    incident, in plain words."""
+
+    incident = models.ForeignKey(
+        "incidents.Incident",
+        on_delete=models.CASCADE,
+        related_name="touched",
+        verbose_name="incident",
+    )
+    slice = models.ForeignKey(
+        "tenants.Slice",
+        on_delete=models.CASCADE,
+        related_name="incidents_touched",
+        verbose_name="slice",
+    )
+    tenant = models.ForeignKey(
+        "tenants.Tenant",
+        on_delete=models.CASCADE,
+        related_name="incidents_touched",
+        verbose_name="tenant",
+    )
+
+    class Meta:
+        verbose_name = "slice an incident touched"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["incident", "slice"],
+                name="%(app_label)s_%(class)s_once",
+                violation_error_message="This slice is already recorded for this incident.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"incident {self.incident_id} touched slice {self.slice_id}"
 
 
 class IncidentEvent(models.Model):

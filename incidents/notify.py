@@ -61,6 +61,10 @@ def payload(incident: Incident, event: str, *, for_tenant: bool) -> dict:
             "last_seen_at": incident.last_seen_at.isoformat(),
         },
     }
+    if event == "resolved":
+        body["incident"]["resolution_note"] = incident.resolution_note
+    if event == "action":
+        body["incident"]["action"] = _last_action(incident)
     if not for_tenant:  # ops see where; a tenant sees only their own slice
         body["incident"].update(
             tenant=incident.tenant_id, node=incident.node_id, gpu=incident.gpu_id
@@ -170,7 +174,54 @@ def webhook_deliver(*, delivery_id: int, final_attempt: bool) -> str:
     return delivery.status
 
 
+# What each event is, in a mail's subject.
+EVENT_SUBJECTS = {
+    "opened": "{severity}: {title}",
+    "escalated": "escalated to {severity}: {title}",
+    "action": "action taken: {action}",
+    "resolved": "resolved: {title}",
+    "reopened": "reopened: {title}",
+}
+# Rules whose tenant mails the watchdog's own actions send (the idle warning carries the
+# time left): the generic "opened" mail would only repeat them.
+TOLD_BY_ACTION = frozenset({"idle_slice"})
+
+
+def _last_action(incident: Incident) -> str:
+    from .models import IncidentEvent
+
+    message = (
+        incident.events.filter(kind=IncidentEvent.Kind.DISPOSED)
+        .order_by("-at", "-pk")
+        .values_list("message", flat=True)
+        .first()
+    )
+    return message or incident.title
+
+
+def _was_disposed(incident: Incident) -> bool:
+    from .models import IncidentEvent
+
+    return incident.events.filter(kind=IncidentEvent.Kind.DISPOSED).exists()
+
+
+def tenant_hears(incident: Incident, event: str) -> bool:
+    """Whether the slice's tenant gets a mail for this event: the alarm (unless an
+    action of the watchdog tells them itself), and the end when nothing had to be done to
+    their slice (a stop already sent its own mail). Escalations, actions and reopenings
+    are the watchdog's and ops' business; what it does to a slice is told as it does it."""
+    if not (incident.tenant_id and incident.slice_id):
+        return False
+    if event == "opened":
+        return incident.rule not in TOLD_BY_ACTION
+    if event == "resolved":
+        return not _was_disposed(incident)
+    return False
+
+
 def email_send(*, incident_id: int, event: str) -> int:
+    """Mail an incident event: to ops (every event; resolutions by setting) and to the
+    slice's tenant where `tenant_hears`, each saying which event this is."""
     incident = Incident.objects.select_related("tenant", "slice").get(pk=incident_id)
     sent = 0
     ops = list(
@@ -179,24 +230,43 @@ def email_send(*, incident_id: int, event: str) -> int:
         .exclude(email="")
         .values_list("email", flat=True)
     )
-    subject = f"[gpuplatform] {incident.severity}: {incident.title}"[:150]
+    if event == "resolved" and not settings.INCIDENTS_MAIL_OPS_RESOLVED:
+        ops = []
+    template = EVENT_SUBJECTS.get(event, "{severity}: {title}")
+    action = _last_action(incident) if event == "action" else ""
+    what = template.format(severity=incident.severity, title=incident.title, action=action)
     link = f"{settings.SITE_URL}/ops/incidents/{incident.pk}/"
     if ops:
+        lines = [f"Incident {incident.pk}, {event}: {incident.title}", ""]
+        if event == "action":
+            lines.append(action)
+        elif event == "resolved":
+            lines.append(f"Resolved: {incident.resolution_note or 'the condition cleared'}")
+        lines += [
+            f"Rule: {incident.rule}",
+            f"Class: {incident.get_root_cause_display()}",
+            f"Status: {incident.get_status_display()}",
+            "",
+            link,
+        ]
         send_mail(
-            subject,
-            f"{incident.title}\n\nRule: {incident.rule}\nClass: "
-            f"{incident.get_root_cause_display()}\n\n{link}",
+            f"[gpuplatform] {what}"[:150],
+            "\n".join(lines),
             settings.DEFAULT_FROM_EMAIL,
             ops,
         )
         sent += len(ops)
-    if incident.tenant_id and incident.slice_id:
+    if tenant_hears(incident, event):
         from tenants.services import members_notify_send
 
+        if event == "resolved":
+            subject = f"Resolved for your slice {incident.slice_id}: {incident.title}"
+        else:
+            subject = f"About your slice {incident.slice_id}: {incident.title}"
         sent += members_notify_send(
             tenant_id=incident.tenant_id,
-            subject=f"About your slice {incident.slice_id}: {incident.title}"[:150],
-            body=tenant_text(incident),
+            subject=subject[:150],
+            body=tenant_text(incident, event),
         )
     return sent
 
@@ -218,9 +288,52 @@ TENANT_ADVICE = {
     "node_unreachable": "The machine your slice runs on stopped answering. You are not "
     "charged while it is down.",
 }
+# What the tenant is told when the alarm opens, where it differs from what happened in
+# the end (a breach gets a sample of grace before the stop).
+TENANT_OPENED = {
+    "quota_breach": "Your job holds more GPU memory than your tier. If it is still over at "
+    "the next sample it is stopped, so the other tenants on the card keep theirs. Lower the "
+    "batch size or context length, load the model quantized, or buy a bigger tier.",
+}
 
 
-def tenant_text(incident: Incident) -> str:
+# Incidents a tenant sees because they touched its slice: the title names no node or GPU.
+TENANT_TITLES = {
+    "node_unreachable": "The machine your slice runs on stopped answering",
+    "hardware_fault": "The GPU your slice runs on reported a hardware fault",
+}
+
+
+def tenant_title(incident: Incident) -> str:
+    return TENANT_TITLES.get(incident.rule, incident.title)
+
+
+def tenant_search(queryset, text: str):  # type: ignore[no-untyped-def]
+    """A tenant's search of its incidents, over the titles it is shown: an incident's own
+    for its slices, the plain one for an outage that touched them (whose own title names
+    the node)."""
+    from django.db.models import Q
+
+    shown = [rule for rule, title in TENANT_TITLES.items() if text.lower() in title.lower()]
+    return queryset.filter(
+        Q(slice__isnull=False, title__icontains=text) & ~Q(rule__in=TENANT_TITLES)
+        | Q(rule__in=shown)
+    )
+
+
+def tenant_slices(incident: Incident, tenant_id: int) -> list[int]:
+    """The tenant's slices the incident is about, or touched."""
+    if incident.slice_id and incident.tenant_id == tenant_id:
+        return [incident.slice_id]
+    return sorted(incident.touched.filter(tenant_id=tenant_id).values_list("slice_id", flat=True))
+
+
+def tenant_text(incident: Incident, event: str = "opened") -> str:
     """What happened to the tenant's slice, in plain words, and what to change."""
-    advice = TENANT_ADVICE.get(incident.rule, "")
-    return f"{incident.title}.\n\n{advice}".strip()
+    if event == "resolved":
+        note = incident.resolution_note or "the condition cleared"
+        return f"{incident.title}: resolved ({note}). Nothing was done to your slice."
+    advice = TENANT_OPENED.get(incident.rule) or TENANT_ADVICE.get(incident.rule, "")
+    if incident.status == Incident.Status.RESOLVED and incident.rule in TENANT_TITLES:
+        advice += " It is over now."
+    return f"{tenant_title(incident)}.\n\n{advice}".strip()

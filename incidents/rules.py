@@ -498,6 +498,18 @@ def slow_leak(s: SliceView, series: list[tuple[float, int]], th: Thresholds) -> 
     ]
 
 
+def duration(seconds: float) -> str:
+    """A span in words, the same everywhere a title, a reason or a mail gives it:
+    "45 seconds", "1 minute", "7 minutes", "2 hours"."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 120:
+        return f"{seconds} second{'s' if seconds != 1 else ''}" if seconds < 60 else "1 minute"
+    minutes = seconds // 60
+    if minutes < 120:
+        return f"{minutes} minutes"
+    return f"{minutes // 60} hours"
+
+
 def idle(
     s: SliceView,
     *,
@@ -517,12 +529,12 @@ def idle(
             target=f"slice:{s.slice_id}",
             severity=INFO if not stop else WARNING,
             root_cause=RECLAIM_FAILURE,
-            title=f"Slice {s.slice_id} idle for {idle_for_s / 60:.0f} min",
+            title=f"Slice {s.slice_id} idle for {duration(idle_for_s)}",
             detail=(
                 "No compute activity: its memory is released now."
                 if stop
-                else f"No compute activity; it is stopped in {th.idle_stop_after_s // 60} "
-                "min unless it works again."
+                else f"No compute activity for {duration(idle_for_s)}: it is stopped in "
+                f"{duration(th.idle_stop_after_s)} unless it computes again."
             ),
             gpu_id=s.gpu_id,
             node_id=s.node_id,

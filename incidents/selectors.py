@@ -31,12 +31,17 @@ def incident_list(
     search: str = "",
     sort: str = "last_seen",
 ) -> QuerySet[Incident]:
-    """Ops see every incident (tenant=None); a tenant only those about its slices."""
+    """Ops see every incident (tenant=None); a tenant those about its slices and those
+    that touched them."""
     from django.db.models import Case, IntegerField, Value, When
 
     qs = Incident.objects.select_related("tenant", "node", "gpu__node", "slice")
     if tenant is not None:
-        qs = qs.for_tenant(tenant).filter(slice__isnull=False)
+        from .models import IncidentSlice
+
+        touched = IncidentSlice.objects.filter(tenant=tenant).values("incident_id")
+        qs = qs.filter(Q(tenant=tenant, slice__isnull=False) | Q(pk__in=touched))
+        qs = qs.prefetch_related("touched")
     if status == "unresolved":
         qs = qs.open()
     elif status:

@@ -30,7 +30,7 @@ from nodes.models import Gpu, GpuSample, Node, ProcessSample
 from tenants.models import Slice
 
 from . import rules
-from .models import GpuWatch, Incident, IncidentEvent, SliceWatch, Thresholds
+from .models import GpuWatch, Incident, IncidentEvent, IncidentSlice, SliceWatch, Thresholds
 from .notify import TENANT_ADVICE
 
 logger = logging.getLogger(__name__)
@@ -273,6 +273,9 @@ def incident_reopen(*, incident: Incident, actor: AbstractBaseUser, note: str = 
         ]
     )
     incident_event(incident, E.STATUS, f"Reopened. {note}".strip(), actor=actor)
+    from .notify import incident_notify
+
+    incident_notify(incident=incident, event="reopened")
     return incident
 
 
@@ -292,11 +295,18 @@ def incident_confirm_orphan(*, incident: Incident, actor: AbstractBaseUser) -> I
     return incident
 
 
-def _mitigated(incident: Incident, message: str, *, actor=None, data=None) -> None:  # type: ignore[no-untyped-def]
+def _mitigated(incident: Incident, message: str, *, actor=None, data=None, tell=False) -> None:  # type: ignore[no-untyped-def]
+    """Record a disposal; `tell`: one done later than the alarm (a stop by the worker),
+    which ops are told of as its own event (an action taken as the incident opens is
+    in the alarm's mail already)."""
     if incident.status in (Incident.Status.OPEN, Incident.Status.ACKNOWLEDGED):
         incident.status = Incident.Status.MITIGATED
         incident.save(update_fields=["status"])
     incident_event(incident, E.DISPOSED, message, actor=actor, data=data)
+    if tell:
+        from .notify import incident_notify
+
+        incident_notify(incident=incident, event="action")
 
 
 @transaction.atomic
@@ -820,6 +830,7 @@ def _act(incident: Incident | None, f: rules.Finding, now: datetime) -> None:
             _mitigated(incident, "GPU drained: it takes no new slice; its tenants were told.")
         _tell_tenants_on(
             gpu_ids=[gpu.pk],
+            incident=incident,
             subject="A GPU your slice runs on has a fault",
             body=TENANT_ADVICE["hardware_fault"],
         )
@@ -827,6 +838,7 @@ def _act(incident: Incident | None, f: rules.Finding, now: datetime) -> None:
         ids = list(Gpu.objects.filter(node_id=f.node_id).values_list("pk", flat=True))
         _tell_tenants_on(
             gpu_ids=ids,
+            incident=incident,
             subject="The machine your slice runs on does not answer",
             body=TENANT_ADVICE["node_unreachable"],
         )
@@ -840,6 +852,11 @@ def _act(incident: Incident | None, f: rules.Finding, now: datetime) -> None:
         members_notify(tenant=s.tenant, subject=f"Slice {s.pk} is idle", body=f.detail)
         if incident:
             incident_event(incident, E.ACTION, "Tenant warned: idle slices are reclaimed.")
+        from .tasks import idle_due
+
+        # the stop when it is due (the minute's sweep would come up to a minute late)
+        due = Thresholds.current().idle_stop_after_s
+        transaction.on_commit(lambda: idle_due.apply_async((f.slice_id,), countdown=due))
     elif f.action in REMOTE_ACTIONS and incident is not None:
         if f.action == rules.THROTTLE and f.slice_id:
             SliceWatch.objects.update_or_create(slice_id=f.slice_id, defaults={"throttled_at": now})
@@ -853,14 +870,24 @@ def _act(incident: Incident | None, f: rules.Finding, now: datetime) -> None:
         release_throttle.delay_on_commit(f.slice_id)
 
 
-def _tell_tenants_on(*, gpu_ids: list[int], subject: str, body: str) -> None:
-    from tenants.models import Tenant
+def _tell_tenants_on(
+    *, gpu_ids: list[int], incident: Incident | None, subject: str, body: str
+) -> None:
+    """Mail the tenants of the live slices on these GPUs, and record those slices on the
+    incident so that their tenants find it on their incident page."""
     from tenants.services import members_notify
 
-    tenants = Tenant.objects.filter(
-        slices__allocation__gpu_id__in=gpu_ids, slices__state__in=LIVE
-    ).distinct()
-    for tenant in tenants:
+    touched = list(
+        Slice.objects.filter(allocation__gpu_id__in=gpu_ids, state__in=LIVE)
+        .select_related("tenant")
+        .order_by("pk")
+    )
+    if incident is not None:
+        IncidentSlice.objects.bulk_create(
+            [IncidentSlice(incident=incident, slice=s, tenant_id=s.tenant_id) for s in touched],
+            ignore_conflicts=True,
+        )
+    for tenant in {s.tenant_id: s.tenant for s in touched}.values():
         members_notify(tenant=tenant, subject=subject, body=body)
 
 
@@ -872,7 +899,7 @@ def incident_dispose(*, incident_id: int, action: str, evidence: dict) -> str:
     alone. Safe to run twice (a stopped slice is not stopped again)."""
     incident = Incident.objects.select_related("slice", "gpu__node").get(pk=incident_id)
     if action == rules.STOP_SLICE and incident.slice_id:
-        return _stop_offender(incident)
+        return _stop_offender(incident, evidence)
     if action == rules.END_ORPHAN and incident.gpu_id:
         return _end_orphan(incident, evidence)
     if action in (rules.THROTTLE, rules.UNTHROTTLE) and incident.slice_id:
@@ -882,13 +909,13 @@ def incident_dispose(*, incident_id: int, action: str, evidence: dict) -> str:
     return "nothing to do"
 
 
-def _stop_offender(incident: Incident) -> str:
+def _stop_offender(incident: Incident, evidence: dict | None = None) -> str:
     from tenants import services as tenant_services
 
     s = incident.slice
     if s is None or s.is_final:
         return "already stopped"
-    reason = _stop_reason(incident)
+    reason = _stop_reason(incident, evidence or {})
     if s.state != Slice.State.STOPPING:
         tenant_services.slice_stop(slice=s, actor=None, reason=reason, force=True)
     # A retry finds it stopping: finish removing the container (raising if the node
@@ -900,6 +927,7 @@ def _stop_offender(incident: Incident) -> str:
             incident,
             f"Stopped slice {s.pk}'s container alone and released its VRAM; metering stopped.",
             data={"slice_state": state},
+            tell=True,
         )
         if state in (Slice.State.STOPPED, Slice.State.FAILED):
             _resolve(incident, None, "Disposed: the offending slice was stopped.", timezone.now())
@@ -909,9 +937,11 @@ def _stop_offender(incident: Incident) -> str:
     return state
 
 
-def _stop_reason(incident: Incident) -> str:
+def _stop_reason(incident: Incident, evidence: dict) -> str:
+    """Why the watchdog stopped it, from the finding that stopped it (the incident's own
+    evidence is what was seen when it opened)."""
+    ev = {**incident.evidence, **evidence}
     if incident.rule == "quota_breach":
-        ev = incident.evidence
         return (
             f"Stopped by the watchdog: its processes used {ev.get('used_mb')} MiB of a "
             f"{ev.get('quota_mb')} MiB quota. Lower the batch size or context, quantize "
@@ -919,9 +949,8 @@ def _stop_reason(incident: Incident) -> str:
         )
     if incident.rule == "idle_slice":
         return (
-            "Stopped by the watchdog: no compute for "
-            f"{int(incident.evidence.get('idle_s', 0)) // 60} minutes, so its memory was "
-            "released for others. Launch again when you need it."
+            f"Stopped by the watchdog: no compute for {rules.duration(ev.get('idle_s', 0))}, "
+            "so its memory was released for others. Launch again when you need it."
         )
     return f"Stopped by the watchdog: {incident.title}."
 
@@ -954,7 +983,7 @@ def _end_orphan(incident: Incident, evidence: dict) -> str:
     done = f"Removed the platform container {info.id[:12]} holding the memory (no live slice)."
     with transaction.atomic():
         incident = Incident.objects.select_for_update().get(pk=incident.pk)
-        _mitigated(incident, done, data={"pid": pid, "container_id": info.id})
+        _mitigated(incident, done, data={"pid": pid, "container_id": info.id}, tell=True)
         _resolve(incident, None, "Disposed: the orphan container was removed.", timezone.now())
     return done
 
@@ -1071,13 +1100,15 @@ def _sweep_orphans(gpus: dict[int, Gpu], th: rules.Thresholds) -> list[rules.Fin
     return out
 
 
-def _sweep_slices(now: datetime, th: rules.Thresholds) -> list[rules.Finding]:
+def _sweep_slices(
+    now: datetime, th: rules.Thresholds, *, slice_ids: list[int] | None = None
+) -> list[rules.Finding]:
+    """Slow leaks and idleness of running slices (of `slice_ids` only, when given)."""
     out: list[rules.Finding] = []
-    running = list(
-        Slice.objects.filter(state=Slice.State.RUNNING)
-        .exclude(container_id="")
-        .select_related("allocation__gpu__node", "watch")
-    )
+    running = Slice.objects.filter(state=Slice.State.RUNNING).exclude(container_id="")
+    if slice_ids is not None:
+        running = running.filter(pk__in=slice_ids)
+    running = list(running.select_related("allocation__gpu__node", "watch"))
     if not running:
         return out
     since = now - timedelta(seconds=th.leak_window_s)
@@ -1102,7 +1133,8 @@ def _sweep_slices(now: datetime, th: rules.Thresholds) -> list[rules.Finding]:
             quota_mb=s.vram_mb,
         )
         points = sorted((t.timestamp(), mb) for t, mb in sums[s.container_id].items())
-        out += rules.slow_leak(view, points, th)
+        if slice_ids is None:
+            out += rules.slow_leak(view, points, th)
         watch = getattr(s, "watch", None)
         last_active = (watch.last_active_at if watch else None) or s.started_at
         idle_for = (now - last_active).total_seconds() if last_active else None
@@ -1112,6 +1144,16 @@ def _sweep_slices(now: datetime, th: rules.Thresholds) -> list[rules.Finding]:
             view, idle_for_s=idle_for, warned_for_s=warned_for, th=th, now_epoch=now.timestamp()
         )
     return out
+
+
+def slice_idle_due(*, slice_id: int, now: datetime | None = None) -> dict[str, int]:
+    """The idle stop a warning scheduled for its due time: judged again now, on fresh
+    telemetry (a slice that computed since the warning is left alone), so the stop comes
+    when it is due, not at the next minute's sweep."""
+    now = now or timezone.now()
+    th = Thresholds.current().as_rules()
+    findings = [f for f in _sweep_slices(now, th, slice_ids=[slice_id]) if f.rule == "idle_slice"]
+    return apply_findings(findings, now=now) if findings else {}
 
 
 OOM_LOOKBACK = timedelta(minutes=30)

@@ -34,6 +34,11 @@ def release_throttle(self, slice_id: int) -> str:  # type: ignore[no-untyped-def
         raise self.retry(exc=exc, countdown=2 * (self.request.retries + 1)) from exc
 
 
+@shared_task(name="incidents.idle_due", soft_time_limit=50, time_limit=60)
+def idle_due(slice_id: int) -> dict:
+    return services.slice_idle_due(slice_id=slice_id)
+
+
 @shared_task(name="incidents.sweep", soft_time_limit=50, time_limit=60)
 def sweep() -> dict:
     return services.watch_sweep()

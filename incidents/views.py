@@ -44,7 +44,7 @@ from .forms import (
     ThresholdsForm,
 )
 from .models import Incident, IncidentEvent
-from .notify import tenant_text
+from .notify import tenant_slices, tenant_text, tenant_title
 
 LIVE_SECONDS = 10
 STOP_POLLING = 286  # htmx: swap this answer, then stop polling
@@ -615,8 +615,11 @@ def _tenant_incidents(request: HttpRequest):  # type: ignore[no-untyped-def]
 @require_GET
 def incident_list(request: HttpRequest) -> HttpResponse:
     page = Paginator(_tenant_incidents(request), PAGE_SIZE).get_page(request.GET.get("page"))
+    tenant_id = request.membership.tenant.pk
     for incident in page:
         incident.plain = tenant_text(incident)  # type: ignore[attr-defined]
+        incident.headline = tenant_title(incident)  # type: ignore[attr-defined]
+        incident.your_slices = tenant_slices(incident, tenant_id)  # type: ignore[attr-defined]
     return render(request, "incidents/tenant_list.html", {"page": page})
 
 
@@ -631,5 +634,11 @@ def incident_detail(request: HttpRequest, pk: int) -> HttpResponse:
     return render(
         request,
         "incidents/tenant_detail.html",
-        {"incident": incident, "plain": tenant_text(incident), "usage": usage},
+        {
+            "incident": incident,
+            "plain": tenant_text(incident),
+            "headline": tenant_title(incident),
+            "your_slices": tenant_slices(incident, request.membership.tenant.pk),
+            "usage": usage,
+        },
     )

@@ -293,6 +293,7 @@ class Purchase(models.Model):
     refunded_amount = models.DecimalField(
         "refunded", max_digits=12, decimal_places=2, default=Decimal("0.00")
     )
+    minutes_refunded = models.PositiveIntegerField("minutes refunded", default=0)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         on_delete=models.SET_NULL,
@@ -341,7 +342,8 @@ class Purchase(models.Model):
 
     @property
     def minutes_used(self) -> int:
-        return self.minutes_total - self.minutes_left
+        """Minutes a slice ran on it: neither left nor refunded."""
+        return self.minutes_total - self.minutes_left - self.minutes_refunded
 
 
 class LedgerEntry(models.Model):

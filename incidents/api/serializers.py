@@ -26,12 +26,17 @@ class TenantIncidentSerializer(serializers.ModelSerializer):
     explanation = serializers.SerializerMethodField(
         help_text="What happened to your slice, in plain words, and what to change."
     )
+    title = serializers.SerializerMethodField(help_text="What happened, naming no node or GPU.")
+    slices = serializers.SerializerMethodField(
+        help_text="Your slices it is about, or touched (a machine that stopped answering)."
+    )
 
     class Meta:
         model = Incident
         fields = [
             "id",
             "slice",
+            "slices",
             "title",
             "severity",
             "status",
@@ -45,6 +50,13 @@ class TenantIncidentSerializer(serializers.ModelSerializer):
 
     def get_explanation(self, incident: Incident) -> str:
         return notify.tenant_text(incident)
+
+    def get_title(self, incident: Incident) -> str:
+        return notify.tenant_title(incident)
+
+    def get_slices(self, incident: Incident) -> list[int]:
+        tenant = self.context.get("tenant")
+        return notify.tenant_slices(incident, tenant.pk) if tenant is not None else []
 
 
 class OpsIncidentSerializer(serializers.ModelSerializer):

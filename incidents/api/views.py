@@ -19,7 +19,7 @@ from rest_framework.views import APIView
 
 from gpuplatform.api.permissions import IsOps
 from gpuplatform.errors import Conflict
-from incidents import selectors, services
+from incidents import notify, selectors, services
 from incidents.models import Incident, WebhookEndpoint
 from tenants.models import Tenant
 from tenants.permissions import IsTenantMember
@@ -81,7 +81,8 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
     def search_fields(self) -> list[str]:
         if self._ops_view:
             return ["title", "target_key", "tenant__name", "resolution_note"]
-        return ["title"]
+        # not the raw titles: an outage's names its node (tenant_search, in get_queryset)
+        return []
 
     def get_queryset(self):  # type: ignore[no-untyped-def]
         if getattr(self, "swagger_fake_view", False):
@@ -91,7 +92,15 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         membership = getattr(self.request, "membership", None)
         if membership is None:  # never the unscoped ledger for a non-ops caller
             return Incident.objects.none()
-        return selectors.incident_list(tenant=membership.tenant)
+        incidents = selectors.incident_list(tenant=membership.tenant)
+        text = self.request.query_params.get("search", "").replace("\x00", "").strip()
+        return notify.tenant_search(incidents, text[:100]) if text else incidents
+
+    def get_serializer_context(self) -> dict:  # type: ignore[type-arg]
+        context = super().get_serializer_context()
+        membership = getattr(self.request, "membership", None)
+        context["tenant"] = membership.tenant if membership is not None else None
+        return context
 
     def get_serializer_class(self):  # type: ignore[no-untyped-def]
         if not self._ops_view:

@@ -30,7 +30,9 @@ from tenants.models import (
 class PurchaseSerializer(serializers.ModelSerializer):
     tier_name = serializers.CharField(source="tier.name", read_only=True)
     vram_mb = serializers.IntegerField(source="tier.vram_mb", read_only=True)
-    minutes_used = serializers.IntegerField(read_only=True)
+    minutes_used = serializers.IntegerField(
+        read_only=True, help_text="Minutes slices ran on it (neither left nor refunded)."
+    )
     live_slices = serializers.IntegerField(
         read_only=True, help_text="Slices using this purchase now (at most one)."
     )
@@ -51,6 +53,7 @@ class PurchaseSerializer(serializers.ModelSerializer):
             "low_warning_at",
             "refunded_at",
             "refunded_amount",
+            "minutes_refunded",
             "created_at",
         ]
         read_only_fields = fields

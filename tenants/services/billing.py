@@ -256,9 +256,12 @@ def purchase_refund(*, purchase: Purchase, actor: AbstractBaseUser, memo: str = 
     amount = min(amount, purchase.price_paid - purchase.refunded_amount)
     minutes = purchase.minutes_left
     purchase.minutes_left = 0
+    purchase.minutes_refunded += minutes
     purchase.refunded_at = timezone.now()
     purchase.refunded_amount += amount
-    purchase.save(update_fields=["minutes_left", "refunded_at", "refunded_amount"])
+    purchase.save(
+        update_fields=["minutes_left", "minutes_refunded", "refunded_at", "refunded_amount"]
+    )
     summary = f"Refunded {minutes} unused minutes of {purchase.tier.name}"
     entry = None
     if amount > 0:
@@ -276,6 +279,16 @@ def purchase_refund(*, purchase: Purchase, actor: AbstractBaseUser, memo: str = 
         action="purchase.refund",
         summary=f"{summary}: {amount} credits",
         data={"purchase": purchase.pk, "minutes": minutes, "amount": str(amount)},
+    )
+    members_notify(
+        tenant=tenant,
+        subject=f"Purchase {purchase.pk} refunded",
+        body=(
+            f"Ops refunded purchase {purchase.pk} ({purchase.tier.name} x {purchase.hours} h): "
+            f"its {minutes} unused minutes came back as {amount} credits. It used "
+            f"{purchase.minutes_used} minutes."
+            + (f"\n\nTheir note: {memo.strip()}" if memo.strip() else "")
+        ),
     )
     return entry  # type: ignore[return-value]
 
@@ -338,17 +351,20 @@ def slice_meter(*, slice: Slice, now: datetime, final: bool = False) -> int:
     return charged
 
 
-def purchase_warn_if_low(*, purchase: Purchase) -> bool:
-    """Record the 10-minutes-left warning once per purchase; True when it was sent now."""
+def purchase_warn_if_low(*, purchase: Purchase, slice: Slice | None = None) -> bool:
+    """Record the 10-minutes-left warning once per purchase; True when it was sent now.
+    The warning names the purchase and the slice running on it."""
     if purchase.minutes_left > LOW_TIME_WARNING_MINUTES or purchase.low_warning_at is not None:
         return False
     if purchase.minutes_left == 0:
         return False
     purchase.low_warning_at = timezone.now()
     purchase.save(update_fields=["low_warning_at"])
+    on = f"slice {slice.pk} ({slice.image}) on " if slice is not None else ""
     summary = (
-        f"{purchase.minutes_left} minutes left on {purchase.tier.name}: the slice is "
-        "stopped when they run out, so save your work."
+        f"{purchase.minutes_left} minutes left for {on}purchase {purchase.pk} "
+        f"({purchase.tier.name} x {purchase.hours} h): the slice is stopped when they run "
+        "out, so save your work, or buy more time and launch again."
     )
     audit_event_record(
         tenant=purchase.tenant,
@@ -357,5 +373,8 @@ def purchase_warn_if_low(*, purchase: Purchase) -> bool:
         summary=summary,
         data={"purchase": purchase.pk, "minutes_left": purchase.minutes_left},
     )
-    members_notify(tenant=purchase.tenant, subject="Your slice's time is running out", body=summary)
+    subject = f"Slice {slice.pk}: " if slice is not None else f"Purchase {purchase.pk}: "
+    members_notify(
+        tenant=purchase.tenant, subject=subject + "10 minutes of time left", body=summary
+    )
     return True

@@ -719,7 +719,17 @@ def slice_stop(
         membership = Membership.objects.filter(user=actor, tenant=slice.tenant).first()
         if membership is None or not membership.can_write:
             raise NotAllowed("Viewers cannot stop slices.")
-    return _stop_locked(slice, actor=actor, reason=reason, force=force)
+    was_final = slice.is_final
+    slice = _stop_locked(slice, actor=actor, reason=reason, force=force)
+    if getattr(actor, "is_staff", False) and not was_final:
+        # a stop the tenant did not ask for is told to them, with the reason ops gave
+        members_notify(
+            tenant=slice.tenant,
+            subject=f"Slice {slice.pk} was stopped by ops",
+            body=f"{slice.state_reason}\n\nIts VRAM is released and metering stopped; "
+            "minutes it did not use stay on its purchase.",
+        )
+    return slice
 
 
 def _stop_locked(
@@ -802,10 +812,15 @@ def slice_finish_stop(*, slice_id: int, force: bool = False) -> str:
         if slice.state != S.STOPPING:
             return slice.state
         _settle(slice, timezone.now())
+        # Why it stopped stays the reason shown (ops, the watchdog, time used up, ...)
+        why = slice.state_reason.rstrip()
+        if why and not why.endswith((".", "!", "?")):
+            why += "."
+        done = "The container was stopped and removed; its VRAM is free."
         _transition(
             slice,
             S.STOPPED,
-            "The container was stopped and removed; its VRAM is free.",
+            f"{why} {done}" if why else done,
             fields=("stopped_at", "peak_vram_mb", "last_metered_at"),
         )
         return slice.state
@@ -829,7 +844,7 @@ def slices_meter(*, now: datetime | None = None) -> dict[str, int]:
             counts["minutes"] += slice_meter(slice=slice, now=now)
             counts["metered"] += 1
             purchase = slice.purchase
-            if purchase_warn_if_low(purchase=purchase):
+            if purchase_warn_if_low(purchase=purchase, slice=slice):
                 counts["warned"] += 1
             if purchase.minutes_left == 0:
                 reason = (

@@ -124,7 +124,12 @@ def test_a_leaking_slice_is_stopped_alone_and_its_neighbours_keep_their_memory(
             lambda: Incident.objects.get(pk=incident.pk).status == Incident.Status.RESOLVED,
             timeout=15,
         )
+        # the sample that showed the breach was the card's latest when it stopped: judged
+        # against the slices live when it was taken, the stopped one is no orphan
+        incident_services.watch_sweep()
         sample()  # the card is back under the breaker's line
+        incident_services.watch_sweep()
+        assert not Incident.objects.filter(rule="orphan_process").exists()
         assert Gpu.objects.get(pk=gpu.pk).accepting_placements
     # the leaker's memory went with its process; the neighbours kept theirs, same PIDs
     assert leak_pid not in [p["pid"] for p in lab.gpu_processes()]

@@ -359,3 +359,76 @@ def test_the_name_is_resolved_once_and_the_checked_address_is_the_one_used(  # t
     WebhookDelivery.objects.filter(pk=delivery.pk).update(status="pending")
     assert notify.webhook_deliver(delivery_id=delivery.pk, final_attempt=True) == "failed"
     assert len(receiver.to("/a")) == 1
+
+
+# --- what each mail says ---------------------------------------------------------------------
+
+
+def test_each_mail_says_which_event_it_is_and_the_end_of_an_alarm_is_no_second_alarm(  # type: ignore[no-untyped-def]
+    gpu, owner_a, ops_user, endpoints, receiver, eager, django_capture_on_commit_callbacks
+):
+    card = rules.Finding(
+        rule="vram_critical",
+        target=f"gpu:{gpu.uuid}",
+        severity=rules.CRITICAL,
+        root_cause=rules.NO_ISOLATION,
+        title="GPU VRAM at 96%: placements stopped",
+        gpu_id=gpu.pk,
+        node_id=gpu.node_id,
+    )
+    cleared = rules.Finding(
+        rule="vram_critical",
+        target=f"gpu:{gpu.uuid}",
+        severity=rules.INFO,
+        root_cause=rules.NO_ISOLATION,
+        title="GPU VRAM back under 85%: placements resume",
+        gpu_id=gpu.pk,
+        node_id=gpu.node_id,
+        resolves=True,
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        services.apply_findings([card], now=timezone.now(), gpus={gpu.pk: gpu})
+    with django_capture_on_commit_callbacks(execute=True):
+        services.apply_findings([cleared], now=timezone.now(), gpus={gpu.pk: gpu})
+    incident = Incident.objects.get(rule="vram_critical")
+    with django_capture_on_commit_callbacks(execute=True):
+        services.incident_reopen(incident=incident, actor=ops_user, note="still hot")
+    subjects = [m.subject for m in mail.outbox]
+    assert subjects == [
+        "[gpuplatform] critical: GPU VRAM at 96%: placements stopped",
+        "[gpuplatform] resolved: GPU VRAM at 96%: placements stopped",
+        "[gpuplatform] reopened: GPU VRAM at 96%: placements stopped",
+    ]
+    assert "Resolved: Condition cleared: GPU VRAM back under 85%" in mail.outbox[1].body
+    events = [verify(r, "secret-/ops")["event"] for r in receiver.to("/ops")]
+    assert events == ["incident.opened", "incident.resolved", "incident.reopened"]
+    resolved = verify(receiver.to("/ops")[1], "secret-/ops")
+    assert "back under 85%" in resolved["incident"]["resolution_note"]
+
+
+def test_a_quota_stop_tells_the_tenant_twice_the_warning_then_the_stop(  # type: ignore[no-untyped-def]
+    gpu, owner_a, ops_user, eager, django_capture_on_commit_callbacks, monkeypatch
+):
+    from tenants import services as tenant_services
+
+    s = running_slice(owner_a, gpu, CID_A)
+    # the node part of the stop succeeds (the container goes); the ledger part is real
+    monkeypatch.setattr(tenant_services, "slice_finish_stop", lambda **kw: "stopped")
+    with django_capture_on_commit_callbacks(execute=True):
+        services.apply_findings([breach(s, gpu)], now=timezone.now(), gpus={gpu.pk: gpu})
+    incident = Incident.objects.get(rule="quota_breach")
+    with django_capture_on_commit_callbacks(execute=True):
+        services.incident_dispose(
+            incident_id=incident.pk, action=rules.STOP_SLICE, evidence=incident.evidence
+        )
+    to_tenant = [m for m in mail.outbox if m.to == [owner_a.user.email]]
+    assert [m.subject for m in to_tenant] == [
+        f"[gpuplatform] About your slice {s.pk}: Slice {s.pk} over its VRAM quota",
+        f"[gpuplatform] Slice {s.pk} was stopped",
+    ]
+    assert "stopped" in to_tenant[0].body and "next sample" in to_tenant[0].body
+    assert "9000 MiB of a 8192 MiB quota" in to_tenant[1].body
+    to_ops = [m.subject for m in mail.outbox if m.to == [ops_user.email]]
+    assert to_ops[0].startswith("[gpuplatform] critical: Slice")
+    assert f"[gpuplatform] action taken: Stopped slice {s.pk}'s container alone" in to_ops[1]
+    assert to_ops[2].startswith("[gpuplatform] resolved: Slice")

@@ -565,7 +565,12 @@ def test_stop_slice_action_stops_it_and_records_an_action_event(  # type: ignore
     assert response.status_code == 302
     s = Slice.objects.get(pk=breach.slice_id)
     assert s.state in ("stopping", "stopped") and "Leaking past its quota." in s.state_reason
-    assert len(dispatched) == 1  # the node work goes to the worker after commit
+    # the node work goes to the worker after commit, and the tenant is told
+    tasks = [getattr(getattr(d, "func", None), "__self__", None) for d in dispatched]
+    assert sorted(t.name for t in tasks if t is not None) == [
+        "provision.stop_slice",
+        "tenants.notify_members",
+    ]
     event = breach.events.get(kind=IncidentEvent.Kind.ACTION)
     assert event.actor == ops_user and event.data["slice_id"] == s.pk
     assert "force-stopped" in event.message

@@ -301,6 +301,32 @@ def test_unreachable_node_tells_tenants_once_without_naming_the_node(
     assert len(told) == 1 and node.name not in told[0].subject + told[0].body
 
 
+def test_a_node_outage_is_on_the_incident_pages_of_the_tenants_it_touched_only(
+    node, gpu, owner_a, owner_b, client, api_a, api_b, eager, django_capture_on_commit_callbacks
+):  # type: ignore[no-untyped-def]
+    s = running_slice(owner_a, gpu)
+    Node.objects.filter(pk=node.pk).update(status="unreachable", status_reason="timed out")
+    with django_capture_on_commit_callbacks(execute=True):
+        services.watch_sweep()
+    incident = Incident.objects.get(rule="node_unreachable")
+    client.force_login(owner_a.user)
+    page = client.get("/incidents/").content.decode()
+    assert f'id="incident-{incident.pk}"' in page
+    assert "The machine your slice runs on stopped answering" in page
+    assert f'href="/slices/{s.pk}/"' in page
+    assert node.name not in page and node.address not in page
+    detail = client.get(f"/incidents/{incident.pk}/")
+    assert detail.status_code == 200 and node.name not in detail.content.decode()
+    [row] = api_a.get("/api/v1/incidents/").json()["results"]
+    assert row["slices"] == [s.pk] and node.name not in str(row)
+    # a search finds it by what the tenant is shown, never by the node's name
+    assert api_a.get("/api/v1/incidents/", {"search": "stopped answering"}).json()["count"] == 1
+    assert api_a.get("/api/v1/incidents/", {"search": node.name}).json()["count"] == 0
+    # another tenant, whose slices were elsewhere, sees nothing of it
+    assert api_b.get("/api/v1/incidents/").json()["count"] == 0
+    assert api_b.get(f"/api/v1/incidents/{incident.pk}/").status_code == 404
+
+
 def test_nothing_is_ended_from_a_node_whose_telemetry_names_no_container(
     node, gpu, django_capture_on_commit_callbacks, monkeypatch
 ):  # type: ignore[no-untyped-def]
@@ -388,3 +414,45 @@ def test_a_fleet_of_hot_cards_costs_a_few_queries_per_batch_not_a_few_per_card(
     with django_assert_max_num_queries(20):
         hot_batch()
     assert set(Incident.objects.values_list("occurrences", flat=True)) == {2}
+
+
+def test_an_idle_slice_gets_one_warning_with_the_time_left_then_one_stop_when_due(
+    node, gpu, owner_a, eager, django_capture_on_commit_callbacks, monkeypatch
+):  # type: ignore[no-untyped-def]
+    from django.core import mail
+
+    from incidents import tasks
+    from incidents.models import Thresholds
+    from tenants import services as tenant_services
+
+    Thresholds.objects.update_or_create(
+        pk=Thresholds.current().pk, defaults={"idle_after_s": 300, "idle_stop_after_s": 60}
+    )
+    monkeypatch.setattr(tenant_services, "slice_finish_stop", lambda **kw: "stopped")
+    scheduled = []
+    monkeypatch.setattr(
+        tasks.idle_due, "apply_async", lambda args, countdown: scheduled.append((args, countdown))
+    )
+    s = running_slice(owner_a, gpu)
+    now = timezone.now()
+    Slice.objects.filter(pk=s.pk).update(started_at=now - timedelta(minutes=6))
+    Gpu.objects.filter(pk=gpu.pk).update(last_sample_at=now)  # telemetry is fresh
+    with django_capture_on_commit_callbacks(execute=True):
+        services.watch_sweep(now=now)
+    [warning] = [m for m in mail.outbox if m.to == [owner_a.user.email]]
+    assert warning.subject == f"[gpuplatform] Slice {s.pk} is idle"
+    assert "No compute activity for 6 minutes: it is stopped in 1 minute" in warning.body
+    assert scheduled == [((s.pk,), 60)]  # the stop when it is due, not at a later sweep
+    due = now + timedelta(seconds=60)
+    Gpu.objects.filter(pk=gpu.pk).update(last_sample_at=due)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.slice_idle_due(slice_id=s.pk, now=due)
+    s.refresh_from_db()
+    assert s.state in ("stopping", "stopped")
+    told = [m for m in mail.outbox if m.to == [owner_a.user.email]]
+    assert [m.subject for m in told] == [warning.subject, f"[gpuplatform] Slice {s.pk} was stopped"]
+    incident = Incident.objects.get(rule="idle_slice")
+    # the title, the reason and the mail give the same span
+    assert incident.title == f"Slice {s.pk} idle for 7 minutes"
+    assert "no compute for 7 minutes" in told[1].body
+    assert "no compute for 7 minutes" in s.transitions.get(to_state="stopping").reason

@@ -122,7 +122,9 @@ def test_metering_warns_then_stops_at_zero(eager, worker_fleet, owner_a, funded,
     purchase.refresh_from_db()
     assert purchase.minutes_left == 10 and purchase.low_warning_at is not None
     assert owner_a.tenant.audit_events.filter(action="purchase.low").count() == 1
-    assert [m.to for m in mail.outbox if "running out" in m.subject] == [[owner_a.user.email]]
+    assert [m.to for m in mail.outbox if "minutes of time left" in m.subject] == [
+        [owner_a.user.email]
+    ]
     services.slices_meter(now=start + timedelta(minutes=55))
     assert owner_a.tenant.audit_events.filter(action="purchase.low").count() == 1  # once
 
@@ -322,3 +324,39 @@ def test_every_lifecycle_task_is_harmless_when_run_twice(
     assert [t.to_state for t in slice.transitions.all()].count("stopped") == 1
     assert UsageRecord.objects.filter(slice=slice).count() == 1
     assert Gpu.objects.get().allocated_mb == 0
+
+
+def test_a_stopped_slice_keeps_why_it_stopped_and_the_tenant_is_told_of_a_stop_by_ops(
+    eager, worker_fleet, owner_a, funded, image_ssh, ops_user, mailoutbox
+):  # type: ignore[no-untyped-def]
+    worker_fleet()
+    by_ops = launch(owner_a, funded(owner_a), image_ssh)
+    mailoutbox.clear()
+    services.slice_stop(slice=by_ops, actor=ops_user, reason="abuse report", force=True)
+    by_ops.refresh_from_db()
+    assert by_ops.state == Slice.State.STOPPED
+    assert by_ops.state_reason.startswith("Force-stopped by ops: abuse report.")
+    assert "removed; its VRAM is free" in by_ops.state_reason
+    [mail] = mailoutbox
+    assert mail.subject == f"[gpuplatform] Slice {by_ops.pk} was stopped by ops"
+    assert "Force-stopped by ops: abuse report" in mail.body
+    # the tenant's own stop: its own words, and no mail about it
+    mine = launch(owner_a, funded(owner_a), image_ssh)
+    mailoutbox.clear()
+    services.slice_stop(slice=mine, actor=owner_a.user)
+    mine.refresh_from_db()
+    assert mine.state_reason.startswith("Stopped by you.") and mailoutbox == []
+
+
+def test_the_low_time_warning_names_the_slice_and_the_purchase(
+    eager, worker_fleet, owner_a, funded, image_ssh, mailoutbox
+):  # type: ignore[no-untyped-def]
+    worker_fleet()
+    purchase = funded(owner_a, hours=1)
+    s = launch(owner_a, purchase, image_ssh)
+    mailoutbox.clear()
+    services.slices_meter(now=s.last_metered_at + timedelta(minutes=51))
+    [mail] = [m for m in mailoutbox if "time left" in m.subject]
+    assert mail.subject == f"[gpuplatform] Slice {s.pk}: 10 minutes of time left"
+    assert f"slice {s.pk}" in mail.body and f"purchase {purchase.pk}" in mail.body
+    assert "9 minutes left" in mail.body

@@ -913,11 +913,14 @@ def test_ops_slices_list_all_tenants_with_filters_and_force_stop(  # type: ignor
     assert response.json()["state"] == "stopped"
 
 
-def test_ops_refund_pays_unused_minutes_back_pro_rata(api_ops, owner_a, ops_user):  # type: ignore[no-untyped-def]
+def test_ops_refund_pays_unused_minutes_back_pro_rata(  # type: ignore[no-untyped-def]
+    api_ops, owner_a, ops_user, token_client, mailoutbox, eager, django_capture_on_commit_callbacks
+):
     purchase = buy(owner_a, ops_user, gb=24, hours=2)  # 2.00 paid
     Purchase.objects.filter(pk=purchase.pk).update(minutes_left=45)  # 75 of 120 used
     before = balance(owner_a)
-    response = api_ops.post(f"/api/v1/ops/purchases/{purchase.pk}/refund/", {"memo": "outage"})
+    with django_capture_on_commit_callbacks(execute=True):
+        response = api_ops.post(f"/api/v1/ops/purchases/{purchase.pk}/refund/", {"memo": "outage"})
     assert response.status_code == 200, response.content
     data = response.json()
     assert data["ledger_entry"]["kind"] == "refund"
@@ -926,6 +929,14 @@ def test_ops_refund_pays_unused_minutes_back_pro_rata(api_ops, owner_a, ops_user
     assert data["purchase"]["minutes_left"] == 0 and data["purchase"]["refunded_amount"] == "0.75"
     assert data["purchase"]["refunded_at"] is not None
     assert balance(owner_a) == before + Decimal("0.75")
+    # used and refunded minutes apart (it said 120 of 120 used)
+    tenant_view = token_client(owner_a.user).get(f"/api/v1/purchases/{purchase.pk}/").json()
+    assert (tenant_view["minutes_used"], tenant_view["minutes_refunded"]) == (75, 45)
+    # the tenant is told, with the numbers
+    [mail] = [m for m in mailoutbox if "refunded" in m.subject]
+    assert mail.subject == f"[gpuplatform] Purchase {purchase.pk} refunded"
+    assert "45 unused minutes came back as 0.75 credits" in mail.body
+    assert "used 75 minutes" in mail.body and "outage" in mail.body
     again = api_ops.post(f"/api/v1/ops/purchases/{purchase.pk}/refund/", {})
     assert again.status_code == 409 and again.json()["code"] == "nothing_to_refund"
     assert balance(owner_a) == before + Decimal("0.75")
