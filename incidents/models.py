@@ -248,6 +248,19 @@ class Thresholds(models.Model):
         "orphan confirmed after (samples)", default=2
     )
     unattributed_mb = models.PositiveIntegerField("unattributed memory (MiB)", default=1024)
+    drift_min_mb = models.PositiveIntegerField(
+        "accounting drift: at least (MiB)",
+        default=512,
+        help_text="NVML and the quota library may disagree by this much ...",
+    )
+    drift_pct = models.FloatField(
+        "accounting drift: at least (%)",
+        default=10.0,
+        help_text="... or this share of the larger count, whichever is more ...",
+    )
+    drift_samples = models.PositiveSmallIntegerField(
+        "accounting drift: samples in a row", default=2, help_text="... before an incident."
+    )
     updated_at = models.DateTimeField("changed", auto_now=True)
     updated_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
@@ -283,7 +296,11 @@ class Thresholds(models.Model):
                 & Q(idle_stop_after_s__gte=60)
                 & Q(quota_grace_samples__gte=1)
                 & Q(orphan_confirm_samples__gte=2)
-                & Q(unattributed_mb__gte=64),
+                & Q(unattributed_mb__gte=64)
+                & Q(drift_min_mb__gte=64)
+                & Q(drift_pct__gt=0)
+                & Q(drift_pct__lte=100)
+                & Q(drift_samples__gte=1),
                 name="%(app_label)s_%(class)s_limits_sane",
                 violation_error_message="A limit is below its safe minimum.",
             ),
@@ -320,6 +337,9 @@ class SliceWatch(models.Model):
     last_active_at = models.DateTimeField("last compute activity", null=True, blank=True)
     idle_warned_at = models.DateTimeField("idle warning sent", null=True, blank=True)
     throttled_at = models.DateTimeField("throttled since", null=True, blank=True)
+    drift_streak = models.PositiveSmallIntegerField(
+        "samples with NVML and the quota library apart", default=0
+    )
 
     class Meta:
         verbose_name = "slice watch"

@@ -185,6 +185,8 @@ EVENT_SUBJECTS = {
 # Rules whose tenant mails the watchdog's own actions send (the idle warning carries the
 # time left): the generic "opened" mail would only repeat them.
 TOLD_BY_ACTION = frozenset({"idle_slice"})
+# Rules about the platform's own books, not anything the tenant did: ops' alone.
+OPS_ONLY = frozenset({"accounting_drift"})
 
 
 def _last_action(incident: Incident) -> str:
@@ -210,7 +212,7 @@ def tenant_hears(incident: Incident, event: str) -> bool:
     action of the watchdog tells them itself), and the end when nothing had to be done to
     their slice (a stop already sent its own mail). Escalations, actions and reopenings
     are the watchdog's and ops' business; what it does to a slice is told as it does it."""
-    if not (incident.tenant_id and incident.slice_id):
+    if not (incident.tenant_id and incident.slice_id) or incident.rule in OPS_ONLY:
         return False
     if event == "opened":
         return incident.rule not in TOLD_BY_ACTION

@@ -53,6 +53,9 @@ class Thresholds:
     quota_grace_samples: int = 1  # samples over quota tolerated before the stop
     orphan_confirm_samples: int = 2  # an orphan seen on this many sweeps in a row is ended
     unattributed_mb: int = 1024  # used memory no process accounts for
+    drift_min_mb: int = 512  # NVML and the quota library disagree by more than this ...
+    drift_pct: float = 10.0  # ... or this share of the larger count, whichever is more,
+    drift_samples: int = 2  # ... on this many samples in a row
 
 
 @dataclass(frozen=True)
@@ -494,6 +497,63 @@ def slow_leak(s: SliceView, series: list[tuple[float, int]], th: Thresholds) -> 
                 "points": len(series),
                 "since_epoch": series[0][0],
             },
+        )
+    ]
+
+
+def drift_threshold_mb(nvml_mb: int, library_mb: int, th: Thresholds) -> int:
+    return max(th.drift_min_mb, int(th.drift_pct * max(nvml_mb, library_mb) / 100))
+
+
+def accounting_drift(
+    s: SliceView, *, nvml_mb: int, library_mb: int, streak: int, th: Thresholds
+) -> list[Finding]:
+    """The two counts of a slice's memory disagree: what NVML says its processes hold
+    and what the node's quota library counts (it misses what it does not intercept:
+    cuMemCreate pools, context memory, a process it was not loaded into). `streak`: the
+    samples in a row, this one included, that disagreed."""
+    threshold = drift_threshold_mb(nvml_mb, library_mb, th)
+    target = f"slice:{s.slice_id}"
+    common = {
+        "target": target,
+        "gpu_id": s.gpu_id,
+        "node_id": s.node_id,
+        "slice_id": s.slice_id,
+        "tenant_id": s.tenant_id,
+        "rule": "accounting_drift",
+        "root_cause": NO_ISOLATION,
+    }
+    if abs(nvml_mb - library_mb) <= threshold:
+        return [
+            Finding(
+                severity=INFO,
+                title=f"Slice {s.slice_id}: NVML and the quota library agree again",
+                resolves=True,
+                **common,  # type: ignore[arg-type]
+            )
+        ]
+    if streak < th.drift_samples:
+        return []
+    return [
+        Finding(
+            severity=WARNING,
+            title=(
+                f"Slice {s.slice_id}: NVML counts {nvml_mb} MiB, the quota library {library_mb} MiB"
+            ),
+            detail=(
+                "The quota library does not see all of this slice's memory, so its quota "
+                "is not what holds it: the watchdog's NVML count does."
+                if nvml_mb > library_mb
+                else "The quota library counts more than NVML sees."
+            ),
+            evidence={
+                "nvml_mb": nvml_mb,
+                "library_mb": library_mb,
+                "difference_mb": nvml_mb - library_mb,
+                "threshold_mb": threshold,
+                "samples": streak,
+            },
+            **common,  # type: ignore[arg-type]
         )
     ]
 

@@ -38,9 +38,12 @@ def incident_list(
     qs = Incident.objects.select_related("tenant", "node", "gpu__node", "slice")
     if tenant is not None:
         from .models import IncidentSlice
+        from .notify import OPS_ONLY
 
         touched = IncidentSlice.objects.filter(tenant=tenant).values("incident_id")
-        qs = qs.filter(Q(tenant=tenant, slice__isnull=False) | Q(pk__in=touched))
+        qs = qs.filter(Q(tenant=tenant, slice__isnull=False) | Q(pk__in=touched)).exclude(
+            rule__in=OPS_ONLY
+        )
         qs = qs.prefetch_related("touched")
     if status == "unresolved":
         qs = qs.open()

@@ -376,7 +376,13 @@ def watch_batch(batch: SampleBatch) -> dict[str, int]:
             for p in procs_by_gpu[row["gpu_id"]]
             if p.container_id == row["cid"]
         )
-        _remember_slice(watch, streak=streak)
+        # the quota library's count beside NVML's, where the node keeps its books
+        library = None if row["mig"] else batch.quota_usage.get(row["cid"])
+        drift = 0
+        if library is not None:
+            apart = abs(used - library) > rules.drift_threshold_mb(used, library, th)
+            drift = watch.drift_streak + 1 if apart else 0
+        _remember_slice(watch, streak=streak, drift=drift)
         if active:
             active_ids.append(row["pk"])
         view = rules.SliceView(
@@ -392,6 +398,10 @@ def watch_batch(batch: SampleBatch) -> dict[str, int]:
         )
         owners[row["cid"]] = view
         findings += rules.quota_breach(view, th)
+        if library is not None:
+            findings += rules.accounting_drift(
+                view, nvml_mb=used, library_mb=library, streak=drift, th=th
+            )
     if active_ids:  # computing again: not idle (and a later idle spell warns afresh)
         SliceWatch.objects.filter(slice_id__in=active_ids).update(
             last_active_at=now, idle_warned_at=None
@@ -572,6 +582,7 @@ def _live_slices(*, node_ids: list[int] | None = None):  # type: ignore[no-untyp
             "container_id",
             "allocation__gpu_id",
             "allocation__gpu__node_id",
+            "allocation__mig_device_uuid",
         )
     )
     known = {r["container_id"] for r in rows if r["container_id"]}
@@ -583,6 +594,7 @@ def _live_slices(*, node_ids: list[int] | None = None):  # type: ignore[no-untyp
             "cid": r["container_id"],
             "gpu_id": r["allocation__gpu_id"],
             "node_id": r["allocation__gpu__node_id"],
+            "mig": bool(r["allocation__mig_device_uuid"]),
         }
         for r in rows
         if r["state"] == Slice.State.RUNNING and r["container_id"]
@@ -596,10 +608,10 @@ def _live_slices(*, node_ids: list[int] | None = None):  # type: ignore[no-untyp
     return running, watches, known
 
 
-def _remember_slice(watch: SliceWatch, *, streak: int) -> None:
-    if watch.over_quota_streak != streak:
-        watch.over_quota_streak = streak
-        watch.save(update_fields=["over_quota_streak"])
+def _remember_slice(watch: SliceWatch, *, streak: int, drift: int) -> None:
+    if (watch.over_quota_streak, watch.drift_streak) != (streak, drift):
+        watch.over_quota_streak, watch.drift_streak = streak, drift
+        watch.save(update_fields=["over_quota_streak", "drift_streak"])
 
 
 def _remember_orphans(

@@ -280,6 +280,7 @@ class LabNode:
         self.kernel_log = self.log_dir / "kern.log"
         self.hook_log = self.log_dir / "hook.log"
         self.quota_library = str(self.lib / "libvramquota.so") if spec.quota_library else ""
+        self.quota_accounting = self.run_dir / "vramquota"  # one directory per container
         self._procs: dict[str, subprocess.Popen] = {}
         self._original_host_key = ""
         self._lock = threading.Lock()
@@ -287,7 +288,7 @@ class LabNode:
     # -- setup
     def prepare(self, authorized_keys: list[str]) -> None:
         for d in (self.etc, self.run_dir / "gpu", self.log_dir, self.bin, self.lib / "python",
-                  self.run_dir / "user"):  # fmt: skip
+                  self.run_dir / "user", self.quota_accounting):  # fmt: skip
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o700)
         for name in ("nvidia-smi", "nvidia-container-runtime-hook"):
@@ -316,6 +317,9 @@ class LabNode:
                     "control_socket": str(self.run_dir / "gpu" / "control.sock"),
                     "libcuda": str(self.lib / "libcuda.so.1"),
                     "quota_library": self.quota_library or None,
+                    "quota_accounting_dir": str(self.quota_accounting)
+                    if self.quota_library
+                    else None,
                     "hook_log": str(self.hook_log),
                     "hook_delay_file": str(self.etc / "hook-delay"),
                     "kernel_log": str(self.kernel_log),
@@ -427,6 +431,7 @@ class LabNode:
         }
         if self.quota_library:
             setenv["GPUPLATFORM_VRAM_QUOTA_LIBRARY"] = self.quota_library
+            setenv["GPUPLATFORM_VRAM_QUOTA_ACCOUNTING"] = str(self.quota_accounting)
         return (
             f"# sshd for lab node {self.name}: loopback only, keys only, root only\n"
             f"Port {self.port}\n"
@@ -639,6 +644,8 @@ class LabNode:
             self.docker("rm", "--force", *ids, timeout=120)
         self.gpu("reset")
         self.kernel_log.write_text("")
+        shutil.rmtree(self.quota_accounting, ignore_errors=True)
+        self.quota_accounting.mkdir()
         if self.host_key_path.read_text() != self._original_host_key:
             self.host_key_path.write_text(self._original_host_key)
             os.chmod(self.host_key_path, 0o600)

@@ -55,6 +55,8 @@ class SampleBatch:
     gpu_samples: list[GpuSampleRow] = field(default_factory=list)
     process_samples: list[ProcessSampleRow] = field(default_factory=list)
     gpu_uuids: dict[int, str] = field(default_factory=dict)  # GPU id -> its UUID
+    # container id -> MiB its node's quota library counts it as holding (where kept)
+    quota_usage: dict[str, int] = field(default_factory=dict)
 
 
 SampleHook = Callable[[SampleBatch], None]

@@ -128,6 +128,12 @@ class Gpu(models.Model):
     )
     last_temperature_c = models.SmallIntegerField("temperature (°C)", null=True, blank=True)
     last_power_w = models.FloatField("power (W)", null=True, blank=True)
+    last_processes_mb = models.PositiveIntegerField(
+        "VRAM held by processes (MiB)",
+        null=True,
+        blank=True,
+        help_text="Every process on the card, of a slice or not: placement counts it.",
+    )
     last_sample_at = models.DateTimeField("last sample", null=True, blank=True)
 
     class Meta:
@@ -199,6 +205,14 @@ class Allocation(models.Model):
     state = models.CharField("state", max_length=16, choices=State.choices, default=State.RESERVED)
     created_at = models.DateTimeField("created", auto_now_add=True)
     released_at = models.DateTimeField("released", null=True, blank=True)
+    # Two counts of what its container holds, from the latest sample of its node: NVML's
+    # (its processes) and the node's quota library's books, which miss what the library
+    # does not intercept. Null: not known (no sample yet, no library on the node).
+    nvml_mb = models.PositiveIntegerField("VRAM held, by NVML (MiB)", null=True, blank=True)
+    library_mb = models.PositiveIntegerField(
+        "VRAM held, by the quota library (MiB)", null=True, blank=True
+    )
+    counted_at = models.DateTimeField("counted", null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]

@@ -6,6 +6,8 @@ with `--serve` (see nodes.telemetry.sampler_serve_argv): Python 3.8+, stdlib
 and pynvml only, nothing installed. Exit 0 with the sample; exit 3 with
 {"schema": 1, "source": "unavailable", "error": ...} when NVML cannot be used.
 Environment: GPUPLATFORM_VRAM_QUOTA_LIBRARY (quota library path, checked first),
+GPUPLATFORM_VRAM_QUOTA_ACCOUNTING (the directory where the quota library keeps each
+container's usage, `<container id>/usage`, "pid bytes" a line; read into quota_usage),
 GPUPLATFORM_KERNEL_LOG (log file read before /var/log/kern.log when dmesg is not permitted).
 """
 
@@ -130,6 +132,51 @@ def sample_processes(errors, gpu_uuid, handle):
                 "memory_utilization": None if latest is None else int(util.memUtil) if util else 0,
             }
         )
+    return out
+
+
+def ns_pid(pid):
+    """The PID a host process has inside its own PID namespace (NSpid's last field), as
+    a quota library in its container records it; None when unknown."""
+    status = read_proc(pid, "status") or ""
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            fields = line.split()[1:]
+            return int(fields[-1]) if fields else None
+    return None
+
+
+def quota_usage(errors, processes):
+    """What the node's quota library counts each container with GPU processes as holding,
+    from its per-container books; None when the node keeps none. Lines of processes that
+    no longer run (the library cleans them only on its next allocation) are left out."""
+    root = os.environ.get("GPUPLATFORM_VRAM_QUOTA_ACCOUNTING")
+    if not root:
+        return None
+    live = {}
+    for p in processes:
+        if p["container_id"]:
+            live.setdefault(p["container_id"], set()).add(ns_pid(p["pid"]))
+    out = []
+    for cid, pids in sorted(live.items()):
+        books = os.path.join(root, cid)
+        if not os.path.isdir(books):
+            continue  # not a container the library was given
+        try:
+            with open(os.path.join(books, "usage"), encoding="ascii", errors="replace") as fh:
+                lines = fh.read().splitlines()
+        except FileNotFoundError:
+            lines = []  # nothing counted (yet, or the library is not loaded)
+        except OSError as exc:
+            errors.append(f"quota accounting: {cid[:12]}: {exc}")
+            continue
+        total = 0
+        for line in lines:
+            fields = line.split()
+            wellformed = len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit()
+            if wellformed and (None in pids or int(fields[0]) in pids):
+                total += int(fields[1])
+        out.append({"container_id": cid, "used_mb": total // MIB})
     return out
 
 
@@ -330,6 +377,9 @@ def sample(discover):
         "processes": processes,
         "xid_events": new_xid_events(errors),
     }
+    books = quota_usage(errors, processes)
+    if books is not None:
+        doc["quota_usage"] = books
     if discover:
         doc["capabilities"] = capabilities(errors, gpus)
     doc["errors"] = errors

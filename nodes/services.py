@@ -7,6 +7,7 @@ import ipaddress
 import logging
 import re
 import time
+from collections import defaultdict
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -597,6 +598,13 @@ def samples_ingest(
                     p.memory_utilization,
                 )
             )
+    held: dict[int, int] = defaultdict(int)  # GPU id -> MiB its processes hold
+    by_container: dict[str, int] = defaultdict(int)
+    for p in proc_rows:
+        held[p.gpu_id] += p.used_memory_mb
+        if p.container_id:
+            by_container[p.container_id] += p.used_memory_mb
+    books = {q.container_id: q.used_mb for _, sample in results for q in (sample.quota_usage or ())}
     outermost = not connection.in_atomic_block
     with transaction.atomic():
         if outermost and connection.vendor == "postgresql":
@@ -607,7 +615,9 @@ def samples_ingest(
                 cursor.execute("SET LOCAL synchronous_commit TO OFF")
         _insert_rows(GpuSample, gpu_rows)
         _insert_rows(ProcessSample, proc_rows)
-        _update_latest(gpu_rows)
+        # Allocations before GPUs: the order allocation_release locks them in.
+        _count_allocations(gpu_rows, by_container, books, now)
+        _update_latest(gpu_rows, held)
         # One UPDATE per telemetry source (almost always one): the node answered, so
         # it is seen, its failure count resets, and an unreachable node recovers by
         # itself (to draining if ops drained it meanwhile).
@@ -641,6 +651,7 @@ def samples_ingest(
         gpu_uuids={
             gpu_id: uuid for uuid, (gpu_id, _) in gpus.items() if not uuid.startswith("MIG-")
         },
+        quota_usage=books,
     )
     run_sample_hooks(batch)
     return batch
@@ -652,6 +663,7 @@ LATEST_FIELDS = [
     "last_utilization_memory",
     "last_temperature_c",
     "last_power_w",
+    "last_processes_mb",
     "last_sample_at",
 ]
 
@@ -670,10 +682,10 @@ def _insert_rows(model: type[models.Model], rows: list) -> None:
             copy.write_row(row)
 
 
-def _update_latest(rows: list[GpuSampleRow]) -> None:
-    """Keep each GPU's latest reading on its row. On PostgreSQL one UPDATE ... FROM
-    unnest(arrays): Django's bulk_update builds a CASE per field and row, which costs
-    more than the inserts it accompanies."""
+def _update_latest(rows: list[GpuSampleRow], held: dict[int, int]) -> None:
+    """Keep each GPU's latest reading on its row (and what its processes hold). On
+    PostgreSQL one UPDATE ... FROM unnest(arrays): Django's bulk_update builds a CASE per
+    field and row, which costs more than the inserts it accompanies."""
     if not rows:
         return
     if connection.vendor != "postgresql":
@@ -685,6 +697,7 @@ def _update_latest(rows: list[GpuSampleRow]) -> None:
                 last_utilization_memory=r.utilization_memory,
                 last_temperature_c=r.temperature_c,
                 last_power_w=r.power_w,
+                last_processes_mb=held.get(r.gpu_id, 0),
                 last_sample_at=r.taken_at,
             )
             for r in rows
@@ -700,15 +713,52 @@ def _update_latest(rows: list[GpuSampleRow]) -> None:
         ("power_w", "last_power_w", "double precision"),
     ]
     arrays = [[getattr(r, attr) for r in rows] for attr, _, _ in columns]
-    unnest = ", ".join(f"%s::{sql_type}[]" for _, _, sql_type in columns)
-    names = ", ".join(name for _, name, _ in columns)
-    assignments = ", ".join(f"{name} = v.{name}" for _, name, _ in columns[1:])
+    arrays.append([held.get(r.gpu_id, 0) for r in rows])
+    types = [sql_type for _, _, sql_type in columns] + ["integer"]
+    names = [name for _, name, _ in columns] + ["last_processes_mb"]
+    unnest = ", ".join(f"%s::{sql_type}[]" for sql_type in types)
+    assignments = ", ".join(f"{name} = v.{name}" for name in names[1:])
     # One batch shares its receive time: a scalar, not an array of timestamps.
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {Gpu._meta.db_table} AS g SET {assignments}, last_sample_at = %s "  # noqa: S608
-            f"FROM unnest({unnest}) AS v({names}) WHERE g.id = v.id",
+            f"FROM unnest({unnest}) AS v({', '.join(names)}) WHERE g.id = v.id",
             [rows[0].taken_at, *arrays],
+        )
+
+
+def _count_allocations(
+    rows: list[GpuSampleRow], by_container: dict[str, int], books: dict[str, int], now: datetime
+) -> None:
+    """Both counts on each live allocation of the sampled GPUs: NVML's (its container's
+    processes; 0 when none ran) and the quota library's (where the node keeps books)."""
+    gpu_ids = [r.gpu_id for r in rows]
+    live = list(
+        Allocation.objects.filter(gpu_id__in=gpu_ids, state=Allocation.State.ACTIVE)
+        .exclude(container_id="")
+        .order_by("pk")
+        .values_list("pk", "container_id")
+    )
+    if not live:
+        return
+    ids = [pk for pk, _ in live]
+    nvml = [by_container.get(cid, 0) for _, cid in live]
+    library = [books.get(cid) for _, cid in live]
+    if connection.vendor != "postgresql":
+        Allocation.objects.bulk_update(
+            [
+                Allocation(pk=pk, nvml_mb=n, library_mb=lib, counted_at=now)
+                for pk, n, lib in zip(ids, nvml, library, strict=True)
+            ],
+            ["nvml_mb", "library_mb", "counted_at"],
+        )
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Allocation._meta.db_table} AS a SET nvml_mb = v.n, library_mb = v.l, "  # noqa: S608
+            "counted_at = %s FROM unnest(%s::bigint[], %s::integer[], %s::integer[]) "
+            "AS v(id, n, l) WHERE a.id = v.id",
+            [now, ids, nvml, library],
         )
 
 
@@ -779,6 +829,35 @@ def _capacity_mb(gpu: Gpu) -> int:
     ).capacity_mb
 
 
+def held_mb(gpu: Gpu) -> int:
+    """What a card holds for placement: what was sold on it, or what its processes hold
+    when that is more (ROOM_SQL's rule, for one row)."""
+    return max(gpu.allocated_mb, gpu.last_processes_mb or 0)
+
+
+def placement_shortfall(*, vram_mb: int, guaranteed: bool = True) -> str:
+    """Why a launch that found no room waits, where the reason is memory the platform did
+    not sell: a card with room by what was sold whose processes hold more. '' otherwise.
+    Names no node or GPU (a tenant reads it)."""
+    from django.db.models.expressions import RawSQL
+
+    sold_room = ROOM_SQL[connection.vendor].replace(_HELD[connection.vendor], "allocated_mb")
+    over = (
+        _placeable_gpus(guaranteed=guaranteed)
+        .filter(mig_enabled=False)
+        .annotate(sold_room=RawSQL(sold_room, ()))  # noqa: S611 - constant
+        .filter(sold_room__gte=vram_mb, last_processes_mb__gt=F("allocated_mb"))
+        .values_list("allocated_mb", "last_processes_mb")
+    )
+    extra = max((held - sold for sold, held in over), default=0)
+    if not extra:
+        return ""
+    return (
+        f"A GPU with room for it by what was sold on it holds {extra} MiB more than that "
+        "(memory used outside the platform), so nothing more is placed there for now."
+    )
+
+
 def _try_gpu(choice, *, vram_mb: int, owner_key: str, guaranteed: bool, skip_locked: bool):  # type: ignore[no-untyped-def]
     """Lock the chosen GPU's row and reserve on it if it still has room.
 
@@ -801,7 +880,7 @@ def _try_gpu(choice, *, vram_mb: int, owner_key: str, guaranteed: bool, skip_loc
         )
         if taken.exists():
             return False
-    elif gpu.allocated_mb + vram_mb > _capacity_mb(gpu):
+    elif held_mb(gpu) + vram_mb > _capacity_mb(gpu):
         return False
     return _create_allocation(
         gpu, vram_mb, owner_key, guaranteed, mig_device_uuid=choice.mig_device_uuid
@@ -868,9 +947,15 @@ _NOMINAL = (
     f"CASE WHEN {_NEAREST} >= vram_total_mb AND ({_NEAREST} - vram_total_mb) * 50 <= {_NEAREST} "
     f"THEN {_NEAREST} ELSE vram_total_mb END"
 )
+# A card's room counts what it really holds: the larger of what was sold on it and what
+# its processes hold (memory used outside the platform, a library that undercounts).
+_HELD = {
+    "postgresql": "GREATEST(allocated_mb, COALESCE(last_processes_mb, 0))",
+    "sqlite": "MAX(allocated_mb, COALESCE(last_processes_mb, 0))",
+}
 ROOM_SQL = {
-    "postgresql": f"(FLOOR(({_NOMINAL}) * overcommit_ratio)::integer - allocated_mb)",
-    "sqlite": f"(CAST(({_NOMINAL}) * overcommit_ratio AS INTEGER) - allocated_mb)",
+    "postgresql": f"(FLOOR(({_NOMINAL}) * overcommit_ratio)::integer - {_HELD['postgresql']})",
+    "sqlite": f"(CAST(({_NOMINAL}) * overcommit_ratio AS INTEGER) - {_HELD['sqlite']})",
 }
 
 
@@ -904,7 +989,7 @@ def _reserve_software(vram_mb, owner_key, guaranteed, *, skip_locked, pk=None): 
     sid = transaction.savepoint()
     try:
         gpu = gpus.first()
-        if gpu is None or gpu.allocated_mb + vram_mb > _capacity_mb(gpu):
+        if gpu is None or held_mb(gpu) + vram_mb > _capacity_mb(gpu):
             transaction.savepoint_rollback(sid)
             return None
         allocation = _create_allocation(gpu, vram_mb, owner_key, guaranteed, mig_device_uuid="")

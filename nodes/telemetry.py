@@ -31,6 +31,8 @@ Two sources, one result (`NodeSample`):
      ],
      "xid_events": [{"pci_bus_id": "0000:3b:00", "xid": 79, "pid": null,
                       "raw": "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."}],
+     "quota_usage": [{"container_id": "<64 hex>", "used_mb": 2048}],  # only where the
+                              # node's VRAM quota library keeps per-container accounting
      "capabilities": {                                     # only with --discover
        "docker": true, "nvidia_runtime": true, "mig": true,
        "vram_quota_library": "/usr/lib/gpuplatform/libvramquota.so" | null},
@@ -135,6 +137,15 @@ class XidEvent:
 
 
 @dataclass(frozen=True)
+class QuotaUsage:
+    """What the node's quota library counts a container as holding (its own books, which
+    miss what it does not intercept: the platform compares them with NVML's)."""
+
+    container_id: str
+    used_mb: int
+
+
+@dataclass(frozen=True)
 class Capabilities:
     docker: bool = False
     nvidia_runtime: bool = False
@@ -154,6 +165,7 @@ class NodeSample:
     hostname: str = ""
     capabilities: Capabilities | None = None
     errors: tuple[str, ...] = field(default=())
+    quota_usage: tuple[QuotaUsage, ...] | None = None  # None: the node keeps no such books
 
 
 # --------------------------------------------------------------------------------------------
@@ -479,6 +491,15 @@ def _xid(obj: dict[str, Any], path: str) -> XidEvent:
     )
 
 
+def _quota_usage(obj: dict[str, Any], path: str) -> QuotaUsage:
+    cid = _str(obj, "container_id", path, required=True) or ""
+    if not re.fullmatch(r"[0-9a-f]{64}", cid):
+        raise _where(f"{path}.container_id", f"is not a container id: {cid[:80]!r}")
+    return QuotaUsage(
+        container_id=cid, used_mb=_int(obj, "used_mb", path, required=True, high=MAX_MEMORY_MB) or 0
+    )
+
+
 def _capabilities(obj: dict[str, Any]) -> Capabilities | None:
     value = obj.get("capabilities")
     if value is None:
@@ -539,6 +560,9 @@ def parse_sampler_output(text: str) -> NodeSample:
         hostname=_str(doc, "hostname", "") or "",
         capabilities=_capabilities(doc),
         errors=tuple(errors),
+        quota_usage=(
+            _objects(doc, "quota_usage", "", _quota_usage) if "quota_usage" in doc else None
+        ),
     )
 
 

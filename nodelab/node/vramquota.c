@@ -1,17 +1,25 @@
 /* The lab node's software VRAM quota library, a HAMi-core stand-in: preloaded into a
  * container (LD_PRELOAD), it intercepts the CUDA driver's allocation calls and refuses
- * an allocation that would take the process past CUDA_DEVICE_MEMORY_LIMIT(_0), with the
- * CUDA out-of-memory result the job would get from a full card. cuMemGetInfo reports the
- * quota as the device's size, so engines that size themselves from the device see the
- * slice. Like HAMi-core it counts cuMemAlloc only (cuMemCreate passes untouched) and it
- * switches itself off when CUDA_DISABLE_CONTROL=true is in the environment (HAMi#723):
- * the platform must never let a tenant set that. */
+ * an allocation that would take the container past CUDA_DEVICE_MEMORY_LIMIT(_0), with
+ * the CUDA out-of-memory result the job would get from a full card. cuMemGetInfo reports
+ * the quota as the device's size, so engines that size themselves from the device see
+ * the slice. Like HAMi-core it keeps the container's usage in a shared accounting file
+ * (CUDA_DEVICE_MEMORY_SHARED_CACHE, default /run/vramquota/usage: "pid bytes" a line,
+ * under flock; the toolkit hook mounts it from the host, where the node's sampler reads
+ * it), counts cuMemAlloc only (cuMemCreate, NCCL's pools, passes uncounted, HAMi#1196),
+ * and switches itself off when CUDA_DISABLE_CONTROL=true is in the environment
+ * (HAMi#723): the platform must never let a tenant set either. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -59,13 +67,53 @@ static void setup(void) {
 
 static void *next(const char *name) { return dlsym(RTLD_NEXT, name); }
 
+static const char *cache_path(void) {
+    const char *p = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    return p && *p ? p : "/run/vramquota/usage";
+}
+
+/* Under the file's lock: what the container's other live processes hold (bytes), and
+ * with `write`, this process's line replaced by `mine`. -1 when there is no file. */
+static long long shared(int write, unsigned long long mine) {
+    int fd = open(cache_path(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return -1;
+    if (flock(fd, LOCK_EX) != 0) {
+        close(fd);
+        return -1;
+    }
+    char buf[16384], out[16384];
+    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+    buf[n > 0 ? n : 0] = '\0';
+    long long others = 0;
+    size_t len = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        long pid = 0;
+        unsigned long long bytes = 0;
+        if (sscanf(line, "%ld %llu", &pid, &bytes) != 2 || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) continue; /* a process that died */
+        others += (long long)bytes;
+        len += (size_t)snprintf(out + len, sizeof out - len, "%ld %llu\n", pid, bytes);
+        if (len >= sizeof out - 64) break;
+    }
+    if (write) {
+        len += (size_t)snprintf(out + len, sizeof out - len, "%ld %llu\n", (long)getpid(), mine);
+        if (pwrite(fd, out, len, 0) == (ssize_t)len) (void)ftruncate(fd, (off_t)len);
+    }
+    flock(fd, LOCK_UN);
+    close(fd);
+    return others;
+}
+
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
     CUresult (*real)(CUdeviceptr *, size_t) = next("cuMemAlloc_v2");
     setup();
-    if (enforcing && used + bytesize > limit) {
+    long long others = shared(0, 0);
+    unsigned long long held = used + (others > 0 ? (unsigned long long)others : 0);
+    if (enforcing && held + bytesize > limit) {
         fprintf(stderr,
                 "[vramquota] refused %llu MiB: %llu of %llu MiB in use (device memory limit)\n",
-                (unsigned long long)bytesize / MIB, used / MIB, limit / MIB);
+                (unsigned long long)bytesize / MIB, held / MIB, limit / MIB);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     CUresult r = real(dptr, bytesize);
@@ -74,6 +122,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
         blocks[nblocks].size = bytesize;
         nblocks++;
         used += bytesize;
+        shared(1, used);
     }
     return r;
 }
@@ -86,6 +135,7 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
             if (blocks[i].ptr == dptr) {
                 used -= blocks[i].size;
                 blocks[i] = blocks[--nblocks];
+                shared(1, used);
                 break;
             }
         }
@@ -99,7 +149,9 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     CUresult r = real(&f, &t);
     setup();
     if (r == CUDA_SUCCESS && enforcing) {
-        unsigned long long room = limit > used ? limit - used : 0;
+        long long others = shared(0, 0);
+        unsigned long long held = used + (others > 0 ? (unsigned long long)others : 0);
+        unsigned long long room = limit > held ? limit - held : 0;
         t = (size_t)limit;
         f = f < room ? f : (size_t)room;
     }

@@ -16,7 +16,9 @@
  *   WORKLOAD_IDLE_FROM_S / WORKLOAD_IDLE_UNTIL_S         no kernels in that window
  *   WORKLOAD_EXIT_AFTER_S / WORKLOAD_EXIT_CODE           finish on its own
  *   WORKLOAD_COOPERATIVE 1/0 (default: steady, idle, oom honour the framework cap)
- *   WORKLOAD_HOST_MB     host RAM to allocate and touch at start */
+ *   WORKLOAD_HOST_MB     host RAM to allocate and touch at start
+ *   WORKLOAD_VMM_MB      device memory taken at start through cuMemCreate (the virtual
+ *                        memory API NCCL's pools use), which a cuMemAlloc quota misses */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +40,7 @@ CUresult cuMemGetInfo_v2(size_t *, size_t *);
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
 CUresult cuMemFree_v2(CUdeviceptr);
 CUresult cuEmuRun(unsigned int, unsigned int, unsigned int);
+CUresult cuMemCreate(unsigned long long *, size_t, const void *, unsigned long long);
 
 static double num(const char *name, double fallback) {
     char key[64];
@@ -159,6 +162,12 @@ int main(void) {
            (unsigned long long)(free_b / MIB), cap_mb > 0 ? "" : "none(", cap_mb,
            cap_mb > 0 ? "MiB" : ")", cooperative ? "yes" : "no");
 
+    double vmm_mb = num("VMM_MB", 0);
+    if (vmm_mb > 0) {
+        unsigned long long handle;
+        if (cuMemCreate(&handle, (size_t)(vmm_mb * (double)MIB), NULL, 0) != 0) oom_exit(vmm_mb, device);
+        printf("gpu-workload: %.0f MiB in a cuMemCreate pool\n", vmm_mb);
+    }
     double start = now_s(), last_log = -1e9;
     int holding_logged = 0;
     for (;;) {

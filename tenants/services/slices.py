@@ -422,10 +422,17 @@ def _place_or_queue(slice: Slice, *, actor: AbstractBaseUser | None = None) -> b
 
             dispatch_queue.delay_on_commit()  # the head of the line may fit right now
             slice.queued_at = timezone.now()
+            why = (
+                ""
+                if waiting
+                else node_services.placement_shortfall(
+                    vram_mb=slice.vram_mb, guaranteed=slice.guaranteed
+                )
+            )
             _transition(
                 slice,
                 S.QUEUED,
-                "No GPU has room for this tier right now: waiting in line.",
+                f"No GPU has room for this tier right now: waiting in line. {why}".strip(),
                 actor=actor,
                 fields=("queued_at",),
             )

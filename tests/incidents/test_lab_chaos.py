@@ -342,3 +342,81 @@ def test_quiet_churn_of_fifty_ordinary_slices_files_no_incident(
     assert sampled[0] >= 50
     assert list(Incident.objects.values_list("rule", "title")) == []
     assert lab.container_ids() == [] and lab.gpu_processes() == []
+
+
+def test_two_counts_of_a_slices_memory_and_their_drift_is_an_incident_with_both(
+    eager, lab_fleet, funded, lab_image, owner_a, owner_b, client, ops_user
+):  # type: ignore[no-untyped-def]
+    fleet = lab_fleet()
+    lab, node = fleet.nodes[0], fleet.registered[0]
+    launch = launcher(funded, lab_image)
+    honest = launch(owner_a, 8, WORKLOAD_MB="3000")
+    # 1500 MiB through cuMemCreate, as NCCL's pools take it: the library never sees it
+    pooled = launch(owner_b, 8, WORKLOAD_MB="2000", WORKLOAD_VMM_MB="1500")
+    for s in (honest, pooled):
+        s.refresh_from_db()
+        assert s.state == Slice.State.RUNNING, s.state_reason
+    assert wait_for(lambda: used_mb(lab, honest) == 3000 and used_mb(lab, pooled) == 3500)
+
+    def counts(s):  # type: ignore[no-untyped-def]
+        a = Allocation.objects.get(pk=s.allocation_id)
+        return a.nvml_mb, a.library_mb
+
+    node_services.nodes_sample(node_ids=[node.pk])
+    assert counts(honest) == (3000, 3000)
+    assert counts(pooled) == (3500, 2000)
+    assert not Incident.objects.filter(rule="accounting_drift").exists()  # one sample
+    node_services.nodes_sample(node_ids=[node.pk])
+    [incident] = Incident.objects.filter(rule="accounting_drift")
+    assert incident.slice_id == pooled.pk
+    ev = incident.evidence
+    assert (ev["nvml_mb"], ev["library_mb"], ev["difference_mb"]) == (3500, 2000, 1500)
+    # both counts on the slice page and in the ops slice list
+    client.force_login(owner_b.user)
+    page = client.get(f"/slices/{pooled.pk}/").content.decode()
+    assert "NVML: <strong>3500 MiB</strong>" in page
+    assert "quota library: <strong>2000 MiB</strong>" in page
+    client.force_login(ops_user)
+    row = client.get("/ops/slices/").content.decode().split(f'id="ops-slice-{pooled.pk}"')[1]
+    assert '<td class="two-counts">3500 / 2000</td>' in row.split("</tr>")[0]
+    # the platform's books, not the tenant's doing: ops' alone
+    assert not [m for m in mail_to(owner_b) if "quota library" in m.body]
+
+
+def mail_to(membership):  # type: ignore[no-untyped-def]
+    from django.core import mail
+
+    return [m for m in mail.outbox if membership.user.email in m.to]
+
+
+def test_placement_counts_memory_a_card_holds_outside_the_platform(
+    eager, lab_fleet, funded, lab_image, owner_a
+):  # type: ignore[no-untyped-def]
+    fleet = lab_fleet()
+    lab, node = fleet.nodes[0], fleet.registered[0]
+    gpu = Gpu.objects.get(node=node)
+    # someone runs a job on the card by hand: 17 GB the platform never sold
+    lab.docker(
+        "run", "--detach", "--init", "--network", "none", "--gpus", f"device={gpu.uuid}",
+        "--env", "WORKLOAD_MB=17000", "--name", "by-hand", "gpuplatform-lab/workload:1",
+    )  # fmt: skip
+    assert wait_for(lambda: sum(p["used"] for p in lab.gpu_processes()) >> 20 == 17000)
+    node_services.nodes_sample(node_ids=[node.pk])
+    gpu.refresh_from_db()
+    assert gpu.allocated_mb == 0 and gpu.last_processes_mb == 17000
+    launch = launcher(funded, lab_image)
+    fits = launch(owner_a, 4, WORKLOAD_MB="1000")  # 17000 + 4096 <= 24576
+    fits.refresh_from_db()
+    assert fits.state == Slice.State.RUNNING, fits.state_reason
+    waits = launch(owner_a, 8, WORKLOAD_MB="1000")  # 17000 + 8192 would overflow the card
+    waits.refresh_from_db()
+    assert waits.state == Slice.State.QUEUED
+    # 17000 held by processes, 4096 sold: 12904 more than was sold
+    assert "holds 12904 MiB more than that (memory used outside" in waits.state_reason
+    assert gpu.uuid not in waits.state_reason and node.name not in waits.state_reason
+    # the job by hand ends: the card's room is what was sold again, and the line moves
+    lab.docker("rm", "--force", "by-hand")
+    node_services.nodes_sample(node_ids=[node.pk])
+    services.slices_dispatch_queue()
+    waits.refresh_from_db()
+    assert waits.state == Slice.State.RUNNING, waits.state_reason

@@ -723,3 +723,37 @@ def test_custom_idle_thresholds_are_honoured():
 def test_finding_key_is_rule_and_target():
     (f,) = rules.quota_breach(_slice(used_mb=9000, over_quota_streak=1), TH)
     assert f.key == ("quota_breach", "slice:42")
+
+
+# --- two counts of a slice's memory ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("nvml", "library", "apart"),
+    [
+        (4000, 3600, False),  # 400 MiB apart: under 512 (10% would be 400)
+        (4000, 3400, True),  # 600 apart: over 512
+        (8000, 7400, False),  # 600 apart: under 10% of 8000, the larger
+        (8000, 7100, True),  # 900 apart: over 800
+        (3000, 0, True),  # the library counts nothing: not loaded, or failing open
+    ],
+)
+def test_accounting_drift_needs_the_larger_of_512_mib_and_10_percent(nvml, library, apart):  # type: ignore[no-untyped-def]
+    [found] = rules.accounting_drift(_slice(), nvml_mb=nvml, library_mb=library, streak=2, th=TH)
+    assert (not found.resolves) == apart
+
+
+def test_accounting_drift_opens_on_the_second_sample_with_both_numbers():  # type: ignore[no-untyped-def]
+    assert rules.accounting_drift(_slice(), nvml_mb=5000, library_mb=3000, streak=1, th=TH) == []
+    [finding] = rules.accounting_drift(_slice(), nvml_mb=5000, library_mb=3000, streak=2, th=TH)
+    assert finding.rule == "accounting_drift" and not finding.resolves
+    assert finding.evidence == {
+        "nvml_mb": 5000,
+        "library_mb": 3000,
+        "difference_mb": 2000,
+        "threshold_mb": 512,
+        "samples": 2,
+    }
+    assert "NVML counts 5000 MiB, the quota library 3000 MiB" in finding.title
+    [back] = rules.accounting_drift(_slice(), nvml_mb=5000, library_mb=4900, streak=0, th=TH)
+    assert back.resolves and back.target == finding.target
