@@ -1078,13 +1078,17 @@ def _sweep_orphans(gpus: dict[int, Gpu], th: rules.Thresholds) -> list[rules.Fin
     # A card's latest sample may be older than a slice's end: its processes were the
     # slice's when the sample was taken. Judge each sample against the slices live then.
     unknown = {cid for _, _, _, cid in latest if cid and cid not in known}
-    ended = dict(
-        Slice.objects.filter(container_id__in=unknown, stopped_at__isnull=False).values_list(
-            "container_id", "stopped_at"
-        )
+    ended, lasts = {}, {}
+    for cid, stopped, pk, tenant_id in (
+        Slice.objects.filter(container_id__in=unknown)
+        .order_by("pk")
+        .values_list("container_id", "stopped_at", "pk", "tenant_id")
         if unknown
         else []
-    )
+    ):
+        lasts[cid] = (pk, tenant_id)
+        if stopped is not None:
+            ended[cid] = stopped
     watches = {w.gpu_id: w for w in GpuWatch.objects.filter(gpu_id__in=list(gpus))}
     for gpu in gpus.values():
         if gpu.last_memory_used_mb is None or gpu.node.status != Node.Status.ACTIVE:
@@ -1108,8 +1112,35 @@ def _sweep_orphans(gpus: dict[int, Gpu], th: rules.Thresholds) -> list[rules.Fin
         live_then = known | {cid for cid, at in ended.items() if taken and at >= taken}
         found = rules.orphans(view, procs[gpu.pk], live_then, th, streaks=streaks)
         _remember_orphans(gpu, watch, found, sample_at)
-        out += found
+        # An orphan is an incident once it is confirmed, not at the first sight: memory
+        # being freed as its container goes is no orphan.
+        out += [
+            _where_orphan(f, gpu, lasts)
+            for f in found
+            if f.rule != "orphan_process" or f.evidence["seen"] >= th.orphan_confirm_samples
+        ]
     return out
+
+
+def _where_orphan(f: rules.Finding, gpu: Gpu, lasts: dict[str, tuple[int, int]]) -> rules.Finding:
+    """A confirmed orphan names the node, the GPU, the PID and, where the node can tell
+    (the process's cgroup names a container), the container and the slice it last
+    belonged to."""
+    if f.rule != "orphan_process":
+        return f
+    from dataclasses import replace
+
+    cid = f.evidence.get("container_id") or ""
+    last = lasts.get(cid)
+    where = f"node {gpu.node.name} GPU {gpu.index}"
+    title = f"Process {f.evidence['pid']} on {where} holds {f.evidence['used_mb']} MiB"
+    title += f" and belongs to no slice (last: slice {last[0]})" if last else " of no slice"
+    evidence = {**f.evidence, "node": gpu.node.name, "gpu_index": gpu.index}
+    if cid:
+        evidence["container"] = cid[:12]
+    if last:
+        evidence["last_slice"], evidence["last_tenant_id"] = last
+    return replace(f, title=title, evidence=evidence)
 
 
 def _sweep_slices(

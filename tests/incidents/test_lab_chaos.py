@@ -420,3 +420,34 @@ def test_placement_counts_memory_a_card_holds_outside_the_platform(
     services.slices_dispatch_queue()
     waits.refresh_from_db()
     assert waits.state == Slice.State.RUNNING, waits.state_reason
+
+
+def test_memory_that_outlives_its_container_is_an_orphan_once_confirmed(
+    eager, lab_fleet, funded, lab_image, owner_a
+):  # type: ignore[no-untyped-def]
+    fleet = lab_fleet()
+    lab, node = fleet.nodes[0], fleet.registered[0]
+    gpu = Gpu.objects.get(node=node)
+    s = launcher(funded, lab_image)(owner_a, 4, WORKLOAD_MB="1200")
+    s.refresh_from_db()
+    assert wait_for(lambda: pids(lab, s), timeout=10)
+    [pid] = pids(lab, s)
+    lab.gpu("stick", pid=pid)  # the driver will not let go of it
+    services.slice_stop(slice=s, actor=owner_a.user)
+    assert lab.container(s.container_id) is None
+    [left] = lab.gpu_processes()
+    assert left["pid"] == pid and left["stuck"]
+    node_services.nodes_sample(node_ids=[node.pk])
+    incident_services.watch_sweep()
+    assert not Incident.objects.filter(rule="orphan_process").exists()  # seen once
+    node_services.nodes_sample(node_ids=[node.pk])
+    incident_services.watch_sweep()
+    [incident] = Incident.objects.filter(rule="orphan_process")
+    assert incident.title == (
+        f"Process {pid} on node {node.name} GPU {gpu.index} holds 1200 MiB of no slice"
+    )
+    assert incident.evidence["pid"] == pid and incident.gpu_id == gpu.pk
+    # a bare PID (no container to be sure of): nothing is ended, ops decide from the evidence
+    assert incident.status == Incident.Status.OPEN
+    assert not incident.events.filter(kind="disposed").exists()
+    lab.gpu("release", pid=pid)
