@@ -401,9 +401,19 @@ def unreachable(node_id: int, name: str, reason: str) -> Finding:
 # --- over a window ----------------------------------------------------------------------------
 
 
-def fleet_sweep(gpu: GpuView, series: list[tuple[float, int]], th: Thresholds) -> list[Finding]:
+def fleet_sweep(
+    gpu: GpuView,
+    series: list[tuple[float, int]],
+    th: Thresholds,
+    *,
+    in_quota: dict[float, int] | None = None,
+) -> list[Finding]:
     """The runbook's first step: cards above 90%, or rising more than 5 GB within the
-    sweep window. `series` is (seconds, used MiB), oldest first, ending now."""
+    sweep window. `series` is (seconds, used MiB), oldest first, ending now. `in_quota`:
+    at each of those seconds, what the card's slices held within their own quotas. A
+    slice that starts, loads its model or trains up to its quota is what was sold (and
+    placement made room for it); the rise that matters is the rest: memory of no slice,
+    or a slice's beyond its quota."""
     pct = _pct(gpu.used_mb, gpu.total_mb)
     rise = 0
     since = None
@@ -411,8 +421,10 @@ def fleet_sweep(gpu: GpuView, series: list[tuple[float, int]], th: Thresholds) -
         end = series[-1][0]
         recent = [(t, mb) for t, mb in series if t >= end - th.sweep_window_s]
         if recent:
-            low_t, low = min(recent, key=lambda p: p[1])
-            rise = recent[-1][1] - low
+            held = in_quota or {}
+            outside = [(t, mb - held.get(t, 0)) for t, mb in recent]
+            low_t, low = min(outside, key=lambda p: p[1])
+            rise = max(0, outside[-1][1] - low)
             since = low_t
         high = th.sweep_high_pct * gpu.total_mb / 100
         above = [t for t, mb in series if mb > high]

@@ -26,7 +26,7 @@ from django.utils import timezone
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
 from nodes import services as node_services
 from nodes.hooks import SampleBatch
-from nodes.models import Gpu, GpuSample, Node, ProcessSample
+from nodes.models import Allocation, Gpu, GpuSample, Node, ProcessSample
 from tenants.models import Slice
 
 from . import rules
@@ -1018,6 +1018,21 @@ def watch_sweep(*, now: datetime | None = None) -> dict[str, int]:
         .values_list("gpu_id", "taken_at", "memory_used_mb")
     ):
         series[gpu_id].append((t.timestamp(), used))
+    # what the cards' slices held within their own quotas, sample by sample
+    quotas = dict(
+        Allocation.objects.filter(gpu_id__in=list(series))
+        .exclude(container_id="")
+        .filter(Q(released_at__isnull=True) | Q(released_at__gte=since))
+        .values_list("container_id", "vram_mb")
+    )
+    held: dict[tuple[int, float, str], int] = defaultdict(int)
+    for gpu_id, t, container, used in ProcessSample.objects.filter(
+        gpu_id__in=list(series), container_id__in=list(quotas), taken_at__gte=since
+    ).values_list("gpu_id", "taken_at", "container_id", "used_memory_mb"):
+        held[gpu_id, t.timestamp(), container] += used
+    in_quota: dict[int, dict[float, int]] = defaultdict(lambda: defaultdict(int))
+    for (gpu_id, t, container), used in held.items():
+        in_quota[gpu_id][t] += min(used, quotas[container])
     for gpu_id, points in series.items():
         gpu = gpus.get(gpu_id)
         if gpu is None:
@@ -1029,7 +1044,7 @@ def watch_sweep(*, now: datetime | None = None) -> dict[str, int]:
             total_mb=gpu.vram_total_mb,
             used_mb=points[-1][1],
         )
-        findings += rules.fleet_sweep(view, points, th)
+        findings += rules.fleet_sweep(view, points, th, in_quota=in_quota.get(gpu_id))
     findings += _sweep_orphans(gpus, th)
     findings += _sweep_slices(now, th)
     findings += _sweep_oom(now)

@@ -181,7 +181,7 @@ PERCENT = {"min_value": 0, "max_value": 100}
 
 
 class ThresholdsSerializer(serializers.ModelSerializer):
-    updated_by = serializers.SlugRelatedField(slug_field="email", read_only=True)
+    updated_by = serializers.SlugRelatedField(slug_field="email", read_only=True, allow_null=True)
 
     class Meta:
         model = Thresholds

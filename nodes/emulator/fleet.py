@@ -90,6 +90,7 @@ class EmulatedNode:
             self.state.sampler_xid_cursor = self.state.xids[-1].seq if self.state.xids else 0
             for g in self.state.gpus:
                 g.power_supported = True
+                g.held_mb = 0
         for g in self.state.gpus:
             self.state.clear_ecc(g.index)
         if audit:
@@ -289,9 +290,22 @@ class EmulatedNode:
         with self.state.lock:
             self.state.gpus[gpu].power_supported = supported
 
-    def add_gpu_process(self, gpu: int, used_mb: int, name: str = "python3", sm: int = 0) -> int:
-        """A GPU process outside any container (e.g. an orphan). Returns its pid."""
-        return self.state.add_host_process(gpu, used_mb, name, sm=sm)
+    def add_gpu_process(
+        self,
+        gpu: int,
+        used_mb: int,
+        name: str = "python3",
+        sm: int = 0,
+        container_id: str | None = None,
+    ) -> int:
+        """A GPU process outside any running container (an orphan; with `container_id`,
+        one its container left behind). Returns its pid."""
+        return self.state.add_host_process(gpu, used_mb, name, sm=sm, container_id=container_id)
+
+    def hold_memory(self, gpu: int, mb: int) -> None:
+        """Memory used on the card with no process holding it (0: released)."""
+        with self.state.lock:
+            self.state.gpus[gpu].held_mb = int(mb)
 
     def kill_pid(self, pid: int) -> bool:
         return self.state.kill_pid(pid)

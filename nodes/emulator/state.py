@@ -100,6 +100,8 @@ class Workload:
     mem: int = 25
     exit_after_s: float | None = None
     exit_code: int = 0
+    idle_from_s: float | None = None  # no kernels between these (the lab workload's knobs)
+    idle_until_s: float | None = None
     speed: float = 1.0
     unknown_profile: str | None = None
     cooperative: bool = True  # honours the framework cap (see COOPERATIVE_PROFILES)
@@ -138,6 +140,8 @@ class Workload:
             mem=int(_num(env, "MEM_UTIL", d["mem"]) or 0),
             exit_after_s=_num(env, "EXIT_AFTER_S", None),
             exit_code=int(_num(env, "EXIT_CODE", 0) or 0),
+            idle_from_s=_num(env, "IDLE_FROM_S", None),
+            idle_until_s=_num(env, "IDLE_UNTIL_S", None),
             speed=_num(env, "SPEED", 1.0) or 1.0,
             unknown_profile=None if raw in PROFILES else raw,
             cooperative=cooperative,
@@ -169,6 +173,9 @@ class Workload:
         return None
 
     def util(self, t: float) -> tuple[int, int]:
+        idle_over = self.idle_until_s is not None and t >= self.idle_until_s
+        if self.idle_from_s is not None and t >= self.idle_from_s and not idle_over:
+            return 0, 0
         if self.in_burst(t):
             return min(100, max(self.sm, 95)), min(100, max(self.mem, 60))
         return self.sm, self.mem
@@ -217,6 +224,7 @@ class GpuState:
     remapped_rows_failure: bool = False
     power_supported: bool = True
     fallen_off: bool = False
+    held_mb: int = 0  # used with no process: the driver did not release it
 
     @property
     def pci_bus_id(self) -> str:  # nvidia-smi / NVML form
@@ -580,12 +588,30 @@ class NodeState:
 
     # ------------------------------------------------------------------ processes
     def add_host_process(
-        self, gpu_index: int, used_mb: int, name: str = "python3", sm: int = 0, mem: int = 0
+        self,
+        gpu_index: int,
+        used_mb: int,
+        name: str = "python3",
+        sm: int = 0,
+        mem: int = 0,
+        container_id: str | None = None,
     ) -> int:
+        """A GPU process no container of this node runs: a bare one, or (with
+        `container_id`) one its container left behind, whose cgroup still names it."""
         with self.lock:
             pid = self.new_pid()
             self.host_processes[pid] = GpuProcess(
-                gpu_index, None, pid, int(used_mb), name, f"/usr/bin/{name}", None, sm, mem, sm, mem
+                gpu_index,
+                None,
+                pid,
+                int(used_mb),
+                name,
+                f"/usr/bin/{name}",
+                container_id,
+                sm,
+                mem,
+                sm,
+                mem,
             )
             return pid
 
@@ -848,7 +874,7 @@ class NodeState:
                 if gpu.mig_enabled:
                     for k, mig in enumerate(gpu.mig_devices):
                         remaining[(gpu.index, k)] = float(mig.profile.memory_mb)
-                remaining[(gpu.index, None)] = float(gpu.model.memory_mb)
+                remaining[(gpu.index, None)] = float(gpu.model.memory_mb - gpu.held_mb)
             procs: list[GpuProcess] = []
             for hp in self.host_processes.values():
                 key = (hp.gpu_index, None)
@@ -962,7 +988,7 @@ class NodeState:
         return self._agg
 
     def gpu_used_mb(self, gpu: GpuState) -> int:
-        return self._aggregates().get((gpu.index, None), [0, 0, 0])[0]
+        return self._aggregates().get((gpu.index, None), [0, 0, 0])[0] + gpu.held_mb
 
     def mig_used_mb(self, gpu: GpuState, k: int) -> int:
         return self._aggregates().get((gpu.index, k), [0, 0, 0])[0]

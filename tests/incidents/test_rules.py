@@ -544,6 +544,26 @@ def test_sweep_does_not_flag_the_same_rise_spread_over_10_minutes():
     assert f.evidence["rise_mb"] < TH.sweep_rise_mb
 
 
+def test_sweep_does_not_count_a_rise_its_slices_hold_within_their_quotas():
+    gpu = _gpu(16_000, total_mb=80_000)
+    series = [(0.0, 10_000), (150.0, 13_000), (300.0, 16_000)]
+    # a training slice grew from 2 GB to 8 GB, its quota 12 GB: what was sold
+    in_quota = {0.0: 2_000, 150.0: 5_000, 300.0: 8_000}
+    (f,) = rules.fleet_sweep(gpu, series, TH, in_quota=in_quota)
+    assert f.resolves is True
+    assert f.evidence["rise_mb"] == 0
+
+
+def test_sweep_counts_the_rise_beyond_what_slices_hold_within_quota():
+    gpu = _gpu(17_000, total_mb=80_000)
+    series = [(0.0, 10_000), (300.0, 17_000)]
+    # a slice grew 1 GB within quota; the other 6 GB belong to nobody
+    (f,) = rules.fleet_sweep(gpu, series, TH, in_quota={0.0: 4_000, 300.0: 5_000})
+    assert f.resolves is False
+    assert f.evidence["rise_mb"] == 6_000
+    assert "6000 MiB" in f.title
+
+
 def test_sweep_normal_card_resolves():
     (f,) = rules.fleet_sweep(_gpu(4000), _series([4000] * 11), TH)
     assert f.resolves is True

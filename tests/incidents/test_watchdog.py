@@ -170,6 +170,36 @@ def test_a_process_of_no_slice_is_ended_only_when_seen_again(
     assert len(sent) == 1
 
 
+def _training(node, gpu, owner, *, stray_mb: int = 0):  # type: ignore[no-untyped-def]
+    """A 12 GB slice that trains from 2 GB to 8 GB over five minutes (within its quota),
+    beside (with stray_mb) a process of no slice that rises as much again. Returns the
+    sweep's fleet_sweep incidents."""
+    from nodes.models import Allocation
+
+    s = running_slice(owner, gpu, quota_gb=12)
+    Allocation.objects.filter(pk=s.allocation_id).update(container_id=CID)
+    start = timezone.now() - timedelta(minutes=5)
+    for i in range(11):
+        mine = 2000 + 600 * i
+        procs = [ProcessReading(gpu_uuid=gpu.uuid, pid=100, used_memory_mb=mine, container_id=CID)]
+        other = 0
+        if stray_mb:
+            other = 500 + stray_mb * i // 10
+            procs.append(ProcessReading(gpu_uuid=gpu.uuid, pid=200, used_memory_mb=other))
+        sample(node, gpu, mine + other, procs=procs, at=start + timedelta(seconds=30 * i))
+    services.watch_sweep(now=start + timedelta(minutes=5))
+    return list(Incident.objects.filter(rule="fleet_sweep"))
+
+
+def test_a_card_rising_as_its_slice_trains_within_quota_is_no_sweep_alarm(node, gpu, owner_a):  # type: ignore[no-untyped-def]
+    assert _training(node, gpu, owner_a) == []  # up 6000 MiB in 5 min, all of it sold
+
+
+def test_a_card_rising_beyond_what_its_slices_hold_is_swept(node, gpu, owner_a):  # type: ignore[no-untyped-def]
+    (incident,) = _training(node, gpu, owner_a, stray_mb=5500)
+    assert incident.gpu_id == gpu.pk and "up 5500 MiB in 5 min" in incident.title
+
+
 def test_memory_used_with_no_process_is_a_reclaim_failure(node, gpu):  # type: ignore[no-untyped-def]
     sample(node, gpu, 6000)
     services.watch_sweep()

@@ -766,6 +766,35 @@ def test_xid_shows_once_in_the_sampler_and_in_dmesg(ssh, node) -> None:  # type:
     assert [e["xid"] for e in doc["xid_events"]] == [64]
 
 
+def test_left_behind_memory_and_processes_show_as_a_real_card_would(ssh, node) -> None:  # type: ignore[no-untyped-def]
+    before = sample(ssh)["gpus"][1]["memory_used_mb"]
+    node.hold_memory(1, 2000)  # the driver kept it: used, with no process
+    doc = sample(ssh)
+    assert doc["gpus"][1]["memory_used_mb"] == before + 2000
+    assert [p for p in doc["processes"] if p["gpu_uuid"] == doc["gpus"][1]["uuid"]] == []
+    node.hold_memory(1, 0)
+    cid = "e" * 64
+    pid = node.add_gpu_process(1, 1500, container_id=cid)  # its container left it behind
+    (proc,) = [p for p in sample(ssh)["processes"] if p["pid"] == pid]
+    assert proc["container_id"] == cid and proc["used_memory_mb"] == 1500
+    assert node.kill_pid(pid)
+    doc = sample(ssh)
+    assert all(p["pid"] != pid for p in doc["processes"])
+    assert doc["gpus"][1]["memory_used_mb"] == before
+
+
+def test_idle_window_of_a_workload() -> None:
+    from nodes.emulator.state import Workload
+
+    w = Workload.from_env(
+        {"EMULATOR_SM_UTIL": "70", "EMULATOR_IDLE_FROM_S": "60", "EMULATOR_IDLE_UNTIL_S": "660"}
+    )
+    assert w.util(30)[0] == 70
+    assert w.util(60) == (0, 0) and w.util(659) == (0, 0)
+    assert w.util(660)[0] == 70  # it computes again
+    assert Workload.from_env({"EMULATOR_IDLE_FROM_S": "10"}).util(10**6) == (0, 0)
+
+
 def test_node_down_refuses_and_comes_back(node, client_key) -> None:  # type: ignore[no-untyped-def]
     client = connect(node, client_key)
     node.set_down(True)
