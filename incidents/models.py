@@ -4,15 +4,17 @@ from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 
+from .rules import OPS_ONLY
+
 
 class IncidentQuerySet(models.QuerySet):
     def for_tenant(self, tenant) -> "IncidentQuerySet":  # type: ignore[no-untyped-def]
         """A tenant's: those about its slices, and those that touched its slices (a node
-        that stopped answering, a GPU drained for a fault under them)."""
+        that stopped answering, a GPU drained for a fault under them); never ops' own."""
         if tenant is None:
             return self.none()
         touched = IncidentSlice.objects.filter(tenant=tenant).values("incident_id")
-        return self.filter(models.Q(tenant=tenant) | models.Q(pk__in=touched))
+        return self.filter(Q(tenant=tenant) | Q(pk__in=touched)).exclude(rule__in=OPS_ONLY)
 
     def open(self) -> "IncidentQuerySet":
         return self.exclude(status=Incident.Status.RESOLVED)

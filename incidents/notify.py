@@ -19,6 +19,7 @@ from django.core.mail import send_mail
 from django.db.models import Q
 from django.utils import timezone
 
+from . import rules
 from .models import Incident, WebhookDelivery, WebhookEndpoint
 
 SIGNATURE_HEADER = "X-Gpuplatform-Signature"
@@ -185,8 +186,6 @@ EVENT_SUBJECTS = {
 # Rules whose tenant mails the watchdog's own actions send (the idle warning carries the
 # time left): the generic "opened" mail would only repeat them.
 TOLD_BY_ACTION = frozenset({"idle_slice"})
-# Rules about the platform's own books, not anything the tenant did: ops' alone.
-OPS_ONLY = frozenset({"accounting_drift"})
 
 
 def _last_action(incident: Incident) -> str:
@@ -212,7 +211,7 @@ def tenant_hears(incident: Incident, event: str) -> bool:
     action of the watchdog tells them itself), and the end when nothing had to be done to
     their slice (a stop already sent its own mail). Escalations, actions and reopenings
     are the watchdog's and ops' business; what it does to a slice is told as it does it."""
-    if not (incident.tenant_id and incident.slice_id) or incident.rule in OPS_ONLY:
+    if not (incident.tenant_id and incident.slice_id) or incident.rule in rules.OPS_ONLY:
         return False
     if event == "opened":
         return incident.rule not in TOLD_BY_ACTION
@@ -310,24 +309,11 @@ def tenant_title(incident: Incident) -> str:
     return TENANT_TITLES.get(incident.rule, incident.title)
 
 
-def tenant_search(queryset, text: str):  # type: ignore[no-untyped-def]
-    """A tenant's search of its incidents, over the titles it is shown: an incident's own
-    for its slices, the plain one for an outage that touched them (whose own title names
-    the node)."""
-    from django.db.models import Q
-
-    shown = [rule for rule, title in TENANT_TITLES.items() if text.lower() in title.lower()]
-    return queryset.filter(
-        Q(slice__isnull=False, title__icontains=text) & ~Q(rule__in=TENANT_TITLES)
-        | Q(rule__in=shown)
-    )
-
-
 def tenant_slices(incident: Incident, tenant_id: int) -> list[int]:
     """The tenant's slices the incident is about, or touched."""
     if incident.slice_id and incident.tenant_id == tenant_id:
         return [incident.slice_id]
-    return sorted(incident.touched.filter(tenant_id=tenant_id).values_list("slice_id", flat=True))
+    return sorted(t.slice_id for t in incident.touched.all() if t.tenant_id == tenant_id)
 
 
 def tenant_text(incident: Incident, event: str = "opened") -> str:

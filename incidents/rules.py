@@ -19,6 +19,9 @@ HARDWARE = "hardware"
 CONNECTIVITY = "connectivity"
 
 INFO, WARNING, CRITICAL = "info", "warning", "critical"
+# Rules about the platform's own books, not anything a tenant did: ops' alone (never
+# shown to, nor mailed to, a tenant).
+OPS_ONLY = frozenset({"accounting_drift"})
 
 # Actions a finding may ask the watchdog to take
 CLOSE_GPU = "close_gpu"  # stop new placements on the GPU (circuit breaker)

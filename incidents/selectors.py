@@ -37,14 +37,12 @@ def incident_list(
 
     qs = Incident.objects.select_related("tenant", "node", "gpu__node", "slice")
     if tenant is not None:
-        from .models import IncidentSlice
-        from .notify import OPS_ONLY
-
-        touched = IncidentSlice.objects.filter(tenant=tenant).values("incident_id")
-        qs = qs.filter(Q(tenant=tenant, slice__isnull=False) | Q(pk__in=touched)).exclude(
-            rule__in=OPS_ONLY
+        # its own only where they are about a slice (a slice gone, the incident stays ops')
+        qs = (
+            qs.for_tenant(tenant)
+            .exclude(tenant=tenant, slice__isnull=True)
+            .prefetch_related("touched")
         )
-        qs = qs.prefetch_related("touched")
     if status == "unresolved":
         qs = qs.open()
     elif status:
@@ -89,3 +87,16 @@ def incident_timeline(*, incident: Incident) -> QuerySet[IncidentEvent]:
 
 def thresholds() -> Thresholds:
     return Thresholds.current()
+
+
+def incident_search_for_tenant(queryset: QuerySet[Incident], text: str) -> QuerySet[Incident]:
+    """A tenant's search of its incidents, over the titles it is shown: an incident's own
+    for its slices, the plain one for an outage that touched them (whose own title names
+    the node)."""
+    from .notify import TENANT_TITLES
+
+    shown = [rule for rule, title in TENANT_TITLES.items() if text.lower() in title.lower()]
+    return queryset.filter(
+        Q(slice__isnull=False, title__icontains=text) & ~Q(rule__in=TENANT_TITLES)
+        | Q(rule__in=shown)
+    )

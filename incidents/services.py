@@ -10,6 +10,7 @@ orphan, throttling) goes to the `incidents` queue after commit.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import defaultdict
 from collections.abc import Callable
@@ -1143,8 +1144,6 @@ def _where_orphan(f: rules.Finding, gpu: Gpu, lasts: dict[str, tuple[int, int]])
     belonged to."""
     if f.rule != "orphan_process":
         return f
-    from dataclasses import replace
-
     cid = f.evidence.get("container_id") or ""
     last = lasts.get(cid)
     where = f"node {gpu.node.name} GPU {gpu.index}"
@@ -1155,31 +1154,23 @@ def _where_orphan(f: rules.Finding, gpu: Gpu, lasts: dict[str, tuple[int, int]])
         evidence["container"] = cid[:12]
     if last:
         evidence["last_slice"], evidence["last_tenant_id"] = last
-    return replace(f, title=title, evidence=evidence)
+    return dataclasses.replace(f, title=title, evidence=evidence)
 
 
-def _sweep_slices(
-    now: datetime, th: rules.Thresholds, *, slice_ids: list[int] | None = None
-) -> list[rules.Finding]:
-    """Slow leaks and idleness of running slices (of `slice_ids` only, when given)."""
-    out: list[rules.Finding] = []
+def _judged_slices(
+    now: datetime, *, slice_ids: list[int] | None = None
+) -> list[tuple[Slice, rules.SliceView]]:
+    """The running slices (of `slice_ids`, when given) whose node sends fresh telemetry:
+    only those can be judged idle or leaking."""
     running = Slice.objects.filter(state=Slice.State.RUNNING).exclude(container_id="")
     if slice_ids is not None:
         running = running.filter(pk__in=slice_ids)
-    running = list(running.select_related("allocation__gpu__node", "watch"))
-    if not running:
-        return out
-    since = now - timedelta(seconds=th.leak_window_s)
-    sums: dict[str, dict[datetime, int]] = defaultdict(lambda: defaultdict(int))
-    for cid, t, used in ProcessSample.objects.filter(
-        container_id__in=[s.container_id for s in running], taken_at__gte=since
-    ).values_list("container_id", "taken_at", "used_memory_mb"):
-        sums[cid][t] += used
     fresh_after = now - timedelta(seconds=3 * settings.NODES_SAMPLE_INTERVAL)
-    for s in running:
+    out = []
+    for s in running.select_related("allocation__gpu__node", "watch"):
         gpu = s.allocation.gpu  # type: ignore[union-attr]
-        if gpu.node.status != Node.Status.ACTIVE and gpu.node.status != Node.Status.DRAINING:
-            continue  # no telemetry from it: nothing can be judged idle or leaking
+        if gpu.node.status not in (Node.Status.ACTIVE, Node.Status.DRAINING):
+            continue  # no telemetry from it
         if gpu.last_sample_at is None or gpu.last_sample_at < fresh_after:
             continue
         view = rules.SliceView(
@@ -1190,17 +1181,37 @@ def _sweep_slices(
             container_id=s.container_id,
             quota_mb=s.vram_mb,
         )
+        out.append((s, view))
+    return out
+
+
+def _idle(s: Slice, view: rules.SliceView, now: datetime, th: rules.Thresholds):  # type: ignore[no-untyped-def]
+    watch = getattr(s, "watch", None)
+    last_active = (watch.last_active_at if watch else None) or s.started_at
+    idle_for = (now - last_active).total_seconds() if last_active else None
+    warned = watch.idle_warned_at if watch else None
+    warned_for = (now - warned).total_seconds() if warned else None
+    return rules.idle(
+        view, idle_for_s=idle_for, warned_for_s=warned_for, th=th, now_epoch=now.timestamp()
+    )
+
+
+def _sweep_slices(now: datetime, th: rules.Thresholds) -> list[rules.Finding]:
+    """Slow leaks and idleness of running slices."""
+    out: list[rules.Finding] = []
+    judged = _judged_slices(now)
+    if not judged:
+        return out
+    since = now - timedelta(seconds=th.leak_window_s)
+    sums: dict[str, dict[datetime, int]] = defaultdict(lambda: defaultdict(int))
+    for cid, t, used in ProcessSample.objects.filter(
+        container_id__in=[s.container_id for s, _ in judged], taken_at__gte=since
+    ).values_list("container_id", "taken_at", "used_memory_mb"):
+        sums[cid][t] += used
+    for s, view in judged:
         points = sorted((t.timestamp(), mb) for t, mb in sums[s.container_id].items())
-        if slice_ids is None:
-            out += rules.slow_leak(view, points, th)
-        watch = getattr(s, "watch", None)
-        last_active = (watch.last_active_at if watch else None) or s.started_at
-        idle_for = (now - last_active).total_seconds() if last_active else None
-        warned = watch.idle_warned_at if watch else None
-        warned_for = (now - warned).total_seconds() if warned else None
-        out += rules.idle(
-            view, idle_for_s=idle_for, warned_for_s=warned_for, th=th, now_epoch=now.timestamp()
-        )
+        out += rules.slow_leak(view, points, th)
+        out += _idle(s, view, now, th)
     return out
 
 
@@ -1210,7 +1221,9 @@ def slice_idle_due(*, slice_id: int, now: datetime | None = None) -> dict[str, i
     when it is due, not at the next minute's sweep."""
     now = now or timezone.now()
     th = Thresholds.current().as_rules()
-    findings = [f for f in _sweep_slices(now, th, slice_ids=[slice_id]) if f.rule == "idle_slice"]
+    findings = [
+        f for s, view in _judged_slices(now, slice_ids=[slice_id]) for f in _idle(s, view, now, th)
+    ]
     return apply_findings(findings, now=now) if findings else {}
 
 

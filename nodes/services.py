@@ -841,11 +841,10 @@ def placement_shortfall(*, vram_mb: int, guaranteed: bool = True) -> str:
     Names no node or GPU (a tenant reads it)."""
     from django.db.models.expressions import RawSQL
 
-    sold_room = ROOM_SQL[connection.vendor].replace(_HELD[connection.vendor], "allocated_mb")
     over = (
         _placeable_gpus(guaranteed=guaranteed)
         .filter(mig_enabled=False)
-        .annotate(sold_room=RawSQL(sold_room, ()))  # noqa: S611 - constant
+        .annotate(sold_room=RawSQL(SOLD_ROOM_SQL[connection.vendor], ()))  # noqa: S611 - constant
         .filter(sold_room__gte=vram_mb, last_processes_mb__gt=F("allocated_mb"))
         .values_list("allocated_mb", "last_processes_mb")
     )
@@ -947,16 +946,19 @@ _NOMINAL = (
     f"CASE WHEN {_NEAREST} >= vram_total_mb AND ({_NEAREST} - vram_total_mb) * 50 <= {_NEAREST} "
     f"THEN {_NEAREST} ELSE vram_total_mb END"
 )
+_CAPACITY = {
+    "postgresql": f"FLOOR(({_NOMINAL}) * overcommit_ratio)::integer",
+    "sqlite": f"CAST(({_NOMINAL}) * overcommit_ratio AS INTEGER)",
+}
 # A card's room counts what it really holds: the larger of what was sold on it and what
 # its processes hold (memory used outside the platform, a library that undercounts).
 _HELD = {
     "postgresql": "GREATEST(allocated_mb, COALESCE(last_processes_mb, 0))",
     "sqlite": "MAX(allocated_mb, COALESCE(last_processes_mb, 0))",
 }
-ROOM_SQL = {
-    "postgresql": f"(FLOOR(({_NOMINAL}) * overcommit_ratio)::integer - {_HELD['postgresql']})",
-    "sqlite": f"(CAST(({_NOMINAL}) * overcommit_ratio AS INTEGER) - {_HELD['sqlite']})",
-}
+ROOM_SQL = {vendor: f"({cap} - {_HELD[vendor]})" for vendor, cap in _CAPACITY.items()}
+# The room by what was sold alone (why a launch waits: placement_shortfall).
+SOLD_ROOM_SQL = {vendor: f"({cap} - allocated_mb)" for vendor, cap in _CAPACITY.items()}
 
 
 def _software_fits(vram_mb: int, guaranteed: bool) -> models.QuerySet[Gpu]:

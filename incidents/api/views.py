@@ -19,7 +19,7 @@ from rest_framework.views import APIView
 
 from gpuplatform.api.permissions import IsOps
 from gpuplatform.errors import Conflict
-from incidents import notify, selectors, services
+from incidents import selectors, services
 from incidents.models import Incident, WebhookEndpoint
 from tenants.models import Tenant
 from tenants.permissions import IsTenantMember
@@ -81,7 +81,7 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
     def search_fields(self) -> list[str]:
         if self._ops_view:
             return ["title", "target_key", "tenant__name", "resolution_note"]
-        # not the raw titles: an outage's names its node (tenant_search, in get_queryset)
+        # not the raw titles: an outage's names its node (incident_search_for_tenant)
         return []
 
     def get_queryset(self):  # type: ignore[no-untyped-def]
@@ -94,7 +94,7 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
             return Incident.objects.none()
         incidents = selectors.incident_list(tenant=membership.tenant)
         text = self.request.query_params.get("search", "").replace("\x00", "").strip()
-        return notify.tenant_search(incidents, text[:100]) if text else incidents
+        return selectors.incident_search_for_tenant(incidents, text[:100]) if text else incidents
 
     def get_serializer_context(self) -> dict:  # type: ignore[type-arg]
         context = super().get_serializer_context()

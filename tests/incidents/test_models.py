@@ -59,3 +59,9 @@ def test_tenant_scoping_of_incidents(owner_a, owner_b):  # type: ignore[no-untyp
     _incident(tenant=owner_b.tenant, target_key="gpu:GPU-9")
     assert list(Incident.objects.for_tenant(owner_a.tenant)) == [mine]
     assert not Incident.objects.for_tenant(None).exists()
+
+
+def test_ops_only_incidents_are_never_a_tenants(owner_a):  # type: ignore[no-untyped-def]
+    mine = _incident(tenant=owner_a.tenant)
+    _incident(tenant=owner_a.tenant, rule="accounting_drift", target_key="slice:1")
+    assert list(Incident.objects.for_tenant(owner_a.tenant)) == [mine]
