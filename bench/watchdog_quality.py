@@ -203,6 +203,16 @@ class Day:
         self.ops = User.objects.create_user(
             username="ops@day.test", email="ops@day.test", password="x" * 20, is_staff=True
         )
+        # Half the fleet has no quota library: ops accept the watchdog as the only VRAM
+        # enforcement there (without that those cards are sold whole only).
+        self.nodes = [
+            node
+            if node.capabilities.get("vram_quota_library")
+            else node_services.node_accept_watchdog_only(
+                node=node, actor=self.ops, accept=True, reason="the watchdog alone, measured"
+            )
+            for node in self.nodes
+        ]
         self.members = []
         for i in range(8):
             m = services.tenant_sign_up(

@@ -294,6 +294,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(NODES_SAMPLE_INTERVAL),
         "options": {"expires": NODES_SAMPLE_INTERVAL},
     },
+    # the preflight gate, once a day (registration, discovery and policy changes run it too)
+    "preflight-fleet": {
+        "task": "telemetry.preflight_all",
+        "schedule": crontab(hour=4, minute=10),
+    },
     "rollup-and-prune-samples": {
         "task": "telemetry.rollup_and_prune",
         "schedule": crontab(minute="*/5"),

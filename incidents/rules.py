@@ -21,7 +21,7 @@ CONNECTIVITY = "connectivity"
 INFO, WARNING, CRITICAL = "info", "warning", "critical"
 # Rules about the platform's own books, not anything a tenant did: ops' alone (never
 # shown to, nor mailed to, a tenant).
-OPS_ONLY = frozenset({"accounting_drift"})
+OPS_ONLY = frozenset({"accounting_drift", "node_gate_failed", "quota_not_effective"})
 
 # Actions a finding may ask the watchdog to take
 CLOSE_GPU = "close_gpu"  # stop new placements on the GPU (circuit breaker)
@@ -398,6 +398,36 @@ def unreachable(node_id: int, name: str, reason: str) -> Finding:
         node_id=node_id,
         action=NOTIFY_TENANTS,
         evidence={"reason": reason[:300]},
+    )
+
+
+def gate_failed(node_id: int, name: str, reason: str) -> Finding:
+    """The preflight gate holds the node: no new placements; running slices go on."""
+    return Finding(
+        rule="node_gate_failed",
+        target=f"node:{name}",
+        severity=WARNING,
+        root_cause=NO_ISOLATION,
+        title=f"Node {name} failed its preflight: it takes no new slices",
+        detail=reason[:300],
+        node_id=node_id,
+        evidence={"reason": reason[:1000]},
+    )
+
+
+def quota_not_effective(node_id: int, name: str, models: list[str]) -> Finding:
+    """The quota library is installed but a probe got past its quota: the node's cards of
+    these models are sold whole until it is fixed or ops accept watchdog-only."""
+    return Finding(
+        rule="quota_not_effective",
+        target=f"node:{name}",
+        severity=WARNING,
+        root_cause=NO_ISOLATION,
+        title=f"Node {name}: the VRAM quota library does not enforce; "
+        f"{', '.join(models)} sold whole only",
+        detail="A probe container allocated past its quota with the library preloaded.",
+        node_id=node_id,
+        evidence={"models": models},
     )
 
 

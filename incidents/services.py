@@ -1265,8 +1265,53 @@ def _sweep_oom(now: datetime) -> list[rules.Finding]:
     ]
 
 
-def _sweep_nodes() -> list[rules.Finding]:
+def _sweep_gate() -> list[rules.Finding]:
+    """The preflight gate's verdicts: a failed node is an incident until it passes again;
+    a quota library a probe got past is one until the probes prove it again."""
+    from nodes.models import GateStatus
+
     out = []
+    for pk, name, reason in Node.objects.filter(gate_status=GateStatus.FAILED).values_list(
+        "pk", "name", "gate_reason"
+    ):
+        out.append(rules.gate_failed(pk, name, reason))
+    ineffective = set()
+    for pk, name, checked in Node.objects.filter(gate_status=GateStatus.PASSED).values_list(
+        "pk", "name", "preflight"
+    ):
+        models = sorted(m for m, state in ((checked or {}).get("quota") or {}).items()
+                        if state == "ineffective")  # fmt: skip
+        if models:
+            ineffective.add(pk)
+            out.append(rules.quota_not_effective(pk, name, models))
+    open_ones = Incident.objects.filter(
+        rule__in=["node_gate_failed", "quota_not_effective"], resolved_at__isnull=True
+    ).values_list("rule", "node_id", "node__name", "node__gate_status")
+    for rule, node_id, name, status in open_ones:
+        if node_id is None:
+            continue
+        cleared = (
+            status == GateStatus.PASSED
+            if rule == "node_gate_failed"
+            else node_id not in ineffective and status == GateStatus.PASSED
+        )
+        if cleared:
+            out.append(
+                rules.Finding(
+                    rule=rule,
+                    target=f"node:{name}",
+                    severity=rules.WARNING,
+                    root_cause=rules.NO_ISOLATION,
+                    title=f"Node {name} passes its preflight again",
+                    node_id=node_id,
+                    resolves=True,
+                )
+            )
+    return out
+
+
+def _sweep_nodes() -> list[rules.Finding]:
+    out = _sweep_gate()
     for node in Node.objects.filter(status=Node.Status.UNREACHABLE):
         out.append(rules.unreachable(node.pk, node.name, node.status_reason))
     for node in (

@@ -80,6 +80,7 @@ class LabNodeSpec:
     port: int = 0  # sshd's loopback port (0: any free one)
     driver_version: str = "550.54.15"
     cuda_version: str = "12.4"
+    toolkit_version: str = "1.17.8"  # what the stand-in hook reports for --version
 
 
 # --- prerequisites ----------------------------------------------------------------------
@@ -322,6 +323,8 @@ class LabNode:
                     else None,
                     "hook_log": str(self.hook_log),
                     "hook_delay_file": str(self.etc / "hook-delay"),
+                    "toolkit_version_file": str(self.etc / "toolkit-version"),
+                    "quota_unmounted_file": str(self.etc / "quota-unmounted"),
                     "kernel_log": str(self.kernel_log),
                 },
                 indent=2,
@@ -340,6 +343,7 @@ class LabNode:
         )
         self.kernel_log.touch()
         self.hook_log.touch()
+        self.set_toolkit_version(self.spec.toolkit_version)
         self.authorize(authorized_keys)
         _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.name,
               "-f", str(self.host_key_path)])  # fmt: skip
@@ -596,6 +600,20 @@ class LabNode:
         else:
             path.unlink(missing_ok=True)
 
+    def set_toolkit_version(self, version: str) -> None:
+        """The NVIDIA Container Toolkit version the node reports (an upgrade, or an old
+        install for the preflight gate to refuse)."""
+        (self.etc / "toolkit-version").write_text(version + "\n")
+
+    def set_quota_library_mounted(self, mounted: bool) -> None:
+        """False: the toolkit no longer puts the quota library into containers (it stays
+        installed and advertised): the quota fails open."""
+        path = self.etc / "quota-unmounted"
+        if mounted:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text("1\n")
+
     def freeze_dockerd(self, frozen: bool = True) -> None:
         """dockerd stops answering (SIGSTOP) or answers again (SIGCONT): a hung daemon."""
         proc = self._procs["dockerd"]
@@ -633,8 +651,10 @@ class LabNode:
 
     def reset(self, authorized_keys: list[str] | None = None) -> None:
         """Back to a fresh node for the next test: no containers, a healthy card, its
-        original host key, sshd and dockerd running."""
+        original host key, sshd and dockerd running, its own toolkit."""
         self.set_hook_delay(0)
+        self.set_toolkit_version(self.spec.toolkit_version)
+        self.set_quota_library_mounted(True)
         if self._alive("dockerd"):
             self.freeze_dockerd(False)
         else:

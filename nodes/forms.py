@@ -34,3 +34,91 @@ class DrainForm(forms.Form):
 
 class ApproveForm(forms.Form):
     fingerprint = forms.CharField(max_length=128)
+
+
+class WatchdogOnlyForm(forms.Form):
+    accept = forms.TypedChoiceField(choices=[("1", "accept"), ("0", "withdraw")], coerce=int)
+    reason = forms.CharField(max_length=500)
+
+
+def _lines(text: str) -> list[str]:
+    return [line.strip() for line in (text or "").splitlines() if line.strip()]
+
+
+class NodePolicyForm(forms.Form):
+    """The node policy as text fields (one item a line); the service checks each value."""
+
+    min_toolkit_version = forms.CharField(max_length=32, label="Minimum NVIDIA Container Toolkit")
+    min_runc_version = forms.CharField(max_length=32, label="Minimum runc")
+    driver_branches = forms.CharField(
+        max_length=200,
+        required=False,
+        label="Driver branches",
+        help_text="Comma-separated, e.g. 535, 550, 570. Empty: any branch.",
+    )
+    known_fixed_builds = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        label="Known-fixed builds",
+        help_text="One a line: component (runc or toolkit), the package's build, then why, "
+        "e.g. runc 1.1.5+ds1-1+deb12u1 Debian DSA-5615-1 backports the CVE-2024-21626 fix.",
+    )
+    probe_image = forms.CharField(max_length=255, help_text="An allowlisted image with sh.")
+    probe_command = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        label="Probe allocation command",
+        help_text="One argument a line: allocates the MiB in its environment, exits 0 when "
+        "it got them and non-zero when refused.",
+    )
+    probe_environment = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 4}),
+        label="Probe environment",
+        help_text="NAME=value a line; {alloc_mb} is replaced by the MiB to allocate.",
+    )
+    reason = forms.CharField(max_length=500, help_text="Why: kept with the change.")
+
+    @classmethod
+    def initial_from(cls, policy) -> dict:  # type: ignore[no-untyped-def, type-arg]
+        return {
+            "min_toolkit_version": policy.min_toolkit_version,
+            "min_runc_version": policy.min_runc_version,
+            "driver_branches": ", ".join(policy.driver_branches or []),
+            "known_fixed_builds": "\n".join(
+                f"{k['component']} {k['build']} {k.get('reason', '')}".strip()
+                for k in policy.known_fixed_builds or []
+            ),
+            "probe_image": policy.probe_image,
+            "probe_command": "\n".join(policy.probe_command or []),
+            "probe_environment": "\n".join(
+                f"{k}={v}" for k, v in (policy.probe_environment or {}).items()
+            ),
+        }
+
+    def clean_driver_branches(self) -> list[str]:
+        text = self.cleaned_data.get("driver_branches") or ""
+        return [b.strip() for b in text.split(",") if b.strip()]
+
+    def clean_known_fixed_builds(self) -> list[dict[str, str]]:
+        out = []
+        for line in _lines(self.cleaned_data.get("known_fixed_builds", "")):
+            parts = line.split(None, 2)
+            if len(parts) < 3:
+                raise forms.ValidationError(
+                    f"{line!r}: write the component, the build and why, separated by spaces."
+                )
+            out.append({"component": parts[0], "build": parts[1], "reason": parts[2]})
+        return out
+
+    def clean_probe_command(self) -> list[str]:
+        return _lines(self.cleaned_data.get("probe_command", ""))
+
+    def clean_probe_environment(self) -> dict[str, str]:
+        out = {}
+        for line in _lines(self.cleaned_data.get("probe_environment", "")):
+            name, sep, value = line.partition("=")
+            if not sep or not name.strip():
+                raise forms.ValidationError(f"{line!r}: write NAME=value.")
+            out[name.strip()] = value.strip()
+        return out

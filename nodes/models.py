@@ -5,11 +5,20 @@
 
 from decimal import Decimal
 
+from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 
 
+class GateStatus(models.TextChoices):
+    UNCHECKED = "unchecked", "not checked yet"
+    PASSED = "passed", "passed"
+    FAILED = "failed", "failed"
+
+
 class Node(models.Model):
+    GateStatus = GateStatus
+
     class Status(models.TextChoices):
         PENDING = "pending", "pending host-key approval"
         ACTIVE = "active", "active"
@@ -64,6 +73,32 @@ class Node(models.Model):
         "telemetry source", max_length=16, blank=True, help_text="nvml or nvidia-smi"
     )
     created_at = models.DateTimeField("created", auto_now_add=True)
+    # The preflight gate (nodes.preflight): a node takes placements only once it passed.
+    gate_status = models.CharField(
+        "preflight gate", max_length=16, choices=GateStatus.choices, default=GateStatus.UNCHECKED
+    )
+    gate_reason = models.CharField("why the gate holds it", max_length=1000, blank=True)
+    gate_checked_at = models.DateTimeField("last preflight", null=True, blank=True)
+    preflight = models.JSONField(
+        "preflight result",
+        default=dict,
+        blank=True,
+        help_text="What the last preflight read (versions), its checks and its probes.",
+    )
+    watchdog_only_accepted_at = models.DateTimeField(
+        "watchdog-only enforcement accepted", null=True, blank=True
+    )
+    watchdog_only_accepted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name="accepted by",
+    )
+    watchdog_only_reason = models.CharField(
+        "why watchdog-only enforcement is accepted", max_length=500, blank=True
+    )
 
     class Meta:
         ordering = ["name"]
@@ -108,6 +143,11 @@ class Gpu(models.Model):
         help_text="Allocatable VRAM = total x ratio. Above 1.0 only from measured peaks.",
     )
     accepting_placements = models.BooleanField("accepting placements", default=True)
+    whole_card_only = models.BooleanField(
+        "sold whole only",
+        default=False,
+        help_text="No proven VRAM quota on this card (not MIG): one slice of the whole card.",
+    )
     # Kept equal to the sum of live allocations, under this row's lock: placement then
     # reads one row per GPU instead of aggregating every allocation on every launch.
     allocated_mb = models.PositiveIntegerField("allocated VRAM (MiB)", default=0)
@@ -355,3 +395,128 @@ class ContainerEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} {self.container_id[:12]} on {self.node_id}"
+
+
+def _default_branches() -> list[str]:
+    return list(DEFAULT_DRIVER_BRANCHES)
+
+
+def _default_known_fixed() -> list[dict[str, str]]:
+    return [dict(k) for k in DEFAULT_KNOWN_FIXED]
+
+
+def _default_probe_command() -> list[str]:
+    return list(DEFAULT_PROBE_COMMAND)
+
+
+def _default_probe_env() -> dict[str, str]:
+    return dict(DEFAULT_PROBE_ENVIRONMENT)
+
+
+# NVIDIA's production and long-term branches for datacenter GPUs.
+DEFAULT_DRIVER_BRANCHES = ("535", "550", "570", "580")
+DEFAULT_KNOWN_FIXED = (
+    {
+        "component": "runc",
+        "build": "1.1.5+ds1-1+deb12u1",
+        "reason": "Debian bookworm's security update (DSA-5615-1) backports the CVE-2024-21626 fix",
+    },
+)
+# The node lab's workload image (nodelab.IMAGE) as the probe: it allocates MB MiB and
+# exits 0 a moment later, or 1 when the allocation is refused (not cooperative:
+# WORKLOAD_* are its knobs).
+DEFAULT_PROBE_IMAGE = "gpuplatform-lab/workload:1"
+DEFAULT_PROBE_COMMAND = ("/usr/bin/gpu-workload",)
+DEFAULT_PROBE_ENVIRONMENT = {
+    "WORKLOAD_PROFILE": "steady",
+    "WORKLOAD_COOPERATIVE": "0",
+    "WORKLOAD_MB": "{alloc_mb}",
+    "WORKLOAD_EXIT_AFTER_S": "0.2",  # it allocates at once, then holds it this long
+}
+
+
+class NodePolicy(models.Model):
+    """What a node must have to take placements (one row, ops edit it; every change is
+    a NodePolicyChange)."""
+
+    min_toolkit_version = models.CharField(
+        "minimum NVIDIA Container Toolkit", max_length=32, default="1.17.8"
+    )
+    min_runc_version = models.CharField("minimum runc", max_length=32, default="1.1.12")
+    driver_branches = models.JSONField(
+        "driver branches",
+        default=_default_branches,
+        blank=True,
+        help_text="Driver branches a node may run (e.g. 550); empty: any.",
+    )
+    known_fixed_builds = models.JSONField(
+        "known-fixed builds",
+        default=_default_known_fixed,
+        blank=True,
+        help_text="Distribution builds that carry a fix under an older version number: "
+        "{component: runc | toolkit, build, reason}.",
+    )
+    probe_image = models.CharField(
+        "probe image",
+        max_length=255,
+        default=DEFAULT_PROBE_IMAGE,
+        help_text="An allowlisted image with sh and a CUDA allocation command.",
+    )
+    probe_command = models.JSONField(
+        "probe allocation command (argv)", default=_default_probe_command, blank=True
+    )
+    probe_environment = models.JSONField(
+        "probe environment",
+        default=_default_probe_env,
+        blank=True,
+        help_text="{alloc_mb} in a value is replaced by the MiB the probe tries to allocate.",
+    )
+    updated_at = models.DateTimeField("changed", auto_now=True)
+
+    class Meta:
+        verbose_name = "node policy"
+        verbose_name_plural = "node policy"
+
+    def __str__(self) -> str:
+        return "node policy"
+
+
+class NodePolicyChange(models.Model):
+    """One change to the node policy, or one node's watchdog-only acceptance: who, when,
+    what, and why."""
+
+    changed_at = models.DateTimeField("changed", auto_now_add=True)
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name="by",
+    )
+    node = models.ForeignKey(
+        "nodes.Node",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="policy_changes",
+        verbose_name="node",
+    )
+    field = models.CharField("setting", max_length=64)
+    old_value = models.JSONField("before", null=True, blank=True)
+    new_value = models.JSONField("after", null=True, blank=True)
+    reason = models.CharField("why", max_length=500)
+
+    class Meta:
+        ordering = ["-changed_at", "-pk"]
+        verbose_name = "node policy change"
+        constraints = [
+            models.CheckConstraint(
+                condition=~Q(reason=""),
+                name="%(app_label)s_%(class)s_reason_given",
+                violation_error_message="A policy change needs a reason.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.field} changed {self.changed_at:%Y-%m-%d %H:%M}"

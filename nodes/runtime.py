@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from . import isolation
+
 LABEL_OWNER = "gpuplatform.owner"
 LABEL_MANAGED = "gpuplatform.managed"
 VRAM_ENV = "GPUPLATFORM_VRAM_LIMIT_MB"
@@ -21,23 +23,9 @@ VRAM_ENV = "GPUPLATFORM_VRAM_LIMIT_MB"
 # The quota library (HAMi-core style): the unsuffixed limit covers every visible device,
 # `_0` the first one, which is the container's only device; both, whichever a build reads.
 QUOTA_ENV = ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT_0")
-PLATFORM_ENV = (
-    VRAM_ENV,
-    "XLA_PYTHON_CLIENT_MEM_FRACTION",
-    "XLA_PYTHON_CLIENT_PREALLOCATE",
-    "PYTORCH_CUDA_ALLOC_CONF",
-    "TF_FORCE_GPU_ALLOW_GROWTH",
-    *QUOTA_ENV,
-    "LD_PRELOAD",
-)
-RESERVED_ENV = frozenset(
-    {*PLATFORM_ENV, "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
-)
-# NVIDIA_*: the toolkit's hook runs on the host and reads these from the container's
-# environment: NVIDIA_VISIBLE_DEVICES=all would reach every GPU of the node, NVIDIA_GDS,
-# NVIDIA_MOFED, NVIDIA_IMEX_CHANNELS... add host devices. CUDA_DEVICE_MEMORY_*: the rest
-# of the quota library's memory knobs (CUDA_DEVICE_ORDER and the like stay the tenant's).
-RESERVED_ENV_PREFIXES = ("GPUPLATFORM_", "NVIDIA_", "CUDA_DEVICE_MEMORY_")
+# Which of the driver's user-space libraries the toolkit puts in: compute and nvidia-smi,
+# never display, video or graphics (replacing whatever an image's configuration says).
+DRIVER_CAPABILITIES = "compute,utility"
 
 ZERO_TIME = "0001-01-01T00:00:00Z"  # what docker prints for "never"
 
@@ -128,6 +116,7 @@ class ContainerInfo:
     finished_at: str
     ports: dict[int, int]  # container port -> host port (tcp)
     labels: dict[str, str]
+    env: tuple[str, ...] = ()  # Config.Env, "NAME=value" (inspect only: the image's merged in)
 
 
 # --- building commands
@@ -205,10 +194,6 @@ def xla_mem_fraction(vram_mb: int, gpu_total_mb: int) -> str:
     return f"{hundredths // 100}.{hundredths % 100:02d}"
 
 
-def reserved_env_name(name: str) -> bool:
-    return name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)
-
-
 def check_tenant_env(environment: tuple[tuple[str, str], ...]) -> None:
     """Raise ValueError naming the first variable a tenant may not set as given."""
     seen: set[str] = set()
@@ -218,8 +203,8 @@ def check_tenant_env(environment: tuple[tuple[str, str], ...]) -> None:
         name, value = item
         if not isinstance(name, str) or not _ENV_NAME_RE.fullmatch(name):
             raise ValueError(f"environment variable name {name!r} is not a valid name")
-        if reserved_env_name(name):
-            raise ValueError(f"environment variable {name} is set by the platform")
+        if isolation.reserved_reason(name) is not None:
+            raise ValueError(f"environment variable {isolation.refusal(name)}")
         if name in seen:
             # with duplicates, which one a program sees depends on its libc
             raise ValueError(f"environment variable {name} is given twice")
@@ -237,6 +222,7 @@ def platform_env(spec: ContainerSpec) -> list[tuple[str, str]]:
         ("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),
         ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
         ("TF_FORCE_GPU_ALLOW_GROWTH", "true"),
+        ("NVIDIA_DRIVER_CAPABILITIES", DRIVER_CAPABILITIES),
     ]
     if spec.quota_library and not spec.mig:
         # No bind mount: the library is put into the container by the node's toolkit hook
@@ -526,6 +512,51 @@ def _inspect_ports(value: Any, where: str) -> dict[int, int]:
     return ports
 
 
+def _env_list(value: Any, where: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise RuntimeParseError(f"{where}: Config.Env is not a list of strings")
+    return tuple(value)
+
+
+def image_inspect_argv(reference: str) -> list[str]:
+    """`docker image inspect` of one image (a JSON array of one object)."""
+    return ["docker", "image", "inspect", "--", _check_image(reference)]
+
+
+def pull_argv(reference: str) -> list[str]:
+    return ["docker", "pull", "--quiet", "--", _check_image(reference)]
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    id: str
+    env: tuple[str, ...]  # the image configuration's Env, "NAME=value"
+    repo_digests: tuple[str, ...]
+
+
+def parse_image_inspect(text: str) -> ImageConfig:
+    try:
+        docs = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RuntimeParseError(f"docker image inspect output is not JSON: {exc}") from None
+    if not isinstance(docs, list) or len(docs) != 1 or not isinstance(docs[0], dict):
+        raise RuntimeParseError("docker image inspect output is not an array of one object")
+    doc = docs[0]
+    config = doc.get("Config") or {}
+    if not isinstance(config, dict):
+        raise RuntimeParseError("docker image inspect: Config is not an object")
+    digests = doc.get("RepoDigests") or []
+    if not isinstance(digests, list):
+        raise RuntimeParseError("docker image inspect: RepoDigests is not a list")
+    return ImageConfig(
+        id=_get(doc, "Id", str, "docker image inspect"),
+        env=_env_list(config.get("Env"), "docker image inspect"),
+        repo_digests=tuple(str(d) for d in digests),
+    )
+
+
 def parse_inspect(text: str) -> list[ContainerInfo]:
     """`docker inspect` of containers: a JSON array (`[]` when none were found)."""
     if not text.strip():
@@ -567,6 +598,7 @@ def parse_inspect(text: str) -> list[ContainerInfo]:
                 finished_at=_timestamp(_opt_str(state, "FinishedAt", where)),
                 ports=_inspect_ports(network.get("Ports"), where),
                 labels=labels,
+                env=_env_list(config.get("Env"), where),
             )
         )
     return out

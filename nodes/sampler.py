@@ -343,7 +343,87 @@ def capabilities(errors, gpus):
         "nvidia_runtime": nvidia_runtime,
         "mig": any(g["mig_capable"] for g in gpus),
         "vram_quota_library": library,
+        "preflight": preflight_facts(errors, docker),
     }
+
+
+VERSION_RE = re.compile(r"\bversion:?\s+v?([0-9][0-9A-Za-z.+~:-]*)", re.IGNORECASE)
+# the toolkit's CLIs, newest first; the hook is what dockerd runs, so it answers last
+TOOLKIT_COMMANDS = (
+    ["nvidia-ctk", "--version"],
+    ["nvidia-container-toolkit", "--version"],
+    ["nvidia-container-runtime-hook", "--version"],
+)
+
+
+def command_text(errors, argv, what):
+    """stdout of a short command, "" when it is not installed or fails."""
+    if shutil.which(argv[0]) is None:
+        return ""
+    try:
+        run = subprocess.run(argv, capture_output=True, timeout=10, check=False)  # noqa: S603
+    except (OSError, subprocess.SubprocessError) as exc:
+        errors.append(f"preflight: {what}: {exc}")
+        return ""
+    return text(run.stdout).strip() if run.returncode == 0 else ""
+
+
+def package_build(errors, names):
+    """The distribution's build string of the first installed package of `names`
+    (Debian/Ubuntu dpkg, else RPM): distributions backport fixes into old numbers."""
+    for name in names:
+        out = command_text(errors, ["dpkg-query", "-W", "-f=${Version}", name], "dpkg-query")
+        if out:
+            return out
+        out = command_text(errors, ["rpm", "-q", "--qf", "%{VERSION}-%{RELEASE}", name], "rpm")
+        if out and "not installed" not in out:
+            return out
+    return ""
+
+
+def preflight_facts(errors, docker):
+    """What the platform's preflight gate judges, as text: OS, kernel, Docker Engine and the
+    runc it uses, the NVIDIA Container Toolkit, cgroup version ("" where unknown)."""
+    facts = {"kernel": os.uname().release, "os": ""}
+    with contextlib.suppress(OSError), open("/etc/os-release", encoding="utf-8") as fh:
+        for line in fh:
+            if line.startswith("PRETTY_NAME="):
+                facts["os"] = line.split("=", 1)[1].strip().strip('"')
+    facts["docker_version"] = facts["runc_version"] = facts["cgroup_version"] = ""
+    if docker:
+        server = command_text(
+            errors, ["docker", "version", "--format", "{{json .Server}}"], "docker version"
+        )
+        try:
+            doc = json.loads(server) if server else {}
+        except ValueError:
+            doc = {}
+        if isinstance(doc, dict):
+            facts["docker_version"] = str(doc.get("Version") or "")
+            for part in doc.get("Components") or []:
+                if isinstance(part, dict) and str(part.get("Name", "")).lower() == "runc":
+                    facts["runc_version"] = str(part.get("Version") or "")
+        facts["cgroup_version"] = command_text(
+            errors, ["docker", "info", "--format", "{{.CgroupVersion}}"], "docker info"
+        )
+    if not facts["runc_version"]:
+        match = VERSION_RE.search(command_text(errors, ["runc", "--version"], "runc"))
+        facts["runc_version"] = match.group(1) if match else ""
+    facts["runc_build"] = package_build(errors, ["runc", "containerd.io"])
+    facts["toolkit_version"] = facts["toolkit_source"] = ""
+    for argv in TOOLKIT_COMMANDS:
+        match = VERSION_RE.search(command_text(errors, argv, argv[0]))
+        if match:
+            facts["toolkit_version"], facts["toolkit_source"] = match.group(1), argv[0]
+            break
+    facts["toolkit_build"] = package_build(
+        errors, ["nvidia-container-toolkit", "nvidia-container-toolkit-base"]
+    )
+    if not facts["cgroup_version"]:
+        facts["cgroup_version"] = (
+            "2" if os.path.exists("/sys/fs/cgroup/cgroup.controllers") else "1"
+        )
+    return facts
 
 
 def emit(doc, code):

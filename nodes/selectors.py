@@ -9,7 +9,15 @@ from django.conf import settings
 from django.db.models import Prefetch, Q, QuerySet
 from django.utils import timezone
 
-from .models import Allocation, Gpu, GpuSample, GpuSampleRollup, Node, ProcessSample
+from .models import (
+    Allocation,
+    Gpu,
+    GpuSample,
+    GpuSampleRollup,
+    Node,
+    NodePolicyChange,
+    ProcessSample,
+)
 
 MAX_POINTS = 500
 
@@ -23,6 +31,12 @@ def node_list() -> QuerySet[Node]:
     return Node.objects.prefetch_related(
         Prefetch("gpus", queryset=gpus_with_allocation().filter(present=True).order_by("index"))
     ).order_by("name")
+
+
+def node_policy_changes() -> QuerySet[NodePolicyChange]:
+    return NodePolicyChange.objects.select_related("changed_by", "node").order_by(
+        "-changed_at", "-pk"
+    )
 
 
 def gpu_list(*, node_id: int | None = None) -> QuerySet[Gpu]:

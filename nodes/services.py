@@ -3,6 +3,8 @@ sampling and ingest, drain, retention."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import ipaddress
 import logging
 import re
@@ -18,9 +20,19 @@ from django.utils import timezone
 
 from gpuplatform.errors import Conflict, ServiceError
 
-from . import ssh, telemetry
+from . import isolation, preflight, ssh, telemetry
 from .hooks import GpuSampleRow, ProcessSampleRow, SampleBatch, run_sample_hooks
-from .models import Allocation, Gpu, GpuSample, GpuSampleRollup, Node, ProcessSample
+from .models import (
+    Allocation,
+    GateStatus,
+    Gpu,
+    GpuSample,
+    GpuSampleRollup,
+    Node,
+    NodePolicy,
+    NodePolicyChange,
+    ProcessSample,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -456,7 +468,8 @@ def node_discover(*, node_id: int, pool: ssh.SSHPool | None = None) -> Node | No
             node.status = node.reachable_status
             node.status_reason = ""
         node.save()
-    return node
+    # Outside the inventory's transaction: the probes take seconds.
+    return node_preflight(node_id=node.pk, facts=caps.facts, pool=pool)
 
 
 # --- sampling and ingest --------------------------------------------------------------------
@@ -772,6 +785,7 @@ def _placeable_gpus(*, guaranteed: bool) -> models.QuerySet[Gpu]:
         accepting_placements=True,
         node__status=Node.Status.ACTIVE,
         node__drained_at__isnull=True,
+        node__gate_status=GateStatus.PASSED,
     )
     if guaranteed:
         # DOMAIN.md: no overcommit for work that was sold as guaranteed.
@@ -957,6 +971,11 @@ _HELD = {
     "sqlite": "MAX(allocated_mb, COALESCE(last_processes_mb, 0))",
 }
 ROOM_SQL = {vendor: f"({cap} - {_HELD[vendor]})" for vendor, cap in _CAPACITY.items()}
+# A card sold whole only (no proven quota library) takes one slice, of the whole card.
+WHOLE_CARD_SQL = {
+    vendor: f"(NOT whole_card_only OR ({held} = 0 AND %s >= {_NOMINAL}))"
+    for vendor, held in _HELD.items()
+}
 # The room by what was sold alone (why a launch waits: placement_shortfall).
 SOLD_ROOM_SQL = {vendor: f"({cap} - allocated_mb)" for vendor, cap in _CAPACITY.items()}
 
@@ -969,6 +988,8 @@ def _software_fits(vram_mb: int, guaranteed: bool) -> models.QuerySet[Gpu]:
         .filter(mig_enabled=False)
         .annotate(room=RawSQL(ROOM_SQL[connection.vendor], ()))  # noqa: S611 - constant
         .filter(room__gte=vram_mb)
+        .annotate(whole_ok=RawSQL(WHOLE_CARD_SQL[connection.vendor], (vram_mb,)))  # noqa: S611
+        .filter(whole_ok=True)
         .order_by("room", "pk")
     )
 
@@ -1015,8 +1036,8 @@ def _claim_best_fit(vram_mb: int, guaranteed: bool) -> Gpu | None:
         WHERE id = (
             SELECT g.id FROM nodes_gpu g JOIN nodes_node n ON n.id = g.node_id
             WHERE g.present AND g.accepting_placements AND NOT g.mig_enabled
-              AND n.status = %s AND n.drained_at IS NULL {only_whole}
-              AND {room} >= %s
+              AND n.status = %s AND n.drained_at IS NULL AND n.gate_status = %s {only_whole}
+              AND {room} >= %s AND {WHOLE_CARD_SQL[vendor]}
             ORDER BY {room}, g.id LIMIT 1 {lock}
         )
         RETURNING {", ".join(f'"{name}"' for name in _CLAIM_FIELDS)}
@@ -1024,7 +1045,7 @@ def _claim_best_fit(vram_mb: int, guaranteed: bool) -> Gpu | None:
     if vendor == "postgresql":  # the node's name for the slice's timeline, in one go
         sql += ", (SELECT name FROM nodes_node WHERE nodes_node.id = nodes_gpu.node_id)"
     with connection.cursor() as cursor:
-        cursor.execute(sql, [vram_mb, Node.Status.ACTIVE, vram_mb])
+        cursor.execute(sql, [vram_mb, Node.Status.ACTIVE, GateStatus.PASSED, vram_mb, vram_mb])
         row = cursor.fetchone()
     if row is None:
         return None
@@ -1332,6 +1353,32 @@ def container_logs_tail(
     return (result.stdout + result.stderr).decode("utf-8", "replace")[-2000:]
 
 
+def image_inspect(*, node: Node, reference: str, pool: ssh.SSHPool | None = None):  # type: ignore[no-untyped-def]
+    """The image's configuration as the node has it (pulled first when the node lacks it).
+    Raises ContainerError (no such image, a pull refused) or ssh.SSHError."""
+    from . import runtime
+
+    argv = runtime.image_inspect_argv(reference)
+    result = _docker(node, argv, pool)
+    if not result.ok and b"No such image" in result.stderr:
+        pulled = _docker(node, runtime.pull_argv(reference), pool, timeout=CONTAINER_START_TIMEOUT)
+        if not pulled.ok:
+            raise ContainerError(f"docker pull failed: {_last_line(pulled.stderr)}")
+        result = _docker(node, argv, pool)
+    if not result.ok:
+        raise ContainerError(f"docker image inspect failed: {_last_line(result.stderr)}")
+    try:
+        return runtime.parse_image_inspect(result.stdout.decode("utf-8", "replace"))
+    except runtime.RuntimeParseError as exc:
+        raise ContainerError(str(exc)) from None
+
+
+def image_env_refusal(config) -> str:  # type: ignore[no-untyped-def]
+    """Why an image cannot run as a slice, from its own configuration ('' when it can)."""
+    bad = isolation.image_env_problems(config.env)
+    return "; ".join(f"the image's configuration sets {name}: {why}" for name, why in bad)
+
+
 def container_start(
     *,
     allocation: Allocation,
@@ -1390,6 +1437,12 @@ def container_start(
         network=node.container_network,
     )
     argv = runtime.run_argv(spec)
+    # Before anything starts (the toolkit's hook runs with the image's environment at
+    # prestart: CVE-2025-23266), the image as this node has it, whatever its tag meant
+    # when ops allowlisted it.
+    refusal = image_env_refusal(image_inspect(node=node, reference=image, pool=pool))
+    if refusal:
+        raise ContainerError(refusal)
     result = _docker(node, argv, pool, timeout=CONTAINER_START_TIMEOUT)
     if result.ok:
         container_id = result.stdout.decode().strip().splitlines()[-1].strip()
@@ -1411,6 +1464,15 @@ def container_start(
         info = container_inspect(node=node, container=info.id, pool=pool)
     if info is None or not info.running:
         raise ContainerError(container_exit_reason(info), info=info)
+    # What runs must carry the platform's isolation, whatever the image or anything else
+    # set: the quota variables with the platform's values, nothing that switches them off.
+    wrong = isolation.container_env_problems(info.env, dict(runtime.platform_env(spec)))
+    if wrong:
+        raise ContainerError(
+            "the started container's environment does not hold the platform's isolation: "
+            + "; ".join(wrong),
+            info=info,
+        )
     return info
 
 
@@ -1590,3 +1652,314 @@ def gpu_set_accepting(*, gpu: Gpu, accepting: bool, reason: str = "") -> Gpu:
     gpu.not_accepting_reason = "" if accepting else reason.strip()[:500]
     gpu.save(update_fields=["accepting_placements", "not_accepting_reason"])
     return gpu
+
+
+# --- the preflight gate ---------------------------------------------------------------------
+
+PROBE_OWNER_PREFIX = "probe-node-"  # a probe container's owner key: "probe-node-<node id>"
+PROBE_WAIT_S = 30.0  # a probe that has not finished by then counts as not finished
+POLICY_FIELDS = (
+    "min_toolkit_version",
+    "min_runc_version",
+    "driver_branches",
+    "known_fixed_builds",
+    "probe_image",
+    "probe_command",
+    "probe_environment",
+)
+
+
+def node_policy() -> NodePolicy:
+    """The one policy row (made with the defaults on first use)."""
+    policy = NodePolicy.objects.filter(pk=1).first()
+    if policy is None:
+        policy, _ = NodePolicy.objects.get_or_create(pk=1)
+    return policy
+
+
+def _gate_policy(row: NodePolicy) -> preflight.Policy:
+    return preflight.Policy(
+        min_toolkit_version=row.min_toolkit_version,
+        min_runc_version=row.min_runc_version,
+        driver_branches=tuple(row.driver_branches or ()),
+        known_fixed=tuple(
+            preflight.KnownBuild(k["component"], k["build"], k.get("reason", ""))
+            for k in row.known_fixed_builds or ()
+        ),
+    )
+
+
+def _probe_targets(node: Node) -> list[tuple[Gpu, str, int, bool]]:
+    """One GPU of each model sold through the quota library (the least used one), or,
+    on a node with MIG-partitioned GPUs only, one MIG device (for the hardening reading):
+    (gpu, device, device MiB, mig)."""
+    gpus = list(Gpu.objects.filter(node=node, present=True).order_by("allocated_mb", "index"))
+    targets: dict[str, tuple[Gpu, str, int, bool]] = {}
+    for gpu in gpus:
+        if not gpu.mig_enabled and gpu.model not in targets:
+            targets[gpu.model] = (gpu, gpu.uuid, gpu.vram_total_mb, False)
+    if targets:
+        return list(targets.values())
+    for gpu in gpus:
+        for mig in gpu.mig_devices or []:
+            if mig.get("uuid"):
+                return [(gpu, mig["uuid"], int(mig.get("memory_total_mb") or 0), True)]
+    return []
+
+
+def _probe_run(  # type: ignore[no-untyped-def]
+    node: Node, target, kind: str, row: NodePolicy, library: str, pool: ssh.SSHPool
+) -> preflight.ProbeRun:
+    """One probe container through the same `docker run` argv as a tenant's slice."""
+    import secrets
+    from decimal import Decimal
+
+    from . import runtime
+
+    gpu, device, device_mb, mig = target
+    alloc_mb = preflight.PROBE_PAST_MB if kind == "past" else preflight.PROBE_WITHIN_MB
+    run = preflight.ProbeRun(gpu_model=gpu.model, device=device, kind=kind)
+    try:
+        spec = runtime.ContainerSpec(
+            name=f"gpp-probe-{node.pk}-{gpu.index}-{kind}-{secrets.token_hex(3)}",
+            image=row.probe_image,
+            owner_key=f"{PROBE_OWNER_PREFIX}{node.pk}",
+            device=device,
+            vram_mb=min(preflight.PROBE_QUOTA_MB, device_mb or preflight.PROBE_QUOTA_MB),
+            gpu_total_mb=device_mb or preflight.PROBE_QUOTA_MB,
+            cpus=Decimal(preflight.PROBE_CPUS),
+            memory_mb=preflight.PROBE_MEMORY_MB,
+            pids_limit=preflight.PROBE_PIDS,
+            command=("sh", "-c", preflight.PROBE_SCRIPT, "probe", *row.probe_command),
+            environment=preflight.probe_environment(row.probe_environment or {}, alloc_mb),
+            mig=mig,
+            quota_library="" if mig else library,
+            network=node.container_network,
+        )
+        argv = runtime.run_argv(spec)
+    except ValueError as exc:
+        return dataclasses.replace(run, error=f"the probe settings are not valid: {exc}")
+    name = spec.name
+    try:
+        started = _docker(node, argv, pool, timeout=CONTAINER_START_TIMEOUT)
+        if not started.ok:
+            return dataclasses.replace(
+                run, error=f"docker run failed: {_last_line(started.stderr)}"
+            )
+        deadline = time.monotonic() + PROBE_WAIT_S
+        info = container_inspect(node=node, container=name, pool=pool)
+        while info is not None and info.running and time.monotonic() < deadline:
+            time.sleep(0.25)
+            info = container_inspect(node=node, container=name, pool=pool)
+        if info is None:
+            return dataclasses.replace(run, error="the probe container disappeared")
+        if info.running:
+            return dataclasses.replace(
+                run, error=f"the probe did not finish within {PROBE_WAIT_S:.0f} s"
+            )
+        logs = _docker(node, runtime.logs_tail_argv(name, 200), pool)
+        readings = preflight.parse_probe_output(logs.stdout.decode("utf-8", "replace"))
+        if "alloc_exit" not in readings:
+            return dataclasses.replace(
+                run,
+                error=f"the probe stopped before its allocation ({container_exit_reason(info)})",
+                readings=readings,
+            )
+        return dataclasses.replace(run, readings=readings)
+    except (ssh.SSHError, ContainerError, runtime.RuntimeParseError) as exc:
+        return dataclasses.replace(run, error=str(exc)[:300])
+    finally:
+        with contextlib.suppress(ssh.SSHError):
+            _docker(node, runtime.rm_argv(name), pool)
+
+
+def _remove_stale_probes(node: Node, pool: ssh.SSHPool) -> None:
+    """Probe containers an earlier preflight left (its worker died mid-probe)."""
+    from . import runtime
+
+    key = f"{PROBE_OWNER_PREFIX}{node.pk}"
+    with contextlib.suppress(ssh.SSHError, ContainerError, runtime.RuntimeParseError):
+        for info in node_containers(node=node, pool=pool):
+            if info.owner_key == key:
+                _docker(node, runtime.rm_argv(info.id), pool)
+
+
+def node_preflight(
+    *, node_id: int, facts: dict[str, str], pool: ssh.SSHPool | None = None
+) -> Node | None:
+    """Judge the node by the policy: the versions discovery read, and probe containers on
+    each GPU model proving the hardening and the VRAM quota. Stores the verdict; a node
+    that fails takes no new placements (running slices stay), one that passes again is
+    released. Never raises for what the node answers: a probe that fails says why."""
+    node = Node.objects.filter(pk=node_id).first()
+    if node is None or not node.host_key:
+        return node
+    pool = pool or ssh.get_pool()
+    row = node_policy()
+    library = (node.capabilities or {}).get("vram_quota_library") or ""
+    _remove_stale_probes(node, pool)
+    runs: list[preflight.ProbeRun] = []
+    targets = _probe_targets(node)
+    for target in targets:
+        runs.append(_probe_run(node, target, "within", row, library, pool))
+        if library and not target[3]:
+            runs.append(_probe_run(node, target, "past", row, library, pool))
+    software = [t[0].model for t in targets if not t[3]]
+    gate = preflight.evaluate(
+        facts=facts,
+        driver_version=node.driver_version,
+        policy=_gate_policy(row),
+        runs=runs,
+        software_models=software,
+        quota_library=library,
+        probe_error="" if targets else "the node has no GPU to probe",
+    )
+    now = timezone.now()
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node_id)
+        accepted = node.watchdog_only_accepted_at is not None
+        node.gate_status = GateStatus.PASSED if gate.passed else GateStatus.FAILED
+        node.gate_reason = gate.reason[:1000]
+        node.gate_checked_at = now
+        node.preflight = {
+            "facts": {k: facts.get(k, "") for k in preflight.FACT_KEYS},
+            "driver_version": node.driver_version,
+            "checks": [c.as_dict() for c in gate.checks],
+            "quota": dict(gate.quota),
+            "probes": [r.as_dict() for r in runs],
+            "policy": {
+                "min_toolkit_version": row.min_toolkit_version,
+                "min_runc_version": row.min_runc_version,
+            },
+            "checked_at": now.isoformat(),
+        }
+        node.save(update_fields=["gate_status", "gate_reason", "gate_checked_at", "preflight"])
+        whole = [m for m in gate.quota if gate.whole_card_only(m, watchdog_accepted=accepted)]
+        on_node = Gpu.objects.filter(node=node)
+        on_node.filter(mig_enabled=False, model__in=whole).exclude(whole_card_only=True).update(
+            whole_card_only=True
+        )
+        on_node.exclude(mig_enabled=False, model__in=whole).exclude(whole_card_only=False).update(
+            whole_card_only=False
+        )
+    return node
+
+
+def _policy_clean(field: str, value):  # type: ignore[no-untyped-def]
+    """One policy setting as ops gave it, checked; raises ServiceError naming it."""
+    from . import isolation, runtime
+
+    try:
+        if field in ("min_toolkit_version", "min_runc_version"):
+            return preflight.check_version(str(value))
+        if field == "driver_branches":
+            if not isinstance(value, list):
+                raise ValueError('a list of driver branches, e.g. ["550", "570"]')
+            return sorted({preflight.check_branch(b) for b in value})
+        if field == "known_fixed_builds":
+            if not isinstance(value, list):
+                raise ValueError("a list of {component, build, reason}")
+            out = []
+            for item in value:
+                if not isinstance(item, dict) or set(item) - {"component", "build", "reason"}:
+                    raise ValueError("each entry is {component, build, reason}")
+                component = str(item.get("component", "")).strip()
+                build = str(item.get("build", "")).strip()
+                reason = str(item.get("reason", "")).strip()
+                if component not in preflight.COMPONENTS:
+                    raise ValueError(f"component is runc or toolkit, not {component!r}")
+                if not build or len(build) > 100 or any(c.isspace() for c in build):
+                    raise ValueError(f"build {build!r} must be a package version, no spaces")
+                if not reason:
+                    raise ValueError(f"the entry for {component} {build} needs a reason")
+                out.append({"component": component, "build": build, "reason": reason[:300]})
+            return out
+        if field == "probe_image":
+            return runtime._check_image(str(value).strip())
+        if field == "probe_command":
+            if (
+                not isinstance(value, list)
+                or not value
+                or not all(isinstance(v, str) and v and "\0" not in v for v in value)
+            ):
+                raise ValueError("the allocation command is a non-empty list of strings")
+            return value
+        if field == "probe_environment":
+            if not isinstance(value, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+            ):
+                raise ValueError("an object of NAME: value strings")
+            for name in value:
+                if isolation.reserved_reason(name) is not None:
+                    raise ValueError(isolation.refusal(name))
+            runtime.check_tenant_env(preflight.probe_environment(value, 1))
+            return value
+    except ValueError as exc:
+        raise ServiceError(f"{field}: {exc}", field=field) from None
+    raise ServiceError(f"{field} is not a node policy setting.", field=field)
+
+
+@transaction.atomic
+def node_policy_update(*, actor, reason: str, **changes) -> NodePolicy:  # type: ignore[no-untyped-def]
+    """Change the node policy; each changed setting is recorded with who, when and why.
+    Every node is judged again at its next discovery (a task re-runs them at once)."""
+    reason = (reason or "").strip()
+    if not reason:
+        raise ServiceError(
+            "Say why the policy changes (it is kept with the change).", field="reason"
+        )
+    node_policy()
+    row = NodePolicy.objects.select_for_update().get(pk=1)
+    changed = []
+    for field, value in changes.items():
+        clean = _policy_clean(field, value)
+        old = getattr(row, field)
+        if old == clean:
+            continue
+        setattr(row, field, clean)
+        changed.append(
+            NodePolicyChange(
+                changed_by=actor, field=field, old_value=old, new_value=clean, reason=reason[:500]
+            )
+        )
+    if changed:
+        row.save()
+        NodePolicyChange.objects.bulk_create(changed)
+        from . import tasks
+
+        transaction.on_commit(tasks.preflight_all.delay)
+    return row
+
+
+@transaction.atomic
+def node_accept_watchdog_only(*, node: Node, actor, accept: bool, reason: str) -> Node:  # type: ignore[no-untyped-def]
+    """Ops accept (or withdraw) selling this node's non-MIG GPUs in slices without a
+    proven quota library: the watchdog alone then holds each slice to its quota."""
+    reason = (reason or "").strip()
+    if not reason:
+        raise ServiceError("Say why (it is kept in the policy's history).", field="reason")
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    before = node.watchdog_only_accepted_at is not None
+    if before == accept:
+        return node
+    node.watchdog_only_accepted_at = timezone.now() if accept else None
+    node.watchdog_only_accepted_by = actor if accept else None
+    node.watchdog_only_reason = reason[:500] if accept else ""
+    node.save(
+        update_fields=[
+            "watchdog_only_accepted_at", "watchdog_only_accepted_by", "watchdog_only_reason"
+        ]
+    )  # fmt: skip
+    NodePolicyChange.objects.create(
+        changed_by=actor,
+        node=node,
+        field="watchdog_only",
+        old_value=before,
+        new_value=accept,
+        reason=reason[:500],
+    )
+    quota = (node.preflight or {}).get("quota") or {}
+    whole = [m for m, state in quota.items() if state != "proven" and not accept]
+    Gpu.objects.filter(node=node, mig_enabled=False).update(whole_card_only=False)
+    Gpu.objects.filter(node=node, mig_enabled=False, model__in=whole).update(whole_card_only=True)
+    return node

@@ -29,8 +29,9 @@ def sample_nodes(node_ids: list[int]) -> dict:
 
 @shared_task(
     name="telemetry.discover_node",
-    soft_time_limit=40,
-    time_limit=60,
+    # discovery runs the preflight: a few probe containers per GPU model, seconds each
+    soft_time_limit=150,
+    time_limit=180,
     autoretry_for=(OSError,),
     max_retries=3,
     retry_backoff=True,
@@ -45,6 +46,16 @@ def discover_node(node_id: int) -> bool:
     except IntegrityError as exc:  # e.g. two GPUs reporting one index: say so on the node
         services.node_note_error(node_id=node_id, message=f"discovery refused: {exc}")
         return False
+
+
+@shared_task(name="telemetry.preflight_all", soft_time_limit=20, time_limit=30)
+def preflight_all() -> int:
+    """Every node judged again (daily, and when ops change the policy): a discovery each,
+    which runs the preflight."""
+    ids = list(services.sampleable_nodes().order_by("pk").values_list("pk", flat=True))
+    for node_id in ids:
+        discover_node.delay(node_id)
+    return len(ids)
 
 
 @shared_task(name="telemetry.scan_host_key", soft_time_limit=20, time_limit=30)

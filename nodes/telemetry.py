@@ -35,7 +35,11 @@ Two sources, one result (`NodeSample`):
                               # node's VRAM quota library keeps per-container accounting
      "capabilities": {                                     # only with --discover
        "docker": true, "nvidia_runtime": true, "mig": true,
-       "vram_quota_library": "/usr/lib/gpuplatform/libvramquota.so" | null},
+       "vram_quota_library": "/usr/lib/gpuplatform/libvramquota.so" | null,
+       "preflight": {"os": "...", "kernel": "...", "docker_version": "...",   # text; "" =
+                     "runc_version": "...", "runc_build": "...",            # unknown
+                     "toolkit_version": "...", "toolkit_build": "...",
+                     "toolkit_source": "nvidia-ctk", "cgroup_version": "2"}},
      "errors": ["human-readable problems that did not stop the sample"]
    }
 
@@ -151,6 +155,8 @@ class Capabilities:
     nvidia_runtime: bool = False
     mig: bool = False
     vram_quota_library: str | None = None
+    # the preflight gate's facts (nodes.preflight.FACT_KEYS), text, "" when unknown
+    facts: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -511,7 +517,24 @@ def _capabilities(obj: dict[str, Any]) -> Capabilities | None:
         nvidia_runtime=_bool(value, "nvidia_runtime", "capabilities"),
         mig=_bool(value, "mig", "capabilities"),
         vram_quota_library=_str(value, "vram_quota_library", "capabilities") or None,
+        facts=_facts(value.get("preflight")),
     )
+
+
+MAX_FACT_CHARS = 200
+
+
+def _facts(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ParseError(f"capabilities.preflight must be an object, got {type(value).__name__}")
+    out = {}
+    for key, item in value.items():
+        if not isinstance(item, str):
+            raise _where("capabilities.preflight", f"{key} must be a string, got {item!r}")
+        out[str(key)[:64]] = item.strip()[:MAX_FACT_CHARS]
+    return out
 
 
 def parse_sampler_output(text: str) -> NodeSample:

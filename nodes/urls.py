@@ -22,4 +22,17 @@ urlpatterns = [
         name="node_approve",
     ),
     path("ops/nodes/<int:pk>/rescan/", views.node_action, {"action": "rescan"}, name="node_rescan"),
+    path(
+        "ops/nodes/<int:pk>/preflight/",
+        views.node_action,
+        {"action": "preflight"},
+        name="node_preflight",
+    ),
+    path(
+        "ops/nodes/<int:pk>/watchdog-only/",
+        views.node_action,
+        {"action": "watchdog"},
+        name="node_watchdog",
+    ),
+    path("ops/fleet/node-policy/", views.node_policy, name="node_policy"),
 ]

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.paginator import Paginator
+from django.db import transaction
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -18,7 +19,7 @@ from django.views.decorators.http import require_GET, require_POST
 from gpuplatform.errors import ServiceError
 
 from . import selectors, services, ssh
-from .forms import ApproveForm, DrainForm, NodeForm
+from .forms import ApproveForm, DrainForm, NodeForm, NodePolicyForm, WatchdogOnlyForm
 from .models import Gpu, Node
 
 LIVE_SECONDS = 10
@@ -67,6 +68,9 @@ def _node_context(node: Node) -> dict:
         else "",
         "live_seconds": LIVE_SECONDS,
         "drain_form": DrainForm(),
+        "checks": (node.preflight or {}).get("checks") or [],
+        "facts": (node.preflight or {}).get("facts") or {},
+        "quota": (node.preflight or {}).get("quota") or {},
     }
 
 
@@ -123,7 +127,36 @@ def _rescan(request: HttpRequest, node: Node) -> str:
     return "Reading the node's host key again; approve it when it appears."
 
 
-NODE_ACTIONS = {"drain": _drain, "undrain": _undrain, "approve": _approve, "rescan": _rescan}
+def _preflight(request: HttpRequest, node: Node) -> str:
+    if not node.host_key:
+        raise ServiceError("Approve the node's host key first.")
+    from . import tasks
+
+    transaction.on_commit(lambda: tasks.discover_node.delay(node.pk))
+    return f"Preflight of {node.name} started: the verdict appears here in a few seconds."
+
+
+def _watchdog(request: HttpRequest, node: Node) -> str:
+    form = WatchdogOnlyForm(request.POST)
+    if not form.is_valid():
+        raise ServiceError("Say why (it is kept in the policy's history).")
+    accept = bool(form.cleaned_data["accept"])
+    services.node_accept_watchdog_only(
+        node=node, actor=request.user, accept=accept, reason=form.cleaned_data["reason"]
+    )
+    if accept:
+        return f"{node.name}: GPUs without a proven quota are sold in slices, held by the watchdog."
+    return f"{node.name}: GPUs without a proven quota are sold whole only again."
+
+
+NODE_ACTIONS = {
+    "drain": _drain,
+    "undrain": _undrain,
+    "approve": _approve,
+    "rescan": _rescan,
+    "preflight": _preflight,
+    "watchdog": _watchdog,
+}
 
 
 @staff_member_required
@@ -301,4 +334,39 @@ def metrics(request: HttpRequest) -> HttpResponse:
     ]
     return HttpResponse(
         "\n".join(out) + "\n", content_type="text/plain; version=0.0.4; charset=utf-8"
+    )
+
+
+# --- the preflight gate's policy ------------------------------------------------------------
+
+POLICY_HISTORY_PAGE_SIZE = 25
+
+
+@staff_member_required
+def node_policy(request: HttpRequest) -> HttpResponse:
+    """What a node must have to take placements; every change needs a reason and is kept."""
+    from . import isolation
+
+    policy = services.node_policy()
+    form = NodePolicyForm(request.POST or None, initial=NodePolicyForm.initial_from(policy))
+    if request.method == "POST" and form.is_valid():
+        data = dict(form.cleaned_data)
+        reason = data.pop("reason")
+        try:
+            services.node_policy_update(actor=request.user, reason=reason, **data)
+        except ServiceError as exc:
+            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+        else:
+            messages.success(request, "Node policy saved; every node is being judged again.")
+            return redirect("nodes:node_policy")
+    history = Paginator(selectors.node_policy_changes(), POLICY_HISTORY_PAGE_SIZE)
+    return render(
+        request,
+        "nodes/node_policy.html",
+        {
+            "form": form,
+            "policy": policy,
+            "history": history.get_page(request.GET.get("page")),
+            "reserved": isolation.reserved_list(),
+        },
     )

@@ -450,6 +450,12 @@ class Image(models.Model):
         "how the tenant connects", max_length=16, choices=Connect.choices, default=Connect.SSH
     )
     is_active = models.BooleanField("allowed", default=True)
+    # Its configuration as a node had it when ops added or changed it (a start checks
+    # again on the node it runs on).
+    inspected_at = models.DateTimeField("inspected", null=True, blank=True)
+    inspected_on = models.CharField("inspected on node", max_length=64, blank=True)
+    inspected_image_id = models.CharField("image id", max_length=80, blank=True)
+    inspection_note = models.CharField("inspection", max_length=300, blank=True)
     created_at = models.DateTimeField("added", auto_now_add=True)
     updated_at = models.DateTimeField("changed", auto_now=True)
 

@@ -79,8 +79,9 @@ def worker_fleet(settings, tmp_path, django_capture_on_commit_callbacks):  # typ
     """Start emulated nodes authorised for the platform key from settings (the key the
     worker's pool uses), register them with pinned host keys and discover their GPUs.
 
-    Call it with NodeSpecs (default: one node with one RTX 4090, 24 GB, no quota
-    library). Returns the EmulatedFleet; registered Node rows are `fleet.registered`."""
+    Call it with NodeSpecs (default: one node with one RTX 4090, 24 GB, with the quota
+    library: without one a card is sold whole only). Returns the EmulatedFleet;
+    registered Node rows are `fleet.registered`."""
     from nodes import services as node_services
     from nodes import ssh
     from nodes.emulator import EmulatedFleet
@@ -92,7 +93,7 @@ def worker_fleet(settings, tmp_path, django_capture_on_commit_callbacks):  # typ
     started = []
 
     def start(specs=None, **kwargs):  # type: ignore[no-untyped-def]
-        specs = specs or [NodeSpec("gpu-a", (GpuSpec("NVIDIA GeForce RTX 4090"),), None)]
+        specs = specs or [NodeSpec("gpu-a", (GpuSpec("NVIDIA GeForce RTX 4090"),))]
         public = ssh.public_key_line(ssh.get_pool().private_key)
         fleet = EmulatedFleet.start(
             nodes=specs,

@@ -1,8 +1,9 @@
 """Schemathesis hooks for tests/test_api_fuzz.py (loaded by the CLI through
 SCHEMATHESIS_HOOKS): whatever the fuzzer generates, a node or webhook it creates or
 updates points at loopback, on a port where nothing listens, so the platform it drives
-(discovery over SSH, webhook deliveries) never reaches beyond this machine. Every body
-sent to those operations is logged to FUZZ_TARGETS_LOG, so the test can prove it."""
+(discovery over SSH, webhook deliveries) never reaches beyond this machine. What went on
+the wire to those operations (the request's own bytes, with the answer's status) is logged
+to FUZZ_TARGETS_LOG, so the test can prove it from what was sent."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ import schemathesis
 PORT = int(os.environ.get("FUZZ_LOOPBACK_PORT", "9"))
 LOG = os.environ.get("FUZZ_TARGETS_LOG")
 TARGETS = ("/api/v1/nodes/", "/api/v1/webhooks/")
+WRITES = ("POST", "PUT", "PATCH")
 
 
 @schemathesis.hook
 def before_call(context, case, kwargs):  # type: ignore[no-untyped-def]
     path = case.operation.path
-    if not path.startswith(TARGETS) or case.method.upper() not in ("POST", "PUT", "PATCH"):
+    if not path.startswith(TARGETS) or case.method.upper() not in WRITES:
         return
     body = case.body
     if isinstance(body, dict):
@@ -29,6 +31,16 @@ def before_call(context, case, kwargs):  # type: ignore[no-untyped-def]
             body["port"] = PORT
         if isinstance(body.get("url"), str):
             body["url"] = f"http://127.0.0.1:{PORT}/hook"
-    if LOG:
-        with open(LOG, "a") as f:
-            f.write(json.dumps({"path": path, "body": body}, default=repr) + "\n")
+
+
+@schemathesis.hook
+def after_call(context, case, response):  # type: ignore[no-untyped-def]
+    path = case.operation.path
+    if not LOG or not path.startswith(TARGETS) or case.method.upper() not in WRITES:
+        return
+    sent = response.request.body or b""
+    if isinstance(sent, str):
+        sent = sent.encode()
+    record = {"path": path, "status": response.status_code, "sent": sent.decode("latin-1")}
+    with open(LOG, "a") as f:
+        f.write(json.dumps(record) + "\n")

@@ -114,19 +114,26 @@ def test_the_api_survives_schema_driven_fuzzing(  # type: ignore[no-untyped-def]
         assert "Server error" not in output, output[-20000:]
         logs.append(log)
 
-    # it really fuzzed: many operations, and node and webhook bodies among them
+    # what went on the wire to node and webhook writes: every address and URL in a JSON
+    # body is loopback
     sent = [
         json.loads(line) for log in logs if log.exists() for line in log.read_text().splitlines()
     ]
     assert any(s["path"].startswith("/api/v1/nodes/") for s in sent)
     assert any(s["path"].startswith("/api/v1/webhooks/") for s in sent)
     for s in sent:
-        body = s["body"]
+        try:
+            body = json.loads(s["sent"])
+        except ValueError:
+            continue  # not JSON: the API refuses it before reading any field
         if isinstance(body, dict):
             if isinstance(body.get("address"), str):
                 assert is_loopback(body["address"]), s
             if isinstance(body.get("url"), str):
                 assert is_loopback(urlsplit(body["url"]).hostname or ""), s
+    # Which random writes a time budget gets accepted varies from run to run (a node's or a
+    # webhook's other fields must be valid too), so acceptance is not asserted; whatever was
+    # stored is checked below.
     for node in Node.objects.all():
         assert is_loopback(node.address), node.address
     for endpoint in WebhookEndpoint.objects.all():

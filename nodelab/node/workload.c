@@ -209,7 +209,8 @@ int main(void) {
             }
             break;
         }
-        while (nblocks > 0 && held - sizes[nblocks - 1] + MIB > want_b + MIB) {
+        /* free while what stays still covers the demand: back to base after a burst */
+        while (nblocks > 0 && held - sizes[nblocks - 1] >= want_b) {
             nblocks--;
             cuMemFree_v2(blocks[nblocks]);
             held -= sizes[nblocks];

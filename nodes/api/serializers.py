@@ -4,8 +4,8 @@ from rest_framework import serializers
 
 from gpuplatform.api.serializers import StrictSerializer
 from gpuplatform.datetimes import to_utc
-from nodes import ssh
-from nodes.models import Gpu, Node
+from nodes import services, ssh
+from nodes.models import Gpu, Node, NodePolicy, NodePolicyChange
 
 
 class GpuSerializer(serializers.ModelSerializer):
@@ -34,6 +34,7 @@ class GpuSerializer(serializers.ModelSerializer):
             "overcommit_ratio",
             "accepting_placements",
             "not_accepting_reason",
+            "whole_card_only",
             "present",
         ]
         read_only_fields = fields
@@ -72,6 +73,12 @@ class NodeSerializer(serializers.ModelSerializer):
             "last_error_at",
             "drained_at",
             "drain_reason",
+            "gate_status",
+            "gate_reason",
+            "gate_checked_at",
+            "preflight",
+            "watchdog_only_accepted_at",
+            "watchdog_only_reason",
             "created_at",
             "gpus",
         ]
@@ -199,3 +206,63 @@ class GpuPolicyUpdateSerializer(StrictSerializer):
                 "Give overcommit_ratio, accepting_placements, or both."
             )
         return attrs
+
+
+class WatchdogOnlySerializer(StrictSerializer):
+    accept = serializers.BooleanField(
+        help_text="true: sell this node's non-MIG GPUs in slices with the watchdog as the "
+        "only VRAM enforcement; false: whole cards only until a quota library is proven."
+    )
+    reason = serializers.CharField(max_length=500)
+
+
+class KnownBuildSerializer(StrictSerializer):
+    component = serializers.ChoiceField(choices=["runc", "toolkit"])
+    build = serializers.CharField(max_length=100)
+    reason = serializers.CharField(max_length=300)
+
+
+class NodePolicySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = NodePolicy
+        fields = [*services.POLICY_FIELDS, "updated_at"]
+        read_only_fields = fields
+
+
+class NodePolicyUpdateSerializer(StrictSerializer):
+    """Shapes only; the rules (version grammar, reserved names) are the service's."""
+
+    min_toolkit_version = serializers.CharField(max_length=32, required=False)
+    min_runc_version = serializers.CharField(max_length=32, required=False)
+    driver_branches = serializers.ListField(
+        child=serializers.CharField(max_length=8), required=False, max_length=32
+    )
+    known_fixed_builds = KnownBuildSerializer(many=True, required=False)
+    probe_image = serializers.CharField(max_length=255, required=False)
+    probe_command = serializers.ListField(
+        child=serializers.CharField(max_length=4096), required=False, max_length=64
+    )
+    probe_environment = serializers.DictField(
+        child=serializers.CharField(max_length=4096, allow_blank=True), required=False
+    )
+    reason = serializers.CharField(max_length=500, help_text="Why: kept with the change.")
+
+
+class NodePolicyChangeSerializer(serializers.ModelSerializer):
+    changed_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    node = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = NodePolicyChange
+        fields = ["id", "changed_at", "changed_by", "node", "field", "old_value", "new_value",
+                  "reason"]  # fmt: skip
+        read_only_fields = fields
+
+
+class ReservedVariableSerializer(serializers.Serializer):
+    name = serializers.CharField(help_text="A name, or a prefix ending in *.")
+    kind = serializers.ChoiceField(choices=["name", "prefix"])
+    reason = serializers.CharField()
+    image_may_set = serializers.CharField(
+        help_text="Why an image's own configuration may keep it ('' when it may not)."
+    )

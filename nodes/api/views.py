@@ -9,6 +9,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from gpuplatform.api.permissions import IsOps
 from nodes import selectors, services
@@ -20,7 +21,7 @@ from . import serializers
 class NodeFilter(django_filters.FilterSet):
     class Meta:
         model = Node
-        fields = ["status", "name"]
+        fields = ["status", "name", "gate_status"]
 
 
 class GpuFilter(django_filters.FilterSet):
@@ -28,7 +29,9 @@ class GpuFilter(django_filters.FilterSet):
 
     class Meta:
         model = Gpu
-        fields = ["node", "model", "present", "accepting_placements", "mig_enabled"]
+        fields = [
+            "node", "model", "present", "accepting_placements", "mig_enabled", "whole_card_only"
+        ]  # fmt: skip
 
 
 class NodeViewSet(
@@ -91,6 +94,34 @@ class NodeViewSet(
         data = serializers.ApproveHostKeySerializer(data=request.data)
         data.is_valid(raise_exception=True)
         node = services.node_approve_host_key(node=self.get_object(), **data.validated_data)
+        return self._out(node)
+
+    @extend_schema(request=None, responses={202: serializers.NodeSerializer})
+    @action(detail=True, methods=["post"])
+    def preflight(self, request, pk=None):  # type: ignore[no-untyped-def]
+        """Run the preflight gate now (a discovery, in the background): the verdict lands
+        on the node (`gate_status`, `gate_reason`, `preflight`)."""
+        node = self.get_object()
+        if not node.host_key:
+            return Response(
+                {"code": "pending_host_key", "message": "Approve the node's host key first."},
+                status=status.HTTP_409_CONFLICT,
+            )
+        from nodes import tasks
+
+        transaction.on_commit(lambda: tasks.discover_node.delay(node.pk))
+        return self._out(node, status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=serializers.WatchdogOnlySerializer, responses=serializers.NodeSerializer)
+    @action(detail=True, methods=["post"], url_path="watchdog-only")
+    def watchdog_only(self, request, pk=None):  # type: ignore[no-untyped-def]
+        """Accept (or withdraw) watchdog-only VRAM enforcement on this node: without a
+        proven quota library its non-MIG GPUs are otherwise sold whole only."""
+        data = serializers.WatchdogOnlySerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        node = services.node_accept_watchdog_only(
+            node=self.get_object(), actor=request.user, **data.validated_data
+        )
         return self._out(node)
 
     @extend_schema(request=None, responses={202: serializers.NodeSerializer})
@@ -171,3 +202,52 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
                         reason=values["reason"],
                     )
         return self._policy(gpu)
+
+
+class NodePolicyView(APIView):
+    """The preflight gate's policy: minimum versions, driver branches, known-fixed
+    distribution builds and the probe. Every change needs a reason and is kept
+    (`node-policy/changes/`); every node is judged again at once."""
+
+    permission_classes = [IsOps]
+
+    @extend_schema(responses=serializers.NodePolicySerializer)
+    def get(self, request):  # type: ignore[no-untyped-def]
+        return Response(serializers.NodePolicySerializer(services.node_policy()).data)
+
+    @extend_schema(
+        request=serializers.NodePolicyUpdateSerializer,
+        responses=serializers.NodePolicySerializer,
+    )
+    def patch(self, request):  # type: ignore[no-untyped-def]
+        data = serializers.NodePolicyUpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        changes = dict(data.validated_data)
+        reason = changes.pop("reason")
+        if "known_fixed_builds" in changes:
+            changes["known_fixed_builds"] = [dict(k) for k in changes["known_fixed_builds"]]
+        policy = services.node_policy_update(actor=request.user, reason=reason, **changes)
+        return Response(serializers.NodePolicySerializer(policy).data)
+
+
+class NodePolicyChangeViewSet(viewsets.ReadOnlyModelViewSet):
+    """Who changed the node policy (or accepted watchdog-only on a node), when and why."""
+
+    permission_classes = [IsOps]
+    serializer_class = serializers.NodePolicyChangeSerializer
+    filterset_fields = ["field"]
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        return selectors.node_policy_changes()
+
+
+class ReservedVariableViewSet(viewsets.ViewSet):
+    """The environment variables a launch may not set (they change a slice's isolation),
+    each with why, and whether an image's own configuration may keep it."""
+
+    @extend_schema(responses=serializers.ReservedVariableSerializer(many=True))
+    def list(self, request):  # type: ignore[no-untyped-def]
+        from nodes import isolation
+
+        rows = isolation.reserved_list()
+        return Response(serializers.ReservedVariableSerializer(rows, many=True).data)

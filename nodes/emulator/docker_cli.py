@@ -17,7 +17,7 @@ from typing import Any
 
 from . import gotemplate
 from .shell import Invocation
-from .state import Container, NodeState, parse_size_mb
+from .state import Container, NodeState, Workload, parse_size_mb
 
 DOCKER_VERSION = "26.1.4"
 API_VERSION = "1.45"
@@ -657,6 +657,10 @@ def cmd_run(node: NodeState, inv: Invocation, args: list[str], *, create_only: b
                 cmd=sub,
             )
         now = node.clock.now()
+        # docker's merge: the image's configuration first, `--env` replaces a name in it
+        given = {e.partition("=")[0] for e in env}
+        own = node.image_env.get(_image_ref(image), node.image_env.get(image, []))
+        env = [e for e in own if e.partition("=")[0] not in given] + env + node.run_env_extra
         c = Container(
             id=node.new_container_id(),
             name=name or node.random_name(),
@@ -741,11 +745,50 @@ def _resolve_device(
     return ""
 
 
+PROBE_MARKER = "# gpuplatform-probe v1"  # nodes.preflight's probe script
+
+
+def _probe(node: NodeState, c: Container) -> None:
+    """The platform's preflight probe: what the container would read of its own
+    confinement, then its allocation of WORKLOAD_MB MiB (the workload's knob) against
+    the caps the container really got."""
+    hc = c.host_config
+    caps = "0000000000000000" if "ALL" in (hc.get("CapDrop") or []) else "00000000a80425fb"
+    nnp = "1" if "no-new-privileges" in (hc.get("SecurityOpt") or []) else "0"
+    memory = str(hc.get("Memory") or "max")
+    pids = str(hc.get("PidsLimit") or "max")
+    quota, period = hc.get("CpuQuota") or 0, hc.get("CpuPeriod") or 100000
+    cpu = f"{quota} {period}" if quota else f"max {period}"
+    now = node.clock.now()
+    c.log(
+        now,
+        "stdout",
+        f"CapEff:\t{caps}\nNoNewPrivs:\t{nnp}\nmemory.max:\t{memory}\n"
+        f"pids.max:\t{pids}\ncpu.max:\t{cpu}",
+    )
+    want = Workload.from_env(c.env_dict).base_mb
+    hard = node.hard_limit(c)
+    total = 0.0
+    if c.device is not None:
+        gpu = node.gpus[c.device[0]]
+        total = float(gpu.model.memory_mb)
+    code = 1 if c.device is None or want > total or (hard is not None and want > hard) else 0
+    if code:
+        c.log(now, "stderr", f"gpu-workload: CUDA out of memory. Tried to allocate {want:.0f} MiB")
+    c.log(now, "stdout", f"alloc_exit:\t{code}")
+    c.workload = None
+    node._exit(c, now, 0)
+
+
 def _instant_commands(node: NodeState, c: Container) -> None:
     """Containers whose command finishes at once (true, echo, nvidia-smi -L ...)."""
     if not c.cmd:
         return
     base = c.cmd[0].rsplit("/", 1)[-1]
+    probe = base in ("sh", "bash") and len(c.cmd) > 2 and c.cmd[1] == "-c"
+    if probe and c.cmd[2].startswith(PROBE_MARKER):
+        _probe(node, c)
+        return
     now = node.clock.now()
     if base in ("true", "false", "echo", "nvidia-smi", "exit"):
         text = ""
@@ -1245,6 +1288,42 @@ def cmd_images(node: NodeState, inv: Invocation, args: list[str]) -> int:
     return 0
 
 
+def cmd_image_inspect(node: NodeState, inv: Invocation, args: list[str]) -> int:
+    refs = [a for a in args if not a.startswith("-")]
+    if not refs:
+        inv.err('"docker image inspect" requires at least 1 argument.\n')
+        return 1
+    docs, status = [], 0
+    with node.lock:
+        present = None if node.images is None else {_image_ref(i) for i in node.images}
+        for raw in refs:
+            ref = _image_ref(raw)
+            if present is not None and ref not in present:
+                inv.err(f"Error response from daemon: No such image: {raw}\n")
+                status = 1
+                continue
+            own = node.image_env.get(ref, node.image_env.get(raw, []))
+            docs.append(
+                {
+                    "Id": _image_id(ref),
+                    "RepoTags": [ref],
+                    "RepoDigests": [
+                        f"{ref.rsplit(':', 1)[0]}@sha256:{hashlib.sha256(ref.encode()).hexdigest()}"
+                    ],
+                    "Config": {"Env": [IMAGE_PATH, *own], "Cmd": list(DEFAULT_CMD)},
+                }
+            )
+    fmt = next((args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--format", "-f")), None)
+    if fmt:
+        for doc in docs:
+            inv.out(gotemplate.render(gotemplate.unescape_format(fmt), doc) + "\n")
+    else:
+        import json
+
+        inv.out(json.dumps(docs, indent=4) + "\n")
+    return status
+
+
 def cmd_pull(node: NodeState, inv: Invocation, args: list[str]) -> int:
     refs = [a for a in args if not a.startswith("-")]
     if len(refs) != 1:
@@ -1288,6 +1367,7 @@ _SUBCOMMANDS = {
     "version": cmd_version,
     "images": cmd_images,
     "pull": cmd_pull,
+    "image inspect": cmd_image_inspect,
 }
 _CONTAINER_ALIASES = {"ls": "ps", "list": "ps"}
 

@@ -105,6 +105,17 @@ def sampler_document(node: NodeState, *, discover: bool) -> dict[str, Any]:
             "nvidia_runtime": True,
             "mig": any(g.model.mig_capable for g in node.gpus),
             "vram_quota_library": node.quota_library,
+            "preflight": {
+                "os": "Ubuntu 22.04.4 LTS",
+                "kernel": "5.15.0-105-generic",
+                "docker_version": "26.1.4",
+                "cgroup_version": "2",
+                "runc_version": node.runc_version,
+                "runc_build": node.runc_build,
+                "toolkit_version": node.toolkit_version,
+                "toolkit_build": f"{node.toolkit_version}-1" if node.toolkit_version else "",
+                "toolkit_source": "nvidia-ctk" if node.toolkit_version else "",
+            },
         }
     doc["errors"] = []
     return doc

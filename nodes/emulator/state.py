@@ -425,6 +425,17 @@ class NodeState:
         self.driver_version = spec.driver_version
         self.cuda_version = spec.cuda_version
         self.quota_library = spec.quota_library
+        # What the preflight gate reads (nodes.preflight.FACT_KEYS); tests change them.
+        self.toolkit_version = spec.extra.get("toolkit_version", "1.17.8")
+        self.runc_version = spec.extra.get("runc_version", "1.1.12")
+        self.runc_build = spec.extra.get("runc_build", "1.1.12-0ubuntu2~22.04.1")
+        # False: the library is installed but does not enforce (not loaded by the hook)
+        self.quota_library_enforces = True
+        # image reference -> the Env of its configuration (beyond PATH)
+        self.image_env: dict[str, list[str]] = dict(spec.extra.get("image_env", {}))
+        # what the node's runtime adds to every container on its own (a daemon default, a
+        # plugin, a tag re-pushed between the check and the start): "NAME=value" items
+        self.run_env_extra: list[str] = []
         self.gpus: list[GpuState] = []
         for i, g in enumerate(spec.gpus):
             m = catalog.model(g.model)
@@ -680,7 +691,7 @@ class NodeState:
     def _quota_library_loaded(self, env: dict[str, str]) -> bool:
         """The node's quota library intercepts CUDA only when it is preloaded
         (LD_PRELOAD names it; the separator is a colon or a space)."""
-        if not self.quota_library:
+        if not self.quota_library or not self.quota_library_enforces:
             return False
         preload = env.get("LD_PRELOAD", "").replace(":", " ").split()
         return self.quota_library in preload

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
 
@@ -87,17 +89,83 @@ def _clean(data: dict) -> dict:  # type: ignore[type-arg]
     return out
 
 
+INSPECT_ON_NODES = 2  # nodes tried, most recently seen first
+INSPECT_SEEN_WITHIN = timedelta(minutes=10)
+
+
+def _inspection(reference: str) -> dict:  # type: ignore[type-arg]
+    """Inspect the image's configuration on a node that passed the preflight gate: an
+    image that sets a variable changing isolation (the NVIDIAScape pattern is `ENV
+    LD_PRELOAD` in the image) is refused, naming it. With no node to ask, the entry is
+    kept as not inspected: every start still checks the image on its node first."""
+    from nodes import services as node_services
+    from nodes import ssh
+    from nodes.models import GateStatus, Node
+
+    nodes = (
+        Node.objects.exclude(host_key="")
+        .filter(
+            status__in=[Node.Status.ACTIVE, Node.Status.DRAINING],
+            gate_status=GateStatus.PASSED,
+            last_seen_at__gte=timezone.now() - INSPECT_SEEN_WITHIN,
+        )
+        .order_by("-last_seen_at", "pk")[:INSPECT_ON_NODES]
+    )
+    why = "no node that passed the preflight gate answers"
+    for node in nodes:
+        try:
+            config = node_services.image_inspect(node=node, reference=reference)
+        except ssh.SSHError:
+            why = f"node {node.name} did not answer"
+            continue
+        except node_services.ContainerError as exc:
+            why = f"node {node.name}: {exc}"
+            continue
+        refusal = node_services.image_env_refusal(config)
+        if refusal:
+            raise ServiceError(
+                f"This image cannot be allowlisted: {refusal}.",
+                code="image_sets_reserved_variable",
+                field="reference",
+            )
+        return {
+            "inspected_at": timezone.now(),
+            "inspected_on": node.name,
+            "inspected_image_id": config.id[:80],
+            "inspection_note": "",
+        }
+    return {
+        "inspected_at": None,
+        "inspected_on": "",
+        "inspected_image_id": "",
+        "inspection_note": f"Not inspected yet ({why})"[:250] + "; each start checks it first.",
+    }
+
+
+def _pinned(data: dict) -> str:  # type: ignore[type-arg]
+    return f"{data['reference']}@{data['digest']}" if data.get("digest") else data["reference"]
+
+
 def _require_ops(actor: AbstractBaseUser) -> None:
     if not getattr(actor, "is_staff", False):
         raise NotAllowed("Only ops manage the image allowlist.")
 
 
-@transaction.atomic
 def image_create(*, actor: AbstractBaseUser, **fields) -> Image:  # type: ignore[no-untyped-def]
     _require_ops(actor)
     fields.setdefault("connect", Image.Connect.SSH)
     fields.setdefault("ports", [22] if fields["connect"] == Image.Connect.SSH else [])
     data = _clean(fields)
+    if "reference" not in data:
+        raise ServiceError("An image needs a reference.", field="reference")
+    if Image.objects.filter(name=data.get("name")).exists():  # before asking a node
+        raise Conflict("An image with this name exists.", code="image_exists", field="name")
+    data.update(_inspection(_pinned(data)))  # outside any transaction: SSH takes a while
+    return _image_save_new(data)
+
+
+@transaction.atomic
+def _image_save_new(data: dict) -> Image:  # type: ignore[type-arg]
     try:
         with transaction.atomic():
             return Image.objects.create(**data)
@@ -107,10 +175,27 @@ def image_create(*, actor: AbstractBaseUser, **fields) -> Image:  # type: ignore
         ) from exc
 
 
-@transaction.atomic
 def image_update(*, actor: AbstractBaseUser, image: Image, **changes) -> Image:  # type: ignore[no-untyped-def]
-    """Change an allowlist entry; running slices keep the image they started with."""
+    """Change an allowlist entry; running slices keep the image they started with. A new
+    reference or digest is inspected on a node again (a digest-pinned image that changes
+    digest is another image)."""
     _require_ops(actor)
+    current = Image.objects.get(pk=image.pk)
+    inspected: dict = {}  # type: ignore[type-arg]
+    if "reference" in changes or "digest" in changes:
+        data = _clean(
+            {
+                "reference": changes.get("reference", current.reference),
+                "digest": changes.get("digest", current.digest),
+            }
+        )
+        if _pinned(data) != current.pinned_reference:
+            inspected = _inspection(_pinned(data))
+    return _image_save_changes(image=current, changes=changes, inspected=inspected)
+
+
+@transaction.atomic
+def _image_save_changes(*, image: Image, changes: dict, inspected: dict) -> Image:  # type: ignore[type-arg]
     image = Image.objects.select_for_update().get(pk=image.pk)
     merged = {
         "connect": changes.get("connect", image.connect),
@@ -120,6 +205,8 @@ def image_update(*, actor: AbstractBaseUser, image: Image, **changes) -> Image: 
     data = _clean(merged)
     for key in changes:
         setattr(image, key, data[key])
+    for key, value in inspected.items():
+        setattr(image, key, value)
     try:
         with transaction.atomic():
             image.save()

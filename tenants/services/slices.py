@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
 from gpuplatform.querystring import is_id
-from nodes import runtime, ssh
+from nodes import isolation, runtime, ssh
 from nodes import services as node_services
 from nodes.models import Node
 
@@ -51,21 +51,12 @@ HOLDS_VRAM = (S.PROVISIONING, S.RUNNING, S.STOPPING)
 MAX_PROVISION_ATTEMPTS = 3
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-RESERVED_ENV = {
-    "LD_PRELOAD",
-    "LD_LIBRARY_PATH",
-    "NVIDIA_VISIBLE_DEVICES",
-    "NVIDIA_DRIVER_CAPABILITIES",
-    "CUDA_VISIBLE_DEVICES",
-    "CUDA_DEVICE_MEMORY_LIMIT",
-    "XLA_PYTHON_CLIENT_MEM_FRACTION",
-    "XLA_PYTHON_CLIENT_PREALLOCATE",
-    "PYTORCH_CUDA_ALLOC_CONF",
-    "TF_FORCE_GPU_ALLOW_GROWTH",
-    "PUBLIC_KEY",
-    "JUPYTER_TOKEN",
+# The tenant's own connection secrets, set by the platform from the launch's fields; the
+# variables that change isolation are nodes.isolation's one list.
+CONNECTION_ENV = {
+    "PUBLIC_KEY": "it carries the SSH key given with the launch (the public_key field)",
+    "JUPYTER_TOKEN": "it carries the slice's Jupyter token, made by the platform",
 }
-RESERVED_ENV_PREFIXES = ("GPUPLATFORM_", "NVIDIA_", "CUDA_DEVICE_MEMORY_", "CUDA_MPS_")
 MAX_ENV = 64
 MAX_ENV_VALUE = 4096
 MAX_COMMAND_ITEMS = 64
@@ -154,16 +145,11 @@ def clean_environment(environment) -> dict[str, str]:  # type: ignore[no-untyped
                 "only, not starting with a digit (no '=', spaces or shell characters).",
                 field="environment",
             )
-        upper = name.upper()
-        if (
-            upper in RESERVED_ENV
-            or upper.startswith(RESERVED_ENV_PREFIXES)
-            or runtime.reserved_env_name(name)
-        ):
+        upper = name.upper()  # case-blind: never let a near-miss spelling through
+        reason = CONNECTION_ENV.get(upper) or isolation.reserved_reason(upper)
+        if reason:
             raise ServiceError(
-                f"{name} is set by the platform (it enforces your VRAM quota or your "
-                "connection) and cannot be overridden.",
-                field="environment",
+                f"{name} cannot be set: {reason}.", code="reserved_variable", field="environment"
             )
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             raise ServiceError(f"The value of {name} must be text.", field="environment")
@@ -958,6 +944,8 @@ def _reconcile_node(
         elif state == S.STOPPING:
             _reconcile_stopping(pk, now, timeout)
     for container in containers:
+        if container.owner_key.startswith(node_services.PROBE_OWNER_PREFIX):
+            continue  # the preflight's probe, removed by the preflight itself
         # not expected, yet live: its slice started after the node was listed
         if container.owner_key not in expected and not owner_is_live(container.owner_key):
             counts["orphans"] += _remove_orphan(node, container)

@@ -39,7 +39,9 @@ def scene():  # type: ignore[no-untyped-def]
     """A tenant's 8 GB slice running on a 24 GB GPU, a quota breach recorded about it
     by the watchdog's service, and a fleet-wide VRAM warning on the same GPU."""
     owner = MembershipFactory(tenant__name="Quokka Inference", user__email="quinn@quokka.test")
-    node = Node.objects.create(name="gpu-host-7", address="10.7.0.1", status="active")
+    node = Node.objects.create(
+        gate_status="passed", name="gpu-host-7", address="10.7.0.1", status="active"
+    )
     gpu = Gpu.objects.create(
         node=node, uuid="GPU-7777-aaaa", index=0, model="NVIDIA L4", vram_total_mb=24576
     )

@@ -31,7 +31,9 @@ CID_B = "b" * 64
 
 @pytest.fixture
 def node():  # type: ignore[no-untyped-def]
-    return Node.objects.create(name="w1", address="10.8.0.1", status="active", host_key="k")
+    return Node.objects.create(
+        gate_status="passed", name="w1", address="10.8.0.1", status="active", host_key="k"
+    )
 
 
 @pytest.fixture
@@ -88,7 +90,9 @@ def ledger(node, gpu, owner_a, owner_b):  # type: ignore[no-untyped-def]
         node_id=gpu.node_id,
     )
     record([card], gpu, now=now)
-    node2 = Node.objects.create(name="w2", address="10.8.0.2", status="active", host_key="k")
+    node2 = Node.objects.create(
+        gate_status="passed", name="w2", address="10.8.0.2", status="active", host_key="k"
+    )
     gpu2 = Gpu.objects.create(
         node=node2, uuid="GPU-w2-0", index=0, model="A30", vram_total_mb=24576
     )

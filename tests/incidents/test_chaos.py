@@ -85,6 +85,12 @@ def test_a_leaking_slice_is_stopped_alone_and_its_neighbours_keep_their_memory(
     fleet = worker_fleet([NodeSpec("chaos-1", (GpuSpec("NVIDIA A30"),), quota_library)])
     emu, node = fleet.nodes[0], fleet.registered[0]
     assert ((node.capabilities or {}).get("vram_quota_library") or None) == quota_library
+    if not quota_library:
+        # without a quota library a card is sold whole only, unless ops accept the
+        # watchdog as the only VRAM enforcement: what this test is about
+        node = node_services.node_accept_watchdog_only(
+            node=node, actor=ops_user, accept=True, reason="test: the watchdog alone"
+        )
     _, log = workers()
     owner_c = MembershipFactory(tenant__name="Gamma Compute", user__email="carol@gamma.test")
 

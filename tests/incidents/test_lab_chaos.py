@@ -61,15 +61,22 @@ def test_a_leaking_slice_is_stopped_alone_and_its_neighbours_keep_their_memory(
     fleet = lab_fleet([LabNodeSpec(name, A30, quota_library=quota_library)])
     lab, node = fleet.nodes[0], fleet.registered[0]
     assert bool(node.capabilities.get("vram_quota_library")) == quota_library
+    if not quota_library:
+        # without a quota library a card is sold whole only, unless ops accept the
+        # watchdog as the only VRAM enforcement: what this test is about
+        node = node_services.node_accept_watchdog_only(
+            node=node, actor=ops_user, accept=True, reason="test: the watchdog alone"
+        )
     _, log = workers()
     owner_c = MembershipFactory(tenant__name="Gamma Compute", user__email="carol@gamma.test")
     launch = launcher(funded, lab_image)
 
     small = launch(owner_a, 4, WORKLOAD_MB=str(STEADY_MB[4]))
     large = launch(owner_c, 12, WORKLOAD_MB=str(STEADY_MB[12]))
-    # 200 MiB/s from a start under its quota; a leak ignores the framework cap
+    # 200 MiB/s from well under its quota (past it some 20 s after its start, so the
+    # first sample below still finds it under); a leak ignores the framework cap
     leaky = launch(
-        owner_b, 8, WORKLOAD_PROFILE="leak", WORKLOAD_MB="7000", WORKLOAD_RATE_MB_PER_MIN="12000"
+        owner_b, 8, WORKLOAD_PROFILE="leak", WORKLOAD_MB="4000", WORKLOAD_RATE_MB_PER_MIN="12000"
     )
     slices = {"small": small, "leaky": leaky, "large": large}
     for key, s in slices.items():
@@ -96,7 +103,7 @@ def test_a_leaking_slice_is_stopped_alone_and_its_neighbours_keep_their_memory(
     assert list(Incident.objects.values_list("rule", "title")) == []
     if quota_library:
         # the library refuses the allocation past 8192 MiB inside the job: CUDA OOM
-        assert wait_for(lambda: not lab.container(leaky.container_id).running, timeout=30)
+        assert wait_for(lambda: not lab.container(leaky.container_id).running, timeout=60)
         info = lab.container(leaky.container_id)
         assert info.exit_code == 1 and not info.oom_killed
         logs = lab.logs(leaky.container_id)
@@ -110,7 +117,7 @@ def test_a_leaking_slice_is_stopped_alone_and_its_neighbours_keep_their_memory(
         incident_services.watch_sweep()
         incident = Incident.objects.get(rule="oom_exit", slice=leaky)
     else:
-        assert wait_for(lambda: used_mb(lab, leaky) > 8500, timeout=30)
+        assert wait_for(lambda: used_mb(lab, leaky) > 8500, timeout=60)
         sample()  # over its quota: the incident opens, one sample of grace
         incident = Incident.objects.get(rule="quota_breach", slice=leaky)
         assert state_of(leaky) == Slice.State.RUNNING
@@ -176,14 +183,16 @@ def test_a_burst_past_three_gigabytes_is_flagged_and_nothing_is_stopped(
     calm = launch(owner_a, 4, WORKLOAD_MB="2000")
     burst = launch(
         owner_b, 8, WORKLOAD_PROFILE="burst", WORKLOAD_MB="2000", WORKLOAD_BURST_MB="4000",
-        WORKLOAD_PERIOD_S="6", WORKLOAD_BURST_S="3",
+        WORKLOAD_PERIOD_S="20", WORKLOAD_BURST_S="10",
     )  # fmt: skip
     for s in (calm, burst):
         s.refresh_from_db()
         assert s.state == Slice.State.RUNNING, s.state_reason
-    assert wait_for(lambda: used_mb(lab, burst) == 2000, timeout=10)
+    # catch a burst's end: ten seconds of base follow, long enough to sample it surely
+    assert wait_for(lambda: used_mb(lab, burst) == 6000, timeout=25)
+    assert wait_for(lambda: used_mb(lab, burst) == 2000, timeout=15)
     node_services.nodes_sample(node_ids=[node.pk])
-    assert wait_for(lambda: used_mb(lab, burst) == 6000, timeout=10)  # within its 8 GB
+    assert wait_for(lambda: used_mb(lab, burst) == 6000, timeout=15)  # within its 8 GB
     node_services.nodes_sample(node_ids=[node.pk])
     [incident] = Incident.objects.filter(rule="process_jump")
     assert incident.slice_id == burst.pk and incident.tenant_id == owner_b.tenant_id
@@ -214,19 +223,28 @@ def test_a_bandwidth_hog_is_paused_and_resumed_for_real_and_alone(
         return sum(p["busy_s"] for p in lab.gpu_processes(s.container_id))
 
     before = {s.pk: busy(s) for s in (hog, calm)}
+    since = int(time.time()) - 1
     started = time.monotonic()
     node_services.nodes_sample(node_ids=[node.pk])  # throttles inline (eager): 3 s
     wall = time.monotonic() - started
     ran = {s.pk: busy(s) - before[s.pk] for s in (hog, calm)}
+    events = lab.docker(
+        "events", "--since", str(since), "--until", str(int(time.time()) + 1),
+        "--filter", "type=container", "--format", "{{.Action}} {{.Actor.ID}}",
+    ).stdout.split("\n")  # fmt: skip
 
     incident = Incident.objects.get(rule="bandwidth_hog")
     assert incident.slice_id == hog.pk
     assert SliceWatch.objects.get(slice=hog).throttled_at is not None
     assert IncidentEvent.objects.filter(incident=incident, kind="disposed").exists()
-    # frozen half the time by the kernel's freezer; the neighbour never
+    # paused and resumed by the node's Docker Engine, three times; the neighbour never
+    assert events.count(f"pause {hog.container_id}") == 3, events
+    assert events.count(f"unpause {hog.container_id}") == 3, events
+    assert not [e for e in events if calm.container_id in e], events
+    # frozen half the time by the kernel's freezer, and computing less than its neighbour
     assert wall >= 3.0
     assert ran[hog.pk] < 0.75 * wall, (ran, wall)
-    assert ran[calm.pk] > 0.9 * wall, (ran, wall)
+    assert ran[hog.pk] < 0.75 * ran[calm.pk], (ran, wall)
     assert lab.container(hog.container_id).status == "running"  # resumed at the end
     assert lab.container(calm.container_id).status == "running"
     assert not Incident.objects.filter(slice=calm).exists()
@@ -305,6 +323,7 @@ def test_quiet_churn_of_fifty_ordinary_slices_files_no_incident(
     purchase = funded(owner_a, vram_gb=4, hours=3, credit="1000.00")
     done = threading.Event()
     sampled = [0]
+    errors: list[BaseException] = []
 
     def sampler() -> None:
         try:
@@ -312,6 +331,9 @@ def test_quiet_churn_of_fifty_ordinary_slices_files_no_incident(
                 node_services.nodes_sample(node_ids=[node.pk])
                 sampled[0] += 1
                 time.sleep(0.1)
+        except BaseException as exc:  # a race that breaks the sampler fails the test
+            errors.append(exc)
+            raise
         finally:
             connection.close()
 
@@ -337,6 +359,7 @@ def test_quiet_churn_of_fifty_ordinary_slices_files_no_incident(
     finally:
         done.set()
         thread.join(timeout=30)
+    assert not thread.is_alive() and errors == []
     node_services.nodes_sample(node_ids=[node.pk])
     incident_services.watch_sweep()
     assert sampled[0] >= 50

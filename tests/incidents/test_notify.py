@@ -92,7 +92,9 @@ def eager():  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def gpu():  # type: ignore[no-untyped-def]
-    node = Node.objects.create(name="w1", address="10.8.0.1", status="active", host_key="k")
+    node = Node.objects.create(
+        gate_status="passed", name="w1", address="10.8.0.1", status="active", host_key="k"
+    )
     return Gpu.objects.create(
         node=node, uuid="GPU-w1-0-where", index=0, model="A30", vram_total_mb=24576
     )

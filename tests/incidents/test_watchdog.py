@@ -24,7 +24,12 @@ CID = "c" * 64
 @pytest.fixture
 def node():  # type: ignore[no-untyped-def]
     return Node.objects.create(
-        name="w1", address="10.8.0.1", status="active", host_key="k", sample_source="nvml"
+        gate_status="passed",
+        name="w1",
+        address="10.8.0.1",
+        status="active",
+        host_key="k",
+        sample_source="nvml",
     )
 
 

@@ -140,12 +140,14 @@ def test_sampler_document_follows_schema_1(ssh, node) -> None:  # type: ignore[n
     assert doc["taken_at"].endswith("+00:00")
     assert isinstance(doc["errors"], list)
     caps = doc["capabilities"]
+    facts = caps.pop("preflight")
     assert caps == {
         "docker": True,
         "nvidia_runtime": True,
         "mig": True,
         "vram_quota_library": "/usr/lib/gpuplatform/libvramquota.so",
     }
+    assert facts["toolkit_version"] == "1.17.8" and facts["runc_version"] == "1.1.12"
     assert [g["name"] for g in doc["gpus"]] == ["NVIDIA A30", "NVIDIA A30"]
     for g in doc["gpus"]:
         assert UUID_RE.match(g["uuid"])

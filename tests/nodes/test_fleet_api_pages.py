@@ -16,7 +16,11 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def node(db):  # type: ignore[no-untyped-def]
     node = Node.objects.create(
-        name="n1", address="10.0.0.1", host_key="ssh-ed25519 AAAA", status="active"
+        gate_status="passed",
+        name="n1",
+        address="10.0.0.1",
+        host_key="ssh-ed25519 AAAA",
+        status="active",
     )
     Gpu.objects.create(
         node=node,
@@ -66,6 +70,7 @@ class TestNodesApi(_OpsOnly):
     def make(self, membership):  # type: ignore[no-untyped-def]
         n = Node.objects.count()
         node = Node.objects.create(
+            gate_status="passed",
             name=f"node-{n}",
             address=f"10.9.0.{n + 1}",
             host_key="ssh-ed25519 AAAA",
@@ -83,7 +88,9 @@ class TestGpusApi(_OpsOnly):
 
     def make(self, membership):  # type: ignore[no-untyped-def]
         n = Node.objects.count()
-        node = Node.objects.create(name=f"gnode-{n}", address=f"10.8.0.{n + 1}")
+        node = Node.objects.create(
+            gate_status="passed", name=f"gnode-{n}", address=f"10.8.0.{n + 1}"
+        )
         return Gpu.objects.create(
             node=node, uuid=f"GPU-g{n}", index=0, model="NVIDIA H100 80GB HBM3", vram_total_mb=81559
         )

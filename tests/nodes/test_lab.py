@@ -26,6 +26,7 @@ from nodelab import lab as lab_module
 from nodes import ssh, telemetry
 from nodes.emulator.catalog import GpuSpec
 from nodes.emulator.keys import generate_ed25519
+from tests.lab_support import unavailable
 from tests.worker_harness import wait_for
 
 pytestmark = pytest.mark.lab
@@ -225,7 +226,9 @@ def test_the_platforms_sampler_reads_the_lab_through_its_nvml(tools, pool):  # t
     # NVML's v1 memory info counts the driver's reservation as used (nvidia-smi does not)
     assert h200.memory_used_mb == 614 and h200.memory_total_mb == 143771
     assert h100.memory_used_mb == 479 + 3000
-    assert h100.utilization_gpu == 60 and h100.utilization_memory == 25
+    # utilisation is what the card's kernels did over NVML's window: a loaded machine can
+    # schedule a tick late, so within a point of what the jobs ask
+    assert abs(h100.utilization_gpu - 60) <= 1 and abs(h100.utilization_memory - 25) <= 1
     assert h100_mig.mig_enabled and h100_mig.utilization_gpu is None
     assert [m.profile for m in h100_mig.mig_devices] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
     assert h100_mig.mig_devices[2].memory_used_mb == 500
@@ -236,7 +239,7 @@ def test_the_platforms_sampler_reads_the_lab_through_its_nvml(tools, pool):  # t
         assert procs[cid].pid == real["pid"]  # the host PID, as NVML reports it
         assert procs[cid].used_memory_mb == real["used"] >> 20
         assert procs[cid].name == "gpu-workload"
-    assert procs[busy].sm_utilization == 60
+    assert abs(procs[busy].sm_utilization - 60) <= 1
     assert procs[idle].sm_utilization == 0  # computed nothing: idle, not unknown
     assert procs[on_mig].sm_utilization is None  # MIG: NVML cannot tell
     assert procs[on_mig].gpu_uuid == state[1]["migs"][2]["uuid"]
@@ -483,7 +486,15 @@ def test_a_lab_started_without_root_says_so_before_touching_anything(monkeypatch
     assert str(caught.value) == "the node lab needs root: dockerd and sshd run as root"
 
 
+def _lab_could_start() -> None:
+    # these two check one failure each: on a machine where the lab cannot start at all
+    # the error would be another one (a skip here, a failure under CI=true)
+    if lab_module.problems():
+        unavailable("; ".join(lab_module.problems()))
+
+
 def test_a_lab_whose_port_is_taken_says_so_and_leaves_nothing_behind():  # type: ignore[no-untyped-def]
+    _lab_could_start()
     root = Path(tempfile.mkdtemp(prefix="gpl-"))
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
@@ -498,6 +509,7 @@ def test_a_lab_whose_port_is_taken_says_so_and_leaves_nothing_behind():  # type:
 
 
 def test_a_lab_whose_directory_is_too_long_for_unix_sockets_says_so(tmp_path):  # type: ignore[no-untyped-def]
+    _lab_could_start()
     with pytest.raises(LabUnavailable, match="too long for Unix sockets"):
         Lab.start([LabNodeSpec("lab-deep")], authorized_keys=[], root=tmp_path / ("x" * 80))
 
@@ -509,9 +521,13 @@ def test_a_stopped_lab_leaves_no_process_mount_cgroup_or_file(key):  # type: ign
     )
     node = lab.nodes[0]
     root = lab.root
-    cid = start_workload(node, node.gpu("state")["gpus"][0]["uuid"], "WORKLOAD_MB=100")
-    pids = [int((node.run_dir / n).read_text()) for n in ("sshd.pid", "docker.pid")]
-    [workload] = wait_for(lambda: node.gpu_processes(cid), timeout=10)
+    try:
+        cid = start_workload(node, node.gpu("state")["gpus"][0]["uuid"], "WORKLOAD_MB=100")
+        pids = [int((node.run_dir / n).read_text()) for n in ("sshd.pid", "docker.pid")]
+        [workload] = wait_for(lambda: node.gpu_processes(cid), timeout=10)
+    except BaseException:
+        lab.stop()  # never leave a lab behind when the setup itself fails
+        raise
     assert lab.stop() == []
     for pid in [*pids, workload["pid"]]:
         assert (

@@ -51,7 +51,10 @@ def test_overcommit_ratio_bounds_capacity():  # type: ignore[no-untyped-def]
 def test_reserve_skips_draining_unreachable_and_closed_gpus():  # type: ignore[no-untyped-def]
     def gpu(name, status="active"):  # type: ignore[no-untyped-def]
         node = Node.objects.create(
-            name=name, address=f"10.7.0.{Node.objects.count() + 1}", status=status
+            gate_status="passed",
+            name=name,
+            address=f"10.7.0.{Node.objects.count() + 1}",
+            status=status,
         )
         return Gpu.objects.create(
             node=node, uuid=f"GPU-{name}", index=0, model="L4", vram_total_mb=24576
@@ -76,7 +79,9 @@ def test_reserve_skips_draining_unreachable_and_closed_gpus():  # type: ignore[n
 def test_parallel_reservations_never_over_allocate():  # type: ignore[no-untyped-def]
     if connection.vendor != "postgresql":
         pytest.skip("row locks need PostgreSQL")
-    node = Node.objects.create(name="race", address="10.7.1.1", status="active")
+    node = Node.objects.create(
+        gate_status="passed", name="race", address="10.7.1.1", status="active"
+    )
     for i in range(2):
         Gpu.objects.create(
             node=node, uuid=f"GPU-race-{i}", index=i, model="A30", vram_total_mb=24576
@@ -139,7 +144,7 @@ def test_sql_best_fit_matches_the_pure_rule():  # type: ignore[no-untyped-def]
     import random
 
     rng = random.Random(7)
-    node = Node.objects.create(name="eq", address="10.7.2.1", status="active")
+    node = Node.objects.create(gate_status="passed", name="eq", address="10.7.2.1", status="active")
     sizes = [24564, 24576, 23034, 81559, 81920, 12096, 40960]
     ratios = [Decimal("1.00"), Decimal("1.00"), Decimal("1.50"), Decimal("1.25")]
     for i in range(40):
@@ -170,7 +175,9 @@ def test_sql_best_fit_matches_the_pure_rule():  # type: ignore[no-untyped-def]
 def test_room_in_sql_is_exactly_the_pure_capacity_rounded_down():  # type: ignore[no-untyped-def]
     from django.db.models.expressions import RawSQL
 
-    node = Node.objects.create(name="room", address="10.7.3.1", status="active")
+    node = Node.objects.create(
+        gate_status="passed", name="room", address="10.7.3.1", status="active"
+    )
     cases = [
         (total, ratio)
         for total in (1000, 5952, 12096, 23034, 24564, 24576, 81559, 81920, 16000, 24600)
@@ -202,7 +209,9 @@ def test_room_index_serves_placement():  # type: ignore[no-untyped-def]
         pytest.skip("the index is PostgreSQL's")
     from django.db import transaction
 
-    node = Node.objects.create(name="idx", address="10.7.4.1", status="active")
+    node = Node.objects.create(
+        gate_status="passed", name="idx", address="10.7.4.1", status="active"
+    )
     Gpu.objects.bulk_create(
         Gpu(node=node, uuid=f"GPU-idx-{i}", index=i, model="x", vram_total_mb=24576)
         for i in range(300)

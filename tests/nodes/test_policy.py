@@ -16,7 +16,9 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def gpu():  # type: ignore[no-untyped-def]
-    node = Node.objects.create(name="pol", address="10.9.0.1", status="active")
+    node = Node.objects.create(
+        gate_status="passed", name="pol", address="10.9.0.1", status="active"
+    )
     return Gpu.objects.create(
         node=node, uuid="GPU-pol-0", index=0, model="A30", vram_total_mb=24576
     )

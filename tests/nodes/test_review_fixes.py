@@ -40,7 +40,7 @@ def test_a_malformed_pinned_key_fails_that_node_only(fleet, pool, register):  # 
 
 def test_a_gpu_moved_to_another_node_follows_it(fleet, pool, register):  # type: ignore[no-untyped-def]
     node = register(0)
-    other = Node.objects.create(name="old-home", address="10.0.0.50")
+    other = Node.objects.create(gate_status="passed", name="old-home", address="10.0.0.50")
     uuid = fleet.nodes[0].gpus[0].uuid
     moved = Gpu.objects.create(node=other, uuid=uuid, index=7, model="x", vram_total_mb=1)
     services.node_discover(node_id=node.pk, pool=pool)
@@ -61,7 +61,7 @@ def test_first_rollup_run_summarises_old_samples_before_pruning(register, settin
 
 
 def test_odd_inputs_are_4xx_not_500(client, api_ops, settings):  # type: ignore[no-untyped-def]
-    node = Node.objects.create(name="n", address="10.0.0.9")
+    node = Node.objects.create(gate_status="passed", name="n", address="10.0.0.9")
     gpu = Gpu.objects.create(node=node, uuid="GPU-x", index=0, model="L4", vram_total_mb=1)
     url = f"/api/v1/gpus/{gpu.pk}/samples/"
     assert api_ops.get(url, {"end": "0001-01-01T00:00:00Z"}).status_code == 400

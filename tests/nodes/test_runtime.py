@@ -155,6 +155,8 @@ def test_platform_env_caps_vram_for_every_framework() -> None:
         "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
         "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+        # display, video and graphics libraries stay out, whatever the image says
+        "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
     }
 
 
@@ -209,10 +211,16 @@ def test_quota_library_is_preloaded_only_on_a_full_gpu() -> None:
         "NVIDIA_MIG_CONFIG_DEVICES",
         "NVIDIA_GDS",
         "CUDA_VISIBLE_DEVICES",
+        "CUDA_DISABLE_CONTROL",
+        "CUDA_DEVICE_SM_LIMIT",
+        "CUDA_OVERSUBSCRIBE",
+        "LD_LIBRARY_PATH",
+        "LD_AUDIT",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
     ],
 )
 def test_tenant_env_cannot_set_platform_variables(name: str) -> None:
-    with pytest.raises(ValueError, match=f"variable {name} is set by the platform"):
+    with pytest.raises(ValueError, match=f"variable {name} cannot be set: "):
         runtime.run_argv(spec(environment=(("OK", "1"), (name, "all"))))
 
 
@@ -620,6 +628,8 @@ def test_parse_inspect_reads_a_running_container() -> None:
             "gpuplatform.managed": "1",
             "gpuplatform.owner": "slice-42",
         },
+        # the effective environment, the image's merged in: the post-start check reads it
+        env=("GPUPLATFORM_VRAM_LIMIT_MB=8192", "PATH=/usr/local/bin:/usr/bin"),
     )
 
 

@@ -49,7 +49,9 @@ def test_fan_out_samples_every_node_in_batches(
                     name=emu.name, address="127.0.0.1", port=emu.port, host_key=emu.host_key_line()
                 )
             services.node_discover(node_id=node.pk)
-        pending = Node.objects.create(name="waiting", address="10.0.0.1")  # no key yet
+        pending = Node.objects.create(
+            gate_status="passed", name="waiting", address="10.0.0.1"
+        )  # no key yet
         dispatched = []
         original = tasks.sample_nodes.apply_async
 

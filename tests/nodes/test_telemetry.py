@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nodes import sampler
+from nodes import preflight, sampler
 from nodes.telemetry import (
     APP_QUERY_FIELDS,
     GPU_QUERY_FIELDS,
@@ -823,7 +823,12 @@ def test_sampler_output_has_exactly_the_contract_keys(node):
         "memory_utilization",
     }  # fmt: skip
     assert set(raw["xid_events"][0]) == {"pci_bus_id", "xid", "pid", "raw"}
-    assert set(raw["capabilities"]) == {"docker", "nvidia_runtime", "mig", "vram_quota_library"}
+    assert set(raw["capabilities"]) == {
+        "docker", "nvidia_runtime", "mig", "vram_quota_library", "preflight",
+    }  # fmt: skip
+    # the preflight gate's facts, text each ("" where the node does not have it)
+    assert set(raw["capabilities"]["preflight"]) == set(preflight.FACT_KEYS)
+    assert all(isinstance(v, str) for v in raw["capabilities"]["preflight"].values())
 
 
 def test_sampler_reports_each_xid_once(node):

@@ -70,6 +70,7 @@ def gpus(db):  # type: ignore[no-untyped-def]
 
     def make(count: int = 3) -> list[Gpu]:
         node = Node.objects.create(
+            gate_status="passed",
             name="race-node",
             address="10.9.9.9",
             port=22,

@@ -178,7 +178,7 @@ def test_stuck_provisioning_is_retried_then_failed_and_released(
     fleet.nodes[0].set_images([])  # every docker run fails: image not found
     slice = launch(owner_a, funded(owner_a), image_ssh)
     assert slice.state == Slice.State.FAILED
-    assert "docker run failed" in slice.state_reason
+    assert "docker pull failed" in slice.state_reason
     assert slice.allocation.state == Allocation.State.RELEASED
     purchase = slice.purchase
     purchase.refresh_from_db()

@@ -112,7 +112,9 @@ def retired_image(ops_user):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def node(db):  # type: ignore[no-untyped-def]
-    return Node.objects.create(name="gpu-a", address="10.0.0.5", port=22, status=Node.Status.ACTIVE)
+    return Node.objects.create(
+        gate_status="passed", name="gpu-a", address="10.0.0.5", port=22, status=Node.Status.ACTIVE
+    )
 
 
 @pytest.fixture

@@ -237,7 +237,7 @@ def test_viewers_do_not_see_the_jupyter_token_on_the_slice_page(client, owner_a)
         minutes_total=60,
         minutes_left=60,
     )
-    node = Node.objects.create(name="n", address="10.3.0.1", status="active")
+    node = Node.objects.create(gate_status="passed", name="n", address="10.3.0.1", status="active")
     gpu = Gpu.objects.create(node=node, uuid="GPU-v", index=0, model="x", vram_total_mb=24576)
     slice = Slice.objects.create(
         tenant=owner_a.tenant,

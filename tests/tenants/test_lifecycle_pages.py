@@ -57,7 +57,9 @@ def purchase(funded, tier8) -> Purchase:  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def gpu(db) -> Gpu:  # type: ignore[no-untyped-def]
-    node = Node.objects.create(name="gpu-host-1", address="10.0.0.9", status=Node.Status.ACTIVE)
+    node = Node.objects.create(
+        gate_status="passed", name="gpu-host-1", address="10.0.0.9", status=Node.Status.ACTIVE
+    )
     return Gpu.objects.create(
         node=node, uuid="GPU-1111", index=0, model="NVIDIA L4", vram_total_mb=24576
     )
@@ -378,7 +380,10 @@ def test_launch_environment_splits_on_the_first_equals_and_refuses_bad_names(  #
     for env, message in (
         ("NOEQUALS", "Line 1: write NAME=value."),
         ("A=1\nA=2", "A is set twice."),
-        ("LD_PRELOAD=/evil.so", "LD_PRELOAD is set by the platform"),
+        (
+            "LD_PRELOAD=/evil.so",
+            "LD_PRELOAD cannot be set: it loads code ahead of the quota library",
+        ),
     ):
         response = client.post("/launch/", launch_data(purchase, image, environment=env))
         assert response.status_code == 400 and message in response.content.decode(), env
