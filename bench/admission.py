@@ -129,6 +129,7 @@ def _make_fleet(n_gpus: int) -> None:
             address=f"10.2.{i // 250}.{i % 250}",
             host_key="ssh-ed25519 AAAA",
             status="active",
+            gate_status="passed",  # a synthetic fleet: placement is measured, not the gate
         )
         Gpu.objects.bulk_create(
             Gpu(

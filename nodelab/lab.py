@@ -36,7 +36,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -284,7 +283,6 @@ class LabNode:
         self.quota_accounting = self.run_dir / "vramquota"  # one directory per container
         self._procs: dict[str, subprocess.Popen] = {}
         self._original_host_key = ""
-        self._lock = threading.Lock()
 
     # -- setup
     def prepare(self, authorized_keys: list[str]) -> None:
@@ -630,10 +628,6 @@ class LabNode:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(victim, signal.SIGKILL)
 
-    def restart_sshd(self) -> None:
-        self.stop_sshd()
-        self.start_sshd()
-
     def restart_dockerd(self) -> None:
         _stop_process(self._procs.pop("dockerd", None), timeout=30)
         self.start_dockerd()
@@ -801,9 +795,6 @@ class Lab:
             lab.stop()
             raise
         return lab
-
-    def node(self, name: str) -> LabNode:
-        return next(n for n in self.nodes if n.name == name)
 
     def describe(self) -> dict[str, Any]:
         """What the platform needs to register the nodes (register_fleet's file)."""

@@ -496,7 +496,7 @@ class NodePolicyChange(models.Model):
     )
     node = models.ForeignKey(
         "nodes.Node",
-        on_delete=models.CASCADE,
+        on_delete=models.SET_NULL,  # the audit outlives the node
         null=True,
         blank=True,
         related_name="policy_changes",

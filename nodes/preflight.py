@@ -218,9 +218,15 @@ def _component(component: str, version: str, build: str, minimum: str, policy: P
 
 
 def _hardening(runs: Iterable[ProbeRun], expect: ProbeExpect) -> Check:
+    runs = list(runs)
     readings = next((r.readings for r in runs if not r.error and r.readings), None)
     if readings is None:
-        return Check("hardening", False, "no probe container reported its confinement")
+        error = next((r.error for r in runs if r.error), "")
+        return Check(
+            "hardening",
+            False,
+            "no probe container reported its confinement" + (f" ({error})" if error else ""),
+        )
     wrong = []
     if readings.get("CapEff", "").strip("0") != "":
         wrong.append(f"capabilities {readings.get('CapEff') or 'unreadable'} (asked: none)")

@@ -423,6 +423,16 @@ def node_discover(*, node_id: int, pool: ssh.SSHPool | None = None) -> Node | No
         # Locked, and saved with only the fields discovery owns: placement keeps
         # allocated_mb (and ops the ratio and the placement mark) on these rows meanwhile.
         existing = {g.uuid: g for g in Gpu.objects.select_for_update().filter(uuid__in=seen)}
+        # Until this discovery's preflight has judged them, cards are sold in slices only
+        # where the last verdict proved the quota for their model with the same library.
+        library = (sample.capabilities or telemetry.Capabilities()).vram_quota_library or ""
+        last = node.preflight or {}
+        proven = (
+            {m for m, state in (last.get("quota") or {}).items() if state == "proven"}
+            if last.get("quota_library", "") == library
+            else set()
+        )
+        accepted = node.watchdog_only_accepted_at is not None
         for reading in sample.gpus:
             gpu = existing.get(reading.uuid) or Gpu(node=node, uuid=reading.uuid)
             gpu.node = node
@@ -442,7 +452,8 @@ def node_discover(*, node_id: int, pool: ssh.SSHPool | None = None) -> Node | No
                 }
                 for m in reading.mig_devices
             ]
-            fields = DISCOVERED_GPU_FIELDS
+            gpu.whole_card_only = not (gpu.mig_enabled or accepted or gpu.model in proven)
+            fields = [*DISCOVERED_GPU_FIELDS, "whole_card_only"]
             if gpu.mig_enabled:
                 gpu.overcommit_ratio = 1  # MIG partitions and overcommit exclude each other
                 fields = [*fields, "overcommit_ratio"]
@@ -1693,7 +1704,11 @@ def _probe_targets(node: Node) -> list[tuple[Gpu, str, int, bool]]:
     """One GPU of each model sold through the quota library (the least used one), or,
     on a node with MIG-partitioned GPUs only, one MIG device (for the hardening reading):
     (gpu, device, device MiB, mig)."""
-    gpus = list(Gpu.objects.filter(node=node, present=True).order_by("allocated_mb", "index"))
+    # the freest card of each model: the probe's 512 MiB must not be what runs a card out
+    gpus = sorted(
+        Gpu.objects.filter(node=node, present=True),
+        key=lambda g: (max(g.allocated_mb, g.last_processes_mb or 0), g.index),
+    )
     targets: dict[str, tuple[Gpu, str, int, bool]] = {}
     for gpu in gpus:
         if not gpu.mig_enabled and gpu.model not in targets:
@@ -1741,7 +1756,7 @@ def _probe_run(  # type: ignore[no-untyped-def]
         return dataclasses.replace(run, error=f"the probe settings are not valid: {exc}")
     name = spec.name
     try:
-        started = _docker(node, argv, pool, timeout=CONTAINER_START_TIMEOUT)
+        started = _docker(node, argv, pool, timeout=PROBE_WAIT_S)
         if not started.ok:
             return dataclasses.replace(
                 run, error=f"docker run failed: {_last_line(started.stderr)}"
@@ -1794,16 +1809,60 @@ def node_preflight(
     node = Node.objects.filter(pk=node_id).first()
     if node is None or not node.host_key:
         return node
-    pool = pool or ssh.get_pool()
+    with _preflight_claim(node_id) as claimed:
+        if not claimed:  # another worker is judging this node now: its verdict will land
+            return node
+        return _node_preflight(node, facts, pool or ssh.get_pool())
+
+
+@contextlib.contextmanager
+def _preflight_claim(node_id: int):  # type: ignore[no-untyped-def]
+    """One preflight per node at a time (discoveries, the daily run, a policy change and
+    "run now" can overlap): a PostgreSQL advisory lock held by this session, not a row
+    lock, so nothing else waits on it. Elsewhere (SQLite, one process) always claimed."""
+    if connection.vendor != "postgresql":
+        yield True
+        return
+    key = PREFLIGHT_LOCK_SPACE + node_id
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [key])
+        claimed = bool(cursor.fetchone()[0])
+    try:
+        yield claimed
+    finally:
+        if claimed:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
+
+
+PREFLIGHT_LOCK_SPACE = 0x6770_0000_0000  # advisory-lock keys of preflights: this + node id
+PREFLIGHT_DEADLINE_S = 240.0  # the task's soft limit is 300 s: the verdict is always stored
+
+
+def _node_preflight(node: Node, facts: dict[str, str], pool: ssh.SSHPool) -> Node:
+    node_id = node.pk
     row = node_policy()
     library = (node.capabilities or {}).get("vram_quota_library") or ""
+    deadline = time.monotonic() + PREFLIGHT_DEADLINE_S
     _remove_stale_probes(node, pool)
     runs: list[preflight.ProbeRun] = []
     targets = _probe_targets(node)
+    # The probe image is checked like any image before it starts (CVE-2025-23266 needs
+    # only an ENV in it), and pulled once here rather than by each probe's `docker run`.
+    image_error = ""
+    try:
+        image_error = image_env_refusal(
+            image_inspect(node=node, reference=row.probe_image, pool=pool)
+        )
+    except (ContainerError, ssh.SSHError) as exc:
+        image_error = f"the probe image {row.probe_image} is not usable on the node: {exc}"
     for target in targets:
-        runs.append(_probe_run(node, target, "within", row, library, pool))
-        if library and not target[3]:
-            runs.append(_probe_run(node, target, "past", row, library, pool))
+        for kind in ("within", "past") if library and not target[3] else ("within",):
+            if image_error or time.monotonic() > deadline:
+                error = image_error or "the preflight ran out of time before this probe"
+                runs.append(preflight.ProbeRun(target[0].model, target[1], kind, error=error))
+            else:
+                runs.append(_probe_run(node, target, kind, row, library, pool))
     software = [t[0].model for t in targets if not t[3]]
     gate = preflight.evaluate(
         facts=facts,
@@ -1812,7 +1871,7 @@ def node_preflight(
         runs=runs,
         software_models=software,
         quota_library=library,
-        probe_error="" if targets else "the node has no GPU to probe",
+        probe_error=(image_error or "") if targets else "the node has no GPU to probe",
     )
     now = timezone.now()
     with transaction.atomic():
@@ -1826,6 +1885,7 @@ def node_preflight(
             "driver_version": node.driver_version,
             "checks": [c.as_dict() for c in gate.checks],
             "quota": dict(gate.quota),
+            "quota_library": library,
             "probes": [r.as_dict() for r in runs],
             "policy": {
                 "min_toolkit_version": row.min_toolkit_version,

@@ -11,14 +11,25 @@ from . import services
 SAMPLE_BATCH_SIZE = 200
 
 
+# Nodes never judged (new, or there before the gate existed) are discovered at the next
+# fan-out rather than at the daily run: until they pass they take no slices.
+UNCHECKED_PER_FAN_OUT = 20
+
+
 @shared_task(name="telemetry.fan_out", soft_time_limit=20, time_limit=30)
 def fan_out() -> int:
-    ids = list(services.sampleable_nodes().order_by("pk").values_list("pk", flat=True))
+    from .models import GateStatus
+
+    nodes = services.sampleable_nodes()
+    ids = list(nodes.order_by("pk").values_list("pk", flat=True))
     for start in range(0, len(ids), SAMPLE_BATCH_SIZE):
         sample_nodes.apply_async(
             args=[ids[start : start + SAMPLE_BATCH_SIZE]],
             expires=settings.NODES_SAMPLE_INTERVAL,
         )
+    unchecked = nodes.filter(gate_status=GateStatus.UNCHECKED).order_by("pk")
+    for node_id in unchecked.values_list("pk", flat=True)[:UNCHECKED_PER_FAN_OUT]:
+        discover_node.apply_async(args=[node_id], expires=settings.NODES_SAMPLE_INTERVAL)
     return len(ids)
 
 
@@ -30,8 +41,8 @@ def sample_nodes(node_ids: list[int]) -> dict:
 @shared_task(
     name="telemetry.discover_node",
     # discovery runs the preflight: a few probe containers per GPU model, seconds each
-    soft_time_limit=150,
-    time_limit=180,
+    soft_time_limit=300,  # the preflight stops probing at 240 s and stores its verdict
+    time_limit=330,
     autoretry_for=(OSError,),
     max_retries=3,
     retry_backoff=True,

@@ -155,7 +155,16 @@ class ImageSerializer(serializers.ModelSerializer):
 
 class OpsImageSerializer(ImageSerializer):
     class Meta(ImageSerializer.Meta):
-        fields = [*ImageSerializer.Meta.fields, "is_active", "created_at", "updated_at"]
+        fields = [
+            *ImageSerializer.Meta.fields,
+            "is_active",
+            "inspected_at",
+            "inspected_on",
+            "inspected_image_id",
+            "inspection_note",
+            "created_at",
+            "updated_at",
+        ]
         read_only_fields = fields
 
 

@@ -183,16 +183,16 @@ def test_a_burst_past_three_gigabytes_is_flagged_and_nothing_is_stopped(
     calm = launch(owner_a, 4, WORKLOAD_MB="2000")
     burst = launch(
         owner_b, 8, WORKLOAD_PROFILE="burst", WORKLOAD_MB="2000", WORKLOAD_BURST_MB="4000",
-        WORKLOAD_PERIOD_S="20", WORKLOAD_BURST_S="10",
+        WORKLOAD_PERIOD_S="8", WORKLOAD_BURST_S="4",
     )  # fmt: skip
     for s in (calm, burst):
         s.refresh_from_db()
         assert s.state == Slice.State.RUNNING, s.state_reason
-    # catch a burst's end: ten seconds of base follow, long enough to sample it surely
-    assert wait_for(lambda: used_mb(lab, burst) == 6000, timeout=25)
-    assert wait_for(lambda: used_mb(lab, burst) == 2000, timeout=15)
+    # catch a burst's end: four seconds of base follow, long enough to sample it surely
+    assert wait_for(lambda: used_mb(lab, burst) == 6000, timeout=12)
+    assert wait_for(lambda: used_mb(lab, burst) == 2000, timeout=8)
     node_services.nodes_sample(node_ids=[node.pk])
-    assert wait_for(lambda: used_mb(lab, burst) == 6000, timeout=15)  # within its 8 GB
+    assert wait_for(lambda: used_mb(lab, burst) == 6000, timeout=8)  # within its 8 GB
     node_services.nodes_sample(node_ids=[node.pk])
     [incident] = Incident.objects.filter(rule="process_jump")
     assert incident.slice_id == burst.pk and incident.tenant_id == owner_b.tenant_id

@@ -461,3 +461,61 @@ def test_the_node_page_and_fleet_list_show_the_gate(worker_fleet, client, ops_us
     assert not Gpu.objects.get(node=row).whole_card_only
     page = client.get(f"/ops/nodes/{row.pk}/").content.decode()
     assert "Watchdog-only enforcement accepted" in page and "batch only" in page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_card_is_sold_whole_until_its_model_is_proven(worker_fleet):  # type: ignore[no-untyped-def]
+    from nodes.models import Node
+
+    fleet = worker_fleet()
+    row = fleet.registered[0]
+    assert not Gpu.objects.get(node=row).whole_card_only  # proven at registration
+    # a verdict for another model (or another library) proves nothing for this card: the
+    # discovery marks it whole-only before the preflight runs
+    Node.objects.filter(pk=row.pk).update(
+        preflight={**row.preflight, "quota_library": "/elsewhere/libvgpu.so"}
+    )
+    seen = []
+    original = node_services.node_preflight
+
+    def judged(**kwargs):  # type: ignore[no-untyped-def]
+        seen.append(Gpu.objects.get(node=row).whole_card_only)
+        return original(**kwargs)
+
+    node_services.node_preflight = judged
+    try:
+        node_services.node_discover(node_id=row.pk)
+    finally:
+        node_services.node_preflight = original
+    assert seen == [True]  # held whole while the probes ran
+    assert not Gpu.objects.get(node=row).whole_card_only  # proven again
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_probe_image_that_sets_a_reserved_variable_is_never_started(worker_fleet, ops_user):  # type: ignore[no-untyped-def]
+    fleet = worker_fleet()
+    state = fleet.nodes[0].state
+    state.image_env["bad/probe:1"] = ["LD_PRELOAD=/x.so"]
+    node_services.node_policy_update(actor=ops_user, reason="test", probe_image="bad/probe:1")
+    node = node_services.node_discover(node_id=fleet.registered[0].pk)
+    assert node.gate_status == GateStatus.FAILED
+    assert "the image's configuration sets LD_PRELOAD" in node.gate_reason
+    assert not [c for c in state.containers.values() if c.image == "bad/probe:1"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_preflight_already_running_on_a_node_is_not_run_twice(worker_fleet):  # type: ignore[no-untyped-def]
+    from django.db import connections
+
+    fleet = worker_fleet()
+    row = fleet.registered[0]
+    before = row.gate_checked_at
+    other = connections.create_connection("default")
+    with other.cursor() as cursor:  # another worker holds this node's preflight
+        cursor.execute("SELECT pg_advisory_lock(%s)", [node_services.PREFLIGHT_LOCK_SPACE + row.pk])
+    try:
+        node = node_services.node_discover(node_id=row.pk)
+        assert node.gate_checked_at == before  # skipped, nothing overwritten
+    finally:
+        other.close()
+    assert node_services.node_discover(node_id=row.pk).gate_checked_at > before

@@ -65,5 +65,11 @@ def test_fan_out_samples_every_node_in_batches(
         assert pending.pk not in sum(dispatched, [])
         for node in Node.objects.exclude(pk=pending.pk):
             assert GpuSample.objects.filter(gpu__node=node).count() == node.gpus.count()
+        # a node there before the gate (never judged) is judged at the next fan-out
+        first = Node.objects.get(name=fleet.nodes[0].name)
+        Node.objects.filter(pk=first.pk).update(gate_status="unchecked")
+        assert tasks.fan_out.apply().get() == 3
+        first.refresh_from_db()
+        assert first.gate_status == "passed" and first.gate_checked_at is not None
     finally:
         fleet.stop()
