@@ -10,6 +10,7 @@ import logging
 import re
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -1722,8 +1723,17 @@ def _probe_targets(node: Node) -> list[tuple[Gpu, str, int, bool]]:
     return []
 
 
+PROBES_AT_ONCE = 4
+
+
 def _probe_run(  # type: ignore[no-untyped-def]
-    node: Node, target, kind: str, row: NodePolicy, library: str, pool: ssh.SSHPool
+    node: Node,
+    target,
+    kind: str,
+    row: NodePolicy,
+    library: str,
+    pool: ssh.SSHPool,
+    deadline: float,
 ) -> preflight.ProbeRun:
     """One probe container through the same `docker run` argv as a tenant's slice."""
     import secrets
@@ -1734,6 +1744,8 @@ def _probe_run(  # type: ignore[no-untyped-def]
     gpu, device, device_mb, mig = target
     alloc_mb = preflight.PROBE_PAST_MB if kind == "past" else preflight.PROBE_WITHIN_MB
     run = preflight.ProbeRun(gpu_model=gpu.model, device=device, kind=kind)
+    if time.monotonic() > deadline:
+        return dataclasses.replace(run, error="the preflight ran out of time before this probe")
     try:
         spec = runtime.ContainerSpec(
             name=f"gpp-probe-{node.pk}-{gpu.index}-{kind}-{secrets.token_hex(3)}",
@@ -1761,7 +1773,7 @@ def _probe_run(  # type: ignore[no-untyped-def]
             return dataclasses.replace(
                 run, error=f"docker run failed: {_last_line(started.stderr)}"
             )
-        deadline = time.monotonic() + PROBE_WAIT_S
+        deadline = min(deadline, time.monotonic() + PROBE_WAIT_S)
         info = container_inspect(node=node, container=name, pool=pool)
         while info is not None and info.running and time.monotonic() < deadline:
             time.sleep(0.25)
@@ -1845,7 +1857,6 @@ def _node_preflight(node: Node, facts: dict[str, str], pool: ssh.SSHPool) -> Nod
     library = (node.capabilities or {}).get("vram_quota_library") or ""
     deadline = time.monotonic() + PREFLIGHT_DEADLINE_S
     _remove_stale_probes(node, pool)
-    runs: list[preflight.ProbeRun] = []
     targets = _probe_targets(node)
     # The probe image is checked like any image before it starts (CVE-2025-23266 needs
     # only an ENV in it), and pulled once here rather than by each probe's `docker run`.
@@ -1856,13 +1867,22 @@ def _node_preflight(node: Node, facts: dict[str, str], pool: ssh.SSHPool) -> Nod
         )
     except (ContainerError, ssh.SSHError) as exc:
         image_error = f"the probe image {row.probe_image} is not usable on the node: {exc}"
-    for target in targets:
-        for kind in ("within", "past") if library and not target[3] else ("within",):
-            if image_error or time.monotonic() > deadline:
-                error = image_error or "the preflight ran out of time before this probe"
-                runs.append(preflight.ProbeRun(target[0].model, target[1], kind, error=error))
-            else:
-                runs.append(_probe_run(node, target, kind, row, library, pool))
+    jobs = [
+        (target, kind)
+        for target in targets
+        for kind in (("within", "past") if library and not target[3] else ("within",))
+    ]
+    if image_error:
+        runs = [preflight.ProbeRun(t[0].model, t[1], k, error=image_error) for t, k in jobs]
+    else:
+        # side by side (the SSH pool is shared by threads): a node's probes take about as
+        # long as one; each waits at most until the deadline
+        with ThreadPoolExecutor(max_workers=PROBES_AT_ONCE) as pool_of_probes:
+            futures = [
+                pool_of_probes.submit(_probe_run, node, t, k, row, library, pool, deadline)
+                for t, k in jobs
+            ]
+            runs = [f.result() for f in futures]
     software = [t[0].model for t in targets if not t[3]]
     gate = preflight.evaluate(
         facts=facts,
