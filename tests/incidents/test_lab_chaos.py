@@ -240,7 +240,9 @@ def test_a_bandwidth_hog_is_paused_and_resumed_for_real_and_alone(
     # paused and resumed by the node's Docker Engine, three times; the neighbour never
     assert events.count(f"pause {hog.container_id}") == 3, events
     assert events.count(f"unpause {hog.container_id}") == 3, events
-    assert not [e for e in events if calm.container_id in e], events
+    # (the window is whole seconds: the neighbour's own start can fall inside it)
+    frozen = [e for e in events if e.split(" ")[0] in ("pause", "unpause", "kill", "stop")]
+    assert not [e for e in frozen if calm.container_id in e], events
     # frozen half the time by the kernel's freezer, and computing less than its neighbour
     assert wall >= 3.0
     assert ran[hog.pk] < 0.75 * wall, (ran, wall)
