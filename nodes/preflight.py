@@ -186,9 +186,11 @@ class Gate:
     def reason(self) -> str:
         return "; ".join(c.detail for c in self.checks if c.blocks and not c.ok)
 
-    def whole_card_only(self, model: str, *, watchdog_accepted: bool) -> bool:
-        """Whether a non-MIG GPU of `model` may only be sold whole."""
-        return self.quota.get(model, "absent") != "proven" and not watchdog_accepted
+
+def proven_models(quota: Mapping[str, str]) -> list[str]:
+    """The models whose VRAM quota a probe proved: only their cards (not MIG-partitioned)
+    are sold in slices; the others whole, unless ops accept the watchdog alone."""
+    return sorted(m for m, state in quota.items() if state == "proven")
 
 
 def _known_fixed(policy: Policy, component: str, build: str) -> KnownBuild | None:

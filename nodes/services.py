@@ -424,16 +424,6 @@ def node_discover(*, node_id: int, pool: ssh.SSHPool | None = None) -> Node | No
         # Locked, and saved with only the fields discovery owns: placement keeps
         # allocated_mb (and ops the ratio and the placement mark) on these rows meanwhile.
         existing = {g.uuid: g for g in Gpu.objects.select_for_update().filter(uuid__in=seen)}
-        # Until this discovery's preflight has judged them, cards are sold in slices only
-        # where the last verdict proved the quota for their model with the same library.
-        library = (sample.capabilities or telemetry.Capabilities()).vram_quota_library or ""
-        last = node.preflight or {}
-        proven = (
-            {m for m, state in (last.get("quota") or {}).items() if state == "proven"}
-            if last.get("quota_library", "") == library
-            else set()
-        )
-        accepted = node.watchdog_only_accepted_at is not None
         for reading in sample.gpus:
             gpu = existing.get(reading.uuid) or Gpu(node=node, uuid=reading.uuid)
             gpu.node = node
@@ -453,8 +443,7 @@ def node_discover(*, node_id: int, pool: ssh.SSHPool | None = None) -> Node | No
                 }
                 for m in reading.mig_devices
             ]
-            gpu.whole_card_only = not (gpu.mig_enabled or accepted or gpu.model in proven)
-            fields = [*DISCOVERED_GPU_FIELDS, "whole_card_only"]
+            fields = DISCOVERED_GPU_FIELDS
             if gpu.mig_enabled:
                 gpu.overcommit_ratio = 1  # MIG partitions and overcommit exclude each other
                 fields = [*fields, "overcommit_ratio"]
@@ -464,6 +453,11 @@ def node_discover(*, node_id: int, pool: ssh.SSHPool | None = None) -> Node | No
             else:
                 gpu.save(update_fields=fields)
         caps = sample.capabilities or telemetry.Capabilities()
+        # Until this discovery's preflight has judged them, cards are sold in slices only
+        # where the last verdict proved the quota for their model with the same library.
+        last = node.preflight or {}
+        same_library = last.get("quota_library", "") == (caps.vram_quota_library or "")
+        _sell_whole(node, quota=(last.get("quota") or {}) if same_library else {})
         node.capabilities = {
             "docker": caps.docker,
             "nvidia_runtime": caps.nvidia_runtime,
@@ -1891,12 +1885,11 @@ def _node_preflight(node: Node, facts: dict[str, str], pool: ssh.SSHPool) -> Nod
         runs=runs,
         software_models=software,
         quota_library=library,
-        probe_error=(image_error or "") if targets else "the node has no GPU to probe",
+        probe_error=image_error if targets else "the node has no GPU to probe",
     )
     now = timezone.now()
     with transaction.atomic():
         node = Node.objects.select_for_update().get(pk=node_id)
-        accepted = node.watchdog_only_accepted_at is not None
         node.gate_status = GateStatus.PASSED if gate.passed else GateStatus.FAILED
         node.gate_reason = gate.reason[:1000]
         node.gate_checked_at = now
@@ -1914,20 +1907,37 @@ def _node_preflight(node: Node, facts: dict[str, str], pool: ssh.SSHPool) -> Nod
             "checked_at": now.isoformat(),
         }
         node.save(update_fields=["gate_status", "gate_reason", "gate_checked_at", "preflight"])
-        whole = [m for m in gate.quota if gate.whole_card_only(m, watchdog_accepted=accepted)]
-        on_node = Gpu.objects.filter(node=node)
-        on_node.filter(mig_enabled=False, model__in=whole).exclude(whole_card_only=True).update(
-            whole_card_only=True
-        )
-        on_node.exclude(mig_enabled=False, model__in=whole).exclude(whole_card_only=False).update(
-            whole_card_only=False
-        )
+        _sell_whole(node, quota=gate.quota)
+    return node
+
+
+def _sell_whole(node: Node, *, quota) -> None:  # type: ignore[no-untyped-def]
+    """The one rule for `whole_card_only`: a card that is not MIG-partitioned is sold whole
+    unless the quota of its model is proven (`quota`: model -> state) or ops accepted
+    watchdog-only enforcement for the node."""
+    proven = preflight.proven_models(quota)
+    if node.watchdog_only_accepted_at is not None:
+        whole = Q(pk__in=[])
+    else:
+        whole = Q(mig_enabled=False) & ~Q(model__in=proven)
+    cards = Gpu.objects.filter(node=node)
+    cards.filter(whole).exclude(whole_card_only=True).update(whole_card_only=True)
+    cards.exclude(whole).exclude(whole_card_only=False).update(whole_card_only=False)
+
+
+def node_preflight_request(*, node: Node) -> Node:
+    """Judge the node now (a discovery, in the background, after this transaction)."""
+    if not node.host_key:
+        raise Conflict("Approve the node's host key first.", code="pending_host_key")
+    from . import tasks
+
+    transaction.on_commit(lambda: tasks.discover_node.delay(node.pk))
     return node
 
 
 def _policy_clean(field: str, value):  # type: ignore[no-untyped-def]
     """One policy setting as ops gave it, checked; raises ServiceError naming it."""
-    from . import isolation, runtime
+    from . import runtime
 
     try:
         if field in ("min_toolkit_version", "min_runc_version"):
@@ -2038,8 +2048,5 @@ def node_accept_watchdog_only(*, node: Node, actor, accept: bool, reason: str) -
         new_value=accept,
         reason=reason[:500],
     )
-    quota = (node.preflight or {}).get("quota") or {}
-    whole = [m for m, state in quota.items() if state != "proven" and not accept]
-    Gpu.objects.filter(node=node, mig_enabled=False).update(whole_card_only=False)
-    Gpu.objects.filter(node=node, mig_enabled=False, model__in=whole).update(whole_card_only=True)
+    _sell_whole(node, quota=(node.preflight or {}).get("quota") or {})
     return node

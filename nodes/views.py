@@ -9,7 +9,6 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.paginator import Paginator
-from django.db import transaction
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -128,11 +127,7 @@ def _rescan(request: HttpRequest, node: Node) -> str:
 
 
 def _preflight(request: HttpRequest, node: Node) -> str:
-    if not node.host_key:
-        raise ServiceError("Approve the node's host key first.")
-    from . import tasks
-
-    transaction.on_commit(lambda: tasks.discover_node.delay(node.pk))
+    services.node_preflight_request(node=node)
     return f"Preflight of {node.name} started: the verdict appears here in a few seconds."
 
 

@@ -101,15 +101,7 @@ class NodeViewSet(
     def preflight(self, request, pk=None):  # type: ignore[no-untyped-def]
         """Run the preflight gate now (a discovery, in the background): the verdict lands
         on the node (`gate_status`, `gate_reason`, `preflight`)."""
-        node = self.get_object()
-        if not node.host_key:
-            return Response(
-                {"code": "pending_host_key", "message": "Approve the node's host key first."},
-                status=status.HTTP_409_CONFLICT,
-            )
-        from nodes import tasks
-
-        transaction.on_commit(lambda: tasks.discover_node.delay(node.pk))
+        node = services.node_preflight_request(node=self.get_object())
         return self._out(node, status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=serializers.WatchdogOnlySerializer, responses=serializers.NodeSerializer)

@@ -9,6 +9,7 @@ follows its GPUPLATFORM_EMULATOR_PROFILE (see state.Workload).
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -1318,8 +1319,6 @@ def cmd_image_inspect(node: NodeState, inv: Invocation, args: list[str]) -> int:
         for doc in docs:
             inv.out(gotemplate.render(gotemplate.unescape_format(fmt), doc) + "\n")
     else:
-        import json
-
         inv.out(json.dumps(docs, indent=4) + "\n")
     return status
 

@@ -56,7 +56,7 @@ def test_a_good_node_passes_with_its_quota_proven() -> None:
     gate = judge()
     assert gate.passed and gate.reason == ""
     assert gate.quota == {"NVIDIA A30": "proven"}
-    assert not gate.whole_card_only("NVIDIA A30", watchdog_accepted=False)
+    assert preflight.proven_models(gate.quota) == ["NVIDIA A30"]
 
 
 @pytest.mark.parametrize(
@@ -112,8 +112,7 @@ def test_hardening_the_probe_did_not_see_fails_the_gate(readings, words) -> None
 def test_quota_states_limit_sales_without_failing_the_node() -> None:
     ineffective = judge(probe_runs=runs(past="0"))
     assert ineffective.passed and ineffective.quota == {"NVIDIA A30": "ineffective"}
-    assert ineffective.whole_card_only("NVIDIA A30", watchdog_accepted=False)
-    assert not ineffective.whole_card_only("NVIDIA A30", watchdog_accepted=True)
+    assert preflight.proven_models(ineffective.quota) == []  # its cards are sold whole
     absent = judge(library="", probe_runs=runs()[:1])
     assert absent.passed and absent.quota == {"NVIDIA A30": "absent"}
     # a probe that cannot even allocate within its quota proves nothing
@@ -519,3 +518,15 @@ def test_a_preflight_already_running_on_a_node_is_not_run_twice(worker_fleet):  
     finally:
         other.close()
     assert node_services.node_discover(node_id=row.pk).gate_checked_at > before
+
+
+@pytest.mark.django_db
+def test_a_preflight_asked_for_before_the_host_key_is_pinned_is_a_409(api_ops, client, ops_user):  # type: ignore[no-untyped-def]
+    from nodes.models import Node
+
+    node = Node.objects.create(name="new", address="10.4.0.1")
+    response = api_ops.post(f"/api/v1/nodes/{node.pk}/preflight/")
+    assert response.status_code == 409 and response.json()["code"] == "pending_host_key"
+    client.force_login(ops_user)
+    page = client.post(f"/ops/nodes/{node.pk}/preflight/", follow=True).content.decode()
+    assert "Approve the node&#x27;s host key first." in page
