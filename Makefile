@@ -7,7 +7,7 @@ TEST_DATABASE_URL ?= $(or $(DATABASE_URL),postgres://postgres@127.0.0.1:5432/tes
 TEST_REDIS_URL ?= $(or $(REDIS_URL),redis://127.0.0.1:6379/0)
 VENDOR := static/vendor
 
-.PHONY: run test install install-test chromium lab-packages lint format vendor clean
+.PHONY: run test install install-test chromium lab-packages lint format vendor clean screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,13 @@ lab-packages:
 test: install-test chromium lab-packages
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) \
 	  $(PY) -m pytest $(PYTEST_ARGS)
+
+## screenshots: redraw the README's pictures (docs/screenshots/*.png: dashboard, launch, fit,
+## fleet, incident ledger; 1366x900) in headless chromium, from a scene made in a throwaway
+## test database on PostgreSQL (TEST_DATABASE_URL as for `make test`; no Redis needed)
+screenshots: install-test chromium
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL= GPUPLATFORM_SCREENSHOTS_DIR=docs/screenshots \
+	  $(PY) -m pytest -q -p no:cacheprovider tests/e2e/test_every_page.py -k test_readme_screenshots
 
 lint: install-test
 	$(VENV)/bin/ruff check .

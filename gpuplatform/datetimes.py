@@ -30,13 +30,18 @@ def to_utc(value: datetime) -> datetime:
     return value
 
 
+def range_code(value: datetime) -> str:
+    """The error code for a time `to_utc` refused: the API's range codes, like numbers'."""
+    return "min_value" if value.year <= EARLIEST_YEAR else "max_value"
+
+
 def _clean(value: datetime | None) -> datetime | None:
     if value is None:
         return None
     try:
         return to_utc(value)
     except ValueError as exc:
-        raise ValidationError(str(exc), code="out_of_range") from None
+        raise ValidationError(str(exc), code=range_code(value)) from None
 
 
 class UtcDateTimeField(forms.DateTimeField):

@@ -79,6 +79,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "tenants.context_processors.membership",
+                "tenants.context_processors.credit_rate",
             ],
         },
     },
@@ -221,6 +222,7 @@ SPECTACULAR_SETTINGS = {
         "IncidentEventKindEnum": "incidents.models.IncidentEvent.Kind",
         "WebhookDeliveryStatusEnum": "incidents.models.WebhookDelivery.Status",
         "LedgerEntryKindEnum": "tenants.models.LedgerEntry.Kind",
+        "CreditRequestStatusEnum": "tenants.models.CreditRequest.Status",
     },
 }
 

@@ -1,6 +1,8 @@
 """Top-level URLs: pages, accounts, the API and admin."""
 
 from django.contrib import admin
+from django.shortcuts import redirect
+from django.templatetags.static import static
 from django.urls import include, path
 
 from nodes import views as node_views
@@ -13,6 +15,8 @@ admin.site.site_title = "gpuplatform admin"
 urlpatterns = [
     path("", tenant_views.home, name="home"),
     path("healthz/", tenant_views.healthz, name="healthz"),
+    # browsers ask for /favicon.ico on pages without the <link rel="icon"> (the API, files)
+    path("favicon.ico", lambda request: redirect(static("favicon.svg")), name="favicon"),
     path("signup/", tenant_views.signup, name="signup"),
     path("invitations/accept/", tenant_views.invitation_accept, name="invitation_accept"),
     path("invitations/<str:token>/", tenant_views.invitation_link, name="invitation_link"),

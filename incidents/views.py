@@ -277,19 +277,20 @@ def evidence_context(incident: Incident) -> dict[str, Any]:
     ev = incident.evidence if isinstance(incident.evidence, dict) else {}
     slice_ev = ev.get("slice") if isinstance(ev.get("slice"), dict) else {}
     window = _points(ev.get("window"))
+    raw_window = ev.get("window") if isinstance(ev.get("window"), list) else []
     quota = slice_ev.get("quota_mb") or ev.get("quota_mb")
     total = ev.get("total_mb") or (incident.gpu.vram_total_mb if incident.gpu else None)
     limit, limit_label = (quota, "slice quota (MiB)") if quota else (total, "GPU total (MiB)")
     processes = [p for p in ev.get("processes") or [] if isinstance(p, dict)]
-    xids = [str(x) for x in ev.get("xid_lines") or []]
+    xids = [str(x) for x in ev.get("xid_lines") or [] if x is not None]
     facts = [
         (key.replace("_", " "), value)
         for key, value in sorted(ev.items())
         if key not in EVIDENCE_SHOWN and not isinstance(value, dict | list)
     ]
     return {
-        "detail": ev.get("detail", ""),
-        "detected_at": ev.get("detected_at", ""),
+        "detail": ev.get("detail") or "",
+        "detected_at": ev.get("detected_at") or "",
         "slice": slice_ev,
         "processes": processes,
         "xid_lines": xids,
@@ -300,6 +301,8 @@ def evidence_context(incident: Incident) -> dict[str, Any]:
             "limit_mb": limit if isinstance(limit, int | float) else None,
             "limit_label": limit_label,
         },
+        # samples the window holds without a usable time or value: left out of the chart
+        "window_skipped": len(raw_window) - len(window),
     }
 
 
@@ -572,6 +575,14 @@ def ops_kpis(request: HttpRequest) -> HttpResponse:
             "mttr_min": [round((r["mttr_s"] or 0) / 60, 2) for r in data["by_class"]],
         },
     }
+    # A chart whose series hold no point (or only zeros) would be bare axes: say so instead.
+    charts["per_day"]["has_data"] = any(any(s["counts"]) for s in charts["per_day"]["series"])
+    charts["by_node"]["has_data"] = any(charts["by_node"]["per_1000"]) or any(
+        charts["by_node"]["preemption_pct"]
+    )
+    charts["by_class"]["has_data"] = any(charts["by_class"]["mttd_min"]) or any(
+        charts["by_class"]["mttr_min"]
+    )
     return render(
         request,
         "incidents/ops_kpis.html",

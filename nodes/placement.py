@@ -88,3 +88,20 @@ def choose(candidates: list[Candidate], vram_mb: int) -> Choice | None:
         return None
     room_after, gpu_id = min(software)
     return Choice(gpu_id=gpu_id, room_after_mb=room_after)
+
+
+def can_host(
+    vram_mb: int,
+    *,
+    total_mb: int,
+    mig_enabled: bool,
+    whole_card_only: bool = False,
+    mig_sizes_mb: tuple[int, ...] = (),
+) -> bool:
+    """Whether a card of this shape could ever take a slice of `vram_mb` (room aside): the
+    same size rules `choose` and the whole-card rule apply, for the catalog's "runs on"."""
+    if mig_enabled:
+        return any(vram_mb <= nominal_mb(m) <= vram_mb * MIG_MAX_OVERSIZE for m in mig_sizes_mb)
+    if whole_card_only:
+        return nominal_mb(total_mb) == vram_mb
+    return nominal_mb(total_mb) >= vram_mb

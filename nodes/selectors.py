@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from .models import (
     Allocation,
+    GateStatus,
     Gpu,
     GpuSample,
     GpuSampleRollup,
@@ -25,6 +26,39 @@ MAX_POINTS = 500
 def gpus_with_allocation() -> QuerySet[Gpu]:
     # `allocated_mb` is a counter kept on the row by placement: no aggregate needed.
     return Gpu.objects.all()
+
+
+def gpu_shapes_in_service() -> list[dict]:
+    """One row per distinct card shape that takes placements now (model, size, MIG layout,
+    whole-card rule): what the tier catalog says each tier runs on. One query."""
+    rows = (
+        Gpu.objects.filter(
+            present=True,
+            accepting_placements=True,
+            node__status=Node.Status.ACTIVE,
+            node__drained_at__isnull=True,
+            node__gate_status=GateStatus.PASSED,
+        )
+        .values_list("model", "vram_total_mb", "mig_enabled", "whole_card_only", "mig_devices")
+        .order_by("model")
+    )
+    shapes: dict[tuple, dict] = {}
+    for model, total_mb, mig_enabled, whole, devices in rows:
+        sizes = tuple(sorted(int(d.get("memory_total_mb") or 0) for d in devices or []))
+        key = (model, total_mb, mig_enabled, whole, sizes if mig_enabled else ())
+        shape = shapes.setdefault(
+            key,
+            {
+                "model": model,
+                "total_mb": total_mb,
+                "mig_enabled": mig_enabled,
+                "whole_card_only": whole,
+                "mig_sizes_mb": key[4],
+                "count": 0,
+            },
+        )
+        shape["count"] += 1
+    return list(shapes.values())
 
 
 def node_list() -> QuerySet[Node]:

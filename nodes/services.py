@@ -89,9 +89,10 @@ def _clean_registration(
             field="name",
         )
     if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
-        raise ServiceError(
-            "The SSH port must be between 1 and 65535.", code="invalid_port", field="port"
-        )
+        code = "invalid"  # not a whole number
+        if isinstance(port, int) and not isinstance(port, bool):
+            code = "min_value" if port < 1 else "max_value"
+        raise ServiceError("The SSH port must be between 1 and 65535.", code=code, field="port")
     if not SSH_USER_RE.match(ssh_user or ""):
         raise ServiceError(
             "Enter a POSIX user name (lower-case letters, digits, _ and -).",
@@ -1608,7 +1609,11 @@ def gpu_set_overcommit(*, gpu: Gpu, ratio, now: datetime | None = None) -> Gpu: 
     except (InvalidOperation, ValueError) as exc:
         raise ServiceError("The ratio must be a number.", field="overcommit_ratio") from exc
     if not Decimal("1.00") <= ratio <= Decimal("4.00"):
-        raise ServiceError("The ratio must be between 1.00 and 4.00.", field="overcommit_ratio")
+        raise ServiceError(
+            "The ratio must be between 1.00 and 4.00.",
+            code="min_value" if ratio < Decimal("1.00") else "max_value",
+            field="overcommit_ratio",
+        )
     gpu = Gpu.objects.select_for_update().get(pk=gpu.pk)
     if ratio > Decimal("1.00"):
         if gpu.mig_enabled:

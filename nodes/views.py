@@ -34,15 +34,42 @@ def _heat(gpu) -> int:  # type: ignore[no-untyped-def]
     return round(100 * gpu.last_memory_used_mb / gpu.vram_total_mb)
 
 
+def _node_closed_reason(node: Node) -> str:
+    """Why no new slice lands on any GPU of this node, in words ("" when it takes them)."""
+    if node.drained_at:
+        return f"drained: {node.drain_reason}" if node.drain_reason else "drained by ops"
+    if node.status != Node.Status.ACTIVE:
+        reason = node.status_reason or node.last_error
+        return f"{node.get_status_display()}: {reason}" if reason else node.get_status_display()
+    if node.gate_status != Node.GateStatus.PASSED:
+        label = f"preflight {node.get_gate_status_display()}"
+        return f"{label}: {node.gate_reason}" if node.gate_reason else label
+    return ""
+
+
+def _gpu_closed_reason(gpu: Gpu) -> str:
+    if gpu.accepting_placements:
+        return ""
+    reason = gpu.not_accepting_reason
+    return f"not accepting placements: {reason}" if reason else "not accepting placements"
+
+
 @staff_member_required
 @require_GET
 def fleet(request: HttpRequest) -> HttpResponse:
     nodes = list(selectors.node_list())
     now = timezone.now()
     for node in nodes:
+        node.closed_reason = _node_closed_reason(node)
         for gpu in node.gpus.all():
             gpu.heat = _heat(gpu)
             gpu.age_s = (now - gpu.last_sample_at).total_seconds() if gpu.last_sample_at else None
+            gpu.closed_reason = _gpu_closed_reason(gpu)
+            gpu.alloc_pct = (
+                min(100, round(100 * (gpu.allocated_mb or 0) / gpu.vram_total_mb))
+                if gpu.vram_total_mb
+                else 0
+            )
     context = {
         "nodes": nodes,
         "totals": selectors.fleet_totals(nodes),

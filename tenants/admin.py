@@ -3,6 +3,8 @@ from django.contrib import admin
 from .models import (
     ApiToken,
     AuditEvent,
+    CreditRate,
+    CreditRequest,
     Image,
     Invitation,
     LedgerEntry,
@@ -137,14 +139,9 @@ class PurchaseAdmin(admin.ModelAdmin):
         return False
 
 
-@admin.register(LedgerEntry)
-class LedgerEntryAdmin(admin.ModelAdmin):
-    """Append-only: visible to ops, never edited or deleted here."""
-
-    list_display = ["created_at", "tenant", "kind", "amount", "balance_after", "actor", "memo"]
-    list_filter = ["kind", "created_at"]
-    search_fields = ["tenant__name", "memo"]
-    list_select_related = ["tenant", "actor"]
+class _ReadOnlyAdmin(admin.ModelAdmin):
+    """Append-only or written only through the pages and the API (the services keep the
+    audit): visible to ops, never added, edited or deleted here."""
 
     def has_add_permission(self, request):  # type: ignore[no-untyped-def]
         return False
@@ -154,6 +151,14 @@ class LedgerEntryAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
         return False
+
+
+@admin.register(LedgerEntry)
+class LedgerEntryAdmin(_ReadOnlyAdmin):
+    list_display = ["created_at", "tenant", "kind", "amount", "balance_after", "actor", "memo"]
+    list_filter = ["kind", "created_at"]
+    search_fields = ["tenant__name", "memo"]
+    list_select_related = ["tenant", "actor"]
 
 
 class SliceTransitionInline(admin.TabularInline):
@@ -230,3 +235,17 @@ class UsageRecordAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
         return False
+
+
+@admin.register(CreditRate)
+class CreditRateAdmin(_ReadOnlyAdmin):
+    list_display = ["created_at", "currency", "per_credit", "set_by", "reason"]
+    list_select_related = ["set_by"]
+
+
+@admin.register(CreditRequest)
+class CreditRequestAdmin(_ReadOnlyAdmin):
+    list_display = ["created_at", "tenant", "amount", "status", "decided_by", "decided_at"]
+    list_filter = ["status"]
+    search_fields = ["tenant__name", "note", "decision_note"]
+    list_select_related = ["tenant", "decided_by"]

@@ -17,6 +17,9 @@ from .tokens import hash_secret
 # Writing last_used_at on every call would turn each read into a write.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
+MALFORMED_HEADER = "Invalid Authorization header: expected 'Bearer <token>'."
+TOKEN_REFUSED = "Invalid, expired or revoked token."  # noqa: S105 - a message, not a secret
+
 
 class AuthFailureThrottle(throttling.SimpleRateThrottle):
     scope = "auth_failure"
@@ -65,14 +68,15 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
             raise
 
     def _authenticate(self, header: list[bytes]):  # type: ignore[no-untyped-def]
+        # Two answers, never more: a header that is not `Bearer <token>` is malformed; a
+        # well-formed token that matches no live token (unknown, expired, revoked, or its
+        # member removed) is refused without saying which, so nothing is learnt by trying.
         if len(header) != 2:
-            raise exceptions.AuthenticationFailed(
-                "Invalid Authorization header: expected 'Bearer <token>'."
-            )
+            raise exceptions.AuthenticationFailed(MALFORMED_HEADER)
         try:
             value = header[1].decode("ascii")
-        except UnicodeDecodeError as exc:
-            raise exceptions.AuthenticationFailed("Invalid token.") from exc
+        except UnicodeDecodeError as exc:  # no token we make is anything but ASCII
+            raise exceptions.AuthenticationFailed(MALFORMED_HEADER) from exc
         token = (
             ApiToken.objects.live()
             .select_related("user")
@@ -80,7 +84,7 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
             .first()
         )
         if token is None or not token.user.is_active:
-            raise exceptions.AuthenticationFailed("Invalid, expired or revoked token.")
+            raise exceptions.AuthenticationFailed(TOKEN_REFUSED)
         now = timezone.now()
         if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
             ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)

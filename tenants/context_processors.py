@@ -1,8 +1,10 @@
-"""Puts the signed-in user's membership (tenant and role) into every template."""
+"""Puts the signed-in user's membership (tenant and role) and the credit rate into every
+template."""
 
 from django.http import HttpRequest
+from django.utils.functional import SimpleLazyObject
 
-from .selectors import membership_for_user
+from .selectors import credit_rate_current, membership_for_user
 
 
 def membership(request: HttpRequest) -> dict:
@@ -13,3 +15,8 @@ def membership(request: HttpRequest) -> dict:
     if not hasattr(request, "membership"):
         request.membership = membership_for_user(user)  # type: ignore[attr-defined]
     return {"membership": request.membership}  # type: ignore[attr-defined]
+
+
+def credit_rate(request: HttpRequest) -> dict:
+    """What a credit is worth, read at most once per request and only if a page shows money."""
+    return {"credit_rate": SimpleLazyObject(credit_rate_current)}

@@ -1,4 +1,8 @@
-"""The public "will it fit?" form: page fields -> an estimator request mapping."""
+"""The public "will it fit?" form: page fields -> an estimator request mapping, and what
+the fit and launch pages show of an estimate (`present`): whole-MiB figures by the one
+rounding rule (`estimator.whole_mib`), tiers by name, and suggestions the form can apply."""
+
+import json
 
 from django import forms
 
@@ -51,6 +55,15 @@ class JobForm(forms.Form):
         label="Training method", choices=METHODS, initial="lora", required=False
     )
     optimizer = forms.ChoiceField(choices=OPTIMIZERS, initial="adamw", required=False)
+    gradient_checkpointing = forms.BooleanField(label="Gradient checkpointing", required=False)
+    prefill_chunk = forms.IntegerField(
+        label="Prefill chunk (tokens)",
+        min_value=1,
+        max_value=10_000_000,
+        required=False,
+        help_text="Empty: the whole prompt at once (vLLM: 2048).",
+    )
+    enforce_eager = forms.BooleanField(label="vLLM eager mode (no CUDA graphs)", required=False)
 
     def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
@@ -69,6 +82,11 @@ class JobForm(forms.Form):
             "batch": data["batch"],
             "context_tokens": data["context_tokens"],
         }
+        # Only when set: a job that leaves them alone keeps the request it always had.
+        if data.get("prefill_chunk"):
+            mapping["prefill_chunk"] = data["prefill_chunk"]
+        if data.get("enforce_eager"):
+            mapping["enforce_eager"] = True
         if data["workload"] == "training":
             mapping.update(
                 method=data.get("method") or "lora",
@@ -89,7 +107,6 @@ class FitForm(JobForm):
         max_length=1024 * 1024,
         widget=forms.Textarea(attrs={"rows": 3, "placeholder": '{"model_type": "llama", …}'}),
     )
-    gradient_checkpointing = forms.BooleanField(required=False)
     tier_mib = forms.TypedChoiceField(label="Tier", coerce=int, required=False)
 
     def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -106,7 +123,127 @@ class FitForm(JobForm):
         else:
             model = {"catalog": data.get("model") or DEFAULT_MODEL}
         mapping = self.job_mapping(model)
-        mapping["tiers_mib"] = [t.vram_mb for t in self.tiers]
+        if self.tiers:
+            mapping["tiers_mib"] = [t.vram_mb for t in self.tiers]
         if data.get("tier_mib"):
             mapping["tier_mib"] = data["tier_mib"]
         return mapping
+
+
+# --- what the pages show of an estimate ----------------------------------------------------
+
+# Where a suggestion's change lands in the form: training names its batch and length
+# differently from the job's fields (job_mapping copies batch and context into them).
+FORM_FIELD_FOR = {"micro_batch": "batch", "seq_len": "context_tokens"}
+
+
+def apply_values(changes: dict, form: forms.Form) -> str | None:
+    """The form values that apply a suggestion, as JSON for the page's apply button
+    (field name -> value; true/false for a checkbox), or None when one of its changes
+    has no field on this form."""
+    values: dict[str, object] = {}
+    for key, value in changes.items():
+        name = FORM_FIELD_FOR.get(key, key)
+        if name not in form.fields:
+            return None
+        values[name] = value if isinstance(value, bool) else str(value)
+    return json.dumps(values, sort_keys=True)
+
+
+def error_field(form: forms.Form, field: str) -> str | None:
+    """The form field an estimator error names: `model.config_json` -> config_json,
+    `seq_len` -> context_tokens, `model.num_layers` -> the model (or pasted config)."""
+    field = field or ""
+    for name in (field, field.rpartition(".")[2], field.partition(".")[0]):
+        name = FORM_FIELD_FOR.get(name, name)
+        pasted = "config_json" in form.fields and str(form.data.get("config_json", "")).strip()
+        if name == "model" and pasted:
+            return "config_json"
+        if name and name in form.fields:
+            return name
+    return None
+
+
+def add_estimator_error(form: forms.Form, exc: estimator.EstimatorError) -> None:
+    """Put the estimator's refusal on the field it names, or on the form."""
+    name = error_field(form, exc.field)
+    if name:
+        form.add_error(name, exc.message)
+    else:
+        form.add_error(None, f"{exc.field}: {exc.message}" if exc.field else exc.message)
+
+
+def error_summary(form: forms.Form) -> str:
+    """One line above the (cleared) result: which fields to fix."""
+    parts = []
+    for name, errors in form.errors.items():
+        label = form.fields[name].label if name in form.fields else ""
+        label = label or name.replace("_", " ")
+        text = " ".join(errors)
+        parts.append(text if name == "__all__" else f"{label}: {text}")
+    return "Nothing estimated: " + "; ".join(parts)
+
+
+def present(data: dict, *, tiers: list, form: forms.Form) -> dict:
+    """What a page shows of an estimate's dict.
+
+    - every MiB figure by one rule: `estimator.whole_mib` (rounded up) for the totals,
+      and terms in whole MiB that add up to that total (`estimator.whole_terms`);
+    - tiers by name, from the Tier rows: the chosen one, the smallest that fits, and a
+      cheaper one that fits when the chosen tier is not the cheapest that would;
+    - each suggestion with the form values that apply it.
+    """
+    by_mib = {t.vram_mb: t for t in tiers}
+    terms = data.get("terms") or []
+    wholes = estimator.whole_terms([t["mib"] for t in terms], data["total_mib"])
+    smallest_mib = data.get("smallest_fitting_tier_mib")
+    fitting = [t for t in tiers if smallest_mib is not None and t.vram_mb >= smallest_mib]
+    smallest = by_mib.get(smallest_mib) or (fitting[0] if fitting else None)
+    chosen = by_mib.get(data.get("tier_mib"))
+    cheaper = None
+    if chosen is not None and data.get("fits") and fitting:
+        cheapest = min(fitting, key=lambda t: (t.price_per_hour, t.vram_mb))
+        if cheapest.price_per_hour < chosen.price_per_hour:
+            cheaper = cheapest
+    tier_mib = data.get("tier_mib")
+    return {
+        "fits": data.get("fits"),
+        "total_mib": data["total_mib"],
+        "usable_mib": data.get("usable_mib"),
+        "tier": chosen,
+        "tier_name": chosen.name if chosen else (f"{tier_mib} MiB" if tier_mib else ""),
+        "smallest_tier": smallest,
+        "no_tier_fits": smallest_mib is None,
+        "cheaper_tier": cheaper,
+        "terms": [{**term, "whole_mib": whole} for term, whole in zip(terms, wholes, strict=True)],
+        "suggestions": [
+            {
+                **s,
+                "apply": apply_values(s.get("changes") or {}, form) if s.get("fits") else None,
+            }
+            for s in data.get("suggestions") or []
+        ],
+        "notes": data.get("notes") or [],
+    }
+
+
+def chart_data(shown: dict) -> dict:
+    """The fit page's stacked bar: the same whole-MiB terms the table shows."""
+    return {
+        "labels": [t["label"] for t in shown["terms"]],
+        "mib": [t["whole_mib"] for t in shown["terms"]],
+        "tier_mib": shown["tier"].vram_mb if shown["tier"] else None,
+        "usable_mib": estimator.whole_mib(shown["usable_mib"]),
+    }
+
+
+def estimate_for(form: forms.Form, mapping: dict, *, tiers: list) -> dict:
+    """Estimate a valid form's job: {"result", "shown"}, or {"error"} with the estimator's
+    refusal on the field it names (the previous verdict is never kept)."""
+    try:
+        result = estimator.estimate(estimator.EstimateRequest.from_mapping(mapping))
+    except estimator.EstimatorError as exc:
+        add_estimator_error(form, exc)
+        return {"error": error_summary(form)}
+    data = result.to_dict()
+    return {"result": data, "shown": present(data, tiers=tiers, form=form)}

@@ -1,5 +1,7 @@
 """Forms for the tenant pages. They validate shape; services enforce the rules."""
 
+from decimal import Decimal
+
 from django import forms
 
 from .models import Role, Tenant
@@ -64,3 +66,33 @@ class TenantSearchForm(forms.Form):
 
     q = forms.CharField(max_length=100, required=False, strip=True)
     status = forms.ChoiceField(choices=[("", "any"), *Tenant.Status.choices], required=False)
+
+
+class CreditRequestForm(forms.Form):
+    amount = forms.DecimalField(
+        label="Credits", min_value=Decimal("0.01"), max_digits=12, decimal_places=2
+    )
+    note = forms.CharField(
+        label="Note for ops",
+        max_length=500,
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="What the credit is for (optional).",
+    )
+
+
+class CreditDecisionForm(forms.Form):
+    note = forms.CharField(
+        label="Note to the tenant",
+        max_length=500,
+        required=False,
+        help_text="Required to decline: the tenant reads it.",
+    )
+
+
+class CreditRateForm(forms.Form):
+    currency = forms.CharField(label="Currency (ISO 4217)", min_length=3, max_length=3)
+    per_credit = forms.DecimalField(
+        label="One credit is worth", max_digits=12, decimal_places=4, min_value=Decimal("0.0001")
+    )
+    reason = forms.CharField(label="Why", max_length=300)

@@ -7,12 +7,14 @@ from decimal import Decimal
 from django import forms
 
 from gpuplatform.errors import ServiceError
+from gpuplatform.querystring import is_id
 from nodes.models import Node
 
 from . import services
 from .fit import JobForm
-from .models import Image, Purchase, Slice, Tenant, Tier
-from .selectors import image_list, purchase_list, tier_list
+from .models import LIVE_SLICE_STATES, Image, Purchase, Slice, Tenant, Tier
+from .money import Rate
+from .selectors import credit_rate_current, image_list, purchase_list, tier_list
 
 
 def new_form_token() -> str:
@@ -26,8 +28,11 @@ class TokenField(forms.CharField):
 
 
 class TierChoiceField(forms.ModelChoiceField):
+    rate: Rate = Rate()
+
     def label_from_instance(self, obj: Tier) -> str:
-        return f"{obj.name} VRAM · {obj.price_per_hour} credits / hour"
+        money = self.rate.format_value(obj.price_per_hour)
+        return f"{obj.name} VRAM · {money} / hour ({obj.price_per_hour} credits)"
 
 
 class BuyForm(forms.Form):
@@ -38,6 +43,7 @@ class BuyForm(forms.Form):
     def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self.fields["tier"].queryset = tier_list()
+        self.fields["tier"].rate = credit_rate_current()
         self.fields["idempotency_token"].initial = new_form_token()
 
     def total(self) -> Decimal | None:
@@ -52,10 +58,27 @@ class PurchaseChoiceField(forms.ModelChoiceField):
         return f"#{obj.pk} · {obj.tier.name} · {obj.minutes_left} of {obj.minutes_total} min left"
 
 
+def open_purchases(tenant: Tenant | None):  # type: ignore[no-untyped-def]
+    """Purchases with minutes left, not refunded: a launch may use one with no live slice."""
+    return purchase_list(tenant=tenant).filter(minutes_left__gt=0, refunded_at__isnull=True)
+
+
 def usable_purchases(tenant: Tenant | None):  # type: ignore[no-untyped-def]
     """Purchases a launch may use: minutes left, not refunded, no live slice on them."""
-    return purchase_list(tenant=tenant).filter(
-        minutes_left__gt=0, refunded_at__isnull=True, live_slices=0
+    return open_purchases(tenant).filter(live_slices=0)
+
+
+def slices_holding_purchases(tenant: Tenant | None) -> list[Slice]:
+    """The live slices (requested to stopping) on open purchases: each purchase runs one
+    slice at a time, so these are what keep an otherwise usable purchase from a launch."""
+    busy = [p.pk for p in open_purchases(tenant).filter(live_slices__gt=0)]
+    if not busy:
+        return []
+    return list(
+        Slice.objects.for_tenant(tenant)
+        .filter(purchase_id__in=busy, state__in=LIVE_SLICE_STATES)
+        .select_related("purchase__tier")
+        .order_by("-created_at", "-id")
     )
 
 
@@ -138,6 +161,31 @@ class LaunchForm(JobForm):
     def model_request(self) -> dict:
         """The estimator input without the tier: the purchase supplies it."""
         return self.job_mapping({"catalog": self.cleaned_data["model"]})
+
+
+class LaunchEstimateForm(JobForm):
+    """The launch page's live estimate: the job's fields, against the chosen purchase's
+    tier (any own purchase; none: no tier, only the smallest that fits)."""
+
+    model = forms.ChoiceField(label="Model")
+
+    def __init__(self, *args, tenant: Tenant | None = None, tiers=(), **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.tiers = list(tiers)
+        wanted = str(self.data.get("purchase", ""))
+        self.purchase = (
+            Purchase.objects.for_tenant(tenant).select_related("tier").filter(pk=wanted).first()
+            if is_id(wanted)
+            else None
+        )
+
+    def to_mapping(self) -> dict:
+        mapping = self.job_mapping({"catalog": self.cleaned_data["model"]})
+        if self.tiers:
+            mapping["tiers_mib"] = [t.vram_mb for t in self.tiers]
+        if self.purchase is not None:
+            mapping["tier_mib"] = self.purchase.tier.vram_mb
+        return mapping
 
 
 class StopForm(forms.Form):

@@ -8,7 +8,7 @@ answers HTTP 286 (htmx: stop polling) once nothing in it can change any more.
 from __future__ import annotations
 
 from datetime import timedelta
-from decimal import ROUND_DOWN, Decimal
+from decimal import Decimal
 from urllib.parse import urlencode
 
 from django.contrib import messages
@@ -25,16 +25,20 @@ from gpuplatform.errors import ServiceError
 from gpuplatform.querystring import is_id
 
 from . import selectors, services
+from .fit import JobForm, error_summary, estimate_for
+from .forms import CreditDecisionForm, CreditRateForm, CreditRequestForm
 from .lifecycle_forms import (
     BuyForm,
     CreditGrantForm,
     ForceStopForm,
     ImageForm,
+    LaunchEstimateForm,
     LaunchForm,
     RefundForm,
     SliceFilterForm,
     StopForm,
     new_form_token,
+    slices_holding_purchases,
 )
 from .models import LIVE_SLICE_STATES, Image, LedgerEntry, Purchase, Slice, Tenant
 from .views import _partial, member_required
@@ -115,16 +119,6 @@ def low_purchases(tenant: Tenant):  # type: ignore[no-untyped-def]
     )
 
 
-def refund_amount(purchase: Purchase) -> Decimal:
-    """What purchase_refund would return now (shown on the confirmation)."""
-    if not purchase.minutes_total:
-        return Decimal("0.00")
-    amount = (
-        purchase.price_paid * Decimal(purchase.minutes_left) / Decimal(purchase.minutes_total)
-    ).quantize(Decimal("0.01"), rounding=ROUND_DOWN)
-    return min(amount, purchase.price_paid - purchase.refunded_amount)
-
-
 # --- tenant: dashboard ------------------------------------------------------------------------
 
 
@@ -151,10 +145,16 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     if _partial(request):
         response = render(request, "tenants/_dashboard_live.html", context)
         return _live(response, done=not context["any_live"])
+    credit_requests = list(selectors.credit_request_list(tenant=tenant)[:5])
     context.update(
         membership=request.membership,
         tenant=tenant,
         ledger=selectors.ledger_list(tenant=tenant)[:10],
+        credit_requests=credit_requests,
+        credit_pending=next((r for r in credit_requests if r.status == "pending"), None),
+        credit_form=CreditRequestForm(),
+        # The first steps stay on the page until the tenant has launched something.
+        getting_started=not context["slices"],
     )
     return render(request, "tenants/dashboard.html", context)
 
@@ -229,10 +229,61 @@ def _buy_initial(request: HttpRequest) -> dict:
 # --- tenant: launch ---------------------------------------------------------------------------
 
 
+def _launch_estimate(tenant: Tenant, data, tiers: list) -> dict:  # type: ignore[no-untyped-def]
+    """The launch page's estimate panel for the job in `data` (its error slots included)."""
+    form = LaunchEstimateForm(data, tenant=tenant, tiers=tiers)
+    if form.is_valid():
+        context = estimate_for(form, form.to_mapping(), tiers=tiers)
+    else:
+        context = {"error": error_summary(form)}
+    return {"estimate_form": form, "error_fields": _job_fields(form), **context}
+
+
+def _job_fields(form):  # type: ignore[no-untyped-def]
+    return [form[name] for name in JobForm.base_fields if name in form.fields]
+
+
+def _launch_initial_job(form: LaunchForm) -> dict:
+    """The job as the unbound page shows it, for the first estimate."""
+    data = {
+        name: form[name].value()
+        for name in JobForm.base_fields
+        if name in form.fields and form[name].value() not in (None, False)
+    }
+    offered = [p.pk for p in form.usable]
+    chosen = form["purchase"].value()
+    if offered:
+        data["purchase"] = str(chosen if chosen in offered else offered[0])
+    return data
+
+
+def _launch_blocked(membership, form: LaunchForm, has_images: bool, in_use: list) -> str:  # type: ignore[no-untyped-def]
+    """Why nothing can launch from this page now ("" when something can)."""
+    if not membership.tenant.is_active:
+        return "This tenant is suspended."
+    if not membership.can_write:
+        return "Viewers cannot launch slices."
+    reasons = []
+    if not form.usable:
+        reasons.append(
+            "Every purchase with minutes left is running a slice."
+            if in_use
+            else "No purchase with minutes left."
+        )
+    if not has_images:
+        reasons.append("No image is on the allowlist.")
+    return " ".join(reasons)
+
+
 @member_required
 @require_http_methods(["GET", "POST"])
 def launch(request: HttpRequest) -> HttpResponse:
     tenant = request.membership.tenant
+    tiers = list(selectors.tier_list())
+    if request.method == "GET" and "estimate" in request.GET and _partial(request):
+        # The live estimate (launch.js): the panel, and the job fields' error slots.
+        context = _launch_estimate(tenant, request.GET, tiers)
+        return render(request, "tenants/_launch_estimate.html", {**context, "partial": True})
     initial = {}
     wanted = request.GET.get("purchase", "")
     if is_id(wanted):
@@ -270,16 +321,22 @@ def launch(request: HttpRequest) -> HttpResponse:
                 if not created:
                     messages.info(request, "This launch was already submitted.")
                 return redirect("tenants:slice_detail", pk=slice.pk)
-    tiers = {str(p.pk): p.tier.vram_mb for p in form.usable}
+    purchase_tiers = {str(p.pk): p.tier.vram_mb for p in form.usable}
+    has_images = form.fields["image"].queryset.exists()
+    in_use = [] if form.usable else slices_holding_purchases(tenant)
+    job = request.POST if request.method == "POST" else _launch_initial_job(form)
     return render(
         request,
         "tenants/launch.html",
         {
+            **_launch_estimate(tenant, job, tiers),
             "form": form,
             "refusal": refusal,
-            "purchase_tiers": tiers,
-            "has_purchases": bool(tiers),
-            "has_images": form.fields["image"].queryset.exists(),
+            "purchase_tiers": purchase_tiers,
+            "has_purchases": bool(purchase_tiers),
+            "in_use": in_use,
+            "launch_blocked": _launch_blocked(request.membership, form, has_images, in_use),
+            "has_images": has_images,
             "ssh_images": list(
                 form.fields["image"]
                 .queryset.filter(connect=Image.Connect.SSH)
@@ -467,6 +524,7 @@ def ops_credit(request: HttpRequest) -> HttpResponse:
     purchases = selectors.purchase_list_for_ops(
         tenant_id=int(refund_tenant) if is_id(refund_tenant) else None
     ).filter(minutes_left__gt=0, refunded_at__isnull=True)[:50]
+    rate = selectors.credit_rate_current()
     return render(
         request,
         "tenants/ops_credit.html",
@@ -476,6 +534,17 @@ def ops_credit(request: HttpRequest) -> HttpResponse:
             "matches": tenants.count() if q else None,
             "grants": recent_grants(),
             "purchases": purchases,
+            "credit_requests": list(selectors.credit_request_list_for_ops(status="pending")[:50]),
+            "credit_decided": list(
+                selectors.credit_request_list_for_ops()
+                .exclude(status="pending")
+                .order_by("-decided_at", "-id")[:10]
+            ),
+            "decision_form": CreditDecisionForm(),
+            "rate_form": CreditRateForm(
+                initial={"currency": rate.currency, "per_credit": rate.per_credit}
+            ),
+            "rate_history": list(selectors.credit_rate_history()),
         },
         status=status,
     )
@@ -505,7 +574,7 @@ def ops_refund(request: HttpRequest, pk: int) -> HttpResponse:
     return render(
         request,
         "tenants/ops_refund.html",
-        {"purchase": purchase, "form": form, "amount": refund_amount(purchase)},
+        {"purchase": purchase, "form": form, "amount": purchase.refund_due},
         status=status,
     )
 

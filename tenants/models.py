@@ -4,7 +4,7 @@ Every tenant-owned model's manager has `for_tenant(tenant)`: views, API and sele
 read through it, so another tenant's object is simply not found (404).
 """
 
-from decimal import Decimal
+from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal
 
 from django.conf import settings
 from django.db import models
@@ -341,6 +341,16 @@ class Purchase(models.Model):
         return f"{self.tier} x {self.hours} h for {self.tenant}"
 
     @property
+    def refund_due(self) -> Decimal:
+        """What a refund returns now: the unused minutes' share of the price, rounded down to
+        the cent (never more than was paid and not yet refunded)."""
+        if not self.minutes_total:
+            return Decimal("0.00")
+        share = self.price_paid * Decimal(self.minutes_left) / Decimal(self.minutes_total)
+        amount = share.quantize(Decimal("0.01"), rounding=ROUND_DOWN)
+        return min(amount, self.price_paid - self.refunded_amount)
+
+    @property
     def minutes_used(self) -> int:
         """Minutes a slice ran on it: neither left nor refunded."""
         return self.minutes_total - self.minutes_left - self.minutes_refunded
@@ -603,6 +613,16 @@ class Slice(models.Model):
     def container_name(self) -> str:
         return f"gpp-slice-{self.pk}"
 
+    @property
+    def cost_so_far(self) -> Decimal:
+        """Credits the minutes metered so far are worth at the purchase's price per minute
+        (what was paid over what was bought), to the cent, half up."""
+        purchase = self.purchase
+        if purchase is None or not purchase.minutes_total:
+            return Decimal("0.00")
+        per_minute = purchase.price_paid / Decimal(purchase.minutes_total)
+        return (per_minute * self.minutes_used).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+
 
 class UsageRecord(models.Model):
     """Minutes of a purchase a running slice consumed: one row per metering step."""
@@ -698,3 +718,124 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action}: {self.summary}"
+
+
+class CreditRate(models.Model):
+    """What one credit is worth in money, as ops set it. Append-only: the newest row is the
+    rate in force, and the rows before it are the audit trail (who, when, why)."""
+
+    currency = models.CharField("currency", max_length=3, help_text="ISO 4217 code, e.g. USD.")
+    per_credit = models.DecimalField(
+        "value of one credit", max_digits=12, decimal_places=4, help_text="In the currency."
+    )
+    set_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name="set by",
+    )
+    reason = models.CharField("reason", max_length=300)
+    created_at = models.DateTimeField("at", auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name = "credit rate"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(per_credit__gt=0),
+                name="%(app_label)s_%(class)s_per_credit_positive",
+                violation_error_message="A credit must be worth something.",
+            ),
+            models.CheckConstraint(
+                condition=Q(currency__regex=r"^[A-Z]{3}$"),
+                name="%(app_label)s_%(class)s_currency_iso",
+                violation_error_message="The currency is a three-letter ISO 4217 code.",
+            ),
+            models.CheckConstraint(
+                condition=~Q(reason=""),
+                name="%(app_label)s_%(class)s_reason_required",
+                violation_error_message="Say why the rate changes.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"1 credit = {self.per_credit} {self.currency}"
+
+
+class CreditRequest(models.Model):
+    """A tenant asking ops for credit; ops grant it (a ledger entry) or decline it."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "pending"
+        GRANTED = "granted", "granted"
+        DECLINED = "declined", "declined"
+        WITHDRAWN = "withdrawn", "withdrawn"
+
+    tenant = models.ForeignKey(
+        "tenants.Tenant",
+        on_delete=models.CASCADE,
+        related_name="credit_requests",
+        verbose_name="tenant",
+    )
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name="requested by",
+    )
+    amount = models.DecimalField("credits asked", max_digits=12, decimal_places=2)
+    note = models.CharField("note", max_length=500, blank=True)
+    status = models.CharField(
+        "status", max_length=16, choices=Status.choices, default=Status.PENDING
+    )
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name="decided by",
+    )
+    decided_at = models.DateTimeField("decided at", null=True, blank=True)
+    decision_note = models.CharField("decision note", max_length=500, blank=True)
+    ledger_entry = models.OneToOneField(
+        "tenants.LedgerEntry",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="credit_request",
+        verbose_name="grant",
+    )
+    created_at = models.DateTimeField("asked at", auto_now_add=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name = "credit request"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(amount__gt=0),
+                name="%(app_label)s_%(class)s_amount_positive",
+                violation_error_message="Ask for a positive amount of credit.",
+            ),
+            models.UniqueConstraint(
+                fields=["tenant"],
+                condition=Q(status="pending"),
+                name="%(app_label)s_%(class)s_one_pending_per_tenant",
+                violation_error_message="This tenant already has a request waiting for ops.",
+            ),
+            models.CheckConstraint(
+                condition=Q(status="granted", ledger_entry__isnull=False)
+                | (~Q(status="granted") & Q(ledger_entry__isnull=True)),
+                name="%(app_label)s_%(class)s_granted_has_entry",
+                violation_error_message="A granted request points at its ledger entry.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant}: {self.amount} credits ({self.status})"

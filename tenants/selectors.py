@@ -7,6 +7,8 @@ from .models import (
     LIVE_SLICE_STATES,
     ApiToken,
     AuditEvent,
+    CreditRate,
+    CreditRequest,
     Image,
     Invitation,
     LedgerEntry,
@@ -17,6 +19,30 @@ from .models import (
     Tier,
     UsageRecord,
 )
+from .money import Rate
+
+
+def credit_rate_current() -> Rate:
+    """The rate in force: the newest ops-set row, else 1 credit = 1 USD."""
+    row = CreditRate.objects.order_by("-created_at", "-id").first()
+    if row is None:
+        return Rate()
+    return Rate(currency=row.currency, per_credit=row.per_credit)
+
+
+def credit_rate_history(*, limit: int = 20) -> QuerySet[CreditRate]:
+    return CreditRate.objects.select_related("set_by").order_by("-created_at", "-id")[:limit]
+
+
+def credit_request_list(*, tenant: Tenant | None) -> QuerySet[CreditRequest]:
+    return CreditRequest.objects.for_tenant(tenant).select_related("requested_by", "decided_by")
+
+
+def credit_request_list_for_ops(*, status: str = "") -> QuerySet[CreditRequest]:
+    qs = CreditRequest.objects.select_related("tenant", "requested_by", "decided_by")
+    if status:
+        qs = qs.filter(status=status)
+    return qs
 
 
 def membership_for_user(user: AbstractBaseUser) -> Membership | None:

@@ -1,5 +1,6 @@
 from django.urls import path
 
+from . import credit_views as credit
 from . import lifecycle_views as lifecycle
 from . import views
 
@@ -27,6 +28,25 @@ urlpatterns = [
     path("ops/slices/", lifecycle.ops_slices, name="ops_slices"),
     path("ops/slices/<int:pk>/stop/", lifecycle.ops_slice_stop, name="ops_slice_stop"),
     path("ops/credit/", lifecycle.ops_credit, name="ops_credit"),
+    path("credit/requests/", credit.credit_request_create, name="credit_request_create"),
+    path(
+        "credit/requests/<int:pk>/withdraw/",
+        credit.credit_request_withdraw,
+        name="credit_request_withdraw",
+    ),
+    path(
+        "ops/credit/requests/<int:pk>/grant/",
+        credit.ops_credit_request_decide,
+        {"decision": "grant"},
+        name="ops_credit_request_grant",
+    ),
+    path(
+        "ops/credit/requests/<int:pk>/decline/",
+        credit.ops_credit_request_decide,
+        {"decision": "decline"},
+        name="ops_credit_request_decline",
+    ),
+    path("ops/credit/rate/", credit.ops_credit_rate, name="ops_credit_rate"),
     path("ops/credit/refund/<int:pk>/", lifecycle.ops_refund, name="ops_refund"),
     path("ops/images/", lifecycle.ops_images, name="ops_images"),
     path("ops/images/<int:pk>/", lifecycle.ops_image_edit, name="ops_image_edit"),

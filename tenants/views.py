@@ -18,6 +18,8 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from gpuplatform.errors import ServiceError
+from nodes.placement import can_host
+from nodes.selectors import gpu_shapes_in_service
 
 from . import selectors, services
 from .forms import (
@@ -30,7 +32,7 @@ from .forms import (
     TenantSearchForm,
     TenantStatusForm,
 )
-from .models import ApiToken, Invitation, Membership, Tenant
+from .models import ApiToken, Invitation, Membership, Role, Tenant
 
 
 def _partial(request: HttpRequest) -> bool:
@@ -67,16 +69,37 @@ def home(request: HttpRequest) -> HttpResponse:
 @require_GET
 def catalog(request: HttpRequest) -> HttpResponse:
     tiers = list(selectors.tier_list())
+    shapes = gpu_shapes_in_service()
+    for tier in tiers:
+        models = sorted(
+            {
+                shape["model"] + (" (MIG)" if shape["mig_enabled"] else "")
+                for shape in shapes
+                if can_host(
+                    tier.vram_mb,
+                    total_mb=shape["total_mb"],
+                    mig_enabled=shape["mig_enabled"],
+                    whole_card_only=shape["whole_card_only"],
+                    mig_sizes_mb=shape["mig_sizes_mb"],
+                )
+            }
+        )
+        tier.runs_on = models  # type: ignore[attr-defined]
+    rate = selectors.credit_rate_current()
     chart = {
         "labels": [t.name for t in tiers],
-        "price_per_gb_hour": [round(float(t.price_per_hour) / max(t.vram_gb, 1), 4) for t in tiers],
+        # Money per GB-hour to four places: cents would flatten the differences it shows.
+        "price_per_gb_hour": [
+            round(float(t.price_per_hour * rate.per_credit) / max(t.vram_gb, 1), 4) for t in tiers
+        ],
+        "currency": rate.currency,
     }
     return render(request, "tenants/catalog.html", {"tiers": tiers, "chart": chart})
 
 
 def signup(request: HttpRequest) -> HttpResponse:
     if request.user.is_authenticated:
-        return redirect("tenants:account")
+        return redirect("tenants:dashboard")
     form = SignUpForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
@@ -90,7 +113,7 @@ def signup(request: HttpRequest) -> HttpResponse:
         else:
             login(request, membership.user, backend="django.contrib.auth.backends.ModelBackend")
             messages.success(request, f"Welcome! {membership.tenant.name} is ready.")
-            return redirect("tenants:account")
+            return redirect("tenants:dashboard")
     return render(request, "registration/signup.html", {"form": form})
 
 
@@ -143,9 +166,13 @@ def invitation_accept(request: HttpRequest) -> HttpResponse:
 def _account_context(request: HttpRequest, **extra) -> dict:  # type: ignore[no-untyped-def]
     membership = getattr(request, "membership", None)
     tenant = membership.tenant if membership else None
+    members = list(selectors.member_list(tenant=tenant))
+    owners = [m.pk for m in members if m.role == Role.OWNER]
     return {
         "membership": membership,
-        "members": selectors.member_list(tenant=tenant),
+        "members": members,
+        # The service refuses to leave a tenant ownerless; the page says so up front.
+        "sole_owner_id": owners[0] if len(owners) == 1 else None,
         "invitations": selectors.invitation_pending_list(tenant=tenant),
         "tokens": selectors.api_token_list(user=request.user)[:50],
         "events": selectors.audit_event_list(tenant=tenant),
@@ -355,25 +382,15 @@ def ops_tenant_status(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def _fit_result(form) -> dict:  # type: ignore[no-untyped-def]
-    from . import estimator
+    """The verdict for a valid form, or only its errors: a bad value clears the verdict."""
+    from .fit import chart_data, error_summary, estimate_for
 
     if not form.is_valid():
-        return {"error": "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items())}
-    try:
-        result = estimator.estimate(estimator.EstimateRequest.from_mapping(form.to_mapping()))
-    except estimator.EstimatorError as exc:
-        return {"error": f"{exc.field}: {exc.message}"}
-    data = result.to_dict()
-    names = {t.vram_mb: t.name for t in form.tiers}
-    data["smallest_tier_name"] = names.get(data.get("smallest_fitting_tier_mib"))
-    data["tier_name"] = names.get(data.get("tier_mib"))
-    chart = {
-        "labels": [t["label"] for t in data["terms"]],
-        "mib": [t["mib"] for t in data["terms"]],
-        "tier_mib": data.get("tier_mib"),
-        "usable_mib": data.get("usable_mib"),
-    }
-    return {"result": data, "chart": chart}
+        return {"error": error_summary(form)}
+    context = estimate_for(form, form.to_mapping(), tiers=form.tiers)
+    if "shown" in context:
+        context["chart"] = chart_data(context["shown"])
+    return context
 
 
 @require_GET
@@ -402,5 +419,11 @@ def fit(request: HttpRequest) -> HttpResponse:
         )
         context.update(_fit_result(bound))
         context["form"] = bound
-    template = "tenants/_fit_result.html" if _partial(request) else "tenants/fit.html"
+    partial = _partial(request)
+    context.update(
+        partial=partial,  # the partial also rewrites the fields' error slots (out of band)
+        error_fields=context["form"].visible_fields(),
+        form_error_id="fit-form-error",
+    )
+    template = "tenants/_fit_result.html" if partial else "tenants/fit.html"
     return render(request, template, context)

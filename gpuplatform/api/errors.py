@@ -55,6 +55,11 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
         if exc.field:
             fields = {exc.field: [{"code": exc.code, "message": exc.message}]}
             message = f"{exc.field}: {exc.message}"
+        if exc.status_code == status.HTTP_400_BAD_REQUEST:
+            # Bad input reads the same whether the serializer or the service caught it:
+            # `validation_error`, with the specific code in `fields`.
+            fields = fields or {"non_field_errors": [{"code": exc.code, "message": message}]}
+            return Response(error_body("validation_error", message, fields), status=400)
         return Response(error_body(exc.code, message, fields), status=exc.status_code)
     if isinstance(exc, RequestDataTooBig):
         # Django refuses a body over DATA_UPLOAD_MAX_MEMORY_SIZE before any parser runs.

@@ -1,9 +1,10 @@
 """Serializers for the fleet API (ops only)."""
 
 from rest_framework import serializers
+from rest_framework.exceptions import ErrorDetail
 
 from gpuplatform.api.serializers import StrictSerializer
-from gpuplatform.datetimes import to_utc
+from gpuplatform.datetimes import range_code, to_utc
 from nodes import services, ssh
 from nodes.models import Gpu, Node, NodePolicy, NodePolicyChange
 
@@ -127,6 +128,8 @@ class DrainSerializer(StrictSerializer):
 
 
 class SeriesQuerySerializer(StrictSerializer):
+    query_string = True  # ?max_points=100 is text: read as DRF reads it
+
     start = serializers.DateTimeField(required=False, help_text="Default: 1 hour ago.")
     end = serializers.DateTimeField(required=False, help_text="Default: now.")
     max_points = serializers.IntegerField(min_value=10, max_value=500, default=500)
@@ -138,7 +141,9 @@ class SeriesQuerySerializer(StrictSerializer):
                 try:
                     attrs[name] = to_utc(attrs[name])
                 except ValueError as exc:
-                    raise serializers.ValidationError({name: [str(exc)]}) from None
+                    raise serializers.ValidationError(
+                        {name: [ErrorDetail(str(exc), code=range_code(attrs[name]))]}
+                    ) from None
         if attrs.get("start") and attrs.get("end") and attrs["start"] >= attrs["end"]:
             raise serializers.ValidationError({"start": ["start must be before end."]})
         return attrs

@@ -7,6 +7,7 @@ from django.db import transaction
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
+from rest_framework import serializers as drf_serializers
 from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -152,11 +153,8 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
         query.is_valid(raise_exception=True)
         end = query.validated_data.get("end") or timezone.now()
         start = query.validated_data.get("start") or end - timedelta(hours=1)
-        if start >= end:
-            return Response(
-                {"code": "validation_error", "message": "start: start must be before end."},
-                status=status.HTTP_400_BAD_REQUEST,
-            )
+        if start >= end:  # one of them defaulted: the same answer as when both are given
+            raise drf_serializers.ValidationError({"start": ["start must be before end."]})
         series = selectors.gpu_series(
             gpu=gpu, start=start, end=end, max_points=query.validated_data["max_points"]
         )

@@ -17,6 +17,8 @@
     },
     options: {
       animation: false,
+      responsive: true,
+      maintainAspectRatio: false,  // the .chart-box sets the height
       scales: {
         x: { title: { display: true, text: "estimated MiB" }, beginAtZero: true },
         y: { title: { display: true, text: "measured peak MiB" }, beginAtZero: true },

@@ -19,12 +19,34 @@
     }
     chart = new Chart(canvas, {
       type: "bar",
-      data: { labels: ["MiB"], datasets: datasets },
-      options: { indexAxis: "y", animation: false,
-                 scales: { x: { stacked: true, beginAtZero: true }, y: { stacked: true } } },
+      data: { labels: ["VRAM"], datasets: datasets },
+      options: { indexAxis: "y", animation: false, maintainAspectRatio: false,
+                 scales: { x: { stacked: true, beginAtZero: true, title: { display: true, text: "MiB" } },
+                           y: { stacked: true } } },
     });
     canvas.dataset.segments = String(c.labels.length);
   }
-  document.addEventListener("DOMContentLoaded", draw);
+  // The fields' error slots come with each result (htmx out-of-band swaps).
+  function markInvalid() {
+    window.markFieldErrors(document.getElementById("fit-form") || document);
+  }
+  // "To make it fit": a suggestion's button carries the form values that apply it; the
+  // form's own htmx trigger (change) re-runs the estimate in place.
+  document.addEventListener("click", function (event) {
+    const button = event.target.closest ? event.target.closest("#fit-result .apply-suggestion") : null;
+    const form = document.getElementById("fit-form");
+    if (!button || !form) return;
+    event.preventDefault();
+    const values = JSON.parse(button.dataset.apply);
+    Object.keys(values).forEach(function (name) {
+      const el = form.elements[name];
+      if (!el) return;
+      if (el.type === "checkbox") el.checked = values[name] === true;
+      else el.value = values[name];
+    });
+    form.dispatchEvent(new Event("change", { bubbles: true }));
+  });
+  document.addEventListener("DOMContentLoaded", function () { draw(); markInvalid(); });
+  document.body.addEventListener("htmx:afterSwap", markInvalid);  // the slots came with it
   document.body.addEventListener("htmx:afterSettle", draw);
 })();

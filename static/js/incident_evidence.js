@@ -6,13 +6,16 @@
     const canvas = document.getElementById("evidence-chart");
     if (!data || !canvas || typeof Chart === "undefined") return;
     const c = JSON.parse(data.textContent);
-    const labels = c.labels.map(function (t) { return new Date(t).toLocaleTimeString(); });
+    const labels = c.labels.map(function (t) {
+      const d = new Date(t);
+      return isNaN(d.getTime()) ? String(t) : d.toLocaleTimeString();
+    });
     const datasets = [
       { label: "GPU VRAM used (MiB)", data: c.used_mb, pointRadius: 2, borderColor: "#3b82f6",
         backgroundColor: "rgba(59,130,246,0.15)", fill: true },
     ];
     if (c.limit_mb) {
-      datasets.push({ label: c.limit_label, data: labels.map(function () { return c.limit_mb; }),
+      datasets.push({ label: c.limit_label || "limit (MiB)", data: labels.map(function () { return c.limit_mb; }),
         pointRadius: 0, borderColor: "#c62828", borderDash: [6, 4], fill: false });
     }
     new Chart(canvas, {
@@ -20,6 +23,13 @@
       data: { labels: labels, datasets: datasets },
       options: {
         animation: false,
+        responsive: true,
+        maintainAspectRatio: false,  // the .chart-box sets the height
+        plugins: { tooltip: { callbacks: { label: function (ctx) {
+          // a missing value reads as a dash, never "null" or "undefined"
+          const v = ctx.parsed && ctx.parsed.y;
+          return ctx.dataset.label + ": " + (v === null || v === undefined || isNaN(v) ? "—" : String(v));
+        } } } },
         scales: { y: { beginAtZero: true,
           suggestedMax: c.limit_mb ? Math.round(c.limit_mb * 1.1) : undefined } },
       },

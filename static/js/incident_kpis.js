@@ -3,10 +3,26 @@
 (function () {
   const COLORS = ["#3b82f6", "#c62828", "#2e7d32", "#b26a00", "#6a1b9a", "#00838f"];
   function color(i) { return COLORS[i % COLORS.length]; }
+  function hasPoints(config) {
+    return config.data.datasets.some(function (d) {
+      return (d.data || []).some(function (v) { return v !== null && v !== undefined && v !== 0; });
+    });
+  }
   function chart(id, config) {
     const canvas = document.getElementById(id);
     if (!canvas) return;
-    config.options = Object.assign({ animation: false }, config.options || {});
+    if (!hasPoints(config)) {
+      // never bare axes: the page says there is nothing to draw yet
+      const note = document.createElement("p");
+      note.className = "chart-empty";
+      note.id = id.replace(/-chart$/, "-empty");
+      note.textContent = "No data yet.";
+      (canvas.closest(".chart-box") || canvas).replaceWith(note);  // not an empty sized box
+      return;
+    }
+    // the .chart-box sets the height
+    config.options = Object.assign({ animation: false, responsive: true, maintainAspectRatio: false },
+                                   config.options || {});
     new Chart(canvas, config);
   }
   function draw() {

@@ -1,121 +1,118 @@
-// Launch page: the live VRAM estimate of the job against the chosen purchase's tier,
-// from POST /api/v1/estimates/ (the same check the launch runs), plus small form hints.
+// Launch page: the live VRAM estimate of the job against the chosen purchase's tier. The
+// server renders it (GET /launch/?estimate=1: the launch check's estimator, tier names and
+// rounding); this swaps it in with the job fields' error slots (out of band, as htmx
+// would), applies a suggestion's changes to the form, and keeps a few form hints.
 (function () {
   const form = document.getElementById("launch-form");
-  const panel = document.getElementById("estimate-panel");
-  if (!form || !panel) return;
-  const tiers = JSON.parse(document.getElementById("purchase-tiers").textContent);
+  if (!form || !document.getElementById("estimate-panel")) return;
   const sshImages = JSON.parse(document.getElementById("ssh-images").textContent).map(String);
-  const verdict = document.getElementById("estimate-verdict");
-  const body = document.getElementById("estimate-body");
+  // Never sent with an estimate: what to run is not the job's size (and may hold secrets).
+  const NOT_THE_JOB = ["command", "environment", "ssh_public_key", "image", "guaranteed",
+                       "csrfmiddlewaretoken", "idempotency_token"];
   let timer = null;
   let seq = 0;
 
-  function csrf() {
-    try { return JSON.parse(document.body.getAttribute("hx-headers"))["X-CSRFToken"]; }
-    catch (e) { return ""; }
-  }
+  function panel() { return document.getElementById("estimate-panel"); }
   function val(name) {
     const el = form.elements[name];
     return el ? el.value : "";
   }
-  function job() {
-    const workload = val("workload");
-    const req = {
-      model: { catalog: val("model") },
-      workload: workload,
-      weights_dtype: val("weights_dtype"),
-      kv_cache_dtype: val("kv_cache_dtype"),
-      engine: val("engine"),
-      batch: parseInt(val("batch"), 10) || 1,
-      context_tokens: parseInt(val("context_tokens"), 10) || 1,
-    };
-    if (workload === "training") {
-      req.method = val("method") || "lora";
-      req.optimizer = val("optimizer") || "adamw";
-      req.seq_len = req.context_tokens;
-      req.micro_batch = req.batch;
-    }
-    const tier = tiers[val("purchase")];
-    if (tier) req.tier_mib = tier;
-    return req;
-  }
-  function node(tag, text, cls) {
-    const el = document.createElement(tag);
-    if (text !== undefined) el.textContent = text;
-    if (cls) el.className = cls;
-    return el;
-  }
-  function mib(x) { return Math.round(x).toLocaleString() + " MiB"; }
-  function render(d) {
-    panel.dataset.fits = String(d.fits);
-    panel.dataset.totalMib = String(Math.round(d.total_mib));
-    if (d.fits === true) verdict.textContent = "Fits the tier: " + mib(d.total_mib) + " of " + mib(d.usable_mib) + ".";
-    else if (d.fits === false) verdict.textContent = "Does not fit the tier: " + mib(d.total_mib) + " needed, " + mib(d.usable_mib) + " usable. The launch would be refused.";
-    else verdict.textContent = "Estimated peak " + mib(d.total_mib) + " (choose a purchase to compare with its tier).";
-    verdict.className = d.fits === false ? "error-text" : (d.fits ? "fits" : "muted");
-    body.replaceChildren();
-    const table = node("table", undefined, "estimate-terms");
-    const tbody = node("tbody");
-    d.terms.forEach(function (t) {
-      const tr = node("tr");
-      tr.append(node("td", t.label), node("td", t.mib.toFixed(1)), node("td", t.detail || t.basis, "muted"));
-      tbody.append(tr);
+  function query() {
+    const params = new URLSearchParams();
+    new FormData(form).forEach(function (value, name) {
+      if (NOT_THE_JOB.indexOf(name) < 0) params.append(name, value);
     });
-    const total = node("tr");
-    total.append(node("th", "Total"), node("th", d.total_mib.toFixed(1)), node("th", ""));
-    tbody.append(total);
-    table.append(tbody);
-    body.append(table);
-    if (d.suggestions && d.suggestions.length) {
-      body.append(node("h3", "To make it fit"));
-      const ul = node("ul", undefined, "estimate-suggestions");
-      d.suggestions.forEach(function (s) {
-        ul.append(node("li", s.label + ": " + mib(s.total_mib) + (s.fits ? " (fits)" : "")));
-      });
-      body.append(ul);
-    }
+    return params.toString();
+  }
+  function markInvalid() {
+    window.markFieldErrors(form);
+  }
+  function unavailable() {
+    const p = panel();
+    p.removeAttribute("aria-busy");
+    p.dataset.fits = "";
+    const verdict = document.getElementById("estimate-verdict");
+    verdict.className = "muted";
+    verdict.textContent = "The live estimate is unavailable; the launch still checks it.";
+    const body = document.getElementById("estimate-body");
+    if (body) body.remove();
+  }
+  function swapIn(html) {
+    const tpl = document.createElement("template");
+    tpl.innerHTML = html;
+    const fresh = tpl.content.getElementById("estimate-panel");
+    if (!fresh) { unavailable(); return; }  // e.g. the session ended: a login page
+    tpl.content.querySelectorAll("[hx-swap-oob]").forEach(function (el) {
+      el.removeAttribute("hx-swap-oob");
+      const old = document.getElementById(el.id);
+      if (old) old.replaceWith(el);
+    });
+    panel().replaceWith(fresh);
+    markInvalid();
   }
   function update() {
     const mine = ++seq;
-    panel.setAttribute("aria-busy", "true");
-    fetch(panel.dataset.url, {
-      method: "POST",
+    const p = panel();
+    p.setAttribute("aria-busy", "true");
+    fetch(p.dataset.url + "&" + query(), {
       credentials: "same-origin",
-      headers: { "Content-Type": "application/json", Accept: "application/json", "X-CSRFToken": csrf() },
-      body: JSON.stringify(job()),
+      headers: { "HX-Request": "true", Accept: "text/html" },
     })
-      .then(function (r) { return r.json().then(function (j) { return { ok: r.ok, j: j }; }); })
-      .then(function (res) {
-        if (mine !== seq) return;
-        panel.removeAttribute("aria-busy");
-        if (res.ok) { render(res.j); return; }
-        panel.dataset.fits = "";
-        verdict.className = "error-text";
-        verdict.textContent = res.j.message || "This job cannot be estimated.";
-        body.replaceChildren();
+      .then(function (r) {
+        if (!r.ok) throw new Error("HTTP " + r.status);
+        return r.text();
       })
-      .catch(function () {
-        if (mine !== seq) return;
-        panel.removeAttribute("aria-busy");
-        verdict.className = "muted";
-        verdict.textContent = "The live estimate is unavailable; the launch still checks it.";
-      });
+      .then(function (html) { if (mine === seq) swapIn(html); })
+      .catch(function () { if (mine === seq) unavailable(); });
   }
+  // "To make it fit": a suggestion's button carries the form values that apply it.
+  function apply(values) {
+    Object.keys(values).forEach(function (name) {
+      const el = form.elements[name];
+      if (!el) return;
+      if (el.type === "checkbox") el.checked = values[name] === true;
+      else el.value = values[name];
+    });
+    hints();
+    clearTimeout(timer);
+    update();
+  }
+  document.addEventListener("click", function (event) {
+    const button = event.target.closest ? event.target.closest(".apply-suggestion") : null;
+    if (!button || !panel().contains(button)) return;
+    event.preventDefault();
+    apply(JSON.parse(button.dataset.apply));
+  });
   function hints() {
     const training = val("workload") === "training";
     form.querySelectorAll(".training-only").forEach(function (el) { el.hidden = !training; });
+    form.querySelectorAll(".inference-only").forEach(function (el) { el.hidden = training; });
     const key = form.elements.ssh_public_key;
     if (key) key.required = sshImages.indexOf(val("image")) >= 0;
   }
   function changed(event) {
     hints();
-    if (event && event.target && ["command", "environment", "ssh_public_key"].indexOf(event.target.name) >= 0) return;
+    if (event && event.target && NOT_THE_JOB.indexOf(event.target.name) >= 0) return;
     clearTimeout(timer);
     timer = setTimeout(update, 250);
   }
   form.addEventListener("change", changed);
   form.addEventListener("input", changed);
   hints();
-  update();
+  markInvalid();
+  // The page came with its first estimate; a browser that restored edited fields (back,
+  // reload) gets one for what the form now holds.
+  window.addEventListener("pageshow", function (event) {
+    const edited = Array.prototype.some.call(form.elements, function (el) {
+      if (NOT_THE_JOB.indexOf(el.name) >= 0) return false;
+      if (el.type === "checkbox") return el.checked !== el.defaultChecked;
+      if (el.tagName === "SELECT") {
+        let initial = 0;  // no option marked selected: the browser shows the first
+        Array.prototype.forEach.call(el.options, function (o, i) { if (o.defaultSelected) initial = i; });
+        return el.options.length > 0 && el.selectedIndex !== initial;
+      }
+      return "defaultValue" in el && el.value !== el.defaultValue;
+    });
+    if (edited || event.persisted) update();
+  });
 })();

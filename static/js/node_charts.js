@@ -8,6 +8,18 @@
     })
       .then(function (r) { return r.json(); })
       .then(function (series) {
+        canvas.dataset.points = String(series.points.length);
+        if (!series.points.length) {
+          // no empty axes: say there is nothing yet
+          const note = document.createElement("p");
+          note.className = "chart-empty";
+          note.textContent = "No data yet: no sample of this GPU in the last hour.";
+          const box = canvas.closest(".chart-box") || canvas;  // not an empty sized box
+          box.after(note);
+          box.hidden = true;
+          canvas.hidden = true;
+          return;
+        }
         const labels = series.points.map(function (p) { return new Date(p.t).toLocaleTimeString(); });
         canvas.chart = new Chart(canvas, {
           type: "line",
@@ -20,6 +32,8 @@
           },
           options: {
             animation: false,
+            responsive: true,
+            maintainAspectRatio: false,  // the .chart-box sets the height
             scales: { y: { beginAtZero: true, suggestedMax: Number(canvas.dataset.total) } },
           },
         });

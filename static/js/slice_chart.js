@@ -30,6 +30,8 @@
         },
         options: {
           animation: false,
+          responsive: true,
+          maintainAspectRatio: false,  // the .chart-box sets the height
           scales: { y: { beginAtZero: true, suggestedMax: Math.round(c.quota_mb * 1.1) } },
         },
       });

@@ -17,7 +17,7 @@ def estimator_error_response(exc: "estimator.EstimatorError") -> Response:
         error_body(
             "validation_error",
             f"{field}: {exc.message}",
-            {field: [{"code": "invalid", "message": exc.message}]},
+            {field: [{"code": exc.code, "message": exc.message}]},
         ),
         status=status.HTTP_400_BAD_REQUEST,
     )

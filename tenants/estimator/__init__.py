@@ -57,6 +57,7 @@ from .model import (
     param_count,
 )
 from .request import DEFAULT_TIERS_MIB, EstimateRequest
+from .rounding import whole_mib, whole_terms
 from .safetensors import model_from_safetensors_header, model_from_safetensors_index
 
 __all__ = [
@@ -79,4 +80,6 @@ __all__ = [
     "param_breakdown",
     "param_count",
     "weights_bytes",
+    "whole_mib",
+    "whole_terms",
 ]

@@ -72,20 +72,27 @@ def read_int(
     value = data.get(key)
     if value is None:
         if default is _MISSING:
-            raise EstimatorError(f"{field}.{key}", "required")
+            raise EstimatorError(f"{field}.{key}", "required", code="required")
         return default
     return check_int(value, f"{field}.{key}", minimum=minimum, maximum=maximum)
 
 
-def check_int(value: Any, field: str, *, minimum: int = 1, maximum: int = 10**9) -> int:
+def as_int(value: Any, field: str) -> int:
+    """A JSON integer, or a float with no fraction (JSON does not tell 2 from 2.0); not a
+    boolean, a string or 2.5."""
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise EstimatorError(field, "expected an integer")
+    return value
+
+
+def check_int(value: Any, field: str, *, minimum: int = 1, maximum: int = 10**9) -> int:
+    value = as_int(value, field)
     if value < minimum:
-        raise EstimatorError(field, f"must be at least {minimum:,}")
+        raise EstimatorError(field, f"must be at least {minimum:,}", code="min_value")
     if value > maximum:
-        raise EstimatorError(field, f"must be at most {maximum:,}")
+        raise EstimatorError(field, f"must be at most {maximum:,}", code="max_value")
     return value
 
 
@@ -93,8 +100,15 @@ def check_float(value: Any, field: str, *, minimum: float, maximum: float) -> fl
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise EstimatorError(field, "expected a number")
     value = float(value)
-    if not math.isfinite(value) or value < minimum or value > maximum:
-        raise EstimatorError(field, f"must be between {minimum:g} and {maximum:g}")
+    code = None
+    if not math.isfinite(value):
+        code = "invalid"
+    elif value < minimum:
+        code = "min_value"
+    elif value > maximum:
+        code = "max_value"
+    if code:
+        raise EstimatorError(field, f"must be between {minimum:g} and {maximum:g}", code=code)
     return value
 
 
@@ -117,6 +131,8 @@ def check_choice(value: Any, field: str, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
         shown = value if isinstance(value, str) and len(value) <= 40 else type(value).__name__
         raise EstimatorError(
-            field, f"unknown value {shown!r}; expected one of {', '.join(choices)}"
+            field,
+            f"unknown value {shown!r}; expected one of {', '.join(choices)}",
+            code="invalid_choice",
         )
     return value

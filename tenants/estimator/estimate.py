@@ -22,6 +22,7 @@ from typing import Any
 from .errors import EstimatorError
 from .model import ModelSpec, param_count
 from .request import ALL_LINEAR, FOUR_BIT_BNB, LORA_MODULES, EstimateRequest, request_settings
+from .rounding import up_to_tenth
 
 MIB = 1 << 20
 VLLM_BLOCK_TOKENS = 16  # vLLM's default KV block size
@@ -114,7 +115,7 @@ class Estimate:
                 }
                 for t in self.terms
             ],
-            "total_mib": round(self.total_mib, 1),
+            "total_mib": up_to_tenth(self.total_mib),  # rounded up: see rounding.py
             "tier_mib": self.tier_mib,
             "usable_mib": None if self.usable_mib is None else round(self.usable_mib, 1),
             "fits": self.fits,
@@ -123,7 +124,7 @@ class Estimate:
                 {
                     "label": s.label,
                     "changes": dict(s.changes),
-                    "total_mib": round(s.total_mib, 1),
+                    "total_mib": up_to_tenth(s.total_mib),
                     "fits": s.fits,
                 }
                 for s in self.suggestions

@@ -28,7 +28,7 @@ from functools import cached_property
 from typing import Any
 
 from ._parse import check_bool, check_choice, check_int, read_bool, read_int
-from .errors import EstimatorError
+from .errors import EstimatorError, unknown_field
 
 FAMILIES = (
     "llama",
@@ -423,8 +423,8 @@ class _Reader:
             spec_field = exc.field.removeprefix("model.")
             key = self.keys.get(spec_field)
             if key is None:
-                raise EstimatorError(self.field, exc.message) from exc
-            raise EstimatorError(f"{self.field}.{key}", exc.message) from exc
+                raise EstimatorError(self.field, exc.message, code=exc.code) from exc
+            raise EstimatorError(f"{self.field}.{key}", exc.message, code=exc.code) from exc
 
 
 _FAMILY_OF_MODEL_TYPE = {
@@ -773,7 +773,7 @@ def model_from_numbers(mapping: Mapping[str, Any], *, field: str = "model") -> M
         raise EstimatorError(field, "expected an object of numbers")
     for key in mapping:
         if key not in NUMBER_FIELDS:
-            raise EstimatorError(f"{field}.{str(key)[:60]}", "unknown field")
+            raise unknown_field(f"{field}.{str(key)[:60]}")
     notes: list[str] = []
     family = mapping.get("family", "generic")
     check_choice(family, f"{field}.family", FAMILIES)
@@ -798,7 +798,9 @@ def model_from_numbers(mapping: Mapping[str, Any], *, field: str = "model") -> M
     vocab = read_int(mapping, "vocab_size", field, default=None, maximum=MAX_VOCAB)
     if params is None and (inter is None or vocab is None):
         missing = "intermediate_size" if inter is None else "vocab_size"
-        raise EstimatorError(f"{field}.{missing}", "required unless params is given")
+        raise EstimatorError(
+            f"{field}.{missing}", "required unless params is given", code="required"
+        )
     if inter is None:
         inter = 4 * hidden if gpt_like else -(-(8 * hidden) // (3 * 256)) * 256
         notes.append(f"intermediate_size not given: assumed {inter}")

@@ -8,6 +8,7 @@ from typing import Any
 
 from ._parse import (
     MAX_INPUT_BYTES,
+    as_int,
     as_text,
     check_bool,
     check_choice,
@@ -16,7 +17,7 @@ from ._parse import (
     parse_json_object,
 )
 from .catalog import model_from_catalog
-from .errors import EstimatorError
+from .errors import EstimatorError, unknown_field
 from .model import NUMBER_FIELDS, ModelSpec, model_from_config_json, model_from_numbers
 from .safetensors import model_from_safetensors_header, model_from_safetensors_index
 
@@ -191,9 +192,9 @@ def request_from_mapping(data: Mapping[str, Any]) -> EstimateRequest:
         raise EstimatorError("request", "expected a JSON object")
     for key in data:
         if key not in _FIELDS:
-            raise EstimatorError(str(key)[:60], "unknown field")
+            raise unknown_field(str(key)[:60])
     if "model" not in data:
-        raise EstimatorError("model", "required")
+        raise EstimatorError("model", "required", code="required")
     model = model_from_mapping(data["model"])
     kwargs: dict[str, Any] = {"model": model}
     for key, value in data.items():
@@ -231,9 +232,7 @@ _FLOAT_FIELDS = {"gpu_memory_utilization", "cuda_context_mib", "fragmentation"}
 
 def _coerce(key: str, value: Any) -> Any:
     if key in _INT_FIELDS:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise EstimatorError(key, "expected an integer")
-        return value
+        return as_int(value, key)
     if key in _BOOL_FIELDS:
         return check_bool(value, key)
     if key in _FLOAT_FIELDS:
@@ -265,7 +264,7 @@ def model_from_mapping(value: Any) -> ModelSpec:
             return model_from_numbers(value, field="model")
         extra = [key for key in value if key not in (*MODEL_SOURCES, "name")]
         if extra:
-            raise EstimatorError(f"model.{str(extra[0])[:60]}", "unknown field")
+            raise unknown_field(f"model.{str(extra[0])[:60]}")
         name = value.get("name")
         if name is not None and (not isinstance(name, str) or not 0 < len(name) <= 200):
             raise EstimatorError("model.name", "expected a name of 1 to 200 characters")

@@ -313,7 +313,7 @@ def model_from_safetensors_index(
         raise EstimatorError(f"{INDEX_FIELD}.metadata", "expected an object with total_size")
     total = metadata.get("total_size")
     if total is None:
-        raise EstimatorError(f"{INDEX_FIELD}.metadata.total_size", "required")
+        raise EstimatorError(f"{INDEX_FIELD}.metadata.total_size", "required", code="required")
     total = check_int(total, f"{INDEX_FIELD}.metadata.total_size", maximum=MAX_PARAMS * 8)
     weight_map = data.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:

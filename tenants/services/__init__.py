@@ -11,6 +11,13 @@ from .billing import (  # noqa: F401
     purchase_warn_if_low,
     slice_meter,
 )
+from .credit import (  # noqa: F401
+    credit_rate_set,
+    credit_request_create,
+    credit_request_decline,
+    credit_request_grant,
+    credit_request_withdraw,
+)
 from .images import image_create, image_update  # noqa: F401
 from .slices import (  # noqa: F401
     ALLOWED,

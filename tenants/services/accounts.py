@@ -399,7 +399,7 @@ def api_token_create(
     if expires_in_days is not None and not 1 <= expires_in_days <= API_TOKEN_MAX_DAYS:
         raise ServiceError(
             f"Choose between 1 and {API_TOKEN_MAX_DAYS} days.",
-            code="out_of_range",
+            code="min_value" if expires_in_days < 1 else "max_value",
             field="expires_in_days",
         )
     membership = Membership.objects.select_related("tenant").filter(user=user).first()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timedelta
-from decimal import ROUND_DOWN, Decimal, InvalidOperation
+from decimal import Decimal, InvalidOperation
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
@@ -26,18 +26,24 @@ LOW_TIME_WARNING_MINUTES = 10
 CENT = Decimal("0.01")
 
 
-def _amount(value, *, field: str) -> Decimal:  # type: ignore[no-untyped-def]
+def credit_amount(value, *, field: str) -> Decimal:  # type: ignore[no-untyped-def]
+    """An amount of credit as typed or sent: a finite number with at most two decimals."""
     try:
         amount = Decimal(str(value))
         if not amount.is_finite() or abs(amount) > MAX_GRANT:
+            code = "invalid"
+            if amount.is_finite():
+                code = "max_value" if amount > 0 else "min_value"
             raise ServiceError(
-                f"Enter an amount of credit up to {MAX_GRANT}, e.g. 25.00.", field=field
+                f"Enter an amount of credit up to {MAX_GRANT}, e.g. 25.00.", code=code, field=field
             )
         exact = amount == amount.quantize(CENT)
     except (InvalidOperation, ValueError) as exc:
         raise ServiceError("Enter an amount of credit, e.g. 25.00.", field=field) from exc
     if not exact:
-        raise ServiceError("Credit has at most two decimal places.", field=field)
+        raise ServiceError(
+            "Credit has at most two decimal places.", code="max_decimal_places", field=field
+        )
     return amount
 
 
@@ -98,7 +104,7 @@ def credit_grant(
 
 def _grant_for_key(tenant: Tenant, key: str, amount) -> LedgerEntry | None:  # type: ignore[no-untyped-def]
     existing = LedgerEntry.objects.for_tenant(tenant).filter(idempotency_key=key).first()
-    if existing is not None and existing.amount != _amount(amount, field="amount"):
+    if existing is not None and existing.amount != credit_amount(amount, field="amount"):
         raise Conflict(
             "This Idempotency-Key was used for a different grant.",
             code="idempotency_key_reused",
@@ -118,11 +124,13 @@ def _credit_grant(
 ) -> LedgerEntry:
     if not getattr(actor, "is_staff", False):
         raise NotAllowed("Only ops can grant credit.")
-    amount = _amount(amount, field="amount")
+    amount = credit_amount(amount, field="amount")
     if amount <= 0:
-        raise ServiceError("A grant must add some credit.", field="amount")
+        raise ServiceError("A grant must add some credit.", code="min_value", field="amount")
     if amount > MAX_GRANT:
-        raise ServiceError(f"One grant is at most {MAX_GRANT} credits.", field="amount")
+        raise ServiceError(
+            f"One grant is at most {MAX_GRANT} credits.", code="max_value", field="amount"
+        )
     memo = memo.strip()
     if not memo:
         raise ServiceError("Say what the grant is for.", field="memo")
@@ -203,7 +211,12 @@ def _purchase_create(*, membership: Membership, tier: Tier, hours: int, key: str
         or isinstance(hours, bool)
         or not 1 <= hours <= MAX_PURCHASE_HOURS
     ):
-        raise ServiceError(f"Buy between 1 and {MAX_PURCHASE_HOURS} hours.", field="hours")
+        code = "invalid"  # not a whole number
+        if isinstance(hours, int) and not isinstance(hours, bool):
+            code = "min_value" if hours < 1 else "max_value"
+        raise ServiceError(
+            f"Buy between 1 and {MAX_PURCHASE_HOURS} hours.", code=code, field="hours"
+        )
     if not tier.is_active:
         raise ServiceError("This tier is not on sale.", field="tier")
     tenant = _lock_tenant(membership.tenant)
@@ -250,10 +263,7 @@ def purchase_refund(*, purchase: Purchase, actor: AbstractBaseUser, memo: str = 
         raise Conflict("A slice still uses this purchase: stop it first.", code="purchase_in_use")
     if purchase.minutes_left == 0:
         raise Conflict("Nothing left to refund on this purchase.", code="nothing_to_refund")
-    amount = (
-        purchase.price_paid * Decimal(purchase.minutes_left) / Decimal(purchase.minutes_total)
-    ).quantize(CENT, rounding=ROUND_DOWN)
-    amount = min(amount, purchase.price_paid - purchase.refunded_amount)
+    amount = purchase.refund_due
     minutes = purchase.minutes_left
     purchase.minutes_left = 0
     purchase.minutes_refunded += minutes

@@ -64,18 +64,22 @@ def _clean(data: dict) -> dict:  # type: ignore[type-arg]
         try:
             out["default_command"] = clean_command(out["default_command"])
         except ServiceError as exc:
-            raise ServiceError(exc.message, field="default_command") from exc
+            raise ServiceError(exc.message, code=exc.code, field="default_command") from exc
     if "ports" in out:
         ports = out["ports"] or []
-        if (
-            not isinstance(ports, list)
-            or len(ports) > MAX_PORTS
-            or not all(
-                isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= 65535 for p in ports
-            )
-        ):
+        whole = isinstance(ports, list) and all(
+            isinstance(p, int) and not isinstance(p, bool) for p in ports
+        )
+        if not whole or len(ports) > MAX_PORTS or not all(1 <= p <= 65535 for p in ports):
+            code = "invalid"  # not a list of whole numbers
+            if whole:
+                code = "max_length" if len(ports) > MAX_PORTS else "min_value"
+                if len(ports) <= MAX_PORTS and max(ports) > 65535:
+                    code = "max_value"
             raise ServiceError(
-                f"Ports are up to {MAX_PORTS} numbers between 1 and 65535.", field="ports"
+                f"Ports are up to {MAX_PORTS} numbers between 1 and 65535.",
+                code=code,
+                field="ports",
             )
         out["ports"] = sorted(set(ports))
     if "connect" in out and out["connect"] not in Image.Connect.values:

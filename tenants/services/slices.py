@@ -136,7 +136,9 @@ def clean_environment(environment) -> dict[str, str]:  # type: ignore[no-untyped
     if not isinstance(environment, dict):
         raise ServiceError("The environment is an object of NAME: value.", field="environment")
     if len(environment) > MAX_ENV:
-        raise ServiceError(f"At most {MAX_ENV} environment variables.", field="environment")
+        raise ServiceError(
+            f"At most {MAX_ENV} environment variables.", code="max_length", field="environment"
+        )
     out: dict[str, str] = {}
     for name, value in environment.items():
         if not isinstance(name, str) or not ENV_NAME_RE.match(name):
@@ -172,7 +174,9 @@ def clean_command(command) -> list[str]:  # type: ignore[no-untyped-def]
             field="command",
         )
     if len(command) > MAX_COMMAND_ITEMS:
-        raise ServiceError(f"At most {MAX_COMMAND_ITEMS} arguments.", field="command")
+        raise ServiceError(
+            f"At most {MAX_COMMAND_ITEMS} arguments.", code="max_length", field="command"
+        )
     for item in command:
         if len(item) > MAX_COMMAND_ITEM or "\x00" in item:
             raise ServiceError(
@@ -217,13 +221,15 @@ def _estimate_input(model_request, tier_mib: int) -> estimator.EstimateRequest: 
     for key in ("tier_mib", "tiers_mib"):
         if key in model_request:
             raise ServiceError(
-                f"{key} comes from your purchase's tier; leave it out.", field=f"model.{key}"
+                f"{key} comes from your purchase's tier; leave it out.",
+                code="unknown_field",  # the estimator knows it; a launch does not take it
+                field=f"model.{key}",
             )
     try:
         return estimator.EstimateRequest.from_mapping({**model_request, "tier_mib": tier_mib})
     except estimator.EstimatorError as exc:
         raise ServiceError(
-            exc.message, field=f"model.{exc.field}" if exc.field else "model"
+            exc.message, code=exc.code, field=f"model.{exc.field}" if exc.field else "model"
         ) from exc
 
 

@@ -89,7 +89,8 @@ def test_new_tenant_buys_launches_sees_it_running_with_its_gauge_and_stops_it(  
     page.fill("#id_password", PASSWORD)
     page.fill("#id_password_confirm", PASSWORD)
     page.click("main button[type=submit]")
-    expect_path(page, "/account/")
+    expect_path(page, "/dashboard/")  # sign-up lands on the first steps
+    assert "How to start" in page.inner_text("#getting-started")
     tenant = Tenant.objects.get(name="Quokka Inference")
 
     # 2. Ops, in a browser of their own, allow an image and grant the tenant credit.
@@ -135,17 +136,19 @@ def test_new_tenant_buys_launches_sees_it_running_with_its_gauge_and_stops_it(  
     # 3. The tenant buys 8 GB for 2 hours, confirming the total.
     page.click("nav a:has-text('Buy')")
     expect_path(page, "/buy/")
-    assert page.inner_text("#balance") == "50.00"
+    assert page.inner_text("#balance") == "50.00 credits ($50.00)"
     eight = Tier.objects.get(vram_mb=8192)
-    page.select_option("#id_tier", label=f"8 GB VRAM · {eight.price_per_hour} credits / hour")
+    price = eight.price_per_hour
+    page.select_option("#id_tier", label=f"8 GB VRAM · ${price} / hour ({price} credits)")
     page.fill("#id_hours", "2")
-    assert page.inner_text("#buy-estimate") == "0.76"  # buy.js, before the server confirms
+    # buy.js, before the server confirms
+    assert page.inner_text("#buy-estimate") == "0.76 credits ($0.76)"
     page.click("#buy-form button[type=submit]")
     page.wait_for_selector("#confirm-buy")
-    assert page.inner_text("#buy-total") == "0.76"
+    assert page.inner_text("#buy-total") == "0.76 credits ($0.76)"
     page.click("#confirm-purchase")
     expect_path(page, "/dashboard/")
-    assert page.inner_text("#balance") == "49.24"
+    assert page.inner_text("#balance") == "49.24 credits ($49.24)"
     purchase = Purchase.objects.get(tenant=tenant)
     assert (purchase.tier.vram_mb, purchase.hours) == (8192, 2)
     assert LedgerEntry.objects.filter(tenant=tenant, kind="purchase").count() == 1

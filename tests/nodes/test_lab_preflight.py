@@ -144,7 +144,8 @@ def test_an_image_built_with_env_ld_preload_cannot_be_allowlisted(lab_fleet, api
         )
         assert response.status_code == 400, response.content
         body = response.json()
-        assert body["code"] == "image_sets_reserved_variable"
+        assert body["code"] == "validation_error"
+        assert body["fields"]["reference"][0]["code"] == "image_sets_reserved_variable"
         assert "LD_PRELOAD" in body["message"]
         assert not Image.objects.filter(name="NVIDIAScape").exists()
         # the lab's own image passes, inspected on the node

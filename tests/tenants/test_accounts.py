@@ -28,7 +28,7 @@ def _signup(client, **overrides):  # type: ignore[no-untyped-def]
 
 def test_signup_creates_tenant_with_owner_and_logs_in(client):  # type: ignore[no-untyped-def]
     response = _signup(client)
-    assert response.status_code == 302 and response["Location"] == "/account/"
+    assert response.status_code == 302 and response["Location"] == "/dashboard/"
     membership = Membership.objects.get(user__email="carol@gamma.test")
     assert membership.role == Role.OWNER
     assert membership.tenant.name == "Gamma AI"

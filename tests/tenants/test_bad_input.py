@@ -70,6 +70,10 @@ def test_over_long_string_names_the_field(api_a):  # type: ignore[no-untyped-def
         ({"name": "ok", "expires_in_days": 10**30}, "expires_in_days", "max_value"),
         ({"name": "ok", "expires_in_days": -1}, "expires_in_days", "min_value"),
         ({"name": "ok", "expires_in_days": 1.5}, "expires_in_days", "invalid"),
+        # integers are JSON integers: not text, not booleans; 2.0 is 2 (JSON cannot tell)
+        ({"name": "ok", "expires_in_days": "3"}, "expires_in_days", "invalid"),
+        ({"name": "ok", "expires_in_days": True}, "expires_in_days", "invalid"),
+        ({"name": "ok", "expires_in_days": 2.0}, None, None),
         ({"name": "bad\x00byte"}, "name", "null_characters_not_allowed"),
         ({}, "name", "required"),
     ],

@@ -14,6 +14,7 @@ from incidents.models import Incident, WebhookEndpoint
 from tenants import services
 from tenants.models import (
     ApiToken,
+    CreditRequest,
     Invitation,
     LedgerEntry,
     Membership,
@@ -73,7 +74,9 @@ def b_objects(owner_b, ops_user):  # type: ignore[no-untyped-def]
     webhook = WebhookEndpoint.objects.create(
         tenant=owner_b.tenant, url="https://hooks.beta.test/in", secret="b-secret"
     )
+    credit_request = services.credit_request_create(membership=owner_b, amount="5", note="b")
     return {
+        "credit_request": credit_request,
         "incident": incident,
         "webhook": webhook,
         "token": token,
@@ -97,6 +100,7 @@ PAGE_ROUTES = [
     ("get", "/slices/{pk}/", "slice"),
     ("post", "/slices/{pk}/stop/", "slice"),
     ("get", "/incidents/{pk}/", "incident"),
+    ("post", "/credit/requests/{pk}/withdraw/", "credit_request"),
 ]
 API_ROUTES = [
     ("get", "/api/v1/tokens/{pk}/", "token"),
@@ -113,6 +117,8 @@ API_ROUTES = [
     ("get", "/api/v1/webhooks/{pk}/", "webhook"),
     ("get", "/api/v1/webhooks/{pk}/deliveries/", "webhook"),
     ("delete", "/api/v1/webhooks/{pk}/", "webhook"),
+    ("get", "/api/v1/credit-requests/{pk}/", "credit_request"),
+    ("post", "/api/v1/credit-requests/{pk}/withdraw/", "credit_request"),
 ]
 # Routes with an id that are not tenant-scoped, and why.
 NOT_TENANT_SCOPED = {
@@ -143,6 +149,7 @@ def _snapshot(objs):  # type: ignore[no-untyped-def]
         Purchase.objects.values_list("minutes_left", "refunded_at").get(pk=objs["purchase"].pk),
         Slice.objects.values_list("state", "state_reason").get(pk=objs["slice"].pk),
         WebhookEndpoint.objects.get(pk=objs["webhook"].pk).is_active,
+        CreditRequest.objects.get(pk=objs["credit_request"].pk).status,
     )
 
 

@@ -313,12 +313,16 @@ def test_insufficient_credit_is_409_and_changes_nothing(api_a, owner_a, ops_user
         ({"tier": "TIER", "hours": 721}, "hours"),
         ({"tier": "TIER", "hours": 1.5}, "hours"),
         ({"tier": "TIER", "hours": "two"}, "hours"),
+        ({"tier": "TIER", "hours": "2"}, "hours"),  # an integer is a JSON integer
+        ({"tier": "TIER", "hours": True}, "hours"),
+        ({"tier": "TIER+0.5", "hours": 1}, "tier"),  # not a lookup of int(1.5)
         ({"tier": "TIER", "hours": 1, "price_paid": "0.00"}, "price_paid"),
     ],
 )
 def test_bad_purchase_is_400_naming_the_field(api_a, owner_a, ops_user, payload, field):  # type: ignore[no-untyped-def]
     grant(owner_a, ops_user)
-    payload = {k: tier().pk if v == "TIER" else v for k, v in payload.items()}
+    values = {"TIER": tier().pk, "TIER+0.5": tier().pk + 0.5}
+    payload = {k: values.get(v, v) if isinstance(v, str) else v for k, v in payload.items()}
     before = snapshot(owner_a)
     response = api_a.post("/api/v1/purchases/", payload)
     assert response.status_code == 400, response.content
@@ -464,6 +468,15 @@ BAD_LAUNCHES = [
     ("model empty", {"model": {}}, "model"),
     ("model not an object", {"model": "llama"}, "model"),
     ("model unknown", {"model": {"model": {"catalog": "no/such-model"}}}, "model.model.catalog"),
+    ("unknown field in the job", {"model": {**FITS, "bogus": 1}}, "model.bogus"),
+    (
+        "unknown field in the model",
+        {"model": {**FITS, "model": {"catalog": "Qwen/Qwen2.5-0.5B", "bogus": 1}}},
+        "model.model.bogus",
+    ),
+    ("negative context", {"model": {**FITS, "context_tokens": -5}}, "model.context_tokens"),
+    ("context as text", {"model": {**FITS, "context_tokens": "2048"}}, "model.context_tokens"),
+    ("purchase id as text", {"purchase": "TEXT"}, "purchase"),
     ("model sets its own tier", {"model": {**FITS, "tier_mib": 81920}}, "model.tier_mib"),
     ("unknown field", {"privileged": True}, "privileged"),
     ("unknown field for host mounts", {"volumes": ["/:/host"]}, "volumes"),
@@ -482,6 +495,8 @@ def test_bad_launch_is_4xx_naming_the_field_and_reserves_and_charges_nothing(  #
         changes = {**changes, "image": retired_image.pk}
     if changes.get("purchase") == "B":
         changes = {**changes, "purchase": buy(owner_b, ops_user).pk}
+    if changes.get("purchase") == "TEXT":
+        changes = {**changes, "purchase": str(purchase_a.pk)}
     before = snapshot(owner_a, purchase_a)
     response = api_a.post("/api/v1/slices/", body(purchase_a, image, **changes))
     assert response.status_code == 400, response.content

@@ -193,7 +193,9 @@ def test_another_tenants_slice_is_404_on_every_page(client, funded, purchase, im
 def test_dashboard_shows_balance_purchases_slices_ledger_and_gauge(client, funded, running):  # type: ignore[no-untyped-def]
     client.force_login(funded.user)
     page = client.get("/dashboard/").content.decode()
-    assert re.search(r'id="balance">\s*99\.24<', page)  # 100 granted, 8 GB x 2 h at 0.38
+    assert re.search(
+        r'id="balance">\s*<span class="money">99\.24 credits', page
+    )  # 100 granted, 8 GB x 2 h at 0.38
     assert f'id="purchase-row-{running.purchase_id}"' in page
     assert 'class="minutes-left">120</span> / 120' in page  # minutes left / bought
     assert "in use" in page  # a purchase with a live slice offers no Launch
@@ -247,7 +249,8 @@ def test_buy_shows_the_total_to_confirm_then_a_double_submit_charges_once(client
     review = client.post("/buy/", data)
     assert review.status_code == 200
     page = review.content.decode()
-    assert 'id="buy-total">0.76<' in page and 'id="balance-after">99.24<' in page
+    assert 'id="buy-total"><span class="money">0.76 credits' in page
+    assert 'id="balance-after"><span class="money">99.24 credits' in page
     assert not Purchase.objects.filter(tenant=funded.tenant).exists()  # nothing bought yet
 
     first = client.post("/buy/", {**data, "confirm": "yes"})
@@ -282,7 +285,8 @@ def test_the_confirm_step_with_an_empty_balance_says_what_is_missing_and_cannot_
     page = response.content.decode()
     assert 'id="balance-after"' not in page  # no "Balance after: -0.76"
     assert "-0.76" not in page
-    assert 'id="buy-shortfall"' in page and "0.76 credits are missing" in page
+    assert 'id="buy-shortfall"' in page
+    assert re.search(r"so <span class=\"money\">0\.76 credits .*?</span> is missing", page)
     assert "granted by the platform's operators" in page
     pay = re.search(r'<button type="submit" id="confirm-purchase"[^>]*>', page).group(0)
     assert "disabled" in pay
@@ -319,7 +323,8 @@ def test_launch_offers_only_usable_purchases_and_active_images(  # type: ignore[
     assert re.search(r'name="guaranteed"[^>]*checked', page)  # guaranteed by default
     tiers = json.loads(re.search(r'id="purchase-tiers"[^>]*>(.*?)</script>', page).group(1))
     assert tiers == {str(purchase.pk): 8192}
-    assert 'data-url="/api/v1/estimates/"' in page
+    # The live estimate is the launch page's own (same estimator, tier names, rounding).
+    assert 'data-url="/launch/?estimate=1"' in page
 
 
 def test_launch_refused_shows_the_breakdown_with_422_and_reserves_nothing(  # type: ignore[no-untyped-def]
@@ -528,7 +533,9 @@ def test_ops_grant_credit_from_the_page(client, ops_user, owner_a, owner_b):  # 
     assert response.redirect_chain[-1][0] == "/ops/credit/?q=alice%40alpha"
     page = response.content.decode()
     assert "25.50 credits granted to Alpha Labs; balance 25.50." in page
-    assert re.search(r"<td>Alpha Labs</td><td>25.50</td><td>welcome</td>", page)
+    assert re.search(
+        r'<td>Alpha Labs</td><td><span class="money">25\.50 credits .*?</td><td>welcome</td>', page
+    )
     owner_a.tenant.refresh_from_db()
     assert owner_a.tenant.credit_balance == Decimal("25.50")
     entry = LedgerEntry.objects.get(tenant=owner_a.tenant)
@@ -543,7 +550,7 @@ def test_ops_refund_needs_confirmation_and_is_refused_while_a_slice_is_live(  # 
     client.force_login(ops_user)
     confirm = client.get(f"/ops/credit/refund/{purchase.pk}/")
     assert confirm.status_code == 200
-    assert 'id="refund-amount">0.76<' in confirm.content.decode()
+    assert 'id="refund-amount"><span class="money">0.76 credits' in confirm.content.decode()
     funded.tenant.refresh_from_db()
     before = funded.tenant.credit_balance
     refused = client.post(f"/ops/credit/refund/{live.pk}/", {"confirm": "True"}, follow=True)

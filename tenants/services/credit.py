@@ -1,0 +1,209 @@
+"""Credit that tenants ask for and ops decide on, and what a credit is worth in money.
+
+A request is one row per ask (one pending per tenant); granting it writes the ledger entry
+through `credit_grant` in the same transaction, so a granted request always has its grant.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from gpuplatform.errors import Conflict, NotAllowed, ServiceError
+
+from ..models import CreditRate, CreditRequest, Membership, Role, Tenant
+from .accounts import audit_event_record, members_notify
+from .billing import MAX_GRANT, credit_amount, credit_grant
+
+# What a credit may be worth: wide enough for any real currency, narrow enough to catch a
+# slip of the decimal point (1 credit = 1000 USD is a typo, not a price).
+MIN_PER_CREDIT = Decimal("0.0001")
+MAX_PER_CREDIT = Decimal("1000")
+NOTE_MAX = 500
+
+
+def _require_staff(actor: AbstractBaseUser, what: str) -> None:
+    if not getattr(actor, "is_staff", False):
+        raise NotAllowed(f"Only ops can {what}.")
+
+
+@transaction.atomic
+def credit_rate_set(
+    *,
+    actor: AbstractBaseUser,
+    currency: str,
+    per_credit,
+    reason: str,  # type: ignore[no-untyped-def]
+) -> CreditRate:
+    """Ops set what one credit is worth. Every change is a new row: the history is the audit."""
+    _require_staff(actor, "set the credit rate")
+    code = (currency or "").strip().upper()
+    if len(code) != 3 or not code.isascii() or not code.isalpha():
+        raise ServiceError(
+            "The currency is a three-letter ISO 4217 code, e.g. USD.", field="currency"
+        )
+    try:
+        value = Decimal(str(per_credit).strip())
+    except (InvalidOperation, ValueError) as exc:
+        raise ServiceError(
+            "Enter what one credit is worth, e.g. 1.00.", field="per_credit"
+        ) from exc
+    if not value.is_finite():
+        raise ServiceError("Enter what one credit is worth, e.g. 1.00.", field="per_credit")
+    if not MIN_PER_CREDIT <= value <= MAX_PER_CREDIT:
+        raise ServiceError(
+            f"One credit is worth between {MIN_PER_CREDIT} and {MAX_PER_CREDIT} {code}.",
+            field="per_credit",
+            code="min_value" if value < MIN_PER_CREDIT else "max_value",
+        )
+    if value != value.quantize(MIN_PER_CREDIT):
+        raise ServiceError(
+            "At most four decimal places.", field="per_credit", code="max_decimal_places"
+        )
+    reason = (reason or "").strip()
+    if not reason:
+        raise ServiceError("Say why the rate changes.", field="reason")
+    return CreditRate.objects.create(
+        currency=code, per_credit=value, set_by=actor, reason=reason[:300]
+    )
+
+
+def credit_request_create(
+    *,
+    membership: Membership,
+    amount,
+    note: str = "",  # type: ignore[no-untyped-def]
+) -> CreditRequest:
+    """A tenant's owner or member asks ops for credit; one request waits at a time."""
+    if membership.role not in (Role.OWNER, Role.MEMBER):
+        raise NotAllowed("Viewers cannot ask for credit; an owner or member can.")
+    tenant = membership.tenant
+    if tenant.status != Tenant.Status.ACTIVE:
+        raise NotAllowed(
+            "This tenant is suspended: ops must reactivate it first.", code="tenant_suspended"
+        )
+    value = credit_amount(amount, field="amount")
+    if value <= 0:
+        raise ServiceError("Ask for some credit, e.g. 25.00.", field="amount", code="min_value")
+    if value > MAX_GRANT:
+        raise ServiceError(
+            f"One request is at most {MAX_GRANT} credits.", field="amount", code="max_value"
+        )
+    note = (note or "").strip()
+    if len(note) > NOTE_MAX:
+        raise ServiceError(
+            f"Keep the note under {NOTE_MAX} characters.", field="note", code="max_length"
+        )
+    try:
+        with transaction.atomic():
+            request = CreditRequest.objects.create(
+                tenant=tenant, requested_by=membership.user, amount=value, note=note
+            )
+            audit_event_record(
+                tenant=tenant,
+                actor=membership.user,
+                action="credit.request",
+                summary=f"asked ops for {value} credits" + (f": {note[:200]}" if note else ""),
+                data={"credit_request": request.pk},
+            )
+    except IntegrityError as exc:
+        raise Conflict(
+            "A credit request is already waiting for ops: withdraw it to ask again.",
+            code="credit_request_pending",
+        ) from exc
+    return request
+
+
+def _lock_pending(request: CreditRequest) -> CreditRequest:
+    locked = CreditRequest.objects.select_for_update().get(pk=request.pk)
+    if locked.status != CreditRequest.Status.PENDING:
+        raise Conflict(f"This request was already {locked.status}.", code="credit_request_decided")
+    return locked
+
+
+@transaction.atomic
+def credit_request_withdraw(*, membership: Membership, request: CreditRequest) -> CreditRequest:
+    if request.tenant_id != membership.tenant_id:
+        raise NotAllowed("This request is not your tenant's.")
+    if membership.role not in (Role.OWNER, Role.MEMBER):
+        raise NotAllowed("Viewers cannot withdraw a credit request.")
+    request = _lock_pending(request)
+    request.status = CreditRequest.Status.WITHDRAWN
+    request.decided_by = membership.user
+    request.decided_at = timezone.now()
+    request.save(update_fields=["status", "decided_by", "decided_at"])
+    audit_event_record(
+        tenant=request.tenant,
+        actor=membership.user,
+        action="credit.request_withdrawn",
+        summary=f"withdrew the request for {request.amount} credits",
+        data={"credit_request": request.pk},
+    )
+    return request
+
+
+@transaction.atomic
+def credit_request_grant(
+    *, request: CreditRequest, actor: AbstractBaseUser, note: str = ""
+) -> CreditRequest:
+    """Ops grant what was asked: one ledger entry, keyed by the request (granting twice
+    cannot add twice), and the tenant's owners and members are told."""
+    _require_staff(actor, "grant credit")
+    request = _lock_pending(request)
+    note = (note or "").strip()[:NOTE_MAX]
+    memo = f"credit request #{request.pk}" + (f": {note}" if note else "")
+    entry = credit_grant(
+        tenant=request.tenant,
+        amount=request.amount,
+        actor=actor,
+        memo=memo[:200],
+        idempotency_key=f"credit-request-{request.pk}",
+    )
+    request.status = CreditRequest.Status.GRANTED
+    request.decided_by = actor
+    request.decided_at = timezone.now()
+    request.decision_note = note
+    request.ledger_entry = entry
+    request.save(
+        update_fields=["status", "decided_by", "decided_at", "decision_note", "ledger_entry"]
+    )
+    members_notify(
+        tenant=request.tenant,
+        subject=f"{request.amount} credits granted",
+        body=f"Ops granted your request for {request.amount} credits."
+        + (f"\n\n{note}" if note else "")
+        + f"\n\nYour balance is now {entry.balance_after} credits.",
+    )
+    return request
+
+
+@transaction.atomic
+def credit_request_decline(
+    *, request: CreditRequest, actor: AbstractBaseUser, note: str
+) -> CreditRequest:
+    _require_staff(actor, "decline a credit request")
+    note = (note or "").strip()
+    if not note:
+        raise ServiceError("Tell the tenant why the request is declined.", field="note")
+    request = _lock_pending(request)
+    request.status = CreditRequest.Status.DECLINED
+    request.decided_by = actor
+    request.decided_at = timezone.now()
+    request.decision_note = note[:NOTE_MAX]
+    request.save(update_fields=["status", "decided_by", "decided_at", "decision_note"])
+    audit_event_record(
+        tenant=request.tenant,
+        actor=actor,
+        action="credit.request_declined",
+        summary=f"ops declined the request for {request.amount} credits: {note[:200]}",
+        data={"credit_request": request.pk},
+    )
+    members_notify(
+        tenant=request.tenant,
+        subject="Credit request declined",
+        body=f"Ops declined your request for {request.amount} credits:\n\n{note}",
+    )
+    return request

@@ -1,0 +1,61 @@
+"""A new tenant's first steps in a real browser: sign up, land on "How to start", ask ops
+for credit; ops grant it on the credit page; the tenant sees the balance in credits and
+money, and the step ticked."""
+
+import re
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from tenants.models import CreditRequest, LedgerEntry
+from tests.e2e.test_browser import PASSWORD, expect_path
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+def test_ask_for_credit_then_ops_grant_it(page, browser, live_server):  # type: ignore[no-untyped-def]
+    page.goto("/signup/")
+    page.fill("#id_tenant_name", "Heron Vision")
+    page.fill("#id_email", "hana@heron.test")
+    page.fill("#id_password", PASSWORD)
+    page.fill("#id_password_confirm", PASSWORD)
+    page.click("main button[type=submit]")
+    expect_path(page, "/dashboard/")
+    steps = page.locator("#getting-started")
+    assert "How to start" in steps.inner_text()
+    assert steps.locator("li.done").count() == 0
+
+    page.fill("#credit-request-form [name=amount]", "40")
+    page.fill("#credit-request-form [name=note]", "evaluate Llama 8B")
+    page.click("#credit-request-form button[type=submit]")
+    page.wait_for_selector("#credit-pending")  # back on /dashboard/#credit
+    assert "waiting for ops" in page.inner_text("#credit-pending")
+    assert page.locator("#credit-request-form").count() == 0
+    asked = CreditRequest.objects.get()
+    assert asked.amount == 40 and asked.status == "pending"
+
+    get_user_model().objects.create_user(
+        "ops@heron.test", "ops@heron.test", PASSWORD, is_staff=True
+    )
+    ops = browser.new_context(base_url=live_server.url, viewport={"width": 1366, "height": 900})
+    try:
+        ops_page = ops.new_page()
+        ops_page.goto("/accounts/login/")
+        ops_page.fill("#id_username", "ops@heron.test")
+        ops_page.fill("#id_password", PASSWORD)
+        ops_page.click("main button[type=submit]")
+        ops_page.goto("/ops/credit/")
+        row = ops_page.locator(f"#credit-request-{asked.pk}")
+        assert "Heron Vision" in row.inner_text() and "evaluate Llama 8B" in row.inner_text()
+        ops_page.on("dialog", lambda dialog: dialog.accept())  # the confirmation
+        row.locator("button", has_text="Grant").click()
+        ops_page.wait_for_selector("#no-credit-requests")
+    finally:
+        ops.close()
+
+    assert LedgerEntry.objects.get().amount == 40
+    page.reload()
+    assert re.search(r"40\.00 credits\s*\(\$40\.00\)", page.inner_text("#balance"))
+    assert page.locator("#getting-started li.done").count() == 1
+    assert "granted" in page.inner_text("#credit-requests")
+    assert page.js_errors == []
