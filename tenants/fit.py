@@ -184,14 +184,15 @@ def error_summary(form: forms.Form) -> str:
     return "Nothing estimated: " + "; ".join(parts)
 
 
-def present(data: dict, *, tiers: list, form: forms.Form) -> dict:
+def present(data: dict, *, tiers: list, form: forms.Form | None = None) -> dict:
     """What a page shows of an estimate's dict.
 
     - every MiB figure by one rule: `estimator.whole_mib` (rounded up) for the totals,
       and terms in whole MiB that add up to that total (`estimator.whole_terms`);
     - tiers by name, from the Tier rows: the chosen one, the smallest that fits, and a
       cheaper one that fits when the chosen tier is not the cheapest that would;
-    - each suggestion with the form values that apply it.
+    - each suggestion with the form values that apply it (none without a form: a
+      refused slice's page shows what would have fitted, with nothing to apply it to).
     """
     by_mib = {t.vram_mb: t for t in tiers}
     terms = data.get("terms") or []
@@ -219,7 +220,9 @@ def present(data: dict, *, tiers: list, form: forms.Form) -> dict:
         "suggestions": [
             {
                 **s,
-                "apply": apply_values(s.get("changes") or {}, form) if s.get("fits") else None,
+                "apply": apply_values(s.get("changes") or {}, form)
+                if s.get("fits") and form is not None
+                else None,
             }
             for s in data.get("suggestions") or []
         ],

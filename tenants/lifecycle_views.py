@@ -24,7 +24,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from gpuplatform.errors import ServiceError
 from gpuplatform.querystring import is_id
 
-from . import selectors, services
+from . import fit, selectors, services
 from .fit import JobForm, error_summary, estimate_for
 from .forms import CreditDecisionForm, CreditRateForm, CreditRequestForm
 from .lifecycle_forms import (
@@ -199,6 +199,7 @@ def buy(request: HttpRequest) -> HttpResponse:
     elif request.method == "POST":
         status = 400
     tiers = list(selectors.tier_list())
+    rate = selectors.credit_rate_current()
     total = form.total() if form.is_bound and not form.errors else None
     balance_after = tenant.credit_balance - total if total is not None else None
     return render(
@@ -215,6 +216,13 @@ def buy(request: HttpRequest) -> HttpResponse:
             else None,
             "tiers": tiers,
             "prices": {str(t.pk): str(t.price_per_hour) for t in tiers},
+            # buy.js writes the live total the way tenants.money does (same rounding, signs).
+            "rate": {
+                "currency": rate.currency,
+                "per_credit": str(rate.per_credit),
+                "symbol": rate.symbol,
+                "places": rate.places,
+            },
             "insufficient": insufficient,
         },
         status=status,
@@ -385,6 +393,10 @@ def _slice_context(slice: Slice, membership=None) -> dict:  # type: ignore[no-un
         "peak_mb": slice.peak_vram_mb if slice.peak_vram_mb is not None else peak_so_far,
         "can_stop": not slice.is_final and slice.state != Slice.State.STOPPING,
         "live_seconds": LIVE_SECONDS,
+        # A refused slice shows its estimate as the pages do: tiers named, the buy link.
+        "refused": fit.present(slice.estimate, tiers=list(selectors.tier_list()))
+        if slice.state == Slice.State.REFUSED and (slice.estimate or {}).get("terms")
+        else None,
     }
 
 
@@ -535,6 +547,7 @@ def ops_credit(request: HttpRequest) -> HttpResponse:
             "grants": recent_grants(),
             "purchases": purchases,
             "credit_requests": list(selectors.credit_request_list_for_ops(status="pending")[:50]),
+            "credit_waiting": selectors.credit_request_list_for_ops(status="pending").count(),
             "credit_decided": list(
                 selectors.credit_request_list_for_ops()
                 .exclude(status="pending")

@@ -4,7 +4,7 @@ Every tenant-owned model's manager has `for_tenant(tenant)`: views, API and sele
 read through it, so another tenant's object is simply not found (404).
 """
 
-from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal
+from decimal import ROUND_DOWN, Decimal
 
 from django.conf import settings
 from django.db import models
@@ -616,12 +616,13 @@ class Slice(models.Model):
     @property
     def cost_so_far(self) -> Decimal:
         """Credits the minutes metered so far are worth at the purchase's price per minute
-        (what was paid over what was bought), to the cent, half up."""
+        (what was paid over what was bought), rounded down to the cent like a refund, so a
+        purchase's slices never add up to more than was paid."""
         purchase = self.purchase
         if purchase is None or not purchase.minutes_total:
             return Decimal("0.00")
         per_minute = purchase.price_paid / Decimal(purchase.minutes_total)
-        return (per_minute * self.minutes_used).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+        return (per_minute * self.minutes_used).quantize(Decimal("0.01"), rounding=ROUND_DOWN)
 
 
 class UsageRecord(models.Model):

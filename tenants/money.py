@@ -24,19 +24,26 @@ class Rate:
     currency: str = DEFAULT_CURRENCY
     per_credit: Decimal = DEFAULT_PER_CREDIT
 
+    @property
+    def places(self) -> int:
+        return MINOR_UNITS.get(self.currency, 2)
+
+    @property
+    def symbol(self) -> str:
+        """The currency's sign written before the amount; empty: the code goes after it."""
+        return SYMBOLS.get(self.currency, "")
+
     def value(self, credits: Decimal | int | float | str) -> Decimal:
         """Money for an amount of credits, rounded half-up to the currency's minor unit."""
-        places = MINOR_UNITS.get(self.currency, 2)
-        quantum = Decimal(1).scaleb(-places)
+        quantum = Decimal(1).scaleb(-self.places)
         return (Decimal(str(credits)) * self.per_credit).quantize(quantum, rounding=ROUND_HALF_UP)
 
     def format_value(self, credits: Decimal | int | float | str) -> str:
         amount = self.value(credits)
         sign = "-" if amount < 0 else ""
         digits = f"{abs(amount):,}"
-        symbol = SYMBOLS.get(self.currency)
-        if symbol:
-            return f"{sign}{symbol}{digits}"
+        if self.symbol:
+            return f"{sign}{self.symbol}{digits}"
         return f"{sign}{digits} {self.currency}"
 
 

@@ -1,6 +1,8 @@
 """Credit API: a tenant's credit requests (ask, list, withdraw); ops decide on them and set
 what a credit is worth; anyone reads the rate in force. Each write is one service call."""
 
+from decimal import Decimal
+
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
@@ -13,6 +15,8 @@ from gpuplatform.api.serializers import StrictSerializer
 from tenants import selectors, services
 from tenants.models import CreditRate, CreditRequest
 from tenants.permissions import IsOps, IsTenantMember
+from tenants.services.billing import MAX_GRANT
+from tenants.services.credit import MAX_PER_CREDIT, MIN_PER_CREDIT
 
 # --- serializers ------------------------------------------------------------------------------
 
@@ -56,8 +60,12 @@ class OpsCreditRequestSerializer(CreditRequestSerializer):
         return obj.decided_by.email if obj.decided_by else None
 
 
+# Generous max_digits, so an amount out of range is `min_value`/`max_value` like every other
+# range error, not a digit count.
 class CreditRequestCreateSerializer(StrictSerializer):
-    amount = serializers.DecimalField(max_digits=12, decimal_places=2)
+    amount = serializers.DecimalField(
+        max_digits=30, decimal_places=2, min_value=Decimal("0.01"), max_value=MAX_GRANT
+    )
     note = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
 
 
@@ -79,7 +87,9 @@ class CreditRateSerializer(serializers.ModelSerializer):
 
 class CreditRateCreateSerializer(StrictSerializer):
     currency = serializers.CharField(min_length=3, max_length=3)
-    per_credit = serializers.DecimalField(max_digits=12, decimal_places=4)
+    per_credit = serializers.DecimalField(
+        max_digits=30, decimal_places=4, min_value=MIN_PER_CREDIT, max_value=MAX_PER_CREDIT
+    )
     reason = serializers.CharField(max_length=300)
 
 

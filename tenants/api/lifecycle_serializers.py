@@ -5,6 +5,7 @@ and leave the rules (prices, allowlist, environment names, the estimate) to the 
 so the API and the pages refuse the same things with the same words.
 """
 
+from decimal import Decimal
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
@@ -23,6 +24,7 @@ from tenants.models import (
     Tier,
     UsageRecord,
 )
+from tenants.services.billing import MAX_GRANT
 
 # --- purchases and money ------------------------------------------------------------------------
 
@@ -114,7 +116,13 @@ class UsageRecordSerializer(serializers.ModelSerializer):
 
 class CreditGrantSerializer(StrictSerializer):
     tenant = serializers.PrimaryKeyRelatedField(queryset=Tenant.objects.all())
-    amount = serializers.DecimalField(max_digits=12, decimal_places=2)
+    # Generous max_digits: out of range is `min_value`/`max_value`, not a digit count.
+    amount = serializers.DecimalField(
+        max_digits=30,
+        decimal_places=2,
+        min_value=Decimal("0.01"),
+        max_value=MAX_GRANT,
+    )
     memo = serializers.CharField(max_length=200)
 
 

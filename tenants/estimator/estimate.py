@@ -525,12 +525,15 @@ def _finish(
 
 
 def _usable(r: EstimateRequest, tier: int) -> tuple[float, bool]:
-    """What the tier leaves for the job, and whether the engine can start in it."""
+    """What the tier leaves for the job, in whole MiB (rounded down: a fraction of a MiB
+    is not there), and whether the engine can start in it. Whole MiB keep the verdict and
+    the pages' figures in one rule: a total fits when its figure rounded up is at most
+    this one (7884.9 needed against 7884.8 usable reads "7885 of 7884": does not fit)."""
     if r.engine != "vllm":
         return float(tier), True
     reserved = r.gpu_memory_utilization * tier
     starts = reserved + r.cuda_context_mib <= tier
-    return min(reserved + r.cuda_context_mib, float(tier)), starts
+    return float(math.floor(min(reserved + r.cuda_context_mib, float(tier)))), starts
 
 
 def _fits(r: EstimateRequest, total: float, tier: int) -> bool:

@@ -15,6 +15,8 @@ from django.utils import timezone
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
 
 from ..models import CreditRate, CreditRequest, Membership, Role, Tenant
+from ..money import credits_text, money_text
+from ..selectors import credit_rate_current
 from .accounts import audit_event_record, members_notify
 from .billing import MAX_GRANT, credit_amount, credit_grant
 
@@ -23,6 +25,14 @@ from .billing import MAX_GRANT, credit_amount, credit_grant
 MIN_PER_CREDIT = Decimal("0.0001")
 MAX_PER_CREDIT = Decimal("1000")
 NOTE_MAX = 500
+
+
+def _require_active(tenant: Tenant) -> None:
+    """The pages and the API refuse a suspended tenant's credit writes alike."""
+    if tenant.status != Tenant.Status.ACTIVE:
+        raise NotAllowed(
+            "This tenant is suspended: ops must reactivate it first.", code="tenant_suspended"
+        )
 
 
 def _require_staff(actor: AbstractBaseUser, what: str) -> None:
@@ -81,10 +91,7 @@ def credit_request_create(
     if membership.role not in (Role.OWNER, Role.MEMBER):
         raise NotAllowed("Viewers cannot ask for credit; an owner or member can.")
     tenant = membership.tenant
-    if tenant.status != Tenant.Status.ACTIVE:
-        raise NotAllowed(
-            "This tenant is suspended: ops must reactivate it first.", code="tenant_suspended"
-        )
+    _require_active(tenant)
     value = credit_amount(amount, field="amount")
     if value <= 0:
         raise ServiceError("Ask for some credit, e.g. 25.00.", field="amount", code="min_value")
@@ -130,6 +137,7 @@ def credit_request_withdraw(*, membership: Membership, request: CreditRequest) -
         raise NotAllowed("This request is not your tenant's.")
     if membership.role not in (Role.OWNER, Role.MEMBER):
         raise NotAllowed("Viewers cannot withdraw a credit request.")
+    _require_active(membership.tenant)
     request = _lock_pending(request)
     request.status = CreditRequest.Status.WITHDRAWN
     request.decided_by = membership.user
@@ -155,13 +163,9 @@ def credit_request_grant(
     request = _lock_pending(request)
     note = (note or "").strip()[:NOTE_MAX]
     memo = f"credit request #{request.pk}" + (f": {note}" if note else "")
-    entry = credit_grant(
-        tenant=request.tenant,
-        amount=request.amount,
-        actor=actor,
-        memo=memo[:200],
-        idempotency_key=f"credit-request-{request.pk}",
-    )
+    # No idempotency key: the request's row lock and its status make a second grant a 409,
+    # and a key here would share the namespace of the keys ops send to credit-grants.
+    entry = credit_grant(tenant=request.tenant, amount=request.amount, actor=actor, memo=memo[:200])
     request.status = CreditRequest.Status.GRANTED
     request.decided_by = actor
     request.decided_at = timezone.now()
@@ -170,12 +174,13 @@ def credit_request_grant(
     request.save(
         update_fields=["status", "decided_by", "decided_at", "decision_note", "ledger_entry"]
     )
+    rate = credit_rate_current()
     members_notify(
         tenant=request.tenant,
-        subject=f"{request.amount} credits granted",
-        body=f"Ops granted your request for {request.amount} credits."
+        subject=f"{credits_text(request.amount)} granted",
+        body=f"Ops granted your request for {money_text(request.amount, rate)}."
         + (f"\n\n{note}" if note else "")
-        + f"\n\nYour balance is now {entry.balance_after} credits.",
+        + f"\n\nYour balance is now {money_text(entry.balance_after, rate)}.",
     )
     return request
 
@@ -204,6 +209,7 @@ def credit_request_decline(
     members_notify(
         tenant=request.tenant,
         subject="Credit request declined",
-        body=f"Ops declined your request for {request.amount} credits:\n\n{note}",
+        body=f"Ops declined your request for {money_text(request.amount, credit_rate_current())}:"
+        f"\n\n{note}",
     )
     return request

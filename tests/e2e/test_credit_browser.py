@@ -59,3 +59,40 @@ def test_ask_for_credit_then_ops_grant_it(page, browser, live_server):  # type: 
     assert page.locator("#getting-started li.done").count() == 1
     assert "granted" in page.inner_text("#credit-requests")
     assert page.js_errors == []
+
+
+@pytest.mark.parametrize(
+    ("currency", "per_credit", "tier_gb", "hours", "expected"),
+    [
+        ("EUR", "0.85", 8, "5", "1.90 credits (€1.62)"),  # 1.615: half up, not float's 1.61
+        ("CHF", "0.9", 24, "720", "720.00 credits (648.00 CHF)"),
+        ("JPY", "150", 4, "1", "0.20 credits (¥30)"),
+        ("USD", "3", 24, "700", "700.00 credits ($2,100.00)"),
+    ],
+)
+def test_the_live_buy_total_is_written_as_the_server_writes_it(  # type: ignore[no-untyped-def]
+    page, currency, per_credit, tier_gb, hours, expected
+):
+    from tenants import services
+    from tenants.models import Tier
+    from tests.factories import MembershipFactory
+
+    ops = get_user_model().objects.create_user("o@x.test", "o@x.test", PASSWORD, is_staff=True)
+    services.credit_rate_set(actor=ops, currency=currency, per_credit=per_credit, reason="t")
+    member = MembershipFactory(user__email="buyer@x.test")
+    member.user.set_password(PASSWORD)
+    member.user.save()
+    services.credit_grant(tenant=member.tenant, amount="5000", actor=ops, memo="t")
+    page.goto("/accounts/login/?next=/buy/")
+    page.fill("#id_username", "buyer@x.test")
+    page.fill("#id_password", PASSWORD)
+    page.click("main button[type=submit]")
+    expect_path(page, "/buy/")
+    tier = Tier.objects.get(vram_mb=tier_gb * 1024)
+    page.select_option("#id_tier", str(tier.pk))
+    page.fill("#id_hours", hours)
+    assert page.inner_text("#buy-estimate") == expected  # buy.js
+    page.click("#buy-form button[type=submit]")
+    page.wait_for_selector("#confirm-buy")
+    assert page.inner_text("#buy-total") == expected  # the server's {% money %}
+    assert page.js_errors == []

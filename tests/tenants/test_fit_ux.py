@@ -551,3 +551,20 @@ def test_launch_model_request_keeps_its_shape_when_the_new_fields_are_left_alone
         "batch",
         "context_tokens",
     }
+
+
+def test_a_verdict_and_its_figures_follow_one_rule_at_the_usable_edge():
+    """Whole MiB on both sides: a job fits when its figure (rounded up) is at most the usable
+    figure (rounded down), so "7885 MiB needed, 7884 usable" never reads "fits"."""
+    from tenants.estimator import whole_mib
+    from tenants.estimator.catalog import model_from_catalog
+    from tenants.estimator.estimate import _fits, _usable
+    from tenants.estimator.request import EstimateRequest
+
+    request = EstimateRequest(
+        model=model_from_catalog("Qwen/Qwen2.5-0.5B"), engine="vllm", tier_mib=8192
+    )
+    usable, _ = _usable(request, 8192)
+    assert usable == 7884
+    for total in (7883.1, 7884.0, 7884.2, 7884.9, 7885.0):
+        assert _fits(request, total, 8192) == (whole_mib(total) <= usable)

@@ -346,6 +346,12 @@ def test_launch_refused_shows_the_breakdown_with_422_and_reserves_nothing(  # ty
     assert refused.state == Slice.State.REFUSED
     purchase.refresh_from_db()
     assert purchase.minutes_left == 120
+    # The refused slice's own page says why as the launch page did: terms, the tier by name.
+    shown = client.get(f"/slices/{refused.pk}/").content.decode()
+    section = re.search(r'<section id="refused-breakdown">.*?</section>', shown, re.S).group(0)
+    assert re.search(r'id="refused-total">\d+ MiB<', section)
+    assert 'id="refused-smallest">24 GB<' in section and 'id="refused-buy-smallest"' in section
+    assert "Weights (bf16)" in section and "apply-suggestion" not in section
     # The refused launch holds the posted key: the re-rendered form carries a new one, so
     # the corrected job is launched rather than answered with the refused slice.
     token = re.search(r'name="idempotency_token" value="([^"]+)"', page).group(1)

@@ -127,6 +127,7 @@ def test_a_member_asks_and_ops_grant_one_ledger_entry(
     assert asked.ledger_entry == entry and entry.kind == "grant" and entry.actor == ops_user
     assert f"credit request #{asked.pk}" in entry.memo
     assert any("25.00 credits granted" in m.subject for m in mail.outbox)
+    assert any("25.00 credits ($25.00)" in m.body for m in mail.outbox)
     with pytest.raises(Conflict) as exc:  # a second click grants nothing twice
         services.credit_request_grant(request=asked, actor=ops_user)
     assert exc.value.code == "credit_request_decided"
@@ -273,8 +274,11 @@ def test_the_slice_page_shows_cost_so_far(client, funded):  # type: ignore[no-un
         vram_mb=8192,
         minutes_used=30,
     )
+    # 0.76 for 120 minutes: 30 of them are 0.19 exactly; 7 are 0.04433... -> 0.04 (down)
     expected = (purchase.price_paid / Decimal(120) * 30).quantize(Decimal("0.01"))
     assert slice.cost_so_far == expected
+    assert Slice(purchase=purchase, minutes_used=7).cost_so_far == Decimal("0.04")
+    assert Slice(purchase=purchase, minutes_used=119).cost_so_far == Decimal("0.75")  # 0.7536
     client.force_login(funded.user)
     page = client.get(f"/slices/{slice.pk}/").content.decode()
     assert 'id="cost-so-far"' in page and f"{expected} credits" in page
@@ -471,19 +475,38 @@ def test_api_rate_is_public_and_ops_set_it(anon_api, api_ops, api_a):  # type: i
     assert api_ops.get("/api/v1/ops/credit-rates/").json()["count"] == 1
 
 
-def test_a_suspended_tenant_cannot_ask(owner_a):  # type: ignore[no-untyped-def]
+def test_a_suspended_tenant_cannot_ask_or_withdraw_and_the_page_says_so(client, owner_a):  # type: ignore[no-untyped-def]
+    asked = services.credit_request_create(membership=owner_a, amount="5")
     owner_a.tenant.status = "suspended"
     owner_a.tenant.save(update_fields=["status"])
-    with pytest.raises(NotAllowed) as exc:
-        services.credit_request_create(membership=owner_a, amount="5")
-    assert exc.value.code == "tenant_suspended"
-    assert not CreditRequest.objects.exists()
+    for call in (
+        lambda: services.credit_request_create(membership=owner_a, amount="5"),
+        lambda: services.credit_request_withdraw(membership=owner_a, request=asked),
+    ):
+        with pytest.raises(NotAllowed) as exc:
+            call()
+        assert exc.value.code == "tenant_suspended"
+    asked.refresh_from_db()
+    assert asked.status == "pending" and CreditRequest.objects.count() == 1
+    client.force_login(owner_a.user)
+    page = client.get("/dashboard/").content.decode()
+    assert "Withdraw the request" not in page and 'id="credit-request-form"' not in page
+    asked.status = "declined"
+    asked.save(update_fields=["status"])
+    assert 'id="credit-suspended"' in client.get("/dashboard/").content.decode()
 
 
 def test_api_range_errors_use_the_shared_codes(api_a, api_ops):  # type: ignore[no-untyped-def]
-    over = api_a.post("/api/v1/credit-requests/", {"amount": "100000.01"}, format="json").json()
-    assert over["code"] == "validation_error"
-    assert over["fields"]["amount"][0]["code"] == "max_value"
+    for amount in ("100000.01", "1000000000000000000"):
+        over = api_a.post("/api/v1/credit-requests/", {"amount": amount}, format="json").json()
+        assert over["code"] == "validation_error"
+        assert over["fields"]["amount"][0]["code"] == "max_value", amount
+    huge = api_ops.post(
+        "/api/v1/ops/credit-rates/",
+        {"currency": "USD", "per_credit": "1000000000", "reason": "x"},
+        format="json",
+    ).json()
+    assert huge["fields"]["per_credit"][0]["code"] == "max_value"
     zero = api_ops.post(
         "/api/v1/ops/credit-rates/",
         {"currency": "USD", "per_credit": "0", "reason": "x"},
