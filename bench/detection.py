@@ -15,7 +15,7 @@ What is measured, per run (wall clock of this machine; the worker and this proce
 it, and the database rows carry the time they were written):
 - arrival: the sampling task (nodes.services.nodes_sample, run here as the telemetry
   worker runs it) has received the node's sample over SSH: stamped when
-  nodes.services._read_nodes returns it. The batch is then stored and the watchdog hook
+  nodes.services.sampling.read_nodes returns it. The batch is then stored and the watchdog hook
   runs here: it opens the incident and sends the stop to the worker's incidents queue.
 - stopped: the later of the slice's transition to stopped (its container was removed on
   the node and its VRAM released, written by the worker) and the incident's "disposed"
@@ -105,14 +105,14 @@ def _measure(runs: int, log: Path) -> dict[str, list[float]]:
     )
     worker = _start_worker(log)
     arrivals: list[tuple[float, list]] = []
-    read_nodes = node_services._read_nodes
+    read_nodes = node_services.sampling.read_nodes
 
     def timed_read(*args, **kwargs):  # type: ignore[no-untyped-def]
         out = read_nodes(*args, **kwargs)
         arrivals.append((time.time(), [getattr(s, "taken_at", None) for s in out]))
         return out
 
-    node_services._read_nodes = timed_read
+    node_services.sampling.read_nodes = timed_read
     try:
         emu = fleet.nodes[0]
         node = node_services.node_register(
@@ -214,7 +214,7 @@ def _measure(runs: int, log: Path) -> dict[str, list[float]]:
         )
         return out
     finally:
-        node_services._read_nodes = read_nodes
+        node_services.sampling.read_nodes = read_nodes
         stop_worker(worker)
         fleet.stop()
 

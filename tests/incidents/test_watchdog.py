@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from incidents import services
 from incidents.models import Incident, IncidentEvent, SliceWatch
+from incidents.services import watchdog
 from nodes import services as node_services
 from nodes.models import Gpu, Node
 from nodes.telemetry import GpuReading, NodeSample, ProcessReading, XidEvent
@@ -297,9 +298,9 @@ def test_an_unreachable_node_is_a_connectivity_incident_until_it_answers(
 
 
 def test_pci_addresses_compare_with_their_domain():  # type: ignore[no-untyped-def]
-    assert services._bus("00000009:01:00.0") == services._bus("PCI:0009:01:00")
-    assert services._bus("00000009:01:00.0") != services._bus("00000019:01:00.0")
-    assert services._bus("0000:3b:00") == services._bus("00000000:3B:00.0")
+    assert watchdog._bus("00000009:01:00.0") == watchdog._bus("PCI:0009:01:00")
+    assert watchdog._bus("00000009:01:00.0") != watchdog._bus("00000019:01:00.0")
+    assert watchdog._bus("0000:3b:00") == watchdog._bus("00000000:3B:00.0")
 
 
 def test_one_busy_process_throttles_its_slice_without_flapping(

@@ -219,7 +219,7 @@ def test_room_index_serves_placement():  # type: ignore[no-untyped-def]
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE nodes_gpu")
     with transaction.atomic():
-        query = services._software_fits(8192, True).select_for_update(of=("self",))[:1]
+        query = services.allocations._software_fits(8192, True).select_for_update(of=("self",))[:1]
         sql, params = query.query.sql_with_params()
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL enable_seqscan = off")

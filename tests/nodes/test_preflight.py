@@ -478,17 +478,17 @@ def test_a_new_card_is_sold_whole_until_its_model_is_proven(worker_fleet):  # ty
         preflight={**row.preflight, "quota_library": "/elsewhere/libvgpu.so"}
     )
     seen = []
-    original = node_services.node_preflight
+    original = node_services.registry.node_preflight  # where node_discover looks it up
 
     def judged(**kwargs):  # type: ignore[no-untyped-def]
         seen.append(Gpu.objects.get(node=row).whole_card_only)
         return original(**kwargs)
 
-    node_services.node_preflight = judged
+    node_services.registry.node_preflight = judged
     try:
         node_services.node_discover(node_id=row.pk)
     finally:
-        node_services.node_preflight = original
+        node_services.registry.node_preflight = original
     assert seen == [True]  # held whole while the probes ran
     assert not Gpu.objects.get(node=row).whole_card_only  # proven again
 

@@ -1,0 +1,61 @@
+"""Every write about incidents: the ledger, the watchdog (per batch and every minute) and
+the disposal of what it finds. Import from here; the modules below say where each lives.
+
+- `ledger`: incidents opened once per rule and target, counted, acknowledged, resolved,
+  reopened and archived, with their timeline events.
+- `watchdog`: `watch_batch` on each stored batch of samples, and `apply_findings`, which
+  turns rule findings into incidents and their actions; the thresholds.
+- `sweep`: `watch_sweep` every minute over the recent window, and the idle stop when due.
+- `dispose`: the actions: placement changes inline; stopping a slice, ending an orphan
+  or throttling on the incidents queue after commit, the offender alone.
+"""
+
+from .dispose import (
+    BREAKER_REASON,
+    HARDWARE_REASON,
+    LIVE,
+    REMOTE_ACTIONS,
+    incident_confirm_orphan,
+    incident_dispose,
+)
+from .ledger import (
+    SEVERITY_RANK,
+    E,
+    incident_acknowledge,
+    incident_clear,
+    incident_event,
+    incident_record,
+    incident_reopen,
+    incident_resolve,
+    incidents_acknowledge,
+)
+from .sweep import OOM_LOOKBACK, QUIET_AFTER, QUIET_RULES, slice_idle_due, watch_sweep
+from .watchdog import ONE_SHOT_ACTIONS, GpuRow, apply_findings, thresholds_update, watch_batch
+
+__all__ = [
+    "BREAKER_REASON",
+    "E",
+    "HARDWARE_REASON",
+    "LIVE",
+    "ONE_SHOT_ACTIONS",
+    "OOM_LOOKBACK",
+    "QUIET_AFTER",
+    "QUIET_RULES",
+    "REMOTE_ACTIONS",
+    "SEVERITY_RANK",
+    "GpuRow",
+    "apply_findings",
+    "incident_acknowledge",
+    "incident_clear",
+    "incident_confirm_orphan",
+    "incident_dispose",
+    "incident_event",
+    "incident_record",
+    "incident_reopen",
+    "incident_resolve",
+    "incidents_acknowledge",
+    "slice_idle_due",
+    "thresholds_update",
+    "watch_batch",
+    "watch_sweep",
+]

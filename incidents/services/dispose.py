@@ -1,0 +1,233 @@
+"""Acting on findings: placement changes made inline, and the node work (stopping the
+offending slice, ending an orphan, throttling) done by a task on the incidents queue.
+
+Every action touches the offender alone; the node work is safe to run twice.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from gpuplatform.errors import Conflict
+from nodes import runtime
+from nodes import services as node_services
+from nodes.models import Gpu
+from tenants import services as tenant_services
+from tenants.models import Slice
+from tenants.services import members_notify, owner_is_live
+
+from .. import rules
+from ..models import GpuWatch, Incident, IncidentEvent, IncidentSlice, SliceWatch, Thresholds
+from ..notify import TENANT_ADVICE
+from ..throttle import throttle_slice
+from .ledger import incident_event, incident_mitigate, incident_resolve_locked, require_ops
+
+E = IncidentEvent.Kind
+BREAKER_REASON = "VRAM breaker"
+HARDWARE_REASON = "Hardware fault"  # the GPU stays drained while its reason says so
+LIVE = (Slice.State.PROVISIONING, Slice.State.RUNNING, Slice.State.STOPPING)
+# Actions that talk to a node: done by a task on the incidents queue.
+REMOTE_ACTIONS = (rules.STOP_SLICE, rules.END_ORPHAN, rules.THROTTLE)
+
+
+def finding_act(incident: Incident | None, f: rules.Finding, now: datetime) -> None:
+    """Carry out a finding's action (inside the caller's transaction)."""
+    if f.action == rules.CLOSE_GPU and f.gpu_id:
+        gpu = Gpu.objects.get(pk=f.gpu_id)
+        if gpu.accepting_placements:  # closed already (ops, a fault): keep their reason
+            node_services.gpu_set_accepting(
+                gpu=gpu,
+                accepting=False,
+                reason=f"{BREAKER_REASON}: {f.evidence.get('percent')}% used",
+            )
+        GpuWatch.objects.update_or_create(gpu=gpu, defaults={"breaker_open": True})
+        if incident:
+            incident_mitigate(incident, "GPU closed to new placements (running work continues).")
+    elif f.action == rules.OPEN_GPU and f.gpu_id:
+        watch = GpuWatch.objects.filter(gpu_id=f.gpu_id).first()
+        if watch is not None and watch.breaker_open:
+            watch.breaker_open = False
+            watch.save(update_fields=["breaker_open"])
+            gpu = Gpu.objects.get(pk=f.gpu_id)
+            # Reopen only what the breaker closed: an ops or hardware closure stays.
+            if gpu.not_accepting_reason.startswith(BREAKER_REASON):
+                node_services.gpu_set_accepting(gpu=gpu, accepting=True)
+    elif f.action == rules.DRAIN_GPU and f.gpu_id:
+        gpu = Gpu.objects.get(pk=f.gpu_id)
+        node_services.gpu_set_accepting(gpu=gpu, accepting=False, reason=f.title)
+        if incident:
+            incident_mitigate(
+                incident, "GPU drained: it takes no new slice; its tenants were told."
+            )
+        _tell_tenants_on(
+            gpu_ids=[gpu.pk],
+            incident=incident,
+            subject="A GPU your slice runs on has a fault",
+            body=TENANT_ADVICE["hardware_fault"],
+        )
+    elif f.action == rules.NOTIFY_TENANTS and f.node_id:
+        ids = list(Gpu.objects.filter(node_id=f.node_id).values_list("pk", flat=True))
+        _tell_tenants_on(
+            gpu_ids=ids,
+            incident=incident,
+            subject="The machine your slice runs on does not answer",
+            body=TENANT_ADVICE["node_unreachable"],
+        )
+        if incident:
+            incident_event(incident, E.ACTION, "Tenants on the node were told.")
+    elif f.action == rules.WARN_IDLE and f.slice_id:
+        SliceWatch.objects.update_or_create(slice_id=f.slice_id, defaults={"idle_warned_at": now})
+        s = Slice.objects.select_related("tenant").get(pk=f.slice_id)
+        members_notify(tenant=s.tenant, subject=f"Slice {s.pk} is idle", body=f.detail)
+        if incident:
+            incident_event(incident, E.ACTION, "Tenant warned: idle slices are reclaimed.")
+        # Not at the top: incidents.tasks imports this package (an import cycle).
+        from ..tasks import idle_due
+
+        # the stop when it is due (the minute's sweep would come up to a minute late)
+        due = Thresholds.current().idle_stop_after_s
+        transaction.on_commit(lambda: idle_due.apply_async((f.slice_id,), countdown=due))
+    elif f.action in REMOTE_ACTIONS and incident is not None:
+        if f.action == rules.THROTTLE and f.slice_id:
+            SliceWatch.objects.update_or_create(slice_id=f.slice_id, defaults={"throttled_at": now})
+        # Not at the top: incidents.tasks imports this package (an import cycle).
+        from ..tasks import dispose
+
+        dispose.delay_on_commit(incident.pk, f.action, f.evidence)
+    elif f.action == rules.UNTHROTTLE and f.slice_id:
+        SliceWatch.objects.filter(slice_id=f.slice_id).update(throttled_at=None)
+        # Not at the top: incidents.tasks imports this package (an import cycle).
+        from ..tasks import release_throttle
+
+        release_throttle.delay_on_commit(f.slice_id)
+
+
+def _tell_tenants_on(
+    *, gpu_ids: list[int], incident: Incident | None, subject: str, body: str
+) -> None:
+    """Mail the tenants of the live slices on these GPUs, and record those slices on the
+    incident so that their tenants find it on their incident page."""
+    touched = list(
+        Slice.objects.filter(allocation__gpu_id__in=gpu_ids, state__in=LIVE)
+        .select_related("tenant")
+        .order_by("pk")
+    )
+    if incident is not None:
+        IncidentSlice.objects.bulk_create(
+            [IncidentSlice(incident=incident, slice=s, tenant_id=s.tenant_id) for s in touched],
+            ignore_conflicts=True,
+        )
+    for tenant in {s.tenant_id: s.tenant for s in touched}.values():
+        members_notify(tenant=tenant, subject=subject, body=body)
+
+
+@transaction.atomic
+def incident_confirm_orphan(*, incident: Incident, actor: AbstractBaseUser) -> Incident:
+    """Ops confirm an orphan (a process or container of no slice): it is ended now."""
+    require_ops(actor)
+    incident = Incident.objects.select_for_update().get(pk=incident.pk)
+    if incident.rule != "orphan_process" or incident.gpu_id is None:
+        raise Conflict("Only an orphan process can be ended from here.", code="not_an_orphan")
+    if incident.status == Incident.Status.RESOLVED:
+        raise Conflict("This incident is resolved.", code="resolved")
+    incident_event(incident, E.ACTION, "Ops confirmed the orphan: ending it.", actor=actor)
+    # Not at the top: incidents.tasks imports this package (an import cycle).
+    from ..tasks import dispose
+
+    dispose.delay_on_commit(incident.pk, rules.END_ORPHAN, incident.evidence)
+    return incident
+
+
+# --- node work, on the incidents queue ---------------------------------------------------------
+
+
+def incident_dispose(*, incident_id: int, action: str, evidence: dict) -> str:
+    """Stop the offending slice's container, end an orphan, or throttle: the offender
+    alone. Safe to run twice (a stopped slice is not stopped again)."""
+    incident = Incident.objects.select_related("slice", "gpu__node").get(pk=incident_id)
+    if action == rules.STOP_SLICE and incident.slice_id:
+        return _stop_offender(incident, evidence)
+    if action == rules.END_ORPHAN and incident.gpu_id:
+        return _end_orphan(incident, evidence)
+    if action in (rules.THROTTLE, rules.UNTHROTTLE) and incident.slice_id:
+        return throttle_slice(incident=incident, action=action)
+    return "nothing to do"
+
+
+def _stop_offender(incident: Incident, evidence: dict | None = None) -> str:
+    s = incident.slice
+    if s is None or s.is_final:
+        return "already stopped"
+    reason = _stop_reason(incident, evidence or {})
+    if s.state != Slice.State.STOPPING:
+        tenant_services.slice_stop(slice=s, actor=None, reason=reason, force=True)
+    # A retry finds it stopping: finish removing the container (raising if the node
+    # will not), never release the VRAM while the offender may still hold it.
+    state = tenant_services.slice_finish_stop(slice_id=s.pk, force=True)
+    with transaction.atomic():
+        incident = Incident.objects.select_for_update().get(pk=incident.pk)
+        incident_mitigate(
+            incident,
+            f"Stopped slice {s.pk}'s container alone and released its VRAM; metering stopped.",
+            data={"slice_state": state},
+            tell=True,
+        )
+        if state in (Slice.State.STOPPED, Slice.State.FAILED):
+            incident_resolve_locked(
+                incident, None, "Disposed: the offending slice was stopped.", timezone.now()
+            )
+    members_notify(tenant=s.tenant, subject=f"Slice {s.pk} was stopped", body=reason)
+    return state
+
+
+def _stop_reason(incident: Incident, evidence: dict) -> str:
+    """Why the watchdog stopped it, from the finding that stopped it (the incident's own
+    evidence is what was seen when it opened)."""
+    ev = {**incident.evidence, **evidence}
+    if incident.rule == "quota_breach":
+        return (
+            f"Stopped by the watchdog: its processes used {ev.get('used_mb')} MiB of a "
+            f"{ev.get('quota_mb')} MiB quota. Lower the batch size or context, quantize "
+            "the model, or buy a bigger tier."
+        )
+    if incident.rule == "idle_slice":
+        return (
+            f"Stopped by the watchdog: no compute for {rules.duration(ev.get('idle_s', 0))}, "
+            "so its memory was released for others. Launch again when you need it."
+        )
+    return f"Stopped by the watchdog: {incident.title}."
+
+
+def _end_orphan(incident: Incident, evidence: dict) -> str:
+    """End an orphan only if it is the platform's own container with no live slice, as
+    the node shows it now; anything else (a bare PID, a container ops run themselves) is
+    left for ops with the evidence: a PID may have been reused since the sample."""
+    node = incident.gpu.node  # type: ignore[union-attr]
+    container = evidence.get("container_id") or ""
+    pid = evidence.get("pid")
+    info = node_services.container_inspect(node=node, container=container) if container else None
+    ours = info is not None and info.labels.get(runtime.LABEL_MANAGED) == "1"
+    owner_live = ours and owner_is_live(info.owner_key)
+    if not ours or owner_live:
+        with transaction.atomic():
+            incident_event(
+                incident,
+                E.NOTE,
+                "Not ended automatically: it is not a platform container without a live "
+                "slice (or it is gone). Ops decide from the evidence.",
+                data={"pid": pid, "container_id": container},
+            )
+        return "left for ops"
+    node_services.container_remove(node=node, container=info.id, grace_s=0)
+    done = f"Removed the platform container {info.id[:12]} holding the memory (no live slice)."
+    with transaction.atomic():
+        incident = Incident.objects.select_for_update().get(pk=incident.pk)
+        incident_mitigate(incident, done, data={"pid": pid, "container_id": info.id}, tell=True)
+        incident_resolve_locked(
+            incident, None, "Disposed: the orphan container was removed.", timezone.now()
+        )
+    return done

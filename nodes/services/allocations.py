@@ -1,0 +1,423 @@
+"""Placement: reserving VRAM on the best-fit GPU (a free MIG device, or a software slice
+chosen and locked in SQL), releasing and activating allocations, repairing the counters."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from django.db import IntegrityError, connection, models, transaction
+from django.db.models import F, Q, Sum
+from django.db.models.expressions import RawSQL
+from django.db.models.functions import Coalesce, Greatest
+from django.utils import timezone
+
+from gpuplatform.errors import Conflict, ServiceError
+
+from ..models import Allocation, GateStatus, Gpu, Node
+from ..placement import Candidate, MigSlot, choose
+
+logger = logging.getLogger(__name__)
+
+
+# --- placement ----------------------------------------------------------------------------
+
+
+def _placeable_gpus(*, guaranteed: bool) -> models.QuerySet[Gpu]:
+    """GPUs a new reservation may land on: present, accepting, on an active node."""
+    gpus = Gpu.objects.filter(
+        present=True,
+        accepting_placements=True,
+        node__status=Node.Status.ACTIVE,
+        node__drained_at__isnull=True,
+        node__gate_status=GateStatus.PASSED,
+    )
+    if guaranteed:
+        # DOMAIN.md: no overcommit for work that was sold as guaranteed.
+        gpus = gpus.filter(overcommit_ratio=1)
+    return gpus
+
+
+def _mig_candidates(*, vram_mb: int, guaranteed: bool) -> list:  # type: ignore[type-arg]
+    """MIG-partitioned GPUs with their free devices (placement.choose picks the device)."""
+    with connection.cursor() as cursor:  # most fleets have none: ask cheaply first
+        cursor.execute("SELECT 1 FROM nodes_gpu WHERE mig_enabled AND present LIMIT 1")
+        if cursor.fetchone() is None:
+            return []
+    rows = list(
+        _placeable_gpus(guaranteed=guaranteed)
+        .filter(mig_enabled=True)
+        .values_list(
+            "pk", "vram_total_mb", "allocated_mb", "overcommit_ratio", "mig_enabled", "mig_devices"
+        )
+    )
+    if not rows:
+        return []
+    taken_mig = set(
+        Allocation.objects.exclude(state=Allocation.State.RELEASED)
+        .exclude(mig_device_uuid="")
+        .values_list("mig_device_uuid", flat=True)
+    )
+    return [
+        Candidate(
+            gpu_id=pk,
+            total_mb=total,
+            allocated_mb=allocated,
+            overcommit_ratio=ratio,
+            mig_enabled=mig,
+            free_mig=tuple(
+                MigSlot(m["uuid"], m["memory_total_mb"])
+                for m in (devices or [])
+                if mig and m.get("uuid") and m["uuid"] not in taken_mig
+            ),
+        )
+        for pk, total, allocated, ratio, mig, devices in rows
+    ]
+
+
+def capacity_mb(gpu: Gpu) -> int:
+    return Candidate(
+        gpu_id=gpu.pk,
+        total_mb=gpu.vram_total_mb,
+        allocated_mb=gpu.allocated_mb,
+        overcommit_ratio=gpu.overcommit_ratio,
+    ).capacity_mb
+
+
+def held_mb(gpu: Gpu) -> int:
+    """What a card holds for placement: what was sold on it, or what its processes hold
+    when that is more (ROOM_SQL's rule, for one row)."""
+    return max(gpu.allocated_mb, gpu.last_processes_mb or 0)
+
+
+def placement_shortfall(*, vram_mb: int, guaranteed: bool = True) -> str:
+    """Why a launch that found no room waits, where the reason is memory the platform did
+    not sell: a card with room by what was sold whose processes hold more. '' otherwise.
+    Names no node or GPU (a tenant reads it)."""
+    over = (
+        _placeable_gpus(guaranteed=guaranteed)
+        .filter(mig_enabled=False)
+        .annotate(sold_room=RawSQL(SOLD_ROOM_SQL[connection.vendor], ()))  # noqa: S611 - constant
+        .filter(sold_room__gte=vram_mb, last_processes_mb__gt=F("allocated_mb"))
+        .values_list("allocated_mb", "last_processes_mb")
+    )
+    extra = max((held - sold for sold, held in over), default=0)
+    if not extra:
+        return ""
+    return (
+        f"A GPU with room for it by what was sold on it holds {extra} MiB more than that "
+        "(memory used outside the platform), so nothing more is placed there for now."
+    )
+
+
+def _try_gpu(choice, *, vram_mb: int, owner_key: str, guaranteed: bool, skip_locked: bool):  # type: ignore[no-untyped-def]
+    """Lock the chosen GPU's row and reserve on it if it still has room.
+
+    Returns the allocation, False when the GPU no longer fits, or None when another
+    reservation holds its lock (only with skip_locked)."""
+    gpu = (
+        _placeable_gpus(guaranteed=guaranteed)
+        .select_related("node")
+        .select_for_update(of=("self",), skip_locked=skip_locked)
+        .filter(pk=choice.gpu_id)
+        .first()
+    )
+    if gpu is None:
+        if skip_locked and Gpu.objects.filter(pk=choice.gpu_id).exists():
+            return None
+        return False
+    if choice.mig_device_uuid:
+        taken = Allocation.objects.filter(mig_device_uuid=choice.mig_device_uuid).exclude(
+            state=Allocation.State.RELEASED
+        )
+        if taken.exists():
+            return False
+    elif held_mb(gpu) + vram_mb > capacity_mb(gpu):
+        return False
+    return _create_allocation(
+        gpu, vram_mb, owner_key, guaranteed, mig_device_uuid=choice.mig_device_uuid
+    )
+
+
+@transaction.atomic(savepoint=False)  # the caller's transaction, or its own
+def allocation_reserve(
+    *, owner_key: str, vram_mb: int, guaranteed: bool = True
+) -> Allocation | None:
+    """Reserve `vram_mb` for `owner_key` on the best GPU, or return None (no capacity).
+
+    The rules are placement.choose's: an exact free MIG device first, else best fit
+    under total x ratio. Software slices are chosen and locked in one statement (the
+    same best-fit rule in SQL, `FOR UPDATE SKIP LOCKED`), so parallel launches take
+    different GPUs instead of queueing on one row; a GPU another launch holds is waited
+    for only when nothing else fits. A reservation holds one GPU lock at a time (no
+    deadlock), and allocated VRAM never exceeds capacity (a database constraint backs
+    this). The lock is held until the caller's transaction commits."""
+    if vram_mb <= 0:
+        raise ServiceError("A reservation needs some VRAM.", field="vram_mb")
+    candidates = _mig_candidates(vram_mb=vram_mb, guaranteed=guaranteed)
+    busy = []
+    while candidates:
+        choice = choose(candidates, vram_mb)
+        if choice is None or not choice.mig_device_uuid:
+            break
+        result = _try_in_savepoint(choice, vram_mb, owner_key, guaranteed, skip_locked=True)
+        if result:
+            return result
+        if result is None:
+            busy.append(choice)
+        candidates = _without(candidates, choice)
+    for choice in busy:
+        result = _try_in_savepoint(choice, vram_mb, owner_key, guaranteed, skip_locked=False)
+        if result:
+            return result
+    result = _reserve_software(vram_mb, owner_key, guaranteed, skip_locked=True)
+    if result is not None:
+        return result
+    # Everything that fits may be locked by other launches: wait for the best one, a
+    # single row at a time (a scan that waits could hold rows it then skips).
+    for _ in range(MAX_PLACEMENT_ATTEMPTS):
+        best = _software_fits(vram_mb, guaranteed).values_list("pk", flat=True).first()
+        if best is None:
+            return None
+        result = _reserve_software(vram_mb, owner_key, guaranteed, skip_locked=False, pk=best)
+        if result is not None:
+            return result
+    return None
+
+
+MAX_PLACEMENT_ATTEMPTS = 5
+
+
+# placement.nominal_mb and Candidate.capacity_mb in SQL, in integers where possible;
+# capacity is rounded down (FLOOR; SQLite's CAST truncates, the same for positives).
+# The PostgreSQL form is also the expression of the index nodes_gpu_room_idx
+# (migration 0004): change both together (test_room_index_serves_placement).
+_NEAREST = "((vram_total_mb + 512) / 1024 * 1024)"
+_NOMINAL = (
+    f"CASE WHEN {_NEAREST} >= vram_total_mb AND ({_NEAREST} - vram_total_mb) * 50 <= {_NEAREST} "
+    f"THEN {_NEAREST} ELSE vram_total_mb END"
+)
+_CAPACITY = {
+    "postgresql": f"FLOOR(({_NOMINAL}) * overcommit_ratio)::integer",
+    "sqlite": f"CAST(({_NOMINAL}) * overcommit_ratio AS INTEGER)",
+}
+# A card's room counts what it really holds: the larger of what was sold on it and what
+# its processes hold (memory used outside the platform, a library that undercounts).
+_HELD = {
+    "postgresql": "GREATEST(allocated_mb, COALESCE(last_processes_mb, 0))",
+    "sqlite": "MAX(allocated_mb, COALESCE(last_processes_mb, 0))",
+}
+ROOM_SQL = {vendor: f"({cap} - {_HELD[vendor]})" for vendor, cap in _CAPACITY.items()}
+# A card sold whole only (no proven quota library) takes one slice, of the whole card.
+WHOLE_CARD_SQL = {
+    vendor: f"(NOT whole_card_only OR ({held} = 0 AND %s >= {_NOMINAL}))"
+    for vendor, held in _HELD.items()
+}
+# The room by what was sold alone (why a launch waits: placement_shortfall).
+SOLD_ROOM_SQL = {vendor: f"({cap} - allocated_mb)" for vendor, cap in _CAPACITY.items()}
+
+
+def _software_fits(vram_mb: int, guaranteed: bool) -> models.QuerySet[Gpu]:
+    return (
+        _placeable_gpus(guaranteed=guaranteed)
+        .filter(mig_enabled=False)
+        .annotate(room=RawSQL(ROOM_SQL[connection.vendor], ()))  # noqa: S611 - constant
+        .filter(room__gte=vram_mb)
+        .annotate(whole_ok=RawSQL(WHOLE_CARD_SQL[connection.vendor], (vram_mb,)))  # noqa: S611
+        .filter(whole_ok=True)
+        .order_by("room", "pk")
+    )
+
+
+def _reserve_software(vram_mb, owner_key, guaranteed, *, skip_locked, pk=None):  # type: ignore[no-untyped-def]
+    """Best fit among non-MIG GPUs (or GPU `pk`), chosen and locked by one query. None:
+    nothing fits (or, with skip_locked, all that fits is locked by other launches)."""
+    if skip_locked:
+        gpu = _claim_best_fit(vram_mb, guaranteed)
+        if gpu is None:
+            return None
+        return _create_allocation(
+            gpu, vram_mb, owner_key, guaranteed, mig_device_uuid="", counted=True
+        )
+    # Waiting for a lock: a row whose room went meanwhile must not stay locked.
+    gpus = _software_fits(vram_mb, guaranteed)
+    if pk is not None:
+        gpus = gpus.filter(pk=pk)
+    gpus = gpus.select_related("node").select_for_update(of=("self",))
+    sid = transaction.savepoint()
+    try:
+        gpu = gpus.first()
+        if gpu is None or held_mb(gpu) + vram_mb > capacity_mb(gpu):
+            transaction.savepoint_rollback(sid)
+            return None
+        allocation = _create_allocation(gpu, vram_mb, owner_key, guaranteed, mig_device_uuid="")
+    except BaseException:
+        transaction.savepoint_rollback(sid)
+        raise
+    transaction.savepoint_commit(sid)
+    return allocation
+
+
+def _claim_best_fit(vram_mb: int, guaranteed: bool) -> Gpu | None:
+    """The hot path of every launch, in one statement: choose the best-fit GPU that no
+    other launch holds (SKIP LOCKED), lock it and count the VRAM on it. The row comes
+    back locked and current, so its room is what the WHERE clause saw."""
+    vendor = connection.vendor
+    lock = "FOR UPDATE OF g SKIP LOCKED" if vendor == "postgresql" else ""
+    only_whole = "AND g.overcommit_ratio = 1" if guaranteed else ""
+    room = ROOM_SQL[vendor]
+    sql = f"""
+        UPDATE nodes_gpu SET allocated_mb = allocated_mb + %s
+        WHERE id = (
+            SELECT g.id FROM nodes_gpu g JOIN nodes_node n ON n.id = g.node_id
+            WHERE g.present AND g.accepting_placements AND NOT g.mig_enabled
+              AND n.status = %s AND n.drained_at IS NULL AND n.gate_status = %s {only_whole}
+              AND {room} >= %s AND {WHOLE_CARD_SQL[vendor]}
+            ORDER BY {room}, g.id LIMIT 1 {lock}
+        )
+        RETURNING {", ".join(f'"{name}"' for name in _CLAIM_FIELDS)}
+    """  # noqa: S608 - fixed SQL; the values are parameters
+    if vendor == "postgresql":  # the node's name for the slice's timeline, in one go
+        sql += ", (SELECT name FROM nodes_node WHERE nodes_node.id = nodes_gpu.node_id)"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [vram_mb, Node.Status.ACTIVE, GateStatus.PASSED, vram_mb, vram_mb])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    gpu = Gpu(**dict(zip(_CLAIM_FIELDS, row, strict=False)))
+    gpu._state.adding = False
+    if len(row) > len(_CLAIM_FIELDS):
+        gpu.node = Node(pk=gpu.node_id, name=row[-1])
+        gpu.node._state.adding = False
+    return gpu
+
+
+# What a claimed GPU row brings back: enough for the allocation and the timeline.
+_CLAIM_FIELDS = (
+    "id",
+    "node_id",
+    "index",
+    "uuid",
+    "vram_total_mb",
+    "overcommit_ratio",
+    "allocated_mb",
+    "mig_enabled",
+)
+
+
+def _create_allocation(gpu, vram_mb, owner_key, guaranteed, *, mig_device_uuid, counted=False):  # type: ignore[no-untyped-def]
+    # Always called inside the caller's savepoint, which an IntegrityError rolls back.
+    try:
+        allocation = Allocation.objects.create(
+            gpu=gpu,
+            vram_mb=vram_mb,
+            owner_key=owner_key,
+            mig_device_uuid=mig_device_uuid,
+            guaranteed=guaranteed,
+        )
+    except IntegrityError as exc:
+        raise Conflict(
+            "This owner already holds VRAM.", code="already_allocated", field="owner_key"
+        ) from exc
+    if not counted:
+        Gpu.objects.filter(pk=gpu.pk).update(allocated_mb=F("allocated_mb") + vram_mb)
+        gpu.allocated_mb += vram_mb
+    return allocation
+
+
+def _try_in_savepoint(choice, vram_mb, owner_key, guaranteed, *, skip_locked):  # type: ignore[no-untyped-def]
+    # Rolling back the savepoint drops the row lock of a GPU that did not fit, so a
+    # reservation holds at most one GPU lock while it waits: no deadlock cycle.
+    sid = transaction.savepoint()
+    try:
+        result = _try_gpu(
+            choice,
+            vram_mb=vram_mb,
+            owner_key=owner_key,
+            guaranteed=guaranteed,
+            skip_locked=skip_locked,
+        )
+    except BaseException:
+        transaction.savepoint_rollback(sid)
+        raise
+    if result:
+        transaction.savepoint_commit(sid)
+    else:
+        transaction.savepoint_rollback(sid)
+    return result
+
+
+def _without(candidates: list, choice) -> list:  # type: ignore[no-untyped-def, type-arg]
+    """Drop the chosen GPU (or, for MIG, only the chosen device) from the candidates."""
+    out = []
+    for c in candidates:
+        if c.gpu_id != choice.gpu_id:
+            out.append(c)
+        elif choice.mig_device_uuid:
+            rest = tuple(m for m in c.free_mig if m.uuid != choice.mig_device_uuid)
+            if rest:
+                out.append(replace(c, free_mig=rest))
+    return out
+
+
+@transaction.atomic
+def allocation_release(*, allocation: Allocation) -> Allocation:
+    """Give the VRAM back. Safe to run twice. Locks the allocation, then its GPU."""
+    allocation = Allocation.objects.select_for_update().get(pk=allocation.pk)
+    if allocation.state != Allocation.State.RELEASED:
+        Gpu.objects.select_for_update().filter(pk=allocation.gpu_id).update(
+            allocated_mb=Greatest(F("allocated_mb") - allocation.vram_mb, 0)
+        )
+        allocation.state = Allocation.State.RELEASED
+        allocation.released_at = timezone.now()
+        allocation.save(update_fields=["state", "released_at"])
+    return allocation
+
+
+@transaction.atomic
+def allocation_activate(*, allocation: Allocation, container_id: str) -> Allocation:
+    """The container holding this VRAM runs: record it."""
+    updated = (
+        Allocation.objects.filter(pk=allocation.pk)
+        .exclude(state=Allocation.State.RELEASED)
+        .update(state=Allocation.State.ACTIVE, container_id=container_id)
+    )
+    if not updated:
+        raise Conflict("This allocation was released.", code="allocation_released")
+    allocation.refresh_from_db()
+    return allocation
+
+
+def gpus_recount_allocations() -> int:
+    """Repair each GPU's allocated counter from its live allocations; returns GPUs fixed."""
+    fixed = 0
+    live = ~Q(allocations__state=Allocation.State.RELEASED)
+    drift = Gpu.objects.annotate(
+        live_mb=Coalesce(Sum("allocations__vram_mb", filter=live), 0)
+    ).exclude(allocated_mb=F("live_mb"))
+    for gpu_id in drift.values_list("pk", flat=True):
+        with transaction.atomic():
+            gpu = Gpu.objects.select_for_update().get(pk=gpu_id)
+            total = (
+                Allocation.objects.filter(gpu=gpu)
+                .exclude(state=Allocation.State.RELEASED)
+                .aggregate(t=Coalesce(Sum("vram_mb"), 0))["t"]
+            )
+            if gpu.allocated_mb != total:
+                logger.warning(
+                    "GPU %s counter %s MiB, live %s MiB: fixed", gpu.pk, gpu.allocated_mb, total
+                )
+                try:
+                    with transaction.atomic():
+                        Gpu.objects.filter(pk=gpu.pk).update(allocated_mb=total)
+                except IntegrityError:
+                    # More is placed than the GPU can hold (e.g. its ratio was lowered by
+                    # hand): keep new work off it and say so, rather than fail the round.
+                    logger.error("GPU %s holds %s MiB, over its capacity", gpu.pk, total)
+                    Gpu.objects.filter(pk=gpu.pk).update(
+                        accepting_placements=False,
+                        not_accepting_reason=f"{total} MiB placed: over capacity, check it",
+                    )
+                    continue
+                fixed += 1
+    return fixed

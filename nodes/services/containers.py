@@ -1,0 +1,227 @@
+"""Containers and images on a node, through the docker CLI over SSH: start a slice's
+container under its VRAM quota, inspect, logs, stop and remove, the container event log."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from django.conf import settings
+
+from .. import isolation, runtime, ssh
+from ..errors import ContainerError
+from ..models import Allocation, ContainerEvent, Node
+from .sampling import endpoint_for
+
+CONTAINER_START_TIMEOUT = 120.0  # an image pull on first use can take a while
+
+
+def run_on_node(  # type: ignore[no-untyped-def]
+    node: Node, argv: list[str], pool: ssh.SSHPool | None, timeout: float | None = None
+):
+    pool = pool or ssh.get_pool()
+    return pool.run(endpoint_for(node), argv, timeout=timeout)
+
+
+_CLI_HINT_RE = re.compile(r"^(?:See|Run) 'docker [a-z ]+--help'")
+
+
+def cli_error_line(data: bytes) -> str:
+    """The error line of a CLI's output: the last line that is not docker's usage hint
+    ("See 'docker run --help'." / "Run 'docker run --help' for more information")."""
+    lines = [
+        ln.strip()
+        for ln in data.decode("utf-8", "replace").strip().splitlines()
+        if ln.strip() and not _CLI_HINT_RE.match(ln.strip())
+    ]
+    return (lines[-1].removeprefix("docker: ") if lines else "")[:400]
+
+
+def container_inspect(*, node: Node, container: str, pool: ssh.SSHPool | None = None):  # type: ignore[no-untyped-def]
+    """The container's state, or None when the node has no such container."""
+    result = run_on_node(node, runtime.inspect_argv(container), pool)
+    if not result.ok:
+        if b"No such" in result.stderr:
+            return None
+        raise ContainerError(f"docker inspect failed: {cli_error_line(result.stderr)}")
+    infos = runtime.parse_inspect(result.stdout.decode("utf-8", "replace"))
+    return infos[0] if infos else None
+
+
+def container_logs_tail(
+    *, node: Node, container: str, lines: int = 20, pool: ssh.SSHPool | None = None
+) -> str:
+    try:
+        result = run_on_node(node, runtime.logs_tail_argv(container, lines), pool)
+    except ssh.SSHError:
+        return ""
+    return (result.stdout + result.stderr).decode("utf-8", "replace")[-2000:]
+
+
+def image_inspect(*, node: Node, reference: str, pool: ssh.SSHPool | None = None):  # type: ignore[no-untyped-def]
+    """The image's configuration as the node has it (pulled first when the node lacks it).
+    Raises ContainerError (no such image, a pull refused) or ssh.SSHError."""
+    argv = runtime.image_inspect_argv(reference)
+    result = run_on_node(node, argv, pool)
+    if not result.ok and b"No such image" in result.stderr:
+        pulled = run_on_node(
+            node, runtime.pull_argv(reference), pool, timeout=CONTAINER_START_TIMEOUT
+        )
+        if not pulled.ok:
+            raise ContainerError(f"docker pull failed: {cli_error_line(pulled.stderr)}")
+        result = run_on_node(node, argv, pool)
+    if not result.ok:
+        raise ContainerError(f"docker image inspect failed: {cli_error_line(result.stderr)}")
+    try:
+        return runtime.parse_image_inspect(result.stdout.decode("utf-8", "replace"))
+    except runtime.RuntimeParseError as exc:
+        raise ContainerError(str(exc)) from None
+
+
+def image_env_refusal(config) -> str:  # type: ignore[no-untyped-def]
+    """Why an image cannot run as a slice, from its own configuration ('' when it can)."""
+    bad = isolation.image_env_problems(config.env)
+    return "; ".join(f"the image's configuration sets {name}: {why}" for name, why in bad)
+
+
+def container_start(
+    *,
+    allocation: Allocation,
+    name: str,
+    image: str,
+    cpus,  # type: ignore[no-untyped-def]
+    memory_mb: int,
+    pids_limit: int,
+    command: list[str],
+    environment: dict[str, str],
+    ports: list[int],
+    pool: ssh.SSHPool | None = None,
+):
+    """Start the allocation's container with its VRAM quota by the strongest layer the
+    node has, and check it runs. Safe to repeat: a container of this name that already
+    carries this owner's label (an earlier attempt) is adopted, not started twice.
+
+    Raises ContainerError (refused, or exited at once: `.info` has its state) or
+    ssh.SSHError (the node did not answer)."""
+    allocation = Allocation.objects.select_related("gpu__node").get(pk=allocation.pk)
+    if allocation.state == Allocation.State.RELEASED:
+        raise ContainerError("The VRAM allocation was released before the container started.")
+    gpu, node = allocation.gpu, allocation.gpu.node
+    mig = bool(allocation.mig_device_uuid)
+    # Under MIG, CUDA (and JAX's memory fraction) sees the MIG device, not the whole GPU.
+    device_mb = gpu.vram_total_mb
+    if mig:
+        device_mb = (
+            next(
+                (
+                    int(m.get("memory_total_mb") or 0)
+                    for m in gpu.mig_devices or []
+                    if m.get("uuid") == allocation.mig_device_uuid
+                ),
+                0,
+            )
+            or allocation.vram_mb
+        )
+    spec = runtime.ContainerSpec(
+        name=name,
+        image=image,
+        owner_key=allocation.owner_key,
+        device=allocation.mig_device_uuid or gpu.uuid,
+        vram_mb=min(allocation.vram_mb, device_mb),
+        gpu_total_mb=device_mb,
+        cpus=cpus,
+        memory_mb=memory_mb,
+        pids_limit=pids_limit,
+        command=tuple(command),
+        environment=tuple(sorted(environment.items())),
+        ports=tuple(ports),
+        mig=mig,
+        quota_library="" if mig else (node.capabilities or {}).get("vram_quota_library") or "",
+        network=node.container_network,
+    )
+    argv = runtime.run_argv(spec)
+    # Before anything starts (the toolkit's hook runs with the image's environment at
+    # prestart: CVE-2025-23266), the image as this node has it, whatever its tag meant
+    # when ops allowlisted it.
+    refusal = image_env_refusal(image_inspect(node=node, reference=image, pool=pool))
+    if refusal:
+        raise ContainerError(refusal)
+    result = run_on_node(node, argv, pool, timeout=CONTAINER_START_TIMEOUT)
+    if result.ok:
+        container_id = result.stdout.decode().strip().splitlines()[-1].strip()
+    elif b"is already in use" in result.stderr:
+        container_id = name
+    else:
+        raise ContainerError(f"docker run failed: {cli_error_line(result.stderr)}")
+    info = container_inspect(node=node, container=container_id, pool=pool)
+    if info is None or info.owner_key != allocation.owner_key:
+        raise ContainerError(f"container {name} is not ours or is gone")
+    if not info.running and info.status == "created":
+        started = run_on_node(node, ["docker", "start", info.id], pool)
+        if not started.ok:
+            raise ContainerError(
+                f"docker start failed: {cli_error_line(started.stderr)}", info=info
+            )
+        info = container_inspect(node=node, container=info.id, pool=pool)
+    settle = settings.NODES_CONTAINER_SETTLE_S
+    if info is not None and info.running and settle > 0:
+        time.sleep(settle)  # a container that crashes on start does so within moments
+        info = container_inspect(node=node, container=info.id, pool=pool)
+    if info is None or not info.running:
+        raise ContainerError(container_exit_reason(info), info=info)
+    # What runs must carry the platform's isolation, whatever the image or anything else
+    # set: the quota variables with the platform's values, nothing that switches them off.
+    wrong = isolation.container_env_problems(info.env, dict(runtime.platform_env(spec)))
+    if wrong:
+        raise ContainerError(
+            "the started container's environment does not hold the platform's isolation: "
+            + "; ".join(wrong),
+            info=info,
+        )
+    return info
+
+
+def container_exit_reason(info) -> str:  # type: ignore[no-untyped-def]
+    """Why a container is not running, in words."""
+    if info is None:
+        return "the container disappeared"
+    if info.oom_killed:
+        return f"the container was killed out of memory (exit {info.exit_code})"
+    if info.error:
+        return f"the container failed: {info.error[:300]}"
+    return f"the container exited with code {info.exit_code}"
+
+
+def container_remove(
+    *, node: Node, container: str, grace_s: int = 10, pool: ssh.SSHPool | None = None
+) -> bool:
+    """Stop (SIGTERM, then SIGKILL after `grace_s`) and remove a container. True if it existed."""
+    stopped = run_on_node(node, runtime.stop_argv(container, grace_s), pool, timeout=grace_s + 20)
+    if not stopped.ok and b"No such" not in stopped.stderr:
+        raise ContainerError(f"docker stop failed: {cli_error_line(stopped.stderr)}")
+    removed = run_on_node(node, runtime.rm_argv(container), pool)
+    if removed.ok:
+        return True
+    if b"No such" in removed.stderr:
+        return stopped.ok
+    raise ContainerError(f"docker rm failed: {cli_error_line(removed.stderr)}")
+
+
+def node_containers(*, node: Node, pool: ssh.SSHPool | None = None) -> list:  # type: ignore[type-arg]
+    """Every platform-labelled container on the node, running or not."""
+    result = run_on_node(node, runtime.ps_argv(), pool)
+    if not result.ok:
+        raise ContainerError(f"docker ps failed: {cli_error_line(result.stderr)}")
+    return runtime.parse_ps(result.stdout.decode("utf-8", "replace"))
+
+
+def container_event_record(
+    *, node: Node, container_id: str, owner_key: str, action: str, detail: str
+) -> None:
+    ContainerEvent.objects.create(
+        node=node,
+        container_id=container_id[:128],
+        owner_key=owner_key[:128],
+        action=action,
+        detail=detail[:500],
+    )

@@ -1,0 +1,264 @@
+"""The preflight gate: probe containers on each GPU model, judged with the node policy by
+the pure rules of nodes.preflight; the verdict opens or closes the node to placements."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import secrets
+import time
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from gpuplatform.errors import Conflict
+
+from .. import preflight, runtime, ssh
+from ..errors import ContainerError
+from ..models import GateStatus, Gpu, Node, NodePolicy
+from .containers import (
+    cli_error_line,
+    container_exit_reason,
+    container_inspect,
+    image_env_refusal,
+    image_inspect,
+    node_containers,
+    run_on_node,
+)
+from .policy import node_policy, sell_whole
+
+PROBE_OWNER_PREFIX = "probe-node-"  # a probe container's owner key: "probe-node-<node id>"
+PROBE_WAIT_S = 30.0  # a probe that has not finished by then counts as not finished
+
+
+def _gate_policy(row: NodePolicy) -> preflight.Policy:
+    return preflight.Policy(
+        min_toolkit_version=row.min_toolkit_version,
+        min_runc_version=row.min_runc_version,
+        driver_branches=tuple(row.driver_branches or ()),
+        known_fixed=tuple(
+            preflight.KnownBuild(k["component"], k["build"], k.get("reason", ""))
+            for k in row.known_fixed_builds or ()
+        ),
+    )
+
+
+def _probe_targets(node: Node) -> list[tuple[Gpu, str, int, bool]]:
+    """One GPU of each model sold through the quota library (the least used one), or,
+    on a node with MIG-partitioned GPUs only, one MIG device (for the hardening reading):
+    (gpu, device, device MiB, mig)."""
+    # the freest card of each model: the probe's 512 MiB must not be what runs a card out
+    gpus = sorted(
+        Gpu.objects.filter(node=node, present=True),
+        key=lambda g: (max(g.allocated_mb, g.last_processes_mb or 0), g.index),
+    )
+    targets: dict[str, tuple[Gpu, str, int, bool]] = {}
+    for gpu in gpus:
+        if not gpu.mig_enabled and gpu.model not in targets:
+            targets[gpu.model] = (gpu, gpu.uuid, gpu.vram_total_mb, False)
+    if targets:
+        return list(targets.values())
+    for gpu in gpus:
+        for mig in gpu.mig_devices or []:
+            if mig.get("uuid"):
+                return [(gpu, mig["uuid"], int(mig.get("memory_total_mb") or 0), True)]
+    return []
+
+
+PROBES_AT_ONCE = 4
+
+
+def _probe_run(  # type: ignore[no-untyped-def]
+    node: Node,
+    target,
+    kind: str,
+    row: NodePolicy,
+    library: str,
+    pool: ssh.SSHPool,
+    deadline: float,
+) -> preflight.ProbeRun:
+    """One probe container through the same `docker run` argv as a tenant's slice."""
+    gpu, device, device_mb, mig = target
+    alloc_mb = preflight.PROBE_PAST_MB if kind == "past" else preflight.PROBE_WITHIN_MB
+    run = preflight.ProbeRun(gpu_model=gpu.model, device=device, kind=kind)
+    if time.monotonic() > deadline:
+        return dataclasses.replace(run, error="the preflight ran out of time before this probe")
+    try:
+        spec = runtime.ContainerSpec(
+            name=f"gpp-probe-{node.pk}-{gpu.index}-{kind}-{secrets.token_hex(3)}",
+            image=row.probe_image,
+            owner_key=f"{PROBE_OWNER_PREFIX}{node.pk}",
+            device=device,
+            vram_mb=min(preflight.PROBE_QUOTA_MB, device_mb or preflight.PROBE_QUOTA_MB),
+            gpu_total_mb=device_mb or preflight.PROBE_QUOTA_MB,
+            cpus=Decimal(preflight.PROBE_CPUS),
+            memory_mb=preflight.PROBE_MEMORY_MB,
+            pids_limit=preflight.PROBE_PIDS,
+            command=("sh", "-c", preflight.PROBE_SCRIPT, "probe", *row.probe_command),
+            environment=preflight.probe_environment(row.probe_environment or {}, alloc_mb),
+            mig=mig,
+            quota_library="" if mig else library,
+            network=node.container_network,
+        )
+        argv = runtime.run_argv(spec)
+    except ValueError as exc:
+        return dataclasses.replace(run, error=f"the probe settings are not valid: {exc}")
+    name = spec.name
+    try:
+        started = run_on_node(node, argv, pool, timeout=PROBE_WAIT_S)
+        if not started.ok:
+            return dataclasses.replace(
+                run, error=f"docker run failed: {cli_error_line(started.stderr)}"
+            )
+        deadline = min(deadline, time.monotonic() + PROBE_WAIT_S)
+        info = container_inspect(node=node, container=name, pool=pool)
+        while info is not None and info.running and time.monotonic() < deadline:
+            time.sleep(0.25)
+            info = container_inspect(node=node, container=name, pool=pool)
+        if info is None:
+            return dataclasses.replace(run, error="the probe container disappeared")
+        if info.running:
+            return dataclasses.replace(
+                run, error=f"the probe did not finish within {PROBE_WAIT_S:.0f} s"
+            )
+        logs = run_on_node(node, runtime.logs_tail_argv(name, 200), pool)
+        readings = preflight.parse_probe_output(logs.stdout.decode("utf-8", "replace"))
+        if "alloc_exit" not in readings:
+            return dataclasses.replace(
+                run,
+                error=f"the probe stopped before its allocation ({container_exit_reason(info)})",
+                readings=readings,
+            )
+        return dataclasses.replace(run, readings=readings)
+    except (ssh.SSHError, ContainerError, runtime.RuntimeParseError) as exc:
+        return dataclasses.replace(run, error=str(exc)[:300])
+    finally:
+        with contextlib.suppress(ssh.SSHError):
+            run_on_node(node, runtime.rm_argv(name), pool)
+
+
+def _remove_stale_probes(node: Node, pool: ssh.SSHPool) -> None:
+    """Probe containers an earlier preflight left (its worker died mid-probe)."""
+    key = f"{PROBE_OWNER_PREFIX}{node.pk}"
+    with contextlib.suppress(ssh.SSHError, ContainerError, runtime.RuntimeParseError):
+        for info in node_containers(node=node, pool=pool):
+            if info.owner_key == key:
+                run_on_node(node, runtime.rm_argv(info.id), pool)
+
+
+def node_preflight(
+    *, node_id: int, facts: dict[str, str], pool: ssh.SSHPool | None = None
+) -> Node | None:
+    """Judge the node by the policy: the versions discovery read, and probe containers on
+    each GPU model proving the hardening and the VRAM quota. Stores the verdict; a node
+    that fails takes no new placements (running slices stay), one that passes again is
+    released. Never raises for what the node answers: a probe that fails says why."""
+    node = Node.objects.filter(pk=node_id).first()
+    if node is None or not node.host_key:
+        return node
+    with _preflight_claim(node_id) as claimed:
+        if not claimed:  # another worker is judging this node now: its verdict will land
+            return node
+        return _node_preflight(node, facts, pool or ssh.get_pool())
+
+
+@contextlib.contextmanager
+def _preflight_claim(node_id: int):  # type: ignore[no-untyped-def]
+    """One preflight per node at a time (discoveries, the daily run, a policy change and
+    "run now" can overlap): a PostgreSQL advisory lock held by this session, not a row
+    lock, so nothing else waits on it. Elsewhere (SQLite, one process) always claimed."""
+    if connection.vendor != "postgresql":
+        yield True
+        return
+    key = PREFLIGHT_LOCK_SPACE + node_id
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [key])
+        claimed = bool(cursor.fetchone()[0])
+    try:
+        yield claimed
+    finally:
+        if claimed:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
+
+
+PREFLIGHT_LOCK_SPACE = 0x6770_0000_0000  # advisory-lock keys of preflights: this + node id
+PREFLIGHT_DEADLINE_S = 240.0  # the task's soft limit is 300 s: the verdict is always stored
+
+
+def _node_preflight(node: Node, facts: dict[str, str], pool: ssh.SSHPool) -> Node:
+    node_id = node.pk
+    row = node_policy()
+    library = (node.capabilities or {}).get("vram_quota_library") or ""
+    deadline = time.monotonic() + PREFLIGHT_DEADLINE_S
+    _remove_stale_probes(node, pool)
+    targets = _probe_targets(node)
+    # The probe image is checked like any image before it starts (CVE-2025-23266 needs
+    # only an ENV in it), and pulled once here rather than by each probe's `docker run`.
+    image_error = ""
+    try:
+        image_error = image_env_refusal(
+            image_inspect(node=node, reference=row.probe_image, pool=pool)
+        )
+    except (ContainerError, ssh.SSHError) as exc:
+        image_error = f"the probe image {row.probe_image} is not usable on the node: {exc}"
+    jobs = [
+        (target, kind)
+        for target in targets
+        for kind in (("within", "past") if library and not target[3] else ("within",))
+    ]
+    if image_error:
+        runs = [preflight.ProbeRun(t[0].model, t[1], k, error=image_error) for t, k in jobs]
+    else:
+        # side by side (the SSH pool is shared by threads): a node's probes take about as
+        # long as one; each waits at most until the deadline
+        with ThreadPoolExecutor(max_workers=PROBES_AT_ONCE) as pool_of_probes:
+            futures = [
+                pool_of_probes.submit(_probe_run, node, t, k, row, library, pool, deadline)
+                for t, k in jobs
+            ]
+            runs = [f.result() for f in futures]
+    software = [t[0].model for t in targets if not t[3]]
+    gate = preflight.evaluate(
+        facts=facts,
+        driver_version=node.driver_version,
+        policy=_gate_policy(row),
+        runs=runs,
+        software_models=software,
+        quota_library=library,
+        probe_error=image_error if targets else "the node has no GPU to probe",
+    )
+    now = timezone.now()
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node_id)
+        node.gate_status = GateStatus.PASSED if gate.passed else GateStatus.FAILED
+        node.gate_reason = gate.reason[:1000]
+        node.gate_checked_at = now
+        node.preflight = {
+            "facts": {k: facts.get(k, "") for k in preflight.FACT_KEYS},
+            "driver_version": node.driver_version,
+            "checks": [c.as_dict() for c in gate.checks],
+            "quota": dict(gate.quota),
+            "quota_library": library,
+            "probes": [r.as_dict() for r in runs],
+            "policy": {
+                "min_toolkit_version": row.min_toolkit_version,
+                "min_runc_version": row.min_runc_version,
+            },
+            "checked_at": now.isoformat(),
+        }
+        node.save(update_fields=["gate_status", "gate_reason", "gate_checked_at", "preflight"])
+        sell_whole(node, quota=gate.quota)
+    return node
+
+
+def node_preflight_request(*, node: Node) -> Node:
+    """Judge the node now (a discovery, in the background, after this transaction)."""
+    if not node.host_key:
+        raise Conflict("Approve the node's host key first.", code="pending_host_key")
+    from .. import tasks  # nodes.tasks imports this package: at module level, a cycle
+
+    transaction.on_commit(lambda: tasks.discover_node.delay(node.pk))
+    return node

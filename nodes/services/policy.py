@@ -1,0 +1,291 @@
+"""What may be sold and how: a GPU's overcommit ratio and placement mark, the node policy
+(with its history), the whole-card rule and ops' acceptance of watchdog-only slices."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from decimal import ROUND_DOWN, Decimal, InvalidOperation
+
+from django.db import transaction
+from django.db.models import Count, Max, Min, Q
+from django.db.models.functions import TruncDate
+from django.utils import timezone
+
+from gpuplatform.errors import Conflict, ServiceError
+
+from .. import isolation, preflight, runtime
+from ..models import Allocation, Gpu, GpuSampleRollup, Node, NodePolicy, NodePolicyChange
+from .allocations import capacity_mb
+
+# --- GPU placement policy ---------------------------------------------------------------------
+
+MIN_HISTORY_DAYS = 7
+MAX_HISTORY_DAYS = 30
+
+
+def rollup_windows(*, gpu_ids: list[int], now: datetime | None = None) -> dict[int, dict]:
+    """Per GPU, over the last 30 days of rollups: the first bucket, the peak, and on how
+    many distinct days there are samples at all (one query for a page of GPUs)."""
+    now = now or timezone.now()
+    rows = (
+        GpuSampleRollup.objects.filter(
+            gpu_id__in=gpu_ids, bucket_start__gte=now - timedelta(days=MAX_HISTORY_DAYS)
+        )
+        .values("gpu_id")
+        .annotate(
+            first=Min("bucket_start"),
+            peak=Max("memory_used_max_mb"),
+            days=Count(TruncDate("bucket_start"), distinct=True),
+        )
+        .order_by()
+    )
+    return {row["gpu_id"]: row for row in rows}
+
+
+def gpu_recommended_ratio(
+    *, gpu: Gpu, now: datetime | None = None, window: dict | None = None
+) -> dict:
+    """The highest overcommit ratio DOMAIN.md allows for this GPU: physical VRAM over the
+    peak use seen in the last 7-30 days of rollups, rounded down; None unless samples
+    cover at least 7 distinct days (two samples a week apart are not a week of history)."""
+    now = now or timezone.now()
+    if window is None:
+        window = rollup_windows(gpu_ids=[gpu.pk], now=now).get(gpu.pk)
+    window = window or {"first": None, "peak": None, "days": 0}
+    covered = int(window["days"] or 0)
+    out = {"days_of_history": covered, "peak_mb": window["peak"], "ratio": None}
+    if gpu.mig_enabled:
+        out["reason"] = "MIG partitions and overcommit exclude each other."
+    elif covered < MIN_HISTORY_DAYS or not window["peak"]:
+        out["reason"] = (
+            f"Needs samples on {MIN_HISTORY_DAYS} days; this GPU has {covered}. "
+            "A ratio is never guessed."
+        )
+    else:
+        ratio = Decimal(gpu.vram_total_mb) / Decimal(window["peak"])
+        ratio = min(max(ratio, Decimal("1.00")), Decimal("4.00")).quantize(
+            Decimal("0.01"), rounding=ROUND_DOWN
+        )
+        out["ratio"] = ratio
+        out["reason"] = (
+            f"{gpu.vram_total_mb} MiB physical / {window['peak']} MiB peak over "
+            f"{covered} days with samples."
+        )
+    return out
+
+
+@transaction.atomic
+def gpu_set_overcommit(*, gpu: Gpu, ratio, now: datetime | None = None) -> Gpu:  # type: ignore[no-untyped-def]
+    """Set the GPU's overcommit ratio, only where DOMAIN.md allows it."""
+    try:
+        ratio = Decimal(str(ratio))
+        if not ratio.is_finite():
+            raise InvalidOperation
+        ratio = ratio.quantize(Decimal("0.01"))
+    except (InvalidOperation, ValueError) as exc:
+        raise ServiceError("The ratio must be a number.", field="overcommit_ratio") from exc
+    if not Decimal("1.00") <= ratio <= Decimal("4.00"):
+        raise ServiceError(
+            "The ratio must be between 1.00 and 4.00.",
+            code="min_value" if ratio < Decimal("1.00") else "max_value",
+            field="overcommit_ratio",
+        )
+    gpu = Gpu.objects.select_for_update().get(pk=gpu.pk)
+    if ratio > Decimal("1.00"):
+        if gpu.mig_enabled:
+            raise Conflict(
+                "This GPU is MIG-partitioned: MIG and overcommit exclude each other.",
+                code="mig_enabled",
+                field="overcommit_ratio",
+            )
+        guaranteed = Allocation.objects.filter(gpu=gpu, guaranteed=True).exclude(
+            state=Allocation.State.RELEASED
+        )
+        if guaranteed.exists():
+            raise Conflict(
+                "Guaranteed slices run on this GPU; they are never overcommitted. "
+                "Wait until they stop or move them first.",
+                code="guaranteed_slices",
+                field="overcommit_ratio",
+            )
+        rec = gpu_recommended_ratio(gpu=gpu, now=now)
+        if rec["ratio"] is None or ratio > rec["ratio"]:
+            allowed = rec["ratio"] if rec["ratio"] is not None else "1.00"
+            raise Conflict(
+                f"At most {allowed} for this GPU: {rec['reason']}",
+                code="ratio_above_recommended",
+                field="overcommit_ratio",
+            )
+    gpu.overcommit_ratio = ratio
+    if gpu.allocated_mb > capacity_mb(gpu):
+        raise Conflict(
+            f"{gpu.allocated_mb} MiB is allocated on this GPU; the ratio cannot go below "
+            "what is already placed.",
+            code="below_allocated",
+            field="overcommit_ratio",
+        )
+    gpu.overcommit_ratio = ratio
+    gpu.save(update_fields=["overcommit_ratio"])
+    return gpu
+
+
+@transaction.atomic
+def gpu_set_accepting(*, gpu: Gpu, accepting: bool, reason: str = "") -> Gpu:
+    """Open or close a GPU to new placements (running work continues)."""
+    gpu = Gpu.objects.select_for_update().get(pk=gpu.pk)
+    if not accepting and not reason.strip():
+        raise ServiceError("Say why the GPU stops taking placements.", field="reason")
+    gpu.accepting_placements = accepting
+    gpu.not_accepting_reason = "" if accepting else reason.strip()[:500]
+    gpu.save(update_fields=["accepting_placements", "not_accepting_reason"])
+    return gpu
+
+
+# --- the node policy ---------------------------------------------------------------------
+
+POLICY_FIELDS = (
+    "min_toolkit_version",
+    "min_runc_version",
+    "driver_branches",
+    "known_fixed_builds",
+    "probe_image",
+    "probe_command",
+    "probe_environment",
+)
+
+
+def node_policy() -> NodePolicy:
+    """The one policy row (made with the defaults on first use)."""
+    policy = NodePolicy.objects.filter(pk=1).first()
+    if policy is None:
+        policy, _ = NodePolicy.objects.get_or_create(pk=1)
+    return policy
+
+
+def sell_whole(node: Node, *, quota) -> None:  # type: ignore[no-untyped-def]
+    """The one rule for `whole_card_only`: a card that is not MIG-partitioned is sold whole
+    unless the quota of its model is proven (`quota`: model -> state) or ops accepted
+    watchdog-only enforcement for the node."""
+    proven = preflight.proven_models(quota)
+    if node.watchdog_only_accepted_at is not None:
+        whole = Q(pk__in=[])
+    else:
+        whole = Q(mig_enabled=False) & ~Q(model__in=proven)
+    cards = Gpu.objects.filter(node=node)
+    cards.filter(whole).exclude(whole_card_only=True).update(whole_card_only=True)
+    cards.exclude(whole).exclude(whole_card_only=False).update(whole_card_only=False)
+
+
+def _policy_clean(field: str, value):  # type: ignore[no-untyped-def]
+    """One policy setting as ops gave it, checked; raises ServiceError naming it."""
+    try:
+        if field in ("min_toolkit_version", "min_runc_version"):
+            return preflight.check_version(str(value))
+        if field == "driver_branches":
+            if not isinstance(value, list):
+                raise ValueError('a list of driver branches, e.g. ["550", "570"]')
+            return sorted({preflight.check_branch(b) for b in value})
+        if field == "known_fixed_builds":
+            if not isinstance(value, list):
+                raise ValueError("a list of {component, build, reason}")
+            out = []
+            for item in value:
+                if not isinstance(item, dict) or set(item) - {"component", "build", "reason"}:
+                    raise ValueError("each entry is {component, build, reason}")
+                component = str(item.get("component", "")).strip()
+                build = str(item.get("build", "")).strip()
+                reason = str(item.get("reason", "")).strip()
+                if component not in preflight.COMPONENTS:
+                    raise ValueError(f"component is runc or toolkit, not {component!r}")
+                if not build or len(build) > 100 or any(c.isspace() for c in build):
+                    raise ValueError(f"build {build!r} must be a package version, no spaces")
+                if not reason:
+                    raise ValueError(f"the entry for {component} {build} needs a reason")
+                out.append({"component": component, "build": build, "reason": reason[:300]})
+            return out
+        if field == "probe_image":
+            return runtime._check_image(str(value).strip())
+        if field == "probe_command":
+            if (
+                not isinstance(value, list)
+                or not value
+                or not all(isinstance(v, str) and v and "\0" not in v for v in value)
+            ):
+                raise ValueError("the allocation command is a non-empty list of strings")
+            return value
+        if field == "probe_environment":
+            if not isinstance(value, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+            ):
+                raise ValueError("an object of NAME: value strings")
+            for name in value:
+                if isolation.reserved_reason(name) is not None:
+                    raise ValueError(isolation.refusal(name))
+            runtime.check_tenant_env(preflight.probe_environment(value, 1))
+            return value
+    except ValueError as exc:
+        raise ServiceError(f"{field}: {exc}", field=field) from None
+    raise ServiceError(f"{field} is not a node policy setting.", field=field)
+
+
+@transaction.atomic
+def node_policy_update(*, actor, reason: str, **changes) -> NodePolicy:  # type: ignore[no-untyped-def]
+    """Change the node policy; each changed setting is recorded with who, when and why.
+    Every node is judged again at its next discovery (a task re-runs them at once)."""
+    reason = (reason or "").strip()
+    if not reason:
+        raise ServiceError(
+            "Say why the policy changes (it is kept with the change).", field="reason"
+        )
+    node_policy()
+    row = NodePolicy.objects.select_for_update().get(pk=1)
+    changed = []
+    for field, value in changes.items():
+        clean = _policy_clean(field, value)
+        old = getattr(row, field)
+        if old == clean:
+            continue
+        setattr(row, field, clean)
+        changed.append(
+            NodePolicyChange(
+                changed_by=actor, field=field, old_value=old, new_value=clean, reason=reason[:500]
+            )
+        )
+    if changed:
+        row.save()
+        NodePolicyChange.objects.bulk_create(changed)
+        from .. import tasks  # nodes.tasks imports this package: at module level, a cycle
+
+        transaction.on_commit(tasks.preflight_all.delay)
+    return row
+
+
+@transaction.atomic
+def node_accept_watchdog_only(*, node: Node, actor, accept: bool, reason: str) -> Node:  # type: ignore[no-untyped-def]
+    """Ops accept (or withdraw) selling this node's non-MIG GPUs in slices without a
+    proven quota library: the watchdog alone then holds each slice to its quota."""
+    reason = (reason or "").strip()
+    if not reason:
+        raise ServiceError("Say why (it is kept in the policy's history).", field="reason")
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    before = node.watchdog_only_accepted_at is not None
+    if before == accept:
+        return node
+    node.watchdog_only_accepted_at = timezone.now() if accept else None
+    node.watchdog_only_accepted_by = actor if accept else None
+    node.watchdog_only_reason = reason[:500] if accept else ""
+    node.save(
+        update_fields=[
+            "watchdog_only_accepted_at", "watchdog_only_accepted_by", "watchdog_only_reason"
+        ]
+    )  # fmt: skip
+    NodePolicyChange.objects.create(
+        changed_by=actor,
+        node=node,
+        field="watchdog_only",
+        old_value=before,
+        new_value=accept,
+        reason=reason[:500],
+    )
+    sell_whole(node, quota=(node.preflight or {}).get("quota") or {})
+    return node
