@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,32 +22,19 @@ def start_worker(*, queues: str, log: Path, name: str, env: dict | None = None) 
     from django.db import connection
 
     from gpuplatform.celery import app
+    from gpuplatform.workers import worker_argv
 
     app.control.purge()
     with app.connection_for_write() as conn:  # a killed run's unacked messages, if any
         conn.default_channel.client.delete("unacked", "unacked_index", "unacked_mutex")
     worker = subprocess.Popen(  # noqa: S603 - our own interpreter and fixed arguments
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "gpuplatform",
-            "worker",
-            "-Q",
-            queues,
-            "-c",
-            "2",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "--loglevel",
-            "INFO",
-            "--logfile",
-            str(log),
-            "-n",
-            f"{name}-{os.getpid()}@%h",
-        ],
+        worker_argv(
+            queues=queues,
+            hostname=f"{name}-{os.getpid()}@%h",
+            concurrency=2,
+            without_peers=True,
+            logfile=log,
+        ),
         cwd=ROOT,
         env={
             **os.environ,

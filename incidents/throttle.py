@@ -26,7 +26,7 @@ def _cycles() -> int:
 
 
 def _docker(node, verb: str, container: str) -> bool:  # type: ignore[no-untyped-def]
-    result = node_services._docker(node, ["docker", verb, container], None)
+    result = node_services.run_on_node(node, ["docker", verb, container], None)
     return result.ok or b"is not paused" in result.stderr or b"already paused" in result.stderr
 
 

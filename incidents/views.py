@@ -19,7 +19,6 @@ from django import forms
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.paginator import Paginator
-from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -27,10 +26,9 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from gpuplatform.errors import ServiceError
+from gpuplatform.pages import is_partial, live_response
 from gpuplatform.querystring import is_id
-from nodes import services as node_services
-from tenants import services as tenant_services
-from tenants.views import _partial, member_required
+from tenants.views import member_required
 
 from . import kpis, selectors, services
 from .forms import (
@@ -47,7 +45,6 @@ from .models import Incident, IncidentEvent
 from .notify import tenant_slices, tenant_text, tenant_title
 
 LIVE_SECONDS = 10
-STOP_POLLING = 286  # htmx: swap this answer, then stop polling
 PAGE_SIZE = 25
 E = IncidentEvent.Kind
 RUNBOOK = [
@@ -88,7 +85,7 @@ def ops_incidents(request: HttpRequest) -> HttpResponse:
         "live_seconds": LIVE_SECONDS,
         "now": timezone.now(),
     }
-    if _partial(request):
+    if is_partial(request):
         return render(request, "incidents/_ledger_live.html", context)
     return render(request, "incidents/ops_ledger.html", context)
 
@@ -231,15 +228,9 @@ def _ops_incident(pk: int) -> Incident:
     )
 
 
-def _node_of(incident: Incident):  # type: ignore[no-untyped-def]
-    if incident.node is not None:
-        return incident.node
-    return incident.gpu.node if incident.gpu is not None else None
-
-
 def available_actions(incident: Incident) -> dict[str, bool]:
     resolved = incident.status == Incident.Status.RESOLVED
-    node = _node_of(incident)
+    node = services.incident_node(incident)
     return {
         "acknowledge": incident.status == Incident.Status.OPEN,
         "resolve": not resolved,
@@ -320,7 +311,7 @@ def _incident_context(incident: Incident) -> dict[str, Any]:
     ]
     return {
         "incident": incident,
-        "node": _node_of(incident),
+        "node": services.incident_node(incident),
         "steps": steps,
         "events": events,
         "evidence": evidence_context(incident),
@@ -334,11 +325,9 @@ def _incident_context(incident: Incident) -> dict[str, Any]:
 def ops_incident(request: HttpRequest, pk: int) -> HttpResponse:
     incident = _ops_incident(pk)
     context = _incident_context(incident)
-    if _partial(request):
+    if is_partial(request):
         response = render(request, "incidents/_incident_live.html", context)
-        if incident.status == Incident.Status.RESOLVED:
-            response.status_code = STOP_POLLING
-        return response
+        return live_response(response, done=incident.status == Incident.Status.RESOLVED)
     return render(request, "incidents/ops_incident.html", context)
 
 
@@ -361,54 +350,19 @@ def _reopen(request: HttpRequest, incident: Incident, data: dict) -> str:
 
 
 def _stop_slice(request: HttpRequest, incident: Incident, data: dict) -> str:
-    reason = data["reason"]
-    with transaction.atomic():
-        s = tenant_services.slice_stop(
-            slice=incident.slice, actor=request.user, reason=reason, force=True
-        )
-        services.incident_event(
-            incident,
-            E.ACTION,
-            f"Slice {s.pk} force-stopped by ops ({s.state}): {reason}",
-            actor=request.user,
-            data={"action": "stop_slice", "slice_id": s.pk, "slice_state": s.state},
-        )
+    s = services.incident_stop_slice(incident=incident, actor=request.user, reason=data["reason"])
     return f"Slice {s.pk} is {s.state}; its tenant sees the reason."
 
 
-def _gpu_name(gpu) -> str:  # type: ignore[no-untyped-def]
-    return f"{gpu.node.name} GPU {gpu.index}"
-
-
 def _drain_gpu(request: HttpRequest, incident: Incident, data: dict) -> str:
-    gpu = incident.gpu
-    reason = data["reason"]
-    with transaction.atomic():
-        node_services.gpu_set_accepting(
-            gpu=gpu, accepting=False, reason=f"Incident #{incident.pk}: {reason}"
-        )
-        services.incident_event(
-            incident,
-            E.ACTION,
-            f"Drained {_gpu_name(gpu)}: no new placements, running work continues. {reason}",
-            actor=request.user,
-            data={"action": "drain_gpu", "gpu_id": gpu.pk},
-        )
-    return f"{_gpu_name(gpu)} takes no new placements."
+    gpu = services.incident_drain_gpu(incident=incident, actor=request.user, reason=data["reason"])
+    return f"{gpu.node.name} GPU {gpu.index} takes no new placements."
 
 
 def _drain_node(request: HttpRequest, incident: Incident, data: dict) -> str:
-    node = _node_of(incident)
-    reason = data["reason"]
-    with transaction.atomic():
-        node_services.node_drain(node=node, reason=f"Incident #{incident.pk}: {reason}")
-        services.incident_event(
-            incident,
-            E.ACTION,
-            f"Drained node {node.name}: no new placements, running work continues. {reason}",
-            actor=request.user,
-            data={"action": "drain_node", "node_id": node.pk},
-        )
+    node = services.incident_drain_node(
+        incident=incident, actor=request.user, reason=data["reason"]
+    )
     return f"Node {node.name} is draining: no new placements."
 
 
@@ -529,7 +483,7 @@ def ops_incident_action(request: HttpRequest, pk: int, action: str) -> HttpRespo
         "incidents/ops_incident_action.html",
         {
             "incident": incident,
-            "node": _node_of(incident),
+            "node": services.incident_node(incident),
             "action": action,
             "spec": spec,
             "form": form,

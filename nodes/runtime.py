@@ -144,7 +144,7 @@ def _check_owner(value: object) -> str:
     return value
 
 
-def _check_image(image: object) -> str:
+def check_image(image: object) -> str:
     if not isinstance(image, str) or not image:
         raise ValueError("image must be a non-empty image reference")
     if image.startswith("-"):
@@ -239,7 +239,7 @@ def validate_spec(spec: ContainerSpec) -> None:
         raise ValueError(
             f"name must match [a-zA-Z0-9][a-zA-Z0-9_.-]+ (docker's rule), not {spec.name!r}"
         )
-    _check_image(spec.image)
+    check_image(spec.image)
     _check_owner(spec.owner_key)
     if not isinstance(spec.device, str) or not _DEVICE_RE.fullmatch(spec.device):
         raise ValueError(f"device must be a GPU-... or MIG-... UUID, not {spec.device!r}")
@@ -522,11 +522,11 @@ def _env_list(value: Any, where: str) -> tuple[str, ...]:
 
 def image_inspect_argv(reference: str) -> list[str]:
     """`docker image inspect` of one image (a JSON array of one object)."""
-    return ["docker", "image", "inspect", "--", _check_image(reference)]
+    return ["docker", "image", "inspect", "--", check_image(reference)]
 
 
 def pull_argv(reference: str) -> list[str]:
-    return ["docker", "pull", "--quiet", "--", _check_image(reference)]
+    return ["docker", "pull", "--quiet", "--", check_image(reference)]
 
 
 @dataclass(frozen=True)

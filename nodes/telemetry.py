@@ -209,16 +209,6 @@ _SMI_NO_PROCESSES = "no running processes found"
 _SMI_NO_DEVICES = "no devices were found"
 _SMI_LOST_GPU_PREFIX = "unable to determine the device handle"
 
-XID_RE = re.compile(
-    r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+(?:\.[0-7])?)[^)]*\):"
-    r"\s*(?P<xid>\d+)(?P<rest>.*)"
-)
-_XID_PID_RE = re.compile(r"^\s*,\s*pid='?(?P<pid>\d+)'?")
-_PCI_RE = re.compile(
-    r"^(?:PCI:)?(?:(?P<domain>[0-9A-Fa-f]{1,8}):)?(?P<bus>[0-9A-Fa-f]{1,2}):"
-    r"(?P<device>[0-9A-Fa-f]{1,2})(?:\.[0-7])?$"
-)
-
 
 class SamplerUnavailable(ParseError):
     """The sampler ran but NVML could not be used (exit code 3): fall back to nvidia-smi."""
@@ -278,18 +268,6 @@ def sampler_source() -> str:
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def pci_bus_key(bus_id: str | None) -> str | None:
-    """Normalise a PCI address to "dddd:bb:dd" so that a GPU's "00000000:3B:00.0" and an Xid's
-    "0000:3b:00" compare equal; None for anything that is not a PCI address."""
-    if not bus_id:
-        return None
-    match = _PCI_RE.match(bus_id.strip())
-    if not match:
-        return None
-    domain = int(match["domain"] or "0", 16)
-    return f"{domain:04x}:{int(match['bus'], 16):02x}:{int(match['device'], 16):02x}"
 
 
 def gpu_for_uuid(sample: NodeSample, uuid: str) -> GpuReading | None:
@@ -743,32 +721,3 @@ def parse_nvidia_smi(
         driver_version=driver_version,
         errors=tuple(errors),
     )
-
-
-# ----------------------------------------------------------------------------- kernel log
-
-
-def parse_xid_lines(text: str) -> list[XidEvent]:
-    """Xid events in kernel-log text (dmesg in any time format, kern.log, journalctl -k):
-    `NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, ...`. pid is None when the line
-    has none, says pid='<unknown>' or pid=0 (kernel context). raw is the message from "NVRM:"
-    on, without the log's timestamp and host prefix. Other lines are ignored."""
-    events = []
-    for line in text.splitlines():
-        match = XID_RE.search(line)
-        if not match:
-            continue
-        xid = int(match["xid"])
-        pid_match = _XID_PID_RE.match(match["rest"])
-        pid = int(pid_match["pid"]) or None if pid_match else None  # pid=0: the kernel
-        if xid > MAX_XID or (pid is not None and pid > MAX_PID):
-            continue  # a corrupted line, not an event
-        events.append(
-            XidEvent(
-                xid=xid,
-                raw=line[match.start() :].strip(),
-                pci_bus_id=match["bus"].lower(),
-                pid=pid,
-            )
-        )
-    return events

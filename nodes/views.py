@@ -16,16 +16,13 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from gpuplatform.errors import ServiceError
+from gpuplatform.pages import is_partial
 
 from . import selectors, services, ssh
 from .forms import ApproveForm, DrainForm, NodeForm, NodePolicyForm, WatchdogOnlyForm
 from .models import Gpu, Node
 
 LIVE_SECONDS = 10
-
-
-def _partial(request: HttpRequest) -> bool:
-    return bool(request.htmx and not request.htmx.boosted)
 
 
 def _heat(gpu) -> int:  # type: ignore[no-untyped-def]
@@ -75,7 +72,7 @@ def fleet(request: HttpRequest) -> HttpResponse:
         "totals": selectors.fleet_totals(nodes),
         "live_seconds": LIVE_SECONDS,
     }
-    template = "nodes/_fleet_live.html" if _partial(request) else "nodes/fleet.html"
+    template = "nodes/_fleet_live.html" if is_partial(request) else "nodes/fleet.html"
     return render(request, template, context)
 
 
@@ -104,7 +101,7 @@ def _node_context(node: Node) -> dict:
 @require_GET
 def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
     node = get_object_or_404(Node, pk=pk)
-    template = "nodes/_node_live.html" if _partial(request) else "nodes/node_detail.html"
+    template = "nodes/_node_live.html" if is_partial(request) else "nodes/node_detail.html"
     return render(request, template, _node_context(node))
 
 

@@ -12,7 +12,7 @@ from nodes.models import Node
 
 from . import services
 from .fit import JobForm
-from .models import LIVE_SLICE_STATES, Image, Purchase, Slice, Tenant, Tier
+from .models import Image, Purchase, Slice, Tenant, Tier
 from .money import Rate
 from .selectors import credit_rate_current, image_list, purchase_list, tier_list
 
@@ -76,7 +76,7 @@ def slices_holding_purchases(tenant: Tenant | None) -> list[Slice]:
         return []
     return list(
         Slice.objects.for_tenant(tenant)
-        .filter(purchase_id__in=busy, state__in=LIVE_SLICE_STATES)
+        .filter(purchase_id__in=busy, state__in=Slice.LIVE_STATES)
         .select_related("purchase__tier")
         .order_by("-created_at", "-id")
     )

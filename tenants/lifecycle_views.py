@@ -22,6 +22,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from gpuplatform.errors import ServiceError
+from gpuplatform.pages import is_partial, live_response
 from gpuplatform.querystring import is_id
 
 from . import fit, selectors, services
@@ -40,19 +41,12 @@ from .lifecycle_forms import (
     new_form_token,
     slices_holding_purchases,
 )
-from .models import LIVE_SLICE_STATES, Image, LedgerEntry, Purchase, Slice, Tenant
-from .views import _partial, member_required
+from .models import Image, LedgerEntry, Purchase, Slice, Tenant
+from .views import member_required
 
 LIVE_SECONDS = 3
-STOP_POLLING = 286  # htmx: swap this answer, then stop polling
 OPS_PAGE_SIZE = 25
 GAUGE_WINDOW_MINUTES = 10
-
-
-def _live(response: HttpResponse, *, done: bool) -> HttpResponse:
-    if done:
-        response.status_code = STOP_POLLING
-    return response
 
 
 def _form_error(form, exc: ServiceError) -> None:  # type: ignore[no-untyped-def]
@@ -127,7 +121,7 @@ def _dashboard_live_context(tenant: Tenant) -> dict:
     purchases = list(selectors.purchase_list(tenant=tenant)[:20])
     for p in purchases:
         p.usable = p.minutes_left > 0 and not p.live_slices and p.refunded_at is None  # type: ignore[attr-defined]
-    any_live = Slice.objects.for_tenant(tenant).filter(state__in=LIVE_SLICE_STATES).exists()
+    any_live = Slice.objects.for_tenant(tenant).filter(state__in=Slice.LIVE_STATES).exists()
     return {
         "slices": slices,
         "purchases": purchases,
@@ -142,9 +136,9 @@ def _dashboard_live_context(tenant: Tenant) -> dict:
 def dashboard(request: HttpRequest) -> HttpResponse:
     tenant = request.membership.tenant
     context = _dashboard_live_context(tenant)
-    if _partial(request):
+    if is_partial(request):
         response = render(request, "tenants/_dashboard_live.html", context)
-        return _live(response, done=not context["any_live"])
+        return live_response(response, done=not context["any_live"])
     credit_requests = list(selectors.credit_request_list(tenant=tenant)[:5])
     context.update(
         membership=request.membership,
@@ -288,7 +282,7 @@ def _launch_blocked(membership, form: LaunchForm, has_images: bool, in_use: list
 def launch(request: HttpRequest) -> HttpResponse:
     tenant = request.membership.tenant
     tiers = list(selectors.tier_list())
-    if request.method == "GET" and "estimate" in request.GET and _partial(request):
+    if request.method == "GET" and "estimate" in request.GET and is_partial(request):
         # The live estimate (launch.js): the panel, and the job fields' error slots.
         context = _launch_estimate(tenant, request.GET, tiers)
         return render(request, "tenants/_launch_estimate.html", {**context, "partial": True})
@@ -405,9 +399,9 @@ def _slice_context(slice: Slice, membership=None) -> dict:  # type: ignore[no-un
 def slice_detail(request: HttpRequest, pk: int) -> HttpResponse:
     slice = _tenant_slice(request, pk)
     context = _slice_context(slice, request.membership)
-    if _partial(request):
+    if is_partial(request):
         response = render(request, "tenants/_slice_live.html", context)
-        return _live(response, done=slice.is_final)
+        return live_response(response, done=slice.is_final)
     return render(request, "tenants/slice_detail.html", context)
 
 

@@ -488,7 +488,10 @@ class Image(models.Model):
         return f"{self.reference}@{self.digest}" if self.digest else self.reference
 
 
-LIVE_SLICE_STATES = ("requested", "queued", "provisioning", "running", "stopping")
+# Spelled here because Slice.Meta's constraints cannot see Slice's class attributes;
+# everything else reads them as Slice.LIVE_STATES and Slice.MUST_HOLD_ALLOCATION_STATES.
+_LIVE_STATES = ("requested", "queued", "provisioning", "running", "stopping")
+_MUST_HOLD_ALLOCATION_STATES = ("running", "stopping")
 
 
 class Slice(models.Model):
@@ -505,6 +508,12 @@ class Slice(models.Model):
         FAILED = "failed", "failed"
 
     FINAL_STATES = (State.REFUSED, State.STOPPED, State.FAILED)
+    # Not final: the slice uses its purchase (one at a time, no refund meanwhile).
+    LIVE_STATES = _LIVE_STATES
+    # Live and past the queue: VRAM is reserved on a node, so its container is no orphan.
+    HOLDS_VRAM_STATES = (State.PROVISIONING, State.RUNNING, State.STOPPING)
+    # Started: the database refuses these without an allocation (provisioning may lack one).
+    MUST_HOLD_ALLOCATION_STATES = _MUST_HOLD_ALLOCATION_STATES
 
     tenant = models.ForeignKey(
         "tenants.Tenant", on_delete=models.PROTECT, related_name="slices", verbose_name="tenant"
@@ -579,7 +588,7 @@ class Slice(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["purchase"],
-                condition=Q(state__in=LIVE_SLICE_STATES),
+                condition=Q(state__in=_LIVE_STATES),
                 name="%(app_label)s_%(class)s_one_live_per_purchase",
                 violation_error_message="This purchase already has a slice that is not stopped.",
             ),
@@ -590,8 +599,8 @@ class Slice(models.Model):
                 violation_error_message="A launch with this idempotency key already exists.",
             ),
             models.CheckConstraint(
-                condition=Q(state__in=["running", "stopping"], allocation__isnull=False)
-                | ~Q(state__in=["running", "stopping"]),
+                condition=Q(state__in=_MUST_HOLD_ALLOCATION_STATES, allocation__isnull=False)
+                | ~Q(state__in=_MUST_HOLD_ALLOCATION_STATES),
                 name="%(app_label)s_%(class)s_running_has_allocation",
                 violation_error_message="A running slice must hold a VRAM allocation.",
             ),

@@ -4,7 +4,6 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Avg, Count, F, Max, Q, QuerySet
 
 from .models import (
-    LIVE_SLICE_STATES,
     ApiToken,
     AuditEvent,
     CreditRate,
@@ -103,14 +102,14 @@ def purchase_list(*, tenant: Tenant | None) -> QuerySet[Purchase]:
     return (
         Purchase.objects.for_tenant(tenant)
         .select_related("tier")
-        .annotate(live_slices=Count("slices", filter=Q(slices__state__in=LIVE_SLICE_STATES)))
+        .annotate(live_slices=Count("slices", filter=Q(slices__state__in=Slice.LIVE_STATES)))
         .order_by("-created_at", "-id")
     )
 
 
 def purchase_list_for_ops(*, tenant_id: int | None = None) -> QuerySet[Purchase]:
     qs = Purchase.objects.select_related("tier", "tenant").annotate(
-        live_slices=Count("slices", filter=Q(slices__state__in=LIVE_SLICE_STATES))
+        live_slices=Count("slices", filter=Q(slices__state__in=Slice.LIVE_STATES))
     )
     if tenant_id:
         qs = qs.filter(tenant_id=tenant_id)

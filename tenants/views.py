@@ -18,6 +18,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from gpuplatform.errors import ServiceError
+from gpuplatform.pages import is_partial
 from nodes.placement import can_host
 from nodes.selectors import gpu_shapes_in_service
 
@@ -33,10 +34,6 @@ from .forms import (
     TenantStatusForm,
 )
 from .models import ApiToken, Invitation, Membership, Role, Tenant
-
-
-def _partial(request: HttpRequest) -> bool:
-    return bool(request.htmx and not request.htmx.boosted)
 
 
 def member_required(view):  # type: ignore[no-untyped-def]
@@ -205,7 +202,7 @@ def account(request: HttpRequest) -> HttpResponse:
 def _tokens_response(request: HttpRequest, **extra) -> HttpResponse:  # type: ignore[no-untyped-def]
     request.membership = selectors.membership_for_user(request.user)
     context = _account_context(request, **extra)
-    template = "tenants/_tokens.html" if _partial(request) else "tenants/account.html"
+    template = "tenants/_tokens.html" if is_partial(request) else "tenants/account.html"
     context["oob_activity"] = True
     return render(request, template, context)
 
@@ -233,7 +230,7 @@ def token_create(request: HttpRequest) -> HttpResponse:
 def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
     token = get_object_or_404(ApiToken.objects.filter(user=request.user), pk=pk)
     services.api_token_revoke(user=request.user, token=token)
-    if not _partial(request):
+    if not is_partial(request):
         messages.success(request, f"Token {token.name!r} revoked.")
         return redirect("tenants:account")
     return _tokens_response(request)
@@ -244,7 +241,7 @@ def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
 
 def _members_response(request: HttpRequest, **extra) -> HttpResponse:  # type: ignore[no-untyped-def]
     error = extra.get("member_error")
-    if not _partial(request):
+    if not is_partial(request):
         if error:
             messages.error(request, error)
         return redirect("tenants:account")
@@ -258,7 +255,7 @@ def _members_response(request: HttpRequest, **extra) -> HttpResponse:  # type: i
 def invitation_create(request: HttpRequest) -> HttpResponse:
     form = InvitationForm(request.POST)
     if not form.is_valid():
-        if not _partial(request):
+        if not is_partial(request):
             messages.error(request, "; ".join(e for errs in form.errors.values() for e in errs))
             return redirect("tenants:account")
         return render(request, "tenants/_members.html", _account_context(request, invite_form=form))
@@ -267,7 +264,7 @@ def invitation_create(request: HttpRequest) -> HttpResponse:
             actor_membership=request.membership, **form.cleaned_data
         )
     except ServiceError as exc:
-        if _partial(request):
+        if is_partial(request):
             form.add_error(exc.field if exc.field in form.fields else None, exc.message)
             return render(
                 request, "tenants/_members.html", _account_context(request, invite_form=form)
@@ -329,7 +326,7 @@ def member_remove(request: HttpRequest, pk: int) -> HttpResponse:
         messages.info(request, "You left the tenant.")
         response = HttpResponse(status=204)
         response["HX-Redirect"] = "/account/"
-        return response if _partial(request) else redirect("tenants:account")
+        return response if is_partial(request) else redirect("tenants:account")
     return _members_response(request, member_notice=f"{email} removed.")
 
 
@@ -352,7 +349,9 @@ def ops_tenants(request: HttpRequest) -> HttpResponse:
         "status": status,
         "statuses": Tenant.Status.choices,
     }
-    template = "tenants/ops/_tenant_rows.html" if _partial(request) else "tenants/ops/tenants.html"
+    template = (
+        "tenants/ops/_tenant_rows.html" if is_partial(request) else "tenants/ops/tenants.html"
+    )
     return render(request, template, context)
 
 
@@ -419,7 +418,7 @@ def fit(request: HttpRequest) -> HttpResponse:
         )
         context.update(_fit_result(bound))
         context["form"] = bound
-    partial = _partial(request)
+    partial = is_partial(request)
     context.update(
         partial=partial,  # the partial also rewrites the fields' error slots (out of band)
         error_fields=context["form"].visible_fields(),

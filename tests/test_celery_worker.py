@@ -3,7 +3,6 @@ nothing dispatched inside a transaction that rolls back."""
 
 import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -14,6 +13,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from gpuplatform.celery import app
+from gpuplatform.workers import worker_argv
 from tenants import services
 from tenants.models import Invitation, Role
 
@@ -54,27 +54,13 @@ def worker(tmp_path, django_db_blocker):  # type: ignore[no-untyped-def]
         "DJANGO_SETTINGS_MODULE": "gpuplatform.settings",
     }
     proc = subprocess.Popen(  # noqa: S603
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "gpuplatform",
-            "worker",
-            "-Q",
-            ",".join(settings.CELERY_QUEUE_NAMES),
-            "-P",
-            "solo",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "-n",
-            f"test-{uuid.uuid4().hex[:8]}@%h",
-            "--loglevel",
-            "INFO",
-            "--logfile",
-            str(log),
-        ],
+        worker_argv(
+            queues=",".join(settings.CELERY_QUEUE_NAMES),
+            hostname=f"test-{uuid.uuid4().hex[:8]}@%h",
+            pool="solo",
+            without_peers=True,
+            logfile=log,
+        ),
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,

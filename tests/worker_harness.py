@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 from django.conf import settings
 
 from gpuplatform.celery import app
+from gpuplatform.workers import worker_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,27 +91,13 @@ def workers_for(broker: str, tmp_path: Path, *, queues: str, name: str, env: dic
     def start():  # type: ignore[no-untyped-def]
         log = tmp_path / f"worker{len(started)}.log"
         proc = subprocess.Popen(  # noqa: S603 - our interpreter, fixed arguments
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "gpuplatform",
-                "worker",
-                "-Q",
-                queues,
-                "-P",
-                "solo",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-                "-n",
-                f"{name}-{uuid.uuid4().hex[:8]}@%h",
-                "--loglevel",
-                "INFO",
-                "--logfile",
-                str(log),
-            ],
+            worker_argv(
+                queues=queues,
+                hostname=f"{name}-{uuid.uuid4().hex[:8]}@%h",
+                pool="solo",
+                without_peers=True,
+                logfile=log,
+            ),
             cwd=ROOT,
             env={
                 **os.environ,

@@ -143,6 +143,14 @@ class ReopenSerializer(StrictSerializer):
     note = serializers.CharField(max_length=400, required=False, allow_blank=True, default="")
 
 
+class ActionReasonSerializer(StrictSerializer):
+    """Stop the incident's slice, drain its GPU or its node: the call is the confirmation."""
+
+    reason = serializers.CharField(
+        max_length=300, help_text="Recorded on the incident's timeline (and the slice's)."
+    )
+
+
 class AcknowledgeManySerializer(StrictSerializer):
     ids = serializers.ListField(
         child=serializers.IntegerField(min_value=1, max_value=MAX_ID),

@@ -7,9 +7,6 @@ tenant's incident is a 404); each action calls one service, whose errors become
 400/403/409 in gpuplatform/api/errors.py.
 """
 
-import secrets
-
-from django.db import transaction
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -18,17 +15,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gpuplatform.api.permissions import IsOps
-from gpuplatform.errors import Conflict
 from incidents import selectors, services
 from incidents.models import Incident, WebhookEndpoint
-from tenants.models import Tenant
 from tenants.permissions import IsTenantMember
 
 from . import filters
 from . import serializers as s
-
-# Each incident is POSTed to every active endpoint of its tenant: keep the fan-out small.
-MAX_ACTIVE_WEBHOOKS = 5
 
 
 def _is_ops(request) -> bool:  # type: ignore[no-untyped-def]
@@ -63,7 +55,8 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
     every one not resolved), severity, class, rule, node, GPU, tenant and time. A tenant
     member sees only the incidents about their own slices, reduced to the slice, what
     happened and what to change (`explanation`); their filters are status, severity,
-    class, slice and time. Acknowledge, resolve and reopen are for ops."""
+    class, slice and time. Acknowledge, resolve, reopen, stop-slice, drain-gpu and
+    drain-node are for ops."""
 
     permission_classes = [IsAuthenticated, IsOpsOrTenantMember]
     ordering_fields = ["last_seen_at", "first_seen_at", "occurrences", "severity_rank", "id"]
@@ -140,6 +133,36 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         services.incident_reopen(incident=incident, actor=request.user, **data.validated_data)
         return self._out(incident)
 
+    def _act(self, request, service) -> Response:  # type: ignore[no-untyped-def]
+        incident = self.get_object()
+        data = s.ActionReasonSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        service(incident=incident, actor=request.user, **data.validated_data)
+        return self._out(incident)
+
+    @extend_schema(request=s.ActionReasonSerializer, responses={202: s.OpsIncidentDetailSerializer})
+    @action(detail=True, methods=["post"], url_path="stop-slice", permission_classes=[IsOps])
+    def stop_slice(self, request, pk=None):  # type: ignore[no-untyped-def]
+        """Ops: force-stop the incident's slice; its tenant is told the reason. The stop
+        finishes on a worker (202). 409 `no_running_slice` when it has none or it ended."""
+        response = self._act(request, services.incident_stop_slice)
+        response.status_code = status.HTTP_202_ACCEPTED
+        return response
+
+    @extend_schema(request=s.ActionReasonSerializer, responses=s.OpsIncidentDetailSerializer)
+    @action(detail=True, methods=["post"], url_path="drain-gpu", permission_classes=[IsOps])
+    def drain_gpu(self, request, pk=None):  # type: ignore[no-untyped-def]
+        """Ops: the incident's GPU takes no new slices; those running continue. 409
+        `nothing_to_drain` when no GPU is named or it already takes no placements."""
+        return self._act(request, services.incident_drain_gpu)
+
+    @extend_schema(request=s.ActionReasonSerializer, responses=s.OpsIncidentDetailSerializer)
+    @action(detail=True, methods=["post"], url_path="drain-node", permission_classes=[IsOps])
+    def drain_node(self, request, pk=None):  # type: ignore[no-untyped-def]
+        """Ops: no GPU of the incident's node takes new slices; those running continue.
+        409 `nothing_to_drain` when no node is named or it is draining already."""
+        return self._act(request, services.incident_drain_node)
+
     @extend_schema(
         operation_id="incidents_acknowledge_many",
         request=s.AcknowledgeManySerializer,
@@ -214,29 +237,13 @@ class WebhookEndpointViewSet(
             data=request.data, context={"for_tenant": tenant is not None}
         )
         data.is_valid(raise_exception=True)
-        with transaction.atomic():
-            # No webhook service exists in incidents.services; this is the whole write.
-            if tenant is not None:  # one create at a time per tenant, so the cap holds
-                Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
-            if self.get_queryset().filter(is_active=True).count() >= MAX_ACTIVE_WEBHOOKS:
-                raise Conflict(
-                    f"At most {MAX_ACTIVE_WEBHOOKS} active endpoints: delete one first.",
-                    code="too_many_webhooks",
-                )
-            endpoint = WebhookEndpoint.objects.create(
-                tenant=tenant,
-                url=data.validated_data["url"],
-                secret=secrets.token_urlsafe(32),
-            )
+        endpoint = services.webhook_create(tenant=tenant, url=data.validated_data["url"])
         body = s.WebhookEndpointCreatedSerializer(endpoint).data
         return Response(body, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses={204: None})
     def destroy(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
-        endpoint = self.get_object()
-        if endpoint.is_active:
-            endpoint.is_active = False
-            endpoint.save(update_fields=["is_active"])
+        services.webhook_deactivate(endpoint=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(responses=s.WebhookDeliverySerializer(many=True))

@@ -7,16 +7,21 @@ the disposal of what it finds. Import from here; the modules below say where eac
   turns rule findings into incidents and their actions; the thresholds.
 - `sweep`: `watch_sweep` every minute over the recent window, and the idle stop when due.
 - `dispose`: the actions: placement changes inline; stopping a slice, ending an orphan
-  or throttling on the incidents queue after commit, the offender alone.
+  or throttling on the incidents queue after commit, the offender alone; and ops' own
+  actions from an incident (stop its slice, drain its GPU or node).
+- `webhooks`: endpoints that receive incident notifications, made and deactivated.
 """
 
 from .dispose import (
     BREAKER_REASON,
     HARDWARE_REASON,
-    LIVE,
     REMOTE_ACTIONS,
     incident_confirm_orphan,
     incident_dispose,
+    incident_drain_gpu,
+    incident_drain_node,
+    incident_node,
+    incident_stop_slice,
 )
 from .ledger import (
     SEVERITY_RANK,
@@ -31,12 +36,13 @@ from .ledger import (
 )
 from .sweep import OOM_LOOKBACK, QUIET_AFTER, QUIET_RULES, slice_idle_due, watch_sweep
 from .watchdog import ONE_SHOT_ACTIONS, GpuRow, apply_findings, thresholds_update, watch_batch
+from .webhooks import MAX_ACTIVE_WEBHOOKS, webhook_create, webhook_deactivate
 
 __all__ = [
     "BREAKER_REASON",
     "E",
     "HARDWARE_REASON",
-    "LIVE",
+    "MAX_ACTIVE_WEBHOOKS",
     "ONE_SHOT_ACTIONS",
     "OOM_LOOKBACK",
     "QUIET_AFTER",
@@ -49,13 +55,19 @@ __all__ = [
     "incident_clear",
     "incident_confirm_orphan",
     "incident_dispose",
+    "incident_drain_gpu",
+    "incident_drain_node",
     "incident_event",
+    "incident_node",
     "incident_record",
     "incident_reopen",
     "incident_resolve",
+    "incident_stop_slice",
     "incidents_acknowledge",
     "slice_idle_due",
     "thresholds_update",
     "watch_batch",
     "watch_sweep",
+    "webhook_create",
+    "webhook_deactivate",
 ]

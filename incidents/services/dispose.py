@@ -15,7 +15,7 @@ from django.utils import timezone
 from gpuplatform.errors import Conflict
 from nodes import runtime
 from nodes import services as node_services
-from nodes.models import Gpu
+from nodes.models import Gpu, Node
 from tenants import services as tenant_services
 from tenants.models import Slice
 from tenants.services import members_notify, owner_is_live
@@ -29,7 +29,6 @@ from .ledger import incident_event, incident_mitigate, incident_resolve_locked, 
 E = IncidentEvent.Kind
 BREAKER_REASON = "VRAM breaker"
 HARDWARE_REASON = "Hardware fault"  # the GPU stays drained while its reason says so
-LIVE = (Slice.State.PROVISIONING, Slice.State.RUNNING, Slice.State.STOPPING)
 # Actions that talk to a node: done by a task on the incidents queue.
 REMOTE_ACTIONS = (rules.STOP_SLICE, rules.END_ORPHAN, rules.THROTTLE)
 
@@ -112,7 +111,7 @@ def _tell_tenants_on(
     """Mail the tenants of the live slices on these GPUs, and record those slices on the
     incident so that their tenants find it on their incident page."""
     touched = list(
-        Slice.objects.filter(allocation__gpu_id__in=gpu_ids, state__in=LIVE)
+        Slice.objects.filter(allocation__gpu_id__in=gpu_ids, state__in=Slice.HOLDS_VRAM_STATES)
         .select_related("tenant")
         .order_by("pk")
     )
@@ -140,6 +139,92 @@ def incident_confirm_orphan(*, incident: Incident, actor: AbstractBaseUser) -> I
 
     dispose.delay_on_commit(incident.pk, rules.END_ORPHAN, incident.evidence)
     return incident
+
+
+# --- ops' actions from an incident: stop its slice, drain its GPU or node ------------------------
+
+
+def incident_node(incident: Incident) -> Node | None:
+    """The node an incident is about: its own, else its GPU's."""
+    if incident.node is not None:
+        return incident.node
+    return incident.gpu.node if incident.gpu is not None else None
+
+
+def _gpu_name(gpu: Gpu) -> str:
+    return f"{gpu.node.name} GPU {gpu.index}"
+
+
+@transaction.atomic
+def incident_stop_slice(*, incident: Incident, actor: AbstractBaseUser, reason: str) -> Slice:
+    """Ops force-stop the incident's slice (its tenant is told why) and the timeline
+    records it; 409 `no_running_slice` when it names none or the slice has ended."""
+    require_ops(actor)
+    s = Slice.objects.filter(pk=incident.slice_id).first() if incident.slice_id else None
+    if s is None or s.is_final:
+        raise Conflict(
+            "No running slice to stop: it has none, or it has already ended.",
+            code="no_running_slice",
+        )
+    s = tenant_services.slice_stop(slice=s, actor=actor, reason=reason, force=True)
+    incident_event(
+        incident,
+        E.ACTION,
+        f"Slice {s.pk} force-stopped by ops ({s.state}): {reason}",
+        actor=actor,
+        data={"action": "stop_slice", "slice_id": s.pk, "slice_state": s.state},
+    )
+    return s
+
+
+@transaction.atomic
+def incident_drain_gpu(*, incident: Incident, actor: AbstractBaseUser, reason: str) -> Gpu:
+    """Ops close the incident's GPU to new placements (running work continues); the
+    breaker's own closure may be turned into a drain. 409 `nothing_to_drain` when no GPU
+    is named or it already takes no placements for another reason."""
+    require_ops(actor)
+    gpu = Gpu.objects.select_related("node").filter(pk=incident.gpu_id).first()
+    if gpu is None or not (
+        gpu.accepting_placements or gpu.not_accepting_reason.startswith(BREAKER_REASON)
+    ):
+        raise Conflict(
+            "No GPU to drain: none is named, or it already takes no placements.",
+            code="nothing_to_drain",
+        )
+    gpu = node_services.gpu_set_accepting(
+        gpu=gpu, accepting=False, reason=f"Incident #{incident.pk}: {reason}"
+    )
+    incident_event(
+        incident,
+        E.ACTION,
+        f"Drained {_gpu_name(gpu)}: no new placements, running work continues. {reason}",
+        actor=actor,
+        data={"action": "drain_gpu", "gpu_id": gpu.pk},
+    )
+    return gpu
+
+
+@transaction.atomic
+def incident_drain_node(*, incident: Incident, actor: AbstractBaseUser, reason: str) -> Node:
+    """Ops drain the incident's node: none of its GPUs takes new slices, running ones
+    continue. 409 `nothing_to_drain` when no node is named or it is draining already."""
+    require_ops(actor)
+    node = incident_node(incident)
+    node = Node.objects.filter(pk=node.pk).first() if node is not None else None
+    if node is None or node.drained_at is not None:
+        raise Conflict(
+            "No node to drain: none is named, or it is already draining.",
+            code="nothing_to_drain",
+        )
+    node = node_services.node_drain(node=node, reason=f"Incident #{incident.pk}: {reason}")
+    incident_event(
+        incident,
+        E.ACTION,
+        f"Drained node {node.name}: no new placements, running work continues. {reason}",
+        actor=actor,
+        data={"action": "drain_node", "node_id": node.pk},
+    )
+    return node
 
 
 # --- node work, on the incidents queue ---------------------------------------------------------

@@ -29,7 +29,7 @@ from tenants.models import Slice
 from .. import rules
 from ..models import GpuWatch, Incident, IncidentEvent, SliceWatch, Thresholds
 from ..notify import incident_notify
-from .dispose import HARDWARE_REASON, LIVE, finding_act
+from .dispose import HARDWARE_REASON, finding_act
 from .ledger import (
     SEVERITY_RANK,
     incident_clear,
@@ -384,7 +384,7 @@ def _previous_process_readings(containers: set[str], now: datetime) -> dict[tupl
 def live_slices(*, node_ids: list[int] | None = None):  # type: ignore[no-untyped-def]
     """Running slices on these nodes (all, for None) with their watch rows, and every
     container a live slice owns there (processes in them are nobody's orphans)."""
-    live = Slice.objects.filter(state__in=LIVE)
+    live = Slice.objects.filter(state__in=Slice.HOLDS_VRAM_STATES)
     if node_ids is not None:
         live = live.filter(allocation__gpu__node_id__in=node_ids)
     rows = list(

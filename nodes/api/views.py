@@ -3,7 +3,6 @@
 from datetime import timedelta
 
 import django_filters
-from django.db import transaction
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
@@ -180,17 +179,7 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
         if request.method == "POST":
             data = serializers.GpuPolicyUpdateSerializer(data=request.data)
             data.is_valid(raise_exception=True)
-            values = data.validated_data
-            # Both knobs or neither: a refused ratio leaves the accepting mark as it was.
-            with transaction.atomic():
-                if "overcommit_ratio" in values:
-                    services.gpu_set_overcommit(gpu=gpu, ratio=values["overcommit_ratio"])
-                if "accepting_placements" in values:
-                    services.gpu_set_accepting(
-                        gpu=gpu,
-                        accepting=values["accepting_placements"],
-                        reason=values["reason"],
-                    )
+            services.gpu_policy_set(gpu=gpu, **data.validated_data)
         return self._policy(gpu)
 
 

@@ -778,7 +778,7 @@ def _probe(node: NodeState, c: Container) -> None:
         c.log(now, "stderr", f"gpu-workload: CUDA out of memory. Tried to allocate {want:.0f} MiB")
     c.log(now, "stdout", f"alloc_exit:\t{code}")
     c.workload = None
-    node._exit(c, now, 0)
+    node.container_exit(c, now, 0)
 
 
 def _instant_commands(node: NodeState, c: Container) -> None:
@@ -808,7 +808,7 @@ def _instant_commands(node: NodeState, c: Container) -> None:
         c.workload = None
         if text:
             c.log(now, "stdout", text)
-        node._exit(c, now, code)
+        node.container_exit(c, now, code)
 
 
 def cmd_ps(node: NodeState, inv: Invocation, args: list[str]) -> int:

@@ -319,7 +319,7 @@ class EmulatedNode:
             c = self.state.find_container(ref)
             if c is None or not c.running:
                 return False
-            self.state._exit(
+            self.state.container_exit(
                 c, self.state.clock.now(), exit_code, oom_killed=oom_killed, stream_text=log or ""
             )
             return True

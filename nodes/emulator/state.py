@@ -746,7 +746,7 @@ class NodeState:
                 + ("" if w.cooperative else " cooperative=no"),
             )
             if gpu.mig_enabled and c.device[1] is None:
-                self._exit(
+                self.container_exit(
                     c,
                     now,
                     1,
@@ -761,7 +761,7 @@ class NodeState:
             c.workload = None
             c.log(now, "stdout", "gpu-workload: started without a GPU")
 
-    def _exit(
+    def container_exit(
         self, c: Container, at: float, code: int, *, oom_killed: bool = False, stream_text: str = ""
     ) -> None:
         if stream_text:
@@ -778,7 +778,7 @@ class NodeState:
         if c.running:
             self.refresh()
             if c.running:
-                self._exit(c, self.clock.now(), code)
+                self.container_exit(c, self.clock.now(), code)
 
     def pause_container(self, c: Container) -> str:
         """`docker pause`: the processes are frozen (cgroup freezer): they keep their
@@ -832,7 +832,7 @@ class NodeState:
         c.used_mb = int(held)
         w = c.workload
         code = 137 if w is not None and w.profile == "oom" else CUDA_OOM_EXIT
-        self._exit(c, at, code, stream_text=self._cuda_oom_text(c, gpu, want, free))
+        self.container_exit(c, at, code, stream_text=self._cuda_oom_text(c, gpu, want, free))
 
     def _cap_for(self, c: Container) -> float | None:
         """The limit a workload's allocations run into before the card's own size: every
@@ -875,7 +875,7 @@ class NodeState:
                 at, why = min(due)
                 if why == "exit":
                     c.log(at, "stdout", "gpu-workload: finished")
-                    self._exit(c, at, w.exit_code)
+                    self.container_exit(c, at, w.exit_code)
                 else:
                     assert cap is not None
                     self._cuda_oom(c, at, cap, cap + 1, 0)

@@ -47,6 +47,7 @@ from .policy import (
     MAX_HISTORY_DAYS,
     MIN_HISTORY_DAYS,
     POLICY_FIELDS,
+    gpu_policy_set,
     gpu_recommended_ratio,
     gpu_set_accepting,
     gpu_set_overcommit,
@@ -78,7 +79,6 @@ from .sampling import (
     FiveMinuteBucket,
     endpoint_for,
     node_note_error,
-    node_sample,
     nodes_sample,
     read_nodes,
     record_failure,
@@ -86,11 +86,6 @@ from .sampling import (
     samples_ingest,
     samples_rollup_and_prune,
 )
-
-# Old private names, for the callers that still use them: incidents/throttle.py calls
-# _docker, tests/nodes/test_fleet.py imports _last_line.
-_docker = run_on_node
-_last_line = cli_error_line
 
 __all__ = [
     "CONTAINER_START_TIMEOUT",
@@ -128,6 +123,7 @@ __all__ = [
     "container_remove",
     "container_start",
     "endpoint_for",
+    "gpu_policy_set",
     "gpu_recommended_ratio",
     "gpu_set_accepting",
     "gpu_set_overcommit",
@@ -147,7 +143,6 @@ __all__ = [
     "node_preflight_request",
     "node_register",
     "node_rescan",
-    "node_sample",
     "node_scan_host_key",
     "node_undrain",
     "node_update",

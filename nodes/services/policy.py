@@ -141,6 +141,23 @@ def gpu_set_accepting(*, gpu: Gpu, accepting: bool, reason: str = "") -> Gpu:
     return gpu
 
 
+@transaction.atomic
+def gpu_policy_set(
+    *,
+    gpu: Gpu,
+    overcommit_ratio: Decimal | None = None,
+    accepting_placements: bool | None = None,
+    reason: str = "",
+) -> Gpu:
+    """Change the GPU's overcommit ratio, its placement mark, or both (None: leave it):
+    both or neither, so a refused ratio leaves the mark as it was."""
+    if overcommit_ratio is not None:
+        gpu = gpu_set_overcommit(gpu=gpu, ratio=overcommit_ratio)
+    if accepting_placements is not None:
+        gpu = gpu_set_accepting(gpu=gpu, accepting=accepting_placements, reason=reason)
+    return gpu
+
+
 # --- the node policy ---------------------------------------------------------------------
 
 POLICY_FIELDS = (
@@ -204,7 +221,7 @@ def _policy_clean(field: str, value):  # type: ignore[no-untyped-def]
                 out.append({"component": component, "build": build, "reason": reason[:300]})
             return out
         if field == "probe_image":
-            return runtime._check_image(str(value).strip())
+            return runtime.check_image(str(value).strip())
         if field == "probe_command":
             if (
                 not isinstance(value, list)

@@ -196,10 +196,6 @@ def _store_chunk(results, failures) -> dict[str, int]:  # type: ignore[no-untype
     }
 
 
-def node_sample(*, node_id: int, pool: ssh.SSHPool | None = None) -> dict[str, int]:
-    return nodes_sample(node_ids=[node_id], pool=pool)
-
-
 def samples_ingest(
     *, results: list[tuple[Node, telemetry.NodeSample]], received_at: datetime | None = None
 ) -> SampleBatch:

@@ -23,7 +23,7 @@ Every builder raises ``EstimatorError`` for bad input, never anything else.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -871,6 +871,3 @@ def _family_flags(family: str, positions: int | None) -> dict[str, Any]:
             "token_types": 2 if family == "bert" else 1,
         }
     return {}
-
-
-SPEC_FIELDS = tuple(f.name for f in fields(ModelSpec))

@@ -1,8 +1,25 @@
 """Every write to tenants: accounts (members, invitations, tokens), money, and slices."""
 
-from .accounts import *  # noqa: F403
-from .accounts import API_TOKEN_MAX_DAYS, INVITATION_PURGE_AFTER  # noqa: F401
-from .billing import (  # noqa: F401
+from .accounts import (
+    API_TOKEN_MAX_DAYS,
+    api_token_create,
+    api_token_revoke,
+    invitation_accept,
+    invitation_by_token,
+    invitation_create,
+    invitation_purge_expired,
+    invitation_resend,
+    invitation_revoke,
+    invitation_send,
+    members_notify,
+    members_notify_send,
+    membership_change_role,
+    membership_remove,
+    tenant_create,
+    tenant_set_status,
+    tenant_sign_up,
+)
+from .billing import (
     LOW_TIME_WARNING_MINUTES,
     MAX_PURCHASE_HOURS,
     credit_grant,
@@ -11,15 +28,15 @@ from .billing import (  # noqa: F401
     purchase_warn_if_low,
     slice_meter,
 )
-from .credit import (  # noqa: F401
+from .credit import (
     credit_rate_set,
     credit_request_create,
     credit_request_decline,
     credit_request_grant,
     credit_request_withdraw,
 )
-from .images import image_create, image_update  # noqa: F401
-from .slices import (  # noqa: F401
+from .images import image_create, image_update
+from .slices import (
     ALLOWED,
     ServiceRefusal,
     clean_command,
@@ -36,3 +53,52 @@ from .slices import (  # noqa: F401
     slices_meter,
     slices_reconcile,
 )
+
+__all__ = [
+    "ALLOWED",
+    "API_TOKEN_MAX_DAYS",
+    "LOW_TIME_WARNING_MINUTES",
+    "MAX_PURCHASE_HOURS",
+    "ServiceRefusal",
+    "api_token_create",
+    "api_token_revoke",
+    "clean_command",
+    "clean_environment",
+    "container_remove_quietly",
+    "credit_grant",
+    "credit_rate_set",
+    "credit_request_create",
+    "credit_request_decline",
+    "credit_request_grant",
+    "credit_request_withdraw",
+    "image_create",
+    "image_update",
+    "invitation_accept",
+    "invitation_by_token",
+    "invitation_create",
+    "invitation_purge_expired",
+    "invitation_resend",
+    "invitation_revoke",
+    "invitation_send",
+    "measured_peak_mb",
+    "members_notify",
+    "members_notify_send",
+    "membership_change_role",
+    "membership_remove",
+    "owner_is_live",
+    "purchase_create",
+    "purchase_refund",
+    "purchase_warn_if_low",
+    "queue_position",
+    "slice_finish_stop",
+    "slice_launch",
+    "slice_meter",
+    "slice_provision",
+    "slice_stop",
+    "slices_dispatch_queue",
+    "slices_meter",
+    "slices_reconcile",
+    "tenant_create",
+    "tenant_set_status",
+    "tenant_sign_up",
+]

@@ -131,14 +131,14 @@ def _stop_all_slices(tenant: Tenant, actor: AbstractBaseUser, reason: str) -> No
     """A suspended tenant runs nothing: its slices are stopped (queued ones cancelled),
     their VRAM released and metering stopped; what is left of their purchases stays
     refundable by ops."""
-    from ..models import LIVE_SLICE_STATES, Slice
-    from .slices import _lock, _stop_locked
+    from ..models import Slice
+    from .slices import slice_lock, slice_stop_locked
 
-    for pk in Slice.objects.filter(tenant=tenant, state__in=LIVE_SLICE_STATES).values_list(
+    for pk in Slice.objects.filter(tenant=tenant, state__in=Slice.LIVE_STATES).values_list(
         "pk", flat=True
     ):
-        _stop_locked(
-            _lock(pk), actor=actor, reason=f"The tenant was suspended: {reason}", force=True
+        slice_stop_locked(
+            slice_lock(pk), actor=actor, reason=f"The tenant was suspended: {reason}", force=True
         )
 
 

@@ -92,7 +92,7 @@ def credit_grant(
 ) -> LedgerEntry:
     """Ops add credit to a tenant's balance. A retry with the same idempotency key
     returns the first entry and adds nothing; the same key for another grant is a 409."""
-    key = _check_idempotency_key(idempotency_key)
+    key = clean_idempotency_key(idempotency_key)
     try:
         return _credit_grant(tenant=tenant, amount=amount, actor=actor, memo=memo, key=key)
     except IntegrityError:
@@ -157,7 +157,7 @@ def _credit_grant(
     return entry
 
 
-def _check_idempotency_key(key: str) -> str:
+def clean_idempotency_key(key: str) -> str:
     key = (key or "").strip()
     if len(key) > 128 or any(ord(c) < 33 or ord(c) > 126 for c in key):
         raise ServiceError(
@@ -174,7 +174,7 @@ def purchase_create(
 
     A repeated idempotency key returns the first purchase (created False) and charges
     nothing; the same key with a different tier or hours is a conflict."""
-    key = _check_idempotency_key(idempotency_key)
+    key = clean_idempotency_key(idempotency_key)
     if key:
         existing = _purchase_for_key(membership.tenant, key, tier=tier, hours=hours)
         if existing is not None:
@@ -259,7 +259,7 @@ def purchase_refund(*, purchase: Purchase, actor: AbstractBaseUser, memo: str = 
         raise NotAllowed("Only ops can refund.")
     tenant = _lock_tenant(purchase.tenant)
     purchase = Purchase.objects.select_for_update().get(pk=purchase.pk)
-    if purchase.slices.filter(state__in=LIVE_FOR_REFUND).exists():
+    if purchase.slices.filter(state__in=Slice.LIVE_STATES).exists():
         raise Conflict("A slice still uses this purchase: stop it first.", code="purchase_in_use")
     if purchase.minutes_left == 0:
         raise Conflict("Nothing left to refund on this purchase.", code="nothing_to_refund")
@@ -301,15 +301,6 @@ def purchase_refund(*, purchase: Purchase, actor: AbstractBaseUser, memo: str = 
         ),
     )
     return entry  # type: ignore[return-value]
-
-
-LIVE_FOR_REFUND = (
-    Slice.State.REQUESTED,
-    Slice.State.QUEUED,
-    Slice.State.PROVISIONING,
-    Slice.State.RUNNING,
-    Slice.State.STOPPING,
-)
 
 
 # --- metering ---------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ def _runtime_accepts(reference: str) -> bool:
     from nodes import runtime
 
     try:
-        runtime._check_image(reference)
+        runtime.check_image(reference)
     except ValueError:
         return False
     return True

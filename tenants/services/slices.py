@@ -31,7 +31,7 @@ from nodes.models import Node
 from .. import estimator
 from ..models import Image, Membership, Purchase, Slice, SliceTransition
 from .accounts import members_notify
-from .billing import _check_idempotency_key, node_answers, purchase_warn_if_low, slice_meter
+from .billing import clean_idempotency_key, node_answers, purchase_warn_if_low, slice_meter
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,6 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     S.STOPPED: (),
     S.FAILED: (),
 }
-HOLDS_VRAM = (S.PROVISIONING, S.RUNNING, S.STOPPING)
 MAX_PROVISION_ATTEMPTS = 3
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -119,7 +118,7 @@ def _record_requested(slice: Slice, actor: AbstractBaseUser | None) -> None:
     ]
 
 
-def _lock(slice_id: int) -> Slice:
+def slice_lock(slice_id: int) -> Slice:
     return (
         Slice.objects.select_for_update(of=("self",))
         .select_related("purchase__tier", "image_entry", "allocation__gpu__node", "tenant")
@@ -253,7 +252,7 @@ def slice_launch(
     A job the estimate says will not fit its tier is recorded as refused (nothing is
     reserved) and ServiceRefusal is raised after commit, with the breakdown. A repeated
     idempotency key returns the first slice."""
-    key = _check_idempotency_key(idempotency_key)
+    key = clean_idempotency_key(idempotency_key)
     command = clean_command(command)
     environment = clean_environment(environment)
     same = {
@@ -284,9 +283,7 @@ def slice_launch(
         existing = _slice_for_key(membership, key, same) if key else None
         if existing is not None:
             return existing, False
-        busy = Slice.objects.filter(
-            purchase_id=purchase.pk, state__in=[S.REQUESTED, S.QUEUED, *HOLDS_VRAM]
-        )
+        busy = Slice.objects.filter(purchase_id=purchase.pk, state__in=Slice.LIVE_STATES)
         if busy.exists():  # tenants_slice_one_live_per_purchase (any database's wording)
             raise Conflict(
                 "This purchase already runs a slice; stop it or buy another.",
@@ -540,7 +537,7 @@ def slice_provision(*, slice_id: int, final_attempt: bool = True) -> str:
     (the task retries); on the final attempt, or when docker refuses, the slice fails and
     its VRAM is released."""
     with transaction.atomic():
-        slice = _lock(slice_id)
+        slice = slice_lock(slice_id)
         if slice.state == S.STOPPING:
             _dispatch_stop(slice)  # stopped meanwhile: the stop task removes what exists
         if slice.state != S.PROVISIONING:
@@ -578,7 +575,7 @@ def slice_provision(*, slice_id: int, final_attempt: bool = True) -> str:
 
 def _provision_succeeded(slice_id: int, info) -> str:  # type: ignore[no-untyped-def]
     with transaction.atomic():
-        slice = _lock(slice_id)
+        slice = slice_lock(slice_id)
         if slice.state == S.PROVISIONING:
             node_services.allocation_activate(allocation=slice.allocation, container_id=info.id)  # type: ignore[arg-type]
             now = timezone.now()
@@ -611,7 +608,7 @@ def _provision_failed(slice_id: int, reason: str, info) -> str:  # type: ignore[
                 node=slice.allocation.gpu.node, container=info.id, lines=5
             )
     with transaction.atomic():
-        slice = _lock(slice_id)
+        slice = slice_lock(slice_id)
         if slice.state not in (S.PROVISIONING, S.STOPPING):
             return slice.state
         if slice.state == S.STOPPING:
@@ -713,13 +710,13 @@ def slice_stop(
     Tenants need write access; `force` (ops) kills the container without a grace period."""
     if force and actor is not None and not getattr(actor, "is_staff", False):
         raise NotAllowed("Only ops can force-stop a slice.")  # (None: the watchdog)
-    slice = _lock(slice.pk)
+    slice = slice_lock(slice.pk)
     if actor is not None and not getattr(actor, "is_staff", False):
         membership = Membership.objects.filter(user=actor, tenant=slice.tenant).first()
         if membership is None or not membership.can_write:
             raise NotAllowed("Viewers cannot stop slices.")
     was_final = slice.is_final
-    slice = _stop_locked(slice, actor=actor, reason=reason, force=force)
+    slice = slice_stop_locked(slice, actor=actor, reason=reason, force=force)
     if getattr(actor, "is_staff", False) and not was_final:
         # a stop the tenant did not ask for is told to them, with the reason ops gave
         members_notify(
@@ -731,7 +728,7 @@ def slice_stop(
     return slice
 
 
-def _stop_locked(
+def slice_stop_locked(
     slice: Slice, *, actor: AbstractBaseUser | None, reason: str, force: bool = False
 ) -> Slice:
     who = "ops" if getattr(actor, "is_staff", False) else "you"
@@ -807,7 +804,7 @@ def slice_finish_stop(*, slice_id: int, force: bool = False) -> str:
         container = slice.container_id or slice.container_name
         node_services.container_remove(node=node, container=container, grace_s=0 if force else 10)
     with transaction.atomic():
-        slice = _lock(slice_id)
+        slice = slice_lock(slice_id)
         if slice.state != S.STOPPING:
             return slice.state
         _settle(slice, timezone.now())
@@ -834,7 +831,7 @@ def slices_meter(*, now: datetime | None = None) -> dict[str, int]:
     counts = {"metered": 0, "minutes": 0, "warned": 0, "stopped": 0}
     for slice_id in Slice.objects.filter(state=S.RUNNING).values_list("pk", flat=True):
         with transaction.atomic():
-            slice = _lock(slice_id)
+            slice = slice_lock(slice_id)
             if slice.state != S.RUNNING:
                 continue
             if not node_answers(slice):
@@ -850,7 +847,7 @@ def slices_meter(*, now: datetime | None = None) -> dict[str, int]:
                     f"The purchase's {purchase.minutes_total} minutes are used up: the "
                     "slice was stopped. Buy more time to launch again."
                 )
-                _stop_locked(slice, actor=None, reason=reason)
+                slice_stop_locked(slice, actor=None, reason=reason)
                 members_notify(
                     tenant=slice.tenant, subject=f"Slice {slice.pk} stopped", body=reason
                 )
@@ -915,7 +912,7 @@ def _abandon_unreachable_stops(now: datetime, timeout: timedelta) -> int:
     ).values_list("pk", flat=True)
     for pk in stuck:
         with transaction.atomic():
-            slice = _lock(pk)
+            slice = slice_lock(pk)
             last = slice.transitions.order_by("-at").values_list("at", flat=True).first()
             if slice.state != S.STOPPING or (last is not None and now - last < timeout):
                 continue
@@ -934,9 +931,9 @@ def _reconcile_node(
     counts["nodes"] += 1
     by_owner = {c.owner_key: c for c in containers if c.owner_key}
     slices = list(
-        Slice.objects.filter(allocation__gpu__node=node, state__in=HOLDS_VRAM).values_list(
-            "pk", "state"
-        )
+        Slice.objects.filter(
+            allocation__gpu__node=node, state__in=Slice.HOLDS_VRAM_STATES
+        ).values_list("pk", "state")
     )
     expected = {f"slice-{pk}" for pk, _ in slices}
     for pk, state in slices:
@@ -962,7 +959,7 @@ def owner_is_live(owner_key: str) -> bool:
     number = owner_key.removeprefix("slice-")
     if number == owner_key or not is_id(number):
         return False
-    return Slice.objects.filter(pk=int(number), state__in=HOLDS_VRAM).exists()
+    return Slice.objects.filter(pk=int(number), state__in=Slice.HOLDS_VRAM_STATES).exists()
 
 
 def _reconcile_dead(slice_id: int, node: Node, container) -> int:  # type: ignore[no-untyped-def]
@@ -979,7 +976,7 @@ def _reconcile_dead(slice_id: int, node: Node, container) -> int:  # type: ignor
     if info is not None:
         logs = node_services.container_logs_tail(node=node, container=info.id, lines=5)
     with transaction.atomic():
-        slice = _lock(slice_id)
+        slice = slice_lock(slice_id)
         if slice.state != S.RUNNING:
             return 0
         if info is None:
@@ -1006,7 +1003,7 @@ def _reconcile_provisioning(
     slice_id: int, container, now: datetime, timeout: timedelta
 ) -> str | None:  # type: ignore[no-untyped-def]
     with transaction.atomic():
-        slice = _lock(slice_id)
+        slice = slice_lock(slice_id)
         started = slice.provision_started_at or slice.created_at
         if slice.state != S.PROVISIONING or now - started < timeout:
             return None

@@ -389,8 +389,13 @@ class Recorder:
     def _failed(self, request) -> None:  # type: ignore[no-untyped-def]
         self.in_flight.discard(request)
         failure = request.failure or ""
-        # htmx polls cut short by the next navigation are not failures of the page
-        if "ERR_ABORTED" in failure and request.resource_type in XHR_TYPES:
+        # htmx polls cut short by the next navigation are not failures of the page, nor is
+        # the favicon, which chromium fetches after load and drops when the page moves on
+        # (a missing favicon would answer 404, which `_response` reports)
+        aborted_by_navigation = request.resource_type in XHR_TYPES or request.url.endswith(
+            "/favicon.svg"
+        )
+        if "ERR_ABORTED" in failure and aborted_by_navigation:
             return
         self.problems.append(f"request failed: {request.resource_type} {request.url} {failure}")
 

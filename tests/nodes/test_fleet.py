@@ -42,7 +42,7 @@ def test_sampling_stores_gpu_and_process_rows(fleet, pool, register):  # type: i
     seen = []
     hook = hooks.register_sample_hook(seen.append)
     try:
-        result = services.node_sample(node_id=node.pk, pool=pool)
+        result = services.nodes_sample(node_ids=[node.pk], pool=pool)
     finally:
         hooks.unregister_sample_hook(hook)
     gpu_count = node.gpus.count()
@@ -89,7 +89,7 @@ def test_container_started_with_docker_shows_up_with_its_id(fleet, pool, registe
     container_id = run.stdout.decode().strip()
     assert len(container_id) == 64
     fleet.advance(30)
-    services.node_sample(node_id=node.pk, pool=pool)
+    services.nodes_sample(node_ids=[node.pk], pool=pool)
     proc = ProcessSample.objects.filter(gpu=gpu, container_id=container_id).first()
     assert proc is not None and proc.used_memory_mb > 0
 
@@ -99,7 +99,7 @@ def test_nvidia_smi_fallback_when_node_has_no_nvml(fleet, pool, register):  # ty
     services.node_discover(node_id=node.pk, pool=pool)
     fleet.nodes[1].set_nvml_available(False)
     fleet.nodes[1].add_gpu_process(0, used_mb=1500)
-    services.node_sample(node_id=node.pk, pool=pool)
+    services.nodes_sample(node_ids=[node.pk], pool=pool)
     node.refresh_from_db()
     assert node.sample_source == "nvidia-smi"
     assert GpuSample.objects.filter(gpu__node=node).count() == node.gpus.count()
@@ -129,7 +129,7 @@ def test_changed_host_key_is_refused_and_nothing_is_sent(fleet, pool, register):
     emu.rotate_host_key()
     pool.close()  # a fresh connection must handshake again
     emu.clear_audit()
-    result = services.node_sample(node_id=node.pk, pool=pool)
+    result = services.nodes_sample(node_ids=[node.pk], pool=pool)
     assert result["failed"] == 1
     node.refresh_from_db()
     assert node.status == Node.Status.UNREACHABLE  # at once, not after three tries
@@ -147,7 +147,7 @@ def test_unanswered_node_goes_unreachable_and_recovers(fleet, pool, register, se
     pool.close()
     for attempt in range(1, 4):
         pool._backoff.clear()  # the test does not wait out the reconnect backoff
-        services.node_sample(node_id=node.pk, pool=pool)
+        services.nodes_sample(node_ids=[node.pk], pool=pool)
         node.refresh_from_db()
         assert node.consecutive_failures == attempt
         expected = Node.Status.UNREACHABLE if attempt >= 3 else Node.Status.ACTIVE
@@ -155,7 +155,7 @@ def test_unanswered_node_goes_unreachable_and_recovers(fleet, pool, register, se
     assert node.last_error
     emu.set_down(False)
     pool._backoff.clear()
-    assert services.node_sample(node_id=node.pk, pool=pool)["sampled"] == 1
+    assert services.nodes_sample(node_ids=[node.pk], pool=pool)["sampled"] == 1
     node.refresh_from_db()
     assert node.status == Node.Status.ACTIVE and node.consecutive_failures == 0
 
@@ -282,7 +282,7 @@ def test_retention_prunes_raw_samples_and_keeps_rollups(register, settings):  # 
 
 
 def test_a_docker_cli_error_is_reported_by_its_error_line_not_its_usage_hint() -> None:
-    from nodes.services import _last_line
+    from nodes.services import cli_error_line
 
     # what Docker 20.10 and Docker 28 print when the daemon refuses a run
     old = b"docker: Error response from daemon: No such image: x:1.\nSee 'docker run --help'.\n"
@@ -290,5 +290,5 @@ def test_a_docker_cli_error_is_reported_by_its_error_line_not_its_usage_hint() -
         b"docker: Error response from daemon: No such image: x:1\n\n"
         b"Run 'docker run --help' for more information\n"
     )
-    assert _last_line(old) == "Error response from daemon: No such image: x:1."
-    assert _last_line(new) == "Error response from daemon: No such image: x:1"
+    assert cli_error_line(old) == "Error response from daemon: No such image: x:1."
+    assert cli_error_line(new) == "Error response from daemon: No such image: x:1"

@@ -27,6 +27,7 @@ from nodes import ssh, telemetry
 from nodes.emulator.catalog import GpuSpec
 from nodes.emulator.keys import generate_ed25519
 from tests.lab_support import unavailable
+from tests.nodes.xid import pci_bus_key
 from tests.worker_harness import wait_for
 
 pytestmark = pytest.mark.lab
@@ -261,9 +262,7 @@ def test_an_xid_from_the_emulated_driver_reaches_the_sampler_once(tools, pool): 
     first, second = sample(), sample()
     [event] = first.xid_events
     assert event.xid == 48 and "uncorrectable double bit error" in event.raw
-    assert telemetry.pci_bus_key(event.pci_bus_id) == telemetry.pci_bus_key(
-        first.gpus[4].pci_bus_id
-    )
+    assert pci_bus_key(event.pci_bus_id) == pci_bus_key(first.gpus[4].pci_bus_id)
     assert second.xid_events == ()
 
 

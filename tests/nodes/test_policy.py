@@ -142,3 +142,26 @@ def test_two_samples_a_week_apart_are_not_a_week_of_history(gpu):  # type: ignor
         )
     rec = services.gpu_recommended_ratio(gpu=gpu, now=now)
     assert rec["ratio"] is None and rec["days_of_history"] == 2
+
+
+def test_gpu_policy_set_changes_both_knobs_or_neither(gpu):  # type: ignore[no-untyped-def]
+    history(gpu, days=10, peak_mb=12288, now=timezone.now())  # recommends 2.00
+    with pytest.raises(ServiceError) as caught:  # closing needs a reason: the ratio stays
+        services.gpu_policy_set(
+            gpu=gpu, overcommit_ratio=Decimal("1.50"), accepting_placements=False, reason=" "
+        )
+    assert caught.value.field == "reason"
+    gpu.refresh_from_db()
+    assert gpu.overcommit_ratio == Decimal("1.00") and gpu.accepting_placements
+    with pytest.raises(Conflict):  # a refused ratio leaves the mark as it was
+        services.gpu_policy_set(
+            gpu=gpu, overcommit_ratio=Decimal("2.50"), accepting_placements=False, reason="x"
+        )
+    gpu.refresh_from_db()
+    assert gpu.accepting_placements
+    gpu = services.gpu_policy_set(
+        gpu=gpu, overcommit_ratio=Decimal("1.50"), accepting_placements=False, reason="fans"
+    )
+    assert gpu.overcommit_ratio == Decimal("1.50") and gpu.not_accepting_reason == "fans"
+    gpu = services.gpu_policy_set(gpu=gpu, accepting_placements=True)  # the ratio untouched
+    assert gpu.overcommit_ratio == Decimal("1.50") and gpu.accepting_placements

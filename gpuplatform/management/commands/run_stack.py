@@ -20,6 +20,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from gpuplatform.workers import worker_argv
 from nodes import ssh
 
 LAB_DIR = settings.VAR_DIR / "lab"
@@ -52,25 +53,13 @@ class Command(BaseCommand):
     def handle(self, *args, **options):  # type: ignore[no-untyped-def]
         python = sys.executable
         queues = ",".join(settings.CELERY_QUEUE_NAMES)
-        worker = [
-            python,
-            "-m",
-            "celery",
-            "-A",
-            "gpuplatform",
-            "worker",
-            "-Q",
-            queues,
-            "--loglevel",
-            "INFO",
-            "-n",
-            "worker@%h",
-        ]
         if settings.CELERY_BROKER_URL.startswith("filesystem"):
             # The filesystem transport has no fanout: no remote control or gossip.
-            worker += ["--without-gossip", "--without-mingle", "--without-heartbeat", "-P", "solo"]
+            worker = worker_argv(
+                queues=queues, hostname="worker@%h", pool="solo", without_peers=True
+            )
         else:
-            worker += ["--concurrency", "2"]
+            worker = worker_argv(queues=queues, hostname="worker@%h", concurrency=2)
         fleet_commands = {}
         if options["fleet"] > 0:
             key = ssh.load_or_create_platform_key(Path(settings.NODES_SSH_KEY_PATH))
