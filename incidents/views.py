@@ -235,15 +235,10 @@ def available_actions(incident: Incident) -> dict[str, bool]:
         "acknowledge": incident.status == Incident.Status.OPEN,
         "resolve": not resolved,
         "reopen": resolved,
-        "stop_slice": incident.slice is not None and not incident.slice.is_final,
-        # the breaker's own closure lifts by itself: ops may turn it into a drain
-        "drain_gpu": incident.gpu is not None
-        and (
-            incident.gpu.accepting_placements
-            or incident.gpu.not_accepting_reason.startswith(services.BREAKER_REASON)
-        ),
+        "stop_slice": services.can_stop_slice(incident.slice),
+        "drain_gpu": services.can_drain_gpu(incident.gpu),
         "end_orphan": incident.rule == "orphan_process" and not resolved,
-        "drain_node": node is not None and node.drained_at is None,
+        "drain_node": services.can_drain_node(node),
     }
 
 
@@ -356,7 +351,7 @@ def _stop_slice(request: HttpRequest, incident: Incident, data: dict) -> str:
 
 def _drain_gpu(request: HttpRequest, incident: Incident, data: dict) -> str:
     gpu = services.incident_drain_gpu(incident=incident, actor=request.user, reason=data["reason"])
-    return f"{gpu.node.name} GPU {gpu.index} takes no new placements."
+    return f"{services.gpu_label(gpu)} takes no new placements."
 
 
 def _drain_node(request: HttpRequest, incident: Incident, data: dict) -> str:

@@ -125,6 +125,19 @@ class Node(models.Model):
         return self.Status.DRAINING if self.drained_at else self.Status.ACTIVE
 
 
+class GpuQuerySet(models.QuerySet):
+    def taking_placements(self) -> "GpuQuerySet":
+        """GPUs a new reservation may land on: present, accepting, on an active, undrained
+        node that passed the preflight gate (placement and the tier catalog share it)."""
+        return self.filter(
+            present=True,
+            accepting_placements=True,
+            node__status=Node.Status.ACTIVE,
+            node__drained_at__isnull=True,
+            node__gate_status=GateStatus.PASSED,
+        )
+
+
 class Gpu(models.Model):
     node = models.ForeignKey(
         "nodes.Node", on_delete=models.CASCADE, related_name="gpus", verbose_name="node"
@@ -175,6 +188,8 @@ class Gpu(models.Model):
         help_text="Every process on the card, of a slice or not: placement counts it.",
     )
     last_sample_at = models.DateTimeField("last sample", null=True, blank=True)
+
+    objects = GpuQuerySet.as_manager()
 
     class Meta:
         ordering = ["node__name", "index"]

@@ -11,7 +11,6 @@ from django.utils import timezone
 
 from .models import (
     Allocation,
-    GateStatus,
     Gpu,
     GpuSample,
     GpuSampleRollup,
@@ -32,13 +31,7 @@ def gpu_shapes_in_service() -> list[dict]:
     """One row per distinct card shape that takes placements now (model, size, MIG layout,
     whole-card rule): what the tier catalog says each tier runs on. One query."""
     rows = (
-        Gpu.objects.filter(
-            present=True,
-            accepting_placements=True,
-            node__status=Node.Status.ACTIVE,
-            node__drained_at__isnull=True,
-            node__gate_status=GateStatus.PASSED,
-        )
+        Gpu.objects.taking_placements()
         .values_list("model", "vram_total_mb", "mig_enabled", "whole_card_only", "mig_devices")
         .order_by("model")
     )

@@ -4,6 +4,7 @@ template."""
 from django.http import HttpRequest
 from django.utils.functional import SimpleLazyObject
 
+from .money import Rate
 from .selectors import credit_rate_current, membership_for_user
 
 
@@ -17,6 +18,14 @@ def membership(request: HttpRequest) -> dict:
     return {"membership": request.membership}  # type: ignore[attr-defined]
 
 
+def request_credit_rate(request: HttpRequest) -> Rate:
+    """What a credit is worth for this request: read once, shared by the view, its forms
+    and the templates."""
+    if not hasattr(request, "credit_rate"):
+        request.credit_rate = credit_rate_current()  # type: ignore[attr-defined]
+    return request.credit_rate  # type: ignore[attr-defined]
+
+
 def credit_rate(request: HttpRequest) -> dict:
-    """What a credit is worth, read at most once per request and only if a page shows money."""
-    return {"credit_rate": SimpleLazyObject(credit_rate_current)}
+    """The rate for templates, read only if a page shows money."""
+    return {"credit_rate": SimpleLazyObject(lambda: request_credit_rate(request))}

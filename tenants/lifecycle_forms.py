@@ -14,7 +14,7 @@ from . import services
 from .fit import JobForm
 from .models import Image, Purchase, Slice, Tenant, Tier
 from .money import Rate
-from .selectors import credit_rate_current, image_list, purchase_list, tier_list
+from .selectors import image_list, purchase_list, tier_list
 
 
 def new_form_token() -> str:
@@ -40,10 +40,10 @@ class BuyForm(forms.Form):
     hours = forms.IntegerField(min_value=1, max_value=services.MAX_PURCHASE_HOURS, initial=1)
     idempotency_token = TokenField()
 
-    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def __init__(self, *args, rate: Rate, **kwargs):  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self.fields["tier"].queryset = tier_list()
-        self.fields["tier"].rate = credit_rate_current()
+        self.fields["tier"].rate = rate
         self.fields["idempotency_token"].initial = new_form_token()
 
     def total(self) -> Decimal | None:

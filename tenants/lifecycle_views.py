@@ -26,6 +26,7 @@ from gpuplatform.pages import is_partial, live_response
 from gpuplatform.querystring import is_id
 
 from . import fit, selectors, services
+from .context_processors import request_credit_rate
 from .fit import JobForm, error_summary, estimate_for
 from .forms import CreditDecisionForm, CreditRateForm, CreditRequestForm
 from .lifecycle_forms import (
@@ -161,7 +162,8 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 def buy(request: HttpRequest) -> HttpResponse:
     """Choose a tier and hours, confirm the total, buy once (the form's token is the key)."""
     tenant = request.membership.tenant
-    form = BuyForm(request.POST or None, initial=_buy_initial(request))
+    rate = request_credit_rate(request)
+    form = BuyForm(request.POST or None, initial=_buy_initial(request), rate=rate)
     status = 200
     confirming = False
     insufficient = False
@@ -193,7 +195,6 @@ def buy(request: HttpRequest) -> HttpResponse:
     elif request.method == "POST":
         status = 400
     tiers = list(selectors.tier_list())
-    rate = selectors.credit_rate_current()
     total = form.total() if form.is_bound and not form.errors else None
     balance_after = tenant.credit_balance - total if total is not None else None
     return render(
@@ -530,7 +531,7 @@ def ops_credit(request: HttpRequest) -> HttpResponse:
     purchases = selectors.purchase_list_for_ops(
         tenant_id=int(refund_tenant) if is_id(refund_tenant) else None
     ).filter(minutes_left__gt=0, refunded_at__isnull=True)[:50]
-    rate = selectors.credit_rate_current()
+    rate = request_credit_rate(request)
     return render(
         request,
         "tenants/ops_credit.html",

@@ -23,6 +23,7 @@ from nodes.placement import can_host
 from nodes.selectors import gpu_shapes_in_service
 
 from . import selectors, services
+from .context_processors import request_credit_rate
 from .forms import (
     AcceptInvitationForm,
     ApiTokenForm,
@@ -82,7 +83,7 @@ def catalog(request: HttpRequest) -> HttpResponse:
             }
         )
         tier.runs_on = models  # type: ignore[attr-defined]
-    rate = selectors.credit_rate_current()
+    rate = request_credit_rate(request)
     chart = {
         "labels": [t.name for t in tiers],
         # Money per GB-hour to four places: cents would flatten the differences it shows.

@@ -151,8 +151,27 @@ def incident_node(incident: Incident) -> Node | None:
     return incident.gpu.node if incident.gpu is not None else None
 
 
-def _gpu_name(gpu: Gpu) -> str:
+def gpu_label(gpu: Gpu) -> str:
     return f"{gpu.node.name} GPU {gpu.index}"
+
+
+# What the incident page offers and what the services accept: one rule each.
+
+
+def can_stop_slice(slice: Slice | None) -> bool:
+    return slice is not None and not slice.is_final
+
+
+def can_drain_gpu(gpu: Gpu | None) -> bool:
+    """Open to placements, or closed only by the breaker (which lifts by itself: ops may
+    turn it into a drain)."""
+    return gpu is not None and (
+        gpu.accepting_placements or gpu.not_accepting_reason.startswith(BREAKER_REASON)
+    )
+
+
+def can_drain_node(node: Node | None) -> bool:
+    return node is not None and node.drained_at is None
 
 
 @transaction.atomic
@@ -161,7 +180,7 @@ def incident_stop_slice(*, incident: Incident, actor: AbstractBaseUser, reason: 
     records it; 409 `no_running_slice` when it names none or the slice has ended."""
     require_ops(actor)
     s = Slice.objects.filter(pk=incident.slice_id).first() if incident.slice_id else None
-    if s is None or s.is_final:
+    if not can_stop_slice(s):
         raise Conflict(
             "No running slice to stop: it has none, or it has already ended.",
             code="no_running_slice",
@@ -184,9 +203,7 @@ def incident_drain_gpu(*, incident: Incident, actor: AbstractBaseUser, reason: s
     is named or it already takes no placements for another reason."""
     require_ops(actor)
     gpu = Gpu.objects.select_related("node").filter(pk=incident.gpu_id).first()
-    if gpu is None or not (
-        gpu.accepting_placements or gpu.not_accepting_reason.startswith(BREAKER_REASON)
-    ):
+    if not can_drain_gpu(gpu):
         raise Conflict(
             "No GPU to drain: none is named, or it already takes no placements.",
             code="nothing_to_drain",
@@ -197,7 +214,7 @@ def incident_drain_gpu(*, incident: Incident, actor: AbstractBaseUser, reason: s
     incident_event(
         incident,
         E.ACTION,
-        f"Drained {_gpu_name(gpu)}: no new placements, running work continues. {reason}",
+        f"Drained {gpu_label(gpu)}: no new placements, running work continues. {reason}",
         actor=actor,
         data={"action": "drain_gpu", "gpu_id": gpu.pk},
     )
@@ -211,7 +228,7 @@ def incident_drain_node(*, incident: Incident, actor: AbstractBaseUser, reason: 
     require_ops(actor)
     node = incident_node(incident)
     node = Node.objects.filter(pk=node.pk).first() if node is not None else None
-    if node is None or node.drained_at is not None:
+    if not can_drain_node(node):
         raise Conflict(
             "No node to drain: none is named, or it is already draining.",
             code="nothing_to_drain",

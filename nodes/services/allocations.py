@@ -24,14 +24,8 @@ logger = logging.getLogger(__name__)
 
 
 def _placeable_gpus(*, guaranteed: bool) -> models.QuerySet[Gpu]:
-    """GPUs a new reservation may land on: present, accepting, on an active node."""
-    gpus = Gpu.objects.filter(
-        present=True,
-        accepting_placements=True,
-        node__status=Node.Status.ACTIVE,
-        node__drained_at__isnull=True,
-        node__gate_status=GateStatus.PASSED,
-    )
+    """GPUs a new reservation may land on (`Gpu.objects.taking_placements`)."""
+    gpus = Gpu.objects.taking_placements()
     if guaranteed:
         # DOMAIN.md: no overcommit for work that was sold as guaranteed.
         gpus = gpus.filter(overcommit_ratio=1)

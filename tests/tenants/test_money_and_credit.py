@@ -513,3 +513,15 @@ def test_api_range_errors_use_the_shared_codes(api_a, api_ops):  # type: ignore[
         format="json",
     ).json()
     assert zero["fields"]["per_credit"][0]["code"] == "min_value"
+
+
+def test_a_page_reads_the_rate_once_for_its_view_forms_and_templates(client, funded):  # type: ignore[no-untyped-def]
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    client.force_login(funded.user)
+    for url in ("/buy/", "/tiers/", "/dashboard/"):
+        with CaptureQueriesContext(connection) as queries:
+            assert client.get(url).status_code == 200
+        reads = [q for q in queries.captured_queries if "tenants_creditrate" in q["sql"]]
+        assert len(reads) == 1, url
