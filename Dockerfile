@@ -25,10 +25,11 @@ WORKDIR /app
 # Dependencies first, from pyproject.toml alone (with empty packages), so that a code
 # change does not reinstall them: this layer stays cached until pyproject.toml changes.
 COPY pyproject.toml ./
-RUN mkdir gpuplatform tenants nodes incidents \
+RUN mkdir gpuplatform tenants nodes incidents estimator \
     && touch gpuplatform/__init__.py tenants/__init__.py nodes/__init__.py incidents/__init__.py \
+       estimator/__init__.py \
     && pip install . \
-    && rm -rf gpuplatform tenants nodes incidents build ./*.egg-info
+    && rm -rf gpuplatform tenants nodes incidents estimator build ./*.egg-info
 
 COPY . .
 RUN pip install --no-deps . && rm -rf build ./*.egg-info

@@ -1,25 +1,29 @@
-"""Shared set-up for benchmarks: Django on a throwaway database on the configured server."""
+"""Shared set-up for benchmarks: Django on a throwaway database on the configured server.
+
+Importing this module sets Django up (with the environment as it is then), so a benchmark
+imports it first and the platform's models and services after it."""
 
 import contextlib
 import os
 import sys
 from pathlib import Path
 
+import django
+from django.apps import apps
+from django.conf import settings
+from django.db import connection
+from django.test.utils import setup_test_environment
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
+if not apps.ready:  # a test that loads a benchmark has Django set up already
+    django.setup()
 
 
 @contextlib.contextmanager
 def throwaway_database(name: str):  # type: ignore[no-untyped-def]
     """Create `bench_<name>` next to the configured database, yield, drop it."""
-    import django
-    from django.conf import settings
-
-    django.setup()
-    from django.db import connection
-    from django.test.utils import setup_test_environment
-
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.ALLOWED_HOSTS = ["testserver"]
     connection.settings_dict.setdefault("TEST", {})["NAME"] = (

@@ -8,7 +8,15 @@ import subprocess
 import time
 from pathlib import Path
 
+# bench/ is on sys.path; importing _db sets Django up, so it comes before the imports below
 from _db import ROOT
+
+# isort: split
+from django.conf import settings
+from django.db import connection
+
+from gpuplatform.celery import app
+from gpuplatform.workers import worker_argv
 
 
 def database_url(d: dict) -> str:
@@ -18,12 +26,6 @@ def database_url(d: dict) -> str:
 
 def start_worker(*, queues: str, log: Path, name: str, env: dict | None = None) -> subprocess.Popen:
     """Start it and wait until it says it is ready (its start-up is no part of a figure)."""
-    from django.conf import settings
-    from django.db import connection
-
-    from gpuplatform.celery import app
-    from gpuplatform.workers import worker_argv
-
     app.control.purge()
     with app.connection_for_write() as conn:  # a killed run's unacked messages, if any
         conn.default_channel.client.delete("unacked", "unacked_index", "unacked_mutex")

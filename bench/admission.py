@@ -22,8 +22,27 @@ import time
 
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/9")
 
-from _db import ROOT, throwaway_database  # noqa: E402, I001 (bench/ on sys.path)
-from _worker import start_worker, stop_worker  # noqa: E402
+# bench/ is on sys.path; importing _db sets Django up, so it comes before the platform's
+# imports below
+from _db import ROOT, throwaway_database
+from _worker import start_worker, stop_worker
+
+# isort: split
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import connections, transaction
+from django.db.models import Q, Sum
+from django.db.models.functions import Coalesce
+
+from emulator import EmulatedFleet
+from emulator.catalog import GpuSpec, NodeSpec
+from nodelab import CONTAINER_NETWORK, IMAGE, SSH_USER, Lab, LabNodeSpec, LabUnavailable
+from nodes import services as node_services
+from nodes import ssh
+from nodes.models import Allocation, Gpu, Node
+from nodes.placement import Candidate, choose
+from tenants import services, tasks
+from tenants.models import Image, Membership, Purchase, Slice, SliceTransition, Tenant, Tier
 
 SIZES_GB = (4, 8, 12, 8)  # the launch mix: mostly 8 GB, as sold
 MODEL = {"model": {"catalog": "Qwen/Qwen2.5-0.5B"}, "context_tokens": 2048}
@@ -33,13 +52,6 @@ def legacy_allocation_reserve(*, owner_key: str, vram_mb: int, guaranteed: bool 
     """The placement this issue started from: every choice aggregates all live
     allocations of every GPU; then the chosen GPU is locked and its allocations
     re-counted. Correct, but each admission reads the whole allocation table."""
-    from django.db import transaction
-    from django.db.models import Q, Sum
-    from django.db.models.functions import Coalesce
-
-    from nodes.models import Allocation, Gpu, Node
-    from nodes.placement import Candidate, choose
-
     for _ in range(5):
         live = ~Q(allocations__state=Allocation.State.RELEASED)
         gpus = (
@@ -84,17 +96,12 @@ def legacy_allocation_reserve(*, owner_key: str, vram_mb: int, guaranteed: bool 
 def _client(args) -> tuple[int, int, float, float]:  # type: ignore[no-untyped-def]
     """One client process: launch its share of purchases as fast as it can."""
     work, legacy, start_at = args
-    from django.db import connections
-
     connections.close_all()  # never share the parent's socket after fork
-    from tenants import services, tasks
-    from tenants.models import Image, Membership, Purchase
-    from tenants.services import slices
-
     tasks.provision_slice.delay_on_commit = lambda *a, **k: None  # provisioning excluded
     tasks.dispatch_queue.delay_on_commit = lambda *a, **k: None
     if legacy:
-        slices.node_services.allocation_reserve = legacy_allocation_reserve
+        # launch calls nodes.services.allocation_reserve: this client process places the old way
+        node_services.allocation_reserve = legacy_allocation_reserve
     image = Image.objects.get()
     memberships = {m.tenant_id: m for m in Membership.objects.select_related("tenant", "user")}
     purchases = list(Purchase.objects.filter(pk__in=work).select_related("tier"))
@@ -120,8 +127,6 @@ def _client(args) -> tuple[int, int, float, float]:  # type: ignore[no-untyped-d
 
 
 def _make_fleet(n_gpus: int) -> None:
-    from nodes.models import Gpu, Node
-
     per_node = 8
     for i in range((n_gpus + per_node - 1) // per_node):
         node = Node.objects.create(
@@ -144,10 +149,6 @@ def _make_fleet(n_gpus: int) -> None:
 
 
 def _make_purchases(n: int, tenants: int = 50) -> list[int]:
-    from django.contrib.auth import get_user_model
-
-    from tenants.models import Membership, Purchase, Tenant, Tier
-
     tiers = {t.vram_mb // 1024: t for t in Tier.objects.all()}
     members = []
     for i in range(tenants):
@@ -171,9 +172,6 @@ def _make_purchases(n: int, tenants: int = 50) -> list[int]:
 
 
 def _reset() -> None:
-    from nodes.models import Allocation, Gpu
-    from tenants.models import Slice, SliceTransition
-
     SliceTransition.objects.all().delete()
     Slice.objects.all().delete()
     Allocation.objects.all().delete()
@@ -181,11 +179,6 @@ def _reset() -> None:
 
 
 def _over_allocated() -> int:
-    from django.db.models import Q, Sum
-    from django.db.models.functions import Coalesce
-
-    from nodes.models import Allocation, Gpu
-
     live = ~Q(allocations__state=Allocation.State.RELEASED)
     gpus = Gpu.objects.annotate(live=Coalesce(Sum("allocations__vram_mb", filter=live), 0))
     over = sum(1 for g in gpus if g.live > g.vram_total_mb * g.overcommit_ratio)
@@ -194,8 +187,6 @@ def _over_allocated() -> int:
 
 
 def _run(purchase_ids: list[int], clients: int, *, legacy: bool) -> tuple[float, int, int]:
-    from django.db import connections
-
     connections.close_all()
     shares = [purchase_ids[i::clients] for i in range(clients)]
     start_at = time.time() + 1.0
@@ -212,23 +203,11 @@ def _run(purchase_ids: list[int], clients: int, *, legacy: bool) -> tuple[float,
 def _latency(runs: int, far_end: str) -> tuple[float, float] | str:
     """Launch to running through a real worker (Redis broker) and the emulator or the
     lab; the reason instead, when the lab cannot start here."""
-    from django.conf import settings
-
-    from nodes import services as node_services
-    from nodes import ssh
-    from nodes.emulator import EmulatedFleet
-    from nodes.emulator.catalog import GpuSpec, NodeSpec
-    from nodes.models import Node
-    from tenants import services
-    from tenants.models import Image, Membership, Purchase, Slice, Tier
-
     key_dir = ROOT / "var" / "bench-ssh"
     settings.NODES_SSH_KEY_PATH = str(key_dir / "id_ed25519")
     ssh.reset_pool()
     public = ssh.public_key_line(ssh.get_pool().private_key)
     if far_end == "lab":
-        from nodelab import CONTAINER_NETWORK, IMAGE, SSH_USER, Lab, LabNodeSpec, LabUnavailable
-
         try:
             fleet = Lab.start(
                 [LabNodeSpec(f"lat-lab-{i}", (GpuSpec("NVIDIA A30"),) * 4) for i in range(2)],
@@ -299,8 +278,6 @@ def _latency(runs: int, far_end: str) -> tuple[float, float] | str:
 
 
 def settings_settle() -> float:
-    from django.conf import settings
-
     return settings.NODES_CONTAINER_SETTLE_S
 
 
@@ -316,8 +293,6 @@ def main() -> None:
     with throwaway_database("admission") as connection:
         if connection.vendor != "postgresql":
             raise SystemExit("bench/admission.py measures PostgreSQL: set DATABASE_URL")
-        from tenants.models import Image
-
         Image.objects.create(
             name="bench",
             reference="nvidia/cuda:12.4.1-base-ubuntu22.04",

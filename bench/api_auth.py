@@ -9,15 +9,18 @@ throwaway database on the configured server, so it measures the app, not the net
 """
 
 import argparse
-import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuplatform.settings")
+# bench/ is on sys.path; importing _db sets Django up, so it comes before the platform's
+# imports below
+from _db import throwaway_database
+
+# isort: split
+from django.conf import settings
+from django.test import Client
+
+from tenants import services
 
 
 def _median_ms(fn, n: int) -> float:  # type: ignore[no-untyped-def]
@@ -34,31 +37,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=400)
     args = parser.parse_args()
 
-    import django
-    from django.conf import settings
-
-    django.setup()
-    from django.db import connection
-    from django.test.utils import setup_test_environment
-
     settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] = {
         "anon": None,
         "user": None,
         "auth_failure": None,
     }
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    settings.ALLOWED_HOSTS = ["testserver"]
-    connection.settings_dict.setdefault("TEST", {})["NAME"] = (
-        None if connection.vendor == "sqlite" else "bench_gpuplatform"
-    )
-    setup_test_environment()
-    old_name = connection.settings_dict["NAME"]
-    connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
-        from django.test import Client
-
-        from tenants import services
-
+    with throwaway_database("gpuplatform") as connection:
         membership = services.tenant_sign_up(
             email="bench@example.com", password="bench-passphrase-long-1", tenant_name="Bench"
         )
@@ -82,8 +66,6 @@ def main() -> None:
             f"RESULT token_auth_read_ms={token:.3f} ms baseline={session:.3f} "
             f"ratio={token / session:.2f}"
         )
-    finally:
-        connection.creation.destroy_test_db(old_name, verbosity=0)
 
 
 if __name__ == "__main__":

@@ -43,8 +43,22 @@ from pathlib import Path
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/9")
 os.environ.setdefault("EMAIL_URL", "dummymail://")
 
-from _db import ROOT, throwaway_database  # noqa: E402, I001 (bench/ on sys.path)
-from _worker import start_worker, stop_worker  # noqa: E402
+# bench/ is on sys.path; importing _db sets Django up, so it comes before the platform's
+# imports below
+from _db import ROOT, throwaway_database
+from _worker import start_worker, stop_worker
+
+# isort: split
+from django.conf import settings
+from django.contrib.auth import get_user_model
+
+from emulator import EmulatedFleet
+from emulator.catalog import GpuSpec, NodeSpec
+from incidents.models import Incident, IncidentEvent, SliceWatch, Thresholds
+from nodes import services as node_services
+from nodes import ssh
+from tenants import services
+from tenants.models import Image, Membership, Purchase, Slice, Tenant, Tier
 
 BASELINE_S = 480  # the manual runbook: 8 minutes per incident
 MODEL = {"model": {"catalog": "Qwen/Qwen2.5-0.5B"}, "context_tokens": 2048}
@@ -57,8 +71,6 @@ def _p95(values: list[float]) -> float:
 
 
 def _wait_state(slice_id: int, states: tuple[str, ...], log: Path, timeout: float = 20.0) -> str:
-    from tenants.models import Slice
-
     deadline = time.monotonic() + timeout
     state = ""
     while time.monotonic() < deadline:
@@ -84,17 +96,6 @@ def _start_worker(log: Path) -> subprocess.Popen:
 
 
 def _measure(runs: int, log: Path) -> dict[str, list[float]]:
-    from django.conf import settings
-    from django.contrib.auth import get_user_model
-
-    from incidents.models import Incident, IncidentEvent, SliceWatch, Thresholds
-    from nodes import services as node_services
-    from nodes import ssh
-    from nodes.emulator import EmulatedFleet
-    from nodes.emulator.catalog import GpuSpec, NodeSpec
-    from tenants import services
-    from tenants.models import Image, Membership, Purchase, Slice, Tenant, Tier
-
     settings.NODES_SSH_KEY_PATH = str(ROOT / "var" / "bench-ssh" / "id_ed25519")
     settings.NODES_CONTAINER_SETTLE_S = 0.05
     ssh.reset_pool()
@@ -227,8 +228,6 @@ def main() -> None:
     with throwaway_database("detection") as connection:
         if connection.vendor != "postgresql":
             raise SystemExit("bench/detection.py measures PostgreSQL: set DATABASE_URL")
-        from django.conf import settings
-
         with tempfile.TemporaryDirectory(prefix="bench-detection-") as tmp:
             t = _measure(args.runs, Path(tmp) / "worker.log")
         interval = float(settings.NODES_SAMPLE_INTERVAL)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tenants import estimator  # noqa: E402  (after the path set-up)
+import estimator  # noqa: E402  (after the path set-up)
 
 TIERS = (4096, 8192, 12288, 24576)
 

@@ -9,12 +9,20 @@ import argparse
 import time
 from datetime import UTC, datetime
 
-from _db import throwaway_database  # noqa: I001 (bench/ on sys.path)
+# bench/ is on sys.path; importing _db sets Django up, so it comes before the platform's
+# imports below
+from _db import throwaway_database
+
+# isort: split
+from django.utils import timezone
+
+from nodes import services
+from nodes.models import Gpu, GpuSample, Node, ProcessSample
+from nodes.services import PIPELINE_CHUNK
+from nodes.telemetry import GpuReading, NodeSample, ProcessReading
 
 
 def make_samples(nodes, gpus_by_node, *, procs_per_gpu: int):  # type: ignore[no-untyped-def]
-    from nodes.telemetry import GpuReading, NodeSample, ProcessReading
-
     results = []
     for node in nodes:
         readings, procs = [], []
@@ -66,12 +74,6 @@ def main() -> None:
     args = parser.parse_args()
 
     with throwaway_database("ingest") as connection:
-        from django.utils import timezone
-
-        from nodes import services
-        from nodes.models import Gpu, GpuSample, Node, ProcessSample
-        from nodes.services import PIPELINE_CHUNK
-
         nodes = [
             Node.objects.create(
                 name=f"bench-{i:04d}",

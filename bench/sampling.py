@@ -21,7 +21,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from _db import ROOT, throwaway_database  # noqa: I001 (bench/ on sys.path)
+# bench/ is on sys.path; importing _db sets Django up, so it comes before the platform's
+# imports below
+from _db import ROOT, throwaway_database
+
+# isort: split
+from emulator.catalog import GpuSpec
+from nodelab import Lab, LabNodeSpec, LabUnavailable
+from nodes import services, ssh, telemetry
+from nodes.models import Node
+from nodes.tasks import SAMPLE_BATCH_SIZE
 
 
 def start_emulator(state_dir: Path, public_key: str, nodes: int, gpus: int):  # type: ignore[no-untyped-def]
@@ -29,7 +38,7 @@ def start_emulator(state_dir: Path, public_key: str, nodes: int, gpus: int):  # 
         [
             sys.executable,
             "-m",
-            "nodes.emulator",
+            "emulator",
             "--count",
             str(nodes),
             "--gpus-per-node",
@@ -64,10 +73,6 @@ class Measured:
 def measure(described: dict, key, rounds: int, baseline_nodes: int) -> Measured:  # type: ignore[no-untyped-def, type-arg]
     """Register the described nodes, then sample them pooled and with a new connection
     per sample, `rounds` times each."""
-    from nodes import services, ssh, telemetry
-    from nodes.models import Node
-    from nodes.tasks import SAMPLE_BATCH_SIZE
-
     nodes = [
         Node.objects.create(
             name=n["name"],
@@ -166,9 +171,6 @@ def main() -> None:
     args = parser.parse_args()
 
     with throwaway_database("sampling"), tempfile.TemporaryDirectory() as tmp:
-        from nodes import ssh
-        from nodes.tasks import SAMPLE_BATCH_SIZE
-
         key = ssh.load_or_create_platform_key(Path(tmp) / "id_ed25519")
         emulator, described = start_emulator(
             Path(tmp) / "emu", ssh.public_key_line(key), args.nodes, args.gpus
@@ -180,9 +182,6 @@ def main() -> None:
             emulator.wait(timeout=20)
         lab_result, lab_reason = None, ""
         if args.lab_nodes > 0:
-            from nodelab import Lab, LabNodeSpec, LabUnavailable
-            from nodes.emulator.catalog import GpuSpec
-
             specs = [
                 LabNodeSpec(f"lab-{i:02d}", tuple(GpuSpec("NVIDIA A30") for _ in range(args.gpus)))
                 for i in range(1, args.lab_nodes + 1)

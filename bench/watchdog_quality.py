@@ -40,14 +40,35 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import logging
 import random
 import statistics
-import sys
 import tempfile
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+# bench/ is on sys.path (tests/incidents/test_watchdog_quality.py puts it there too);
+# importing _db sets Django up, so it comes before the platform's imports below
+from _db import throwaway_database
+
+# isort: split
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from emulator import EmulatedFleet
+from emulator.catalog import DEFAULT_QUOTA_LIBRARY, GpuSpec, NodeSpec
+from gpuplatform.celery import app
+from incidents import services as incident_services
+from incidents import throttle
+from incidents.models import Incident, IncidentEvent, SliceWatch
+from nodes import services as node_services
+from nodes import ssh
+from nodes.models import Gpu, Node
+from tenants import services
+from tenants.models import Image, Slice, SliceTransition, Tenant, Tier
 
 STEP_S = 30  # the sampling interval
 # How long after its start a fault may take to be caught: one sampling interval plus the
@@ -128,8 +149,6 @@ def _p95(values: list[float]) -> float:
 @contextmanager
 def emulated_time(clock):  # type: ignore[no-untyped-def]
     """The platform's clock is the fleet's: every timezone.now() reads it."""
-    from django.utils import timezone
-
     real = timezone.now
     timezone.now = lambda: datetime.fromtimestamp(clock.now(), UTC)
     try:
@@ -155,19 +174,6 @@ class Day:
 
     # -- the fleet and the tenants
     def setup(self, stack: ExitStack) -> None:
-        from django.conf import settings
-        from django.contrib.auth import get_user_model
-
-        from gpuplatform.celery import app
-        from incidents import throttle
-        from nodes import services as node_services
-        from nodes import ssh
-        from nodes.emulator import EmulatedFleet
-        from nodes.emulator.catalog import DEFAULT_QUOTA_LIBRARY, GpuSpec, NodeSpec
-        from nodes.models import Gpu
-        from tenants import services
-        from tenants.models import Image, Tier
-
         settings.NODES_SSH_KEY_PATH = str(self.workdir / "id_ed25519")
         settings.NODES_CONTAINER_SETTLE_S = 0
         ssh.reset_pool()
@@ -293,9 +299,6 @@ class Day:
 
     # -- acting
     def launch(self, gb: int, env: dict, *, member=None, guaranteed: bool = True, node=None):  # type: ignore[no-untyped-def]
-        from tenants import services
-        from tenants.models import Slice
-
         member = member or self.rng.choice(self.members[:7])
         if member.tenant.status != "active":
             return None
@@ -312,8 +315,6 @@ class Day:
     def fault_slice(self, kind: str, gb: int, env: dict, *, library: bool | None = None):  # type: ignore[no-untyped-def]
         """A slice for a fault, on a node with (or without) a quota library, alone on an
         emptyish card where possible."""
-        from nodes.models import Node
-
         if library is not None:
             # steer it: drain the nodes of the other kind for the one launch
             other = [
@@ -340,11 +341,6 @@ class Day:
         return self.fleet.node(gpu.node.name)
 
     def do(self, now: float, kind: str, data: dict) -> None:  # noqa: C901 - a script
-        from nodes import services as node_services
-        from nodes.models import Gpu, Node
-        from tenants import services
-        from tenants.models import Slice, Tenant
-
         if kind == "launch":
             s = self.launch(data["gb"], data["env"])
             if s is not None:
@@ -470,12 +466,6 @@ class Day:
 
     # -- the day
     def run(self) -> Report:
-        from incidents import services as incident_services
-        from nodes import services as node_services
-        from nodes import ssh
-        from nodes.models import Node
-        from tenants import services
-
         self.script()
         end = self.start + self.day_s
         step = 0
@@ -497,9 +487,6 @@ class Day:
         return self.score()
 
     def score(self) -> Report:
-        from incidents.models import Incident, IncidentEvent, SliceWatch
-        from tenants.models import Slice, SliceTransition
-
         for f in self.faults:
             if f.after_start is not None:
                 started = Slice.objects.get(pk=f.slice_id).started_at
@@ -580,8 +567,6 @@ class Day:
                 return f
             # a slice fault may also fill its own card
             if f.slice_id is not None and incident.rule in CARD_RULES:
-                from tenants.models import Slice
-
                 s = Slice.objects.select_related("allocation").get(pk=f.slice_id)
                 if s.allocation is not None and incident.gpu_id == s.allocation.gpu_id:
                     return f
@@ -604,18 +589,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--verbose", action="store_true", help="list every incident")
     args = parser.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import logging
-
-    from _db import throwaway_database
-
     if not args.verbose:  # the faults make the platform log, as it should; not the figures
         logging.disable(logging.CRITICAL)
     with throwaway_database("watchdog_quality"):
         report = simulate(slices=args.slices, hours=args.hours, nodes=args.nodes, seed=args.seed)
         if args.verbose:
-            from incidents.models import Incident
-
             for i in Incident.objects.order_by("first_seen_at"):
                 where = f"slice={i.slice_id} gpu={i.gpu_id} node={i.node_id}"
                 print(f"  {i.first_seen_at:%H:%M:%S} {i.rule} {where} {i.status}: {i.title}")

@@ -6,8 +6,8 @@ from django.templatetags.static import static
 from django.urls import include, path
 
 from nodes import views as node_views
-from tenants import views as tenant_views
 from tenants.login import ThrottledLoginView
+from tenants.views import accounts as tenant_views
 
 admin.site.site_header = "gpuplatform ops admin"
 admin.site.site_title = "gpuplatform admin"

@@ -6,9 +6,10 @@ class IncidentsConfig(AppConfig):
     verbose_name = "Incidents"
 
     def ready(self) -> None:
-        from nodes.hooks import register_sample_hook
+        # Here, not at the top: AppConfig modules load before the models they would import.
+        from nodes.hooks import register_sample_hook  # noqa: PLC0415
 
-        from .services import watch_batch
+        from .services import watch_batch  # noqa: PLC0415
 
         # The watchdog reads every stored batch in the telemetry worker, right after it
         # commits: detection within one sampling interval.

@@ -1,10 +1,13 @@
 """The incident ledger: one open incident per rule and target, with a runbook timeline."""
 
+from dataclasses import fields
+
 from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 
 from .rules import OPS_ONLY
+from .rules import Thresholds as RuleThresholds
 
 
 class IncidentQuerySet(models.QuerySet):
@@ -322,10 +325,6 @@ class Thresholds(models.Model):
         return row if row is not None else cls.objects.create()
 
     def as_rules(self):  # type: ignore[no-untyped-def]
-        from dataclasses import fields
-
-        from .rules import Thresholds as RuleThresholds
-
         return RuleThresholds(**{f.name: getattr(self, f.name) for f in fields(RuleThresholds)})
 
 

@@ -19,8 +19,11 @@ from django.core.mail import send_mail
 from django.db.models import Q
 from django.utils import timezone
 
+from gpuplatform.dispatch import enqueue
+from tenants.services import members_notify_send
+
 from . import rules
-from .models import Incident, WebhookDelivery, WebhookEndpoint
+from .models import Incident, IncidentEvent, WebhookDelivery, WebhookEndpoint
 
 SIGNATURE_HEADER = "X-Gpuplatform-Signature"
 TIMESTAMP_HEADER = "X-Gpuplatform-Timestamp"
@@ -29,9 +32,7 @@ WEBHOOK_TIMEOUT_S = 10
 
 def incident_notify(*, incident: Incident, event: str) -> None:
     """Queue the notifications for an incident event (after commit)."""
-    from .tasks import deliver_webhook, notify_email
-
-    notify_email.delay_on_commit(incident.pk, event)
+    enqueue("incidents.notify_email", incident.pk, event)
     endpoints = WebhookEndpoint.objects.filter(is_active=True).filter(
         Q(tenant__isnull=True) | Q(tenant_id=incident.tenant_id)
         if incident.tenant_id
@@ -44,7 +45,7 @@ def incident_notify(*, incident: Incident, event: str) -> None:
             event=event,
             payload=payload(incident, event, for_tenant=endpoint.tenant_id is not None),
         )
-        deliver_webhook.delay_on_commit(delivery.pk)
+        enqueue("incidents.deliver_webhook", delivery.pk)
 
 
 def payload(incident: Incident, event: str, *, for_tenant: bool) -> dict:
@@ -189,8 +190,6 @@ TOLD_BY_ACTION = frozenset({"idle_slice"})
 
 
 def _last_action(incident: Incident) -> str:
-    from .models import IncidentEvent
-
     message = (
         incident.events.filter(kind=IncidentEvent.Kind.DISPOSED)
         .order_by("-at", "-pk")
@@ -201,8 +200,6 @@ def _last_action(incident: Incident) -> str:
 
 
 def _was_disposed(incident: Incident) -> bool:
-    from .models import IncidentEvent
-
     return incident.events.filter(kind=IncidentEvent.Kind.DISPOSED).exists()
 
 
@@ -258,8 +255,6 @@ def email_send(*, incident_id: int, event: str) -> int:
         )
         sent += len(ops)
     if tenant_hears(incident, event):
-        from tenants.services import members_notify_send
-
         if event == "resolved":
             subject = f"Resolved for your slice {incident.slice_id}: {incident.title}"
         else:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db.models import Q, QuerySet
+from django.db.models import Case, IntegerField, Q, QuerySet, Value, When
 
 from .models import Incident, IncidentEvent, Thresholds
+from .notify import TENANT_TITLES
 
 SORTS = {
     "last_seen": "-last_seen_at",
@@ -33,8 +34,6 @@ def incident_list(
 ) -> QuerySet[Incident]:
     """Ops see every incident (tenant=None); a tenant those about its slices and those
     that touched them."""
-    from django.db.models import Case, IntegerField, Value, When
-
     qs = Incident.objects.select_related("tenant", "node", "gpu__node", "slice")
     if tenant is not None:
         # its own only where they are about a slice (a slice gone, the incident stays ops')
@@ -93,8 +92,6 @@ def incident_search_for_tenant(queryset: QuerySet[Incident], text: str) -> Query
     """A tenant's search of its incidents, over the titles it is shown: an incident's own
     for its slices, the plain one for an outage that touched them (whose own title names
     the node)."""
-    from .notify import TENANT_TITLES
-
     shown = [rule for rule, title in TENANT_TITLES.items() if text.lower() in title.lower()]
     return queryset.filter(
         Q(slice__isnull=False, title__icontains=text) & ~Q(rule__in=TENANT_TITLES)

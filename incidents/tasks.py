@@ -2,14 +2,15 @@
 
 from celery import shared_task
 
+from nodes import ssh
+from nodes.errors import ContainerError
+
 from . import notify, services
+from .throttle import release
 
 
 @shared_task(name="incidents.dispose", bind=True, max_retries=2, soft_time_limit=60, time_limit=90)
 def dispose(self, incident_id: int, action: str, evidence: dict) -> str:  # type: ignore[no-untyped-def]
-    from nodes import ssh
-    from nodes.services import ContainerError
-
     try:
         return services.incident_dispose(incident_id=incident_id, action=action, evidence=evidence)
     except (ssh.SSHError, ContainerError) as exc:
@@ -24,10 +25,6 @@ def dispose(self, incident_id: int, action: str, evidence: dict) -> str:  # type
     time_limit=45,
 )
 def release_throttle(self, slice_id: int) -> str:  # type: ignore[no-untyped-def]
-    from nodes import ssh
-
-    from .throttle import release
-
     try:
         return release(slice_id=slice_id)
     except ssh.SSHError as exc:

@@ -26,9 +26,9 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from gpuplatform.errors import ServiceError
-from gpuplatform.pages import is_partial, live_response
+from gpuplatform.pages import PAGE_SIZE, error_field, is_partial, live_response, submit
 from gpuplatform.querystring import is_id
-from tenants.views import member_required
+from tenants.permissions import member_required
 
 from . import kpis, selectors, services
 from .forms import (
@@ -45,7 +45,6 @@ from .models import Incident, IncidentEvent
 from .notify import tenant_slices, tenant_text, tenant_title
 
 LIVE_SECONDS = 10
-PAGE_SIZE = 25
 E = IncidentEvent.Kind
 RUNBOOK = [
     (E.DETECTED, "Detected"),
@@ -462,8 +461,8 @@ def ops_incident_action(request: HttpRequest, pk: int, action: str) -> HttpRespo
             try:
                 text = spec.run(request, incident, form.cleaned_data)
             except ServiceError as exc:
-                name = (exc.field or "").rpartition(".")[2]
-                if name not in form.fields:
+                name = error_field(form, exc.field)
+                if name is None:
                     messages.error(request, exc.message)
                     return back
                 form.add_error(name, exc.message)
@@ -548,20 +547,15 @@ def ops_watchdog(request: HttpRequest) -> HttpResponse:
     row = selectors.thresholds()
     initial = {name: getattr(row, name) for name in ThresholdsForm().fields}
     form = ThresholdsForm(request.POST if request.method == "POST" else None, initial=initial)
-    status = 200
-    if request.method == "POST":
-        if form.is_valid():
-            try:
-                services.thresholds_update(actor=request.user, **form.changes())
-            except ServiceError as exc:
-                form.add_error(exc.field if exc.field in form.fields else None, exc.message)
-                status = exc.status_code
-            else:
-                messages.success(request, "Watchdog thresholds saved; the next sample uses them.")
-                return redirect("incidents:ops_watchdog")
-        else:
-            status = 400
-    return render(request, "incidents/ops_watchdog.html", {"form": form, "row": row}, status=status)
+    saved = submit(
+        request, form, lambda _: services.thresholds_update(actor=request.user, **form.changes())
+    )
+    if saved.done:
+        messages.success(request, "Watchdog thresholds saved; the next sample uses them.")
+        return redirect("incidents:ops_watchdog")
+    return render(
+        request, "incidents/ops_watchdog.html", {"form": form, "row": row}, status=saved.status
+    )
 
 
 # --- tenant: incidents about their own slices -------------------------------------------------

@@ -2,17 +2,10 @@
 cgroups and processes) except the GPU, which `nodelab.gpud` emulates. Test equipment and
 the demo's far end; no production module imports it. See `nodelab.lab`."""
 
-from .lab import (
-    CONTAINER_NETWORK,
-    IMAGE,
-    SSH_USER,
-    Lab,
-    LabContainer,
-    LabNode,
-    LabNodeSpec,
-    LabUnavailable,
-    problems,
-)
+from .build import IMAGE
+from .lab import CONTAINER_NETWORK, Lab
+from .labnode import SSH_USER, LabContainer, LabNode, LabNodeSpec
+from .prereqs import LabUnavailable, problems
 
 __all__ = [
     "CONTAINER_NETWORK",

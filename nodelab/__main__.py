@@ -11,9 +11,11 @@ import sys
 import threading
 from pathlib import Path
 
-from nodes.emulator.catalog import DEFAULT_LAYOUTS
+from emulator.catalog import DEFAULT_LAYOUTS
 
-from .lab import Lab, LabNodeSpec, LabUnavailable
+from .lab import Lab
+from .labnode import LabNodeSpec
+from .prereqs import LabUnavailable
 
 # The demo's mix: a quota library on most nodes, MIG on one, none on the GeForce node.
 # the emulator's first four layouts: the demo looks the same on either far end

@@ -39,8 +39,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from nodes.emulator import catalog
-from nodes.emulator.state import XID_MESSAGES
+from emulator import catalog
+from emulator.faults import XID_MESSAGES
 
 MIB = 1024 * 1024
 UTIL_WINDOW_S = 1.0  # NVML averages utilisation over roughly its last sample period

@@ -19,12 +19,14 @@ import shlex
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
+from django.conf import settings
 
 DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_COMMAND_TIMEOUT = 15.0
@@ -394,7 +396,6 @@ class SSHPool:
             missing = [e for e, *_ in items if not self._is_open(e)]
         errors: dict[tuple, SSHError] = {}
         if missing:
-            from concurrent.futures import ThreadPoolExecutor
 
             def connect(endpoint: Endpoint) -> None:
                 try:
@@ -563,8 +564,6 @@ def get_pool() -> SSHPool:
     global _pool
     with _pool_lock:
         if _pool is None:
-            from django.conf import settings
-
             _pool = SSHPool(
                 private_key=load_or_create_platform_key(Path(settings.NODES_SSH_KEY_PATH)),
                 connect_timeout=settings.NODES_SSH_CONNECT_TIMEOUT,

@@ -4,7 +4,8 @@ from celery import shared_task
 from django.conf import settings
 from django.db import IntegrityError
 
-from . import services
+from . import services, ssh, telemetry
+from .models import GateStatus
 
 # Nodes per sampling task: one task's SSH round trips overlap on threads and its rows
 # go to the database in one bulk insert, which a task per node could not do.
@@ -18,8 +19,6 @@ UNCHECKED_PER_FAN_OUT = 20
 
 @shared_task(name="telemetry.fan_out", soft_time_limit=20, time_limit=30)
 def fan_out() -> int:
-    from .models import GateStatus
-
     nodes = services.sampleable_nodes()
     ids = list(nodes.order_by("pk").values_list("pk", flat=True))
     for start in range(0, len(ids), SAMPLE_BATCH_SIZE):
@@ -48,8 +47,6 @@ def sample_nodes(node_ids: list[int]) -> dict:
     retry_backoff=True,
 )
 def discover_node(node_id: int) -> bool:
-    from . import ssh, telemetry
-
     try:
         return services.node_discover(node_id=node_id) is not None
     except (ssh.SSHError, telemetry.ParseError):
@@ -71,8 +68,6 @@ def preflight_all() -> int:
 
 @shared_task(name="telemetry.scan_host_key", soft_time_limit=20, time_limit=30)
 def scan_host_key(node_id: int) -> bool:
-    from . import ssh
-
     try:
         return services.node_scan_host_key(node_id=node_id) is not None
     except ssh.SSHError:

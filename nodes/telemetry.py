@@ -47,7 +47,7 @@ Two sources, one result (`NodeSample`):
    {"schema": 1, "source": "unavailable", "error": "..."} and exits with code 3: the
    caller then falls back to nvidia-smi.
 
-2. `nvidia-smi` CSV (fallback), with the exact queries below.
+2. `nvidia-smi` CSV (fallback): its queries and parser are in `nodes/smi.py`.
 """
 
 from __future__ import annotations
@@ -64,25 +64,6 @@ from typing import Any, TypeVar
 
 SAMPLER_SCHEMA_VERSION = 1
 SAMPLER_UNAVAILABLE_EXIT = 3
-
-# nvidia-smi --query-gpu=<GPU_QUERY_FIELDS> --format=csv,noheader,nounits
-GPU_QUERY_FIELDS = [
-    "index",
-    "uuid",
-    "name",
-    "pci.bus_id",
-    "memory.total",
-    "memory.used",
-    "memory.free",
-    "utilization.gpu",
-    "utilization.memory",
-    "temperature.gpu",
-    "power.draw",
-    "mig.mode.current",
-    "driver_version",
-]
-# nvidia-smi --query-compute-apps=<APP_QUERY_FIELDS> --format=csv,noheader,nounits
-APP_QUERY_FIELDS = ["gpu_uuid", "pid", "used_memory", "process_name"]
 
 
 class ParseError(ValueError):
@@ -186,7 +167,7 @@ class NodeSample:
 #   ProcessReading.used_memory_mb is an int.
 # - A process on a MIG device carries the MIG device's uuid ("MIG-...") as gpu_uuid, from both
 #   sources: `nvidia-smi --query-gpu` lists only physical GPUs, so the fallback cannot map it
-#   back; the sampler lists the MIG devices under their GPU (gpu_for_uuid() finds the parent).
+#   back; the sampler lists the MIG devices under their GPU, so a MIG uuid names its parent.
 # - Unknown keys in the sampler's JSON are ignored, so optional fields can be added later.
 # --------------------------------------------------------------------------------------------
 
@@ -204,11 +185,6 @@ MAX_XID = 10_000
 MAX_GPUS = 1024
 USED_OVER_TOTAL_TOLERANCE = 0.01
 
-_SMI_NULLS = {"", "n/a", "[n/a]", "not supported", "[not supported]"}
-_SMI_NO_PROCESSES = "no running processes found"
-_SMI_NO_DEVICES = "no devices were found"
-_SMI_LOST_GPU_PREFIX = "unable to determine the device handle"
-
 
 class SamplerUnavailable(ParseError):
     """The sampler ran but NVML could not be used (exit code 3): fall back to nvidia-smi."""
@@ -219,24 +195,6 @@ class SamplerUnavailable(ParseError):
 
 
 # ----------------------------------------------------------------------------- commands
-
-
-def gpu_query_argv() -> list[str]:
-    """argv of the nvidia-smi call whose output parse_nvidia_smi() reads as gpu_csv."""
-    return [
-        "nvidia-smi",
-        "--query-gpu=" + ",".join(GPU_QUERY_FIELDS),
-        "--format=csv,noheader,nounits",
-    ]
-
-
-def app_query_argv() -> list[str]:
-    """argv of the nvidia-smi call whose output parse_nvidia_smi() reads as apps_csv."""
-    return [
-        "nvidia-smi",
-        "--query-compute-apps=" + ",".join(APP_QUERY_FIELDS),
-        "--format=csv,noheader,nounits",
-    ]
 
 
 # Serve mode: the sampler stays running on the node. Its source cannot come on stdin
@@ -268,14 +226,6 @@ def sampler_source() -> str:
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def gpu_for_uuid(sample: NodeSample, uuid: str) -> GpuReading | None:
-    """The physical GPU of a GPU uuid or of one of its MIG devices' uuids."""
-    for gpu in sample.gpus:
-        if gpu.uuid == uuid or any(m.uuid == uuid for m in gpu.mig_devices):
-            return gpu
-    return None
 
 
 def _where(path: str, message: str) -> ParseError:
@@ -395,7 +345,7 @@ def _datetime(value: Any, path: str) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def _unique(items: Iterable[T], what: str) -> None:
+def require_unique(items: Iterable[T], what: str) -> None:
     seen: set[T] = set()
     for item in items:
         if item in seen:
@@ -421,7 +371,7 @@ def _mig_device(obj: dict[str, Any], path: str) -> MigDevice:
     )
 
 
-def _gpu(obj: dict[str, Any], path: str) -> GpuReading:
+def gpu_reading(obj: dict[str, Any], path: str) -> GpuReading:
     total = _int(obj, "memory_total_mb", path, required=True, low=1, high=MAX_MEMORY_MB)
     used = _int(obj, "memory_used_mb", path, required=True, high=MAX_MEMORY_MB)
     free = _int(obj, "memory_free_mb", path, high=MAX_MEMORY_MB)
@@ -429,7 +379,7 @@ def _gpu(obj: dict[str, Any], path: str) -> GpuReading:
     _check_used(used, total, "memory_used_mb", path)
     _check_used(free, total, "memory_free_mb", path)
     mig_devices = _objects(obj, "mig_devices", path, _mig_device)
-    _unique((m.uuid for m in mig_devices), f"{path} MIG device uuid")
+    require_unique((m.uuid for m in mig_devices), f"{path} MIG device uuid")
     return GpuReading(
         index=_int(obj, "index", path, required=True, high=MAX_GPUS - 1) or 0,
         uuid=_str(obj, "uuid", path, required=True) or "",
@@ -454,7 +404,7 @@ def _gpu(obj: dict[str, Any], path: str) -> GpuReading:
     )
 
 
-def _process(obj: dict[str, Any], path: str) -> ProcessReading:
+def process_reading(obj: dict[str, Any], path: str) -> ProcessReading:
     return ProcessReading(
         gpu_uuid=_str(obj, "gpu_uuid", path, required=True) or "",
         pid=_int(obj, "pid", path, required=True, low=1, high=MAX_PID) or 0,
@@ -544,9 +494,9 @@ def parse_sampler_output(text: str) -> NodeSample:
     if source != "nvml":
         raise ParseError(f"unknown sampler source {source!r}, expected 'nvml'")
 
-    gpus = _objects(doc, "gpus", "", _gpu, required=True)
-    _unique((g.index for g in gpus), "GPU index")
-    _unique((g.uuid for g in gpus), "GPU uuid")
+    gpus = _objects(doc, "gpus", "", gpu_reading, required=True)
+    require_unique((g.index for g in gpus), "GPU index")
+    require_unique((g.uuid for g in gpus), "GPU uuid")
     errors = _list(doc, "errors", "")
     if not all(isinstance(e, str) for e in errors):
         raise ParseError("errors must be a list of strings")
@@ -554,7 +504,7 @@ def parse_sampler_output(text: str) -> NodeSample:
         source="nvml",
         taken_at=_datetime(_get(doc, "taken_at", "", required=True), ""),
         gpus=gpus,
-        processes=_objects(doc, "processes", "", _process),
+        processes=_objects(doc, "processes", "", process_reading),
         xid_events=_objects(doc, "xid_events", "", _xid),
         driver_version=_str(doc, "driver_version", "") or "",
         cuda_version=_str(doc, "cuda_version", "") or "",
@@ -564,160 +514,4 @@ def parse_sampler_output(text: str) -> NodeSample:
         quota_usage=(
             _objects(doc, "quota_usage", "", _quota_usage) if "quota_usage" in doc else None
         ),
-    )
-
-
-# ----------------------------------------------------------------------------- nvidia-smi CSV
-
-
-def _smi_value(raw: str) -> str | None:
-    """A CSV cell, or None for nvidia-smi's "no value" spellings: "[N/A]", "N/A",
-    "[Not Supported]", "[Unknown Error]", "[Insufficient Permissions]", "[GPU is lost]", ..."""
-    value = raw.strip()
-    if value.lower() in _SMI_NULLS or (value.startswith("[") and value.endswith("]")):
-        return None
-    return value
-
-
-def _smi_number(raw: str | None, field_name: str, where: str, cast: Callable[[str], T]) -> T | None:
-    if raw is None:
-        return None
-    try:
-        value = cast(raw)
-    except ValueError:
-        raise ParseError(f"{where}: {field_name} is not a number: {raw!r}") from None
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ParseError(f"{where}: {field_name} is not a number: {raw!r}")
-    return value
-
-
-def _smi_rows(text: str, width: int, free_text_column: int, what: str) -> list[list[str]]:
-    """Rows of a `--format=csv,noheader,nounits` output.
-
-    nvidia-smi does not quote cells. Only one column is free text (the GPU name, the process
-    name) and every other column is comma-free, so a row with too many cells has commas in that
-    column and they are joined back; a row with too few cells is not ours.
-    """
-    rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        cells = line.split(",")
-        extra = len(cells) - width
-        if extra < 0:
-            raise ParseError(
-                f"{what} line {number}: expected {width} comma-separated fields, "
-                f"got {len(cells)}: {line.strip()[:200]!r}"
-            )
-        if extra:
-            end = free_text_column + extra + 1
-            cells[free_text_column:end] = [",".join(cells[free_text_column:end])]
-        rows.append([c.strip() for c in cells])
-    return rows
-
-
-def _smi_gpu(cells: list[str], where: str) -> GpuReading | str:
-    """A GpuReading, or the reason to skip a GPU whose memory nvidia-smi cannot read."""
-    values = dict(zip(GPU_QUERY_FIELDS, (_smi_value(c) for c in cells), strict=True))
-
-    def number(name: str) -> int | None:
-        return _smi_number(values[name], name, where, int)
-
-    index, uuid = number("index"), values["uuid"]
-    if index is None or uuid is None:
-        raise ParseError(f"{where}: index and uuid are required, got {cells[:2]!r}")
-    if number("memory.total") is None or number("memory.used") is None:
-        return f"GPU {index} ({uuid}): memory not reported by nvidia-smi, skipped"
-    mig_mode = (values["mig.mode.current"] or "").lower()
-    if mig_mode not in ("", "enabled", "disabled"):
-        raise ParseError(f"{where}: mig.mode.current is {values['mig.mode.current']!r}")
-    # Through the sampler's validation, so that both sources obey the same bounds.
-    return _gpu(
-        {
-            "index": index,
-            "uuid": uuid,
-            "name": values["name"] or "",
-            "pci_bus_id": values["pci.bus_id"],
-            "memory_total_mb": number("memory.total"),
-            "memory_used_mb": number("memory.used"),
-            "memory_free_mb": number("memory.free"),
-            "utilization_gpu": number("utilization.gpu"),
-            "utilization_memory": number("utilization.memory"),
-            "temperature_c": number("temperature.gpu"),
-            "power_w": _smi_number(values["power.draw"], "power.draw", where, float),
-            # A GPU without MIG answers "[N/A]"; one that says Enabled or Disabled has MIG.
-            "mig_capable": mig_mode in ("enabled", "disabled"),
-            "mig_enabled": mig_mode == "enabled",
-        },
-        f"{where} (GPU {index})",
-    )
-
-
-def _smi_process(cells: list[str], where: str) -> ProcessReading:
-    values = dict(zip(APP_QUERY_FIELDS, (_smi_value(c) for c in cells), strict=True))
-    gpu_uuid, pid = values["gpu_uuid"], _smi_number(values["pid"], "pid", where, int)
-    if gpu_uuid is None or pid is None:
-        raise ParseError(f"{where}: gpu_uuid and pid are required, got {cells[:2]!r}")
-    used = _smi_number(values["used_memory"], "used_memory", where, int)
-    return _process(
-        {
-            "gpu_uuid": gpu_uuid,
-            "pid": pid,
-            "used_memory_mb": used,
-            "name": values["process_name"] or "",
-        },
-        where,
-    )
-
-
-def parse_nvidia_smi(
-    gpu_csv: str, apps_csv: str, *, taken_at: datetime | None = None
-) -> NodeSample:
-    """The two nvidia-smi outputs (gpu_query_argv(), app_query_argv()) as a NodeSample.
-
-    A GPU whose memory nvidia-smi cannot read, and its "Unable to determine the device handle
-    ..." line, are left out with a note in errors; any other malformed line is a ParseError.
-    nvidia-smi does not report the CUDA version, containers or per-process utilization here.
-    """
-    if len(gpu_csv) + len(apps_csv) > MAX_OUTPUT_CHARS:
-        raise ParseError("nvidia-smi output is too large")
-    if not gpu_csv.strip():
-        raise ParseError("nvidia-smi GPU query printed nothing")
-    errors: list[str] = []
-    gpu_lines = []
-    for line in gpu_csv.splitlines():
-        lowered = line.strip().lower()
-        if lowered.startswith(_SMI_LOST_GPU_PREFIX):
-            errors.append(line.strip())
-        elif lowered != _SMI_NO_DEVICES:
-            gpu_lines.append(line)
-    gpus = []
-    driver_version = ""
-    rows = _smi_rows("\n".join(gpu_lines), len(GPU_QUERY_FIELDS), 2, "GPU query")
-    for number, cells in enumerate(rows, start=1):
-        gpu = _smi_gpu(cells, f"GPU query row {number}")
-        if isinstance(gpu, str):
-            errors.append(gpu)
-            continue
-        gpus.append(gpu)
-        driver_version = driver_version or (_smi_value(cells[-1]) or "")
-    _unique((g.index for g in gpus), "GPU index")
-    _unique((g.uuid for g in gpus), "GPU uuid")
-
-    app_lines = [
-        line for line in apps_csv.splitlines() if line.strip().lower() != _SMI_NO_PROCESSES
-    ]
-    processes = tuple(
-        _smi_process(cells, f"compute-apps query row {number}")
-        for number, cells in enumerate(
-            _smi_rows("\n".join(app_lines), len(APP_QUERY_FIELDS), 3, "compute-apps query"), 1
-        )
-    )
-    return NodeSample(
-        source="nvidia-smi",
-        taken_at=taken_at,
-        gpus=tuple(gpus),
-        processes=processes,
-        driver_version=driver_version,
-        errors=tuple(errors),
     )

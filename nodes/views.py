@@ -16,9 +16,9 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from gpuplatform.errors import ServiceError
-from gpuplatform.pages import is_partial
+from gpuplatform.pages import is_partial, submit
 
-from . import selectors, services, ssh
+from . import isolation, selectors, services, ssh
 from .forms import ApproveForm, DrainForm, NodeForm, NodePolicyForm, WatchdogOnlyForm
 from .models import Gpu, Node
 
@@ -108,22 +108,19 @@ def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @staff_member_required
 def node_create(request: HttpRequest) -> HttpResponse:
     form = NodeForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
-        try:
-            node = services.node_register(**form.cleaned_data)
-        except ServiceError as exc:
-            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
-        else:
-            messages.success(
-                request,
-                f"{node.name} registered. "
-                + (
-                    "Discovery started."
-                    if node.host_key
-                    else "Its host key is being read: approve the fingerprint below."
-                ),
-            )
-            return redirect("nodes:node_detail", pk=node.pk)
+    registered = submit(request, form, lambda data: services.node_register(**data))
+    if registered.done:
+        node = registered.result
+        messages.success(
+            request,
+            f"{node.name} registered. "
+            + (
+                "Discovery started."
+                if node.host_key
+                else "Its host key is being read: approve the fingerprint below."
+            ),
+        )
+        return redirect("nodes:node_detail", pk=node.pk)
     return render(request, "nodes/node_form.html", {"form": form})
 
 
@@ -364,20 +361,16 @@ POLICY_HISTORY_PAGE_SIZE = 25
 @staff_member_required
 def node_policy(request: HttpRequest) -> HttpResponse:
     """What a node must have to take placements; every change needs a reason and is kept."""
-    from . import isolation
-
     policy = services.node_policy()
     form = NodePolicyForm(request.POST or None, initial=NodePolicyForm.initial_from(policy))
-    if request.method == "POST" and form.is_valid():
-        data = dict(form.cleaned_data)
-        reason = data.pop("reason")
-        try:
-            services.node_policy_update(actor=request.user, reason=reason, **data)
-        except ServiceError as exc:
-            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
-        else:
-            messages.success(request, "Node policy saved; every node is being judged again.")
-            return redirect("nodes:node_policy")
+    saved = submit(
+        request,
+        form,
+        lambda data: services.node_policy_update(actor=request.user, **data),
+    )
+    if saved.done:
+        messages.success(request, "Node policy saved; every node is being judged again.")
+        return redirect("nodes:node_policy")
     history = Paginator(selectors.node_policy_changes(), POLICY_HISTORY_PAGE_SIZE)
     return render(
         request,

@@ -6,4 +6,5 @@ class TenantsConfig(AppConfig):
     verbose_name = "Tenants"
 
     def ready(self) -> None:
-        from . import schema  # noqa: F401  (registers the OpenAPI auth extension)
+        # Registers the OpenAPI auth extension; here, once the app registry is ready.
+        from . import schema  # noqa: F401, PLC0415

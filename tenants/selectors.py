@@ -1,7 +1,22 @@
 """Reads for views, API and tasks: one query shape each, scoped to a tenant or user."""
 
+from datetime import timedelta
+
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Avg, Count, F, Max, Q, QuerySet
+from django.db.models import (
+    Avg,
+    BooleanField,
+    Count,
+    ExpressionWrapper,
+    F,
+    Max,
+    Q,
+    QuerySet,
+    Sum,
+)
+from django.utils import timezone
+
+from nodes.models import ProcessSample
 
 from .models import (
     ApiToken,
@@ -97,23 +112,76 @@ def tenant_list_for_ops(*, search: str = "", status: str = "") -> QuerySet[Tenan
 # --- money and slices ---------------------------------------------------------------------------
 
 
+# A purchase a launch may use: minutes left, not refunded, no live slice on it (a purchase
+# runs one slice at a time). `purchase_list` annotates it as `usable`.
+PURCHASE_OPEN = Q(minutes_left__gt=0, refunded_at__isnull=True)
+PURCHASE_USABLE = PURCHASE_OPEN & Q(live_slices=0)
+
+
 def purchase_list(*, tenant: Tenant | None) -> QuerySet[Purchase]:
-    """A tenant's purchases, with whether a slice is using each now."""
+    """A tenant's purchases, with whether a slice is using each now and whether a launch
+    may use it."""
     return (
         Purchase.objects.for_tenant(tenant)
         .select_related("tier")
         .annotate(live_slices=Count("slices", filter=Q(slices__state__in=Slice.LIVE_STATES)))
+        .annotate(usable=ExpressionWrapper(PURCHASE_USABLE, output_field=BooleanField()))
         .order_by("-created_at", "-id")
     )
 
 
-def purchase_list_for_ops(*, tenant_id: int | None = None) -> QuerySet[Purchase]:
+def purchase_list_for_ops(
+    *, tenant_id: int | None = None, open_only: bool = False
+) -> QuerySet[Purchase]:
+    """Every tenant's purchases (or one's); `open_only`: those with minutes left to use or
+    refund (`PURCHASE_OPEN`)."""
     qs = Purchase.objects.select_related("tier", "tenant").annotate(
         live_slices=Count("slices", filter=Q(slices__state__in=Slice.LIVE_STATES))
     )
     if tenant_id:
         qs = qs.filter(tenant_id=tenant_id)
+    if open_only:
+        qs = qs.filter(PURCHASE_OPEN)
     return qs.order_by("-created_at", "-id")
+
+
+def purchases_usable(tenant: Tenant | None) -> QuerySet[Purchase]:
+    """Purchases a launch may use (`PURCHASE_USABLE`)."""
+    return purchase_list(tenant=tenant).filter(usable=True)
+
+
+def slices_holding_purchases(tenant: Tenant | None) -> list[Slice]:
+    """The live slices (requested to stopping) on open purchases: each purchase runs one
+    slice at a time, so these are what keep an otherwise usable purchase from a launch."""
+    busy = [p.pk for p in purchase_list(tenant=tenant).filter(PURCHASE_OPEN, live_slices__gt=0)]
+    if not busy:
+        return []
+    return list(
+        Slice.objects.for_tenant(tenant)
+        .filter(purchase_id__in=busy, state__in=Slice.LIVE_STATES)
+        .select_related("purchase__tier")
+        .order_by("-created_at", "-id")
+    )
+
+
+def purchases_running_low(tenant: Tenant) -> QuerySet[Purchase]:
+    """Purchases about to run out: the warning metering records at 10 minutes left."""
+    return (
+        Purchase.objects.for_tenant(tenant)
+        .select_related("tier")
+        .filter(refunded_at__isnull=True, minutes_left__gt=0)
+        .filter(
+            Q(low_warning_at__isnull=False) | Q(minutes_left__lte=Purchase.LOW_TIME_WARNING_MINUTES)
+        )
+    )
+
+
+def credit_grants_recent(*, limit: int = 20) -> QuerySet[LedgerEntry]:
+    return (
+        LedgerEntry.objects.filter(kind=LedgerEntry.Kind.GRANT)
+        .select_related("tenant", "actor")
+        .order_by("-created_at", "-id")[:limit]
+    )
 
 
 def ledger_list(*, tenant: Tenant | None) -> QuerySet[LedgerEntry]:
@@ -143,8 +211,56 @@ def slice_list(*, tenant: Tenant | None) -> QuerySet[Slice]:
     return _slice_related(Slice.objects.for_tenant(tenant)).order_by("-created_at", "-id")
 
 
-def slice_list_for_ops() -> QuerySet[Slice]:
-    return _slice_related(Slice.objects.all()).order_by("-created_at", "-id")
+def slice_list_for_ops(
+    *,
+    state: str = "",
+    tenant: Tenant | None = None,
+    node_id: int | None = None,
+    image: Image | None = None,
+) -> QuerySet[Slice]:
+    """Every tenant's slices, newest first, narrowed by whichever filters are given."""
+    qs = _slice_related(Slice.objects.all()).order_by("-created_at", "-id")
+    if state:
+        qs = qs.filter(state=state)
+    if tenant is not None:
+        qs = qs.filter(tenant=tenant)
+    if node_id is not None:
+        qs = qs.filter(allocation__gpu__node_id=node_id)
+    if image is not None:
+        qs = qs.filter(image_entry=image)
+    return qs
+
+
+GAUGE_WINDOW_MINUTES = 10
+
+
+def slices_latest_vram_mb(slices: list[Slice]) -> dict[int, int]:
+    """The VRAM each running slice's container held in its latest sample (one query).
+
+    Only the last few minutes are scanned: an older reading is not "now"."""
+    running = [
+        s for s in slices if s.state == Slice.State.RUNNING and s.allocation_id and s.container_id
+    ]
+    if not running:
+        return {}
+    since = timezone.now() - timedelta(minutes=GAUGE_WINDOW_MINUTES)
+    cond = Q()
+    for s in running:
+        cond |= Q(gpu_id=s.allocation.gpu_id, container_id=s.container_id)  # type: ignore[union-attr]
+    rows = (
+        ProcessSample.objects.filter(cond, taken_at__gte=since)
+        .values("gpu_id", "container_id", "taken_at")
+        .annotate(used_mb=Sum("used_memory_mb"))
+        .order_by("-taken_at")
+    )
+    latest: dict[tuple[int, str], int] = {}
+    for row in rows:
+        latest.setdefault((row["gpu_id"], row["container_id"]), row["used_mb"])
+    return {
+        s.pk: latest[(s.allocation.gpu_id, s.container_id)]  # type: ignore[union-attr]
+        for s in running
+        if (s.allocation.gpu_id, s.container_id) in latest  # type: ignore[union-attr]
+    }
 
 
 def slice_transitions(*, slice: Slice):  # type: ignore[no-untyped-def]
@@ -154,10 +270,6 @@ def slice_transitions(*, slice: Slice):  # type: ignore[no-untyped-def]
 def slice_vram_per_sample(*, slice: Slice):  # type: ignore[no-untyped-def]
     """Per sample, the VRAM the slice's container held (its processes summed): rows of
     taken_at and used_mb; None when it never ran a container."""
-    from django.db.models import Sum
-
-    from nodes.models import ProcessSample
-
     if slice.allocation_id is None or not slice.container_id:
         return None
     return (

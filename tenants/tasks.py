@@ -2,6 +2,9 @@
 
 from celery import shared_task
 
+from nodes import ssh
+from nodes.errors import ContainerError
+
 from . import services
 
 
@@ -35,8 +38,6 @@ PROVISION_RETRIES = 2
     time_limit=270,
 )
 def provision_slice(self, slice_id: int) -> str:  # type: ignore[no-untyped-def]
-    from nodes import ssh
-
     final = self.request.retries >= PROVISION_RETRIES
     try:
         return services.slice_provision(slice_id=slice_id, final_attempt=final)
@@ -52,9 +53,6 @@ def provision_slice(self, slice_id: int) -> str:  # type: ignore[no-untyped-def]
     time_limit=120,
 )
 def stop_slice(self, slice_id: int, force: bool = False) -> str:  # type: ignore[no-untyped-def]
-    from nodes import ssh
-    from nodes.services import ContainerError
-
     try:
         return services.slice_finish_stop(slice_id=slice_id, force=force)
     except (ssh.SSHError, ContainerError) as exc:
@@ -71,9 +69,6 @@ def stop_slice(self, slice_id: int, force: bool = False) -> str:  # type: ignore
     time_limit=90,
 )
 def remove_container(node_id: int, container: str, owner_key: str) -> bool:
-    from nodes import ssh
-    from nodes.services import ContainerError
-
     try:
         return services.container_remove_quietly(
             node_id=node_id, container=container, owner_key=owner_key

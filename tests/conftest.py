@@ -1,9 +1,21 @@
 """Shared fixtures: two tenants with owners, API clients for each, an ops user."""
 
+import importlib
+
 import pytest
+from django.apps import apps
 from rest_framework.test import APIClient
 
+from emulator import EmulatedFleet
+from emulator.catalog import GpuSpec, NodeSpec
+from gpuplatform.celery import app
+from nodelab import CONTAINER_NETWORK, IMAGE, SSH_USER, LabNodeSpec
+from nodes import services as node_services
+from nodes import ssh
+from tenants import services
+from tenants.models import Image, Tier
 from tests.factories import MembershipFactory, UserFactory, make_token
+from tests.lab_support import LabPool
 
 
 @pytest.fixture(autouse=True)
@@ -65,8 +77,6 @@ def token_client():  # type: ignore[no-untyped-def]
 @pytest.fixture
 def eager():  # type: ignore[no-untyped-def]
     """Celery tasks run in this process (after commit, as dispatched), errors raised."""
-    from gpuplatform.celery import app
-
     app.conf.task_always_eager = True
     app.conf.task_eager_propagates = True
     yield
@@ -82,11 +92,6 @@ def worker_fleet(settings, tmp_path, django_capture_on_commit_callbacks):  # typ
     Call it with NodeSpecs (default: one node with one RTX 4090, 24 GB, with the quota
     library: without one a card is sold whole only). Returns the EmulatedFleet;
     registered Node rows are `fleet.registered`."""
-    from nodes import services as node_services
-    from nodes import ssh
-    from nodes.emulator import EmulatedFleet
-    from nodes.emulator.catalog import GpuSpec, NodeSpec
-
     settings.NODES_SSH_KEY_PATH = str(tmp_path / "ssh" / "id_ed25519")
     settings.NODES_CONTAINER_SETTLE_S = 0.05
     ssh.reset_pool()
@@ -119,8 +124,6 @@ def worker_fleet(settings, tmp_path, django_capture_on_commit_callbacks):  # typ
 
 @pytest.fixture
 def image_ssh(db):  # type: ignore[no-untyped-def]
-    from tenants.models import Image
-
     return Image.objects.create(
         name="CUDA base", reference="nvidia/cuda:12.4.1-base-ubuntu22.04", ports=[22], connect="ssh"
     )
@@ -129,14 +132,7 @@ def image_ssh(db):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def funded(db, ops_user):  # type: ignore[no-untyped-def]
     """Grant a tenant credit and buy `hours` of the tier of `vram_gb`: returns the purchase."""
-    from tenants import services
-    from tenants.models import Tier
-
     if not Tier.objects.exists():  # a transactional test's flush emptied the seeded tiers
-        import importlib
-
-        from django.apps import apps
-
         importlib.import_module("tenants.migrations.0002_seed_tiers").seed(apps, None)
 
     def buy(membership, vram_gb: int = 8, hours: int = 2, credit: str = "100.00"):  # type: ignore[no-untyped-def]
@@ -159,8 +155,6 @@ SMALL_MODEL = {"model": {"catalog": "Qwen/Qwen2.5-1.5B"}, "context_tokens": 2048
 
 def launch(membership, purchase, image, **kw):  # type: ignore[no-untyped-def]
     """A launch as a tenant makes it (the small catalog model, an SSH key), re-read."""
-    from tenants import services
-
     slice, _ = services.slice_launch(
         membership=membership,
         purchase=purchase,
@@ -178,8 +172,6 @@ def launch(membership, purchase, image, **kw):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def lab_pool():  # type: ignore[no-untyped-def]
-    from tests.lab_support import LabPool
-
     pool = LabPool()
     yield pool
     left = pool.stop()
@@ -199,11 +191,6 @@ def lab_fleet(settings, tmp_path, lab_pool, django_capture_on_commit_callbacks):
     uses), registered with pinned host keys as ops would (SSH user root, container network
     none) and discovered. Call it with LabNodeSpecs (default: one node with one A30, 24 GB,
     with the quota library). Every container is removed at the end, pass or fail."""
-    from nodelab import CONTAINER_NETWORK, SSH_USER, LabNodeSpec
-    from nodes import services as node_services
-    from nodes import ssh
-    from nodes.emulator.catalog import GpuSpec
-
     settings.NODES_SSH_KEY_PATH = str(tmp_path / "ssh" / "id_ed25519")
     settings.NODES_CONTAINER_SETTLE_S = 0.3
     ssh.reset_pool()
@@ -238,7 +225,4 @@ def lab_fleet(settings, tmp_path, lab_pool, django_capture_on_commit_callbacks):
 @pytest.fixture
 def lab_image(db):  # type: ignore[no-untyped-def]
     """The lab's workload image on the allowlist (built on every lab node at start)."""
-    from nodelab import IMAGE
-    from tenants.models import Image
-
     return Image.objects.create(name="Lab workload", reference=IMAGE, ports=[22], connect="ssh")

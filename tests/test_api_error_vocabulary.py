@@ -25,6 +25,7 @@ from rest_framework.test import APIClient
 
 from gpuplatform.api.serializers import (
     StrictFieldsMixin,
+    StrictIntegerMixin,
     StrictPrimaryKeyMixin,
     StrictSerializer,
 )
@@ -694,8 +695,6 @@ def test_every_code_an_input_field_can_answer_is_registered_as_a_field_code(db):
 
 
 def test_every_integer_input_field_is_strict(db):  # type: ignore[no-untyped-def]
-    from gpuplatform.api.serializers import StrictIntegerMixin
-
     loose: list[str] = []
 
     def walk(field: serializers.Field, where: str) -> None:

@@ -18,6 +18,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from incidents.models import WebhookEndpoint
+from nodes import ssh
+from nodes.models import Node
 from tests.factories import make_token
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -89,10 +92,6 @@ def fuzz(url: str, token: str, tmp_path: Path, port: int, name: str) -> tuple[in
 def test_the_api_survives_schema_driven_fuzzing(  # type: ignore[no-untyped-def]
     live_server, eager, settings, tmp_path, owner_a, ops_user
 ):
-    from incidents.models import WebhookEndpoint
-    from nodes import ssh
-    from nodes.models import Node
-
     settings.NODES_SSH_KEY_PATH = str(tmp_path / "ssh" / "id_ed25519")
     settings.NODES_SSH_CONNECT_TIMEOUT = 2
     # rate limits have their own tests; here they would only turn the fuzz into 429s

@@ -16,6 +16,7 @@ from gpuplatform.celery import app
 from gpuplatform.workers import worker_argv
 from tenants import services
 from tenants.models import Invitation, Role
+from tests.factories import MembershipFactory
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -96,8 +97,6 @@ def _mails(mail_dir: Path) -> str:
 
 
 def test_worker_runs_task_dispatched_after_commit(worker, published):  # type: ignore[no-untyped-def]
-    from tests.factories import MembershipFactory
-
     owner = MembershipFactory(tenant__name="Worker Lab")
     invitation = services.invitation_create(
         actor_membership=owner, email="committed@worker.test", role=Role.MEMBER
@@ -110,8 +109,6 @@ def test_worker_runs_task_dispatched_after_commit(worker, published):  # type: i
 
 
 def test_task_dispatched_in_rolled_back_transaction_never_runs(worker, published):  # type: ignore[no-untyped-def]
-    from tests.factories import MembershipFactory
-
     owner = MembershipFactory(tenant__name="Rollback Lab")
 
     class Abort(Exception):

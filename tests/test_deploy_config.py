@@ -22,6 +22,9 @@ from celery.app.utils import find_app
 from django.conf import settings as django_settings
 from django.urls import resolve
 
+from gpuplatform.celery import app
+from tests.lab_support import unavailable
+
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
@@ -238,8 +241,6 @@ def test_beat_runs_celery_beat(compose):
 
 
 def test_celery_app_named_in_commands_is_the_project_celery_app(compose):
-    from gpuplatform.celery import app
-
     names = set()
     for name in ("worker", "beat"):
         argv = command_argv(compose["services"][name]["command"])
@@ -367,8 +368,6 @@ def compose_command() -> list[str] | None:
 def test_docker_compose_accepts_the_file(tmp_path):
     command = compose_command()
     if command is None:
-        from tests.lab_support import unavailable
-
         unavailable("neither `docker compose` nor docker-compose is installed")
     # A copy, so that the .env written next to it is not the checkout's own.
     shutil.copy(COMPOSE_FILE, tmp_path / "docker-compose.yml")

@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from nodelab import problems
+from tests.lab_support import unavailable
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
@@ -130,12 +133,8 @@ def _shell(env: dict, script: str) -> str:  # type: ignore[type-arg]
 def test_run_stack_serves_runs_tasks_and_stops_everything_on_ctrl_c(
     far_end, embedded_env, tmp_path
 ):  # type: ignore[no-untyped-def]
-    if far_end == "lab":
-        from nodelab import problems
-        from tests.lab_support import unavailable
-
-        if problems():
-            unavailable(problems()[0])
+    if far_end == "lab" and problems():
+        unavailable(problems()[0])
     port = _free_port()
     log = tmp_path / "stack.log"
     env = {**embedded_env, "GPUPLATFORM_DEMO_FAR_END": far_end}

@@ -17,6 +17,7 @@ from django.conf import settings
 
 from gpuplatform.celery import app
 from gpuplatform.workers import worker_argv
+from tests.lab_support import lab_required
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,8 +45,6 @@ def _reset_producer_pools() -> None:
 def _missing(reason: str) -> None:
     """A part the worker tests need is not there: a skip on a laptop, a failure in CI (the
     lane must run, never pass by skipping)."""
-    from tests.lab_support import lab_required
-
     if lab_required():
         pytest.fail(f"{reason} (CI=true)", pytrace=False)
     pytest.skip(reason)

@@ -12,6 +12,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
+from gpuplatform.dispatch import enqueue
 from gpuplatform.errors import Conflict
 from nodes import runtime
 from nodes import services as node_services
@@ -21,6 +22,7 @@ from tenants.models import Slice
 from tenants.services import members_notify, owner_is_live
 
 from .. import rules
+from ..locks import incident_lock
 from ..models import GpuWatch, Incident, IncidentEvent, IncidentSlice, SliceWatch, Thresholds
 from ..notify import TENANT_ADVICE
 from ..throttle import throttle_slice
@@ -84,25 +86,16 @@ def finding_act(incident: Incident | None, f: rules.Finding, now: datetime) -> N
         members_notify(tenant=s.tenant, subject=f"Slice {s.pk} is idle", body=f.detail)
         if incident:
             incident_event(incident, E.ACTION, "Tenant warned: idle slices are reclaimed.")
-        # Not at the top: incidents.tasks imports this package (an import cycle).
-        from ..tasks import idle_due
-
         # the stop when it is due (the minute's sweep would come up to a minute late)
         due = Thresholds.current().idle_stop_after_s
-        transaction.on_commit(lambda: idle_due.apply_async((f.slice_id,), countdown=due))
+        enqueue("incidents.idle_due", f.slice_id, countdown=due)
     elif f.action in REMOTE_ACTIONS and incident is not None:
         if f.action == rules.THROTTLE and f.slice_id:
             SliceWatch.objects.update_or_create(slice_id=f.slice_id, defaults={"throttled_at": now})
-        # Not at the top: incidents.tasks imports this package (an import cycle).
-        from ..tasks import dispose
-
-        dispose.delay_on_commit(incident.pk, f.action, f.evidence)
+        enqueue("incidents.dispose", incident.pk, f.action, f.evidence)
     elif f.action == rules.UNTHROTTLE and f.slice_id:
         SliceWatch.objects.filter(slice_id=f.slice_id).update(throttled_at=None)
-        # Not at the top: incidents.tasks imports this package (an import cycle).
-        from ..tasks import release_throttle
-
-        release_throttle.delay_on_commit(f.slice_id)
+        enqueue("incidents.release_throttle", f.slice_id)
 
 
 def _tell_tenants_on(
@@ -128,16 +121,13 @@ def _tell_tenants_on(
 def incident_confirm_orphan(*, incident: Incident, actor: AbstractBaseUser) -> Incident:
     """Ops confirm an orphan (a process or container of no slice): it is ended now."""
     require_ops(actor)
-    incident = Incident.objects.select_for_update().get(pk=incident.pk)
+    incident = incident_lock(incident.pk)
     if incident.rule != "orphan_process" or incident.gpu_id is None:
         raise Conflict("Only an orphan process can be ended from here.", code="not_an_orphan")
     if incident.status == Incident.Status.RESOLVED:
         raise Conflict("This incident is resolved.", code="resolved")
     incident_event(incident, E.ACTION, "Ops confirmed the orphan: ending it.", actor=actor)
-    # Not at the top: incidents.tasks imports this package (an import cycle).
-    from ..tasks import dispose
-
-    dispose.delay_on_commit(incident.pk, rules.END_ORPHAN, incident.evidence)
+    enqueue("incidents.dispose", incident.pk, rules.END_ORPHAN, incident.evidence)
     return incident
 
 
@@ -271,7 +261,7 @@ def _stop_offender(incident: Incident, evidence: dict | None = None) -> str:
     # will not), never release the VRAM while the offender may still hold it.
     state = tenant_services.slice_finish_stop(slice_id=s.pk, force=True)
     with transaction.atomic():
-        incident = Incident.objects.select_for_update().get(pk=incident.pk)
+        incident = incident_lock(incident.pk)
         incident_mitigate(
             incident,
             f"Stopped slice {s.pk}'s container alone and released its VRAM; metering stopped.",
@@ -327,7 +317,7 @@ def _end_orphan(incident: Incident, evidence: dict) -> str:
     node_services.container_remove(node=node, container=info.id, grace_s=0)
     done = f"Removed the platform container {info.id[:12]} holding the memory (no live slice)."
     with transaction.atomic():
-        incident = Incident.objects.select_for_update().get(pk=incident.pk)
+        incident = incident_lock(incident.pk)
         incident_mitigate(incident, done, data={"pid": pid, "container_id": info.id}, tell=True)
         incident_resolve_locked(
             incident, None, "Disposed: the orphan container was removed.", timezone.now()

@@ -18,6 +18,7 @@ from django.utils import timezone
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
 
 from .. import rules
+from ..locks import incident_lock, incident_open_lock
 from ..models import Incident, IncidentEvent
 from ..notify import incident_notify
 
@@ -66,12 +67,7 @@ def incident_record(
     """Open an incident for the finding, or count another occurrence of the open one
     (one per rule and target). A new one gets the runbook's first three steps; its
     context (names, frozen evidence) is only gathered then: `context` may be a callable."""
-    open_one = (
-        Incident.objects.open()
-        .select_for_update()
-        .filter(rule=finding.rule, target_key=finding.target)
-        .first()
-    )
+    open_one = incident_open_lock(rule=finding.rule, target=finding.target)
     if open_one is not None:
         open_one.occurrences += 1
         open_one.last_seen_at = max(open_one.last_seen_at, now)  # sweeps may overlap
@@ -129,12 +125,7 @@ def incident_record(
 
 def incident_clear(*, finding: rules.Finding, now: datetime, note: str = "") -> Incident | None:
     """The condition is gone: the system resolves the open incident and archives it."""
-    incident = (
-        Incident.objects.open()
-        .select_for_update()
-        .filter(rule=finding.rule, target_key=finding.target)
-        .first()
-    )
+    incident = incident_open_lock(rule=finding.rule, target=finding.target)
     if incident is None:
         return None
     incident_resolve_locked(incident, None, note or f"Condition cleared: {finding.title}.", now)
@@ -177,7 +168,7 @@ def require_ops(actor: AbstractBaseUser) -> None:
 @transaction.atomic
 def incident_acknowledge(*, incident: Incident, actor: AbstractBaseUser) -> Incident:
     require_ops(actor)
-    incident = Incident.objects.select_for_update().get(pk=incident.pk)
+    incident = incident_lock(incident.pk)
     if incident.status == Incident.Status.RESOLVED:
         raise Conflict("This incident is resolved; reopen it first.", code="resolved")
     if incident.status == Incident.Status.OPEN:
@@ -211,7 +202,7 @@ def incident_resolve(*, incident: Incident, actor: AbstractBaseUser, note: str) 
     note = (note or "").strip()
     if not note:
         raise ServiceError("Say how it was resolved.", field="note")
-    incident = Incident.objects.select_for_update().get(pk=incident.pk)
+    incident = incident_lock(incident.pk)
     if incident.status == Incident.Status.RESOLVED:
         return incident
     incident_resolve_locked(incident, actor, note, timezone.now())
@@ -221,7 +212,7 @@ def incident_resolve(*, incident: Incident, actor: AbstractBaseUser, note: str) 
 @transaction.atomic
 def incident_reopen(*, incident: Incident, actor: AbstractBaseUser, note: str = "") -> Incident:
     require_ops(actor)
-    incident = Incident.objects.select_for_update().get(pk=incident.pk)
+    incident = incident_lock(incident.pk)
     if incident.status != Incident.Status.RESOLVED:
         return incident
     if Incident.objects.open().filter(rule=incident.rule, target_key=incident.target_key).exists():

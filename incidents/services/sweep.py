@@ -20,6 +20,7 @@ from nodes.models import Allocation, GateStatus, Gpu, GpuSample, Node, ProcessSa
 from tenants.models import Slice
 
 from .. import rules
+from ..locks import incident_lock
 from ..models import GpuWatch, Incident, Thresholds
 from .ledger import incident_resolve_locked
 from .watchdog import apply_findings, live_slices
@@ -87,7 +88,7 @@ def _expire_quiet(now: datetime) -> int:
     stale = Incident.objects.open().filter(rule__in=QUIET_RULES, last_seen_at__lt=now - QUIET_AFTER)
     for pk in stale.values_list("pk", flat=True):
         with transaction.atomic():
-            incident = Incident.objects.select_for_update().get(pk=pk)
+            incident = incident_lock(pk)
             if incident.status == Incident.Status.RESOLVED:
                 continue
             minutes = int(QUIET_AFTER.total_seconds() // 60)

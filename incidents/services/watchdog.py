@@ -27,6 +27,7 @@ from nodes.telemetry import GpuReading
 from tenants.models import Slice
 
 from .. import rules
+from ..locks import thresholds_lock
 from ..models import GpuWatch, Incident, IncidentEvent, SliceWatch, Thresholds
 from ..notify import incident_notify
 from .dispose import HARDWARE_REASON, finding_act
@@ -52,7 +53,7 @@ ONE_SHOT_ACTIONS = (rules.NOTIFY_TENANTS, rules.DRAIN_GPU, rules.END_ORPHAN)
 def thresholds_update(*, actor: AbstractBaseUser, **changes: Any) -> Thresholds:
     require_ops(actor)
     row = Thresholds.current()
-    row = Thresholds.objects.select_for_update().get(pk=row.pk)
+    row = thresholds_lock(row.pk)
     for name, value in changes.items():
         if not hasattr(row, name) or name in ("id", "updated_at", "updated_by"):
             raise ServiceError(f"Unknown threshold {name}.", field=name)

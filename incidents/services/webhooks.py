@@ -9,6 +9,7 @@ import secrets
 from django.db import transaction
 
 from gpuplatform.errors import Conflict
+from tenants.locks import tenant_lock
 from tenants.models import Tenant
 
 from ..models import WebhookEndpoint
@@ -22,7 +23,7 @@ def webhook_create(*, tenant: Tenant | None, url: str) -> WebhookEndpoint:
     """A new active endpoint for the tenant (None: an ops endpoint, for every incident);
     409 `too_many_webhooks` when the owner has MAX_ACTIVE_WEBHOOKS active already."""
     if tenant is not None:  # one create at a time per tenant, so the cap holds
-        Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
+        tenant_lock(tenant.pk)
         endpoints = WebhookEndpoint.objects.for_tenant(tenant)
     else:
         endpoints = WebhookEndpoint.objects.filter(tenant__isnull=True)

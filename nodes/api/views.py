@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gpuplatform.api.permissions import IsOps
-from nodes import selectors, services
+from nodes import isolation, selectors, services
 from nodes.models import Gpu, Node
 
 from . import serializers
@@ -226,7 +226,5 @@ class ReservedVariableViewSet(viewsets.ViewSet):
 
     @extend_schema(responses=serializers.ReservedVariableSerializer(many=True))
     def list(self, request):  # type: ignore[no-untyped-def]
-        from nodes import isolation
-
         rows = isolation.reserved_list()
         return Response(serializers.ReservedVariableSerializer(rows, many=True).data)

@@ -36,7 +36,6 @@ from .containers import (
 )
 from .gate import (
     PREFLIGHT_DEADLINE_S,
-    PREFLIGHT_LOCK_SPACE,
     PROBE_OWNER_PREFIX,
     PROBE_WAIT_S,
     PROBES_AT_ONCE,
@@ -103,7 +102,6 @@ __all__ = [
     "PIPELINE_CHUNK",
     "POLICY_FIELDS",
     "PREFLIGHT_DEADLINE_S",
-    "PREFLIGHT_LOCK_SPACE",
     "PROBES_AT_ONCE",
     "PROBE_OWNER_PREFIX",
     "PROBE_WAIT_S",

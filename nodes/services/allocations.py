@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from gpuplatform.errors import Conflict, ServiceError
 
+from ..locks import allocation_lock, gpu_lock, gpus_lock
 from ..models import Allocation, GateStatus, Gpu, Node
 from ..placement import Candidate, MigSlot, choose
 
@@ -109,13 +110,9 @@ def _try_gpu(choice, *, vram_mb: int, owner_key: str, guaranteed: bool, skip_loc
 
     Returns the allocation, False when the GPU no longer fits, or None when another
     reservation holds its lock (only with skip_locked)."""
-    gpu = (
-        _placeable_gpus(guaranteed=guaranteed)
-        .select_related("node")
-        .select_for_update(of=("self",), skip_locked=skip_locked)
-        .filter(pk=choice.gpu_id)
-        .first()
-    )
+    gpu = gpus_lock(
+        _placeable_gpus(guaranteed=guaranteed).filter(pk=choice.gpu_id), skip_locked=skip_locked
+    ).first()
     if gpu is None:
         if skip_locked and Gpu.objects.filter(pk=choice.gpu_id).exists():
             return None
@@ -237,7 +234,7 @@ def _reserve_software(vram_mb, owner_key, guaranteed, *, skip_locked, pk=None): 
     gpus = _software_fits(vram_mb, guaranteed)
     if pk is not None:
         gpus = gpus.filter(pk=pk)
-    gpus = gpus.select_related("node").select_for_update(of=("self",))
+    gpus = gpus_lock(gpus)
     sid = transaction.savepoint()
     try:
         gpu = gpus.first()
@@ -357,9 +354,9 @@ def _without(candidates: list, choice) -> list:  # type: ignore[no-untyped-def, 
 @transaction.atomic
 def allocation_release(*, allocation: Allocation) -> Allocation:
     """Give the VRAM back. Safe to run twice. Locks the allocation, then its GPU."""
-    allocation = Allocation.objects.select_for_update().get(pk=allocation.pk)
+    allocation = allocation_lock(allocation.pk)
     if allocation.state != Allocation.State.RELEASED:
-        Gpu.objects.select_for_update().filter(pk=allocation.gpu_id).update(
+        Gpu.objects.filter(pk=allocation.gpu_id).update(  # the UPDATE locks the GPU row
             allocated_mb=Greatest(F("allocated_mb") - allocation.vram_mb, 0)
         )
         allocation.state = Allocation.State.RELEASED
@@ -391,7 +388,7 @@ def gpus_recount_allocations() -> int:
     ).exclude(allocated_mb=F("live_mb"))
     for gpu_id in drift.values_list("pk", flat=True):
         with transaction.atomic():
-            gpu = Gpu.objects.select_for_update().get(pk=gpu_id)
+            gpu = gpu_lock(gpu_id)
             total = (
                 Allocation.objects.filter(gpu=gpu)
                 .exclude(state=Allocation.State.RELEASED)

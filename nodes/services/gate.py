@@ -10,13 +10,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
+from gpuplatform.dispatch import enqueue
 from gpuplatform.errors import Conflict
 
 from .. import preflight, runtime, ssh
 from ..errors import ContainerError
+from ..locks import node_lock, preflight_claim
 from ..models import GateStatus, Gpu, Node, NodePolicy
 from .containers import (
     cli_error_line,
@@ -158,33 +160,12 @@ def node_preflight(
     node = Node.objects.filter(pk=node_id).first()
     if node is None or not node.host_key:
         return node
-    with _preflight_claim(node_id) as claimed:
+    with preflight_claim(node_id) as claimed:
         if not claimed:  # another worker is judging this node now: its verdict will land
             return node
         return _node_preflight(node, facts, pool or ssh.get_pool())
 
 
-@contextlib.contextmanager
-def _preflight_claim(node_id: int):  # type: ignore[no-untyped-def]
-    """One preflight per node at a time (discoveries, the daily run, a policy change and
-    "run now" can overlap): a PostgreSQL advisory lock held by this session, not a row
-    lock, so nothing else waits on it. Elsewhere (SQLite, one process) always claimed."""
-    if connection.vendor != "postgresql":
-        yield True
-        return
-    key = PREFLIGHT_LOCK_SPACE + node_id
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s)", [key])
-        claimed = bool(cursor.fetchone()[0])
-    try:
-        yield claimed
-    finally:
-        if claimed:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
-
-
-PREFLIGHT_LOCK_SPACE = 0x6770_0000_0000  # advisory-lock keys of preflights: this + node id
 PREFLIGHT_DEADLINE_S = 240.0  # the task's soft limit is 300 s: the verdict is always stored
 
 
@@ -232,7 +213,7 @@ def _node_preflight(node: Node, facts: dict[str, str], pool: ssh.SSHPool) -> Nod
     )
     now = timezone.now()
     with transaction.atomic():
-        node = Node.objects.select_for_update().get(pk=node_id)
+        node = node_lock(node_id)
         node.gate_status = GateStatus.PASSED if gate.passed else GateStatus.FAILED
         node.gate_reason = gate.reason[:1000]
         node.gate_checked_at = now
@@ -258,7 +239,5 @@ def node_preflight_request(*, node: Node) -> Node:
     """Judge the node now (a discovery, in the background, after this transaction)."""
     if not node.host_key:
         raise Conflict("Approve the node's host key first.", code="pending_host_key")
-    from .. import tasks  # nodes.tasks imports this package: at module level, a cycle
-
-    transaction.on_commit(lambda: tasks.discover_node.delay(node.pk))
+    enqueue("telemetry.discover_node", node.pk)
     return node

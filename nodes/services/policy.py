@@ -11,9 +11,11 @@ from django.db.models import Count, Max, Min, Q
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
+from gpuplatform.dispatch import enqueue
 from gpuplatform.errors import Conflict, ServiceError
 
 from .. import isolation, preflight, runtime
+from ..locks import gpu_lock, node_lock, node_policy_lock
 from ..models import Allocation, Gpu, GpuSampleRollup, Node, NodePolicy, NodePolicyChange
 from .allocations import capacity_mb
 
@@ -90,7 +92,7 @@ def gpu_set_overcommit(*, gpu: Gpu, ratio, now: datetime | None = None) -> Gpu: 
             code="min_value" if ratio < Decimal("1.00") else "max_value",
             field="overcommit_ratio",
         )
-    gpu = Gpu.objects.select_for_update().get(pk=gpu.pk)
+    gpu = gpu_lock(gpu.pk)
     if ratio > Decimal("1.00"):
         if gpu.mig_enabled:
             raise Conflict(
@@ -132,7 +134,7 @@ def gpu_set_overcommit(*, gpu: Gpu, ratio, now: datetime | None = None) -> Gpu: 
 @transaction.atomic
 def gpu_set_accepting(*, gpu: Gpu, accepting: bool, reason: str = "") -> Gpu:
     """Open or close a GPU to new placements (running work continues)."""
-    gpu = Gpu.objects.select_for_update().get(pk=gpu.pk)
+    gpu = gpu_lock(gpu.pk)
     if not accepting and not reason.strip():
         raise ServiceError("Say why the GPU stops taking placements.", field="reason")
     gpu.accepting_placements = accepting
@@ -255,7 +257,7 @@ def node_policy_update(*, actor, reason: str, **changes) -> NodePolicy:  # type:
             "Say why the policy changes (it is kept with the change).", field="reason"
         )
     node_policy()
-    row = NodePolicy.objects.select_for_update().get(pk=1)
+    row = node_policy_lock()
     changed = []
     for field, value in changes.items():
         clean = _policy_clean(field, value)
@@ -271,9 +273,7 @@ def node_policy_update(*, actor, reason: str, **changes) -> NodePolicy:  # type:
     if changed:
         row.save()
         NodePolicyChange.objects.bulk_create(changed)
-        from .. import tasks  # nodes.tasks imports this package: at module level, a cycle
-
-        transaction.on_commit(tasks.preflight_all.delay)
+        enqueue("telemetry.preflight_all")
     return row
 
 
@@ -284,7 +284,7 @@ def node_accept_watchdog_only(*, node: Node, actor, accept: bool, reason: str) -
     reason = (reason or "").strip()
     if not reason:
         raise ServiceError("Say why (it is kept in the policy's history).", field="reason")
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    node = node_lock(node.pk)
     before = node.watchdog_only_accepted_at is not None
     if before == accept:
         return node

@@ -10,9 +10,11 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from gpuplatform.dispatch import enqueue
 from gpuplatform.errors import Conflict, ServiceError
 
 from .. import ssh, telemetry
+from ..locks import gpus_lock_by_uuid, node_lock
 from ..models import Gpu, Node
 from .gate import node_preflight
 from .policy import sell_whole
@@ -137,19 +139,17 @@ def node_register(
             code="duplicate_endpoint",
             field="address",
         ) from exc
-    from .. import tasks  # nodes.tasks imports this package: at module level, a cycle
-
     if node.host_key:
-        tasks.discover_node.delay_on_commit(node.pk)
+        enqueue("telemetry.discover_node", node.pk)
     else:
-        tasks.scan_host_key.delay_on_commit(node.pk)
+        enqueue("telemetry.scan_host_key", node.pk)
     return node
 
 
 @transaction.atomic
 def node_update(*, node: Node, **changes) -> Node:
     """Change where or how a node is reached. A new address drops the pinned key."""
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    node = node_lock(node.pk)
     data = _clean_registration(
         name=changes.get("name", node.name),
         address=changes.get("address", node.address),
@@ -176,10 +176,8 @@ def node_update(*, node: Node, **changes) -> Node:
         raise Conflict(
             "Another node has this name or address and port.", code="duplicate", field="name"
         ) from exc
-    from .. import tasks  # nodes.tasks imports this package: at module level, a cycle
-
     if moved and not node.host_key:
-        tasks.scan_host_key.delay_on_commit(node.pk)
+        enqueue("telemetry.scan_host_key", node.pk)
     return node
 
 
@@ -206,7 +204,7 @@ def node_scan_host_key(*, node_id: int) -> Node | None:
 def node_approve_host_key(*, node: Node, fingerprint: str) -> Node:
     """Pin the key read from the node. The fingerprint ops saw must match what is pinned,
     so a key that changed between display and approval is never trusted."""
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    node = node_lock(node.pk)
     if not node.pending_host_key:
         raise Conflict(
             "There is no host key waiting for approval; rescan the node first.",
@@ -228,17 +226,13 @@ def node_approve_host_key(*, node: Node, fingerprint: str) -> Node:
         node.status = node.reachable_status
     node.status_reason = ""
     node.save()
-    from .. import tasks  # nodes.tasks imports this package: at module level, a cycle
-
-    tasks.discover_node.delay_on_commit(node.pk)
+    enqueue("telemetry.discover_node", node.pk)
     return node
 
 
 @transaction.atomic
 def node_rescan(*, node: Node) -> Node:
-    from .. import tasks  # nodes.tasks imports this package: at module level, a cycle
-
-    tasks.scan_host_key.delay_on_commit(node.pk)
+    enqueue("telemetry.scan_host_key", node.pk)
     return node
 
 
@@ -247,7 +241,7 @@ def node_rescan(*, node: Node) -> Node:
 
 @transaction.atomic
 def node_drain(*, node: Node, reason: str = "") -> Node:
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    node = node_lock(node.pk)
     if node.drained_at is None:
         node.drained_at = timezone.now()
     node.drain_reason = reason.strip()[:500]
@@ -259,7 +253,7 @@ def node_drain(*, node: Node, reason: str = "") -> Node:
 
 @transaction.atomic
 def node_undrain(*, node: Node) -> Node:
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    node = node_lock(node.pk)
     node.drained_at = None
     node.drain_reason = ""
     if node.status == Node.Status.DRAINING:
@@ -298,7 +292,7 @@ def node_discover(*, node_id: int, pool: ssh.SSHPool | None = None) -> Node | No
         raise sample
     now = timezone.now()
     with transaction.atomic():
-        node = Node.objects.select_for_update().get(pk=node_id)
+        node = node_lock(node_id)
         seen = {reading.uuid for reading in sample.gpus}
         # First flag what vanished, so a replacement GPU can take its index.
         Gpu.objects.filter(node=node, present=True).exclude(uuid__in=seen).update(
@@ -309,7 +303,7 @@ def node_discover(*, node_id: int, pool: ssh.SSHPool | None = None) -> Node | No
         # By UUID across the fleet: a GPU moved from another node keeps its history.
         # Locked, and saved with only the fields discovery owns: placement keeps
         # allocated_mb (and ops the ratio and the placement mark) on these rows meanwhile.
-        existing = {g.uuid: g for g in Gpu.objects.select_for_update().filter(uuid__in=seen)}
+        existing = gpus_lock_by_uuid(seen)
         for reading in sample.gpus:
             gpu = existing.get(reading.uuid) or Gpu(node=node, uuid=reading.uuid)
             gpu.node = node

@@ -14,8 +14,11 @@ from django.db import connection, models, transaction
 from django.db.models import Avg, Case, Count, F, Max, Min, Q, Value, When
 from django.utils import timezone
 
-from .. import ssh, telemetry
+from gpuplatform.dispatch import enqueue
+
+from .. import smi, ssh, telemetry
 from ..hooks import GpuSampleRow, ProcessSampleRow, SampleBatch, run_sample_hooks
+from ..locks import node_lock
 from ..models import Allocation, Gpu, GpuSample, GpuSampleRollup, Node, ProcessSample
 
 logger = logging.getLogger(__name__)
@@ -79,14 +82,14 @@ def read_nodes(
 
 
 def _read_nvidia_smi(pool: ssh.SSHPool, endpoint: ssh.Endpoint) -> telemetry.NodeSample:
-    gpus = pool.run(endpoint, telemetry.gpu_query_argv())
+    gpus = pool.run(endpoint, smi.gpu_query_argv())
     if gpus.exit_status != 0:
         raise telemetry.ParseError(
             "neither NVML nor nvidia-smi answered: "
             f"{gpus.stderr.decode(errors='replace').strip()[:200]}"
         )
-    apps = pool.run(endpoint, telemetry.app_query_argv())
-    return telemetry.parse_nvidia_smi(
+    apps = pool.run(endpoint, smi.app_query_argv())
+    return smi.parse_nvidia_smi(
         gpus.stdout.decode(errors="replace"),
         apps.stdout.decode(errors="replace") if apps.exit_status == 0 else "",
         taken_at=timezone.now(),
@@ -99,7 +102,7 @@ def record_failure(node: Node, exc: Exception) -> None:
     now = timezone.now()
     message = str(exc)[:500] or exc.__class__.__name__
     with transaction.atomic():
-        locked = Node.objects.select_for_update().get(pk=node.pk)
+        locked = node_lock(node.pk)
         # capped: a node down for weeks must not overflow the counter
         locked.consecutive_failures = min(locked.consecutive_failures + 1, 32767)
         locked.last_error, locked.last_error_at = message, now
@@ -268,14 +271,10 @@ def samples_ingest(
             # not. Scoped to this transaction; everything else stays durable.
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL synchronous_commit TO OFF")
-        _insert_rows(GpuSample, gpu_rows)
-        _insert_rows(ProcessSample, proc_rows)
-        # Allocations before GPUs: the order allocation_release locks them in.
-        _count_allocations(gpu_rows, by_container, books, now)
-        _update_latest(gpu_rows, held)
-        # One UPDATE per telemetry source (almost always one): the node answered, so
-        # it is seen, its failure count resets, and an unreachable node recovers by
-        # itself (to draining if ops drained it meanwhile).
+        # The nodes' rows first (nodes.locks' order: a discovery locks the node, then its
+        # GPUs, which the sample rows reference). One UPDATE per telemetry source (almost
+        # always one): the node answered, so it is seen, its failure count resets, and an
+        # unreachable node recovers by itself (to draining if ops drained it meanwhile).
         recovered = Q(status=Node.Status.UNREACHABLE)
         sources: dict[str, list[int]] = {}
         for node, sample in results:
@@ -293,11 +292,14 @@ def samples_ingest(
                 ),
                 status_reason=Case(When(recovered, then=Value("")), default=F("status_reason")),
             )
+        _insert_rows(GpuSample, gpu_rows)
+        _insert_rows(ProcessSample, proc_rows)
+        # Then allocations before GPUs, as allocation_release takes them.
+        _count_allocations(gpu_rows, by_container, books, now)
+        _update_latest(gpu_rows, held)
         if rediscover:
-            from .. import tasks  # nodes.tasks imports this package: at module level, a cycle
-
             for node_id in rediscover:
-                tasks.discover_node.delay_on_commit(node_id)
+                enqueue("telemetry.discover_node", node_id)
     batch = SampleBatch(
         nodes=[n for n, _ in results],
         samples={n.pk: s for n, s in results},

@@ -1,31 +1,31 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from . import credit, estimates, lifecycle, views
+from .views import accounts, billing, estimates, slices
 
 router = SimpleRouter()
-router.register("tiers", views.TierViewSet, basename="tier")
-router.register("tokens", views.ApiTokenViewSet, basename="token")
-router.register("members", views.MemberViewSet, basename="member")
-router.register("purchases", lifecycle.PurchaseViewSet, basename="purchase")
-router.register("slices", lifecycle.SliceViewSet, basename="slice")
-router.register("ledger", lifecycle.LedgerViewSet, basename="ledger")
-router.register("usage", lifecycle.UsageViewSet, basename="usage")
-router.register("images", lifecycle.ImageViewSet, basename="image")
-router.register("ops/tenants", views.OpsTenantViewSet, basename="ops-tenant")
-router.register("ops/images", lifecycle.OpsImageViewSet, basename="ops-image")
-router.register("ops/credit-grants", lifecycle.OpsCreditGrantViewSet, basename="ops-credit-grant")
-router.register("credit-requests", credit.CreditRequestViewSet, basename="credit-request")
+router.register("tiers", billing.TierViewSet, basename="tier")
+router.register("tokens", accounts.ApiTokenViewSet, basename="token")
+router.register("members", accounts.MemberViewSet, basename="member")
+router.register("purchases", billing.PurchaseViewSet, basename="purchase")
+router.register("slices", slices.SliceViewSet, basename="slice")
+router.register("ledger", billing.LedgerViewSet, basename="ledger")
+router.register("usage", billing.UsageViewSet, basename="usage")
+router.register("images", slices.ImageViewSet, basename="image")
+router.register("ops/tenants", accounts.OpsTenantViewSet, basename="ops-tenant")
+router.register("ops/images", slices.OpsImageViewSet, basename="ops-image")
+router.register("ops/credit-grants", billing.OpsCreditGrantViewSet, basename="ops-credit-grant")
+router.register("credit-requests", billing.CreditRequestViewSet, basename="credit-request")
 router.register(
-    "ops/credit-requests", credit.OpsCreditRequestViewSet, basename="ops-credit-request"
+    "ops/credit-requests", billing.OpsCreditRequestViewSet, basename="ops-credit-request"
 )
-router.register("ops/credit-rates", credit.OpsCreditRateViewSet, basename="ops-credit-rate")
-router.register("ops/slices", lifecycle.OpsSliceViewSet, basename="ops-slice")
-router.register("ops/purchases", lifecycle.OpsPurchaseViewSet, basename="ops-purchase")
+router.register("ops/credit-rates", billing.OpsCreditRateViewSet, basename="ops-credit-rate")
+router.register("ops/slices", slices.OpsSliceViewSet, basename="ops-slice")
+router.register("ops/purchases", billing.OpsPurchaseViewSet, basename="ops-purchase")
 
 urlpatterns = [
-    path("me/", views.MeView.as_view(), name="me"),
-    path("credit-rate/", credit.CreditRateView.as_view(), name="credit-rate"),
+    path("me/", accounts.MeView.as_view(), name="me"),
+    path("credit-rate/", billing.CreditRateView.as_view(), name="credit-rate"),
     path("estimates/", estimates.EstimateView.as_view(), name="estimate"),
     path("estimates/models/", estimates.CatalogView.as_view(), name="estimate-models"),
     *router.urls,

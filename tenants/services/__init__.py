@@ -1,4 +1,6 @@
-"""Every write to tenants: accounts (members, invitations, tokens), money, and slices."""
+"""Every write to tenants, by sub-domain: accounts (members, invitations, tokens), billing
+(purchases, credit, metering one slice), images and slices (`slices/`: the lifecycle).
+The names below are the app's write API for views, the API and tasks."""
 
 from .accounts import (
     API_TOKEN_MAX_DAYS,
@@ -11,8 +13,6 @@ from .accounts import (
     invitation_resend,
     invitation_revoke,
     invitation_send,
-    members_notify,
-    members_notify_send,
     membership_change_role,
     membership_remove,
     tenant_create,
@@ -20,7 +20,6 @@ from .accounts import (
     tenant_sign_up,
 )
 from .billing import (
-    LOW_TIME_WARNING_MINUTES,
     MAX_PURCHASE_HOURS,
     credit_grant,
     purchase_create,
@@ -36,32 +35,28 @@ from .credit import (
     credit_request_withdraw,
 )
 from .images import image_create, image_update
-from .slices import (
-    ALLOWED,
+from .notify import audit_event_record, members_notify, members_notify_send
+from .slices.launch import (
     ServiceRefusal,
     clean_command,
     clean_environment,
-    container_remove_quietly,
-    measured_peak_mb,
-    owner_is_live,
     queue_position,
-    slice_finish_stop,
     slice_launch,
-    slice_provision,
-    slice_stop,
     slices_dispatch_queue,
-    slices_meter,
-    slices_reconcile,
 )
+from .slices.provision import slice_provision
+from .slices.reconcile import container_remove_quietly, owner_is_live, slices_reconcile
+from .slices.state import ALLOWED, measured_peak_mb
+from .slices.stop import slice_finish_stop, slice_stop, slices_meter
 
 __all__ = [
     "ALLOWED",
     "API_TOKEN_MAX_DAYS",
-    "LOW_TIME_WARNING_MINUTES",
     "MAX_PURCHASE_HOURS",
     "ServiceRefusal",
     "api_token_create",
     "api_token_revoke",
+    "audit_event_record",
     "clean_command",
     "clean_environment",
     "container_remove_quietly",

@@ -14,32 +14,26 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.text import slugify
 
+from gpuplatform.dispatch import enqueue
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
 
-from ..models import ApiToken, AuditEvent, Invitation, Membership, Role, Tenant
+from ..locks import (
+    api_token_lock,
+    invitation_lock,
+    membership_lock,
+    owners_lock,
+    slice_lock,
+    tenant_lock,
+)
+from ..models import ApiToken, Invitation, Membership, Role, Slice, Tenant
 from ..tokens import API_TOKEN_PREFIX, display_prefix, hash_secret, new_secret
+from .notify import audit_event_record
+from .slices.stop import slice_stop_locked
 
 User = get_user_model()
 
 API_TOKEN_MAX_DAYS = 365
 INVITATION_PURGE_AFTER = timedelta(days=30)
-
-
-def audit_event_record(
-    *,
-    tenant: Tenant,
-    actor: AbstractBaseUser | None,
-    action: str,
-    summary: str,
-    data: dict | None = None,
-) -> AuditEvent:
-    return AuditEvent.objects.create(
-        tenant=tenant,
-        actor=actor if actor is not None and actor.is_authenticated else None,
-        action=action,
-        summary=summary[:300],
-        data=data or {},
-    )
 
 
 def _unique_slug(name: str) -> str:
@@ -108,7 +102,7 @@ def tenant_set_status(
         raise NotAllowed("Only ops can suspend or reactivate a tenant.")
     if status not in Tenant.Status.values:
         raise ServiceError(f"Unknown status {status!r}.", field="status")
-    tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    tenant = tenant_lock(tenant.pk)
     if tenant.status == status:
         return tenant
     if status == Tenant.Status.SUSPENDED and not reason.strip():
@@ -131,9 +125,6 @@ def _stop_all_slices(tenant: Tenant, actor: AbstractBaseUser, reason: str) -> No
     """A suspended tenant runs nothing: its slices are stopped (queued ones cancelled),
     their VRAM released and metering stopped; what is left of their purchases stays
     refundable by ops."""
-    from ..models import Slice
-    from .slices import slice_lock, slice_stop_locked
-
     for pk in Slice.objects.filter(tenant=tenant, state__in=Slice.LIVE_STATES).values_list(
         "pk", flat=True
     ):
@@ -154,13 +145,6 @@ def _require_owner(actor_membership: Membership) -> None:
         )
 
 
-def _lock_owners(tenant: Tenant) -> list[Membership]:
-    # Lock order: memberships by pk, so two owners demoting each other serialise.
-    return list(
-        Membership.objects.select_for_update().filter(tenant=tenant, role=Role.OWNER).order_by("pk")
-    )
-
-
 @transaction.atomic
 def membership_change_role(
     *, actor_membership: Membership, membership: Membership, role: str
@@ -170,8 +154,8 @@ def membership_change_role(
         raise NotAllowed("That member is not in your tenant.")
     if role not in Role.values:
         raise ServiceError(f"Unknown role {role!r}.", code="invalid_choice", field="role")
-    owners = _lock_owners(membership.tenant)
-    membership = Membership.objects.select_for_update().get(pk=membership.pk)
+    owners = owners_lock(membership.tenant)
+    membership = membership_lock(membership.pk)
     if membership.role == role:
         return membership
     if membership.role == Role.OWNER and len(owners) == 1:
@@ -198,8 +182,8 @@ def membership_remove(*, actor_membership: Membership, membership: Membership) -
     _require_owner(actor_membership)
     if membership.tenant_id != actor_membership.tenant_id:
         raise NotAllowed("That member is not in your tenant.")
-    owners = _lock_owners(membership.tenant)
-    membership = Membership.objects.select_for_update().get(pk=membership.pk)
+    owners = owners_lock(membership.tenant)
+    membership = membership_lock(membership.pk)
     if membership.role == Role.OWNER and len(owners) == 1:
         raise Conflict(
             "A tenant needs at least one owner: promote someone else first.", code="last_owner"
@@ -250,40 +234,28 @@ def invitation_create(*, actor_membership: Membership, email: str, role: str) ->
         action="invitation.created",
         summary=f"Invited {email} as {role}",
     )
-    from ..tasks import send_invitation
-
-    send_invitation.delay_on_commit(invitation.pk)
+    enqueue("tenants.send_invitation", invitation.pk)
     return invitation
 
 
 @transaction.atomic
 def invitation_resend(*, actor_membership: Membership, invitation: Invitation) -> Invitation:
     _require_owner(actor_membership)
-    invitation = (
-        Invitation.objects.for_tenant(actor_membership.tenant)
-        .select_for_update()
-        .get(pk=invitation.pk)
-    )
+    invitation = invitation_lock(invitation.pk, tenant=actor_membership.tenant)
     if invitation.accepted_at or invitation.revoked_at:
         raise Conflict("This invitation is no longer pending.", code="not_pending")
     invitation.sent_at = None
     invitation.token_hash = None
     invitation.expires_at = timezone.now() + timedelta(days=settings.INVITATION_TTL_DAYS)
     invitation.save(update_fields=["sent_at", "token_hash", "expires_at"])
-    from ..tasks import send_invitation
-
-    send_invitation.delay_on_commit(invitation.pk)
+    enqueue("tenants.send_invitation", invitation.pk)
     return invitation
 
 
 @transaction.atomic
 def invitation_revoke(*, actor_membership: Membership, invitation: Invitation) -> Invitation:
     _require_owner(actor_membership)
-    invitation = (
-        Invitation.objects.for_tenant(actor_membership.tenant)
-        .select_for_update()
-        .get(pk=invitation.pk)
-    )
+    invitation = invitation_lock(invitation.pk, tenant=actor_membership.tenant)
     if invitation.accepted_at:
         raise Conflict("This invitation was already accepted.", code="not_pending")
     if invitation.revoked_at is None:
@@ -305,13 +277,11 @@ def invitation_send(*, invitation_id: int) -> bool:
     The link's token is made here and only its hash kept, so the secret lives in the
     email alone (not in the broker, not in the database).
     """
-    invitation = (
-        Invitation.objects.select_for_update(of=("self",))
-        .select_related("tenant", "invited_by")
-        .filter(pk=invitation_id)
-        .first()
-    )
-    if invitation is None or invitation.sent_at or invitation.accepted_at or invitation.revoked_at:
+    try:
+        invitation = invitation_lock(invitation_id)
+    except Invitation.DoesNotExist:
+        return False
+    if invitation.sent_at or invitation.accepted_at or invitation.revoked_at:
         return False
     if invitation.expires_at <= timezone.now():
         return False
@@ -352,7 +322,7 @@ def invitation_accept(*, token: str, password: str) -> Membership:
         raise ServiceError(
             "This invitation link is invalid, expired or already used.", code="invalid_invitation"
         )
-    invitation = Invitation.objects.select_for_update().get(pk=invitation.pk)
+    invitation = invitation_lock(invitation.pk)
     if invitation.accepted_at:
         raise Conflict("This invitation was already accepted.", code="invalid_invitation")
     if invitation.tenant.status != Tenant.Status.ACTIVE:
@@ -429,7 +399,7 @@ def api_token_create(
 
 @transaction.atomic
 def api_token_revoke(*, user: AbstractBaseUser, token: ApiToken) -> ApiToken:
-    token = ApiToken.objects.select_for_update().get(pk=token.pk, user=user)
+    token = api_token_lock(token.pk, user=user)
     if token.revoked_at is None:
         token.revoked_at = timezone.now()
         token.save(update_fields=["revoked_at"])
@@ -441,27 +411,3 @@ def api_token_revoke(*, user: AbstractBaseUser, token: ApiToken) -> ApiToken:
                 summary=f"{user.email} revoked API token {token.name!r} ({token.prefix}…)",
             )
     return token
-
-
-def members_notify(*, tenant: Tenant, subject: str, body: str) -> None:
-    """Email the tenant's owners and members (after commit): slice failures, time running out."""
-    from ..tasks import notify_members
-
-    notify_members.delay_on_commit(tenant.pk, subject[:150], body[:4000])
-
-
-def members_notify_send(*, tenant_id: int, subject: str, body: str) -> int:
-    emails = list(
-        Membership.objects.filter(tenant_id=tenant_id, role__in=[Role.OWNER, Role.MEMBER])
-        .exclude(user__email="")
-        .values_list("user__email", flat=True)
-    )
-    if not emails:
-        return 0
-    send_mail(
-        f"[gpuplatform] {subject}",
-        body,
-        settings.DEFAULT_FROM_EMAIL,
-        emails,
-    )
-    return len(emails)

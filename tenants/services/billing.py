@@ -17,12 +17,12 @@ from django.utils import timezone
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
 from nodes.models import Node
 
+from ..locks import purchase_lock, tenant_lock
 from ..models import LedgerEntry, Membership, Purchase, Slice, Tenant, Tier, UsageRecord
-from .accounts import audit_event_record, members_notify
+from .notify import audit_event_record, members_notify
 
 MAX_PURCHASE_HOURS = 720
 MAX_GRANT = Decimal("100000.00")
-LOW_TIME_WARNING_MINUTES = 10
 CENT = Decimal("0.01")
 
 
@@ -45,10 +45,6 @@ def credit_amount(value, *, field: str) -> Decimal:  # type: ignore[no-untyped-d
             "Credit has at most two decimal places.", code="max_decimal_places", field=field
         )
     return amount
-
-
-def _lock_tenant(tenant: Tenant) -> Tenant:
-    return Tenant.objects.select_for_update().get(pk=tenant.pk)
 
 
 def _ledger(
@@ -134,7 +130,7 @@ def _credit_grant(
     memo = memo.strip()
     if not memo:
         raise ServiceError("Say what the grant is for.", field="memo")
-    tenant = _lock_tenant(tenant)
+    tenant = tenant_lock(tenant.pk)
     if key:  # under the tenant's lock: a retry that waited behind its first attempt
         existing = _grant_for_key(tenant, key, amount)
         if existing is not None:
@@ -219,7 +215,7 @@ def _purchase_create(*, membership: Membership, tier: Tier, hours: int, key: str
         )
     if not tier.is_active:
         raise ServiceError("This tier is not on sale.", field="tier")
-    tenant = _lock_tenant(membership.tenant)
+    tenant = tenant_lock(membership.tenant_id)
     if not tenant.is_active:
         raise NotAllowed("This tenant is suspended.")
     price = (tier.price_per_hour * hours).quantize(CENT)
@@ -257,8 +253,8 @@ def purchase_refund(*, purchase: Purchase, actor: AbstractBaseUser, memo: str = 
     """Ops return a purchase's unused minutes to credit, pro rata (rounded down)."""
     if not getattr(actor, "is_staff", False):
         raise NotAllowed("Only ops can refund.")
-    tenant = _lock_tenant(purchase.tenant)
-    purchase = Purchase.objects.select_for_update().get(pk=purchase.pk)
+    tenant = tenant_lock(purchase.tenant_id)
+    purchase = purchase_lock(purchase.pk)
     if purchase.slices.filter(state__in=Slice.LIVE_STATES).exists():
         raise Conflict("A slice still uses this purchase: stop it first.", code="purchase_in_use")
     if purchase.minutes_left == 0:
@@ -330,7 +326,7 @@ def slice_meter(*, slice: Slice, now: datetime, final: bool = False) -> int:
     minutes = math.ceil(elapsed / 60 - 1e-9) if final else int(elapsed // 60)
     if minutes <= 0:
         return 0
-    purchase = Purchase.objects.select_for_update().get(pk=slice.purchase_id)
+    purchase = purchase_lock(slice.purchase_id)
     charged = min(minutes, purchase.minutes_left)
     period_end = slice.last_metered_at + timedelta(minutes=minutes)
     if charged:
@@ -355,7 +351,10 @@ def slice_meter(*, slice: Slice, now: datetime, final: bool = False) -> int:
 def purchase_warn_if_low(*, purchase: Purchase, slice: Slice | None = None) -> bool:
     """Record the 10-minutes-left warning once per purchase; True when it was sent now.
     The warning names the purchase and the slice running on it."""
-    if purchase.minutes_left > LOW_TIME_WARNING_MINUTES or purchase.low_warning_at is not None:
+    if (
+        purchase.minutes_left > Purchase.LOW_TIME_WARNING_MINUTES
+        or purchase.low_warning_at is not None
+    ):
         return False
     if purchase.minutes_left == 0:
         return False

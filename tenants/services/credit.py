@@ -14,11 +14,12 @@ from django.utils import timezone
 
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
 
+from ..locks import credit_request_lock
 from ..models import CreditRate, CreditRequest, Membership, Role, Tenant
 from ..money import credits_text, money_text
 from ..selectors import credit_rate_current
-from .accounts import audit_event_record, members_notify
 from .billing import MAX_GRANT, credit_amount, credit_grant
+from .notify import audit_event_record, members_notify
 
 # What a credit may be worth: wide enough for any real currency, narrow enough to catch a
 # slip of the decimal point (1 credit = 1000 USD is a typo, not a price).
@@ -125,7 +126,7 @@ def credit_request_create(
 
 
 def _lock_pending(request: CreditRequest) -> CreditRequest:
-    locked = CreditRequest.objects.select_for_update().get(pk=request.pk)
+    locked = credit_request_lock(request.pk)
     if locked.status != CreditRequest.Status.PENDING:
         raise Conflict(f"This request was already {locked.status}.", code="credit_request_decided")
     return locked

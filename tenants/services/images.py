@@ -10,8 +10,13 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
+from nodes import runtime, ssh
+from nodes import services as node_services
+from nodes.models import GateStatus, Node
 
+from ..locks import image_lock
 from ..models import Image
+from .slices.launch import clean_command
 
 # Docker's reference grammar, simplified: [registry[:port]/]path[:tag]
 REFERENCE_RE = re.compile(
@@ -26,8 +31,6 @@ MAX_PORTS = 8
 
 def _runtime_accepts(reference: str) -> bool:
     """The container runtime's own check: an allowlisted image must be launchable."""
-    from nodes import runtime
-
     try:
         runtime.check_image(reference)
     except ValueError:
@@ -36,8 +39,6 @@ def _runtime_accepts(reference: str) -> bool:
 
 
 def _clean(data: dict) -> dict:  # type: ignore[type-arg]
-    from .slices import clean_command
-
     out = dict(data)
     if "name" in out:
         out["name"] = str(out["name"]).strip()
@@ -102,10 +103,6 @@ def _inspection(reference: str) -> dict:  # type: ignore[type-arg]
     image that sets a variable changing isolation (the NVIDIAScape pattern is `ENV
     LD_PRELOAD` in the image) is refused, naming it. With no node to ask, the entry is
     kept as not inspected: every start still checks the image on its node first."""
-    from nodes import services as node_services
-    from nodes import ssh
-    from nodes.models import GateStatus, Node
-
     nodes = (
         Node.objects.exclude(host_key="")
         .filter(
@@ -200,7 +197,7 @@ def image_update(*, actor: AbstractBaseUser, image: Image, **changes) -> Image: 
 
 @transaction.atomic
 def _image_save_changes(*, image: Image, changes: dict, inspected: dict) -> Image:  # type: ignore[type-arg]
-    image = Image.objects.select_for_update().get(pk=image.pk)
+    image = image_lock(image.pk)
     merged = {
         "connect": changes.get("connect", image.connect),
         "ports": changes.get("ports", image.ports),

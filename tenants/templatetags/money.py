@@ -8,15 +8,14 @@ from django import template
 from django.utils.html import format_html
 
 from ..money import credits_text
+from ..selectors import credit_rate_current
 
 register = template.Library()
 
 
 def _rate(context):  # type: ignore[no-untyped-def]
     rate = context.get("credit_rate")
-    if rate is None:
-        from ..selectors import credit_rate_current  # templates rendered outside a request
-
+    if rate is None:  # a template rendered outside a request
         rate = credit_rate_current()
     return rate
 

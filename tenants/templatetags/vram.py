@@ -1,10 +1,10 @@
 """`{{ x|mib }}` -> "16904 MiB": an estimate's MiB figure by the one rounding rule
-(`tenants.estimator.whole_mib`: whole MiB, rounded up), the figure the pre-launch check
+(`estimator.whole_mib`: whole MiB, rounded up), the figure the pre-launch check
 stores and writes in its refusal. `{{ x|whole_mib }}` is the number alone."""
 
 from django import template
 
-from ..estimator import whole_mib as _whole_mib
+from estimator import whole_mib as _whole_mib
 
 register = template.Library()
 

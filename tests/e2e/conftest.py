@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from django.apps import apps
 from django.conf import settings
+from playwright.sync_api import sync_playwright
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -25,6 +26,10 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 SCREENSHOTS = Path(settings.BASE_DIR) / "var" / "screenshots"
+# A full-page screenshot of a large page (a few hundred GPUs) can take seconds on a busy
+# two-core machine; it records what a test saw and asserts nothing, so it gets longer than
+# the 5 s every interaction gets.
+SCREENSHOT_TIMEOUT_MS = 30_000
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -42,7 +47,6 @@ def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
 def playwright_sync(django_db_setup):  # type: ignore[no-untyped-def]
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is missing: `make chromium` installs Debian's chromium")
-    from playwright.sync_api import sync_playwright
 
     # The sync API keeps an event loop running in this thread until it stops, so Django's
     # async-safety check would refuse every ORM call (tests and DB flushes alike).
@@ -87,7 +91,11 @@ def page(request, browser, live_server):  # type: ignore[no-untyped-def]
     suffix = "-failed" if failed is not None and failed.failed else ""
     name = re.sub(r"[^\w.-]+", "_", request.node.name)
     try:
-        page.screenshot(path=str(SCREENSHOTS / f"{name}{suffix}.png"), full_page=True)
+        page.screenshot(
+            path=str(SCREENSHOTS / f"{name}{suffix}.png"),
+            full_page=True,
+            timeout=SCREENSHOT_TIMEOUT_MS,
+        )
     finally:
         context.close()
 

@@ -16,7 +16,7 @@ from django.utils import timezone
 from incidents.models import Incident
 from nodes.models import Gpu
 from tenants.models import Slice
-from tests.e2e.conftest import SCREENSHOTS
+from tests.e2e.conftest import SCREENSHOT_TIMEOUT_MS, SCREENSHOTS
 from tests.e2e.test_every_page import (
     OPS_EMAIL,
     OVERFLOW_JS,
@@ -62,7 +62,7 @@ def check_charts(page, recorder, path: str, expected: set[str], wait_for: str) -
     recorder.settle(page)
     SHOTS.mkdir(parents=True, exist_ok=True)
     name = re.sub(r"[^\w.-]+", "_", path.split("?")[0].strip("/")) or "home"
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True, timeout=SCREENSHOT_TIMEOUT_MS)
     for n, box in enumerate(page.locator(".chart-box").all()):  # each chart up close
         box.screenshot(path=str(SHOTS / f"{name}-chart{n}.png"))
     charts = page.evaluate(CHARTS_JS)

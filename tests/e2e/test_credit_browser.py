@@ -7,8 +7,10 @@ import re
 import pytest
 from django.contrib.auth import get_user_model
 
-from tenants.models import CreditRequest, LedgerEntry
+from tenants import services
+from tenants.models import CreditRequest, LedgerEntry, Tier
 from tests.e2e.test_browser import PASSWORD, expect_path
+from tests.factories import MembershipFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -73,10 +75,6 @@ def test_ask_for_credit_then_ops_grant_it(page, browser, live_server):  # type: 
 def test_the_live_buy_total_is_written_as_the_server_writes_it(  # type: ignore[no-untyped-def]
     page, currency, per_credit, tier_gb, hours, expected
 ):
-    from tenants import services
-    from tenants.models import Tier
-    from tests.factories import MembershipFactory
-
     ops = get_user_model().objects.create_user("o@x.test", "o@x.test", PASSWORD, is_staff=True)
     services.credit_rate_set(actor=ops, currency=currency, per_credit=per_credit, reason="t")
     member = MembershipFactory(user__email="buyer@x.test")

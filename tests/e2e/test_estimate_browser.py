@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from nodes.emulator.keys import generate_ed25519, public_line
+from emulator.keys import generate_ed25519, public_line
 from tenants import services
 from tenants.models import Slice, Tier
-from tests.e2e.conftest import SCREENSHOTS
+from tests.e2e.conftest import SCREENSHOT_TIMEOUT_MS, SCREENSHOTS
 from tests.factories import PASSWORD, MembershipFactory, UserFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -197,7 +197,11 @@ def test_fit_and_launch_on_a_phone_do_not_scroll_sideways_and_label_every_field(
         )
         page.wait_for_selector("#fit-suggestions")
         overflow = page.evaluate(OVERFLOW_JS)
-        page.screenshot(path=str(SCREENSHOTS / "estimate-fit-phone.png"), full_page=True)
+        page.screenshot(
+            path=str(SCREENSHOTS / "estimate-fit-phone.png"),
+            full_page=True,
+            timeout=SCREENSHOT_TIMEOUT_MS,
+        )
         assert overflow["scrollWidth"] <= overflow["clientWidth"] + 1, overflow
         assert page.evaluate(UNLABELLED_JS) == []
 
@@ -207,7 +211,11 @@ def test_fit_and_launch_on_a_phone_do_not_scroll_sideways_and_label_every_field(
         page.select_option("#id_model", "meta-llama/Llama-3.1-8B")  # the longest panel
         page.wait_for_function("document.getElementById('estimate-panel').dataset.fits === 'false'")
         overflow = page.evaluate(OVERFLOW_JS)
-        page.screenshot(path=str(SCREENSHOTS / "estimate-launch-phone.png"), full_page=True)
+        page.screenshot(
+            path=str(SCREENSHOTS / "estimate-launch-phone.png"),
+            full_page=True,
+            timeout=SCREENSHOT_TIMEOUT_MS,
+        )
         assert overflow["scrollWidth"] <= overflow["clientWidth"] + 1, overflow
         # while the next estimate loads (Pico's busy state would keep every line unwrapped)
         page.evaluate("document.getElementById('estimate-panel').setAttribute('aria-busy', 'true')")

@@ -24,13 +24,14 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from gpuplatform.celery import app
 from incidents import services as incident_services
 from incidents.rules import Finding
 from nodes.models import Allocation, Gpu, GpuSample, Node, ProcessSample
 from tenants import services
 from tenants.models import Image, Invitation, Role, Slice, Tier
 from tenants.tokens import hash_secret
-from tests.e2e.conftest import SCREENSHOTS
+from tests.e2e.conftest import SCREENSHOT_TIMEOUT_MS, SCREENSHOTS
 from tests.factories import PASSWORD, MembershipFactory, UserFactory, make_token
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -50,8 +51,6 @@ XHR_TYPES = {"xhr", "fetch", "eventsource"}
 @pytest.fixture(autouse=True)
 def eager_celery():  # type: ignore[no-untyped-def]
     """Whatever the scene's services dispatch runs right here (mail to the console)."""
-    from gpuplatform.celery import app
-
     app.conf.task_always_eager = True
     yield
     app.conf.task_always_eager = False
@@ -436,7 +435,7 @@ def check_page(page, recorder: Recorder, target: Page, shot: Path) -> list[str]:
             f"{overflow['clientWidth']} ({', '.join(overflow['culprits']) or '?'})"
         )
     problems += [f"unlabelled field: {field}" for field in page.evaluate(UNLABELLED_JS)]
-    page.screenshot(path=str(shot), full_page=True)
+    page.screenshot(path=str(shot), full_page=True, timeout=SCREENSHOT_TIMEOUT_MS)
     problems += recorder.take()
     return problems
 

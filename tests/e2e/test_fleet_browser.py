@@ -3,9 +3,10 @@
 import pytest
 from django.contrib.auth import get_user_model
 
+from emulator import EmulatedFleet
+from emulator.keys import generate_ed25519, public_line
 from nodes import services, ssh
-from nodes.emulator import EmulatedFleet
-from nodes.emulator.keys import generate_ed25519, public_line
+from tests.e2e.conftest import SCREENSHOT_TIMEOUT_MS, SCREENSHOTS
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -58,10 +59,10 @@ def test_ops_sees_the_fleet_and_a_nodes_vram_chart(page, live_server, sampled_fl
         assert page.locator(".heat-node", has_text=emu.name).count() == 1
     assert page.evaluate("typeof htmx") == "object"
 
-    from tests.e2e.conftest import SCREENSHOTS
-
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / "fleet-overview.png"), full_page=True)
+    page.screenshot(
+        path=str(SCREENSHOTS / "fleet-overview.png"), full_page=True, timeout=SCREENSHOT_TIMEOUT_MS
+    )
     page.click(f".heat-node:has-text('{fleet.nodes[0].name}')")
     page.wait_for_url(f"**/ops/nodes/{nodes[0].pk}/")
     chart = page.locator("canvas.vram-chart").first

@@ -17,6 +17,7 @@ from incidents import services as incident_services
 from incidents.rules import Finding
 from nodes.models import Allocation, Gpu, Node
 from tenants.models import Image, Purchase, Slice, Tier
+from tests.e2e.conftest import SCREENSHOT_TIMEOUT_MS, SCREENSHOTS
 from tests.factories import PASSWORD, MembershipFactory, UserFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -209,10 +210,12 @@ def test_ops_filter_acknowledge_and_resolve_then_the_tenant_reads_it_in_plain_wo
         assert per_day == [2]  # both incidents are "no isolation", both today
         assert ops.js_errors == []  # type: ignore[attr-defined]
     finally:
-        from tests.e2e.conftest import SCREENSHOTS
-
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        ops.screenshot(path=str(SCREENSHOTS / "incidents-ops.png"), full_page=True)
+        ops.screenshot(
+            path=str(SCREENSHOTS / "incidents-ops.png"),
+            full_page=True,
+            timeout=SCREENSHOT_TIMEOUT_MS,
+        )
         ops_context.close()
 
     # 7. The tenant sees the incident about their slice, in plain words, and no fleet detail.

@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 from django.contrib.auth import get_user_model
 
+from emulator import EmulatedFleet
+from emulator.keys import generate_ed25519, public_line
 from gpuplatform.celery import app
 from nodes import services as node_services
 from nodes import ssh
-from nodes.emulator import EmulatedFleet
-from nodes.emulator.keys import generate_ed25519, public_line
 from nodes.models import Allocation, Node
 from tenants.models import Image, LedgerEntry, Purchase, Slice, Tenant, Tier
+from tests.e2e.conftest import SCREENSHOT_TIMEOUT_MS, SCREENSHOTS
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -125,10 +126,12 @@ def test_new_tenant_buys_launches_sees_it_running_with_its_gauge_and_stops_it(  
         ops.wait_for_selector("text=50.00 credits granted to Quokka Inference")
         assert ops.locator("#recent-grants td", has_text="welcome credit").count() == 1
     finally:
-        from tests.e2e.conftest import SCREENSHOTS
-
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        ops.screenshot(path=str(SCREENSHOTS / "lifecycle-ops.png"), full_page=True)
+        ops.screenshot(
+            path=str(SCREENSHOTS / "lifecycle-ops.png"),
+            full_page=True,
+            timeout=SCREENSHOT_TIMEOUT_MS,
+        )
         ops_context.close()
     tenant.refresh_from_db()
     assert tenant.credit_balance == Decimal("50.00")

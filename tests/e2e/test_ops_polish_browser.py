@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from incidents.models import Incident
 from nodes.models import Gpu, Node
+from tests.e2e.conftest import SCREENSHOT_TIMEOUT_MS, SCREENSHOTS
 from tests.factories import PASSWORD, MembershipFactory, UserFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -111,13 +112,13 @@ OVERFLOW = """() => ({
 
 
 def check_page(page, path: str, shot: str) -> dict:  # type: ignore[no-untyped-def]
-    from tests.e2e.conftest import SCREENSHOTS
-
     page.goto(path)
     page.wait_for_load_state("load")
     result = page.evaluate(OVERFLOW)
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / f"ops-{shot}.png"), full_page=True)
+    page.screenshot(
+        path=str(SCREENSHOTS / f"ops-{shot}.png"), full_page=True, timeout=SCREENSHOT_TIMEOUT_MS
+    )
     assert result["page"] <= result["view"], (path, result)
     assert result["loose"] == [], (path, result)
     assert result["unlabelled"] == [], (path, result)

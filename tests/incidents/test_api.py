@@ -14,7 +14,7 @@ from incidents import notify, rules, services
 from incidents.models import Incident, IncidentEvent, Thresholds, WebhookDelivery, WebhookEndpoint
 from nodes.models import Gpu, Node, ProcessSample
 from tenants.models import Role
-from tests.factories import MembershipFactory
+from tests.factories import MembershipFactory, UserFactory
 from tests.incidents.support import running_slice
 
 pytestmark = pytest.mark.django_db
@@ -191,8 +191,6 @@ def test_tenant_cannot_filter_by_where_its_slice_runs(ledger, api_a):  # type: i
 
 
 def test_a_user_without_tenant_or_staff_gets_403(ledger):  # type: ignore[no-untyped-def]
-    from tests.factories import UserFactory
-
     loner = APIClient()  # no tenant: no API token either, so a browser session
     loner.force_login(UserFactory(email="loner@nowhere.test"))
     assert loner.get(INCIDENTS).status_code == 403

@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
+from emulator.catalog import DEFAULT_QUOTA_LIBRARY, GpuSpec, NodeSpec
 from incidents import services as incident_services
 from incidents.models import Incident
 from nodes import services as node_services
-from nodes.emulator.catalog import DEFAULT_QUOTA_LIBRARY, GpuSpec, NodeSpec
 from nodes.models import Allocation, Gpu
 from tenants import services
 from tenants.models import Slice, UsageRecord

@@ -21,15 +21,16 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.core import mail
 from django.db import connection
 from django.utils import timezone
 
+from emulator.catalog import GpuSpec
 from incidents import services as incident_services
 from incidents import throttle
 from incidents.models import Incident, IncidentEvent, SliceWatch
 from nodelab import LabNodeSpec
 from nodes import services as node_services
-from nodes.emulator.catalog import GpuSpec
 from nodes.models import Allocation, Gpu
 from tenants import services
 from tenants.models import Slice, UsageRecord
@@ -409,8 +410,6 @@ def test_two_counts_of_a_slices_memory_and_their_drift_is_an_incident_with_both(
 
 
 def mail_to(membership):  # type: ignore[no-untyped-def]
-    from django.core import mail
-
     return [m for m in mail.outbox if membership.user.email in m.to]
 
 

@@ -8,6 +8,7 @@ the notify functions the tasks call."""
 import hashlib
 import hmac
 import json
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,6 +21,7 @@ from gpuplatform.celery import app
 from incidents import notify, rules, services, tasks
 from incidents.models import Incident, WebhookDelivery, WebhookEndpoint
 from nodes.models import Gpu, Node
+from tenants import services as tenant_services
 from tests.incidents.support import running_slice
 
 pytestmark = pytest.mark.django_db
@@ -334,8 +336,6 @@ def test_the_name_is_resolved_once_and_the_checked_address_is_the_one_used(  # t
     """DNS rebinding: the address checked is the address connected to. The tenant's
     host name resolves once (here to loopback, allowed in this test) and the request
     carries the name in its Host header."""
-    import socket
-
     port = receiver.server.server_port
     WebhookEndpoint.objects.filter(pk=endpoints["a"].pk).update(
         url=f"http://hooks.alpha.test:{port}/a"
@@ -411,8 +411,6 @@ def test_each_mail_says_which_event_it_is_and_the_end_of_an_alarm_is_no_second_a
 def test_a_quota_stop_tells_the_tenant_twice_the_warning_then_the_stop(  # type: ignore[no-untyped-def]
     gpu, owner_a, ops_user, eager, django_capture_on_commit_callbacks, monkeypatch
 ):
-    from tenants import services as tenant_services
-
     s = running_slice(owner_a, gpu, CID_A)
     # the node part of the stop succeeds (the container goes); the ledger part is real
     monkeypatch.setattr(tenant_services, "slice_finish_stop", lambda **kw: "stopped")

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from incidents.models import Incident
 from nodes.models import Gpu, Node
+from tests.incidents.support import running_slice
 
 pytestmark = pytest.mark.django_db
 
@@ -184,8 +185,6 @@ def test_evidence_with_missing_values_never_prints_a_raw_none(client, ops_user, 
 
 
 def test_the_tenant_incident_page_wraps_its_facts_and_prints_no_none(client, owner_a, gpu):  # type: ignore[no-untyped-def]
-    from tests.incidents.support import running_slice
-
     s = running_slice(owner_a, gpu)
     i = incident(
         tenant=owner_a.tenant, slice=s, gpu=gpu, evidence={"used_mb": None, "quota_mb": None}

@@ -10,10 +10,14 @@ import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from incidents import kpis
 from incidents import services as incident_services
+from incidents import tasks as incident_tasks
+from incidents.forms import THRESHOLD_FIELDS
 from incidents.models import Incident, IncidentEvent, Thresholds
 from incidents.rules import Finding
 from nodes.models import Allocation, Gpu, Node
@@ -265,9 +269,6 @@ def test_ledger_paginates_by_25_and_keeps_the_filters_in_page_links(client, ops_
 
 
 def test_ledger_query_count_does_not_grow_with_its_rows(client, ops_user, owner_a, g1, n1):  # type: ignore[no-untyped-def]
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
     client.force_login(ops_user)
 
     def queries() -> int:
@@ -756,8 +757,6 @@ def test_kpis_take_a_fixed_number_of_queries(django_assert_max_num_queries, kpi_
 
 
 def _threshold_data(**changes) -> dict:  # type: ignore[no-untyped-def]
-    from incidents.forms import THRESHOLD_FIELDS
-
     row = Thresholds.current()
     return {name: getattr(row, name) for name in THRESHOLD_FIELDS} | changes
 
@@ -838,10 +837,8 @@ def test_tenant_incident_pages_need_a_login(client):  # type: ignore[no-untyped-
 def test_ops_confirm_an_orphan_from_its_page_and_the_node_is_asked_again(
     client, ops_user, n1, django_capture_on_commit_callbacks, monkeypatch
 ):  # type: ignore[no-untyped-def]
-    from incidents import tasks
-
     sent = []
-    monkeypatch.setattr(tasks.dispose, "delay", lambda *a: sent.append(a))
+    monkeypatch.setattr(incident_tasks.dispose, "delay", lambda *a: sent.append(a))
     gpu = make_gpu(n1, 0)
     incident = make_incident(
         rule="orphan_process",

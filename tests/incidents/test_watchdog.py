@@ -6,14 +6,17 @@ the rules run from the real sample hook."""
 from datetime import timedelta
 
 import pytest
+from django.core import mail
 from django.utils import timezone
 
-from incidents import services
-from incidents.models import Incident, IncidentEvent, SliceWatch
+from gpuplatform.errors import ServiceError
+from incidents import services, tasks
+from incidents.models import Incident, IncidentEvent, SliceWatch, Thresholds
 from incidents.services import watchdog
 from nodes import services as node_services
-from nodes.models import Gpu, Node
+from nodes.models import Allocation, Gpu, Node
 from nodes.telemetry import GpuReading, NodeSample, ProcessReading, XidEvent
+from tenants import services as tenant_services
 from tenants.models import Slice
 from tests.incidents.support import running_slice
 
@@ -26,7 +29,8 @@ CID = "c" * 64
 def node():  # type: ignore[no-untyped-def]
     return Node.objects.create(
         gate_status="passed",
-        name="w1",
+        # not a name random text can hold: pages carry a CSRF token ("...Hw1A..." failed)
+        name="node-w1",
         address="10.8.0.1",
         status="active",
         host_key="k",
@@ -106,8 +110,6 @@ def test_breaker_opens_at_95_and_closes_below_85_only(node, gpu):  # type: ignor
 def test_slice_over_quota_gets_one_sample_of_grace_then_its_stop_is_dispatched(
     node, gpu, owner_a, django_capture_on_commit_callbacks, monkeypatch
 ):  # type: ignore[no-untyped-def]
-    from incidents import tasks
-
     sent = []
     monkeypatch.setattr(tasks.dispose, "delay", lambda *a: sent.append(a))
     s = running_slice(owner_a, gpu)
@@ -149,8 +151,6 @@ def test_xid_79_drains_the_gpu_so_no_new_slice_lands_there(node, gpu):  # type: 
 def test_a_process_of_no_slice_is_ended_only_when_seen_again(
     node, gpu, django_capture_on_commit_callbacks, monkeypatch
 ):  # type: ignore[no-untyped-def]
-    from incidents import tasks
-
     sent = []
     monkeypatch.setattr(tasks.dispose, "delay", lambda *a: sent.append(a))
     stray = [ProcessReading(gpu_uuid=gpu.uuid, pid=777, used_memory_mb=3000, container_id="d" * 64)]
@@ -180,8 +180,6 @@ def _training(node, gpu, owner, *, stray_mb: int = 0):  # type: ignore[no-untype
     """A 12 GB slice that trains from 2 GB to 8 GB over five minutes (within its quota),
     beside (with stray_mb) a process of no slice that rises as much again. Returns the
     sweep's fleet_sweep incidents."""
-    from nodes.models import Allocation
-
     s = running_slice(owner, gpu, quota_gb=12)
     Allocation.objects.filter(pk=s.allocation_id).update(container_id=CID)
     start = timezone.now() - timedelta(minutes=5)
@@ -216,8 +214,6 @@ def test_memory_used_with_no_process_is_a_reclaim_failure(node, gpu):  # type: i
 def test_idle_slice_is_warned_then_reclaimed_with_time_moved_forward(
     node, gpu, owner_a, django_capture_on_commit_callbacks, monkeypatch
 ):  # type: ignore[no-untyped-def]
-    from incidents import tasks
-
     sent = []
     monkeypatch.setattr(tasks.dispose, "delay", lambda *a: sent.append(a))
     s = running_slice(owner_a, gpu)
@@ -240,8 +236,6 @@ def test_idle_slice_is_warned_then_reclaimed_with_time_moved_forward(
 
 
 def test_a_breach_is_filed_under_the_slices_tenant_only(node, gpu, owner_a, owner_b, monkeypatch):  # type: ignore[no-untyped-def]
-    from incidents import tasks
-
     monkeypatch.setattr(tasks.dispose, "delay", lambda *a: None)
     running_slice(owner_a, gpu)
     over = [ProcessReading(gpu_uuid=gpu.uuid, pid=1, used_memory_mb=9000, container_id=CID)]
@@ -278,8 +272,6 @@ def test_time_to_detect_starts_when_the_condition_began(node, gpu):  # type: ign
 def test_an_unreachable_node_is_a_connectivity_incident_until_it_answers(
     node, gpu, owner_a, eager, django_capture_on_commit_callbacks
 ):  # type: ignore[no-untyped-def]
-    from django.core import mail
-
     running_slice(owner_a, gpu)
     Node.objects.filter(pk=node.pk).update(status="unreachable", status_reason="timed out")
     with django_capture_on_commit_callbacks(execute=True):
@@ -306,8 +298,6 @@ def test_pci_addresses_compare_with_their_domain():  # type: ignore[no-untyped-d
 def test_one_busy_process_throttles_its_slice_without_flapping(
     node, gpu, owner_a, django_capture_on_commit_callbacks, monkeypatch
 ):  # type: ignore[no-untyped-def]
-    from incidents import tasks
-
     sent = []
     monkeypatch.setattr(tasks.dispose, "delay", lambda *a: sent.append(a[1]))
     monkeypatch.setattr(tasks.release_throttle, "delay", lambda *a: sent.append("release"))
@@ -331,8 +321,6 @@ def test_one_busy_process_throttles_its_slice_without_flapping(
 def test_unreachable_node_tells_tenants_once_without_naming_the_node(
     node, gpu, owner_a, eager, django_capture_on_commit_callbacks
 ):  # type: ignore[no-untyped-def]
-    from django.core import mail
-
     running_slice(owner_a, gpu)
     Node.objects.filter(pk=node.pk).update(status="unreachable", status_reason="timed out")
     for _ in range(3):
@@ -371,8 +359,6 @@ def test_a_node_outage_is_on_the_incident_pages_of_the_tenants_it_touched_only(
 def test_nothing_is_ended_from_a_node_whose_telemetry_names_no_container(
     node, gpu, django_capture_on_commit_callbacks, monkeypatch
 ):  # type: ignore[no-untyped-def]
-    from incidents import tasks
-
     sent = []
     monkeypatch.setattr(tasks.dispose, "delay", lambda *a: sent.append(a))
     stray = [ProcessReading(gpu_uuid=gpu.uuid, pid=4242, used_memory_mb=6000)]
@@ -386,8 +372,6 @@ def test_nothing_is_ended_from_a_node_whose_telemetry_names_no_container(
 def test_unknown_utilisation_and_silent_telemetry_are_not_idleness(
     node, gpu, owner_a, django_capture_on_commit_callbacks, monkeypatch
 ):  # type: ignore[no-untyped-def]
-    from incidents import tasks
-
     sent = []
     monkeypatch.setattr(tasks.dispose, "delay", lambda *a: sent.append(a))
     s = running_slice(owner_a, gpu)
@@ -403,8 +387,6 @@ def test_unknown_utilisation_and_silent_telemetry_are_not_idleness(
 
 
 def test_thresholds_cannot_be_set_to_stop_the_fleet(ops_user):  # type: ignore[no-untyped-def]
-    from gpuplatform.errors import ServiceError
-
     with pytest.raises(ServiceError):
         services.thresholds_update(actor=ops_user, idle_after_s=0)
     with pytest.raises(ServiceError):
@@ -460,12 +442,6 @@ def test_a_fleet_of_hot_cards_costs_a_few_queries_per_batch_not_a_few_per_card(
 def test_an_idle_slice_gets_one_warning_with_the_time_left_then_one_stop_when_due(
     node, gpu, owner_a, eager, django_capture_on_commit_callbacks, monkeypatch
 ):  # type: ignore[no-untyped-def]
-    from django.core import mail
-
-    from incidents import tasks
-    from incidents.models import Thresholds
-    from tenants import services as tenant_services
-
     Thresholds.objects.update_or_create(
         pk=Thresholds.current().pk, defaults={"idle_after_s": 300, "idle_stop_after_s": 60}
     )

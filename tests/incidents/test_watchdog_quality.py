@@ -10,13 +10,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from django.apps import apps
+
+from tenants.models import Tier
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "watchdog_quality.py"
 
 
-def load_bench():  # type: ignore[no-untyped-def]
+def load_bench(monkeypatch):  # type: ignore[no-untyped-def]
+    # bench/ on sys.path, as when the script runs, for its `from _db import ...` (which
+    # leaves Django as pytest-django set it up)
+    monkeypatch.syspath_prepend(str(BENCH.parent))
     spec = importlib.util.spec_from_file_location("watchdog_quality", BENCH)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -27,17 +33,15 @@ def load_bench():  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def seeded_tiers(db):  # type: ignore[no-untyped-def]
-    from tenants.models import Tier
-
     if not Tier.objects.exists():  # a transactional test's flush emptied the seeded tiers
-        from django.apps import apps
-
         importlib.import_module("tenants.migrations.0002_seed_tiers").seed(apps, None)
 
 
-def test_a_short_day_files_no_false_incident_and_misses_no_fault(settings, seeded_tiers):  # type: ignore[no-untyped-def]
+def test_a_short_day_files_no_false_incident_and_misses_no_fault(  # type: ignore[no-untyped-def]
+    settings, seeded_tiers, monkeypatch
+):
     settings.NODES_CONTAINER_SETTLE_S = 0  # every setting the day changes is undone after
-    wq = load_bench()
+    wq = load_bench(monkeypatch)
 
     report = wq.simulate(slices=40, hours=4, nodes=4, seed=7)
 

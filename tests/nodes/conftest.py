@@ -2,9 +2,9 @@
 
 import pytest
 
+from emulator import EmulatedFleet
+from emulator.keys import generate_ed25519, public_line
 from nodes import services, ssh
-from nodes.emulator import EmulatedFleet
-from nodes.emulator.keys import generate_ed25519, public_line
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,13 @@ from collections.abc import Iterator
 import paramiko
 import pytest
 
-from nodes import telemetry
-from nodes.emulator import EmulatedFleet, EmulatedNode, GpuSpec, NodeSpec, cli
-from nodes.emulator.control import ControlClient
-from nodes.emulator.gpu_tools import SAMPLER_MARKER
-from nodes.emulator.keys import generate_ed25519, public_line
-from nodes.emulator.shell import Shell, StdinSource
+from emulator import EmulatedFleet, EmulatedNode, GpuSpec, NodeSpec, cli
+from emulator.control import ControlClient
+from emulator.gpu_tools import SAMPLER_MARKER
+from emulator.keys import generate_ed25519, public_line
+from emulator.shell import Shell, StdinSource
+from emulator.workload import Workload
+from nodes import smi, telemetry
 
 SAMPLER = f"{SAMPLER_MARKER}\nimport json, pynvml  # the real sampler's source goes here\n".encode()
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -238,12 +239,12 @@ def test_sampler_needs_its_marker_and_reports_missing_nvml(ssh, node) -> None:  
 
 
 def test_nvidia_smi_query_gpu_csv(ssh, node, fleet, client_key) -> None:  # type: ignore[no-untyped-def]
-    fields = ",".join(telemetry.GPU_QUERY_FIELDS)
+    fields = ",".join(smi.GPU_QUERY_FIELDS)
     status, out, err = run(ssh, f"nvidia-smi --query-gpu={fields} --format=csv,noheader,nounits")
     assert status == 0, err
     rows = [line.split(", ") for line in out.splitlines()]
-    assert len(rows) == 2 and all(len(r) == len(telemetry.GPU_QUERY_FIELDS) for r in rows)
-    row = dict(zip(telemetry.GPU_QUERY_FIELDS, rows[1], strict=True))
+    assert len(rows) == 2 and all(len(r) == len(smi.GPU_QUERY_FIELDS) for r in rows)
+    row = dict(zip(smi.GPU_QUERY_FIELDS, rows[1], strict=True))
     assert row["index"] == "1" and row["uuid"] == node.gpus[1].uuid and row["name"] == "NVIDIA A30"
     assert (
         row["memory.total"] == "24576"
@@ -280,7 +281,7 @@ def test_nvidia_smi_query_gpu_csv(ssh, node, fleet, client_key) -> None:  # type
 
 
 def test_nvidia_smi_compute_apps(ssh, node) -> None:  # type: ignore[no-untyped-def]
-    fields = ",".join(telemetry.APP_QUERY_FIELDS)
+    fields = ",".join(smi.APP_QUERY_FIELDS)
     query = f"nvidia-smi --query-compute-apps={fields} --format=csv,noheader,nounits"
     assert run(ssh, query) == (0, "", "")  # no processes: no output at all
     cid = docker_run(ssh, node.gpus[1].uuid, "GPUPLATFORM_EMULATOR_MB=1536")
@@ -786,8 +787,6 @@ def test_left_behind_memory_and_processes_show_as_a_real_card_would(ssh, node) -
 
 
 def test_idle_window_of_a_workload() -> None:
-    from nodes.emulator.state import Workload
-
     w = Workload.from_env(
         {"EMULATOR_SM_UTIL": "70", "EMULATOR_IDLE_FROM_S": "60", "EMULATOR_IDLE_UNTIL_S": "660"}
     )
@@ -871,8 +870,6 @@ def test_host_key_rotation_and_persistence(fleet, client_key) -> None:  # type: 
 
 
 def test_control_api_and_emulator_ctl(fleet, ssh, node) -> None:  # type: ignore[no-untyped-def]
-    from django.core.management import call_command
-
     client = ControlClient(f"http://127.0.0.1:{fleet.control_port}")
     assert [n["name"] for n in client.get("/fleet")["nodes"]] == ["emu-01", "emu-02", "emu-03"]
     sample(ssh)
@@ -880,30 +877,12 @@ def test_control_api_and_emulator_ctl(fleet, ssh, node) -> None:  # type: ignore
     assert [e["xid"] for e in sample(ssh)["xid_events"]] == [48]
 
     out = io.StringIO()
-    call_command(
-        "emulator_ctl",
-        "--control-port",
-        str(fleet.control_port),
-        "xid",
-        "emu-01",
-        "--gpu",
-        "1",
-        "--code",
-        "13",
-        stdout=out,
-    )
+    ctl = ["ctl", "--control-port", str(fleet.control_port)]
+    assert cli.main([*ctl, "xid", "emu-01", "--gpu", "1", "--code", "13"], out=out) == 0
     assert json.loads(out.getvalue())["ok"] is True
     assert [e["xid"] for e in sample(ssh)["xid_events"]] == [13]
     out = io.StringIO()
-    call_command(
-        "emulator_ctl",
-        "--control-port",
-        str(fleet.control_port),
-        "delay",
-        "emu-01",
-        "0.2",
-        stdout=out,
-    )
+    assert cli.main([*ctl, "delay", "emu-01", "0.2"], out=out) == 0
     assert node.server.delay == 0.2
     audit = client.get("/nodes/emu-01/audit")
     assert ["python3", "-"] in [e["argv"] for e in audit]

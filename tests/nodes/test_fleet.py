@@ -9,6 +9,7 @@ from django.utils import timezone
 from gpuplatform.errors import ServiceError
 from nodes import hooks, services, ssh
 from nodes.models import Gpu, GpuSample, GpuSampleRollup, Node, ProcessSample
+from nodes.services import cli_error_line
 
 pytestmark = pytest.mark.django_db
 
@@ -282,8 +283,6 @@ def test_retention_prunes_raw_samples_and_keeps_rollups(register, settings):  # 
 
 
 def test_a_docker_cli_error_is_reported_by_its_error_line_not_its_usage_hint() -> None:
-    from nodes.services import cli_error_line
-
     # what Docker 20.10 and Docker 28 print when the daemon refuses a run
     old = b"docker: Error response from daemon: No such image: x:1.\nSee 'docker run --help'.\n"
     new = (

@@ -17,15 +17,15 @@ import socket
 import subprocess
 import tempfile
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
-from nodelab import IMAGE, Lab, LabNodeSpec, LabUnavailable
-from nodelab import lab as lab_module
-from nodes import ssh, telemetry
-from nodes.emulator.catalog import GpuSpec
-from nodes.emulator.keys import generate_ed25519
+from emulator.catalog import GpuSpec
+from emulator.keys import generate_ed25519
+from nodelab import IMAGE, Lab, LabNodeSpec, LabUnavailable, prereqs
+from nodes import runtime, smi, ssh, telemetry
 from tests.lab_support import unavailable
 from tests.nodes.xid import pci_bus_key
 from tests.worker_harness import wait_for
@@ -154,9 +154,9 @@ def test_nvidia_smi_prints_the_platforms_query_as_real_cards_do(tools, pool):  #
         for f in ("name", "memory.total", "memory.reserved", "power.limit", "mig.mode.current"):
             assert ours[f] == real["idle_query_gpu"]["rows"][0][f], (capture, f)
     # the platform's own fallback parser reads it
-    gpu_csv = run(pool, tools, *telemetry.gpu_query_argv()).stdout
-    apps_csv = run(pool, tools, *telemetry.app_query_argv()).stdout
-    sample = telemetry.parse_nvidia_smi(gpu_csv, apps_csv)
+    gpu_csv = run(pool, tools, *smi.gpu_query_argv()).stdout
+    apps_csv = run(pool, tools, *smi.app_query_argv()).stdout
+    sample = smi.parse_nvidia_smi(gpu_csv, apps_csv)
     assert [g.name for g in sample.gpus][:3] == [
         "NVIDIA H100 80GB HBM3",
         "NVIDIA H100 80GB HBM3",
@@ -268,10 +268,6 @@ def test_an_xid_from_the_emulated_driver_reaches_the_sampler_once(tools, pool): 
 
 @pytest.mark.parametrize("cli", ["docker", "/usr/bin/docker"], ids=["node-path", "debian-cli"])
 def test_the_real_clis_ps_and_inspect_parse_as_the_platform_reads_them(tools, pool, cli):  # type: ignore[no-untyped-def]
-    from decimal import Decimal
-
-    from nodes import runtime
-
     if cli != "docker" and not Path(cli).exists():
         pytest.skip(f"{cli} is not on this machine")
 
@@ -470,7 +466,7 @@ def test_nothing_in_the_lab_listens_beyond_loopback_and_containers_have_no_netwo
 
 
 def test_a_lab_that_cannot_start_says_why_in_one_line(monkeypatch, tmp_path):  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(lab_module, "DOCKERD", str(tmp_path / "no-dockerd"))
+    monkeypatch.setattr(prereqs, "DOCKERD", str(tmp_path / "no-dockerd"))
     started = time.monotonic()
     with pytest.raises(LabUnavailable) as caught:
         Lab.start([LabNodeSpec("lab-x")], authorized_keys=[])
@@ -479,7 +475,7 @@ def test_a_lab_that_cannot_start_says_why_in_one_line(monkeypatch, tmp_path):  #
 
 
 def test_a_lab_started_without_root_says_so_before_touching_anything(monkeypatch):  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(lab_module.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(prereqs.os, "geteuid", lambda: 1000)
     with pytest.raises(LabUnavailable) as caught:
         Lab.start([LabNodeSpec("lab-user")], authorized_keys=[])
     assert str(caught.value) == "the node lab needs root: dockerd and sshd run as root"
@@ -488,8 +484,8 @@ def test_a_lab_started_without_root_says_so_before_touching_anything(monkeypatch
 def _lab_could_start() -> None:
     # these two check one failure each: on a machine where the lab cannot start at all
     # the error would be another one (a skip here, a failure under CI=true)
-    if lab_module.problems():
-        unavailable("; ".join(lab_module.problems()))
+    if prereqs.problems():
+        unavailable("; ".join(prereqs.problems()))
 
 
 def test_a_lab_whose_port_is_taken_says_so_and_leaves_nothing_behind():  # type: ignore[no-untyped-def]

@@ -9,8 +9,10 @@ from rest_framework.test import APIClient
 
 from incidents import services as incident_services
 from incidents.models import Incident
+from nodelab import IMAGE
 from nodes import services as node_services
 from nodes.models import GateStatus, Gpu, NodePolicyChange
+from nodes.preflight import version_tuple
 from tenants.models import Image
 
 pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
@@ -57,7 +59,6 @@ def test_the_machines_runc_is_judged_by_its_build_and_debians_patched_build_is_a
     facts = row.preflight["facts"]
     runc = next(c for c in row.preflight["checks"] if c["name"] == "runc")
     assert facts["runc_version"], "docker version names the runc dockerd uses"
-    from nodes.preflight import version_tuple
 
     if version_tuple(facts["runc_version"]) >= (1, 1, 12):
         assert runc["ok"], runc
@@ -128,8 +129,6 @@ def test_a_quota_library_the_probe_gets_past_makes_the_node_whole_card_only(lab_
 
 
 def test_an_image_built_with_env_ld_preload_cannot_be_allowlisted(lab_fleet, api_ops):  # type: ignore[no-untyped-def]
-    from nodelab import IMAGE
-
     fleet = lab_fleet()
     lab_node = fleet.nodes[0]
     build = lab_node.dir / "evil-image"

@@ -5,6 +5,7 @@ from decimal import Decimal
 import pytest
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from nodes.models import Allocation, Gpu, GpuSample, Node
 
@@ -85,8 +86,6 @@ def test_node_port_and_endpoint(gpu):  # type: ignore[no-untyped-def]
 
 
 def test_sample_used_within_total(gpu):  # type: ignore[no-untyped-def]
-    from django.utils import timezone
-
     _refused(
         lambda: GpuSample.objects.create(
             gpu=gpu, taken_at=timezone.now(), memory_used_mb=30000, memory_total_mb=24576

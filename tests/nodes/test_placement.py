@@ -1,15 +1,17 @@
 """Placement: pure best-fit math, and reservations under concurrency on PostgreSQL."""
 
+import random
 import threading
 from decimal import Decimal
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.db.models import Sum
+from django.db.models.expressions import RawSQL
 
 from nodes import services
 from nodes.models import Allocation, Gpu, Node
-from nodes.placement import Candidate, MigSlot, choose
+from nodes.placement import Candidate, MigSlot, choose, nominal_mb
 
 
 def test_best_fit_picks_the_gpu_left_with_least_room():  # type: ignore[no-untyped-def]
@@ -125,8 +127,6 @@ def test_parallel_reservations_never_over_allocate():  # type: ignore[no-untyped
     ],
 )
 def test_nominal_size_is_the_marketed_gib_just_above_what_the_card_reports(reported, nominal):  # type: ignore[no-untyped-def]
-    from nodes.placement import nominal_mb
-
     assert nominal_mb(reported) == nominal
 
 
@@ -141,8 +141,6 @@ def test_a_24_gb_card_holds_4_8_and_12_gb_slices():  # type: ignore[no-untyped-d
 @pytest.mark.django_db
 def test_sql_best_fit_matches_the_pure_rule():  # type: ignore[no-untyped-def]
     """allocation_reserve picks software slices in SQL; it must agree with choose()."""
-    import random
-
     rng = random.Random(7)
     node = Node.objects.create(gate_status="passed", name="eq", address="10.7.2.1", status="active")
     sizes = [24564, 24576, 23034, 81559, 81920, 12096, 40960]
@@ -173,8 +171,6 @@ def test_sql_best_fit_matches_the_pure_rule():  # type: ignore[no-untyped-def]
 
 @pytest.mark.django_db
 def test_room_in_sql_is_exactly_the_pure_capacity_rounded_down():  # type: ignore[no-untyped-def]
-    from django.db.models.expressions import RawSQL
-
     node = Node.objects.create(
         gate_status="passed", name="room", address="10.7.3.1", status="active"
     )
@@ -207,7 +203,6 @@ def test_room_index_serves_placement():  # type: ignore[no-untyped-def]
     0004), whose expression has to stay identical to services.ROOM_SQL."""
     if connection.vendor != "postgresql":
         pytest.skip("the index is PostgreSQL's")
-    from django.db import transaction
 
     node = Node.objects.create(
         gate_status="passed", name="idx", address="10.7.4.1", status="active"

@@ -4,13 +4,15 @@ end to end against emulated nodes (the lab's version is tests/nodes/test_lab_pre
 from __future__ import annotations
 
 import pytest
+from django.db import connections
 
+from emulator.catalog import GpuSpec, NodeSpec
 from incidents import services as incident_services
 from incidents.models import Incident
 from nodes import isolation, preflight, runtime
 from nodes import services as node_services
-from nodes.emulator.catalog import GpuSpec, NodeSpec
-from nodes.models import GateStatus, Gpu, NodePolicyChange
+from nodes.locks import PREFLIGHT_LOCK_SPACE
+from nodes.models import GateStatus, Gpu, Node, NodePolicyChange
 from tenants.models import Image, Slice
 from tests.conftest import SMALL_MODEL, SSH_KEY, launch
 
@@ -467,8 +469,6 @@ def test_the_node_page_and_fleet_list_show_the_gate(worker_fleet, client, ops_us
 
 @pytest.mark.django_db(transaction=True)
 def test_a_new_card_is_sold_whole_until_its_model_is_proven(worker_fleet):  # type: ignore[no-untyped-def]
-    from nodes.models import Node
-
     fleet = worker_fleet()
     row = fleet.registered[0]
     assert not Gpu.objects.get(node=row).whole_card_only  # proven at registration
@@ -507,14 +507,12 @@ def test_a_probe_image_that_sets_a_reserved_variable_is_never_started(worker_fle
 
 @pytest.mark.django_db(transaction=True)
 def test_a_preflight_already_running_on_a_node_is_not_run_twice(worker_fleet):  # type: ignore[no-untyped-def]
-    from django.db import connections
-
     fleet = worker_fleet()
     row = fleet.registered[0]
     before = row.gate_checked_at
     other = connections.create_connection("default")
     with other.cursor() as cursor:  # another worker holds this node's preflight
-        cursor.execute("SELECT pg_advisory_lock(%s)", [node_services.PREFLIGHT_LOCK_SPACE + row.pk])
+        cursor.execute("SELECT pg_advisory_lock(%s)", [PREFLIGHT_LOCK_SPACE + row.pk])
     try:
         node = node_services.node_discover(node_id=row.pk)
         assert node.gate_checked_at == before  # skipped, nothing overwritten
@@ -525,8 +523,6 @@ def test_a_preflight_already_running_on_a_node_is_not_run_twice(worker_fleet):  
 
 @pytest.mark.django_db
 def test_a_preflight_asked_for_before_the_host_key_is_pinned_is_a_409(api_ops, client, ops_user):  # type: ignore[no-untyped-def]
-    from nodes.models import Node
-
     node = Node.objects.create(name="new", address="10.4.0.1")
     response = api_ops.post(f"/api/v1/nodes/{node.pk}/preflight/")
     assert response.status_code == 409 and response.json()["code"] == "pending_host_key"

@@ -14,10 +14,10 @@ from typing import Any
 import paramiko
 import pytest
 
+from emulator import EmulatedFleet, EmulatedNode
+from emulator.containers import parse_size_mb
+from emulator.keys import public_line
 from nodes import runtime, ssh
-from nodes.emulator import EmulatedFleet, EmulatedNode
-from nodes.emulator.keys import public_line
-from nodes.emulator.state import parse_size_mb
 from nodes.runtime import (
     LABEL_MANAGED,
     LABEL_OWNER,

@@ -3,9 +3,9 @@
 import pytest
 from django.conf import settings as django_settings
 
+from emulator import EmulatedFleet
 from gpuplatform.celery import app
 from nodes import services, ssh, tasks
-from nodes.emulator import EmulatedFleet
 from nodes.models import GpuSample, Node
 
 pytestmark = pytest.mark.django_db

@@ -19,23 +19,35 @@ from pathlib import Path
 import pytest
 
 from nodes import preflight, sampler
-from nodes.telemetry import (
+from nodes.smi import (
     APP_QUERY_FIELDS,
     GPU_QUERY_FIELDS,
+    app_query_argv,
+    gpu_query_argv,
+    parse_nvidia_smi,
+)
+from nodes.telemetry import (
     SAMPLER_MARKER,
+    GpuReading,
     NodeSample,
     ParseError,
     SamplerUnavailable,
-    app_query_argv,
-    gpu_for_uuid,
-    gpu_query_argv,
-    parse_nvidia_smi,
     parse_sampler_output,
+    sampler_serve_argv,
+    sampler_serve_preamble,
     sampler_source,
 )
 from tests.nodes.xid import parse_xid_lines, pci_bus_key
 
 FIXTURES = Path(__file__).with_name("fixtures")
+
+
+def gpu_for_uuid(sample: NodeSample, uuid: str) -> GpuReading | None:
+    """The physical GPU of a GPU uuid or of one of its MIG devices' uuids."""
+    for gpu in sample.gpus:
+        if gpu.uuid == uuid or any(m.uuid == uuid for m in gpu.mig_devices):
+            return gpu
+    return None
 
 
 def fixture(name: str) -> str:
@@ -909,8 +921,6 @@ def test_sampler_exits_3_without_pynvml(node):
 
 def test_sampler_serve_mode_answers_one_line_per_request(node):  # type: ignore[no-untyped-def]
     """The sampler kept running: bootstrap + source on stdin, then request lines."""
-    from nodes.telemetry import sampler_serve_argv, sampler_serve_preamble
-
     argv = sampler_serve_argv()
     assert argv[:4] == ["python3", "-u", "-c", argv[3]] and argv[-1] == "--serve"
     stdin = sampler_serve_preamble() + b"sample\ndiscover\nbogus\nsample\n"
@@ -936,8 +946,6 @@ def test_sampler_serve_mode_answers_one_line_per_request(node):  # type: ignore[
 
 
 def test_sampler_serve_mode_without_nvml_says_unavailable(node):  # type: ignore[no-untyped-def]
-    from nodes.telemetry import SamplerUnavailable, sampler_serve_argv, sampler_serve_preamble
-
     done = subprocess.run(
         [node.python, "-S", *sampler_serve_argv()[1:]],
         input=sampler_serve_preamble() + b"sample\n",

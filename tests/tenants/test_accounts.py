@@ -5,11 +5,14 @@ import re
 import pytest
 from django.contrib.auth import get_user_model
 from django.core import mail
+from django.core.cache import cache
 
-from gpuplatform.errors import Conflict, NotAllowed
+from gpuplatform.celery import app
+from gpuplatform.errors import Conflict, NotAllowed, ServiceError
 from tenants import services
 from tenants.models import AuditEvent, Invitation, Membership, Role, Tenant
-from tests.factories import PASSWORD, MembershipFactory
+from tenants.tokens import hash_secret
+from tests.factories import PASSWORD, MembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 User = get_user_model()
@@ -68,8 +71,6 @@ def test_signup_rejects_bad_input_without_creating_anything(  # type: ignore[no-
 
 
 def test_signup_is_atomic_when_tenant_step_fails():  # type: ignore[no-untyped-def]
-    from gpuplatform.errors import ServiceError
-
     with pytest.raises(ServiceError):
         services.tenant_sign_up(email="d@d.test", password=PASSWORD, tenant_name="   ")
     assert not User.objects.filter(email="d@d.test").exists()
@@ -79,7 +80,6 @@ def test_invitation_flow_emails_a_link_that_joins_the_tenant(  # type: ignore[no
     client, owner_a, django_capture_on_commit_callbacks, settings
 ):
     settings.CELERY_TASK_ALWAYS_EAGER = True
-    from gpuplatform.celery import app
 
     app.conf.task_always_eager = True
     try:
@@ -139,7 +139,6 @@ def test_revoked_invitation_link_no_longer_works(client, owner_a):  # type: igno
     invitation = services.invitation_create(
         actor_membership=owner_a, email="f@alpha.test", role=Role.MEMBER
     )
-    from tenants.tokens import hash_secret
 
     Invitation.objects.filter(pk=invitation.pk).update(token_hash=hash_secret("known"))
     assert client.get("/invitations/known/").status_code == 302
@@ -234,8 +233,6 @@ def test_logout_is_post_only(client, owner_a):  # type: ignore[no-untyped-def]
 
 
 def test_user_without_tenant_can_create_one(client):  # type: ignore[no-untyped-def]
-    from tests.factories import UserFactory
-
     user = UserFactory()
     client.force_login(user)
     assert "not in a tenant" in client.get("/account/").content.decode()
@@ -245,8 +242,6 @@ def test_user_without_tenant_can_create_one(client):  # type: ignore[no-untyped-
 
 
 def test_failed_logins_are_limited_per_address(client, owner_a, settings):  # type: ignore[no-untyped-def]
-    from django.core.cache import cache
-
     cache.clear()
     settings.LOGIN_FAILURE_LIMIT = 3
     for _ in range(3):

@@ -4,8 +4,12 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 
+from incidents import services as incident_services
+from incidents.models import WebhookEndpoint
+from incidents.rules import APP_PARAMETERS, CRITICAL, STOP_SLICE, Finding
 from tenants import services
 from tenants.models import Image, Role, Tier, UsageRecord
 from tests.api_contract import ApiResourceContract
@@ -166,8 +170,6 @@ def test_session_auth_works_for_the_browser(client, owner_a):  # type: ignore[no
 
 
 def test_session_writes_need_csrf(owner_a):  # type: ignore[no-untyped-def]
-    from django.test import Client
-
     browser = Client(enforce_csrf_checks=True)
     browser.force_login(owner_a.user)
     response = browser.post("/api/v1/tokens/", {"name": "x"}, content_type="application/json")
@@ -224,9 +226,6 @@ class TestOpsTenantsApi:
 
 
 def _incident(membership):  # type: ignore[no-untyped-def]
-    from incidents import services as incident_services
-    from incidents.rules import APP_PARAMETERS, CRITICAL, STOP_SLICE, Finding
-
     slice = _slice(membership)
     finding = Finding(
         rule="quota_breach",
@@ -260,8 +259,6 @@ class TestWebhooksApi(ApiResourceContract):
     filters = {"is_active": ("true", "false"), "search": ("alpha-hooks", "zzz-nothing")}
 
     def make(self, membership):  # type: ignore[no-untyped-def]
-        from incidents.models import WebhookEndpoint
-
         return WebhookEndpoint.objects.create(
             tenant=membership.tenant, url="https://alpha-hooks.example.com/in", secret="s" * 43
         )

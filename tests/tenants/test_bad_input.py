@@ -1,8 +1,11 @@
 """Bad input gets a 400 that names the problem, never a 500, and changes nothing."""
 
 import pytest
+from django.core.cache import cache
+from rest_framework.test import APIClient
 
 from tenants.models import ApiToken
+from tests.factories import make_token
 
 pytestmark = pytest.mark.django_db
 
@@ -107,8 +110,6 @@ def test_bad_pagination_and_filters_are_4xx(api_a):  # type: ignore[no-untyped-d
 
 @pytest.fixture
 def low_rates(settings):  # type: ignore[no-untyped-def]
-    from django.core.cache import cache
-
     cache.clear()
     settings.REST_FRAMEWORK = {
         **settings.REST_FRAMEWORK,
@@ -134,10 +135,6 @@ def test_authenticated_clients_are_throttled(api_a, low_rates):  # type: ignore[
 def test_token_guessing_is_throttled_before_tokens_are_checked(  # type: ignore[no-untyped-def]
     owner_a, low_rates
 ):
-    from rest_framework.test import APIClient
-
-    from tests.factories import make_token
-
     _, good = make_token(owner_a.user)
     guesser = APIClient()
     codes = []
@@ -151,8 +148,6 @@ def test_token_guessing_is_throttled_before_tokens_are_checked(  # type: ignore[
 
 
 def test_forged_forwarded_for_does_not_dodge_the_limit(low_rates, settings):  # type: ignore[no-untyped-def]
-    from rest_framework.test import APIClient
-
     settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
     client = APIClient()
     codes = []

@@ -1,6 +1,7 @@
 """POST /api/v1/estimates/ and the public "will it fit?" page over the estimator."""
 
 import pytest
+from django.core.cache import cache
 
 pytestmark = pytest.mark.django_db
 
@@ -89,8 +90,6 @@ def test_non_object_and_oversized_bodies_are_400(anon_api):  # type: ignore[no-u
 
 
 def test_anonymous_estimates_are_throttled(anon_api, settings):  # type: ignore[no-untyped-def]
-    from django.core.cache import cache
-
     cache.clear()
     settings.REST_FRAMEWORK = {
         **settings.REST_FRAMEWORK,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tenants.estimator import (
+from estimator import (
     CATALOG,
     EstimateRequest,
     EstimatorError,

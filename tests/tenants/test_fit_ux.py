@@ -12,11 +12,15 @@ from html.parser import HTMLParser
 
 import pytest
 
-from tenants import estimator, services
-from tenants.estimator.rounding import up_to_tenth, whole_mib, whole_terms
-from tenants.fit import FitForm, apply_values, error_field
-from tenants.lifecycle_forms import LaunchEstimateForm
+import estimator
+from estimator import EstimateRequest, model_from_catalog
+from estimator.rounding import up_to_tenth, whole_mib, whole_terms
+from estimator.verdict import fits_in_tier, usable_in_tier
+from tenants import services
+from tenants.forms.estimate import FitForm, error_field
+from tenants.forms.slices import LaunchEstimateForm
 from tenants.models import Image, Purchase, Role, Slice, Tier
+from tenants.views.estimate import apply_values
 from tests.factories import MembershipFactory
 from tests.tenants.test_lifecycle_pages import (  # noqa: F401 (gpu, running: fixtures)
     SSH_KEY,
@@ -556,15 +560,10 @@ def test_launch_model_request_keeps_its_shape_when_the_new_fields_are_left_alone
 def test_a_verdict_and_its_figures_follow_one_rule_at_the_usable_edge():
     """Whole MiB on both sides: a job fits when its figure (rounded up) is at most the usable
     figure (rounded down), so "7885 MiB needed, 7884 usable" never reads "fits"."""
-    from tenants.estimator import whole_mib
-    from tenants.estimator.catalog import model_from_catalog
-    from tenants.estimator.estimate import _fits, _usable
-    from tenants.estimator.request import EstimateRequest
-
     request = EstimateRequest(
         model=model_from_catalog("Qwen/Qwen2.5-0.5B"), engine="vllm", tier_mib=8192
     )
-    usable, _ = _usable(request, 8192)
+    usable, _ = usable_in_tier(request, 8192)
     assert usable == 7884
     for total in (7883.1, 7884.0, 7884.2, 7884.9, 7885.0):
-        assert _fits(request, total, 8192) == (whole_mib(total) <= usable)
+        assert fits_in_tier(request, total, 8192) == (whole_mib(total) <= usable)

@@ -7,7 +7,7 @@ walks the URL conf so a new route without an isolation check fails here.
 from datetime import timedelta
 
 import pytest
-from django.urls import URLPattern, URLResolver, get_resolver
+from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
 
 from incidents.models import Incident, WebhookEndpoint
@@ -220,8 +220,6 @@ def test_every_route_with_an_object_id_has_an_isolation_check():  # type: ignore
 
 
 def test_ops_routes_refuse_tenant_members(client, api_a, owner_a):  # type: ignore[no-untyped-def]
-    from django.urls import reverse
-
     client.force_login(owner_a.user)
     checked = 0
     for name, pattern in _routes():

@@ -12,10 +12,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from gpuplatform.celery import app
 from incidents import services as incident_services
 from incidents.models import Incident
 from nodes import services as node_services
-from nodes.models import Allocation, ContainerEvent, Gpu
+from nodes import ssh
+from nodes.models import Allocation, ContainerEvent, Gpu, Node, ProcessSample
 from tenants import services
 from tenants.models import Slice, Tier, UsageRecord
 from tests.conftest import SMALL_MODEL, SSH_KEY, launch
@@ -96,7 +98,6 @@ def test_launch_runs_a_real_container_with_the_tiers_limits_and_stop_releases_it
     node_services.nodes_sample(node_ids=[fleet.registered[0].pk])
     gpu = Gpu.objects.get(pk=s.allocation.gpu_id)
     assert gpu.last_memory_used_mb >= 3000
-    from nodes.models import ProcessSample
 
     seen = ProcessSample.objects.get(gpu=gpu, container_id=s.container_id)
     assert seen.pid == proc["pid"] and seen.used_memory_mb == 3000
@@ -238,10 +239,6 @@ def test_the_launch_of_an_image_the_node_does_not_have_fails_and_says_why(
 def test_a_stop_the_node_cannot_confirm_finishes_without_it_and_the_container_goes_later(
     eager, lab_fleet, owner_a, funded, lab_image, settings
 ):  # type: ignore[no-untyped-def]
-    from gpuplatform.celery import app
-    from nodes import ssh
-    from nodes.models import Node
-
     settings.NODES_SSH_CONNECT_TIMEOUT = 2
     fleet = lab_fleet()
     node = fleet.nodes[0]

@@ -14,6 +14,7 @@ import pytest
 from incidents import services as incident_services
 from incidents.models import Incident
 from nodes import services as node_services
+from nodes import ssh
 from nodes.models import Allocation, Gpu, Node
 from tenants import services
 from tenants.models import Slice
@@ -96,8 +97,6 @@ def test_worker_killed_mid_provision_leaves_one_container_or_none_after_reconcil
 
 
 def test_a_node_whose_sshd_stops_is_unreachable_then_recovers(eager, lab_fleet, settings):  # type: ignore[no-untyped-def]
-    from nodes import ssh
-
     settings.NODES_SSH_CONNECT_TIMEOUT = 2
     fleet = lab_fleet()
     lab, node = fleet.nodes[0], fleet.registered[0]

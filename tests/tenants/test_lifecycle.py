@@ -8,10 +8,11 @@ import pytest
 from django.core import mail
 from django.utils import timezone
 
-from nodes.emulator.catalog import GpuSpec, NodeSpec
+from emulator.catalog import GpuSpec, NodeSpec
+from gpuplatform.errors import ServiceError
 from nodes.models import Allocation, ContainerEvent, Gpu
-from tenants import services
-from tenants.models import LedgerEntry, Slice, UsageRecord
+from tenants import services, tasks
+from tenants.models import LedgerEntry, Slice, Tier, UsageRecord
 from tests.conftest import SMALL_MODEL, SSH_KEY, launch
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -84,7 +85,6 @@ def test_queue_is_fifo_per_tier_and_places_when_capacity_frees(
     first = launch(owner_a, funded(owner_a, vram_gb=24), image_ssh)
     assert first.state == Slice.State.RUNNING
     waiting_b = launch(owner_b, funded(owner_b, vram_gb=12), image_ssh)
-    from tenants.models import Tier
 
     p2, _ = services.purchase_create(
         membership=owner_a, tier=Tier.objects.get(vram_mb=12 * 1024), hours=1
@@ -191,8 +191,6 @@ def test_worker_lost_mid_provision_is_adopted_or_retried_by_reconcile(
     """The provisioning task's worker died: one attempt started the container and was
     lost before recording it. Reconcile, after the timeout, adopts that container
     instead of starting a second one."""
-    from tenants import tasks
-
     fleet = worker_fleet()
     dispatched = []
     monkeypatch.setattr(tasks.provision_slice, "delay_on_commit", dispatched.append)
@@ -216,8 +214,6 @@ def test_worker_lost_mid_provision_is_adopted_or_retried_by_reconcile(
 def test_provisioning_never_started_is_retried_by_reconcile(
     eager, worker_fleet, owner_a, funded, image_ssh, monkeypatch
 ):  # type: ignore[no-untyped-def]
-    from tenants import tasks
-
     fleet = worker_fleet()
     lost = []
     with monkeypatch.context() as m:
@@ -290,8 +286,6 @@ def test_hostile_environment_and_command_reach_the_node_as_single_arguments(
 def test_bad_launch_input_is_refused_with_nothing_reserved_or_charged(
     worker_fleet, owner_a, funded, image_ssh, field, kwargs
 ):  # type: ignore[no-untyped-def]
-    from gpuplatform.errors import ServiceError
-
     worker_fleet()
     purchase = funded(owner_a)
     kwargs.setdefault("ssh_public_key", SSH_KEY)

@@ -7,6 +7,7 @@ provisioning task is dispatched on commit, and the test transaction never commit
 no container is started: what is tested is what the API answers and what it writes.
 """
 
+import json
 from datetime import timedelta
 from decimal import Decimal
 
@@ -16,7 +17,7 @@ from rest_framework.test import APIClient
 
 from nodes.models import Allocation, Gpu, GpuSampleRollup, Node, ProcessSample
 from tenants import services
-from tenants.models import Image, LedgerEntry, Purchase, Role, Slice, Tier
+from tenants.models import Image, LedgerEntry, Membership, Purchase, Role, Slice, Tier
 from tests.factories import MembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -530,8 +531,6 @@ def test_another_tenants_purchase_reads_like_a_missing_one(  # type: ignore[no-u
 
 def _post_padded(client, purchase, image, size: int):  # type: ignore[no-untyped-def]
     """POST a valid launch padded (in one environment value) to `size` bytes."""
-    import json
-
     payload = body(purchase, image, environment={"PAD": ""})
     payload["environment"]["PAD"] = "x" * (size - len(json.dumps(payload)))
     data = json.dumps(payload).encode()
@@ -1106,9 +1105,6 @@ def test_anonymous_client_cannot_reach_policy(gpu):  # type: ignore[no-untyped-d
 
 @pytest.mark.django_db
 def test_viewers_do_not_see_the_jupyter_token_or_environment_values(owner_a, token_client):  # type: ignore[no-untyped-def]
-    from tenants.models import Image, Membership, Purchase, Slice, Tier
-    from tests.factories import UserFactory
-
     image = Image.objects.create(
         name="jl", reference="jupyter/base:1", ports=[8888], connect="jupyter"
     )

@@ -1,19 +1,22 @@
 """Edges of the lifecycle found in review: rediscovery and counters, stops on nodes that
 do not answer, metering during an outage, queue order, replays with a different body."""
 
+import re
 import time
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
+from emulator.catalog import GpuSpec, NodeSpec
 from gpuplatform.celery import app
 from gpuplatform.errors import Conflict, ServiceError
 from nodes import services as node_services
 from nodes.models import Allocation, Gpu, Node
-from tenants import services
-from tenants.models import Slice, Tier
+from tenants import services, tasks
+from tenants.models import Image, LedgerEntry, Membership, Purchase, Slice, Tier
 from tests.conftest import SMALL_MODEL, launch
+from tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -58,8 +61,6 @@ def test_stop_on_a_node_that_stopped_answering_finishes_without_it(
 def test_ops_force_stop_of_a_stuck_stop_releases_at_once(
     worker_fleet, owner_a, funded, image_ssh, ops_user, monkeypatch
 ):  # type: ignore[no-untyped-def]
-    from tenants import tasks
-
     worker_fleet()
     monkeypatch.setattr(tasks.provision_slice, "delay_on_commit", lambda *a: None)
     monkeypatch.setattr(tasks.stop_slice, "delay_on_commit", lambda *a: None)
@@ -112,8 +113,6 @@ def test_the_final_charge_of_a_stop_follows_the_meters_rule(
 def test_a_new_launch_never_passes_the_line_of_its_tier(
     eager, worker_fleet, owner_a, owner_b, funded, image_ssh, monkeypatch
 ):  # type: ignore[no-untyped-def]
-    from tenants import tasks
-
     worker_fleet()
     first = launch(owner_a, funded(owner_a, vram_gb=12), image_ssh)
     blocker = launch(owner_b, funded(owner_b, vram_gb=12), image_ssh)
@@ -161,8 +160,6 @@ def test_same_key_with_a_different_launch_is_a_conflict(
 
 
 def test_training_jobs_are_always_guaranteed(worker_fleet, owner_a, funded, image_ssh, monkeypatch):  # type: ignore[no-untyped-def]
-    from tenants import tasks
-
     worker_fleet()
     monkeypatch.setattr(tasks.provision_slice, "delay_on_commit", lambda *a: None)
     model = {**SMALL_MODEL, "workload": "training", "method": "lora"}
@@ -175,8 +172,6 @@ def test_training_jobs_are_always_guaranteed(worker_fleet, owner_a, funded, imag
 def test_placement_starts_the_provisioning_clock(
     worker_fleet, owner_a, funded, image_ssh, monkeypatch
 ):  # type: ignore[no-untyped-def]
-    from tenants import tasks
-
     worker_fleet()
     monkeypatch.setattr(tasks.provision_slice, "delay_on_commit", lambda *a: None)
     before = timezone.now()
@@ -187,8 +182,6 @@ def test_placement_starts_the_provisioning_clock(
 def test_stop_while_a_start_is_under_way_waits_for_it(
     eager, worker_fleet, owner_a, funded, image_ssh, monkeypatch
 ):  # type: ignore[no-untyped-def]
-    from tenants import tasks
-
     fleet = worker_fleet()
     pending = []
     monkeypatch.setattr(tasks.provision_slice, "delay_on_commit", pending.append)
@@ -223,9 +216,6 @@ def test_pages_take_only_plain_ids_from_the_query_string(client, owner_a):  # ty
 
 @pytest.mark.django_db
 def test_viewers_do_not_see_the_jupyter_token_on_the_slice_page(client, owner_a):  # type: ignore[no-untyped-def]
-    from tenants.models import Image, Membership, Purchase
-    from tests.factories import UserFactory
-
     image = Image.objects.create(
         name="jl", reference="jupyter/base:1", ports=[8888], connect="jupyter"
     )
@@ -265,8 +255,6 @@ def test_viewers_do_not_see_the_jupyter_token_on_the_slice_page(client, owner_a)
 
 @pytest.mark.django_db
 def test_a_credit_grant_retried_with_its_key_is_written_once(api_ops, owner_a):  # type: ignore[no-untyped-def]
-    from tenants.models import LedgerEntry
-
     body = {"tenant": owner_a.tenant_id, "amount": "25.00", "memo": "welcome"}
     first = api_ops.post(
         "/api/v1/ops/credit-grants/", body, format="json", HTTP_IDEMPOTENCY_KEY="grant-1"
@@ -290,10 +278,6 @@ def test_a_credit_grant_retried_with_its_key_is_written_once(api_ops, owner_a): 
 
 @pytest.mark.django_db
 def test_a_double_click_on_grant_grants_once(client, ops_user, owner_a):  # type: ignore[no-untyped-def]
-    import re
-
-    from tenants.models import LedgerEntry
-
     client.force_login(ops_user)
     page = client.get("/ops/credit/").content.decode()
     token = re.search(r'name="idempotency_token" value="([^"]+)"', page).group(1)
@@ -327,8 +311,6 @@ def test_suspending_a_tenant_stops_its_slices_and_their_metering(
 
 
 def test_reconcile_goes_on_past_a_node_that_does_not_answer(worker_fleet):  # type: ignore[no-untyped-def]
-    from nodes.emulator.catalog import GpuSpec, NodeSpec
-
     fleet = worker_fleet(
         [
             NodeSpec("gpu-up", (GpuSpec("NVIDIA A30"),), None),

@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from nodes.emulator.keys import generate_ed25519, public_line
+from emulator.keys import generate_ed25519, public_line
 from nodes.models import Allocation, Gpu, Node, ProcessSample
 from tenants import services
 from tenants.models import Image, LedgerEntry, Purchase, Slice, Tier

@@ -13,6 +13,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from django.db.models import Sum
 
 from nodes import services as node_services
 from nodes.models import Allocation, Gpu, ProcessSample
@@ -55,8 +56,6 @@ def labelled(emu, owner_key: str) -> list:  # type: ignore[no-untyped-def]
 
 
 def assert_counters_exact() -> None:
-    from django.db.models import Sum
-
     for gpu in Gpu.objects.all():
         live = (
             Allocation.objects.filter(gpu=gpu)

@@ -7,7 +7,8 @@ from decimal import Decimal
 
 import pytest
 from django.core import mail
-from django.db import IntegrityError
+from django.db import IntegrityError, connection
+from django.test.utils import CaptureQueriesContext
 
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
 from nodes.models import Gpu, Node
@@ -516,9 +517,6 @@ def test_api_range_errors_use_the_shared_codes(api_a, api_ops):  # type: ignore[
 
 
 def test_a_page_reads_the_rate_once_for_its_view_forms_and_templates(client, funded):  # type: ignore[no-untyped-def]
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
     client.force_login(funded.user)
     for url in ("/buy/", "/tiers/", "/dashboard/"):
         with CaptureQueriesContext(connection) as queries:

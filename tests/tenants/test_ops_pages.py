@@ -2,6 +2,8 @@
 
 import pytest
 
+from gpuplatform.errors import NotAllowed
+from tenants import services
 from tenants.models import Tenant
 from tests.factories import MembershipFactory
 
@@ -51,8 +53,6 @@ def test_ops_suspend_and_reactivate(client, ops_user, owner_a):  # type: ignore[
 
 
 def test_suspended_tenant_cannot_write_through_api(api_a, owner_a, ops_user):  # type: ignore[no-untyped-def]
-    from tenants import services
-
     services.tenant_set_status(
         tenant=owner_a.tenant, actor=ops_user, status="suspended", reason="review"
     )
@@ -77,9 +77,6 @@ def test_ops_search_with_a_nul_byte_is_not_a_500(client, ops_user):  # type: ign
 
 
 def test_suspended_tenant_cannot_change_members_or_make_tokens(owner_a, ops_user):  # type: ignore[no-untyped-def]
-    from gpuplatform.errors import NotAllowed
-    from tenants import services
-
     services.tenant_set_status(
         tenant=owner_a.tenant, actor=ops_user, status="suspended", reason="review"
     )

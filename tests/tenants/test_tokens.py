@@ -6,8 +6,10 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from tenants import services
 from tenants.models import ApiToken
 from tenants.tokens import hash_secret
+from tests.factories import MembershipFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -80,9 +82,6 @@ def test_user_cannot_revoke_someone_elses_token(api_a, api_b, owner_b):  # type:
 
 
 def test_removed_member_tokens_stop_working(owner_a, token_client):  # type: ignore[no-untyped-def]
-    from tenants import services
-    from tests.factories import MembershipFactory
-
     member = MembershipFactory(tenant=owner_a.tenant, role="member")
     api_member = token_client(member.user)
     assert api_member.get("/api/v1/me/").status_code == 200

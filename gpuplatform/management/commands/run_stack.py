@@ -75,7 +75,7 @@ class Command(BaseCommand):
             fleet_commands["emulator"] = [
                 python,
                 "-m",
-                "nodes.emulator",
+                "emulator",
                 *fleet,
                 "--state-dir",
                 str(EMULATOR_DIR),

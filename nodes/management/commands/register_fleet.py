@@ -12,6 +12,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from gpuplatform.dispatch import enqueue
 from nodes import services, ssh
 from nodes.models import Node
 
@@ -28,8 +29,6 @@ class Command(BaseCommand):
             described = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise CommandError(f"cannot read {path}: {exc}") from exc
-        from nodes import tasks
-
         for entry in described.get("nodes", []):
             key = ssh.normalise_host_key(entry["host_key"])
             where = {
@@ -45,7 +44,7 @@ class Command(BaseCommand):
                     verb = "registered"
                 else:
                     node = services.node_update(node=node, host_key=key, **where)
-                    tasks.discover_node.delay_on_commit(node.pk)
+                    enqueue("telemetry.discover_node", node.pk)
                     verb = "updated"
             self.stdout.write(
                 f"{verb} {node.name} at {node.address}:{node.port} ({ssh.fingerprint(key)})"

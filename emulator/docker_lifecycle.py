@@ -1,0 +1,490 @@
+"""The docker subcommands that create and change containers: run/create (its flags made a
+Container, its GPU device resolved), start/restart, stop/kill, pause/unpause and rm."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from .containers import Container, parse_size_mb
+from .docker_flags import (
+    RUN_FLAGS,
+    SWITCH,
+    VALUE,
+    Flag,
+    UsageError,
+    parse_flags,
+    parse_gpus,
+    parse_ports,
+)
+from .docker_formats import DEFAULT_CMD, image_ref, no_such_container
+from .shell import Invocation
+from .state import NodeState
+from .workload import Workload
+
+_NAME_RE = re.compile(r"^/?[a-zA-Z0-9][a-zA-Z0-9_.-]+$")
+
+
+def _run_error(inv: Invocation, message: str, status: int = 125, cmd: str = "run") -> int:
+    inv.err(f"docker: {message}.\nSee 'docker {cmd} --help'.\n")
+    return status
+
+
+def cmd_run(node: NodeState, inv: Invocation, args: list[str], *, create_only: bool = False) -> int:
+    sub = "create" if create_only else "run"
+    try:
+        p = parse_flags(sub, args, RUN_FLAGS, interspersed=False)
+    except UsageError as e:
+        inv.err(f"{e}\n")
+        return e.status
+    if not p.positional:
+        inv.err(
+            f"\"docker {sub}\" requires at least 1 argument.\nSee 'docker {sub} --help'.\n\n"
+            f"Usage:  docker {sub} [OPTIONS] IMAGE [COMMAND] [ARG...]\n\n"
+            + (
+                "Create and run a new container from an image\n"
+                if sub == "run"
+                else "Create a new container\n"
+            )
+        )
+        return 1
+    image, cmd = p.positional[0], p.positional[1:]
+    host_config: dict[str, Any] = {
+        "Binds": p.all("volume") or None,
+        "NetworkMode": p.get("network", "bridge"),
+        "PortBindings": {},
+        "RestartPolicy": {"Name": p.get("restart", "no"), "MaximumRetryCount": 0},
+        "AutoRemove": p.has("rm"),
+        "CapAdd": p.all("cap-add") or None,
+        "CapDrop": p.all("cap-drop") or None,
+        "SecurityOpt": p.all("security-opt") or None,
+        "Privileged": p.has("privileged"),
+        "ReadonlyRootfs": p.has("read-only"),
+        "Runtime": p.get("runtime", "runc"),
+        "ShmSize": 67108864,
+        "NanoCpus": 0,
+        "CpuPeriod": 0,
+        "CpuQuota": 0,
+        "Memory": 0,
+        "MemorySwap": 0,
+        "PidsLimit": None,
+        "DeviceRequests": None,
+        "Init": True if p.has("init") else None,
+        "_Detach": p.has("detach") or create_only,
+        "_User": p.get("user", ""),
+        "_WorkingDir": p.get("workdir", ""),
+    }
+    cpus = p.get("cpus")
+    if cpus is not None:
+        try:
+            host_config["NanoCpus"] = int(round(float(cpus) * 1e9))
+        except ValueError:
+            return _run_error(
+                inv,
+                f'invalid argument "{cpus}" for "--cpus" flag: '
+                f"failed to parse {cpus} as a rational number",
+                cmd=sub,
+            )
+    for flag, key in (("cpu-period", "CpuPeriod"), ("cpu-quota", "CpuQuota")):
+        value = p.get(flag)
+        if value is not None:
+            try:
+                host_config[key] = int(value)
+            except ValueError:
+                return _run_error(
+                    inv,
+                    f'invalid argument "{value}" for "--{flag}" flag: '
+                    f'strconv.ParseInt: parsing "{value}": invalid syntax',
+                    cmd=sub,
+                )
+    if host_config["NanoCpus"] and (host_config["CpuPeriod"] or host_config["CpuQuota"]):
+        return _run_error(
+            inv,
+            "Error response from daemon: Conflicting options: Nano CPUs and CPU Period "
+            "cannot both be set",
+            cmd=sub,
+        )
+    mem = p.get("memory")
+    if mem is not None:
+        mb = parse_size_mb(mem if mem[-1:].isalpha() else mem + "b")
+        if mb is None:
+            return _run_error(
+                inv,
+                f'invalid argument "{mem}" for "-m, --memory" flag: invalid size: \'{mem}\'',
+                cmd=sub,
+            )
+        host_config["Memory"] = int(mb * 1024 * 1024)
+        host_config["MemorySwap"] = host_config["Memory"] * 2
+    pids = p.get("pids-limit")
+    if pids is not None:
+        try:
+            host_config["PidsLimit"] = int(pids)
+        except ValueError:
+            return _run_error(
+                inv,
+                f'invalid argument "{pids}" for "--pids-limit" flag: '
+                f'strconv.ParseInt: parsing "{pids}": invalid syntax',
+                cmd=sub,
+            )
+    env: list[str] = []
+    for e in p.all("env"):
+        if "=" in e:
+            env.append(e)
+    labels: dict[str, str] = {}
+    for lab in p.all("label"):
+        k, _, v = lab.partition("=")
+        labels[k] = v
+    gpu_request = p.get("gpus")
+    count = devices = None
+    if gpu_request is not None:
+        try:
+            count, devices = parse_gpus(gpu_request)
+        except UsageError as e:
+            inv.err(f"{e}\nSee 'docker {sub} --help'.\n")
+            return 125
+        host_config["DeviceRequests"] = [
+            {
+                "Driver": "",
+                "Count": count if count is not None else 0,
+                "DeviceIDs": devices,
+                "Capabilities": [["gpu"]],
+                "Options": {},
+            }
+        ]
+    name = p.get("name")
+    with node.lock:
+        node.refresh()
+        try:
+            ports = parse_ports(p.all("publish"), node)
+        except UsageError as e:
+            inv.err(f"{e}\nSee 'docker {sub} --help'.\n")
+            return 125
+        for cport, hip, hport in ports:
+            host_config["PortBindings"].setdefault(cport, []).append(
+                {"HostIp": hip, "HostPort": str(hport) if hport else ""}
+            )
+        if name is not None:
+            if not _NAME_RE.match(name):
+                return _run_error(
+                    inv,
+                    f"Error response from daemon: Invalid container name ({name}), only "
+                    "[a-zA-Z0-9][a-zA-Z0-9_.-] are allowed",
+                    cmd=sub,
+                )
+            name = name.lstrip("/")
+            clash = next((c for c in node.containers.values() if c.name == name), None)
+            if clash is not None:
+                return _run_error(
+                    inv,
+                    "Error response from daemon: Conflict. The container name "
+                    f'"/{name}" is already '
+                    f'in use by container "{clash.id}". You have to remove (or rename) that '
+                    "container to be able to reuse that name",
+                    cmd=sub,
+                )
+        if (
+            node.images is not None
+            and image not in node.images
+            and image_ref(image) not in {image_ref(i) for i in node.images}
+        ):
+            repo = image_ref(image).rsplit(":", 1)[0]
+            inv.err(f"Unable to find image '{image_ref(image)}' locally\n")
+            return _run_error(
+                inv,
+                f"Error response from daemon: pull access denied for {repo}, repository does not "
+                "exist or may require 'docker login': denied: requested access to the resource "
+                "is denied",
+                cmd=sub,
+            )
+        now = node.clock.now()
+        # docker's merge: the image's configuration first, `--env` replaces a name in it
+        given = {e.partition("=")[0] for e in env}
+        own = node.image_env.get(image_ref(image), node.image_env.get(image, []))
+        env = [e for e in own if e.partition("=")[0] not in given] + env + node.run_env_extra
+        c = Container(
+            id=node.new_container_id(),
+            name=name or node.random_name(),
+            image=image,
+            cmd=cmd or list(DEFAULT_CMD),
+            env=env,
+            labels=labels,
+            created=now,
+            host_config=host_config,
+            ports=ports,
+            gpu_request=gpu_request,
+            auto_remove=p.has("rm"),
+        )
+        node.containers[c.id] = c
+        if create_only:
+            inv.out(c.id + "\n")
+            return 0
+        err = _resolve_device(node, c, count, devices)
+        if err:
+            c.exit_code = 128
+            c.error = err
+            return _run_error(inv, "Error response from daemon: " + err, cmd=sub)
+        node.start_container(c)
+        _instant_commands(node, c)
+        node.refresh()
+        detached = p.has("detach")
+        if detached:
+            inv.out(c.id + "\n")
+            return 0
+    # attached: wait (bounded) for the container to exit, then show its output
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with node.lock:
+            node.refresh()
+            if not c.running:
+                break
+        time.sleep(0.05)
+    with node.lock:
+        for _, stream, line in c.logs:
+            (inv.out if stream == "stdout" else inv.err)(line + "\n")
+        status = c.exit_code if not c.running else 0
+        if c.auto_remove and not c.running:
+            node.containers.pop(c.id, None)
+    return status
+
+
+def _resolve_device(
+    node: NodeState, c: Container, count: int | None, devices: list[str] | None
+) -> str:
+    if c.gpu_request is None:
+        return ""
+    if devices is not None:
+        picked = []
+        for d in devices:
+            hit = node.gpu_by_id(d)
+            if hit is None:
+                return (
+                    "failed to create task for container: failed to create shim task: OCI runtime "
+                    "create failed: runc create failed: unable to start container process: error "
+                    "during container init: error running hook #0: error running hook: exit status "
+                    "1, stdout: , stderr: Auto-detected mode as 'legacy'\nnvidia-container-cli: "
+                    f"device error: {d}: unknown device: unknown"
+                )
+            gpu, mig = hit
+            picked.append((gpu.index, None if mig is None else gpu.mig_devices.index(mig)))
+        if not picked:
+            return ""
+        c.device = picked[0]
+        return ""
+    n = len(node.gpus) if count in (None, -1) else count
+    if n > len(node.gpus):
+        return (
+            "failed to create task for container: failed to create shim task: OCI runtime create "
+            "failed: runc create failed: unable to start container process: error during container "
+            "init: error running hook #0: error running hook: exit status 1, stdout: , stderr: "
+            f"Auto-detected mode as 'legacy'\nnvidia-container-cli: device error: {n - 1}: "
+            "unknown device: unknown"
+        )
+    if n > 0 and node.gpus:
+        gpu = node.gpus[0]
+        c.device = (0, 0 if gpu.mig_enabled and gpu.mig_devices else None)
+    return ""
+
+
+PROBE_MARKER = "# gpuplatform-probe v1"  # nodes.preflight's probe script
+
+
+def _probe(node: NodeState, c: Container) -> None:
+    """The platform's preflight probe: what the container would read of its own
+    confinement, then its allocation of WORKLOAD_MB MiB (the workload's knob) against
+    the caps the container really got."""
+    hc = c.host_config
+    caps = "0000000000000000" if "ALL" in (hc.get("CapDrop") or []) else "00000000a80425fb"
+    nnp = "1" if "no-new-privileges" in (hc.get("SecurityOpt") or []) else "0"
+    memory = str(hc.get("Memory") or "max")
+    pids = str(hc.get("PidsLimit") or "max")
+    quota, period = hc.get("CpuQuota") or 0, hc.get("CpuPeriod") or 100000
+    cpu = f"{quota} {period}" if quota else f"max {period}"
+    now = node.clock.now()
+    c.log(
+        now,
+        "stdout",
+        f"CapEff:\t{caps}\nNoNewPrivs:\t{nnp}\nmemory.max:\t{memory}\n"
+        f"pids.max:\t{pids}\ncpu.max:\t{cpu}",
+    )
+    want = Workload.from_env(c.env_dict).base_mb
+    hard = node.hard_limit(c)
+    total = 0.0
+    if c.device is not None:
+        gpu = node.gpus[c.device[0]]
+        total = float(gpu.model.memory_mb)
+    code = 1 if c.device is None or want > total or (hard is not None and want > hard) else 0
+    if code:
+        c.log(now, "stderr", f"gpu-workload: CUDA out of memory. Tried to allocate {want:.0f} MiB")
+    c.log(now, "stdout", f"alloc_exit:\t{code}")
+    c.workload = None
+    node.container_exit(c, now, 0)
+
+
+def _instant_commands(node: NodeState, c: Container) -> None:
+    """Containers whose command finishes at once (true, echo, nvidia-smi -L ...)."""
+    if not c.cmd:
+        return
+    base = c.cmd[0].rsplit("/", 1)[-1]
+    probe = base in ("sh", "bash") and len(c.cmd) > 2 and c.cmd[1] == "-c"
+    if probe and c.cmd[2].startswith(PROBE_MARKER):
+        _probe(node, c)
+        return
+    now = node.clock.now()
+    if base in ("true", "false", "echo", "nvidia-smi", "exit"):
+        text = ""
+        code = 1 if base == "false" else 0
+        if base == "echo":
+            text = " ".join(c.cmd[1:])
+        elif base == "nvidia-smi" and c.device is not None:
+            gpu = node.gpus[c.device[0]]
+            text = f"GPU 0: {gpu.model.name} (UUID: {gpu.uuid})"
+            if c.device[1] is not None:
+                mig = gpu.mig_devices[c.device[1]]
+                text += f"\n  MIG {mig.profile.name:<11} Device  0: (UUID: {mig.uuid})"
+        elif base == "nvidia-smi":
+            c.log(now, "stderr", "bash: nvidia-smi: command not found")
+            code = 127
+        c.workload = None
+        if text:
+            c.log(now, "stdout", text)
+        node.container_exit(c, now, code)
+
+
+def _each(node: NodeState, inv: Invocation, cmd: str, refs: list[str], action) -> int:  # type: ignore[no-untyped-def]
+    if not refs:
+        inv.err(f"\"docker {cmd}\" requires at least 1 argument.\nSee 'docker {cmd} --help'.\n")
+        return 1
+    status = 0
+    with node.lock:
+        node.refresh()
+        for ref in refs:
+            c = node.find_container(ref)
+            if c is None:
+                no_such_container(inv, ref)
+                status = 1
+                continue
+            err = action(c)
+            if err:
+                inv.err(err + "\n")
+                status = 1
+            else:
+                inv.out(ref + "\n")
+    return status
+
+
+def cmd_stop(node: NodeState, inv: Invocation, args: list[str], *, kill: bool = False) -> int:
+    flags = [Flag(("signal", "s"), VALUE)] + ([] if kill else [Flag(("time", "t"), VALUE)])
+    try:
+        p = parse_flags("kill" if kill else "stop", args, flags, interspersed=True)
+    except UsageError as e:
+        inv.err(f"{e}\n")
+        return e.status
+
+    def action(c: Container) -> str:
+        if kill and not c.running:
+            return (
+                f"Error response from daemon: cannot kill container: {c.id}: "
+                f"container {c.id} is not running"
+            )
+        node.stop_container(c, 137)
+        if c.auto_remove:
+            node.containers.pop(c.id, None)
+        return ""
+
+    return _each(node, inv, "kill" if kill else "stop", p.positional, action)
+
+
+def cmd_start(node: NodeState, inv: Invocation, args: list[str], *, restart: bool = False) -> int:
+    try:
+        p = parse_flags(
+            "restart" if restart else "start",
+            args,
+            [
+                Flag(("attach", "a"), SWITCH),
+                Flag(("interactive", "i"), SWITCH),
+                Flag(("time", "t"), VALUE),
+            ],
+            interspersed=True,
+        )
+    except UsageError as e:
+        inv.err(f"{e}\n")
+        return e.status
+
+    def action(c: Container) -> str:
+        if c.paused and not restart:
+            return (
+                "Error response from daemon: cannot start a paused container, try unpause "
+                "instead\nError: failed to start containers: " + c.id
+            )
+        if c.running and not restart:
+            return ""
+        if c.running:
+            node.stop_container(c, 137)
+        count, devices = (None, None)
+        if c.gpu_request:
+            count, devices = parse_gpus(c.gpu_request)
+        err = _resolve_device(node, c, count, devices)
+        if err:
+            c.error = err
+            return (
+                "Error response from daemon: "
+                + err
+                + "\nError: failed to start containers: "
+                + c.id
+            )
+        node.start_container(c)
+        _instant_commands(node, c)
+        return ""
+
+    return _each(node, inv, "restart" if restart else "start", p.positional, action)
+
+
+def cmd_pause(node: NodeState, inv: Invocation, args: list[str], *, unpause: bool = False) -> int:
+    """`docker pause` / `docker unpause` (the cgroup freezer): a paused container keeps
+    its memory, computes nothing, and its workload's clock stands still."""
+    cmd = "unpause" if unpause else "pause"
+    try:
+        p = parse_flags(cmd, args, [], interspersed=True)
+    except UsageError as e:
+        inv.err(f"{e}\n")
+        return e.status
+
+    def action(c: Container) -> str:
+        err = node.unpause_container(c) if unpause else node.pause_container(c)
+        return f"Error response from daemon: {err}" if err else ""
+
+    return _each(node, inv, cmd, p.positional, action)
+
+
+def cmd_rm(node: NodeState, inv: Invocation, args: list[str]) -> int:
+    try:
+        p = parse_flags(
+            "rm",
+            args,
+            [
+                Flag(("force", "f"), SWITCH),
+                Flag(("volumes", "v"), SWITCH),
+                Flag(("link", "l"), SWITCH),
+            ],
+            interspersed=True,
+        )
+    except UsageError as e:
+        inv.err(f"{e}\n")
+        return e.status
+    force = p.has("force")
+
+    def action(c: Container) -> str:
+        if c.running and not force:
+            return (
+                f'Error response from daemon: cannot remove container "/{c.name}": container is '
+                "running: stop the container before removing or force remove"
+            )
+        if c.running:
+            node.stop_container(c, 137)
+        node.containers.pop(c.id, None)
+        return ""
+
+    if force and not p.positional:
+        return 0
+    return _each(node, inv, "rm", p.positional, action)

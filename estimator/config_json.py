@@ -1,0 +1,347 @@
+"""A ModelSpec from a Hugging Face ``config.json``, read as data only: by family (Llama-style
+decoders, GPT-2 style decoders, BERT-style encoders), with its quantization_config."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import EstimatorError
+from .families import (
+    ENCODER_FLAGS,
+    ENCODERS,
+    FAMILY_FLAGS,
+    FAMILY_OF_MODEL_TYPE,
+    GPT_FLAGS,
+    GPT_LIKE,
+    TIED_BY_DEFAULT,
+)
+from .model import (
+    MAX_EXPERTS,
+    MAX_HEADS,
+    MAX_HIDDEN,
+    MAX_INTERMEDIATE,
+    MAX_LAYERS,
+    MAX_POSITIONS,
+    MAX_VOCAB,
+    ModelSpec,
+)
+from .parsing import check_int, parse_json_object, read_bool, read_int
+
+
+class _Reader:
+    """Reads config keys, remembering which config key fed which ModelSpec field."""
+
+    def __init__(self, data: Mapping[str, Any], field: str) -> None:
+        self.data = data
+        self.field = field
+        self.keys: dict[str, str] = {}
+
+    def int(self, key: str, spec_field: str, *, default: Any = ..., maximum: int, minimum: int = 1):  # type: ignore[no-untyped-def]
+        self.keys[spec_field] = key
+        if default is ...:
+            return read_int(self.data, key, self.field, minimum=minimum, maximum=maximum)
+        return read_int(
+            self.data, key, self.field, default=default, minimum=minimum, maximum=maximum
+        )
+
+    def bool(self, key: str, spec_field: str, *, default: bool) -> bool:
+        self.keys[spec_field] = key
+        return read_bool(self.data, key, self.field, default=default)
+
+    def build(self, **kwargs: Any) -> ModelSpec:
+        try:
+            return ModelSpec(**kwargs)
+        except EstimatorError as exc:
+            spec_field = exc.field.removeprefix("model.")
+            key = self.keys.get(spec_field)
+            if key is None:
+                raise EstimatorError(self.field, exc.message, code=exc.code) from exc
+            raise EstimatorError(f"{self.field}.{key}", exc.message, code=exc.code) from exc
+
+
+_GENERIC_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "vocab_size",
+)
+_TORCH_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def model_from_config(
+    data: Mapping[str, Any],
+    *,
+    field: str = "config_json",
+    name: str | None = None,
+    source: str = "",
+) -> ModelSpec:
+    """A ModelSpec from a parsed Hugging Face ``config.json`` (a dict; read as data only)."""
+    if not isinstance(data, Mapping):
+        raise EstimatorError(field, "expected a JSON object")
+    model_type = data.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise EstimatorError(f"{field}.model_type", "expected a string")
+    family = FAMILY_OF_MODEL_TYPE.get(model_type or "")
+    text_config = data.get("text_config")
+    if family is None and isinstance(text_config, Mapping):
+        inner_type = text_config.get("model_type")
+        if isinstance(inner_type, str) and inner_type in FAMILY_OF_MODEL_TYPE:
+            return model_from_config(
+                text_config,
+                field=f"{field}.text_config",
+                name=name or _name_of(data),
+                source=source,
+            )
+    notes: list[str] = []
+    if "auto_map" in data or "trust_remote_code" in data:
+        notes.append("auto_map / remote code in config.json ignored: the file is read as data only")
+    if family is None:
+        if all(data.get(key) is not None for key in _GENERIC_KEYS):
+            family = "generic"
+            notes.append(
+                f"unknown model_type {str(model_type)[:40]!r}: counted as a Llama-style decoder "
+                "(gated MLP, RMSNorm, no biases)"
+            )
+        else:
+            shown = "missing" if model_type is None else f"unknown model_type {model_type[:40]!r}"
+            raise EstimatorError(
+                f"{field}.model_type",
+                f"{shown}, and the config lacks the generic fields ({', '.join(_GENERIC_KEYS)})",
+            )
+    reader = _Reader(data, field)
+    if family in GPT_LIKE:
+        kwargs = _gpt_like(reader, family)
+    elif family in ENCODERS:
+        kwargs = _encoder(reader, family)
+    else:
+        kwargs = _decoder(reader, family, notes)
+    kwargs.update(_quantization(data, field, notes))
+    kwargs.setdefault("name", name or _name_of(data) or model_type or "custom model")
+    kwargs["source"] = source
+    kwargs["notes"] = tuple(notes)
+    return reader.build(family=family, **kwargs)
+
+
+def _name_of(data: Mapping[str, Any]) -> str:
+    value = data.get("_name_or_path")
+    if isinstance(value, str) and 0 < len(value) <= 200:
+        return value
+    return ""
+
+
+def _decoder(r: _Reader, family: str, notes: list[str]) -> dict[str, Any]:
+    data = r.data
+    hidden = r.int("hidden_size", "hidden_size", maximum=MAX_HIDDEN)
+    layers = r.int("num_hidden_layers", "num_layers", maximum=MAX_LAYERS)
+    heads = r.int("num_attention_heads", "num_heads", maximum=MAX_HEADS)
+    kv_heads = r.int("num_key_value_heads", "num_kv_heads", default=heads, maximum=MAX_HEADS)
+    head_dim = r.int("head_dim", "head_dim", default=None, maximum=MAX_HIDDEN)
+    if head_dim is None:
+        if hidden % heads:
+            raise EstimatorError(
+                f"{r.field}.hidden_size",
+                f"{hidden} is not divisible by num_attention_heads ({heads}); give head_dim",
+            )
+        head_dim = hidden // heads
+    kwargs: dict[str, Any] = {
+        "hidden_size": hidden,
+        "num_layers": layers,
+        "num_heads": heads,
+        "num_kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "intermediate_size": r.int(
+            "intermediate_size", "intermediate_size", maximum=MAX_INTERMEDIATE
+        ),
+        "vocab_size": r.int("vocab_size", "vocab_size", maximum=MAX_VOCAB),
+        "tie_word_embeddings": r.bool(
+            "tie_word_embeddings", "tie_word_embeddings", default=family in TIED_BY_DEFAULT
+        ),
+        "max_position_embeddings": r.int(
+            "max_position_embeddings",
+            "max_position_embeddings",
+            default=None,
+            maximum=MAX_POSITIONS,
+        ),
+    }
+    if family in ("llama", "qwen3", "qwen3_moe", "generic"):
+        kwargs["attention_bias"] = r.bool("attention_bias", "attention_bias", default=False)
+    if family in ("llama", "generic"):
+        kwargs["mlp_bias"] = r.bool("mlp_bias", "mlp_bias", default=False)
+    kwargs.update(FAMILY_FLAGS.get(family, {}))
+
+    # Mixture of experts.
+    if family == "mixtral":
+        kwargs["num_experts"] = r.int("num_local_experts", "num_experts", maximum=MAX_EXPERTS)
+        kwargs["experts_per_token"] = r.int(
+            "num_experts_per_tok", "experts_per_token", default=2, maximum=MAX_EXPERTS
+        )
+    elif family in ("qwen2_moe", "qwen3_moe"):
+        kwargs["num_experts"] = r.int("num_experts", "num_experts", maximum=MAX_EXPERTS)
+        kwargs["experts_per_token"] = r.int(
+            "num_experts_per_tok", "experts_per_token", maximum=MAX_EXPERTS
+        )
+        kwargs["moe_intermediate_size"] = r.int(
+            "moe_intermediate_size", "moe_intermediate_size", maximum=MAX_INTERMEDIATE
+        )
+        if family == "qwen2_moe":
+            kwargs["shared_expert_intermediate_size"] = r.int(
+                "shared_expert_intermediate_size",
+                "shared_expert_intermediate_size",
+                default=0,
+                minimum=0,
+                maximum=MAX_INTERMEDIATE,
+            )
+        step = read_int(data, "decoder_sparse_step", r.field, default=1, maximum=MAX_LAYERS)
+        dense_only = _int_list(data, "mlp_only_layers", r.field, layers)
+        kwargs["num_moe_layers"] = sum(
+            1 for i in range(layers) if (i + 1) % step == 0 and i not in dense_only
+        )
+
+    # Sliding-window attention, per family.
+    window = r.int("sliding_window", "sliding_window", default=None, maximum=MAX_POSITIONS)
+    sliding: tuple[int, ...] | None = None
+    layer_types = data.get("layer_types")
+    if family == "gemma2":
+        window = window or 4096  # Gemma2Config's default
+        sliding = tuple(range(0, layers, 2))  # even layers slide, odd layers are global
+    elif family in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
+        if read_bool(data, "use_sliding_window", r.field, default=False) and window:
+            first = read_int(
+                data, "max_window_layers", r.field, default=layers, minimum=0, maximum=MAX_LAYERS
+            )
+            sliding = tuple(range(min(first, layers), layers))
+        else:
+            window = None
+    elif family in ("mistral", "mixtral", "phi3"):
+        sliding = None  # every layer, when a window is set
+    elif window is not None:
+        notes.append(f"sliding_window {window} ignored: {family} attends over the full context")
+        window = None
+    if layer_types is not None:
+        types = _str_list(data, "layer_types", r.field, layers)
+        if len(types) != layers:
+            raise EstimatorError(f"{r.field}.layer_types", f"expected {layers} entries")
+        sliding = tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
+        if not sliding:
+            window = None
+    if window is None:
+        sliding = None
+    r.keys["sliding_layers"] = "layer_types"
+    kwargs["sliding_window"] = window
+    kwargs["sliding_layers"] = sliding
+    return kwargs
+
+
+def _gpt_like(r: _Reader, family: str) -> dict[str, Any]:
+    hidden = r.int("n_embd", "hidden_size", maximum=MAX_HIDDEN)
+    heads = r.int("n_head", "num_heads", maximum=MAX_HEADS)
+    if hidden % heads:
+        raise EstimatorError(f"{r.field}.n_embd", f"{hidden} is not divisible by n_head ({heads})")
+    positions = r.int("n_positions", "learned_positions", default=1024, maximum=MAX_POSITIONS)
+    multi_query = family == "gpt_bigcode" and read_bool(
+        r.data, "multi_query", r.field, default=True
+    )
+    return {
+        "hidden_size": hidden,
+        "num_layers": r.int("n_layer", "num_layers", maximum=MAX_LAYERS),
+        "num_heads": heads,
+        "num_kv_heads": 1 if multi_query else heads,
+        "head_dim": hidden // heads,
+        "intermediate_size": r.int(
+            "n_inner", "intermediate_size", default=4 * hidden, maximum=MAX_INTERMEDIATE
+        ),
+        "vocab_size": r.int("vocab_size", "vocab_size", maximum=MAX_VOCAB),
+        "tie_word_embeddings": r.bool("tie_word_embeddings", "tie_word_embeddings", default=True),
+        **GPT_FLAGS,
+        "learned_positions": positions,
+        "max_position_embeddings": positions,
+    }
+
+
+def _encoder(r: _Reader, family: str) -> dict[str, Any]:
+    hidden = r.int("hidden_size", "hidden_size", maximum=MAX_HIDDEN)
+    heads = r.int("num_attention_heads", "num_heads", maximum=MAX_HEADS)
+    if hidden % heads:
+        raise EstimatorError(
+            f"{r.field}.hidden_size", f"{hidden} is not divisible by num_attention_heads ({heads})"
+        )
+    positions = r.int(
+        "max_position_embeddings", "learned_positions", default=512, maximum=MAX_POSITIONS
+    )
+    usable_positions = positions - 2 if family == "roberta" else positions  # RoBERTa pads 2 rows
+    return {
+        "hidden_size": hidden,
+        "num_layers": r.int("num_hidden_layers", "num_layers", maximum=MAX_LAYERS),
+        "num_heads": heads,
+        "num_kv_heads": heads,
+        "head_dim": hidden // heads,
+        "intermediate_size": r.int(
+            "intermediate_size", "intermediate_size", maximum=MAX_INTERMEDIATE
+        ),
+        "vocab_size": r.int("vocab_size", "vocab_size", maximum=MAX_VOCAB),
+        "token_types": r.int(
+            "type_vocab_size", "token_types", default=2, minimum=0, maximum=MAX_VOCAB
+        ),
+        **ENCODER_FLAGS,
+        "learned_positions": positions,
+        "max_position_embeddings": max(usable_positions, 1),
+    }
+
+
+def _quantization(data: Mapping[str, Any], field: str, notes: list[str]) -> dict[str, Any]:
+    """Stored format of the checkpoint, from quantization_config or torch_dtype."""
+    out: dict[str, Any] = {}
+    dtype = data.get("torch_dtype", data.get("dtype"))
+    if isinstance(dtype, str) and dtype.removeprefix("torch.") in _TORCH_DTYPES:
+        out["stored_format"] = _TORCH_DTYPES[dtype.removeprefix("torch.")]
+    quant = data.get("quantization_config")
+    if quant is None:
+        return out
+    if not isinstance(quant, Mapping):
+        raise EstimatorError(f"{field}.quantization_config", "expected a JSON object")
+    method = quant.get("quant_method")
+    bits = quant.get("bits")
+    if method in ("gptq", "awq") and bits in (None, 4):
+        out["stored_format"] = method
+        group = quant.get("group_size", quant.get("q_group_size"))
+        if group not in (None, -1):
+            out["quant_group_size"] = check_int(
+                group, f"{field}.quantization_config.group_size", maximum=1 << 20
+            )
+    elif method == "fp8":
+        out["stored_format"] = "fp8"
+    elif method == "bitsandbytes":
+        if quant.get("load_in_4bit") or quant.get("_load_in_4bit"):
+            out["stored_format"] = "nf4"
+        elif quant.get("load_in_8bit") or quant.get("_load_in_8bit"):
+            out["stored_format"] = "int8"
+    else:
+        notes.append(f"quantization_config {str(method)[:40]!r} not modelled; choose weights_dtype")
+    return out
+
+
+def _int_list(data: Mapping[str, Any], key: str, field: str, limit: int) -> set[int]:
+    value = data.get(key)
+    if value is None:
+        return set()
+    if not isinstance(value, list) or len(value) > limit:
+        raise EstimatorError(f"{field}.{key}", f"expected a list of at most {limit} layer indices")
+    return {check_int(v, f"{field}.{key}", minimum=0, maximum=limit) for v in value}
+
+
+def _str_list(data: Mapping[str, Any], key: str, field: str, limit: int) -> list[str]:
+    value = data.get(key)
+    if not isinstance(value, list) or len(value) > limit:
+        raise EstimatorError(f"{field}.{key}", f"expected a list of at most {limit} strings")
+    if not all(isinstance(v, str) for v in value):
+        raise EstimatorError(f"{field}.{key}", "expected strings")
+    return value
+
+
+def model_from_config_json(
+    text: str | bytes, *, name: str | None = None, source: str = ""
+) -> ModelSpec:
+    """A ModelSpec from the text of a ``config.json`` (``json.loads`` only; nothing executed)."""
+    return model_from_config(parse_json_object(text, "config_json"), name=name, source=source)

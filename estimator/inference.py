@@ -1,0 +1,153 @@
+"""Inference terms: the KV cache (GQA, sliding windows, vLLM's 16-token blocks), one layer's
+activations, unfused attention scores, logits and sampling, and vLLM's CUDA graphs."""
+
+from __future__ import annotations
+
+from .model import ModelSpec, param_count
+from .request import FOUR_BIT_BNB, EstimateRequest
+from .terms import MIB, Core, Term, finish
+from .weights import WEIGHT_LABELS, dequant_term
+
+VLLM_BLOCK_TOKENS = 16  # vLLM's default KV block size
+VLLM_DEFAULT_BATCHED_TOKENS = 2048  # our default for --max-num-batched-tokens
+VLLM_MAX_GRAPH_TOKENS = 512  # vLLM's default largest CUDA-graph capture size
+KV_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+
+
+def kv_dtype(r: EstimateRequest) -> str:
+    """The KV cache dtype: as asked; "auto" is 16-bit, or fp32 with fp32 weights."""
+    if r.kv_cache_dtype != "auto":
+        return r.kv_cache_dtype
+    return "fp32" if r.weights_dtype == "fp32" else "bf16"
+
+
+def _layer_working_set(m: ModelSpec, tokens: int, act: int) -> float:
+    """Inference, one layer at a time: the residual stream (plus an fp32 norm upcast) and
+    the wider of the attention block (q, k, v, output) and the MLP block."""
+    attn = 2 * m.q_dim + 2 * m.kv_dim
+    mlp = mlp_width(m, training=False)
+    return tokens * (m.hidden_size * (2 * act + 4) + max(attn, mlp) * act)
+
+
+def mlp_width(m: ModelSpec, *, training: bool) -> int:
+    """Intermediate activations per token, in elements; active experts only."""
+    per = (4 if training else 3) if m.gated_mlp else 2
+    if m.is_moe:
+        width = m.experts_per_token * (
+            per * m.expert_intermediate + (m.hidden_size if training else 0)
+        )
+        width += per * m.shared_expert_intermediate_size
+        return width
+    return per * m.intermediate_size
+
+
+def inference_terms(
+    r: EstimateRequest,
+    m: ModelSpec,
+    terms: list[Term],
+    notes: list[str],
+    act: int,
+    kv_elem: int,
+    w_bytes: int,
+    w_basis: str,
+    source: str,
+    kv_per_token: float,
+) -> Core:
+    """Every term of an inference request, from what peak.compute read."""
+    dynamic = 0.0  # bytes the caching allocator churns through (fragmentation applies)
+
+    terms.append(
+        Term(
+            "weights",
+            f"Weights ({WEIGHT_LABELS[r.weights_dtype]})",
+            w_bytes / MIB,
+            w_basis,
+            f"{param_count(m):,} parameters, from the {source}",
+        )
+    )
+    if r.weights_dtype in FOUR_BIT_BNB:
+        term = dequant_term(m, act, " during prefill")
+        dynamic += term.mib * MIB
+        terms.append(term)
+    context = r.context_tokens
+    positions = m.max_position_embeddings
+    if positions is not None and context > positions and not m.learned_positions:
+        notes.append(
+            f"{context:,} tokens exceed the {positions:,} positions {m.name} was trained on"
+        )
+    vllm = r.engine == "vllm"
+    if not m.encoder_only:
+        block = VLLM_BLOCK_TOKENS if vllm else 1
+        slots = m.kv_token_slots(context, block)
+        kv = r.batch * slots * 2 * m.kv_dim * kv_elem
+        detail = (
+            f"{r.batch} x {slots:,} token-layers x 2 x {m.num_kv_heads} KV heads x "
+            f"{m.head_dim} x {kv_elem} B"
+        )
+        if m.sliding_layer_count:
+            detail += (
+                f"; {m.sliding_layer_count} layers capped at their "
+                f"{m.sliding_window:,}-token window"
+            )
+        if vllm:
+            detail += f"; {VLLM_BLOCK_TOKENS}-token blocks"
+        else:
+            dynamic += kv
+        terms.append(Term("kv_cache", f"KV cache ({kv_dtype(r)})", kv / MIB, "derived", detail))
+        if r.kv_cache_dtype == "fp8" and not vllm:
+            notes.append("an 8-bit KV cache in transformers needs a quantized cache implementation")
+
+    if vllm:
+        tokens = r.prefill_chunk or VLLM_DEFAULT_BATCHED_TOKENS
+        chunk_detail = f"profile run of {tokens:,} batched tokens (max_num_batched_tokens)"
+    elif m.encoder_only:
+        tokens = r.batch * context
+        chunk_detail = f"{r.batch} x {context:,} tokens in one pass"
+    else:
+        chunk = min(r.prefill_chunk or context, context)
+        tokens = r.batch * chunk
+        chunk_detail = f"prefill of {r.batch} x {chunk:,} tokens"
+    work = _layer_working_set(m, tokens, act)
+    dynamic += work
+    terms.append(Term("activations", "Activations", work / MIB, "modelled", chunk_detail))
+    if not r.fused_attention and not vllm:
+        q_len = context if m.encoder_only else min(r.prefill_chunk or context, context)
+        scores = r.batch * m.num_heads * q_len * context * (act + 4)
+        dynamic += scores
+        terms.append(
+            Term(
+                "attention_scores",
+                "Attention scores (unfused)",
+                scores / MIB,
+                "modelled",
+                f"{r.batch} x {m.num_heads} heads x {q_len:,} x {context:,}, 16-bit + fp32 softmax",
+            )
+        )
+    if not m.encoder_only:
+        logits = r.batch * m.vocab_size * 4 * 2
+        dynamic += logits
+        terms.append(
+            Term(
+                "logits",
+                "Logits and sampling",
+                logits / MIB,
+                "modelled",
+                f"{r.batch} x {m.vocab_size:,} vocabulary, fp32 logits and probabilities",
+            )
+        )
+    if vllm and not r.enforce_eager:
+        graph_tokens = min(VLLM_MAX_GRAPH_TOKENS, max(8, -(-2 * r.batch // 8) * 8))
+        width = 2 * m.hidden_size + 2 * m.q_dim + 2 * m.kv_dim
+        graphs = m.num_layers * graph_tokens * width * act
+        dynamic += graphs
+        terms.append(
+            Term(
+                "cuda_graphs",
+                "CUDA graphs",
+                graphs / MIB,
+                "modelled",
+                f"buffers kept between {m.num_layers} layers' graph pieces, captured up to "
+                f"{graph_tokens} tokens",
+            )
+        )
+    return finish(r, terms, notes, dynamic, w_bytes, kv_per_token)

@@ -1,0 +1,358 @@
+"""Model architecture: ``ModelSpec``, its validation and its parameter count.
+
+The parameter count is derived from the architecture the way the Hugging Face
+implementations build the model:
+
+- token embeddings once, plus an LM head of the same size unless the embeddings
+  are tied (encoders have no LM head);
+- attention with separate query and key/value head counts (GQA/MQA):
+  q: hidden x heads*head_dim, k and v: hidden x kv_heads*head_dim,
+  o: heads*head_dim x hidden, with the biases the family has (Qwen2: q/k/v only;
+  GPT-2, StarCoder, BERT: all);
+- the MLP gated (gate, up, down) or not (fc, proj), with biases where the
+  family has them;
+- for a mixture of experts every expert is counted for the weights (and the
+  router, and a shared expert where there is one); only the active experts
+  count for compute and activations;
+- every norm (RMSNorm: weight; LayerNorm: weight and bias), and learned
+  position / token-type embeddings where the family has them.
+
+The builders from user input are in config_json.py, plain_numbers.py,
+safetensors.py and catalog.py; every builder raises ``EstimatorError`` for bad
+input, never anything else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from .errors import EstimatorError
+from .families import FAMILIES
+from .parsing import check_bool, check_choice, check_int
+
+NORMS = ("rmsnorm", "layernorm")
+WEIGHT_FORMATS = ("fp32", "fp16", "bf16", "fp8", "int8", "nf4", "int4", "gptq", "awq")
+
+MAX_PARAMS = 10**13
+MAX_HIDDEN = 10**6
+MAX_LAYERS = 10**4
+MAX_HEADS = 10**5
+MAX_INTERMEDIATE = 10**7
+MAX_VOCAB = 10**7
+MAX_EXPERTS = 10**5
+MAX_POSITIONS = 10**8
+
+
+@dataclass(frozen=True)
+class ParamBreakdown:
+    """Parameters by component; ``linears`` are the matrices a quantizer converts."""
+
+    components: dict[str, int]
+    linears: tuple[tuple[str, int, int, int], ...]  # (module, in_features, out_features, count)
+    linear_params: int  # weights of the quantizable matrices
+    other_params: int  # embeddings, LM head, norms, biases, router, pooler: stay 16-bit
+    total: int
+    active: int  # per token: a mixture of experts touches only experts_per_token experts
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model's architecture, as far as memory is concerned."""
+
+    name: str
+    family: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    # Mixture of experts (num_experts 0: dense).
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int | None = None  # None: intermediate_size
+    shared_expert_intermediate_size: int = 0
+    num_moe_layers: int | None = None  # None: every layer when num_experts > 0
+    # Sliding-window attention: the window, and which layers use it (None: all).
+    sliding_window: int | None = None
+    sliding_layers: tuple[int, ...] | None = None
+    # Structure flags.
+    attention_bias: bool = False  # bias on q, k, v and o
+    qkv_bias: bool = False  # bias on q, k and v only (Qwen2)
+    mlp_bias: bool = False
+    qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3)
+    gated_mlp: bool = True
+    norm: str = "rmsnorm"
+    norms_per_layer: int = 2
+    final_norm: bool = True
+    learned_positions: int = 0  # rows of a learned position-embedding table
+    token_types: int = 0  # rows of a token-type embedding table (BERT)
+    embedding_norm: bool = False
+    pooler: bool = False
+    encoder_only: bool = False
+    max_position_embeddings: int | None = None
+    # Provenance and exact figures.
+    source: str = ""
+    published_params: int | None = None
+    published_source: str = ""
+    tensor_bytes: int | None = None  # exact bytes of the stored checkpoint
+    stored_format: str | None = None  # format of those bytes, e.g. "bf16", "gptq"
+    param_count_override: int | None = None  # exact element count (safetensors, or given)
+    quant_group_size: int | None = None  # from a GPTQ/AWQ quantization_config
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _validate_spec(self)
+
+    # -- derived figures ------------------------------------------------------
+
+    @cached_property
+    def breakdown(self) -> ParamBreakdown:
+        return _count(self)
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def moe_layers(self) -> int:
+        if not self.is_moe:
+            return 0
+        return self.num_layers if self.num_moe_layers is None else self.num_moe_layers
+
+    @property
+    def expert_intermediate(self) -> int:
+        return self.moe_intermediate_size or self.intermediate_size
+
+    @property
+    def sliding_layer_count(self) -> int:
+        if self.sliding_window is None:
+            return 0
+        return self.num_layers if self.sliding_layers is None else len(self.sliding_layers)
+
+    def kv_bytes_per_token(self, bytes_per_element: float = 2) -> float:
+        """KV cache per token over all layers: 2 x kv_heads x head_dim x bytes per layer."""
+        if self.encoder_only:
+            return 0
+        return 2 * self.kv_dim * bytes_per_element * self.num_layers
+
+    def kv_token_slots(self, context: int, block: int = 1) -> int:
+        """Sum over layers of min(context, that layer's window), each rounded up to blocks."""
+        if self.encoder_only:
+            return 0
+        full = -(-context // block) * block
+        sliding = self.sliding_layer_count
+        if not sliding:
+            return self.num_layers * full
+        capped = -(-min(context, self.sliding_window or context) // block) * block
+        return sliding * capped + (self.num_layers - sliding) * full
+
+
+def param_count(model: ModelSpec) -> int:
+    """Total parameters: exact when a checkpoint gave them, else derived."""
+    if model.param_count_override is not None:
+        return model.param_count_override
+    return model.breakdown.total
+
+
+def param_breakdown(model: ModelSpec) -> dict[str, int]:
+    """Derived parameters by component (embeddings, attention, mlp/experts, norms, lm_head...)."""
+    return dict(model.breakdown.components)
+
+
+# -- counting ------------------------------------------------------------------
+
+
+def _count(m: ModelSpec) -> ParamBreakdown:
+    h, q, kv = m.hidden_size, m.q_dim, m.kv_dim
+    layers = m.num_layers
+    norm_size = h if m.norm == "rmsnorm" else 2 * h
+
+    linears: list[tuple[str, int, int, int]] = [
+        ("q_proj", h, q, layers),
+        ("k_proj", h, kv, layers),
+        ("v_proj", h, kv, layers),
+        ("o_proj", q, h, layers),
+    ]
+    attn_bias = (q + 2 * kv + h) if m.attention_bias else (q + 2 * kv) if m.qkv_bias else 0
+    attention = layers * (2 * h * q + 2 * h * kv + attn_bias)
+
+    moe_layers = m.moe_layers
+    dense_layers = layers - moe_layers
+    inter = m.intermediate_size
+    mlp = 0
+    if dense_layers:
+        if m.gated_mlp:
+            linears += [
+                ("gate_proj", h, inter, dense_layers),
+                ("up_proj", h, inter, dense_layers),
+                ("down_proj", inter, h, dense_layers),
+            ]
+            bias = (2 * inter + h) if m.mlp_bias else 0
+            mlp = dense_layers * (3 * h * inter + bias)
+        else:
+            linears += [("up_proj", h, inter, dense_layers), ("down_proj", inter, h, dense_layers)]
+            bias = (inter + h) if m.mlp_bias else 0
+            mlp = dense_layers * (2 * h * inter + bias)
+
+    experts = router = shared = 0
+    if moe_layers:
+        e_inter = m.expert_intermediate
+        count = m.num_experts * moe_layers
+        linears += [
+            ("experts.gate_proj", h, e_inter, count),
+            ("experts.up_proj", h, e_inter, count),
+            ("experts.down_proj", e_inter, h, count),
+        ]
+        experts = count * 3 * h * e_inter
+        router = moe_layers * h * m.num_experts
+        if m.shared_expert_intermediate_size:
+            s_inter = m.shared_expert_intermediate_size
+            linears += [
+                ("shared_expert.gate_proj", h, s_inter, moe_layers),
+                ("shared_expert.up_proj", h, s_inter, moe_layers),
+                ("shared_expert.down_proj", s_inter, h, moe_layers),
+            ]
+            shared = moe_layers * (3 * h * s_inter + h)  # + the shared expert's gate (h -> 1)
+
+    norms = layers * m.norms_per_layer * norm_size
+    norms += layers * 2 * m.head_dim if m.qk_norm else 0
+    norms += norm_size if m.final_norm else 0
+    norms += norm_size if m.embedding_norm else 0
+
+    embeddings = m.vocab_size * h
+    positions = (m.learned_positions + m.token_types) * h
+    lm_head = 0 if (m.tie_word_embeddings or m.encoder_only) else m.vocab_size * h
+    pooler = h * h + h if m.pooler else 0
+
+    components = {
+        "embeddings": embeddings,
+        "position_embeddings": positions,
+        "attention": attention,
+        "mlp": mlp,
+        "experts": experts,
+        "router": router,
+        "shared_expert": shared,
+        "norms": norms,
+        "lm_head": lm_head,
+        "pooler": pooler,
+    }
+    components = {k: v for k, v in components.items() if v}
+    total = sum(components.values())
+    linear_params = sum(i * o * c for _, i, o, c in linears)
+    inactive = 0
+    if moe_layers:
+        inactive = (
+            (m.num_experts - m.experts_per_token) * moe_layers * 3 * h * m.expert_intermediate
+        )
+    return ParamBreakdown(
+        components=components,
+        linears=tuple(linears),
+        linear_params=linear_params,
+        other_params=total - linear_params,
+        total=total,
+        active=total - inactive,
+    )
+
+
+# -- validation ----------------------------------------------------------------
+
+
+def _validate_spec(m: ModelSpec) -> None:
+    f = "model"
+    if not isinstance(m.name, str) or not m.name or len(m.name) > 200:
+        raise EstimatorError(f"{f}.name", "expected a name of 1 to 200 characters")
+    check_choice(m.family, f"{f}.family", FAMILIES)
+    check_choice(m.norm, f"{f}.norm", NORMS)
+    check_int(m.hidden_size, f"{f}.hidden_size", maximum=MAX_HIDDEN)
+    check_int(m.num_layers, f"{f}.num_layers", maximum=MAX_LAYERS)
+    check_int(m.num_heads, f"{f}.num_heads", maximum=MAX_HEADS)
+    check_int(m.num_kv_heads, f"{f}.num_kv_heads", maximum=MAX_HEADS)
+    check_int(m.head_dim, f"{f}.head_dim", maximum=MAX_HIDDEN)
+    check_int(m.intermediate_size, f"{f}.intermediate_size", maximum=MAX_INTERMEDIATE)
+    check_int(m.vocab_size, f"{f}.vocab_size", maximum=MAX_VOCAB)
+    if m.num_heads % m.num_kv_heads:
+        raise EstimatorError(
+            f"{f}.num_kv_heads",
+            f"{m.num_kv_heads} KV heads do not divide {m.num_heads} attention heads",
+        )
+    for name in (
+        "tie_word_embeddings",
+        "attention_bias",
+        "qkv_bias",
+        "mlp_bias",
+        "qk_norm",
+        "gated_mlp",
+        "final_norm",
+        "embedding_norm",
+        "pooler",
+        "encoder_only",
+    ):
+        check_bool(getattr(m, name), f"{f}.{name}")
+    check_int(m.norms_per_layer, f"{f}.norms_per_layer", minimum=0, maximum=16)
+    check_int(m.learned_positions, f"{f}.learned_positions", minimum=0, maximum=MAX_POSITIONS)
+    check_int(m.token_types, f"{f}.token_types", minimum=0, maximum=MAX_VOCAB)
+    check_int(m.num_experts, f"{f}.num_experts", minimum=0, maximum=MAX_EXPERTS)
+    check_int(m.experts_per_token, f"{f}.experts_per_token", minimum=0, maximum=MAX_EXPERTS)
+    check_int(
+        m.shared_expert_intermediate_size,
+        f"{f}.shared_expert_intermediate_size",
+        minimum=0,
+        maximum=MAX_INTERMEDIATE,
+    )
+    if m.num_experts:
+        if not 1 <= m.experts_per_token <= m.num_experts:
+            raise EstimatorError(
+                f"{f}.experts_per_token",
+                f"must be between 1 and num_experts ({m.num_experts})",
+            )
+        if m.moe_intermediate_size is not None:
+            check_int(
+                m.moe_intermediate_size, f"{f}.moe_intermediate_size", maximum=MAX_INTERMEDIATE
+            )
+        if m.num_moe_layers is not None:
+            check_int(m.num_moe_layers, f"{f}.num_moe_layers", minimum=0, maximum=m.num_layers)
+    elif m.experts_per_token:
+        raise EstimatorError(f"{f}.experts_per_token", "set, but the model has no experts")
+    if m.sliding_window is not None:
+        check_int(m.sliding_window, f"{f}.sliding_window", maximum=MAX_POSITIONS)
+    if m.sliding_layers is not None:
+        if not isinstance(m.sliding_layers, tuple) or len(m.sliding_layers) > m.num_layers:
+            raise EstimatorError(f"{f}.sliding_layers", "expected at most one index per layer")
+        seen: set[int] = set()
+        for index in m.sliding_layers:
+            check_int(index, f"{f}.sliding_layers", minimum=0, maximum=m.num_layers - 1)
+            if index in seen:
+                raise EstimatorError(f"{f}.sliding_layers", f"layer {index} listed twice")
+            seen.add(index)
+    if m.max_position_embeddings is not None:
+        check_int(m.max_position_embeddings, f"{f}.max_position_embeddings", maximum=MAX_POSITIONS)
+    if m.published_params is not None:
+        check_int(m.published_params, f"{f}.published_params", maximum=MAX_PARAMS)
+    if m.param_count_override is not None:
+        check_int(m.param_count_override, f"{f}.params", maximum=MAX_PARAMS)
+    if m.tensor_bytes is not None:
+        check_int(m.tensor_bytes, f"{f}.tensor_bytes", maximum=MAX_PARAMS * 8)
+    if m.stored_format is not None:
+        check_choice(m.stored_format, f"{f}.stored_format", WEIGHT_FORMATS)
+    if m.quant_group_size is not None:
+        check_int(m.quant_group_size, f"{f}.quant_group_size", maximum=1 << 20)
+    if not isinstance(m.notes, tuple):
+        raise EstimatorError(f"{f}.notes", "expected a tuple of strings")
+    breakdown = _count(m)
+    if breakdown.total > MAX_PARAMS:
+        raise EstimatorError(
+            f"{f}.hidden_size", f"{breakdown.total:,} parameters is over the 10^13 limit"
+        )
+    m.__dict__["breakdown"] = breakdown  # fills the cached_property once

@@ -1,0 +1,1 @@
+"""The tenants API's serializers, by sub-domain: accounts, billing and slices."""

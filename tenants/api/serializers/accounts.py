@@ -1,0 +1,102 @@
+"""Serializers of the accounts API: tenants, me, API tokens, members."""
+
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from rest_framework import serializers
+
+from gpuplatform.api.serializers import StrictModelSerializer, StrictSerializer
+from tenants.models import ApiToken, Membership, Tenant
+from tenants.services import API_TOKEN_MAX_DAYS
+
+
+class TenantSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Tenant
+        fields = ["id", "name", "slug", "status", "credit_balance", "created_at"]
+        read_only_fields = fields
+
+
+class MeSerializer(serializers.ModelSerializer):
+    tenant = serializers.SerializerMethodField()
+    role = serializers.SerializerMethodField()
+
+    class Meta:
+        model = get_user_model()
+        fields = ["id", "email", "is_staff", "tenant", "role"]
+        read_only_fields = fields
+
+    def _membership(self):  # type: ignore[no-untyped-def]
+        return self.context.get("membership")
+
+    def get_tenant(self, user) -> dict | None:  # type: ignore[no-untyped-def]
+        m = self._membership()
+        return TenantSerializer(m.tenant).data if m else None
+
+    def get_role(self, user) -> str | None:  # type: ignore[no-untyped-def]
+        m = self._membership()
+        return m.role if m else None
+
+
+class ApiTokenSerializer(serializers.ModelSerializer):
+    is_live = serializers.BooleanField(read_only=True)
+
+    class Meta:
+        model = ApiToken
+        fields = [
+            "id",
+            "name",
+            "prefix",
+            "created_at",
+            "expires_at",
+            "last_used_at",
+            "revoked_at",
+            "is_live",
+        ]
+        read_only_fields = fields
+
+
+class ApiTokenCreateSerializer(StrictSerializer):
+    name = serializers.CharField(max_length=64, trim_whitespace=True)
+    expires_in_days = serializers.IntegerField(
+        min_value=1,
+        max_value=API_TOKEN_MAX_DAYS,
+        required=False,
+        allow_null=True,
+        help_text="Leave empty for a token that does not expire.",
+    )
+
+
+class ApiTokenCreatedSerializer(ApiTokenSerializer):
+    token = serializers.CharField(read_only=True, help_text="Shown once: store it now.")
+
+    class Meta(ApiTokenSerializer.Meta):
+        fields = [*ApiTokenSerializer.Meta.fields, "token"]
+        read_only_fields = fields
+
+
+class MemberSerializer(serializers.ModelSerializer):
+    email = serializers.EmailField(source="user.email", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["id", "email", "role", "created_at"]
+        read_only_fields = fields
+
+
+class OpsTenantSerializer(TenantSerializer):
+    member_count = serializers.IntegerField(read_only=True)
+
+    class Meta(TenantSerializer.Meta):
+        fields = [*TenantSerializer.Meta.fields, "status_reason", "member_count"]
+        read_only_fields = fields
+
+
+class TenantStatusSerializer(StrictModelSerializer):
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+    class Meta:
+        model = Tenant
+        fields = ["status", "reason"]
+        # required: the model's default would otherwise make it optional here
+        extra_kwargs = {"status": {"required": True}}

@@ -1,0 +1,269 @@
+"""Serializers of the slices API: images, slices, their transitions and VRAM series.
+
+Output serializers only read; input serializers (StrictSerializer) check shapes and types
+and leave the rules (allowlist, environment names, the estimate) to the services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from gpuplatform.api.serializers import StrictSerializer
+from tenants import selectors, services
+from tenants.models import (
+    Image,
+    Purchase,
+    Slice,
+    SliceTransition,
+)
+from tenants.permissions import redact_for_viewers
+
+
+class ImageSerializer(serializers.ModelSerializer):
+    pinned_reference = serializers.CharField(
+        read_only=True, help_text="What a launch runs: reference@digest when pinned."
+    )
+
+    class Meta:
+        model = Image
+        fields = [
+            "id",
+            "name",
+            "reference",
+            "digest",
+            "pinned_reference",
+            "description",
+            "default_command",
+            "ports",
+            "connect",
+        ]
+        read_only_fields = fields
+
+
+class OpsImageSerializer(ImageSerializer):
+    class Meta(ImageSerializer.Meta):
+        fields = [
+            *ImageSerializer.Meta.fields,
+            "is_active",
+            "inspected_at",
+            "inspected_on",
+            "inspected_image_id",
+            "inspection_note",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+
+class ImageWriteSerializer(StrictSerializer):
+    """Shapes only; the allowlist rules (reference grammar, ports per connection kind)
+    are the service's."""
+
+    name = serializers.CharField(max_length=64)
+    reference = serializers.CharField(max_length=255)
+    digest = serializers.CharField(max_length=71, required=False, allow_blank=True)
+    description = serializers.CharField(max_length=300, required=False, allow_blank=True)
+    default_command = serializers.ListField(
+        child=serializers.CharField(trim_whitespace=False, allow_blank=True),
+        required=False,
+        help_text="argv, run without a shell.",
+    )
+    ports = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=65535), required=False
+    )
+    connect = serializers.ChoiceField(choices=Image.Connect.choices, required=False)
+    is_active = serializers.BooleanField(required=False)
+
+
+class SliceTransitionSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = SliceTransition
+        fields = ["from_state", "to_state", "reason", "at"]
+        read_only_fields = fields
+
+
+ESTIMATE_SUMMARY_KEYS = (
+    "workload",
+    "engine",
+    "weights_dtype",
+    "kv_cache_dtype",
+    "terms",
+    "total_mib",
+    "tier_mib",
+    "usable_mib",
+    "fits",
+    "smallest_fitting_tier_mib",
+    "suggestions",
+    "notes",
+)
+
+
+def estimate_summary(estimate: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not estimate:
+        return None
+    out = {key: estimate[key] for key in ESTIMATE_SUMMARY_KEYS if key in estimate}
+    model = estimate.get("model") or {}
+    out["model"] = model.get("name") if isinstance(model, dict) else None
+    return out
+
+
+class SliceSerializer(serializers.ModelSerializer):
+    """A slice as lists show it: no query beyond the list's own."""
+
+    tier_name = serializers.CharField(source="purchase.tier.name", read_only=True)
+    image = serializers.IntegerField(source="image_entry_id", read_only=True, allow_null=True)
+    image_name = serializers.CharField(source="image_entry.name", read_only=True, default=None)
+    image_reference = serializers.CharField(source="image", read_only=True)
+    vram_mb = serializers.IntegerField(read_only=True, help_text="The VRAM quota (MiB).")
+
+    class Meta:
+        model = Slice
+        fields = [
+            "id",
+            "state",
+            "state_reason",
+            "purchase",
+            "tier_name",
+            "image",
+            "image_name",
+            "image_reference",
+            "vram_mb",
+            "guaranteed",
+            "estimate_mb",
+            "minutes_used",
+            "peak_vram_mb",
+            "exit_code",
+            "created_at",
+            "queued_at",
+            "started_at",
+            "stopped_at",
+        ]
+        read_only_fields = fields
+
+
+class SliceDetailSerializer(SliceSerializer):
+    queue_position = serializers.SerializerMethodField(
+        help_text="1 for the next queued slice of its tier; null when not queued."
+    )
+    transitions = serializers.SerializerMethodField()
+    estimate = serializers.SerializerMethodField()
+    model = serializers.JSONField(source="model_request", read_only=True)
+
+    class Meta(SliceSerializer.Meta):
+        fields = [
+            *SliceSerializer.Meta.fields,
+            "queue_position",
+            "connection",
+            "estimate",
+            "model",
+            "command",
+            "environment",
+            "ssh_public_key",
+            "transitions",
+        ]
+        read_only_fields = fields
+
+    def get_queue_position(self, slice: Slice) -> int | None:
+        return services.queue_position(slice)
+
+    @extend_schema_field(SliceTransitionSerializer(many=True))
+    def to_representation(self, instance):  # type: ignore[no-untyped-def]
+        data = super().to_representation(instance)
+        request = self.context.get("request")
+        user = getattr(request, "user", None)
+        if user is not None and user.is_staff:
+            return data
+        return redact_for_viewers(data, getattr(request, "membership", None))
+
+    def get_transitions(self, slice: Slice) -> list[dict]:
+        return SliceTransitionSerializer(selectors.slice_transitions(slice=slice), many=True).data
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_estimate(self, slice: Slice) -> dict | None:
+        return estimate_summary(slice.estimate)
+
+
+class OpsSliceSerializer(SliceSerializer):
+    tenant_name = serializers.CharField(source="tenant.name", read_only=True)
+    node = serializers.SerializerMethodField()
+    gpu_index = serializers.SerializerMethodField()
+
+    class Meta(SliceSerializer.Meta):
+        fields = [
+            "id",
+            "tenant",
+            "tenant_name",
+            *SliceSerializer.Meta.fields[1:],
+            "node",
+            "gpu_index",
+        ]
+        read_only_fields = fields
+
+    def get_node(self, slice: Slice) -> str | None:
+        return slice.allocation.gpu.node.name if slice.allocation_id else None  # type: ignore[union-attr]
+
+    def get_gpu_index(self, slice: Slice) -> int | None:
+        return slice.allocation.gpu.index if slice.allocation_id else None  # type: ignore[union-attr]
+
+
+@extend_schema_field(OpenApiTypes.INT)
+class _TenantPurchaseField(serializers.PrimaryKeyRelatedField):
+    """A purchase of the caller's tenant. Another tenant's id reads exactly like one that
+    does not exist, so the answer leaks nothing."""
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        return Purchase.objects.for_tenant(self.context.get("tenant"))
+
+
+class SliceCreateSerializer(StrictSerializer):
+    purchase = _TenantPurchaseField(help_text="One of your purchases with minutes left.")
+    image = serializers.PrimaryKeyRelatedField(
+        queryset=Image.objects.all(), help_text="An allowlisted image's id (GET /images/)."
+    )
+    model = serializers.JSONField(
+        help_text='The job, for the VRAM check, e.g. {"model": {"catalog": '
+        '"Qwen/Qwen2.5-1.5B"}, "weights_dtype": "bf16", "context_tokens": 4096}. '
+        "The tier comes from the purchase."
+    )
+    command = serializers.ListField(
+        child=serializers.CharField(trim_whitespace=False, allow_blank=True),
+        required=False,
+        default=list,
+        help_text="argv, run without a shell; empty: the image's default command.",
+    )
+    environment = serializers.DictField(
+        child=serializers.CharField(trim_whitespace=False, allow_blank=True),
+        required=False,
+        default=dict,
+    )
+    ssh_public_key = serializers.CharField(
+        max_length=16384, required=False, allow_blank=True, default=""
+    )
+    guaranteed = serializers.BooleanField(
+        default=True, help_text="Never on an overcommitted GPU (the default)."
+    )
+
+
+class SliceStopSerializer(StrictSerializer):
+    reason = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
+
+
+class OpsSliceStopSerializer(SliceStopSerializer):
+    force = serializers.BooleanField(
+        default=False, help_text="Kill the container without the grace period."
+    )
+
+
+class VramPointSerializer(serializers.Serializer):
+    t = serializers.DateTimeField()
+    used_mb = serializers.IntegerField()
+
+
+class SliceVramSerializer(serializers.Serializer):
+    slice = serializers.IntegerField()
+    quota_mb = serializers.IntegerField()
+    peak_mb = serializers.IntegerField(allow_null=True)
+    points = VramPointSerializer(many=True)

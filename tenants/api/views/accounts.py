@@ -1,0 +1,97 @@
+"""Accounts API: me, API tokens, members; ops: tenants."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from tenants import selectors, services
+from tenants.permissions import IsOps, IsTenantMember
+
+from .. import filters
+from ..serializers import accounts as s
+
+
+class MeView(APIView):
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(responses=s.MeSerializer)
+    def get(self, request):  # type: ignore[no-untyped-def]
+        membership = selectors.membership_for_user(request.user)
+        data = s.MeSerializer(request.user, context={"membership": membership}).data
+        return Response(data)
+
+
+class ApiTokenViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Your own API tokens. The token value is returned once, by create; DELETE revokes."""
+
+    serializer_class = s.ApiTokenSerializer
+    filterset_class = filters.ApiTokenFilter
+    ordering_fields = ["created_at", "last_used_at", "name"]
+    search_fields = ["name", "prefix"]
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        return selectors.api_token_list(user=self.request.user)
+
+    @extend_schema(
+        request=s.ApiTokenCreateSerializer,
+        responses={201: s.ApiTokenCreatedSerializer},
+    )
+    def create(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        data = s.ApiTokenCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        token, value = services.api_token_create(user=request.user, **data.validated_data)
+        token.token = value
+        body = s.ApiTokenCreatedSerializer(token).data
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={204: None})
+    def destroy(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        services.api_token_revoke(user=request.user, token=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class MemberViewSet(viewsets.ReadOnlyModelViewSet):
+    """The members of your tenant."""
+
+    serializer_class = s.MemberSerializer
+    permission_classes = [IsAuthenticated, IsTenantMember]
+    filterset_class = filters.MemberFilter
+    ordering_fields = ["created_at", "role"]
+    search_fields = ["user__email"]
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        membership = getattr(self.request, "membership", None)
+        return selectors.member_list(tenant=membership.tenant if membership else None)
+
+
+class OpsTenantViewSet(viewsets.ReadOnlyModelViewSet):
+    """Ops: every tenant, with member counts; suspend or reactivate one."""
+
+    serializer_class = s.OpsTenantSerializer
+    permission_classes = [IsOps]
+    filterset_class = filters.OpsTenantFilter
+    ordering_fields = ["name", "created_at", "credit_balance"]
+    search_fields = ["name", "slug"]
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        return selectors.tenant_list_for_ops()
+
+    @extend_schema(request=s.TenantStatusSerializer, responses=s.OpsTenantSerializer)
+    @action(detail=True, methods=["post"], url_path="status")
+    def set_status(self, request, pk=None):  # type: ignore[no-untyped-def]
+        tenant = self.get_object()
+        data = s.TenantStatusSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        services.tenant_set_status(tenant=tenant, actor=request.user, **data.validated_data)
+        return Response(self.get_serializer(self.get_queryset().get(pk=tenant.pk)).data)

@@ -1,0 +1,190 @@
+"""Slices API: launch, list, stop, VRAM over time; the image allowlist; ops: all slices
+(force stop) and the allowlist's edits. A refused launch is a 422 with its estimate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from gpuplatform.api.errors import error_body
+from tenants import selectors, services
+from tenants.models import Slice
+from tenants.permissions import IsOps
+
+from .. import filters
+from ..serializers import slices as s
+from .base import IDEMPOTENCY_KEY, TenantResourceMixin, idempotency_key
+
+REFUSAL = OpenApiResponse(
+    OpenApiTypes.OBJECT,
+    description="The job does not fit the tier (code `estimate_exceeds_tier`): `estimate` "
+    "holds the breakdown and suggestions, `slice` the refused slice. Nothing was reserved "
+    "or charged.",
+)
+
+
+def _refusal(message: str, estimate: dict[str, Any], slice_id: int) -> Response:
+    body = error_body(
+        "estimate_exceeds_tier",
+        f"model: {message}",
+        {"model": [{"code": "estimate_exceeds_tier", "message": message}]},
+    )
+    body["estimate"] = estimate
+    body["slice"] = slice_id
+    return Response(body, status=status.HTTP_422_UNPROCESSABLE_ENTITY)
+
+
+class SliceViewSet(
+    TenantResourceMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Your tenant's slices: launch, follow, stop."""
+
+    filterset_class = filters.SliceFilter
+    ordering_fields = ["created_at", "state", "started_at", "minutes_used"]
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        return selectors.slice_list(tenant=self.tenant)
+
+    def get_serializer_class(self):  # type: ignore[no-untyped-def]
+        return s.SliceSerializer if self.action == "list" else s.SliceDetailSerializer
+
+    def _out(self, slice: Slice, code: int) -> Response:
+        fresh = self.get_queryset().get(pk=slice.pk)
+        return Response(s.SliceDetailSerializer(fresh).data, status=code)
+
+    @extend_schema(
+        parameters=[IDEMPOTENCY_KEY],
+        request=s.SliceCreateSerializer,
+        responses={201: s.SliceDetailSerializer, 200: s.SliceDetailSerializer, 422: REFUSAL},
+    )
+    def create(self, request):  # type: ignore[no-untyped-def]
+        """Launch a slice on one of your purchases. The job is checked against the tier's
+        VRAM first (422 with the breakdown when it does not fit); then VRAM is reserved
+        and the container starts (`provisioning`), or the slice waits (`queued`)."""
+        data = s.SliceCreateSerializer(data=request.data, context={"tenant": self.tenant})
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        try:
+            slice, created = services.slice_launch(
+                membership=request.membership,
+                purchase=values["purchase"],
+                image=values["image"],
+                model_request=values["model"],
+                command=values["command"],
+                environment=values["environment"],
+                ssh_public_key=values["ssh_public_key"],
+                guaranteed=values["guaranteed"],
+                idempotency_key=idempotency_key(request),
+            )
+        except services.ServiceRefusal as exc:
+            return _refusal(exc.message, exc.estimate, exc.slice.pk)
+        if not created and slice.state == Slice.State.REFUSED:
+            # A repeated key answers as the first request did.
+            return _refusal(slice.state_reason, slice.estimate, slice.pk)
+        return self._out(slice, status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @extend_schema(request=s.SliceStopSerializer, responses={202: s.SliceDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def stop(self, request, pk=None):  # type: ignore[no-untyped-def]
+        """Stop the slice (a queued one is cancelled); metering ends now. The call is
+        the confirmation. Stopping a finished slice changes nothing."""
+        slice = self.get_object()
+        data = s.SliceStopSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        services.slice_stop(slice=slice, actor=request.user, **data.validated_data)
+        return self._out(slice, status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses=s.SliceVramSerializer)
+    @action(detail=True, methods=["get"])
+    def vram(self, request, pk=None):  # type: ignore[no-untyped-def]
+        """The slice's VRAM over time (its container's processes per sample) with its
+        quota."""
+        slice = self.get_object()
+        body = {
+            "slice": slice.pk,
+            "quota_mb": slice.vram_mb,
+            "peak_mb": slice.peak_vram_mb,
+            "points": selectors.slice_vram_series(slice=slice),
+        }
+        return Response(s.SliceVramSerializer(body).data)
+
+
+class ImageViewSet(viewsets.ReadOnlyModelViewSet):
+    """The images you can launch (the allowlist ops keep)."""
+
+    serializer_class = s.ImageSerializer
+    filterset_class = filters.ImageFilter
+    ordering_fields = ["name"]
+    search_fields = ["name", "reference", "description"]
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        return selectors.image_list(active_only=True)
+
+
+class OpsImageViewSet(viewsets.ModelViewSet):
+    """Ops: the image allowlist. DELETE takes an image off the list (it stays on record
+    for the slices that ran it)."""
+
+    permission_classes = [IsOps]
+    serializer_class = s.OpsImageSerializer
+    filterset_class = filters.OpsImageFilter
+    ordering_fields = ["name", "created_at"]
+    search_fields = ["name", "reference", "description"]
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        return selectors.image_list(active_only=False)
+
+    @extend_schema(request=s.ImageWriteSerializer, responses={201: s.OpsImageSerializer})
+    def create(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        data = s.ImageWriteSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        image = services.image_create(actor=request.user, **data.validated_data)
+        return Response(self.get_serializer(image).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.ImageWriteSerializer, responses=s.OpsImageSerializer)
+    def update(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        image = self.get_object()
+        data = s.ImageWriteSerializer(data=request.data, partial=kwargs.get("partial", False))
+        data.is_valid(raise_exception=True)
+        image = services.image_update(actor=request.user, image=image, **data.validated_data)
+        return Response(self.get_serializer(image).data)
+
+    @extend_schema(request=s.ImageWriteSerializer, responses=s.OpsImageSerializer)
+    def partial_update(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return self.update(request, *args, partial=True, **kwargs)
+
+    @extend_schema(responses={204: None})
+    def destroy(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        services.image_update(actor=request.user, image=self.get_object(), is_active=False)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class OpsSliceViewSet(viewsets.ReadOnlyModelViewSet):
+    """Ops: every tenant's slices; force-stop one."""
+
+    permission_classes = [IsOps]
+    serializer_class = s.OpsSliceSerializer
+    filterset_class = filters.OpsSliceFilter
+    ordering_fields = ["created_at", "state", "started_at", "minutes_used"]
+    search_fields = ["tenant__name", "image_entry__name"]
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        return selectors.slice_list_for_ops()
+
+    @extend_schema(request=s.OpsSliceStopSerializer, responses={202: s.OpsSliceSerializer})
+    @action(detail=True, methods=["post"])
+    def stop(self, request, pk=None):  # type: ignore[no-untyped-def]
+        slice = self.get_object()
+        data = s.OpsSliceStopSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        services.slice_stop(slice=slice, actor=request.user, **data.validated_data)
+        fresh = self.get_queryset().get(pk=slice.pk)
+        return Response(self.get_serializer(fresh).data, status=status.HTTP_202_ACCEPTED)

@@ -1,0 +1,2 @@
+"""The tenants app's forms, by sub-domain: accounts, billing, slices and the estimate
+(`fields`: what they share)."""

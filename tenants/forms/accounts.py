@@ -1,0 +1,73 @@
+"""Forms of the account pages: sign-up, invitations, roles, API tokens, ops' tenant status
+and search."""
+
+from __future__ import annotations
+
+from django import forms
+
+from ..models import Role, Tenant
+from ..services import API_TOKEN_MAX_DAYS
+
+
+class NewPasswordForm(forms.Form):
+    """A new password, typed twice."""
+
+    password = forms.CharField(label="Choose a password", widget=forms.PasswordInput, min_length=8)
+    password_confirm = forms.CharField(label="Repeat password", widget=forms.PasswordInput)
+
+    def clean(self):  # type: ignore[no-untyped-def]
+        data = super().clean()
+        if data.get("password") and data.get("password") != data.get("password_confirm"):
+            self.add_error("password_confirm", "The two passwords differ.")
+        return data
+
+
+class SignUpForm(NewPasswordForm):
+    field_order = ["tenant_name", "email", "password", "password_confirm"]
+
+    tenant_name = forms.CharField(label="Organisation", max_length=100)
+    email = forms.EmailField(label="Email", max_length=150)
+
+    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.fields["password"].label = "Password"
+
+
+class AcceptInvitationForm(NewPasswordForm):
+    pass
+
+
+class TenantCreateForm(forms.Form):
+    tenant_name = forms.CharField(label="Organisation", max_length=100)
+
+
+class InvitationForm(forms.Form):
+    email = forms.EmailField(label="Email", max_length=150)
+    role = forms.ChoiceField(label="Role", choices=Role.choices, initial=Role.MEMBER)
+
+
+class RoleForm(forms.Form):
+    role = forms.ChoiceField(label="Role", choices=Role.choices)
+
+
+class ApiTokenForm(forms.Form):
+    name = forms.CharField(label="Name", max_length=64)
+    expires_in_days = forms.IntegerField(
+        label="Expires in (days)",
+        min_value=1,
+        max_value=API_TOKEN_MAX_DAYS,
+        required=False,
+        help_text="Empty: never expires.",
+    )
+
+
+class TenantStatusForm(forms.Form):
+    status = forms.ChoiceField(choices=Tenant.Status.choices)
+    reason = forms.CharField(max_length=500, required=False)
+
+
+class TenantSearchForm(forms.Form):
+    """Ops tenant search; bad values (a NUL byte, an unknown status) mean no filter."""
+
+    q = forms.CharField(max_length=100, required=False, strip=True)
+    status = forms.ChoiceField(choices=[("", "any"), *Tenant.Status.choices], required=False)

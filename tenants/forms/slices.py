@@ -1,0 +1,216 @@
+"""Forms of the slice pages: launch (and its live estimate), stop, ops' slice filters and
+force-stop, the image allowlist. They turn page fields into the shapes services take;
+services enforce the rules and their messages reach the form."""
+
+from __future__ import annotations
+
+from django import forms
+
+from gpuplatform.errors import ServiceError
+from gpuplatform.querystring import is_id
+from nodes.models import Node
+
+from .. import services
+from ..models import Image, Purchase, Slice, Tenant
+from ..selectors import image_list, purchases_usable
+from .estimate import JobForm
+from .fields import TokenField, new_form_token
+
+
+class PurchaseChoiceField(forms.ModelChoiceField):
+    def label_from_instance(self, obj: Purchase) -> str:
+        return f"#{obj.pk} · {obj.tier.name} · {obj.minutes_left} of {obj.minutes_total} min left"
+
+
+def lines(text: str) -> list[str]:
+    return [line.rstrip("\r") for line in (text or "").split("\n")]
+
+
+class LaunchForm(JobForm):
+    field_order = ["purchase", "image"]  # then the job, then how to run it
+
+    purchase = PurchaseChoiceField(queryset=Purchase.objects.none(), empty_label=None)
+    image = forms.ModelChoiceField(queryset=Image.objects.none(), empty_label=None)
+    model = forms.ChoiceField(label="Model")
+    command = forms.CharField(
+        required=False,
+        max_length=64 * 1024,
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "python\nserve.py\n--port\n8000"}),
+        help_text="One argument per line, run without a shell. Empty: the image's default.",
+    )
+    environment = forms.CharField(
+        required=False,
+        max_length=256 * 1024,
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "HF_HOME=/data/hf"}),
+        help_text="NAME=value, one per line; the value is everything after the first '='.",
+    )
+    ssh_public_key = forms.CharField(
+        label="SSH public key",
+        required=False,
+        max_length=9000,
+        widget=forms.Textarea(attrs={"rows": 2, "placeholder": "ssh-ed25519 AAAA… you@laptop"}),
+        help_text="Required for images you reach over SSH.",
+    )
+    guaranteed = forms.BooleanField(
+        label="Guaranteed VRAM (never on an overcommitted GPU)",
+        required=False,
+        initial=True,
+        help_text="Uncheck to allow a GPU whose slices are sold above its physical VRAM "
+        "(ops set this only from measured peaks): placement may come sooner, but a "
+        "neighbour's peak can squeeze yours. Keep it for online inference.",
+    )
+    idempotency_token = TokenField()
+
+    def __init__(self, *args, tenant: Tenant | None = None, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        # Any own purchase validates, so a used one gets the service's reason (and a double
+        # submit its first slice); only usable ones are offered.
+        self.fields["purchase"].queryset = Purchase.objects.for_tenant(tenant).select_related(
+            "tier"
+        )
+        self.usable = list(purchases_usable(tenant))
+        field = self.fields["purchase"]
+        field.widget.choices = [(p.pk, field.label_from_instance(p)) for p in self.usable]
+        self.fields["image"].queryset = image_list(active_only=True)
+        self.fields["idempotency_token"].initial = new_form_token()
+
+    def clean_command(self) -> list[str]:
+        argv = [item for item in lines(self.cleaned_data.get("command", "")) if item.strip()]
+        try:
+            return services.clean_command(argv)
+        except ServiceError as exc:
+            raise forms.ValidationError(exc.message) from exc
+
+    def clean_environment(self) -> dict[str, str]:
+        env: dict[str, str] = {}
+        for number, line in enumerate(lines(self.cleaned_data.get("environment", "")), 1):
+            if not line.strip():
+                continue
+            name, sep, value = line.partition("=")
+            if not sep:
+                raise forms.ValidationError(f"Line {number}: write NAME=value.")
+            name = name.strip()
+            if name in env:
+                raise forms.ValidationError(f"{name} is set twice.")
+            env[name] = value
+        try:
+            return services.clean_environment(env)
+        except ServiceError as exc:
+            raise forms.ValidationError(exc.message) from exc
+
+    def model_request(self) -> dict:
+        """The estimator input without the tier: the purchase supplies it."""
+        return self.job_mapping({"catalog": self.cleaned_data["model"]})
+
+
+class LaunchEstimateForm(JobForm):
+    """The launch page's live estimate: the job's fields, against the chosen purchase's
+    tier (any own purchase; none: no tier, only the smallest that fits)."""
+
+    model = forms.ChoiceField(label="Model")
+
+    def __init__(self, *args, tenant: Tenant | None = None, tiers=(), **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.tiers = list(tiers)
+        wanted = str(self.data.get("purchase", ""))
+        self.purchase = (
+            Purchase.objects.for_tenant(tenant).select_related("tier").filter(pk=wanted).first()
+            if is_id(wanted)
+            else None
+        )
+
+    def to_mapping(self) -> dict:
+        mapping = self.job_mapping({"catalog": self.cleaned_data["model"]})
+        if self.tiers:
+            mapping["tiers_mib"] = [t.vram_mb for t in self.tiers]
+        if self.purchase is not None:
+            mapping["tier_mib"] = self.purchase.tier.vram_mb
+        return mapping
+
+
+class StopForm(forms.Form):
+    """The confirmation step of a stop: only the confirm page posts `confirm`."""
+
+    confirm = forms.BooleanField()
+
+
+class SliceFilterForm(forms.Form):
+    """Ops slice filters; an unknown value means no filter rather than an error page."""
+
+    state = forms.ChoiceField(choices=[("", "any state"), *Slice.State.choices], required=False)
+    tenant = forms.ModelChoiceField(
+        queryset=Tenant.objects.order_by("name"), required=False, empty_label="any tenant"
+    )
+    node = forms.ModelChoiceField(
+        queryset=Node.objects.order_by("name"), required=False, empty_label="any node"
+    )
+    image = forms.ModelChoiceField(
+        queryset=Image.objects.order_by("name"), required=False, empty_label="any image"
+    )
+
+    def filters(self) -> dict:
+        """The filters for `selectors.slice_list_for_ops`: none for an invalid form."""
+        if not self.is_valid():
+            return {}
+        data = self.cleaned_data
+        node = data.get("node")
+        return {
+            "state": data.get("state") or "",
+            "tenant": data.get("tenant"),
+            "node_id": node.pk if node is not None else None,
+            "image": data.get("image"),
+        }
+
+
+class ForceStopForm(forms.Form):
+    reason = forms.CharField(
+        max_length=300, help_text="Recorded on the slice and shown to the tenant."
+    )
+    confirm = forms.BooleanField(widget=forms.HiddenInput, initial=True)
+
+
+class ImageForm(forms.Form):
+    name = forms.CharField(max_length=64)
+    reference = forms.CharField(max_length=255, help_text="e.g. pytorch/pytorch:2.4.0-runtime")
+    digest = forms.CharField(
+        max_length=71, required=False, help_text="Optional sha256:… to pin the exact image."
+    )
+    description = forms.CharField(max_length=300, required=False)
+    default_command = forms.CharField(
+        label="Default command",
+        required=False,
+        max_length=64 * 1024,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="One argument per line.",
+    )
+    ports = forms.CharField(
+        label="Exposed ports",
+        required=False,
+        max_length=100,
+        help_text="Comma-separated, e.g. 22 for SSH, 8888 for Jupyter.",
+    )
+    connect = forms.ChoiceField(label="Tenants connect by", choices=Image.Connect.choices)
+    is_active = forms.BooleanField(label="Allowed", required=False, initial=True)
+
+    def clean_default_command(self) -> list[str]:
+        return [i for i in lines(self.cleaned_data.get("default_command", "")) if i.strip()]
+
+    def clean_ports(self) -> list[int]:
+        raw = self.cleaned_data.get("ports", "").replace(",", " ").split()
+        try:
+            return [int(p) for p in raw]
+        except ValueError as exc:
+            raise forms.ValidationError("Ports are whole numbers, e.g. 22, 8888.") from exc
+
+    @classmethod
+    def initial_for(cls, image: Image) -> dict:
+        return {
+            "name": image.name,
+            "reference": image.reference,
+            "digest": image.digest,
+            "description": image.description,
+            "default_command": "\n".join(image.default_command or []),
+            "ports": ", ".join(str(p) for p in image.ports or []),
+            "connect": image.connect,
+            "is_active": image.is_active,
+        }

@@ -1,0 +1,96 @@
+"""Row locks of the tenants app: every `SELECT ... FOR UPDATE` on its rows is taken here,
+so the order they are taken in is written once.
+
+A transaction that needs several takes them in this order (the order of this module):
+
+    credit request -> tenant -> its owners' memberships (by pk) -> a membership
+        -> an invitation -> an API token
+    tenant -> slice -> purchase
+    image (alone)
+
+and only then rows of `nodes` (`nodes.locks`: a slice's allocation and GPU come after the
+slice and its purchase). `incidents` takes its own rows before any of these. One known
+exception, harmless: a launch locks its purchase and then inserts its slice; that row is
+new, so nobody else can hold it (a second live slice on the purchase is refused by the
+database's unique constraint, not by a lock).
+"""
+
+from __future__ import annotations
+
+from .models import (
+    ApiToken,
+    CreditRequest,
+    Image,
+    Invitation,
+    Membership,
+    Purchase,
+    Role,
+    Slice,
+    Tenant,
+)
+
+
+def credit_request_lock(pk: int) -> CreditRequest:
+    return CreditRequest.objects.select_for_update().get(pk=pk)
+
+
+def tenant_lock(pk: int) -> Tenant:
+    return Tenant.objects.select_for_update().get(pk=pk)
+
+
+def owners_lock(tenant: Tenant) -> list[Membership]:
+    """The tenant's owners, by pk: two owners demoting each other serialise."""
+    return list(
+        Membership.objects.select_for_update().filter(tenant=tenant, role=Role.OWNER).order_by("pk")
+    )
+
+
+def membership_lock(pk: int) -> Membership:
+    return Membership.objects.select_for_update().get(pk=pk)
+
+
+def invitation_lock(pk: int, *, tenant: Tenant | None = None) -> Invitation:
+    """The invitation; with `tenant`, only one of that tenant's (else DoesNotExist)."""
+    invitations = (
+        Invitation.objects.for_tenant(tenant) if tenant is not None else Invitation.objects
+    )
+    return (
+        invitations.select_for_update(of=("self",))
+        .select_related("tenant", "invited_by")
+        .get(pk=pk)
+    )
+
+
+def api_token_lock(pk: int, *, user) -> ApiToken:  # type: ignore[no-untyped-def]
+    """One of `user`'s tokens (another user's: DoesNotExist)."""
+    return ApiToken.objects.select_for_update().get(pk=pk, user=user)
+
+
+def slice_lock(pk: int) -> Slice:
+    """The slice, with what its lifecycle reads (tier, image, allocation, GPU, node)."""
+    return (
+        Slice.objects.select_for_update(of=("self",))
+        .select_related("purchase__tier", "image_entry", "allocation__gpu__node", "tenant")
+        .get(pk=pk)
+    )
+
+
+def slice_queue_head_lock(vram_mb: int) -> Slice | None:
+    """The queued slice of this tier that is next in line (first in, first out)."""
+    return (
+        Slice.objects.select_for_update(of=("self",))
+        .filter(state=Slice.State.QUEUED, vram_mb=vram_mb)
+        .select_related("tenant", "image_entry", "purchase")
+        .order_by("queued_at", "pk")
+        .first()
+    )
+
+
+def purchase_lock(pk: int, *, tenant: Tenant | None = None) -> Purchase:
+    """The purchase, with its tier; with `tenant`, only one of that tenant's."""
+    purchases = Purchase.objects.for_tenant(tenant) if tenant is not None else Purchase.objects
+    return purchases.select_for_update(of=("self",)).select_related("tier").get(pk=pk)
+
+
+def image_lock(pk: int) -> Image:
+    return Image.objects.select_for_update().get(pk=pk)

@@ -1,0 +1,258 @@
+"""Tenants and their people: members, invitations, API tokens, the audit trail.
+
+Every tenant-owned model's manager has `for_tenant(tenant)`: views, API and selectors
+read through it, so another tenant's object is simply not found (404).
+"""
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+from django.utils import timezone
+
+
+class TenantScopedQuerySet(models.QuerySet):
+    tenant_field = "tenant"
+
+    def for_tenant(self, tenant: "Tenant | None") -> "TenantScopedQuerySet":
+        if tenant is None:
+            return self.none()
+        return self.filter(**{self.tenant_field: tenant})
+
+
+class TenantQuerySet(models.QuerySet):
+    def visible_to(self, user) -> "TenantQuerySet":  # type: ignore[no-untyped-def]
+        if not user.is_authenticated:
+            return self.none()
+        if user.is_staff:
+            return self.all()
+        return self.filter(memberships__user=user)
+
+
+class Tenant(models.Model):
+    class Status(models.TextChoices):
+        ACTIVE = "active", "active"
+        SUSPENDED = "suspended", "suspended"
+
+    name = models.CharField("name", max_length=100)
+    slug = models.SlugField("slug", max_length=110, unique=True)
+    status = models.CharField(
+        "status", max_length=16, choices=Status.choices, default=Status.ACTIVE
+    )
+    status_reason = models.CharField("status reason", max_length=500, blank=True)
+    credit_balance = models.DecimalField(
+        "credit balance", max_digits=12, decimal_places=2, default=Decimal("0.00")
+    )
+    created_at = models.DateTimeField("created", auto_now_add=True)
+
+    objects = TenantQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "tenant"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(credit_balance__gte=0),
+                name="%(app_label)s_%(class)s_balance_non_negative",
+                violation_error_message="The credit balance cannot go below zero.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_active(self) -> bool:
+        return self.status == self.Status.ACTIVE
+
+
+class Role(models.TextChoices):
+    OWNER = "owner", "owner"
+    MEMBER = "member", "member"
+    VIEWER = "viewer", "viewer"
+
+
+class Membership(models.Model):
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="memberships",
+        verbose_name="user",
+    )
+    tenant = models.ForeignKey(
+        "tenants.Tenant",
+        on_delete=models.CASCADE,
+        related_name="memberships",
+        verbose_name="tenant",
+    )
+    role = models.CharField("role", max_length=16, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField("joined", auto_now_add=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["tenant", "user__email"]
+        verbose_name = "membership"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(role__in=["owner", "member", "viewer"]),
+                name="%(app_label)s_%(class)s_role_known",
+                violation_error_message="Unknown role.",
+            ),
+            # One account belongs to one tenant: every request then has one scope.
+            models.UniqueConstraint(
+                fields=["user"],
+                name="%(app_label)s_%(class)s_one_tenant_per_user",
+                violation_error_message="This user already belongs to a tenant.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} ({self.role}) in {self.tenant}"
+
+    @property
+    def can_manage(self) -> bool:
+        return self.role == Role.OWNER
+
+    @property
+    def can_write(self) -> bool:
+        return self.role in (Role.OWNER, Role.MEMBER)
+
+
+class Invitation(models.Model):
+    tenant = models.ForeignKey(
+        "tenants.Tenant",
+        on_delete=models.CASCADE,
+        related_name="invitations",
+        verbose_name="tenant",
+    )
+    email = models.EmailField("email")
+    role = models.CharField("role", max_length=16, choices=Role.choices, default=Role.MEMBER)
+    # Set when the email goes out: the link's token exists only in that email.
+    token_hash = models.CharField("token hash", max_length=64, unique=True, null=True, blank=True)
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        related_name="invitations_sent",
+        verbose_name="invited by",
+    )
+    created_at = models.DateTimeField("created", auto_now_add=True)
+    expires_at = models.DateTimeField("expires")
+    sent_at = models.DateTimeField("email sent", null=True, blank=True)
+    accepted_at = models.DateTimeField("accepted", null=True, blank=True)
+    revoked_at = models.DateTimeField("revoked", null=True, blank=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "invitation"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "email"],
+                condition=Q(accepted_at__isnull=True, revoked_at__isnull=True),
+                name="%(app_label)s_%(class)s_one_pending_per_email",
+                violation_error_message="This address already has a pending invitation.",
+            ),
+            models.CheckConstraint(
+                condition=Q(role__in=["owner", "member", "viewer"]),
+                name="%(app_label)s_%(class)s_role_known",
+                violation_error_message="Unknown role.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.email} -> {self.tenant}"
+
+
+class ApiTokenQuerySet(TenantScopedQuerySet):
+    def live(self) -> "ApiTokenQuerySet":
+        return self.filter(revoked_at__isnull=True).filter(
+            Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now())
+        )
+
+
+class ApiToken(models.Model):
+    """A bearer token for automation. Only its SHA-256 is stored; the value is shown once."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="api_tokens",
+        verbose_name="user",
+    )
+    tenant = models.ForeignKey(
+        "tenants.Tenant",
+        on_delete=models.CASCADE,
+        related_name="api_tokens",
+        null=True,
+        blank=True,
+        verbose_name="tenant",
+        help_text="The tenant the user belonged to when the token was made; empty for ops.",
+    )
+    name = models.CharField("name", max_length=64)
+    prefix = models.CharField(
+        "prefix", max_length=16, help_text="The token's first characters, to recognise it."
+    )
+    key_hash = models.CharField("key hash (SHA-256)", max_length=64, unique=True)
+    created_at = models.DateTimeField("created", auto_now_add=True)
+    expires_at = models.DateTimeField("expires", null=True, blank=True)
+    last_used_at = models.DateTimeField("last used", null=True, blank=True)
+    revoked_at = models.DateTimeField("revoked", null=True, blank=True)
+
+    objects = ApiTokenQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "API token"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(expires_at__isnull=True) | Q(expires_at__gt=F("created_at")),
+                name="%(app_label)s_%(class)s_expires_after_created",
+                violation_error_message="A token must expire after it was created.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def is_live(self) -> bool:
+        return self.revoked_at is None and (
+            self.expires_at is None or self.expires_at > timezone.now()
+        )
+
+
+class AuditEvent(models.Model):
+    """Who did what to a tenant's account: members, invitations, tokens, status."""
+
+    tenant = models.ForeignKey(
+        "tenants.Tenant",
+        on_delete=models.CASCADE,
+        related_name="audit_events",
+        verbose_name="tenant",
+    )
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name="by",
+    )
+    action = models.CharField("action", max_length=64)
+    summary = models.CharField("summary", max_length=300)
+    data = models.JSONField("data", default=dict, blank=True)
+    at = models.DateTimeField("at", auto_now_add=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        verbose_name = "audit event"
+        indexes = [models.Index(fields=["tenant", "-at"], name="tenants_audit_tenant_at_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.action}: {self.summary}"

@@ -1,0 +1,239 @@
+"""Slices, the tier-sized containers tenants launch, their state changes, and the
+images ops allow them to run."""
+
+from decimal import ROUND_DOWN, Decimal
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from .accounts import TenantScopedQuerySet
+
+
+class Image(models.Model):
+    """A container image ops allow tenants to launch."""
+
+    class Connect(models.TextChoices):
+        SSH = "ssh", "SSH with the tenant's public key"
+        JUPYTER = "jupyter", "Jupyter with a token"
+        SERVICE = "service", "the image's own service"
+
+    name = models.CharField("name", max_length=64, unique=True)
+    reference = models.CharField(
+        "reference", max_length=255, help_text="Repository and tag, e.g. pytorch/pytorch:2.4.0"
+    )
+    digest = models.CharField(
+        "digest",
+        max_length=71,
+        blank=True,
+        help_text="sha256:… to pin the exact image; the launch then runs reference@digest.",
+    )
+    description = models.CharField("description", max_length=300, blank=True)
+    default_command = models.JSONField("default command (argv)", default=list, blank=True)
+    ports = models.JSONField("exposed ports", default=list, blank=True)
+    connect = models.CharField(
+        "how the tenant connects", max_length=16, choices=Connect.choices, default=Connect.SSH
+    )
+    is_active = models.BooleanField("allowed", default=True)
+    # Its configuration as a node had it when ops added or changed it (a start checks
+    # again on the node it runs on).
+    inspected_at = models.DateTimeField("inspected", null=True, blank=True)
+    inspected_on = models.CharField("inspected on node", max_length=64, blank=True)
+    inspected_image_id = models.CharField("image id", max_length=80, blank=True)
+    inspection_note = models.CharField("inspection", max_length=300, blank=True)
+    created_at = models.DateTimeField("added", auto_now_add=True)
+    updated_at = models.DateTimeField("changed", auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "image"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(connect__in=["ssh", "jupyter", "service"]),
+                name="%(app_label)s_%(class)s_connect_known",
+                violation_error_message="Unknown connection kind.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def pinned_reference(self) -> str:
+        return f"{self.reference}@{self.digest}" if self.digest else self.reference
+
+
+# Spelled here because Slice.Meta's constraints cannot see Slice's class attributes;
+# everything else reads them as Slice.LIVE_STATES and Slice.MUST_HOLD_ALLOCATION_STATES.
+_LIVE_STATES = ("requested", "queued", "provisioning", "running", "stopping")
+
+
+_MUST_HOLD_ALLOCATION_STATES = ("running", "stopping")
+
+
+class Slice(models.Model):
+    """A tenant's tier-sized container: the launch lifecycle lives here."""
+
+    class State(models.TextChoices):
+        REQUESTED = "requested", "requested"
+        REFUSED = "refused", "refused"
+        QUEUED = "queued", "queued"
+        PROVISIONING = "provisioning", "provisioning"
+        RUNNING = "running", "running"
+        STOPPING = "stopping", "stopping"
+        STOPPED = "stopped", "stopped"
+        FAILED = "failed", "failed"
+
+    FINAL_STATES = (State.REFUSED, State.STOPPED, State.FAILED)
+    # Not final: the slice uses its purchase (one at a time, no refund meanwhile).
+    LIVE_STATES = _LIVE_STATES
+    # Live and past the queue: VRAM is reserved on a node, so its container is no orphan.
+    HOLDS_VRAM_STATES = (State.PROVISIONING, State.RUNNING, State.STOPPING)
+    # Started: the database refuses these without an allocation (provisioning may lack one).
+    MUST_HOLD_ALLOCATION_STATES = _MUST_HOLD_ALLOCATION_STATES
+
+    tenant = models.ForeignKey(
+        "tenants.Tenant", on_delete=models.PROTECT, related_name="slices", verbose_name="tenant"
+    )
+    purchase = models.ForeignKey(
+        "tenants.Purchase",
+        on_delete=models.PROTECT,
+        related_name="slices",
+        verbose_name="purchase",
+    )
+    image = models.CharField("image reference", max_length=255)
+    image_entry = models.ForeignKey(
+        "tenants.Image",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="slices",
+        verbose_name="image",
+    )
+    vram_mb = models.PositiveIntegerField("VRAM quota (MiB)", default=0)
+    guaranteed = models.BooleanField(
+        "guaranteed",
+        default=True,
+        help_text="Never on an overcommitted GPU (online inference, hardware isolation).",
+    )
+    ssh_public_key = models.TextField("SSH public key", blank=True)
+    model_request = models.JSONField("estimate input", default=dict, blank=True)
+    command = models.JSONField("command (argv)", default=list, blank=True)
+    environment = models.JSONField("environment", default=dict, blank=True)
+    estimate_mb = models.PositiveIntegerField("estimated VRAM (MiB)", null=True, blank=True)
+    estimate = models.JSONField("estimate breakdown", default=dict, blank=True)
+    state = models.CharField("state", max_length=16, choices=State.choices, default=State.REQUESTED)
+    state_reason = models.CharField("state reason", max_length=500, blank=True)
+    allocation = models.OneToOneField(
+        "nodes.Allocation",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="slice",
+        verbose_name="VRAM allocation",
+    )
+    container_id = models.CharField("container ID", max_length=128, blank=True)
+    connection = models.JSONField("connection details", default=dict, blank=True)
+    idempotency_key = models.CharField("idempotency key", max_length=128, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        related_name="slices",
+        verbose_name="launched by",
+    )
+    created_at = models.DateTimeField("requested", auto_now_add=True)
+    queued_at = models.DateTimeField("queued", null=True, blank=True)
+    provision_attempts = models.PositiveSmallIntegerField("provisioning attempts", default=0)
+    provision_started_at = models.DateTimeField("provisioning since", null=True, blank=True)
+    started_at = models.DateTimeField("started", null=True, blank=True)
+    stopped_at = models.DateTimeField("stopped", null=True, blank=True)
+    last_metered_at = models.DateTimeField("metered up to", null=True, blank=True)
+    minutes_used = models.PositiveIntegerField("minutes metered", default=0)
+    exit_code = models.IntegerField("exit code", null=True, blank=True)
+    peak_vram_mb = models.PositiveIntegerField("measured peak VRAM (MiB)", null=True, blank=True)
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "slice"
+        indexes = [
+            models.Index(fields=["tenant", "state"], name="tenants_slice_tenant_state_idx"),
+            models.Index(fields=["state", "queued_at"], name="tenants_slice_state_queue_idx"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["purchase"],
+                condition=Q(state__in=_LIVE_STATES),
+                name="%(app_label)s_%(class)s_one_live_per_purchase",
+                violation_error_message="This purchase already has a slice that is not stopped.",
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="%(app_label)s_%(class)s_unique_idempotency_key",
+                violation_error_message="A launch with this idempotency key already exists.",
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=_MUST_HOLD_ALLOCATION_STATES, allocation__isnull=False)
+                | ~Q(state__in=_MUST_HOLD_ALLOCATION_STATES),
+                name="%(app_label)s_%(class)s_running_has_allocation",
+                violation_error_message="A running slice must hold a VRAM allocation.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"slice {self.pk} ({self.state})"
+
+    @property
+    def owner_key(self) -> str:
+        """The opaque key `nodes` labels this slice's allocation and container with."""
+        return f"slice-{self.pk}"
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in self.FINAL_STATES
+
+    @property
+    def container_name(self) -> str:
+        return f"gpp-slice-{self.pk}"
+
+    @property
+    def cost_so_far(self) -> Decimal:
+        """Credits the minutes metered so far are worth at the purchase's price per minute
+        (what was paid over what was bought), rounded down to the cent like a refund, so a
+        purchase's slices never add up to more than was paid."""
+        purchase = self.purchase
+        if purchase is None or not purchase.minutes_total:
+            return Decimal("0.00")
+        per_minute = purchase.price_paid / Decimal(purchase.minutes_total)
+        return (per_minute * self.minutes_used).quantize(Decimal("0.01"), rounding=ROUND_DOWN)
+
+
+class SliceTransition(models.Model):
+    slice = models.ForeignKey(
+        "tenants.Slice",
+        on_delete=models.CASCADE,
+        related_name="transitions",
+        verbose_name="slice",
+    )
+    from_state = models.CharField("from", max_length=16, blank=True)
+    to_state = models.CharField("to", max_length=16)
+    reason = models.CharField("reason", max_length=500, blank=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name="by",
+    )
+    at = models.DateTimeField("at", auto_now_add=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+        verbose_name = "slice transition"
+
+    def __str__(self) -> str:
+        return f"{self.from_state or '-'} -> {self.to_state}"

@@ -1,0 +1,409 @@
+"""Launching a slice: the launch's fields checked, the pre-launch VRAM estimate against the
+tier (a refusal is recorded with the breakdown), placement or the queue, and the queue
+dispatched first in, first out per tier."""
+
+from __future__ import annotations
+
+import math
+import re
+import secrets
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+import estimator
+from gpuplatform.dispatch import enqueue
+from gpuplatform.errors import Conflict, NotAllowed, ServiceError
+from nodes import isolation
+from nodes import services as node_services
+
+from ...locks import purchase_lock, slice_queue_head_lock
+from ...models import Image, Membership, Purchase, Slice
+from ..billing import clean_idempotency_key
+from .state import S, slice_record_requested, slice_transition
+
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+# The tenant's own connection secrets, set by the platform from the launch's fields; the
+# variables that change isolation are nodes.isolation's one list.
+CONNECTION_ENV = {
+    "PUBLIC_KEY": "it carries the SSH key given with the launch (the public_key field)",
+    "JUPYTER_TOKEN": "it carries the slice's Jupyter token, made by the platform",
+}
+
+
+MAX_ENV = 64
+
+
+MAX_ENV_VALUE = 4096
+
+
+MAX_COMMAND_ITEMS = 64
+
+
+MAX_COMMAND_ITEM = 4096
+
+
+SSH_KEY_RE = re.compile(
+    r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com)"
+    r" [A-Za-z0-9+/]{40,8192}={0,3}( [^\x00-\x1f]{0,200})?$"
+)
+
+
+class ServiceRefusal(ServiceError):
+    """The pre-launch check refused the job; `estimate` holds the breakdown."""
+
+    status_code = 422
+
+    def __init__(self, message: str, *, estimate: dict, slice: Slice):
+        super().__init__(message, code="estimate_exceeds_tier", field="model")
+        self.estimate = estimate
+        self.slice = slice
+
+
+def clean_environment(environment) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    if environment in (None, ""):
+        return {}
+    if not isinstance(environment, dict):
+        raise ServiceError("The environment is an object of NAME: value.", field="environment")
+    if len(environment) > MAX_ENV:
+        raise ServiceError(
+            f"At most {MAX_ENV} environment variables.", code="max_length", field="environment"
+        )
+    out: dict[str, str] = {}
+    for name, value in environment.items():
+        if not isinstance(name, str) or not ENV_NAME_RE.match(name):
+            raise ServiceError(
+                f"{str(name)[:40]!r} is not a valid variable name: letters, digits and _ "
+                "only, not starting with a digit (no '=', spaces or shell characters).",
+                field="environment",
+            )
+        upper = name.upper()  # case-blind: never let a near-miss spelling through
+        reason = CONNECTION_ENV.get(upper) or isolation.reserved_reason(upper)
+        if reason:
+            raise ServiceError(
+                f"{name} cannot be set: {reason}.", code="reserved_variable", field="environment"
+            )
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise ServiceError(f"The value of {name} must be text.", field="environment")
+        value = str(value)
+        if len(value) > MAX_ENV_VALUE or any(c in value for c in "\x00\n\r"):
+            raise ServiceError(
+                f"The value of {name} must be one line of at most {MAX_ENV_VALUE} characters.",
+                field="environment",
+            )
+        out[name] = value
+    return out
+
+
+def clean_command(command) -> list[str]:  # type: ignore[no-untyped-def]
+    if command in (None, "", []):
+        return []
+    if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
+        raise ServiceError(
+            'The command is a list of arguments, e.g. ["python", "serve.py", "--port", "8000"].',
+            field="command",
+        )
+    if len(command) > MAX_COMMAND_ITEMS:
+        raise ServiceError(
+            f"At most {MAX_COMMAND_ITEMS} arguments.", code="max_length", field="command"
+        )
+    for item in command:
+        if len(item) > MAX_COMMAND_ITEM or "\x00" in item:
+            raise ServiceError(
+                f"Each argument is at most {MAX_COMMAND_ITEM} characters, without NUL bytes.",
+                field="command",
+            )
+        if "$(" in item or "`" in item:
+            raise ServiceError(
+                "The command runs without a shell, so $(...) and backticks would not be "
+                "expanded: put the script in your image and call it instead.",
+                field="command",
+            )
+    if not command[0].strip():
+        raise ServiceError("The command's first argument is the program to run.", field="command")
+    return command
+
+
+def clean_ssh_key(key: str, *, required: bool) -> str:
+    key = " ".join((key or "").split())
+    if not key:
+        if required:
+            raise ServiceError(
+                "This image connects over SSH: paste your public key (ssh-ed25519 …).",
+                field="ssh_public_key",
+            )
+        return ""
+    if not SSH_KEY_RE.match(key):
+        raise ServiceError(
+            "Not an OpenSSH public key: expected e.g. 'ssh-ed25519 AAAA… you@host'.",
+            field="ssh_public_key",
+        )
+    return key
+
+
+def _estimate_input(model_request, tier_mib: int) -> estimator.EstimateRequest:  # type: ignore[no-untyped-def]
+    if not isinstance(model_request, dict) or not model_request:
+        raise ServiceError(
+            'Describe the job for the VRAM check, e.g. {"model": {"catalog": '
+            '"Qwen/Qwen2.5-7B"}, "weights_dtype": "bf16", "context_tokens": 4096}.',
+            field="model",
+        )
+    for key in ("tier_mib", "tiers_mib"):
+        if key in model_request:
+            raise ServiceError(
+                f"{key} comes from your purchase's tier; leave it out.",
+                code="unknown_field",  # the estimator knows it; a launch does not take it
+                field=f"model.{key}",
+            )
+    try:
+        return estimator.EstimateRequest.from_mapping({**model_request, "tier_mib": tier_mib})
+    except estimator.EstimatorError as exc:
+        raise ServiceError(
+            exc.message, code=exc.code, field=f"model.{exc.field}" if exc.field else "model"
+        ) from exc
+
+
+def slice_launch(
+    *,
+    membership: Membership,
+    purchase: Purchase,
+    image: Image,
+    model_request: dict,
+    command: list[str] | None = None,
+    environment: dict[str, str] | None = None,
+    ssh_public_key: str = "",
+    guaranteed: bool = True,
+    idempotency_key: str = "",
+) -> tuple[Slice, bool]:
+    """Check, place and queue a launch. Returns (slice, created).
+
+    A job the estimate says will not fit its tier is recorded as refused (nothing is
+    reserved) and ServiceRefusal is raised after commit, with the breakdown. A repeated
+    idempotency key returns the first slice."""
+    key = clean_idempotency_key(idempotency_key)
+    command = clean_command(command)
+    environment = clean_environment(environment)
+    same = {
+        "purchase_id": purchase.pk,
+        "image_entry_id": image.pk,
+        "command": command,
+        "environment": environment,
+        "model_request": model_request,
+    }
+    if key:
+        existing = _slice_for_key(membership, key, same)
+        if existing is not None:
+            return existing, False
+    try:
+        slice, created = _slice_launch(
+            membership=membership,
+            purchase=purchase,
+            image=image,
+            model_request=model_request,
+            command=command,
+            environment=environment,
+            ssh_public_key=ssh_public_key,
+            guaranteed=guaranteed,
+            key=key,
+            same=same,
+        )
+    except IntegrityError as exc:
+        existing = _slice_for_key(membership, key, same) if key else None
+        if existing is not None:
+            return existing, False
+        busy = Slice.objects.filter(purchase_id=purchase.pk, state__in=Slice.LIVE_STATES)
+        if busy.exists():  # tenants_slice_one_live_per_purchase (any database's wording)
+            raise Conflict(
+                "This purchase already runs a slice; stop it or buy another.",
+                code="purchase_in_use",
+                field="purchase",
+            ) from exc
+        raise
+    if slice.state == S.REFUSED and created:
+        raise ServiceRefusal(slice.state_reason, estimate=slice.estimate, slice=slice)
+    return slice, created
+
+
+def _slice_for_key(membership: Membership, key: str, same: dict) -> Slice | None:
+    """The slice a key already made, if the request is the same; a different request
+    with a used key is a conflict, never a silent replay of the first one."""
+    existing = Slice.objects.for_tenant(membership.tenant).filter(idempotency_key=key).first()
+    if existing is not None and any(getattr(existing, f) != v for f, v in same.items()):
+        raise Conflict(
+            "This Idempotency-Key was used for a different launch.",
+            code="idempotency_key_reused",
+            field="idempotency_key",
+        )
+    return existing
+
+
+@transaction.atomic
+def _slice_launch(
+    *,
+    membership: Membership,
+    purchase: Purchase,
+    image: Image,
+    model_request: dict,
+    command,  # type: ignore[no-untyped-def]
+    environment,
+    ssh_public_key: str,
+    guaranteed: bool,
+    key: str,
+    same: dict,
+) -> tuple[Slice, bool]:
+    if not membership.can_write:
+        raise NotAllowed("Viewers cannot launch slices.")
+    tenant = membership.tenant
+    if not tenant.is_active:
+        raise NotAllowed("This tenant is suspended.")
+    if not image.is_active:
+        raise ServiceError("This image is not on the allowlist.", field="image")
+    command = clean_command(command)
+    environment = clean_environment(environment)
+    ssh_public_key = clean_ssh_key(ssh_public_key, required=image.connect == Image.Connect.SSH)
+    purchase = purchase_lock(purchase.pk, tenant=tenant)
+    if key:
+        # A retry that waited for the lock behind its own first attempt gets that slice.
+        existing = _slice_for_key(membership, key, same)
+        if existing is not None:
+            return existing, False
+    if purchase.minutes_left <= 0:
+        raise Conflict(
+            "This purchase has no minutes left.", code="purchase_used_up", field="purchase"
+        )
+    # A purchase runs one slice at a time: the unique constraint
+    # tenants_slice_one_live_per_purchase says so at insert (slice_launch turns it into
+    # a 409), without a query of its own on every launch.
+    tier = purchase.tier
+    request = _estimate_input(model_request, tier.vram_mb)
+    if request.training:
+        guaranteed = True  # DOMAIN.md: never overcommit training jobs
+    connection: dict = {"kind": image.connect}
+    if image.connect == Image.Connect.JUPYTER:
+        connection["token"] = secrets.token_urlsafe(24)
+    result = estimator.estimate(request, suggestions=False)
+    if not result.fits:
+        result = estimator.estimate(request, suggestions=True)
+    slice = Slice(
+        tenant=tenant,
+        purchase=purchase,
+        image=image.pinned_reference,
+        image_entry=image,
+        vram_mb=tier.vram_mb,
+        guaranteed=bool(guaranteed),
+        ssh_public_key=ssh_public_key,
+        model_request=model_request,
+        command=command,
+        environment=environment,
+        connection=connection,
+        idempotency_key=key,
+        created_by=membership.user,
+        estimate=result.to_dict(),
+        estimate_mb=math.ceil(result.total_mib),
+    )
+    slice.save()
+    slice_record_requested(slice, membership.user)
+    if not result.fits:
+        slice_transition(
+            slice,
+            S.REFUSED,
+            f"The job needs about {slice.estimate_mb} MiB; the {tier.name} tier has "
+            f"{tier.vram_mb} MiB. Nothing was reserved or charged.",
+            actor=membership.user,
+        )
+        return slice, True
+    _place_or_queue(slice, actor=membership.user)
+    return slice, True
+
+
+def _place_or_queue(slice: Slice, *, actor: AbstractBaseUser | None = None) -> bool:
+    """Reserve VRAM for a requested or queued slice: provisioning (after commit) or queued."""
+    waiting = slice.state == S.REQUESTED and (
+        Slice.objects.filter(state=S.QUEUED, vram_mb=slice.vram_mb).exists()
+    )
+    allocation = (
+        None  # first in, first out per tier: a new launch never passes the line
+        if waiting
+        else node_services.allocation_reserve(
+            owner_key=slice.owner_key, vram_mb=slice.vram_mb, guaranteed=slice.guaranteed
+        )
+    )
+    if allocation is None:
+        if slice.state == S.REQUESTED:
+            enqueue("provision.dispatch_queue")  # the head of the line may fit right now
+            slice.queued_at = timezone.now()
+            why = (
+                ""
+                if waiting
+                else node_services.placement_shortfall(
+                    vram_mb=slice.vram_mb, guaranteed=slice.guaranteed
+                )
+            )
+            slice_transition(
+                slice,
+                S.QUEUED,
+                f"No GPU has room for this tier right now: waiting in line. {why}".strip(),
+                actor=actor,
+                fields=("queued_at",),
+            )
+        return False
+    slice.allocation = allocation
+    slice.provision_started_at = timezone.now()  # the timeout counts from placement
+    gpu = allocation.gpu
+    where = f"{gpu.node.name} GPU {gpu.index}"
+    if allocation.mig_device_uuid:
+        where += " (a MIG device of its own)"
+    slice_transition(
+        slice,
+        S.PROVISIONING,
+        f"{slice.vram_mb} MiB reserved on {where}; starting the container.",
+        actor=actor,
+        fields=("allocation", "provision_started_at"),
+    )
+    enqueue("provision.slice", slice.pk)
+    return True
+
+
+def slices_dispatch_queue(*, limit: int = 200) -> int:
+    """Place queued slices, first in first out per tier, while capacity lasts."""
+    placed = 0
+    tiers = Slice.objects.filter(state=S.QUEUED).values_list("vram_mb", flat=True).distinct()
+    for vram_mb in sorted(set(tiers)):
+        while placed < limit:
+            with transaction.atomic():
+                head = slice_queue_head_lock(vram_mb)
+                if head is None:
+                    break
+                stale = _no_longer_launchable(head)
+                if stale:
+                    head.stopped_at = timezone.now()
+                    slice_transition(head, S.STOPPED, stale, fields=("stopped_at",))
+                    continue
+                if not _place_or_queue(head):
+                    break
+                placed += 1
+    return placed
+
+
+def _no_longer_launchable(slice: Slice) -> str:
+    """Why a queued slice can no longer start (cancelled with this reason), or ''."""
+    if not slice.tenant.is_active:
+        return "Cancelled while waiting: the tenant is suspended. Nothing was charged."
+    if slice.image_entry is not None and not slice.image_entry.is_active:
+        return "Cancelled while waiting: the image was taken off the allowlist."
+    if slice.purchase.minutes_left <= 0:
+        return "Cancelled while waiting: the purchase has no minutes left."
+    return ""
+
+
+def queue_position(slice: Slice) -> int | None:
+    """1 for the next slice of its tier to be placed; None when not queued."""
+    if slice.state != S.QUEUED or slice.queued_at is None:
+        return None
+    ahead = Slice.objects.filter(
+        state=S.QUEUED, vram_mb=slice.vram_mb, queued_at__lt=slice.queued_at
+    ).count()
+    return ahead + 1

@@ -1,0 +1,151 @@
+"""Starting a placed slice's container on its node and marking it running (or failed, with
+the container's last output); safe to run twice."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from nodes import runtime, ssh
+from nodes import services as node_services
+
+from ...locks import slice_lock
+from ...models import Image, Slice
+from .state import (
+    S,
+    container_remove_after_commit,
+    slice_fail,
+    slice_stop_after_commit,
+    slice_transition,
+)
+
+
+def _container_environment(slice: Slice) -> dict[str, str]:
+    env = dict(slice.environment or {})
+    if slice.ssh_public_key:
+        env["PUBLIC_KEY"] = slice.ssh_public_key
+    token = (slice.connection or {}).get("token")
+    if token:
+        env["JUPYTER_TOKEN"] = token
+    return env
+
+
+def _connection_details(slice: Slice, info) -> dict:  # type: ignore[no-untyped-def]
+    node = slice.allocation.gpu.node  # type: ignore[union-attr]
+    host = node.address
+    out = dict(slice.connection or {})
+    kind = out.get("kind", Image.Connect.SERVICE)
+    ports = dict(info.ports or {})
+    out["host"] = host
+    out["ports"] = {str(k): v for k, v in sorted(ports.items())}
+    if node.container_network == runtime.NO_NETWORK:
+        out["note"] = (
+            f"Node {node.name} keeps slices on their own loopback network: no port is "
+            "published, so there is nothing to connect to from outside."
+        )
+    elif kind == Image.Connect.SSH and 22 in ports:
+        out["port"] = ports[22]
+        out["user"] = "root"
+        out["command"] = f"ssh -p {ports[22]} root@{host}"
+    elif kind == Image.Connect.JUPYTER and 8888 in ports:
+        out["url"] = f"http://{host}:{ports[8888]}/lab?token={out.get('token', '')}"
+    else:
+        out["urls"] = [f"http://{host}:{hp}" for _, hp in sorted(ports.items())]
+    return out
+
+
+def slice_provision(*, slice_id: int, final_attempt: bool = True) -> str:
+    """Start the slice's container and mark it running; safe to run twice.
+
+    Raises ssh.SSHError when the node did not answer and this is not the final attempt
+    (the task retries); on the final attempt, or when docker refuses, the slice fails and
+    its VRAM is released."""
+    with transaction.atomic():
+        slice = slice_lock(slice_id)
+        if slice.state == S.STOPPING:
+            slice_stop_after_commit(slice)  # stopped meanwhile: the stop task removes what exists
+        if slice.state != S.PROVISIONING:
+            return slice.state
+        if slice.allocation is None or slice.allocation.state == "released":
+            slice_fail(slice, "The VRAM reservation was lost before the container started.")
+            return slice.state
+        slice.provision_attempts += 1
+        slice.provision_started_at = timezone.now()
+        slice.save(update_fields=["provision_attempts", "provision_started_at"])
+    tier = slice.purchase.tier
+    image = slice.image_entry
+    try:
+        info = node_services.container_start(
+            allocation=slice.allocation,  # type: ignore[arg-type]
+            name=slice.container_name,
+            image=slice.image,
+            cpus=tier.cpu_cores,
+            memory_mb=tier.host_ram_mb,
+            pids_limit=tier.pids_limit,
+            command=slice.command or (image.default_command if image else []),
+            environment=_container_environment(slice),
+            ports=[int(p) for p in (image.ports if image else [])],
+        )
+    except node_services.ContainerError as exc:
+        return _provision_failed(slice_id, str(exc), exc.info)
+    except ssh.SSHError as exc:
+        if not final_attempt:
+            raise
+        return _provision_failed(slice_id, f"the node did not answer: {exc}", None)
+    except ValueError as exc:  # the runtime refused the spec: a bug or bad allowlist entry
+        return _provision_failed(slice_id, f"the container spec was refused: {exc}", None)
+    return slice_provision_succeeded(slice_id, info)
+
+
+def slice_provision_succeeded(slice_id: int, info) -> str:  # type: ignore[no-untyped-def]
+    with transaction.atomic():
+        slice = slice_lock(slice_id)
+        if slice.state == S.PROVISIONING:
+            node_services.allocation_activate(allocation=slice.allocation, container_id=info.id)  # type: ignore[arg-type]
+            now = timezone.now()
+            slice.container_id = info.id
+            slice.connection = _connection_details(slice, info)
+            slice.started_at = slice.started_at or now
+            slice.last_metered_at = now
+            slice_transition(
+                slice,
+                S.RUNNING,
+                "The container runs with its VRAM quota.",
+                fields=("container_id", "connection", "started_at", "last_metered_at"),
+            )
+        elif slice.state == S.STOPPING:
+            # Stopped while it was starting: the stop task removes what was started.
+            slice.container_id = info.id
+            slice.save(update_fields=["container_id"])
+            slice_stop_after_commit(slice)
+        else:
+            container_remove_after_commit(slice.allocation, info.id, slice.owner_key)
+        return slice.state
+
+
+def _provision_failed(slice_id: int, reason: str, info) -> str:  # type: ignore[no-untyped-def]
+    logs = ""
+    if info is not None and slice_id:
+        slice = Slice.objects.select_related("allocation__gpu__node").get(pk=slice_id)
+        if slice.allocation is not None:
+            logs = node_services.container_logs_tail(
+                node=slice.allocation.gpu.node, container=info.id, lines=5
+            )
+    with transaction.atomic():
+        slice = slice_lock(slice_id)
+        if slice.state not in (S.PROVISIONING, S.STOPPING):
+            return slice.state
+        if slice.state == S.STOPPING:
+            # stopped meanwhile: finish that stop, removing leftovers
+            slice_stop_after_commit(slice)
+            return slice.state
+        text = f"Could not start the container: {reason}."
+        if logs.strip():
+            text += " Last output: " + " | ".join(logs.strip().splitlines()[-3:])
+        slice_fail(
+            slice,
+            text,
+            exit_code=getattr(info, "exit_code", None),
+            container=getattr(info, "id", "") or slice.container_name,
+        )
+        return slice.state

@@ -1,0 +1,230 @@
+"""Reconcile: compare slices with the containers that really run on each node and repair
+drift (a dead container, an orphan, a stuck start or stop)."""
+
+from __future__ import annotations
+
+import logging
+import random
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from gpuplatform.dispatch import enqueue
+from gpuplatform.querystring import is_id
+from nodes import services as node_services
+from nodes import ssh
+from nodes.models import Node
+
+from ...locks import slice_lock
+from ...models import Slice
+from .provision import slice_provision_succeeded
+from .state import MAX_PROVISION_ATTEMPTS, S, slice_fail
+from .stop import slice_abandon_container
+
+logger = logging.getLogger(__name__)
+
+
+def slices_reconcile(*, now: datetime | None = None) -> dict[str, int]:
+    """Compare slices with the containers really on each reachable node and repair drift:
+    dead containers fail their slice (with the exit reason), labelled containers with no
+    live slice are removed and recorded, stuck provisioning is retried or failed, and
+    stuck stops are retried. Nodes that cannot be listed are left alone this round."""
+    now = now or timezone.now()
+    timeout = timedelta(seconds=settings.SLICES_PROVISION_TIMEOUT_S)
+    counts = {"nodes": 0, "failed": 0, "orphans": 0, "retried": 0, "adopted": 0, "skipped": 0}
+    nodes = list(Node.objects.filter(status__in=[Node.Status.ACTIVE, Node.Status.DRAINING]))
+    random.shuffle(nodes)  # a slow node never starves the same tail of the fleet
+    for node, containers in _list_containers(nodes):
+        if isinstance(containers, Exception):
+            logger.info("reconcile: cannot list containers on %s: %s", node.name, containers)
+            counts["skipped"] += 1
+            continue
+        try:
+            _reconcile_node(node, containers, now, timeout, counts)
+        except Exception:
+            logger.exception("reconcile: node %s failed this round", node.name)
+            counts["skipped"] += 1
+    counts["abandoned"] = _abandon_unreachable_stops(now, timeout)
+    node_services.gpus_recount_allocations()
+    return counts
+
+
+RECONCILE_PARALLEL = 16
+
+
+def _list_containers(nodes: list[Node]):  # type: ignore[no-untyped-def]
+    """Each node's labelled containers, asked of the nodes in parallel (SSH only, no
+    database work in the threads): a few slow nodes cost one timeout, not one each."""
+
+    def listing(node: Node):  # type: ignore[no-untyped-def]
+        try:
+            return node_services.node_containers(node=node)
+        except (ssh.SSHError, node_services.ContainerError, ValueError) as exc:
+            return exc
+
+    if not nodes:
+        return []
+    with ThreadPoolExecutor(max_workers=min(RECONCILE_PARALLEL, len(nodes))) as workers:
+        return list(zip(nodes, workers.map(listing, nodes), strict=True))
+
+
+def _abandon_unreachable_stops(now: datetime, timeout: timedelta) -> int:
+    """Stops waiting on a node that does not answer finish without it after the timeout:
+    the VRAM and the purchase are freed; the container is removed when it comes back."""
+    done = 0
+    stuck = Slice.objects.filter(
+        state=S.STOPPING, allocation__gpu__node__status=Node.Status.UNREACHABLE
+    ).values_list("pk", flat=True)
+    for pk in stuck:
+        with transaction.atomic():
+            slice = slice_lock(pk)
+            last = slice.transitions.order_by("-at").values_list("at", flat=True).first()
+            if slice.state != S.STOPPING or (last is not None and now - last < timeout):
+                continue
+            slice_abandon_container(slice, actor=None, reason="")
+            done += 1
+    return done
+
+
+def _reconcile_node(
+    node: Node,
+    containers: list,
+    now: datetime,
+    timeout: timedelta,
+    counts: dict,  # type: ignore[type-arg]
+) -> None:
+    counts["nodes"] += 1
+    by_owner = {c.owner_key: c for c in containers if c.owner_key}
+    slices = list(
+        Slice.objects.filter(
+            allocation__gpu__node=node, state__in=Slice.HOLDS_VRAM_STATES
+        ).values_list("pk", "state")
+    )
+    expected = {f"slice-{pk}" for pk, _ in slices}
+    for pk, state in slices:
+        container = by_owner.get(f"slice-{pk}")
+        if state == S.RUNNING and (container is None or not container.running):
+            counts["failed"] += _reconcile_dead(pk, node, container)
+        elif state == S.PROVISIONING:
+            outcome = _reconcile_provisioning(pk, container, now, timeout)
+            if outcome:
+                counts[outcome] += 1
+        elif state == S.STOPPING:
+            _reconcile_stopping(pk, now, timeout)
+    for container in containers:
+        if container.owner_key.startswith(node_services.PROBE_OWNER_PREFIX):
+            continue  # the preflight's probe, removed by the preflight itself
+        # not expected, yet live: its slice started after the node was listed
+        if container.owner_key not in expected and not owner_is_live(container.owner_key):
+            counts["orphans"] += _remove_orphan(node, container)
+
+
+def owner_is_live(owner_key: str) -> bool:
+    """Whether the key labels a slice that holds VRAM now (its container is no orphan)."""
+    number = owner_key.removeprefix("slice-")
+    if number == owner_key or not is_id(number):
+        return False
+    return Slice.objects.filter(pk=int(number), state__in=Slice.HOLDS_VRAM_STATES).exists()
+
+
+def _reconcile_dead(slice_id: int, node: Node, container) -> int:  # type: ignore[no-untyped-def]
+    # Ask the node again: the listing may predate a container that started just after.
+    slice = Slice.objects.get(pk=slice_id)
+    ref = container.id if container is not None else slice.container_id or slice.container_name
+    try:
+        info = node_services.container_inspect(node=node, container=ref)
+    except (ssh.SSHError, node_services.ContainerError):
+        return 0  # cannot tell now; the next round will
+    if info is not None and info.running:
+        return 0
+    logs = ""
+    if info is not None:
+        logs = node_services.container_logs_tail(node=node, container=info.id, lines=5)
+    with transaction.atomic():
+        slice = slice_lock(slice_id)
+        if slice.state != S.RUNNING:
+            return 0
+        if info is None:
+            reason = "The container is gone from the node."
+        else:
+            reason = node_services.container_exit_reason(info).capitalize() + "."
+            if "CUDA out of memory" in logs or "OutOfMemoryError" in logs:
+                reason += (
+                    " It ran out of GPU memory: lower the batch or context, quantize, "
+                    "or buy a bigger tier."
+                )
+            elif logs.strip():
+                reason += " Last output: " + " | ".join(logs.strip().splitlines()[-3:])
+        slice_fail(
+            slice,
+            reason,
+            exit_code=getattr(info, "exit_code", None),
+            container=getattr(info, "id", ""),
+        )
+        return 1
+
+
+def _reconcile_provisioning(
+    slice_id: int, container, now: datetime, timeout: timedelta
+) -> str | None:  # type: ignore[no-untyped-def]
+    with transaction.atomic():
+        slice = slice_lock(slice_id)
+        started = slice.provision_started_at or slice.created_at
+        if slice.state != S.PROVISIONING or now - started < timeout:
+            return None
+        if container is not None and container.running:
+            pass  # adopt below, outside this transaction's lock
+        elif slice.provision_attempts < MAX_PROVISION_ATTEMPTS:
+            slice.provision_started_at = now
+            slice.save(update_fields=["provision_started_at"])
+            enqueue("provision.slice", slice.pk)
+            return "retried"
+        else:
+            slice_fail(
+                slice,
+                f"The container did not start after {slice.provision_attempts} attempts; "
+                "its VRAM was released.",
+                container=getattr(container, "id", "") or slice.container_name,
+            )
+            return "failed"
+    slice_provision_succeeded(slice_id, container)
+    return "adopted"
+
+
+def _reconcile_stopping(slice_id: int, now: datetime, timeout: timedelta) -> None:
+    slice = Slice.objects.get(pk=slice_id)
+    last = slice.transitions.order_by("-at").values_list("at", flat=True).first()
+    if last is not None and now - last >= timeout:
+        enqueue("provision.stop_slice", slice_id, False)
+
+
+def _remove_orphan(node: Node, container) -> int:  # type: ignore[no-untyped-def]
+    try:
+        node_services.container_remove(node=node, container=container.id)
+    except (ssh.SSHError, node_services.ContainerError) as exc:
+        logger.warning("reconcile: could not remove orphan %s on %s: %s", container.id, node, exc)
+        return 0
+    node_services.container_event_record(
+        node=node,
+        container_id=container.id,
+        owner_key=container.owner_key,
+        action="orphan_removed",
+        detail=(
+            f"Labelled container {container.name} ({container.status}) had no live slice; "
+            "stopped and removed by reconcile."
+        ),
+    )
+    return 1
+
+
+def container_remove_quietly(*, node_id: int, container: str, owner_key: str) -> bool:
+    """Remove a container a failed or stopped slice left behind (task body)."""
+    node = Node.objects.filter(pk=node_id).first()
+    if node is None:
+        return False
+    if owner_is_live(owner_key):
+        return False  # a retry adopted it: leave it running
+    return node_services.container_remove(node=node, container=container)

@@ -1,0 +1,324 @@
+"""Account pages: sign-up, invitations, the account page (members, invitations, API
+tokens), and the ops list of tenants.
+
+htmx requests get the section they changed; plain form posts get the whole page, so
+every page also works without JavaScript.
+"""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth import login
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_POST
+
+from gpuplatform.errors import ServiceError
+from gpuplatform.pages import PAGE_SIZE, form_error, is_partial, submit
+
+from .. import selectors, services
+from ..forms.accounts import (
+    AcceptInvitationForm,
+    ApiTokenForm,
+    InvitationForm,
+    RoleForm,
+    SignUpForm,
+    TenantCreateForm,
+    TenantSearchForm,
+    TenantStatusForm,
+)
+from ..models import (
+    ApiToken,
+    Invitation,
+    Membership,
+    Role,
+    Tenant,
+)
+from ..permissions import member_required
+
+
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    return JsonResponse({"status": "ok"})
+
+
+@require_GET
+def home(request: HttpRequest) -> HttpResponse:
+    return redirect("tenants:catalog")
+
+
+def signup(request: HttpRequest) -> HttpResponse:
+    if request.user.is_authenticated:
+        return redirect("tenants:dashboard")
+    form = SignUpForm(request.POST or None)
+    signed_up = submit(
+        request,
+        form,
+        lambda data: services.tenant_sign_up(
+            email=data["email"], password=data["password"], tenant_name=data["tenant_name"]
+        ),
+    )
+    if signed_up.done:
+        membership = signed_up.result
+        login(request, membership.user, backend="django.contrib.auth.backends.ModelBackend")
+        messages.success(request, f"Welcome! {membership.tenant.name} is ready.")
+        return redirect("tenants:dashboard")
+    return render(request, "registration/signup.html", {"form": form})
+
+
+INVITATION_SESSION_KEY = "invitation_token"
+
+
+def invitation_link(request: HttpRequest, token: str) -> HttpResponse:
+    """The emailed link. The token moves into the session and the browser goes on to a
+    URL without it, so it does not linger in history, Referer headers or later logs
+    (Django's password reset does the same)."""
+    if services.invitation_by_token(token) is None:
+        return render(request, "tenants/invitation_invalid.html", status=404)
+    request.session[INVITATION_SESSION_KEY] = token
+    return redirect("invitation_accept")
+
+
+def invitation_accept(request: HttpRequest) -> HttpResponse:
+    token = request.session.get(INVITATION_SESSION_KEY, "")
+    invitation = services.invitation_by_token(token) if token else None
+    if invitation is None:
+        return render(request, "tenants/invitation_invalid.html", status=404)
+    if request.user.is_authenticated:
+        return render(
+            request,
+            "tenants/invitation_invalid.html",
+            {
+                "reason": "Sign out first: the invitation creates a new account for "
+                f"{invitation.email}."
+            },
+            status=409,
+        )
+    form = AcceptInvitationForm(request.POST or None)
+    accepted = submit(
+        request,
+        form,
+        lambda data: services.invitation_accept(token=token, password=data["password"]),
+    )
+    if accepted.done:
+        membership = accepted.result
+        request.session.pop(INVITATION_SESSION_KEY, None)
+        login(request, membership.user, backend="django.contrib.auth.backends.ModelBackend")
+        messages.success(request, f"You joined {membership.tenant.name}.")
+        return redirect("tenants:account")
+    return render(
+        request, "tenants/invitation_accept.html", {"invitation": invitation, "form": form}
+    )
+
+
+def _account_context(request: HttpRequest, **extra) -> dict:  # type: ignore[no-untyped-def]
+    membership = getattr(request, "membership", None)
+    tenant = membership.tenant if membership else None
+    members = list(selectors.member_list(tenant=tenant))
+    owners = [m.pk for m in members if m.role == Role.OWNER]
+    return {
+        "membership": membership,
+        "members": members,
+        # The service refuses to leave a tenant ownerless; the page says so up front.
+        "sole_owner_id": owners[0] if len(owners) == 1 else None,
+        "invitations": selectors.invitation_pending_list(tenant=tenant),
+        "tokens": selectors.api_token_list(user=request.user)[:50],
+        "events": selectors.audit_event_list(tenant=tenant),
+        "token_form": extra.pop("token_form", None) or ApiTokenForm(),
+        "invite_form": extra.pop("invite_form", None) or InvitationForm(),
+        "role_choices": Membership._meta.get_field("role").choices,
+        **extra,
+    }
+
+
+@login_required
+def account(request: HttpRequest) -> HttpResponse:
+    request.membership = selectors.membership_for_user(request.user)
+    if request.membership is None and not request.user.is_staff:
+        form = TenantCreateForm(request.POST or None)
+        created = submit(
+            request,
+            form,
+            lambda data: services.tenant_create(owner=request.user, name=data["tenant_name"]),
+        )
+        if created.done:
+            return redirect("tenants:account")
+        return render(request, "tenants/no_tenant.html", {"form": form})
+    return render(request, "tenants/account.html", _account_context(request))
+
+
+def _tokens_response(request: HttpRequest, **extra) -> HttpResponse:  # type: ignore[no-untyped-def]
+    request.membership = selectors.membership_for_user(request.user)
+    context = _account_context(request, **extra)
+    template = "tenants/_tokens.html" if is_partial(request) else "tenants/account.html"
+    context["oob_activity"] = True
+    return render(request, template, context)
+
+
+@login_required
+@require_POST
+def token_create(request: HttpRequest) -> HttpResponse:
+    form = ApiTokenForm(request.POST)
+    if not form.is_valid():
+        return _tokens_response(request, token_form=form)
+    try:
+        token, value = services.api_token_create(
+            user=request.user,
+            name=form.cleaned_data["name"],
+            expires_in_days=form.cleaned_data["expires_in_days"],
+        )
+    except ServiceError as exc:
+        form_error(form, exc)
+        return _tokens_response(request, token_form=form)
+    return _tokens_response(request, new_token=token, new_token_value=value)
+
+
+@login_required
+@require_POST
+def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
+    token = get_object_or_404(ApiToken.objects.filter(user=request.user), pk=pk)
+    services.api_token_revoke(user=request.user, token=token)
+    if not is_partial(request):
+        messages.success(request, f"Token {token.name!r} revoked.")
+        return redirect("tenants:account")
+    return _tokens_response(request)
+
+
+def _members_response(request: HttpRequest, **extra) -> HttpResponse:  # type: ignore[no-untyped-def]
+    error = extra.get("member_error")
+    if not is_partial(request):
+        if error:
+            messages.error(request, error)
+        return redirect("tenants:account")
+    return render(
+        request, "tenants/_members.html", _account_context(request, oob_activity=True, **extra)
+    )
+
+
+@member_required
+@require_POST
+def invitation_create(request: HttpRequest) -> HttpResponse:
+    form = InvitationForm(request.POST)
+    if not form.is_valid():
+        if not is_partial(request):
+            messages.error(request, "; ".join(e for errs in form.errors.values() for e in errs))
+            return redirect("tenants:account")
+        return render(request, "tenants/_members.html", _account_context(request, invite_form=form))
+    try:
+        invitation = services.invitation_create(
+            actor_membership=request.membership, **form.cleaned_data
+        )
+    except ServiceError as exc:
+        if is_partial(request):
+            form_error(form, exc)
+            return render(
+                request, "tenants/_members.html", _account_context(request, invite_form=form)
+            )
+        return _members_response(request, member_error=exc.message)
+    return _members_response(request, member_notice=f"Invitation sent to {invitation.email}.")
+
+
+@member_required
+@require_POST
+def invitation_revoke(request: HttpRequest, pk: int) -> HttpResponse:
+    invitation = get_object_or_404(Invitation.objects.for_tenant(request.membership.tenant), pk=pk)
+    try:
+        services.invitation_revoke(actor_membership=request.membership, invitation=invitation)
+    except ServiceError as exc:
+        return _members_response(request, member_error=exc.message)
+    return _members_response(request, member_notice=f"Invitation for {invitation.email} revoked.")
+
+
+@member_required
+@require_POST
+def invitation_resend(request: HttpRequest, pk: int) -> HttpResponse:
+    invitation = get_object_or_404(Invitation.objects.for_tenant(request.membership.tenant), pk=pk)
+    try:
+        services.invitation_resend(actor_membership=request.membership, invitation=invitation)
+    except ServiceError as exc:
+        return _members_response(request, member_error=exc.message)
+    return _members_response(request, member_notice=f"Invitation re-sent to {invitation.email}.")
+
+
+@member_required
+@require_POST
+def member_role(request: HttpRequest, pk: int) -> HttpResponse:
+    member = get_object_or_404(Membership.objects.for_tenant(request.membership.tenant), pk=pk)
+    form = RoleForm(request.POST)
+    if not form.is_valid():
+        return _members_response(request, member_error="Choose owner, member or viewer.")
+    try:
+        services.membership_change_role(
+            actor_membership=request.membership, membership=member, role=form.cleaned_data["role"]
+        )
+    except ServiceError as exc:
+        return _members_response(request, member_error=exc.message)
+    return _members_response(
+        request, member_notice=f"{member.user.email} is now {form.cleaned_data['role']}."
+    )
+
+
+@member_required
+@require_POST
+def member_remove(request: HttpRequest, pk: int) -> HttpResponse:
+    member = get_object_or_404(Membership.objects.for_tenant(request.membership.tenant), pk=pk)
+    email = member.user.email
+    try:
+        services.membership_remove(actor_membership=request.membership, membership=member)
+    except ServiceError as exc:
+        return _members_response(request, member_error=exc.message)
+    if member.user_id == request.user.id:
+        messages.info(request, "You left the tenant.")
+        response = HttpResponse(status=204)
+        response["HX-Redirect"] = "/account/"
+        return response if is_partial(request) else redirect("tenants:account")
+    return _members_response(request, member_notice=f"{email} removed.")
+
+
+@staff_member_required
+@require_GET
+def ops_tenants(request: HttpRequest) -> HttpResponse:
+    form = TenantSearchForm(request.GET)
+    valid = form.is_valid()
+    q = form.cleaned_data.get("q", "") if valid else ""
+    status = form.cleaned_data.get("status", "") if valid else ""
+    page = Paginator(selectors.tenant_list_for_ops(search=q, status=status), PAGE_SIZE)
+    context = {
+        "page": page.get_page(request.GET.get("page")),
+        "q": q,
+        "status": status,
+        "statuses": Tenant.Status.choices,
+    }
+    template = (
+        "tenants/ops/_tenant_rows.html" if is_partial(request) else "tenants/ops/tenants.html"
+    )
+    return render(request, template, context)
+
+
+@staff_member_required
+@require_POST
+def ops_tenant_status(request: HttpRequest, pk: int) -> HttpResponse:
+    tenant = get_object_or_404(Tenant, pk=pk)
+    form = TenantStatusForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose active or suspended.")
+    else:
+        try:
+            services.tenant_set_status(tenant=tenant, actor=request.user, **form.cleaned_data)
+        except ServiceError as exc:
+            messages.error(request, exc.message)
+        else:
+            messages.success(request, f"{tenant.name} is now {form.cleaned_data['status']}.")
+    next_url = request.POST.get("next", "")
+    if next_url.startswith("/ops/") and url_has_allowed_host_and_scheme(
+        next_url, allowed_hosts={request.get_host()}
+    ):
+        return redirect(next_url)
+    return redirect("tenants:ops_tenants")

@@ -1,0 +1,304 @@
+"""Money pages: the tiers and their prices, buying hours, asking ops for credit, and the
+ops page for grants, refunds, credit requests and the credit rate."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from urllib.parse import urlencode
+
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from gpuplatform.errors import ServiceError
+from gpuplatform.pages import form_error, submit
+from gpuplatform.querystring import is_id
+from nodes.placement import can_host
+from nodes.selectors import gpu_shapes_in_service
+
+from .. import selectors, services
+from ..context_processors import request_credit_rate
+from ..forms.billing import (
+    BuyForm,
+    CreditDecisionForm,
+    CreditGrantForm,
+    CreditRateForm,
+    CreditRequestForm,
+    RefundForm,
+)
+from ..models import CreditRequest
+from ..money import credits_text
+from ..permissions import member_required
+
+
+@require_GET
+def catalog(request: HttpRequest) -> HttpResponse:
+    tiers = list(selectors.tier_list())
+    shapes = gpu_shapes_in_service()
+    for tier in tiers:
+        models = sorted(
+            {
+                shape["model"] + (" (MIG)" if shape["mig_enabled"] else "")
+                for shape in shapes
+                if can_host(
+                    tier.vram_mb,
+                    total_mb=shape["total_mb"],
+                    mig_enabled=shape["mig_enabled"],
+                    whole_card_only=shape["whole_card_only"],
+                    mig_sizes_mb=shape["mig_sizes_mb"],
+                )
+            }
+        )
+        tier.runs_on = models  # type: ignore[attr-defined]
+    rate = request_credit_rate(request)
+    chart = {
+        "labels": [t.name for t in tiers],
+        # Money per GB-hour to four places: cents would flatten the differences it shows.
+        "price_per_gb_hour": [
+            round(float(t.price_per_hour * rate.per_credit) / max(t.vram_gb, 1), 4) for t in tiers
+        ],
+        "currency": rate.currency,
+    }
+    return render(request, "tenants/catalog.html", {"tiers": tiers, "chart": chart})
+
+
+@member_required
+@require_http_methods(["GET", "POST"])
+def buy(request: HttpRequest) -> HttpResponse:
+    """Choose a tier and hours, confirm the total, buy once (the form's token is the key)."""
+    tenant = request.membership.tenant
+    rate = request_credit_rate(request)
+    form = BuyForm(request.POST or None, initial=_buy_initial(request), rate=rate)
+    status = 200
+    confirming = False
+    insufficient = False
+    if request.method == "POST" and form.is_valid():
+        if request.POST.get("confirm") != "yes":
+            confirming = True  # step 2: show the total, post again to buy
+        else:
+            try:
+                purchase, created = services.purchase_create(
+                    membership=request.membership,
+                    tier=form.cleaned_data["tier"],
+                    hours=form.cleaned_data["hours"],
+                    idempotency_key=form.cleaned_data["idempotency_token"],
+                )
+            except ServiceError as exc:
+                form_error(form, exc)
+                status = exc.status_code
+                insufficient = exc.code == "insufficient_credit"
+            else:
+                if created:
+                    messages.success(
+                        request,
+                        f"Bought {purchase.tier.name} for {purchase.hours} h "
+                        f"({purchase.price_paid} credits).",
+                    )
+                else:
+                    messages.info(request, "That purchase was already made; nothing was charged.")
+                return redirect("tenants:dashboard")
+    elif request.method == "POST":
+        status = 400
+    tiers = list(selectors.tier_list())
+    total = form.total() if form.is_bound and not form.errors else None
+    balance_after = tenant.credit_balance - total if total is not None else None
+    return render(
+        request,
+        "tenants/buy.html",
+        {
+            "form": form,
+            "tenant": tenant,
+            "confirming": confirming,
+            "total": total,
+            "balance_after": balance_after,
+            "shortfall": -balance_after
+            if balance_after is not None and balance_after < 0
+            else None,
+            "tiers": tiers,
+            "prices": {str(t.pk): str(t.price_per_hour) for t in tiers},
+            # buy.js writes the live total the way tenants.money does (same rounding, signs).
+            "rate": {
+                "currency": rate.currency,
+                "per_credit": str(rate.per_credit),
+                "symbol": rate.symbol,
+                "places": rate.places,
+            },
+            "insufficient": insufficient,
+        },
+        status=status,
+    )
+
+
+def _buy_initial(request: HttpRequest) -> dict:
+    tier = request.GET.get("tier", "")
+    return {"tier": int(tier)} if is_id(tier) else {}
+
+
+@staff_member_required
+@require_http_methods(["GET", "POST"])
+def ops_credit(request: HttpRequest) -> HttpResponse:
+    q = request.GET.get("q", "").replace("\x00", "").strip()[:100]
+    tenants = selectors.tenant_list_for_ops(search=q)
+    form = CreditGrantForm(request.POST or None, tenants=tenants if q else None)
+    granted = submit(
+        request,
+        form,
+        lambda data: services.credit_grant(
+            tenant=data["tenant"],
+            amount=data["amount"],
+            actor=request.user,
+            memo=data["memo"],
+            idempotency_key=data.get("idempotency_token") or "",
+        ),
+    )
+    if granted.done:
+        entry = granted.result
+        messages.success(
+            request,
+            f"{entry.amount:.2f} credits granted to {entry.tenant.name}; "
+            f"balance {entry.balance_after}.",
+        )
+        return redirect(reverse("tenants:ops_credit") + (f"?{urlencode({'q': q})}" if q else ""))
+    refund_tenant = request.GET.get("tenant", "")
+    purchases = selectors.purchase_list_for_ops(
+        tenant_id=int(refund_tenant) if is_id(refund_tenant) else None, open_only=True
+    )[:50]
+    rate = request_credit_rate(request)
+    return render(
+        request,
+        "tenants/ops_credit.html",
+        {
+            "form": form,
+            "q": q,
+            "matches": tenants.count() if q else None,
+            "grants": selectors.credit_grants_recent(),
+            "purchases": purchases,
+            "credit_requests": list(selectors.credit_request_list_for_ops(status="pending")[:50]),
+            "credit_waiting": selectors.credit_request_list_for_ops(status="pending").count(),
+            "credit_decided": list(
+                selectors.credit_request_list_for_ops()
+                .exclude(status="pending")
+                .order_by("-decided_at", "-id")[:10]
+            ),
+            "decision_form": CreditDecisionForm(),
+            "rate_form": CreditRateForm(
+                initial={"currency": rate.currency, "per_credit": rate.per_credit}
+            ),
+            "rate_history": list(selectors.credit_rate_history()),
+        },
+        status=granted.status,
+    )
+
+
+@staff_member_required
+@require_http_methods(["GET", "POST"])
+def ops_refund(request: HttpRequest, pk: int) -> HttpResponse:
+    purchase = get_object_or_404(selectors.purchase_list_for_ops(), pk=pk)
+    form = RefundForm(request.POST or None)
+    refunded = submit(
+        request,
+        form,
+        lambda data: services.purchase_refund(
+            purchase=purchase, actor=request.user, memo=data["memo"]
+        ),
+        refusal="messages",
+    )
+    if refunded.done:
+        entry = refunded.result  # None when nothing was left to pay back
+        amount = entry.amount if entry is not None else Decimal("0.00")
+        messages.success(request, f"Refunded {amount} credits to {purchase.tenant.name}.")
+        return redirect("tenants:ops_credit")
+    return render(
+        request,
+        "tenants/ops_refund.html",
+        {"purchase": purchase, "form": form, "amount": purchase.refund_due},
+        status=refunded.status,
+    )
+
+
+def _first_error(form) -> str:  # type: ignore[no-untyped-def]
+    for name, errors in form.errors.items():
+        label = form.fields[name].label if name in form.fields else ""
+        return f"{label}: {errors[0]}" if label else errors[0]
+    return "Check the form."
+
+
+@member_required
+@require_POST
+def credit_request_create(request: HttpRequest) -> HttpResponse:
+    form = CreditRequestForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, _first_error(form))
+        return redirect(reverse("tenants:dashboard") + "#credit")
+    try:
+        asked = services.credit_request_create(
+            membership=request.membership,
+            amount=form.cleaned_data["amount"],
+            note=form.cleaned_data["note"],
+        )
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(
+            request, f"Asked ops for {credits_text(asked.amount)}: you will get an email."
+        )
+    return redirect(reverse("tenants:dashboard") + "#credit")
+
+
+@member_required
+@require_POST
+def credit_request_withdraw(request: HttpRequest, pk: int) -> HttpResponse:
+    asked = get_object_or_404(
+        selectors.credit_request_list(tenant=request.membership.tenant), pk=pk
+    )
+    try:
+        services.credit_request_withdraw(membership=request.membership, request=asked)
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, "Request withdrawn.")
+    return redirect(reverse("tenants:dashboard") + "#credit")
+
+
+@staff_member_required
+@require_POST
+def ops_credit_request_decide(request: HttpRequest, pk: int, decision: str) -> HttpResponse:
+    asked = get_object_or_404(CreditRequest.objects.select_related("tenant"), pk=pk)
+    form = CreditDecisionForm(request.POST)
+    back = reverse("tenants:ops_credit") + "#credit-requests"
+    if not form.is_valid():
+        messages.error(request, _first_error(form))
+        return redirect(back)
+    note = form.cleaned_data["note"]
+    try:
+        if decision == "grant":
+            services.credit_request_grant(request=asked, actor=request.user, note=note)
+            messages.success(
+                request, f"{credits_text(asked.amount)} granted to {asked.tenant.name}."
+            )
+        else:
+            services.credit_request_decline(request=asked, actor=request.user, note=note)
+            messages.success(request, f"{asked.tenant.name}'s request declined.")
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+    return redirect(back)
+
+
+@staff_member_required
+@require_POST
+def ops_credit_rate(request: HttpRequest) -> HttpResponse:
+    form = CreditRateForm(request.POST)
+    back = reverse("tenants:ops_credit") + "#credit-rate"
+    if not form.is_valid():
+        messages.error(request, _first_error(form))
+        return redirect(back)
+    try:
+        rate = services.credit_rate_set(actor=request.user, **form.cleaned_data)
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"From now on {rate}.")
+    return redirect(back)

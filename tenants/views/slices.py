@@ -1,0 +1,384 @@
+"""Slice pages: the tenant's dashboard, launch and slice pages, and the ops pages for
+slices, the image allowlist and the estimator's calibration.
+
+Every page works as plain forms; htmx only refreshes the live parts, and a live part
+answers HTTP 286 (htmx: stop polling) once nothing in it can change any more.
+"""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from gpuplatform.errors import ServiceError
+from gpuplatform.pages import PAGE_SIZE, form_error, is_partial, live_response, submit
+from gpuplatform.querystring import is_id
+
+from .. import selectors, services
+from ..forms.billing import CreditRequestForm
+from ..forms.estimate import JobForm, error_summary
+from ..forms.fields import new_form_token
+from ..forms.slices import (
+    ForceStopForm,
+    ImageForm,
+    LaunchEstimateForm,
+    LaunchForm,
+    SliceFilterForm,
+    StopForm,
+)
+from ..models import Image, Slice, Tenant
+from ..permissions import member_required, redact_for_viewers
+from .estimate import estimate_for, present
+
+LIVE_SECONDS = 3
+
+
+def _with_gauges(slices: list[Slice]) -> list[Slice]:
+    used = selectors.slices_latest_vram_mb(slices)
+    for s in slices:
+        s.used_mb = used.get(s.pk)  # type: ignore[attr-defined]
+        s.used_pct = round(100 * s.used_mb / s.vram_mb) if s.used_mb and s.vram_mb else 0  # type: ignore[attr-defined]
+    return slices
+
+
+def _dashboard_live_context(tenant: Tenant) -> dict:
+    slices = _with_gauges(list(selectors.slice_list(tenant=tenant)[:20]))
+    purchases = list(selectors.purchase_list(tenant=tenant)[:20])
+    any_live = Slice.objects.for_tenant(tenant).filter(state__in=Slice.LIVE_STATES).exists()
+    return {
+        "slices": slices,
+        "purchases": purchases,
+        "low": list(selectors.purchases_running_low(tenant)),
+        "any_live": any_live,
+        "live_seconds": LIVE_SECONDS,
+    }
+
+
+@member_required
+@require_GET
+def dashboard(request: HttpRequest) -> HttpResponse:
+    tenant = request.membership.tenant
+    context = _dashboard_live_context(tenant)
+    if is_partial(request):
+        response = render(request, "tenants/_dashboard_live.html", context)
+        return live_response(response, done=not context["any_live"])
+    credit_requests = list(selectors.credit_request_list(tenant=tenant)[:5])
+    context.update(
+        membership=request.membership,
+        tenant=tenant,
+        ledger=selectors.ledger_list(tenant=tenant)[:10],
+        credit_requests=credit_requests,
+        credit_pending=next((r for r in credit_requests if r.status == "pending"), None),
+        credit_form=CreditRequestForm(),
+        # The first steps stay on the page until the tenant has launched something.
+        getting_started=not context["slices"],
+    )
+    return render(request, "tenants/dashboard.html", context)
+
+
+def _launch_estimate(tenant: Tenant, data, tiers: list) -> dict:  # type: ignore[no-untyped-def]
+    """The launch page's estimate panel for the job in `data` (its error slots included)."""
+    form = LaunchEstimateForm(data, tenant=tenant, tiers=tiers)
+    if form.is_valid():
+        context = estimate_for(form, form.to_mapping(), tiers=tiers)
+    else:
+        context = {"error": error_summary(form)}
+    return {"estimate_form": form, "error_fields": _job_fields(form), **context}
+
+
+def _job_fields(form):  # type: ignore[no-untyped-def]
+    return [form[name] for name in JobForm.base_fields if name in form.fields]
+
+
+def _launch_initial_job(form: LaunchForm) -> dict:
+    """The job as the unbound page shows it, for the first estimate."""
+    data = {
+        name: form[name].value()
+        for name in JobForm.base_fields
+        if name in form.fields and form[name].value() not in (None, False)
+    }
+    offered = [p.pk for p in form.usable]
+    chosen = form["purchase"].value()
+    if offered:
+        data["purchase"] = str(chosen if chosen in offered else offered[0])
+    return data
+
+
+def _launch_blocked(membership, form: LaunchForm, has_images: bool, in_use: list) -> str:  # type: ignore[no-untyped-def]
+    """Why nothing can launch from this page now ("" when something can)."""
+    if not membership.tenant.is_active:
+        return "This tenant is suspended."
+    if not membership.can_write:
+        return "Viewers cannot launch slices."
+    reasons = []
+    if not form.usable:
+        reasons.append(
+            "Every purchase with minutes left is running a slice."
+            if in_use
+            else "No purchase with minutes left."
+        )
+    if not has_images:
+        reasons.append("No image is on the allowlist.")
+    return " ".join(reasons)
+
+
+@member_required
+@require_http_methods(["GET", "POST"])
+def launch(request: HttpRequest) -> HttpResponse:
+    tenant = request.membership.tenant
+    tiers = list(selectors.tier_list())
+    if request.method == "GET" and "estimate" in request.GET and is_partial(request):
+        # The live estimate (launch.js): the panel, and the job fields' error slots.
+        context = _launch_estimate(tenant, request.GET, tiers)
+        return render(request, "tenants/_launch_estimate.html", {**context, "partial": True})
+    initial = {}
+    wanted = request.GET.get("purchase", "")
+    if is_id(wanted):
+        initial["purchase"] = int(wanted)
+    form = LaunchForm(request.POST or None, tenant=tenant, initial=initial)
+    status = 200
+    refusal = None
+    if request.method == "POST":
+        if not form.is_valid():
+            status = 400
+        else:
+            data = form.cleaned_data
+            try:
+                slice, created = services.slice_launch(
+                    membership=request.membership,
+                    purchase=data["purchase"],
+                    image=data["image"],
+                    model_request=form.model_request(),
+                    command=data["command"],
+                    environment=data["environment"],
+                    ssh_public_key=data["ssh_public_key"],
+                    guaranteed=data["guaranteed"],
+                    idempotency_key=data["idempotency_token"],
+                )
+            except services.ServiceRefusal as exc:
+                refusal = {"message": exc.message, "estimate": exc.estimate, "slice": exc.slice}
+                status = exc.status_code
+                # The refused launch is recorded under this key: a corrected form needs a new one.
+                form = LaunchForm(_fresh_token(request.POST), tenant=tenant)
+                form.is_valid()
+            except ServiceError as exc:
+                form_error(form, exc)
+                status = exc.status_code
+            else:
+                if not created:
+                    messages.info(request, "This launch was already submitted.")
+                return redirect("tenants:slice_detail", pk=slice.pk)
+    purchase_tiers = {str(p.pk): p.tier.vram_mb for p in form.usable}
+    has_images = form.fields["image"].queryset.exists()
+    in_use = [] if form.usable else selectors.slices_holding_purchases(tenant)
+    job = request.POST if request.method == "POST" else _launch_initial_job(form)
+    return render(
+        request,
+        "tenants/launch.html",
+        {
+            **_launch_estimate(tenant, job, tiers),
+            "form": form,
+            "refusal": refusal,
+            "purchase_tiers": purchase_tiers,
+            "has_purchases": bool(purchase_tiers),
+            "in_use": in_use,
+            "launch_blocked": _launch_blocked(request.membership, form, has_images, in_use),
+            "has_images": has_images,
+            "ssh_images": list(
+                form.fields["image"]
+                .queryset.filter(connect=Image.Connect.SSH)
+                .values_list("pk", flat=True)
+            ),
+        },
+        status=status,
+    )
+
+
+def _fresh_token(data):  # type: ignore[no-untyped-def]
+    data = data.copy()
+    data["idempotency_token"] = new_form_token()
+    return data
+
+
+def _tenant_slice(request: HttpRequest, pk: int) -> Slice:
+    return get_object_or_404(selectors.slice_list(tenant=request.membership.tenant), pk=pk)
+
+
+def _slice_context(slice: Slice, membership=None) -> dict:  # type: ignore[no-untyped-def]
+    # Viewers see the slice, not its keys (the same rule as the API).
+    slice.connection = redact_for_viewers(
+        {"connection": slice.connection, "environment": slice.environment}, membership
+    )["connection"]
+    series = selectors.slice_vram_series(slice=slice)
+    peak_so_far = max((p["used_mb"] for p in series), default=None)
+    used = selectors.slices_latest_vram_mb([slice]).get(slice.pk)
+    return {
+        "slice": slice,
+        "transitions": list(selectors.slice_transitions(slice=slice)),
+        "queue_position": services.queue_position(slice),
+        "series": series,
+        "chart": {
+            "labels": [p["t"] for p in series],
+            "used_mb": [p["used_mb"] for p in series],
+            "quota_mb": slice.vram_mb,
+        },
+        "used_mb": used,
+        "used_pct": round(100 * used / slice.vram_mb) if used and slice.vram_mb else 0,
+        "peak_mb": slice.peak_vram_mb if slice.peak_vram_mb is not None else peak_so_far,
+        "can_stop": not slice.is_final and slice.state != Slice.State.STOPPING,
+        "live_seconds": LIVE_SECONDS,
+        # A refused slice shows its estimate as the pages do: tiers named, the buy link.
+        "refused": present(slice.estimate, tiers=list(selectors.tier_list()))
+        if slice.state == Slice.State.REFUSED and (slice.estimate or {}).get("terms")
+        else None,
+    }
+
+
+@member_required
+@require_GET
+def slice_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    slice = _tenant_slice(request, pk)
+    context = _slice_context(slice, request.membership)
+    if is_partial(request):
+        response = render(request, "tenants/_slice_live.html", context)
+        return live_response(response, done=slice.is_final)
+    return render(request, "tenants/slice_detail.html", context)
+
+
+@member_required
+@require_http_methods(["GET", "POST"])
+def slice_stop(request: HttpRequest, pk: int) -> HttpResponse:
+    """GET asks to confirm; only the confirmation form's POST stops (or cancels) it."""
+    slice = _tenant_slice(request, pk)
+    if slice.is_final:
+        messages.info(request, f"This slice is already {slice.state}.")
+        return redirect("tenants:slice_detail", pk=slice.pk)
+    stopped = submit(
+        request,
+        StopForm(request.POST or None),
+        lambda _: services.slice_stop(slice=slice, actor=request.user),
+        refusal="messages",
+    )
+    if stopped.done:
+        reason = stopped.result.state_reason
+        messages.success(request, reason or f"Slice {slice.pk} is stopping.")
+    if stopped.done or stopped.refused:
+        return redirect("tenants:slice_detail", pk=slice.pk)
+    return render(request, "tenants/slice_stop.html", {"slice": slice}, status=stopped.status)
+
+
+@staff_member_required
+@require_GET
+def ops_slices(request: HttpRequest) -> HttpResponse:
+    form = SliceFilterForm(request.GET or None)
+    page = Paginator(selectors.slice_list_for_ops(**form.filters()), PAGE_SIZE).get_page(
+        request.GET.get("page")
+    )
+    query = request.GET.copy()
+    query.pop("page", None)
+    return render(
+        request,
+        "tenants/ops_slices.html",
+        {"form": form, "page": page, "query": query.urlencode()},
+    )
+
+
+@staff_member_required
+@require_http_methods(["GET", "POST"])
+def ops_slice_stop(request: HttpRequest, pk: int) -> HttpResponse:
+    slice = get_object_or_404(selectors.slice_list_for_ops(), pk=pk)
+    form = ForceStopForm(request.POST or None)
+    stopped = submit(
+        request,
+        form,
+        lambda data: services.slice_stop(
+            slice=slice, actor=request.user, reason=data["reason"], force=True
+        ),
+        refusal="messages",
+    )
+    if stopped.done:
+        messages.success(request, f"Slice {slice.pk} of {slice.tenant.name} force-stopped.")
+    if stopped.done or stopped.refused:
+        return redirect("tenants:ops_slices")
+    return render(
+        request,
+        "tenants/ops_slice_stop.html",
+        {"slice": slice, "form": form},
+        status=stopped.status,
+    )
+
+
+@staff_member_required
+@require_http_methods(["GET", "POST"])
+def ops_images(request: HttpRequest) -> HttpResponse:
+    form = ImageForm(request.POST or None, initial={"connect": Image.Connect.SSH, "ports": "22"})
+    added = submit(request, form, lambda data: services.image_create(actor=request.user, **data))
+    if added.done:
+        image = added.result
+        messages.success(request, f"{image.name} ({image.pinned_reference}) is allowed.")
+        return redirect("tenants:ops_images")
+    return render(
+        request,
+        "tenants/ops_images.html",
+        {"form": form, "images": selectors.image_list(active_only=False)},
+        status=added.status,
+    )
+
+
+@staff_member_required
+@require_http_methods(["GET", "POST"])
+def ops_image_edit(request: HttpRequest, pk: int) -> HttpResponse:
+    image = get_object_or_404(Image, pk=pk)
+    form = ImageForm(request.POST or None, initial=ImageForm.initial_for(image))
+    saved = submit(
+        request,
+        form,
+        lambda data: services.image_update(actor=request.user, image=image, **data),
+    )
+    if saved.done:
+        messages.success(request, f"{saved.result.name} saved.")
+        return redirect("tenants:ops_images")
+    return render(
+        request, "tenants/ops_image_edit.html", {"form": form, "image": image}, status=saved.status
+    )
+
+
+@staff_member_required
+@require_POST
+def ops_image_active(request: HttpRequest, pk: int) -> HttpResponse:
+    """Deactivate (no new launches; running slices keep it) or allow again."""
+    image = get_object_or_404(Image, pk=pk)
+    active = request.POST.get("is_active") == "1"
+    try:
+        services.image_update(actor=request.user, image=image, is_active=active)
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(
+            request,
+            f"{image.name} is allowed again."
+            if active
+            else f"{image.name} is deactivated: no new launches; running slices keep it.",
+        )
+    return redirect("tenants:ops_images")
+
+
+@staff_member_required
+@require_GET
+def ops_calibration(request: HttpRequest) -> HttpResponse:
+    rows = selectors.calibration_rows()
+    chart = {
+        "points": [
+            {
+                "x": r["estimate_mean_mb"],
+                "y": r["peak_mean_mb"],
+                "label": f"{r['image']} · {r['model']}",
+            }
+            for r in rows
+        ],
+    }
+    return render(request, "tenants/ops_calibration.html", {"rows": rows, "chart": chart})

@@ -1,0 +1,392 @@
+"""The house rules (issue 14), checked on the source itself: how modules may depend on each
+other, where locks and writes live, how work is queued, and how big a room may grow. Each
+test reads the code with `ast` and names the place that breaks a rule."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+from rest_framework.viewsets import ViewSetMixin
+
+from gpuplatform.celery import app as celery_app
+from gpuplatform.urls import urlpatterns
+
+ROOT = Path(__file__).resolve().parent.parent
+PRODUCTION = ("gpuplatform", "tenants", "nodes", "incidents", "estimator")
+TEST_EQUIPMENT = ("emulator", "nodelab")
+MAX_MODULE_LINES = 700
+# Modules that run on a GPU node or stand alone, never inside Django.
+PURE = ("estimator", "nodes.placement", "nodes.preflight", "nodes.sampler", "incidents.rules")
+
+
+@dataclass(frozen=True)
+class Import:
+    target: str  # the module imported (a package's __init__ when a name is taken from it)
+    names: tuple[str, ...]  # the names taken from it ("" for `import x`)
+    line: int
+    local: bool  # inside a function
+    type_checking: bool  # under `if TYPE_CHECKING:`
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str
+    path: Path
+    tree: ast.Module
+    lines: tuple[str, ...]
+
+    @property
+    def where(self) -> str:
+        return str(self.path.relative_to(ROOT))
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+@cache
+def modules(packages: tuple[str, ...] = PRODUCTION) -> tuple[Module, ...]:
+    found = []
+    for package in packages:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "migrations" in path.parts:
+                continue
+            text = path.read_text()
+            found.append(
+                Module(_module_name(path), path, ast.parse(text), tuple(text.splitlines()))
+            )
+    return tuple(found)
+
+
+def _known() -> set[str]:
+    return {m.name for m in modules(PRODUCTION + TEST_EQUIPMENT)}
+
+
+def imports(module: Module) -> Iterator[Import]:
+    """Every import statement of `module`, resolved to the module it loads."""
+    known = _known()
+    is_package = module.path.name == "__init__.py"
+
+    def walk(node: ast.AST, local: bool, type_checking: bool) -> Iterator[Import]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                yield from walk(child, True, type_checking)
+            elif isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                yield from walk(child, local, True)
+            elif isinstance(child, ast.Import):
+                for alias in child.names:
+                    yield Import(alias.name, ("",), child.lineno, local, type_checking)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    package = module.name.split(".")
+                    if not is_package:
+                        package.pop()
+                    package = package[: len(package) - (child.level - 1)]
+                    base = ".".join([*package, *([base] if base else [])])
+                names = tuple(a.name for a in child.names)
+                submodules = [n for n in names if f"{base}.{n}" in known]
+                for name in submodules:  # `from pkg import module`
+                    yield Import(f"{base}.{name}", ("",), child.lineno, local, type_checking)
+                rest = tuple(n for n in names if n not in submodules)
+                if rest:
+                    yield Import(base, rest, child.lineno, local, type_checking)
+            else:
+                yield from walk(child, local, type_checking)
+
+    yield from walk(module.tree, False, False)
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_no_import_cycle_among_production_modules():  # type: ignore[no-untyped-def]
+    # An edge is an import statement at module level (imports for type checkers only do
+    # not run). A package's __init__ that re-exports its submodules is not an edge from
+    # them: a cycle needs a module importing, directly or through others, itself.
+    names = {m.name for m in modules()}
+    edges = {
+        m.name: sorted(
+            {i.target for i in imports(m) if not i.local and not i.type_checking}
+            & (names - {m.name})
+        )
+        for m in modules()
+    }
+    state: dict[str, int] = {}  # 1 on the path, 2 done
+    path: list[str] = []
+
+    def visit(name: str) -> list[str] | None:
+        state[name] = 1
+        path.append(name)
+        for target in edges[name]:
+            if state.get(target) == 1:
+                return [*path[path.index(target) :], target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        path.pop()
+        state[name] = 2
+        return None
+
+    for name in sorted(edges):
+        if name not in state and (cycle := visit(name)):
+            pytest.fail("import cycle: " + " -> ".join(cycle))
+
+
+def _reason_near(module: Module, line: int) -> bool:
+    """A `noqa: PLC0415` on the import's line, and words saying why: on that line, or in
+    the comment just above it (or above the run of imports it belongs to)."""
+    text = module.lines[line - 1]
+    if "PLC0415" not in text:
+        return False
+    said = text.split("#", 1)[1]
+    for code in ("noqa", "PLC0415", "F401"):
+        said = said.replace(code, "")
+    if any(c.isalpha() for c in said):
+        return True
+    for above in reversed(module.lines[: line - 1]):
+        above = above.strip()
+        if above and not above.startswith(("from ", "import ")):
+            return above.startswith("#")
+    return False
+
+
+@pytest.mark.parametrize("packages", [PRODUCTION, TEST_EQUIPMENT, ("tests", "bench")])
+def test_function_local_imports_say_why(packages):  # type: ignore[no-untyped-def]
+    unexplained = [
+        f"{m.where}:{i.line} imports {i.target}"
+        for m in modules(packages)
+        for i in imports(m)
+        if i.local and not _reason_near(m, i.line)
+    ]
+    assert not unexplained, "an import inside a function needs a stated reason:\n" + "\n".join(
+        unexplained
+    )
+
+
+def test_no_production_module_outgrows_its_room():  # type: ignore[no-untyped-def]
+    big = [
+        f"{m.where}: {len(m.lines)} lines"
+        for m in modules(PRODUCTION + TEST_EQUIPMENT)
+        if len(m.lines) > MAX_MODULE_LINES
+    ]
+    assert not big, f"split these by sub-domain (at most {MAX_MODULE_LINES} lines):\n" + "\n".join(
+        big
+    )
+
+
+def test_no_private_name_is_imported_across_modules():  # type: ignore[no-untyped-def]
+    ours = set(PRODUCTION + TEST_EQUIPMENT + ("tests", "bench"))
+    crossing = [
+        f"{m.where}:{i.line} takes {name} from {i.target}"
+        for m in modules(PRODUCTION + TEST_EQUIPMENT + ("tests", "bench"))
+        for i in imports(m)
+        if _top(i.target) in ours
+        for name in i.names
+        if name.startswith("_") and not name.startswith("__")
+    ]
+    assert not crossing, "a name shared between modules is public:\n" + "\n".join(crossing)
+
+
+def test_production_never_imports_test_equipment_or_tests():  # type: ignore[no-untyped-def]
+    wrong = [
+        f"{m.where}:{i.line} imports {i.target}"
+        for m in modules()
+        for i in imports(m)
+        if _top(i.target) in (*TEST_EQUIPMENT, "tests", "bench")
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("pure", PURE)
+def test_pure_modules_import_no_django(pure):  # type: ignore[no-untyped-def]
+    ours = [m for m in modules() if m.name == pure or m.name.startswith(pure + ".")]
+    assert ours, pure
+    wrong = [
+        f"{m.where}:{i.line} imports {i.target}"
+        for m in ours
+        for i in imports(m)
+        if _top(i.target) in ("django", "rest_framework", "celery")
+        or (_top(i.target) in PRODUCTION and not i.target.startswith(_top(pure)))
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def _is_tasks_module(name: str) -> bool:
+    return name.endswith(".tasks")
+
+
+def test_only_tasks_modules_import_tasks():  # type: ignore[no-untyped-def]
+    # Services queue work by the task's name (gpuplatform.dispatch.enqueue), so no
+    # service, view or command imports a task object.
+    wrong = [
+        f"{m.where}:{i.line} imports {i.target}"
+        for m in modules()
+        for i in imports(m)
+        if _is_tasks_module(i.target) and not _is_tasks_module(m.name)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def _calls(module: Module, function: str) -> Iterator[ast.Call]:
+    for node in ast.walk(module.tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name == function:
+                yield node
+
+
+def test_every_enqueued_name_is_a_registered_task():  # type: ignore[no-untyped-def]
+    celery_app.loader.import_default_modules()
+    named = {
+        (m.where, call.lineno, call.args[0].value)
+        for m in modules()
+        for call in _calls(m, "enqueue")
+        if call.args and isinstance(call.args[0], ast.Constant)
+    }
+    dynamic = [
+        f"{m.where}:{call.lineno}"
+        for m in modules()
+        for call in _calls(m, "enqueue")
+        if not (call.args and isinstance(call.args[0], ast.Constant))
+    ]
+    assert len(named) > 15  # the services really queue their work through it
+    assert not dynamic, "enqueue takes the task's name as written: " + ", ".join(dynamic)
+    unknown = [
+        f"{where}:{line} {name!r}" for where, line, name in named if name not in celery_app.tasks
+    ]
+    assert not unknown, "\n".join(unknown)
+
+
+def _lock_module(module: Module) -> bool:
+    return module.name.endswith(".locks")
+
+
+def test_row_locks_are_taken_in_the_lock_modules():  # type: ignore[no-untyped-def]
+    # Each app's locks.py writes the order once; a lock taken elsewhere could break it.
+    # The placement's claim (FOR UPDATE ... SKIP LOCKED in one UPDATE statement) is the
+    # one lock written as SQL, documented in nodes/locks.py.
+    elsewhere = [
+        f"{m.where}:{call.lineno}"
+        for m in modules()
+        if not _lock_module(m)
+        for call in _calls(m, "select_for_update")
+    ]
+    advisory = [
+        f"{m.where}:{n}"
+        for m in modules()
+        if not _lock_module(m)
+        for n, line in enumerate(m.lines, 1)
+        if "advisory_lock" in line or "advisory_unlock" in line
+    ]
+    raw = [
+        f"{m.where}:{n}"
+        for m in modules()
+        if not _lock_module(m)
+        for n, line in enumerate(m.lines, 1)
+        if "FOR UPDATE" in line and "#" not in line.split("FOR UPDATE")[0]
+    ]
+    assert not elsewhere and not advisory, "\n".join(elsewhere + advisory)
+    assert {r.split(":")[0] for r in raw} == {"nodes/services/allocations.py"}, raw
+    for app in ("tenants", "nodes", "incidents"):
+        doc = ast.get_docstring(next(m for m in modules() if m.name == f"{app}.locks").tree)
+        assert doc and " -> " in doc, f"{app}/locks.py writes its lock order"
+
+
+WRITES = {
+    "save",
+    "delete",
+    "create",
+    "update",
+    "bulk_create",
+    "bulk_update",
+    "get_or_create",
+    "update_or_create",
+    "select_for_update",
+}
+
+
+def _orm_receiver(node: ast.AST) -> bool:
+    """`X.objects...` or a queryset chain (`.filter(...)`, `.all()`, `get_queryset()`)."""
+    while isinstance(node, ast.Attribute | ast.Call):
+        if isinstance(node, ast.Attribute) and node.attr == "objects":
+            return True
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in (
+                "filter",
+                "exclude",
+                "all",
+                "get_queryset",
+                "for_tenant",
+            ):
+                return True
+            node = func
+        else:
+            node = node.value
+    return False
+
+
+def _view_modules() -> list[Module]:
+    return [
+        m
+        for m in modules()
+        if m.name.split(".")[-1] == "views" or ".views." in m.name or m.name.endswith(".api.views")
+    ]
+
+
+def test_views_neither_open_transactions_nor_write_the_orm():  # type: ignore[no-untyped-def]
+    views = _view_modules()
+    assert len(views) >= 8
+    wrong = []
+    for m in views:
+        wrong += [
+            f"{m.where}:{i.line} imports transaction"
+            for i in imports(m)
+            if i.target == "django.db" and "transaction" in i.names
+        ]
+        for node in ast.walk(m.tree):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+                continue
+            attr = node.func.attr
+            if attr in ("save", "delete", "select_for_update") or (
+                attr in WRITES and _orm_receiver(node.func.value)
+            ):
+                wrong.append(f"{m.where}:{node.lineno} .{attr}()")
+    assert not wrong, "a page or the API writes through one service call:\n" + "\n".join(wrong)
+
+
+def _viewsets(patterns) -> Iterator[type]:  # type: ignore[no-untyped-def]
+    for pattern in patterns:
+        if hasattr(pattern, "url_patterns"):
+            yield from _viewsets(pattern.url_patterns)
+        else:
+            cls = getattr(pattern.callback, "cls", None)
+            if cls is not None and issubclass(cls, ViewSetMixin):
+                yield cls
+
+
+def test_api_writes_are_the_projects_own_not_drf_defaults():  # type: ignore[no-untyped-def]
+    # DRF's create/update/destroy mixins save through the serializer: a write the
+    # services never see. Every one the API routes must be overridden to call a service.
+    viewsets = set(_viewsets(urlpatterns))
+    assert len(viewsets) > 15
+    wrong = [
+        f"{cls.__module__}.{cls.__name__}.{action}"
+        for cls in viewsets
+        for action in ("create", "update", "partial_update", "destroy", "perform_create")
+        if hasattr(cls, action)
+        and _top(getattr(cls, action).__module__) not in PRODUCTION
+        and (action != "perform_create" or hasattr(cls, "create"))
+        and not (action == "perform_create" and _top(cls.create.__module__) in PRODUCTION)
+    ]
+    assert not wrong, "\n".join(sorted(wrong))
