@@ -257,7 +257,13 @@ ERROR_CODES = _codes(
     ("overflow", 400, "field", "A number or time too large to represent."),
     ("null_characters_not_allowed", 400, "field", "Text with a NUL character."),
     ("surrogate_characters_not_allowed", 400, "field", "Text with a lone surrogate character."),
-    ("reserved_variable", 400, "field", "An environment variable the platform sets or forbids."),
+    (
+        "reserved_variable",
+        400,
+        "field",
+        "An environment variable the platform sets or forbids, named in the environment or "
+        "set or unset by the command.",
+    ),
     (
         "image_sets_reserved_variable",
         400,

@@ -21,7 +21,14 @@ PRODUCTION = ("gpuplatform", "tenants", "nodes", "incidents", "estimator")
 TEST_EQUIPMENT = ("emulator", "nodelab")
 MAX_MODULE_LINES = 700
 # Modules that run on a GPU node or stand alone, never inside Django.
-PURE = ("estimator", "nodes.placement", "nodes.preflight", "nodes.sampler", "incidents.rules")
+PURE = (
+    "estimator",
+    "nodes.placement",
+    "nodes.preflight",
+    "nodes.sampler",
+    "nodes.command_env",
+    "incidents.rules",
+)
 
 
 @dataclass(frozen=True)

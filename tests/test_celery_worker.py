@@ -16,6 +16,7 @@ from gpuplatform.celery import app
 from gpuplatform.workers import worker_argv
 from tenants import services
 from tenants.models import Invitation, Role
+from tests.ci import missing
 from tests.factories import MembershipFactory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +37,7 @@ def _wait_for(predicate, timeout: float = 30.0, interval: float = 0.2):  # type:
 @pytest.fixture
 def worker(tmp_path, django_db_blocker):  # type: ignore[no-untyped-def]
     if not settings.CELERY_BROKER_URL.startswith("redis"):
-        pytest.skip("set REDIS_URL (make test does) to run the worker on Redis")
+        missing("set REDIS_URL (make test does) to run the worker on Redis")
     db = settings.DATABASES["default"]
     database_url = (
         f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"

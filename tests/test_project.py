@@ -5,12 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from django.conf import settings
 
 from gpuplatform.celery import app as celery_app
 from gpuplatform.gunicorn_logging import redact
 from gpuplatform.settings import DEV_SECRET_KEY
+from tests.ci import missing
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -140,7 +140,7 @@ def test_embedded_defaults_need_no_server(tmp_path):  # type: ignore[no-untyped-
 
 def test_redis_url_makes_redis_the_broker():  # type: ignore[no-untyped-def]
     if not os.environ.get("REDIS_URL"):
-        pytest.skip("make test sets REDIS_URL")
+        missing("make test sets REDIS_URL")
     assert os.environ["REDIS_URL"] == settings.CELERY_BROKER_URL
     assert settings.CACHES["default"]["BACKEND"].endswith("RedisCache")
 

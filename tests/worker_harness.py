@@ -12,12 +12,11 @@ import uuid
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-import pytest
 from django.conf import settings
 
 from gpuplatform.celery import app
 from gpuplatform.workers import worker_argv
-from tests.lab_support import lab_required
+from tests.ci import missing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,18 +41,10 @@ def _reset_producer_pools() -> None:
     app.amqp._producer_pool = None
 
 
-def _missing(reason: str) -> None:
-    """A part the worker tests need is not there: a skip on a laptop, a failure in CI (the
-    lane must run, never pass by skipping)."""
-    if lab_required():
-        pytest.fail(f"{reason} (CI=true)", pytrace=False)
-    pytest.skip(reason)
-
-
 def broker_on(db: int):  # type: ignore[no-untyped-def]
     """A fixture body: this process publishes to Redis database `db`, emptied first."""
     if not settings.CELERY_BROKER_URL.startswith("redis"):
-        _missing("set REDIS_URL (make test does) to run the worker on Redis")
+        missing("set REDIS_URL (make test does) to run the worker on Redis")
     url = _redis_url(db)
     before = app.conf.broker_url
     app.conf.broker_url = url
@@ -79,7 +70,7 @@ def workers_for(broker: str, tmp_path: Path, *, queues: str, name: str, env: dic
     started is stopped at the end. Start it after the fleet, which makes the key."""
     db = settings.DATABASES["default"]
     if not db["ENGINE"].endswith("postgresql"):
-        _missing("the worker tests need PostgreSQL (set DATABASE_URL; make test does)")
+        missing("the worker tests need PostgreSQL (set DATABASE_URL; make test does)")
     database_url = (
         f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
     )

@@ -14,6 +14,8 @@ from django.apps import apps
 from django.conf import settings
 from playwright.sync_api import sync_playwright
 
+from tests.ci import missing
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
@@ -46,7 +48,7 @@ def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="package")
 def playwright_sync(django_db_setup):  # type: ignore[no-untyped-def]
     if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} is missing: `make chromium` installs Debian's chromium")
+        missing(f"{CHROMIUM} is missing: `make chromium` installs Debian's chromium")
 
     # The sync API keeps an event loop running in this thread until it stops, so Django's
     # async-safety check would refuse every ORM call (tests and DB flushes alike).

@@ -12,6 +12,7 @@ from django.db.models.expressions import RawSQL
 from nodes import services
 from nodes.models import Allocation, Gpu, Node
 from nodes.placement import Candidate, MigSlot, choose, nominal_mb
+from tests.ci import missing
 
 
 def test_best_fit_picks_the_gpu_left_with_least_room():  # type: ignore[no-untyped-def]
@@ -80,7 +81,7 @@ def test_reserve_skips_draining_unreachable_and_closed_gpus():  # type: ignore[n
 @pytest.mark.django_db(transaction=True)
 def test_parallel_reservations_never_over_allocate():  # type: ignore[no-untyped-def]
     if connection.vendor != "postgresql":
-        pytest.skip("row locks need PostgreSQL")
+        missing("row locks need PostgreSQL")
     node = Node.objects.create(
         gate_status="passed", name="race", address="10.7.1.1", status="active"
     )
@@ -202,7 +203,7 @@ def test_room_index_serves_placement():  # type: ignore[no-untyped-def]
     """The best-fit query must read the fleet through nodes_gpu_room_idx (migration
     0004), whose expression has to stay identical to services.ROOM_SQL."""
     if connection.vendor != "postgresql":
-        pytest.skip("the index is PostgreSQL's")
+        missing("the index is PostgreSQL's")
 
     node = Node.objects.create(
         gate_status="passed", name="idx", address="10.7.4.1", status="active"

@@ -15,6 +15,7 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from nodes import isolation
 from nodes.models import Allocation, Gpu, GpuSampleRollup, Node, ProcessSample
 from tenants import services
 from tenants.models import Image, LedgerEntry, Membership, Purchase, Role, Slice, Tier
@@ -463,6 +464,8 @@ BAD_LAUNCHES = [
     ("command a string", {"command": "python serve.py; reboot"}, "command"),
     ("command item a list", {"command": [["python"]]}, "command.0"),
     ("command item with NUL", {"command": ["python\x00"]}, "command.0"),
+    ("command env -u LD_PRELOAD", {"command": ["env", "-u", "LD_PRELOAD", "./job"]}, "command"),
+    ("command export in sh -c", {"command": ["sh", "-c", "export LD_PRELOAD=; x"]}, "command"),
     ("purchase of another tenant", {"purchase": "B"}, "purchase"),
     ("purchase that does not exist", {"purchase": 999999}, "purchase"),
     ("model missing", {"model": _DROP}, "model"),
@@ -515,6 +518,52 @@ def test_the_bad_launch_checks_can_fail(api_a, owner_a, purchase_a, image, gpu):
     assert api_a.post("/api/v1/slices/", body(purchase_a, image)).status_code == 201
     assert snapshot(owner_a, purchase_a) != before
     assert Allocation.objects.count() == 1
+
+
+RESERVED_COMMANDS = [
+    (["env", "CUDA_DISABLE_CONTROL=true", "./job"], "CUDA_DISABLE_CONTROL"),
+    (["/usr/bin/env", "-u", "LD_PRELOAD", "./job"], "LD_PRELOAD"),
+    (["env", "-i", "./job"], "LD_PRELOAD"),
+    (["sh", "-c", "CUDA_DEVICE_MEMORY_LIMIT=80g ./job"], "CUDA_DEVICE_MEMORY_LIMIT"),
+    (["busybox", "sh", "-c", "cd /w && export CUDA_OVERSUBSCRIBE=1; ./job"], "CUDA_OVERSUBSCRIBE"),
+    (["bash", "-lc", "unset LD_PRELOAD\n./job"], "LD_PRELOAD"),
+]
+
+
+@pytest.mark.parametrize(("command", "name"), RESERVED_COMMANDS, ids=lambda v: repr(v)[:50])
+def test_a_command_setting_or_unsetting_a_reserved_variable_is_a_400_naming_it(  # type: ignore[no-untyped-def]
+    api_a, owner_a, purchase_a, image, gpu, command, name
+):
+    before = snapshot(owner_a, purchase_a)
+    response = api_a.post("/api/v1/slices/", body(purchase_a, image, command=command))
+    assert response.status_code == 400, response.content
+    data = response.json()
+    assert data["code"] == "validation_error"
+    [error] = data["fields"]["command"]
+    assert error["code"] == "reserved_variable"
+    reason = isolation.reserved_reason(name)
+    assert error["message"].startswith(f"{name} cannot be set or unset by the command (")
+    assert error["message"].endswith(f"): {reason}.")
+    assert data["message"] == f"command: {error['message']}"
+    assert snapshot(owner_a, purchase_a) == before
+    assert not Slice.objects.exists()
+
+
+def test_a_command_that_only_reads_a_reserved_variable_launches(api_a, purchase_a, image, gpu):  # type: ignore[no-untyped-def]
+    command = ["sh", "-c", "echo $CUDA_VISIBLE_DEVICES; printenv LD_PRELOAD; exec python x.py"]
+    response = api_a.post("/api/v1/slices/", body(purchase_a, image, command=command))
+    assert response.status_code == 201, response.content
+    assert Slice.objects.get().command == command
+
+
+def test_an_image_default_command_that_unsets_a_reserved_variable_is_refused(api_ops):  # type: ignore[no-untyped-def]
+    # the default runs when a launch gives no command: the same check, on its own field
+    payload = {"name": "x", "reference": "a/b:1", "default_command": ["env", "-u", "LD_PRELOAD"]}
+    response = api_ops.post("/api/v1/ops/images/", payload, format="json")
+    assert response.status_code == 400, response.content
+    [error] = response.json()["fields"]["default_command"]
+    assert error["code"] == "reserved_variable" and "LD_PRELOAD" in error["message"]
+    assert not Image.objects.exists()
 
 
 def test_another_tenants_purchase_reads_like_a_missing_one(  # type: ignore[no-untyped-def]

@@ -417,6 +417,36 @@ def test_launch_environment_splits_on_the_first_equals_and_refuses_bad_names(  #
     assert slice.command == ["python", "serve.py", "--name", "my model"]
 
 
+def test_launch_page_refuses_a_command_that_sets_or_unsets_a_reserved_variable(  # type: ignore[no-untyped-def]
+    client, funded, purchase, image
+):
+    client.force_login(funded.user)
+    for command, message in (
+        (
+            "env\nCUDA_DISABLE_CONTROL=true\n./job",
+            "CUDA_DISABLE_CONTROL cannot be set or unset by the command "
+            "(env CUDA_DISABLE_CONTROL=true): it switches the quota library&#x27;s VRAM "
+            "enforcement off.",
+        ),
+        (
+            "sh\n-c\nunset LD_PRELOAD; ./job",
+            "LD_PRELOAD cannot be set or unset by the command (unset LD_PRELOAD): it loads "
+            "code ahead of the quota library, or leaves the library out.",
+        ),
+    ):
+        response = client.post("/launch/", launch_data(purchase, image, command=command))
+        assert response.status_code == 400, command
+        page = response.content.decode()
+        shown = re.search(r'id="id_command-error"[^>]*>(.*?)</', page, re.S)
+        assert shown and message in shown.group(1), page
+    assert not Slice.objects.exists()
+    ok = client.post(
+        "/launch/", launch_data(purchase, image, command="sh\n-c\necho $CUDA_VISIBLE_DEVICES")
+    )
+    assert ok.status_code == 302
+    assert Slice.objects.get().command == ["sh", "-c", "echo $CUDA_VISIBLE_DEVICES"]
+
+
 def test_launch_of_an_ssh_image_without_a_key_names_the_field(client, funded, purchase, image):  # type: ignore[no-untyped-def]
     client.force_login(funded.user)
     response = client.post("/launch/", launch_data(purchase, image, ssh_public_key=""))

@@ -15,7 +15,7 @@ from django.utils import timezone
 import estimator
 from gpuplatform.dispatch import enqueue
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
-from nodes import isolation
+from nodes import command_env, isolation
 from nodes import services as node_services
 
 from ...locks import purchase_lock, slice_queue_head_lock
@@ -99,6 +99,8 @@ def clean_environment(environment) -> dict[str, str]:  # type: ignore[no-untyped
 
 
 def clean_command(command) -> list[str]:  # type: ignore[no-untyped-def]
+    """The launch's argv, checked. One that sets, unsets or clears a reserved variable is
+    refused naming it (nodes.command_env: a courtesy, the node is the boundary)."""
     if command in (None, "", []):
         return []
     if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
@@ -124,6 +126,9 @@ def clean_command(command) -> list[str]:  # type: ignore[no-untyped-def]
             )
     if not command[0].strip():
         raise ServiceError("The command's first argument is the program to run.", field="command")
+    refused = command_env.command_reserved(command)
+    if refused:
+        raise ServiceError(refused.message, code="reserved_variable", field="command")
     return command
 
 
