@@ -116,22 +116,26 @@ def _measure(runs: int, log: Path) -> dict[str, list[float]]:
     node_services.sampling.read_nodes = timed_read
     try:
         emu = fleet.nodes[0]
-        node = node_services.node_register(
-            name=emu.name, address="127.0.0.1", port=emu.port, host_key=emu.host_key_line()
-        )
-        node = node_services.node_discover(node_id=node.pk)
-        # no quota library here: the watchdog alone is measured, as ops accepted it
         ops = get_user_model().objects.create_user(
             username="ops@det.test", email="ops@det.test", password="x" * 16, is_staff=True
-        )
-        node = node_services.node_accept_watchdog_only(
-            node=node, actor=ops, accept=True, reason="the watchdog alone, measured"
         )
         image = Image.objects.create(
             name="bench",
             reference="nvidia/cuda:12.4.1-base-ubuntu22.04",
             ports=[],
             connect="service",
+        )
+        # the preflight's probe runs an image ops chose from the allowlist
+        node_services.node_policy_update(
+            actor=ops, reason="the bench's probe image", probe_image=image.reference
+        )
+        node = node_services.node_register(
+            name=emu.name, address="127.0.0.1", port=emu.port, host_key=emu.host_key_line()
+        )
+        node = node_services.node_discover(node_id=node.pk)
+        # no quota library here: the watchdog alone is measured, as ops accepted it
+        node = node_services.node_accept_watchdog_only(
+            node=node, actor=ops, accept=True, reason="the watchdog alone, measured"
         )
         members = []
         for i, name in enumerate(("Offender", "Neighbour")):

@@ -17,6 +17,15 @@ from dataclasses import dataclass, field
 DEFAULT_DRIVER_VERSION = "550.54.15"
 DEFAULT_CUDA_VERSION = "12.4"
 DEFAULT_QUOTA_LIBRARY = "/usr/lib/gpuplatform/libvramquota.so"
+# Where a node's quota library takes its limits from. "node": the toolkit hook writes the
+# container's limits (from its configured environment, which only the platform sets)
+# into a read-only /overrideEnv the library applies over the process's environment, and
+# mounts a read-only /etc/ld.so.preload naming the library, so no process inside can
+# switch it off, raise its limit or leave it out. "environment": HAMi-core upstream, which
+# obeys whatever environment each process has (HAMi#723).
+QUOTA_FROM_NODE = "node"
+QUOTA_FROM_ENVIRONMENT = "environment"
+QUOTA_CONFIGS = (QUOTA_FROM_NODE, QUOTA_FROM_ENVIRONMENT)
 
 
 @dataclass(frozen=True)
@@ -190,6 +199,14 @@ class NodeSpec:
     driver_version: str = DEFAULT_DRIVER_VERSION
     cuda_version: str = DEFAULT_CUDA_VERSION
     extra: dict = field(default_factory=dict)
+    quota_library_config: str = QUOTA_FROM_NODE
+
+    def __post_init__(self) -> None:
+        if self.quota_library_config not in QUOTA_CONFIGS:
+            raise ValueError(
+                f"quota_library_config must be one of {QUOTA_CONFIGS}, "
+                f"not {self.quota_library_config!r}"
+            )
 
 
 # The default mix: (gpus, quota library present)

@@ -4,13 +4,16 @@ lookup rules, the VRAM caps a container is given, and its start, exit, stop and 
 from __future__ import annotations
 
 import contextlib
+import re
 import secrets
+import shlex
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .catalog import QUOTA_FROM_NODE
 from .gpus import GpuProcess, GpuState
-from .workload import Workload
+from .workload import ENV_PREFIX, TENANT_PREFIXES, Workload
 
 if TYPE_CHECKING:
     from .clock import Clock
@@ -32,6 +35,156 @@ def parse_size_mb(value: str) -> float | None:
         return float(v) / (1024 * 1024)
     except (ValueError, IndexError):
         return None
+
+
+def library_size_mb(value: str) -> float | None:
+    """A size as HAMi-core reads it: '8192m', '80g', '512k'; a bare number is MiB."""
+    v = value.strip().lower()
+    if v.isdigit():
+        return float(v)
+    return parse_size_mb(v) if v[-1:] in ("k", "m", "g", "t") else None
+
+
+# --- the environment the container's program really runs with
+#
+# The container's configured environment is the platform's (docker run -e); the program
+# may change its own before it starts CUDA: an `env` wrapper in its command, a shell
+# script's export/unset, or (the workload knobs below) its own setenv/unsetenv calls, a
+# shell opened inside the slice doing the same. Only the quota library decides whether
+# any of that matters (LibraryView).
+
+PROCESS_ENV_KNOB = "PROCESS_ENV"  # "NAME=value NAME=value": set by the program itself
+PROCESS_UNSET_KNOB = "PROCESS_UNSET"  # "NAME NAME": unset by the program itself
+# "static": a statically linked job, or one that drives the device without libcuda (its
+# own ioctls): no preload of any kind reaches it, so no quota library sees its memory.
+LINKAGE_KNOB = "LINKAGE"
+SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh", "busybox"})
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_STATEMENT_SPLIT_RE = re.compile(r"\n|;|&&|\|\|")
+
+
+def knob(env: dict[str, str], name: str) -> str:
+    """A workload knob as the tenant's program reads it: GPUPLATFORM_EMULATOR_<name>, or
+    the tenant's own EMULATOR_<name> / WORKLOAD_<name>."""
+    for prefix in (ENV_PREFIX, *TENANT_PREFIXES):
+        if prefix + name in env:
+            return env[prefix + name]
+    return ""
+
+
+def _assignment(word: str) -> tuple[str, str] | None:
+    name, eq, value = word.partition("=")
+    return (name, value) if eq and _NAME_RE.match(name) else None
+
+
+def _env_wrapper(argv: list[str], env: dict[str, str]) -> list[str]:
+    """`env [-i] [-u NAME]... [NAME=value]... program...`, applied to `env` in place;
+    returns the program's argv (which may be another wrapper, or empty)."""
+    while argv and argv[0].rsplit("/", 1)[-1] == "env":
+        rest = argv[1:]
+        while rest:
+            word = rest[0]
+            if word in ("-i", "-", "--ignore-environment"):
+                env.clear()
+            elif word in ("-u", "--unset") and len(rest) > 1:
+                env.pop(rest[1], None)
+                rest = rest[1:]
+            elif word.startswith("--unset="):
+                env.pop(word.partition("=")[2], None)
+            elif word.startswith("-u") and len(word) > 2:
+                env.pop(word[2:], None)
+            elif word == "--":
+                rest = rest[1:]
+                break
+            elif not word.startswith("-"):
+                break
+            rest = rest[1:]
+        while rest and (pair := _assignment(rest[0])) is not None:
+            env[pair[0]] = pair[1]
+            rest = rest[1:]
+        argv = rest
+    return argv
+
+
+def _shell_script(script: str, args: list[str], env: dict[str, str]) -> dict[str, str]:
+    """The environment a `sh -c SCRIPT $0 ARGS...` gives its job: the program it runs as
+    `"$@"` (ARGS) where it does, else its last one; through `export` and `unset`
+    statements, `NAME=value program` prefixes, `exec` and `env` wrappers. A reading of
+    the plain forms, not a shell: what it cannot read it leaves alone."""
+    env = dict(env)
+    last = env
+    job: dict[str, str] | None = None
+    for statement in _STATEMENT_SPLIT_RE.split(script):
+        try:
+            words = shlex.split(statement, comments=True)
+        except ValueError:
+            continue
+        if words[:1] == ["exec"]:
+            words = words[1:]
+        if not words:
+            continue
+        if words[0] in ("export", "unset"):
+            for w in words[1:]:
+                if words[0] == "unset" and _NAME_RE.match(w):
+                    env.pop(w, None)
+                elif words[0] == "export" and (pair := _assignment(w)) is not None:
+                    env[pair[0]] = pair[1]
+            last = env
+            continue
+        if "$@" in words:
+            # inside whatever plumbing the script wraps it in, the job is ARGS
+            local = dict(env)
+            _env_wrapper(list(args), local)
+            job = local
+            continue
+        local = dict(env)
+        while words and (pair := _assignment(words[0])) is not None:
+            local[pair[0]] = pair[1]
+            words = words[1:]
+        if not words:
+            # a bare assignment changes the environment only for a name already in it
+            env.update({k: v for k, v in local.items() if k in env})
+            last = env
+            continue
+        _env_wrapper(words, local)
+        last = local
+    return dict(job if job is not None else last)
+
+
+def process_environment(cmd: list[str], configured: dict[str, str]) -> dict[str, str]:
+    """The environment the container's program runs with: its configured environment as
+    its command (and its own knobs) change it."""
+    env = dict(configured)
+    argv = _env_wrapper(list(cmd), env)
+    if argv and argv[0].rsplit("/", 1)[-1] == "busybox":
+        argv = argv[1:]
+    base = argv[0].rsplit("/", 1)[-1] if argv else ""
+    if base in SHELLS and len(argv) > 2 and argv[1] in ("-c", "-lc", "-ec"):
+        env = _shell_script(argv[2], argv[4:], env)
+    for item in knob(env, PROCESS_ENV_KNOB).split():
+        if (pair := _assignment(item)) is not None:
+            env[pair[0]] = pair[1]
+    for name in knob(env, PROCESS_UNSET_KNOB).replace(",", " ").split():
+        env.pop(name, None)
+    return env
+
+
+# The quota library's own settings, HAMi-core's names.
+LIBRARY_LIMITS = ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT_0")
+LIBRARY_BOOKS = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+LIBRARY_OFF = "CUDA_DISABLE_CONTROL"
+
+
+@dataclass(frozen=True)
+class LibraryView:
+    """The node's quota library as the container's program meets it."""
+
+    given: bool = False  # the hook gave the container the library and its books
+    loaded: bool = False  # it is in the program (preloaded, by LD_PRELOAD or ld.so.preload)
+    enforcing: bool = False
+    limit_mb: float | None = None
+    counted: bool = False  # the program's memory is in the container's books
+    state: str = "none"  # none | not loaded | bypassed | switched off | enforcing | no limit
 
 
 @dataclass
@@ -65,6 +218,7 @@ class Container:
     used_mb: int = 0
     quota_hit_logged: bool = False
     auto_remove: bool = False
+    library: LibraryView = field(default_factory=LibraryView)  # as its program met it
     logs: list[tuple[float, str, str]] = field(default_factory=list)  # (time, stream, line)
 
     @property
@@ -154,6 +308,8 @@ class ContainerOps:
     host_processes: dict[int, GpuProcess]
     quota_library: str | None
     quota_library_enforces: bool
+    quota_library_config: str
+    processes: list[GpuProcess]
 
     if TYPE_CHECKING:
 
@@ -232,9 +388,9 @@ class ContainerOps:
         return matches[0] if len(matches) == 1 else None
 
     def _limits(self, c: Container) -> list[tuple[float, str]]:
-        """Every VRAM cap the container was given: (MiB, "mig" | "framework" |
+        """Every VRAM cap the container's program was given: (MiB, "mig" | "framework" |
         "quota-library")."""
-        env = c.env_dict
+        env = process_environment(c.cmd, c.env_dict)
         limits: list[tuple[float, str]] = []
         if c.device is not None:
             gpu = self.gpus[c.device[0]]
@@ -244,21 +400,77 @@ class ContainerOps:
         if fw:
             with contextlib.suppress(ValueError):
                 limits.append((float(fw), "framework"))
-        if self._quota_library_loaded(env):
-            for key in ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT_0"):
-                if key in env:
-                    mb = parse_size_mb(env[key])
-                    if mb is not None:
-                        limits.append((mb, "quota-library"))
+        library = self.library_view(c)
+        if library.enforcing and library.limit_mb is not None:
+            limits.append((library.limit_mb, "quota-library"))
         return limits
 
-    def _quota_library_loaded(self, env: dict[str, str]) -> bool:
-        """The node's quota library intercepts CUDA only when it is preloaded
-        (LD_PRELOAD names it; the separator is a colon or a space)."""
-        if not self.quota_library or not self.quota_library_enforces:
-            return False
+    def _preloads(self, env: dict[str, str]) -> bool:
+        """LD_PRELOAD names the node's quota library (a colon or a space separates)."""
         preload = env.get("LD_PRELOAD", "").replace(":", " ").split()
-        return self.quota_library in preload
+        return bool(self.quota_library) and self.quota_library in preload
+
+    def library_view(self, c: Container) -> LibraryView:
+        """The node's quota library as the container's program meets it.
+
+        The hook gives the library (and its books) to the containers the platform
+        preloads it into, by their configured environment. Where the node gives the
+        limits (QUOTA_FROM_NODE), a read-only /etc/ld.so.preload loads it into every
+        dynamically linked process and a read-only /overrideEnv replaces the process's
+        own settings with the container's: limits, books, CUDA_DISABLE_CONTROL=false.
+        Elsewhere (QUOTA_FROM_ENVIRONMENT, HAMi-core upstream) the program's own
+        environment decides: unset LD_PRELOAD and it is not loaded, CUDA_DISABLE_CONTROL
+        =true and it neither enforces nor keeps books (as the lab's stand-in), its own
+        limit and that is the limit, its own books path and the node's books miss it."""
+        if not self.quota_library or not self.quota_library_enforces:
+            return LibraryView()
+        configured = c.env_dict
+        given = self._preloads(configured)
+        env = process_environment(c.cmd, configured)
+        if knob(env, LINKAGE_KNOB).strip().lower() == "static":
+            return LibraryView(given=given, state="bypassed")
+        from_node = given and self.quota_library_config == QUOTA_FROM_NODE
+        if from_node:
+            node_limits = {k: configured[k] for k in LIBRARY_LIMITS if k in configured}
+            settings = {**env, **node_limits, LIBRARY_OFF: "false"}
+        elif self._preloads(env):
+            settings = env
+        else:
+            return LibraryView(given=given, state="not loaded")
+        if settings.get(LIBRARY_OFF, "").strip().lower() == "true":
+            return LibraryView(given=given, loaded=True, state="switched off")
+        limit = None
+        for key in ("CUDA_DEVICE_MEMORY_LIMIT_0", "CUDA_DEVICE_MEMORY_LIMIT"):
+            if settings.get(key, "").strip():  # the device's own limit first, as HAMi-core
+                limit = library_size_mb(settings[key])
+                break
+        # the node's override names the books the hook mounted; a process's own names
+        # somewhere else, which the node's sampler never reads
+        counted = from_node or (given and env.get(LIBRARY_BOOKS) == configured.get(LIBRARY_BOOKS))
+        enforcing = limit is not None and limit > 0
+        return LibraryView(
+            given=given,
+            loaded=True,
+            enforcing=enforcing,
+            limit_mb=limit if enforcing else None,
+            counted=counted,
+            state="enforcing" if enforcing else "no limit",
+        )
+
+    def quota_books(self) -> list[dict[str, Any]] | None:
+        """What the node's quota library counts each container with GPU processes as
+        holding, as the sampler reads its books (`quota_usage`); None where the node
+        keeps none. A program the library is not in adds nothing to its container's."""
+        if not self.quota_library:
+            return None
+        with_processes = {p.container_id for p in self.processes if p.container_id}
+        books = []
+        for c in sorted(self.containers.values(), key=lambda c: c.id):
+            if c.running and c.id in with_processes and c.library.given:
+                books.append(
+                    {"container_id": c.id, "used_mb": c.used_mb if c.library.counted else 0}
+                )
+        return books
 
     def effective_limit(self, c: Container) -> tuple[float | None, str | None]:
         """The tightest cap the container was given, enforced or advisory."""
@@ -283,10 +495,12 @@ class ContainerOps:
         c.quota_hit_logged = False
         c.paused, c.paused_at, c.paused_s = False, None, 0.0
         c.used_mb = 0
+        c.library = self.library_view(c) if c.device is not None else LibraryView()
         c.limit_mb, c.limit_source = self.effective_limit(c)
         c.hard_limit_mb = self.hard_limit(c)
         if c.device is not None:
-            c.workload = Workload.from_env(c.env_dict)
+            # the program reads its knobs from its own environment, as it runs
+            c.workload = Workload.from_env(process_environment(c.cmd, c.env_dict))
             w = c.workload
             gpu = self.gpus[c.device[0]]
             target = gpu.mig_devices[c.device[1]].uuid if c.device[1] is not None else gpu.uuid
@@ -309,6 +523,8 @@ class ContainerOps:
                 )
                 + ("" if w.cooperative else " cooperative=no"),
             )
+            if c.library.state == "switched off":  # what the lab's stand-in prints
+                c.log(now, "stderr", "[vramquota] CUDA_DISABLE_CONTROL=true: not enforcing")
             if gpu.mig_enabled and c.device[1] is None:
                 self.container_exit(
                     c,

@@ -16,6 +16,7 @@ injection and inspection from other processes) and its client.
     POST /nodes/<name>/nvml       {"available": false, "error": "..."}
     POST /nodes/<name>/driver     {"loaded": false}
     POST /nodes/<name>/kill       {"container": "<id|name>", "exit_code": 137, "oom_killed": false}
+    POST /nodes/<name>/quota-library {"config": "node" | "environment"}
     POST /clock                   {"advance": 600} | {"speed": 60}
 
 Loopback only and unauthenticated: a development and test tool, never for production hosts.
@@ -61,6 +62,8 @@ def _node_detail(node: EmulatedNode) -> dict[str, Any]:
             "limit_source": c.limit_source,
             "profile": c.profile,
             "labels": c.labels,
+            "library": c.library,
+            "library_mb": c.library_mb,
         }
         for c in node.containers
     ]
@@ -144,6 +147,9 @@ def handle(fleet: EmulatedFleet, method: str, path: str, body: dict[str, Any]) -
             if action == "driver":
                 node.set_driver_loaded(bool(body.get("loaded", True)))
                 return {"ok": True}
+            if action == "quota-library":
+                node.set_quota_library_config(str(body.get("config", "")))
+                return {"ok": True, "config": node.describe()["quota_library_config"]}
             if action == "kill":
                 ok = node.kill_container(
                     str(body.get("container", "")),

@@ -257,7 +257,13 @@ def info_doc(node: NodeState) -> dict[str, Any]:
         },
         "DefaultRuntime": "runc",
         "Swarm": {"LocalNodeState": "inactive"},
-        "SecurityOptions": ["name=apparmor", "name=seccomp,profile=builtin", "name=cgroupns"],
+        "RuncCommit": {"ID": node.runc_build or node.runc_version},
+        "SecurityOptions": [
+            "name=apparmor",
+            "name=seccomp,profile=builtin",
+            *(["name=userns"] if node.userns_remap else []),
+            "name=cgroupns",
+        ],
     }
 
 

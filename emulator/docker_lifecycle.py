@@ -7,7 +7,7 @@ import re
 import time
 from typing import Any
 
-from .containers import Container, parse_size_mb
+from .containers import Container, parse_size_mb, process_environment
 from .docker_flags import (
     RUN_FLAGS,
     SWITCH,
@@ -286,13 +286,19 @@ def _resolve_device(
     return ""
 
 
-PROBE_MARKER = "# gpuplatform-probe v1"  # nodes.preflight's probe script
+PROBE_MARKER = "# gpuplatform-probe v2"  # nodes.preflight's probe script
+_PROBE_NONCE_RE = re.compile(r"^N=([0-9a-f]+)$", re.MULTILINE)
 
 
 def _probe(node: NodeState, c: Container) -> None:
     """The platform's preflight probe: what the container would read of its own
     confinement, then its allocation of WORKLOAD_MB MiB (the workload's knob) against
-    the caps the container really got."""
+    the caps the container really got, framed as the script frames it (its own lines
+    behind the run's nonce, the allocation's behind "| "). A node whose quota library
+    obeys each process's environment (catalog.QUOTA_FROM_ENVIRONMENT) lets a probe
+    that changes its own environment past the quota (containers.process_environment)."""
+    match = _PROBE_NONCE_RE.search(c.cmd[2])
+    nonce = match.group(1) if match else ""
     hc = c.host_config
     caps = "0000000000000000" if "ALL" in (hc.get("CapDrop") or []) else "00000000a80425fb"
     nnp = "1" if "no-new-privileges" in (hc.get("SecurityOpt") or []) else "0"
@@ -304,19 +310,25 @@ def _probe(node: NodeState, c: Container) -> None:
     c.log(
         now,
         "stdout",
-        f"CapEff:\t{caps}\nNoNewPrivs:\t{nnp}\nmemory.max:\t{memory}\n"
-        f"pids.max:\t{pids}\ncpu.max:\t{cpu}",
+        f"{nonce} CapEff\t{caps}\n{nonce} NoNewPrivs\t{nnp}\n{nonce} memory.max\t{memory}\n"
+        f"{nonce} pids.max\t{pids}\n{nonce} cpu.max\t{cpu}",
     )
-    want = Workload.from_env(c.env_dict).base_mb
+    want = Workload.from_env(process_environment(c.cmd, c.env_dict)).base_mb
     hard = node.hard_limit(c)
     total = 0.0
     if c.device is not None:
         gpu = node.gpus[c.device[0]]
         total = float(gpu.model.memory_mb)
     code = 1 if c.device is None or want > total or (hard is not None and want > hard) else 0
-    if code:
-        c.log(now, "stderr", f"gpu-workload: CUDA out of memory. Tried to allocate {want:.0f} MiB")
-    c.log(now, "stdout", f"alloc_exit:\t{code}")
+    if c.device is None:
+        c.log(now, "stdout", "| RuntimeError: CUDA error: no CUDA-capable device is detected")
+    elif code:
+        c.log(
+            now,
+            "stdout",
+            f"| torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {want:.2f} MiB",
+        )
+    c.log(now, "stdout", f"{nonce} alloc_exit\t{code}\n{nonce} end\tdone")
     c.workload = None
     node.container_exit(c, now, 0)
 

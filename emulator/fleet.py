@@ -48,6 +48,11 @@ class ContainerInfo:
     paused: bool = False
     sm_utilization: int | None = None  # what NVML reports for its process now
     memory_utilization: int | None = None
+    started: float | None = None  # emulated time it (last) started
+    # the node's quota library as its program met it (containers.LibraryView.state), and
+    # what the library's books count for it (None: not a container it was given)
+    library: str = "none"
+    library_mb: int | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,7 @@ class EmulatedNode:
             self.state.host_processes.clear()
             self.state.processes = []
             self.state.images = None
+            self.state.quota_library_config = self.state.spec.quota_library_config
             self.state.nvml_available = True
             self.state.driver_loaded = True
             self.state.files.clear()
@@ -203,6 +209,11 @@ class EmulatedNode:
             paused=c.paused,
             sm_utilization=proc.sm_raw if proc else None,
             memory_utilization=proc.mem_raw if proc else None,
+            started=c.started,
+            library=c.library.state,
+            library_mb=(c.used_mb if c.library.counted and c.running else 0)
+            if c.library.given
+            else None,
         )
 
     @property
@@ -284,6 +295,46 @@ class EmulatedNode:
         with self.state.lock:
             self.state.driver_loaded = loaded
 
+    def set_quota_library_config(self, config: str) -> None:
+        """Where the node's quota library takes its limits from for containers started
+        from now on: catalog.QUOTA_FROM_NODE (the hook's read-only /overrideEnv and
+        /etc/ld.so.preload) or QUOTA_FROM_ENVIRONMENT (each process's own, HAMi-core
+        upstream)."""
+        if config not in catalog.QUOTA_CONFIGS:
+            raise ValueError(f"quota library config must be one of {catalog.QUOTA_CONFIGS}")
+        with self.state.lock:
+            self.state.quota_library_config = config
+
+    def quota_books(self) -> list[dict[str, Any]] | None:
+        """What the sampler reads from the quota library's books (`quota_usage`)."""
+        with self.state.lock:
+            self.state.refresh()
+            return self.state.quota_books()
+
+    def memory_used(self) -> dict[str, int]:
+        """What each GPU's memory really holds now, by GPU UUID: its processes' and any
+        memory no process holds."""
+        with self.state.lock:
+            self.state.refresh()
+            return {g.uuid: self.state.gpu_used_mb(g) for g in self.state.gpus}
+
+    def short_of_memory(self) -> list[str]:
+        """Running containers that hold less than their program wants within its own
+        caps: memory that someone else on the device took from them, or never left."""
+        with self.state.lock:
+            self.state.refresh()
+            now = self.state.clock.now()
+            short = []
+            for c in self.state.containers.values():
+                w = c.workload
+                if not c.running or w is None or c.paused:
+                    continue
+                want = w.demand(c.run_s(now) * w.speed)
+                cap = self.state.cap_for(c)
+                if c.used_mb < int(want if cap is None else min(want, cap)):
+                    short.append(c.id)
+            return sorted(short)
+
     def set_images(self, images: list[str] | None) -> None:
         """Images the node has / can pull (None: any image)."""
         with self.state.lock:
@@ -339,6 +390,7 @@ class EmulatedNode:
             "nvml_available": self.state.nvml_available,
             "driver_loaded": self.state.driver_loaded,
             "quota_library": self.state.quota_library,
+            "quota_library_config": self.state.quota_library_config,
             "gpus": [
                 {
                     "index": g.index,

@@ -101,6 +101,9 @@ def sampler_document(node: NodeState, *, discover: bool) -> dict[str, Any]:
             for x in fresh
         ],
     }
+    books = node.quota_books()
+    if books is not None:
+        doc["quota_usage"] = books
     if discover:
         doc["capabilities"] = {
             "docker": True,
@@ -113,7 +116,12 @@ def sampler_document(node: NodeState, *, discover: bool) -> dict[str, Any]:
                 "docker_version": "26.1.4",
                 "cgroup_version": "2",
                 "runc_version": node.runc_version,
-                "runc_build": node.runc_build,
+                # a distribution's runc prints its build as its commit
+                "runc_commit": node.runc_build or node.runc_version,
+                "runc_path": node.runc_path,
+                "runc_package": node.runc_package if node.runc_build else "",
+                "runc_build": node.runc_build if node.runc_package else "",
+                "userns_remap": "true" if node.userns_remap else "false",
                 "toolkit_version": node.toolkit_version,
                 "toolkit_build": f"{node.toolkit_version}-1" if node.toolkit_version else "",
                 "toolkit_source": "nvidia-ctk" if node.toolkit_version else "",

@@ -66,8 +66,15 @@ class NodeState(ContainerOps, VramAccounting, Faults):
         self.toolkit_version = spec.extra.get("toolkit_version", "1.17.8")
         self.runc_version = spec.extra.get("runc_version", "1.1.12")
         self.runc_build = spec.extra.get("runc_build", "1.1.12-0ubuntu2~22.04.1")
+        # the binary dockerd's default runtime names, and the package that owns it
+        self.runc_path = spec.extra.get("runc_path", "/usr/sbin/runc")
+        self.runc_package = spec.extra.get("runc_package", "runc")
+        # dockerd runs containers in a remapped user namespace (userns-remap)
+        self.userns_remap = bool(spec.extra.get("userns_remap", False))
         # False: the library is installed but does not enforce (not loaded by the hook)
         self.quota_library_enforces = True
+        # catalog.QUOTA_FROM_NODE or QUOTA_FROM_ENVIRONMENT (tests change it)
+        self.quota_library_config = spec.quota_library_config
         # image reference -> the Env of its configuration (beyond PATH)
         self.image_env: dict[str, list[str]] = dict(spec.extra.get("image_env", {}))
         # what the node's runtime adds to every container on its own (a daemon default, a

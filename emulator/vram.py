@@ -72,9 +72,17 @@ class VramAccounting:
         c.used_mb = int(held)
         w = c.workload
         code = 137 if w is not None and w.profile == "oom" else CUDA_OOM_EXIT
-        self.container_exit(c, at, code, stream_text=self._cuda_oom_text(c, gpu, want, free))
+        text = self._cuda_oom_text(c, gpu, want, free)
+        limit = c.library.limit_mb
+        if c.library.enforcing and limit is not None and held >= limit - 0.5:
+            # the quota library refused it inside the container, and says so first
+            text = (
+                f"[vramquota] refused {max(want - held, 1.0):.0f} MiB: {held:.0f} of "
+                f"{limit:.0f} MiB in use (device memory limit)\n" + text
+            )
+        self.container_exit(c, at, code, stream_text=text)
 
-    def _cap_for(self, c: Container) -> float | None:
+    def cap_for(self, c: Container) -> float | None:
         """The limit a workload's allocations run into before the card's own size: every
         cap for a cooperative workload, only the hard one for the others."""
         w = c.workload
@@ -104,7 +112,7 @@ class VramAccounting:
                 candidates: list[tuple[float, str]] = []
                 if w.exit_after_s is not None:
                     candidates.append((c.wall_time(w.exit_after_s / w.speed), "exit"))
-                cap = self._cap_for(c)
+                cap = self.cap_for(c)
                 if cap is not None and (w.profile == "oom" or not w.cooperative):
                     t = w.crossing(cap)
                     if t is not None:
@@ -164,7 +172,7 @@ class VramAccounting:
                 t, want = wants[c.id]
                 dev_key = c.device
                 physical = held[c.id] + free_for(dev_key)
-                limit = self._cap_for(c)
+                limit = self.cap_for(c)
                 cap = physical if limit is None else min(physical, limit)
                 if want > cap:
                     if w.profile == "oom" or not w.cooperative:

@@ -241,6 +241,11 @@ NODES_SSH_COMMAND_TIMEOUT = env.float("GPUPLATFORM_SSH_COMMAND_TIMEOUT", default
 NODES_SSH_MAX_CONCURRENCY = env.int("GPUPLATFORM_SSH_MAX_CONCURRENCY", default=64)
 NODES_SAMPLE_INTERVAL = env.int("GPUPLATFORM_SAMPLE_INTERVAL", default=30)
 NODES_UNREACHABLE_AFTER = env.int("GPUPLATFORM_UNREACHABLE_AFTER", default=3)
+# A node unreachable for longer than this is judged again (a new preflight) before it
+# takes slices once it answers: what came back may not be the machine that was judged.
+NODES_REJUDGE_AFTER_ABSENCE_MINUTES = env.int(
+    "GPUPLATFORM_REJUDGE_AFTER_ABSENCE_MINUTES", default=10
+)
 # Seconds to wait after `docker run` before checking the container still runs.
 NODES_CONTAINER_SETTLE_S = env.float("GPUPLATFORM_CONTAINER_SETTLE_S", default=1.0)
 # A slice still provisioning after this long is retried (3 attempts) or failed by reconcile.

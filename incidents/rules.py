@@ -415,9 +415,13 @@ def gate_failed(node_id: int, name: str, reason: str) -> Finding:
     )
 
 
-def quota_not_effective(node_id: int, name: str, models: list[str]) -> Finding:
-    """The quota library is installed but a probe got past its quota: the node's cards of
-    these models are sold whole until it is fixed or ops accept watchdog-only."""
+def quota_not_effective(
+    node_id: int, name: str, models: list[str], *, by_environment: bool = False
+) -> Finding:
+    """The quota library is installed but a probe got past its quota (with the library
+    preloaded, or by setting or unsetting its own environment inside the container): the
+    node's cards of these models are sold whole until it is fixed or ops accept
+    watchdog-only."""
     return Finding(
         rule="quota_not_effective",
         target=f"node:{name}",
@@ -425,7 +429,13 @@ def quota_not_effective(node_id: int, name: str, models: list[str]) -> Finding:
         root_cause=NO_ISOLATION,
         title=f"Node {name}: the VRAM quota library does not enforce; "
         f"{', '.join(models)} sold whole only",
-        detail="A probe container allocated past its quota with the library preloaded.",
+        detail=(
+            "A probe container lifted its own quota from inside (CUDA_DISABLE_CONTROL, its "
+            "own limit, or no LD_PRELOAD): this node's library takes its settings from the "
+            "process's environment, not from the node."
+            if by_environment
+            else "A probe container allocated past its quota with the library preloaded."
+        ),
         node_id=node_id,
         evidence={"models": models},
     )
@@ -579,18 +589,24 @@ def accounting_drift(
         ]
     if streak < th.drift_samples:
         return []
+    # Memory the library does not see escaped it: a static job, raw device calls, books
+    # written over from inside. Nothing inside the container holds that memory to the
+    # quota, so the slice is stopped before it can take a neighbour's. More counted than
+    # NVML sees harms nobody but the slice itself: a warning.
+    escaped = nvml_mb > library_mb
     return [
         Finding(
-            severity=WARNING,
+            severity=CRITICAL if escaped else WARNING,
             title=(
                 f"Slice {s.slice_id}: NVML counts {nvml_mb} MiB, the quota library {library_mb} MiB"
             ),
             detail=(
                 "The quota library does not see all of this slice's memory, so its quota "
-                "is not what holds it: the watchdog's NVML count does."
-                if nvml_mb > library_mb
+                "is not what holds it. Stopping its container alone."
+                if escaped
                 else "The quota library counts more than NVML sees."
             ),
+            action=STOP_SLICE if escaped else "",
             evidence={
                 "nvml_mb": nvml_mb,
                 "library_mb": library_mb,

@@ -31,6 +31,12 @@ def build_artifacts(out: Path) -> Path:
          str(NODE_FILES / "libcuda.c")],
         [*cc, "-shared", "-fPIC", "-o", str(out / "libvramquota.so"),
          str(NODE_FILES / "vramquota.c")],
+        [*cc, "-DVRAMQUOTA_ENV_ONLY", "-shared", "-fPIC",
+         "-o", str(out / "libvramquota-env-only.so"), str(NODE_FILES / "vramquota.c")],
+        # a job that reaches the device with no dynamic loader, so nothing can be
+        # preloaded into it: what only the watchdog's second count can catch
+        [*cc, "-static", "-o", str(out / "gpu-workload-static"), str(NODE_FILES / "workload.c"),
+         str(NODE_FILES / "libcuda.c")],
     ]  # fmt: skip
     for argv in steps:
         _build(argv)
@@ -52,6 +58,7 @@ def build_artifacts(out: Path) -> Path:
     for applet in BUSYBOX_APPLETS:
         (rootfs / "bin" / applet).symlink_to("busybox")
     shutil.copy2(out / "gpu-workload", rootfs / "usr" / "bin" / "gpu-workload")
+    shutil.copy2(out / "gpu-workload-static", rootfs / "usr" / "bin" / "gpu-workload-static")
     # the C library the workload links against, from the machine's Debian libc6
     for soname, target in (
         ("ld-linux-x86-64.so.2", "lib64"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -33,6 +34,10 @@ from .processes import (
 
 REPO = Path(__file__).resolve().parent.parent  # the checkout: the emulated GPU runs from it
 SSH_USER = "root"
+# The host user whose subordinate ids a userns-remap node's containers run as: a system
+# account with no login and a high range, so its ids are nobody else's on the machine.
+REMAP_USER = "gpplab-remap"
+REMAP_RANGE = (1_500_000_000, 65536)
 START_TIMEOUT_S = 60.0
 
 
@@ -41,6 +46,11 @@ class LabNodeSpec:
     name: str
     gpus: tuple[GpuSpec, ...] = (GpuSpec("NVIDIA A30"),)
     quota_library: bool = True  # the node has the VRAM quota library installed
+    # its build takes settings only from each process's environment (upstream HAMi-core
+    # on the CUDA path), not from the node's read-only /overrideEnv
+    quota_env_only: bool = False
+    # dockerd remaps user namespaces: the containers' root is an unprivileged host user
+    userns_remap: bool = False
     context_mb: int = 0  # device memory each CUDA context takes
     live_restore: bool = False  # dockerd keeps containers running across its restart
     port: int = 0  # sshd's loopback port (0: any free one)
@@ -95,6 +105,11 @@ class LabNode:
                   self.run_dir / "user", self.quota_accounting):  # fmt: skip
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o700)
+        if self.spec.userns_remap:
+            # dockerd refuses a data root the remapped root cannot reach: search (not
+            # read) permission on the way down, for the lab's directory and this node's
+            for d in (self.dir.parent, self.dir):
+                os.chmod(d, 0o711)  # noqa: S103 - search only, nothing readable
         for name in ("nvidia-smi", "nvidia-container-runtime-hook"):
             shutil.copy2(NODE_FILES / name, self.bin / name)
             os.chmod(self.bin / name, 0o755)  # noqa: S103 - the node's tools, run by its sshd
@@ -113,7 +128,8 @@ class LabNode:
             shutil.copy2(NODE_FILES / name, self.lib / "python" / name)
         shutil.copy2(self.build / "libcuda.so.1", self.lib / "libcuda.so.1")
         if self.quota_library:
-            shutil.copy2(self.build / "libvramquota.so", self.quota_library)
+            build = "libvramquota-env-only.so" if self.spec.quota_env_only else "libvramquota.so"
+            shutil.copy2(self.build / build, self.quota_library)
         (self.etc / "gpu-emu.json").write_text(
             json.dumps(
                 {
@@ -208,9 +224,12 @@ class LabNode:
             "--ip", "127.0.0.1",  # published ports, were any asked for, bind loopback only
             "--cgroup-parent", self.cgroup_parent,
             "--exec-opt", "native.cgroupdriver=cgroupfs",
+            *((f"--userns-remap={REMAP_USER}",) if self.spec.userns_remap else ()),
         ]  # fmt: skip
 
     def start_dockerd(self) -> None:
+        if self.spec.userns_remap:
+            ensure_remap_user()
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
         env = {"PATH": f"{self.bin}:{NODE_PATH}", "HOME": str(self.dir)}
@@ -500,3 +519,21 @@ class LabNode:
         left += unmount_under(self.dir)
         left += remove_cgroups(self.cgroup_parent.lstrip("/"))
         return left
+
+
+def ensure_remap_user() -> None:
+    """The account and subordinate id ranges dockerd's `--userns-remap` needs (dockerd
+    reads them from /etc/subuid and /etc/subgid), added once and left for later labs."""
+    try:
+        pwd.getpwnam(REMAP_USER)
+    except KeyError:
+        run_checked(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+             "--user-group", REMAP_USER]
+        )  # fmt: skip
+    start, count = REMAP_RANGE
+    for path in ("/etc/subuid", "/etc/subgid"):
+        lines = Path(path).read_text().splitlines() if os.path.exists(path) else []
+        if not any(line.split(":")[0] == REMAP_USER for line in lines):
+            with open(path, "a", encoding="ascii") as fh:
+                fh.write(f"{REMAP_USER}:{start}:{count}\n")

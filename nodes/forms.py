@@ -2,6 +2,8 @@
 
 from django import forms
 
+from .allowlist import allowlisted_images
+
 
 class NodeForm(forms.Form):
     name = forms.CharField(max_length=63, help_text="Lower-case letters, digits and hyphens.")
@@ -63,13 +65,19 @@ class NodePolicyForm(forms.Form):
         help_text="One a line: component (runc or toolkit), the package's build, then why, "
         "e.g. runc 1.1.5+ds1-1+deb12u1 Debian DSA-5615-1 backports the CVE-2024-21626 fix.",
     )
-    probe_image = forms.CharField(max_length=255, help_text="An allowlisted image with sh.")
+    probe_image = forms.ChoiceField(
+        required=False,
+        label="Probe image",
+        help_text="One of the allowlisted images (ops add them on /ops/images/), with sh "
+        "and the allocation command below. Until one is chosen every node fails the gate.",
+    )
     probe_command = forms.CharField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 2}),
         label="Probe allocation command",
         help_text="One argument a line: allocates the MiB in its environment, exits 0 when "
-        "it got them and non-zero when refused.",
+        "it got them, and when refused exits non-zero printing the CUDA out-of-memory error "
+        "(CUDA_ERROR_OUT_OF_MEMORY, or PyTorch's 'CUDA out of memory').",
     )
     probe_environment = forms.CharField(
         required=False,
@@ -77,7 +85,30 @@ class NodePolicyForm(forms.Form):
         label="Probe environment",
         help_text="NAME=value a line; {alloc_mb} is replaced by the MiB to allocate.",
     )
+    require_userns_remap = forms.BooleanField(
+        required=False,
+        label="Require user-namespace remapping",
+        help_text="A node passes only when its dockerd remaps user namespaces "
+        "(userns-remap), so a container's root is not the node's root.",
+    )
     reason = forms.CharField(max_length=500, help_text="Why: kept with the change.")
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        current = (self.initial or {}).get("probe_image") or ""
+        choices = [(i.reference, f"{i.name} ({i.reference})") for i in allowlisted_images()]
+        if not current:
+            choices.insert(0, ("", "none set: choose one"))
+        elif current not in dict(choices):
+            # kept as it is until ops choose another (saving the rest must not drop it)
+            choices.insert(0, (current, f"{current} (no longer on the allowlist)"))
+        self.fields["probe_image"].choices = choices
+
+    def clean(self):  # type: ignore[no-untyped-def]
+        data = super().clean()
+        if not data.get("probe_image"):
+            data.pop("probe_image", None)  # none chosen: the rest of the policy still saves
+        return data
 
     @classmethod
     def initial_from(cls, policy) -> dict:  # type: ignore[no-untyped-def, type-arg]
@@ -94,6 +125,7 @@ class NodePolicyForm(forms.Form):
             "probe_environment": "\n".join(
                 f"{k}={v}" for k, v in (policy.probe_environment or {}).items()
             ),
+            "require_userns_remap": policy.require_userns_remap,
         }
 
     def clean_driver_branches(self) -> list[str]:

@@ -437,10 +437,11 @@ DEFAULT_KNOWN_FIXED = (
         "reason": "Debian bookworm's security update (DSA-5615-1) backports the CVE-2024-21626 fix",
     },
 )
-# The node lab's workload image (nodelab.IMAGE) as the probe: it allocates MB MiB and
-# exits 0 a moment later, or 1 when the allocation is refused (not cooperative:
-# WORKLOAD_* are its knobs).
-DEFAULT_PROBE_IMAGE = "gpuplatform-lab/workload:1"
+# The probe image has no default: ops choose one from the image allowlist (a lab name
+# here would make a real node fail the gate, or run whatever that name resolves to).
+# The command and environment fit the lab's workload image (nodelab.IMAGE): it
+# allocates MB MiB and exits 0 a moment later, or 1 when the allocation is refused (not
+# cooperative: WORKLOAD_* are its knobs); ops set their own with another image.
 DEFAULT_PROBE_COMMAND = ("/usr/bin/gpu-workload",)
 DEFAULT_PROBE_ENVIRONMENT = {
     "WORKLOAD_PROFILE": "steady",
@@ -474,8 +475,9 @@ class NodePolicy(models.Model):
     probe_image = models.CharField(
         "probe image",
         max_length=255,
-        default=DEFAULT_PROBE_IMAGE,
-        help_text="An allowlisted image with sh and a CUDA allocation command.",
+        blank=True,
+        help_text="An allowlisted image with sh and a CUDA allocation command, as it runs "
+        "(reference, or reference@digest). Empty: none chosen, every node fails the gate.",
     )
     probe_command = models.JSONField(
         "probe allocation command (argv)", default=_default_probe_command, blank=True
@@ -485,6 +487,12 @@ class NodePolicy(models.Model):
         default=_default_probe_env,
         blank=True,
         help_text="{alloc_mb} in a value is replaced by the MiB the probe tries to allocate.",
+    )
+    require_userns_remap = models.BooleanField(
+        "require user-namespace remapping",
+        default=False,
+        help_text="A node passes only when its dockerd remaps user namespaces "
+        "(userns-remap), so a container's root is not the node's root.",
     )
     updated_at = models.DateTimeField("changed", auto_now=True)
 
@@ -497,8 +505,9 @@ class NodePolicy(models.Model):
 
 
 class NodePolicyChange(models.Model):
-    """One change to the node policy, or one node's watchdog-only acceptance: who, when,
-    what, and why."""
+    """One change to the node policy, one node's watchdog-only acceptance, or one node
+    put back to an unchecked gate (a changed machine is judged again): who (none when
+    the platform did it), when, what, and why."""
 
     changed_at = models.DateTimeField("changed", auto_now_add=True)
     changed_by = models.ForeignKey(

@@ -4,9 +4,11 @@ Pure Python: no Django (nodes.services runs the probes and stores the verdict).
 
 A node passes when its NVIDIA Container Toolkit and runc are at least the policy's minimum
 versions (or their distribution build is on the policy's known-fixed list), its driver
-branch is one the policy lists, and its probe containers saw the hardening the platform
-asked for. The VRAM quota is judged apart: without a quota library the probes proved
-effective, a GPU that is not MIG-partitioned is sold only whole (see `Gate.quota`).
+branch is one the policy lists, dockerd remaps user namespaces where the policy requires
+it, and every one of its probe containers saw the hardening the platform asked for. The
+VRAM quota is judged apart: without a quota library the probes proved effective (refused
+past its quota with the CUDA out-of-memory error, also to a process that changes its own
+environment), a GPU that is not MIG-partitioned is sold only whole (see `Gate.quota`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ FACT_KEYS = (
     "cgroup_version",
     "runc_version",
     "runc_build",
+    "runc_path",  # the binary dockerd runs containers with (its default runtime)
+    "runc_commit",
+    "runc_package",  # the package that owns runc_path, whose build runc_build is
+    "userns_remap",  # "true" | "false": dockerd runs containers in a remapped user namespace
     "toolkit_version",
     "toolkit_build",
     "toolkit_source",
@@ -43,27 +49,92 @@ PROBE_MEMORY_MB = 256
 PROBE_PIDS = 64
 PROBE_CPUS = "0.50"
 PROBE_CPU_PERIOD_US = 100_000
-PROBE_MARKER = "# gpuplatform-probe v1"
-# The probe's own reading of its confinement, then the allocation command (ops' setting)
-# and its exit status. A fixed script: nothing from a tenant is in it.
-PROBE_SCRIPT = (
-    f"{PROBE_MARKER}\n"
-    "grep -E '^(CapEff|NoNewPrivs):' /proc/self/status\n"
-    # cgroup v2 files, else v1's
-    "m=$(cat /sys/fs/cgroup/memory.max 2>/dev/null"
-    " || cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || echo unreadable)\n"
-    "p=$(cat /sys/fs/cgroup/pids.max 2>/dev/null"
-    " || cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || echo unreadable)\n"
-    'c=$(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo "$(cat'
-    " /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null) $(cat"
-    ' /sys/fs/cgroup/cpu/cpu.cfs_period_us 2>/dev/null)")\n'
-    'printf \'memory.max:\\t%s\\npids.max:\\t%s\\ncpu.max:\\t%s\\n\' "$m" "$p" "$c"\n'
-    '"$@"\n'
-    "printf 'alloc_exit:\\t%s\\n' \"$?\"\n"
+# What a tenant's own process may do to a quota library that obeys its environment
+# (HAMi#723): each is a probe past the quota that must still be refused.
+PROBE_RAISED_LIMIT = "81920m"
+PROBE_WRAPPERS: dict[str, tuple[str, ...]] = {
+    "within": (),
+    "past": (),
+    "env-set": (
+        "env",
+        "CUDA_DISABLE_CONTROL=true",
+        f"CUDA_DEVICE_MEMORY_LIMIT={PROBE_RAISED_LIMIT}",
+        f"CUDA_DEVICE_MEMORY_LIMIT_0={PROBE_RAISED_LIMIT}",
+    ),
+    "env-unset": ("env", "-u", "LD_PRELOAD"),
+}
+PROBE_KINDS = tuple(PROBE_WRAPPERS)
+BYPASS_KINDS = ("env-set", "env-unset")
+BYPASS_WORDS = {
+    "env-set": f"sets CUDA_DISABLE_CONTROL=true and CUDA_DEVICE_MEMORY_LIMIT={PROBE_RAISED_LIMIT}",
+    "env-unset": "unsets LD_PRELOAD",
+}
+PROBE_MARKER = "# gpuplatform-probe v2"
+# Every line the script prints itself starts with the run's nonce; every line of the
+# allocation command (ops' setting: its output is not trusted) starts with "| ", so the
+# command cannot print a line the platform takes for the script's.
+COMMAND_PREFIX = "| "
+HARDENING_KEYS = ("CapEff", "NoNewPrivs", "memory.max", "pids.max", "cpu.max")
+FRAME_KEYS = (*HARDENING_KEYS, "alloc_exit", "end")
+_NONCE_RE = re.compile(r"^[0-9a-f]{32}$")
+# The CUDA out-of-memory error as an allocation program reports it: the driver API's
+# name, PyTorch's message, the runtime API's name and cudaGetErrorString's words.
+OOM_RE = re.compile(
+    r"CUDA_ERROR_OUT_OF_MEMORY|CUDA out of memory|cudaErrorMemoryAllocation|\bout of memory\b",
+    re.IGNORECASE,
 )
-_PROBE_LINE_RE = re.compile(
-    r"^(?P<key>CapEff|NoNewPrivs|memory\.max|pids\.max|cpu\.max|alloc_exit):\s*(?P<value>.*)$"
-)
+PROBE_OUTPUT_LINES = 20  # the command's last lines kept with the verdict
+_OUTPUT_LINE_CHARS = 300
+
+
+def probe_script(nonce: str) -> str:
+    """The probe's script, run as `sh -c SCRIPT probe <allocation argv>`: it reads its own
+    confinement, runs the allocation with every line of its output prefixed, then prints
+    the allocation's exit status and an end line. A fixed text around the platform's
+    nonce: nothing from a tenant or from ops is in it."""
+    if not _NONCE_RE.match(nonce):
+        raise ValueError("the nonce is 32 lowercase hex digits")
+    return (
+        f"{PROBE_MARKER}\n"
+        f"N={nonce}\n"
+        # fd 3: the container's output, kept from the allocation command (3>&- below)
+        "exec 3>&1\n"
+        'say() { printf \'%s %s\\t%s\\n\' "$N" "$1" "$2" >&3; }\n'
+        # the shell's own status, read by the shell itself (no grep to trust)
+        "cap=unreadable; nnp=unreadable\n"
+        "while read -r k v; do case $k in CapEff:) cap=$v;; NoNewPrivs:) nnp=$v;; esac;"
+        " done </proc/self/status\n"
+        # cgroup v2 files, else v1's
+        "m=$(cat /sys/fs/cgroup/memory.max 2>/dev/null"
+        " || cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || echo unreadable)\n"
+        "p=$(cat /sys/fs/cgroup/pids.max 2>/dev/null"
+        " || cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || echo unreadable)\n"
+        'c=$(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo "$(cat'
+        " /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null) $(cat"
+        ' /sys/fs/cgroup/cpu/cpu.cfs_period_us 2>/dev/null)")\n'
+        'say CapEff "$cap"; say NoNewPrivs "$nnp"\n'
+        'say memory.max "$m"; say pids.max "$p"; say cpu.max "$c"\n'
+        # The command's stdout and stderr go through a pipe whose reader prefixes each
+        # line; its exit status comes back on fd 4, which (like fd 3) it does not get.
+        's=$( { { "$@" 4>&- 2>&1; echo "$?" >&4; } 3>&- | while IFS= read -r l'
+        ' || [ -n "$l" ]; do printf \'| %s\\n\' "$l"; done >&3; } 4>&1 )\n'
+        "case $s in ''|*[!0-9]*) s=unreadable;; esac\n"
+        'say alloc_exit "$s"\n'
+        "say end done\n"
+        "exit 0\n"
+    )
+
+
+def probe_command(nonce: str, kind: str, allocation: Iterable[str]) -> tuple[str, ...]:
+    """The probe container's command: the script, then the allocation argv (behind the
+    kind's `env` wrapper for the probes that play a tenant changing its environment)."""
+    return ("sh", "-c", probe_script(nonce), "probe", *PROBE_WRAPPERS[kind], *allocation)
+
+
+def probe_alloc_mb(kind: str) -> int:
+    return PROBE_WITHIN_MB if kind == "within" else PROBE_PAST_MB
+
+
 _NUMBERS_RE = re.compile(r"^v?([0-9]+(?:\.[0-9]+)*)")
 _BRANCH_RE = re.compile(r"^[0-9]{3,4}$")
 
@@ -107,11 +178,13 @@ class Policy:
     min_runc_version: str = "1.1.12"
     driver_branches: tuple[str, ...] = ()  # empty: any branch
     known_fixed: tuple[KnownBuild, ...] = ()
+    require_userns_remap: bool = False
 
 
 @dataclass(frozen=True)
 class Check:
-    name: str  # "toolkit", "runc", "driver", "docker", "hardening", "quota:<model>", "probe"
+    # "toolkit", "runc", "driver", "docker", "userns", "probe", "hardening", "quota:<model>"
+    name: str
     ok: bool
     detail: str
     blocks: bool = True  # a failed check that stops placements (quota ones limit instead)
@@ -131,19 +204,26 @@ class ProbeExpect:
 
 @dataclass(frozen=True)
 class ProbeRun:
-    """One probe container: `kind` is "within" (must get its memory) or "past" (must be
-    refused, where the quota library is loaded)."""
+    """One probe container: `kind` is "within" (must get its memory), "past" (must be
+    refused with the out-of-memory error, where the quota library is loaded), or one of
+    BYPASS_KINDS (past the quota from a process that changed its own environment: must
+    be refused all the same)."""
 
     gpu_model: str
     device: str
     kind: str
     error: str = ""  # it did not run to the end: why
-    readings: Mapping[str, str] = field(default_factory=dict)
+    readings: Mapping[str, str] = field(default_factory=dict)  # the script's own lines
+    output: tuple[str, ...] = ()  # the allocation command's last lines, as it printed them
 
     @property
     def alloc_exit(self) -> int | None:
         value = self.readings.get("alloc_exit", "")
-        return int(value) if value.lstrip("-").isdigit() else None
+        return int(value) if value.isdigit() else None
+
+    @property
+    def label(self) -> str:
+        return f"the {self.kind} probe on {self.gpu_model} ({self.device})"
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -152,17 +232,51 @@ class ProbeRun:
             "kind": self.kind,
             "error": self.error,
             "readings": dict(self.readings),
+            "output": list(self.output),
         }
 
 
-def parse_probe_output(text: str) -> dict[str, str]:
-    """The probe's labelled lines (the allocation command's own output is skipped)."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        match = _PROBE_LINE_RE.match(line.strip())
-        if match and match.group("key") not in out:
-            out[match.group("key")] = match.group("value").strip()
-    return out
+@dataclass(frozen=True)
+class ProbeOutput:
+    readings: dict[str, str]
+    output: tuple[str, ...]
+    problem: str = ""  # the output cannot be the script's own: why (readings are then empty)
+
+
+def parse_probe_output(text: str, nonce: str) -> ProbeOutput:
+    """The script's own lines (those that start with this run's nonce, each once) and the
+    allocation command's (prefixed by the script). A framed line that appears twice, or
+    anything after the end line, means something else wrote the container's output: the
+    readings are then not taken at all."""
+    readings: dict[str, str] = {}
+    output: list[str] = []
+    framed = nonce + " "
+    problem = ""
+    # "\n" only: a command's line holding "\r" or another separator that str.splitlines
+    # honours must stay one line, behind its prefix
+    lines = text.split("\n")
+    while lines and lines[-1] == "":
+        lines.pop()
+    for line in lines:
+        if "end" in readings and not problem:
+            problem = "there is output after the probe's end line"
+        if line.startswith(framed):
+            key, _, value = line[len(framed) :].partition("\t")
+            if key not in FRAME_KEYS:
+                problem = problem or f"the probe's frame holds an unknown line {key[:40]!r}"
+            elif key in readings:
+                problem = problem or f"the probe's {key} line appears twice"
+            else:
+                readings[key] = value.strip()
+        elif line.startswith(COMMAND_PREFIX):
+            output.append(line[len(COMMAND_PREFIX) :][:_OUTPUT_LINE_CHARS])
+        elif line.strip():
+            output.append(line[:_OUTPUT_LINE_CHARS])  # the shell's or docker-init's own
+    kept = tuple(output[-PROBE_OUTPUT_LINES:])
+    if problem:
+        return ProbeOutput({}, kept, f"{problem}: its readings are not trusted")
+    readings.pop("end", None)
+    return ProbeOutput(readings, kept)
 
 
 def probe_environment(env: Mapping[str, str], alloc_mb: int) -> tuple[tuple[str, str], ...]:
@@ -173,9 +287,10 @@ def probe_environment(env: Mapping[str, str], alloc_mb: int) -> tuple[tuple[str,
 @dataclass(frozen=True)
 class Gate:
     checks: tuple[Check, ...]
-    # per GPU model that is not MIG-partitioned: "proven" (the quota library refused the
-    # probe past its quota), "absent" (no library), "ineffective" (the probe got past it),
-    # "unproven" (the probe could not tell)
+    # per GPU model that is not MIG-partitioned: "proven" (the quota library refused every
+    # probe past its quota with the out-of-memory error), "absent" (no library),
+    # "ineffective" (the plain probe got past it), "environment" (a probe that changed its
+    # own environment got past it), "unproven" (the probes could not tell)
     quota: Mapping[str, str]
 
     @property
@@ -201,9 +316,12 @@ def _known_fixed(policy: Policy, component: str, build: str) -> KnownBuild | Non
     )
 
 
-def _component(component: str, version: str, build: str, minimum: str, policy: Policy) -> Check:
+def _component(
+    component: str, version: str, build: str, minimum: str, policy: Policy, path: str = ""
+) -> Check:
     name = COMPONENT_NAMES[component]
     shown = version + (f" (build {build})" if build and build != version else "")
+    shown += f" at {path}" if path else ""
     known = _known_fixed(policy, component, build)
     if known is not None:
         return Check(component, True, f"{name} {shown}: a known-fixed build ({known.reason})")
@@ -219,16 +337,25 @@ def _component(component: str, version: str, build: str, minimum: str, policy: P
     return Check(component, True, f"{name} {shown}")
 
 
-def _hardening(runs: Iterable[ProbeRun], expect: ProbeExpect) -> Check:
-    runs = list(runs)
-    readings = next((r.readings for r in runs if not r.error and r.readings), None)
-    if readings is None:
-        error = next((r.error for r in runs if r.error), "")
+def _userns(facts: Mapping[str, str]) -> Check:
+    seen = facts.get("userns_remap", "")
+    if seen == "true":
+        return Check("userns", True, "dockerd remaps user namespaces (userns-remap)")
+    if seen == "false":
         return Check(
-            "hardening",
+            "userns",
             False,
-            "no probe container reported its confinement" + (f" ({error})" if error else ""),
+            "dockerd does not remap user namespaces (userns-remap), which the policy "
+            "requires: a container's root would be the node's root",
         )
+    return Check(
+        "userns",
+        False,
+        "whether dockerd remaps user namespaces could not be read, and the policy requires it",
+    )
+
+
+def _hardening_wrong(readings: Mapping[str, str], expect: ProbeExpect) -> list[str]:
     wrong = []
     if readings.get("CapEff", "").strip("0") != "":
         wrong.append(f"capabilities {readings.get('CapEff') or 'unreadable'} (asked: none)")
@@ -241,54 +368,119 @@ def _hardening(runs: Iterable[ProbeRun], expect: ProbeExpect) -> Check:
     ):
         if readings.get(key) != want:
             wrong.append(f"cgroup {key} {readings.get(key) or 'unreadable'} (asked: {want})")
+    return wrong
+
+
+def _hardening(runs: Iterable[ProbeRun], expect: ProbeExpect) -> Check:
+    """Every probe that read its confinement must have seen what was asked: the probes
+    differ in card, device and command, and any one of them confined less is a node that
+    does not confine reliably."""
+    runs = list(runs)
+    reported = [r for r in runs if any(k in r.readings for k in HARDENING_KEYS)]
+    if not reported:
+        error = next((r.error for r in runs if r.error), "")
+        return Check(
+            "hardening",
+            False,
+            "no probe container reported its confinement" + (f" ({error})" if error else ""),
+        )
+    wrong = [(r, _hardening_wrong(r.readings, expect)) for r in reported]
+    wrong = [(r, w) for r, w in wrong if w]
     if wrong:
-        return Check("hardening", False, "the probe container saw " + ", ".join(wrong))
+        return Check(
+            "hardening",
+            False,
+            "; ".join(f"{r.label} saw " + ", ".join(w) for r, w in wrong),
+        )
+    silent = len(runs) - len(reported)
     return Check(
         "hardening",
         True,
-        "no capabilities, no new privileges, and the memory, process and CPU limits asked for",
+        "no capabilities, no new privileges, and the memory, process and CPU limits asked "
+        f"for, in each of {len(reported)} probe container{'s' if len(reported) != 1 else ''}"
+        + (f" ({silent} did not report: see the quota)" if silent else ""),
+    )
+
+
+def refusal(run: ProbeRun) -> tuple[bool | None, str]:
+    """Whether a probe past its quota was refused by the quota library: (True, "") when
+    its allocation failed with the CUDA out-of-memory error, (False, "") when it got the
+    memory, (None, why) when it failed some other way (a crash, a missing or broken
+    program, a signal), which proves nothing about the quota."""
+    code = run.alloc_exit
+    last = next((line for line in reversed(run.output) if line.strip()), "")
+    said = f": {last[:200]}" if last else ""
+    if code is None:
+        return None, f"its allocation reported no exit status{said}"
+    if code == 0:
+        return False, ""
+    if code in (126, 127):
+        return None, f"the allocation command could not be run (exit {code}{said})"
+    if code > 128:
+        return None, f"the allocation command was killed by signal {code - 128}{said}"
+    if any(OOM_RE.search(line) for line in run.output):
+        return True, ""
+    return None, (
+        f"the allocation failed (exit {code}) but not with the CUDA out-of-memory error{said}"
     )
 
 
 def _quota(model: str, runs: list[ProbeRun], library: str) -> tuple[str, Check]:
     name = f"quota:{model}"
+
+    def limited(state: str, detail: str, ok: bool = False) -> tuple[str, Check]:
+        return state, Check(name, ok, f"{model}: {detail}", blocks=False)
+
     if not library:
-        return "absent", Check(
-            name, False, f"{model}: no VRAM quota library on the node: sold whole", blocks=False
-        )
-    within = next((r for r in runs if r.kind == "within"), None)
-    past = next((r for r in runs if r.kind == "past"), None)
-    if within is None or past is None or within.error or past.error:
-        error = next((r.error for r in (within, past) if r is not None and r.error), "")
-        return "unproven", Check(
-            name,
-            False,
-            f"{model}: the quota probe did not finish{': ' + error if error else ''}",
-            blocks=False,
-        )
+        return limited("absent", "no VRAM quota library on the node: sold whole")
+    by_kind = {r.kind: r for r in runs}
+    missing = [k for k in PROBE_KINDS if k not in by_kind]
+    failed = [by_kind[k] for k in PROBE_KINDS if k in by_kind and by_kind[k].error]
+    if missing or failed:
+        why = failed[0].error if failed else f"no {missing[0]} probe ran"
+        return limited("unproven", f"the quota probe did not finish: {why}: sold whole")
+    within, past = by_kind["within"], by_kind["past"]
     if within.alloc_exit != 0:
-        return "unproven", Check(
-            name,
-            False,
-            f"{model}: the probe could not allocate {PROBE_WITHIN_MB} MiB within its "
-            f"{PROBE_QUOTA_MB} MiB quota (exit {within.alloc_exit}): the probe image or the "
-            "node's GPU path does not work",
-            blocks=False,
+        return limited(
+            "unproven",
+            f"the probe could not allocate {PROBE_WITHIN_MB} MiB within its {PROBE_QUOTA_MB} "
+            f"MiB quota (exit {within.alloc_exit}): the probe image or the node's GPU path "
+            "does not work: sold whole",
         )
-    if past.alloc_exit == 0:
-        return "ineffective", Check(
-            name,
-            False,
-            f"{model}: the probe allocated {PROBE_PAST_MB} MiB past its {PROBE_QUOTA_MB} MiB "
-            f"quota: the quota library ({library}) is not enforcing",
-            blocks=False,
+    refused, why = refusal(past)
+    if refused is False:
+        return limited(
+            "ineffective",
+            f"the probe allocated {PROBE_PAST_MB} MiB past its {PROBE_QUOTA_MB} MiB quota: the "
+            f"quota library ({library}) is not enforcing: sold whole",
         )
-    return "proven", Check(
-        name,
-        True,
-        f"{model}: the quota library refused {PROBE_PAST_MB} MiB past a {PROBE_QUOTA_MB} MiB "
-        "quota and allowed what fits",
-        blocks=False,
+    if refused is None:
+        return limited("unproven", f"the quota is not proven: {why}: sold whole")
+    got_past = []
+    for kind in BYPASS_KINDS:
+        refused, why = refusal(by_kind[kind])
+        if refused is None:
+            return limited(
+                "unproven",
+                f"the quota is not proven against a process that {BYPASS_WORDS[kind]}: "
+                f"{why}: sold whole",
+            )
+        if refused is False:
+            got_past.append(BYPASS_WORDS[kind])
+    if got_past:
+        return limited(
+            "environment",
+            f"the quota library ({library}) can only be configured by environment: a process "
+            f"that {' or one that '.join(got_past)} allocated {PROBE_PAST_MB} MiB past its "
+            f"{PROBE_QUOTA_MB} MiB quota: sold whole",
+        )
+    return limited(
+        "proven",
+        f"the quota library refused {PROBE_PAST_MB} MiB past a {PROBE_QUOTA_MB} MiB quota "
+        "with the out-of-memory error, also to a process that "
+        f"{' and to one that '.join(BYPASS_WORDS[k] for k in BYPASS_KINDS)}, and allowed "
+        "what fits",
+        ok=True,
     )
 
 
@@ -320,6 +512,7 @@ def evaluate(
             facts.get("runc_build", ""),
             policy.min_runc_version,
             policy,
+            path=facts.get("runc_path", ""),
         ),
     ]
     branch = (driver_version or "").split(".")[0]
@@ -342,6 +535,8 @@ def evaluate(
         if docker
         else Check("docker", False, "Docker Engine did not answer `docker version`")
     )
+    if policy.require_userns_remap:
+        checks.append(_userns(facts))
     if probe_error:
         checks.append(Check("probe", False, f"the probe could not run: {probe_error}"))
     checks.append(_hardening(runs, expect or ProbeExpect()))

@@ -227,7 +227,11 @@ def platform_env(spec: ContainerSpec) -> list[tuple[str, str]]:
     if spec.quota_library and not spec.mig:
         # No bind mount: the library is put into the container by the node's toolkit hook
         # (ops install it with the NVIDIA Container Toolkit), so the platform never mounts
-        # a host path into a tenant's container.
+        # a host path into a tenant's container. These variables are what the container is
+        # created with; the hook writes them into a read-only /overrideEnv and names the
+        # library in a read-only /etc/ld.so.preload, so what a process inside later sets
+        # or unsets does not change them (docs/isolation.md). The preflight proves a node
+        # does so, or sells its cards whole.
         env += [(key, f"{spec.vram_mb}m") for key in QUOTA_ENV]
         env.append(("LD_PRELOAD", spec.quota_library))
     return env

@@ -7,7 +7,8 @@ and pynvml only, nothing installed. Exit 0 with the sample; exit 3 with
 {"schema": 1, "source": "unavailable", "error": ...} when NVML cannot be used.
 Environment: GPUPLATFORM_VRAM_QUOTA_LIBRARY (quota library path, checked first),
 GPUPLATFORM_VRAM_QUOTA_ACCOUNTING (the directory where the quota library keeps each
-container's usage, `<container id>/usage`, "pid bytes" a line; read into quota_usage),
+container's books, `<container id>/cudevshr.cache`, HAMi-core's shared region; read into
+quota_usage),
 GPUPLATFORM_KERNEL_LOG (log file read before /var/log/kern.log when dmesg is not permitted).
 """
 
@@ -21,6 +22,7 @@ import os
 import re
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -146,37 +148,77 @@ def ns_pid(pid):
     return None
 
 
+# HAMi-core's shared region, the quota library's books (multiprocess_memory_limit.h at
+# commit 8f3a89c, region 1.2, x86_64 glibc), read at these offsets (docs/isolation.md).
+REGION_FILE = "cudevshr.cache"  # in the container's books directory
+REGION_MAGIC = 19920718
+REGION_VERSION = (1, 2)
+REGION_LIMIT_OFFSET = 1600  # uint64_t limit[16]
+REGION_PROCS_OFFSET = 1856  # shrreg_proc_slot_t procs[1024]
+REGION_SLOT_SIZE = 1960
+REGION_MAX_PROCS = 1024
+REGION_PROC_NUM_OFFSET = 2008896  # int proc_num
+REGION_SIZE = 2008952
+# used[0].total: after pid and hostpid, device_memory_t's fifth field. One aligned 64-bit
+# word, which the library's atomic stores cannot tear: the slot's seqlock guards the
+# consistency of its fields with each other, which this count does not need.
+SLOT_TOTAL_OFFSET = 40
+
+
+def region_usage(data, pids):
+    """(bytes the container's `pids` hold, the region's limit) from a region's bytes;
+    ValueError when it is not one of the supported version. `pids`: namespace or host
+    PIDs (HAMi-core records both); None among them counts every slot."""
+    if len(data) < REGION_SIZE:
+        raise ValueError(f"{len(data)} bytes, not a shared region")
+    magic, major, minor = struct.unpack_from("<iII", data, 0)
+    if magic != REGION_MAGIC:
+        raise ValueError("not initialised")
+    if (major, minor) != REGION_VERSION:
+        raise ValueError(f"region version {major}.{minor}, not the supported 1.2")
+    (proc_num,) = struct.unpack_from("<i", data, REGION_PROC_NUM_OFFSET)
+    if not 0 <= proc_num <= REGION_MAX_PROCS:
+        raise ValueError(f"{proc_num} process slots")
+    (limit,) = struct.unpack_from("<Q", data, REGION_LIMIT_OFFSET)
+    total = 0
+    for i in range(proc_num):
+        slot = REGION_PROCS_OFFSET + i * REGION_SLOT_SIZE
+        pid, hostpid = struct.unpack_from("<ii", data, slot)
+        (used,) = struct.unpack_from("<Q", data, slot + SLOT_TOTAL_OFFSET)
+        if None in pids or pid in pids or (hostpid and hostpid in pids):
+            total += used
+    return total, limit
+
+
 def quota_usage(errors, processes):
     """What the node's quota library counts each container with GPU processes as holding,
-    from its per-container books; None when the node keeps none. Lines of processes that
-    no longer run (the library cleans them only on its next allocation) are left out."""
+    from its books (HAMi-core's shared region, in the per-container directory the node's
+    toolkit hook mounts); None when the node keeps none. A container whose books are
+    missing, unreadable or not a region counts as 0: the library holds none of its memory
+    (not loaded, or its books were tampered with), which the watchdog compares with NVML."""
     root = os.environ.get("GPUPLATFORM_VRAM_QUOTA_ACCOUNTING")
     if not root:
         return None
     live = {}
     for p in processes:
         if p["container_id"]:
-            live.setdefault(p["container_id"], set()).add(ns_pid(p["pid"]))
+            pids = live.setdefault(p["container_id"], set())
+            pids.update((ns_pid(p["pid"]), p["pid"]))
     out = []
     for cid, pids in sorted(live.items()):
         books = os.path.join(root, cid)
         if not os.path.isdir(books):
             continue  # not a container the library was given
+        row = {"container_id": cid, "used_mb": 0}
         try:
-            with open(os.path.join(books, "usage"), encoding="ascii", errors="replace") as fh:
-                lines = fh.read().splitlines()
+            with open(os.path.join(books, REGION_FILE), "rb") as fh:
+                used, limit = region_usage(fh.read(REGION_SIZE), pids)
+            row.update(used_mb=used // MIB, limit_mb=limit // MIB)
         except FileNotFoundError:
-            lines = []  # nothing counted (yet, or the library is not loaded)
-        except OSError as exc:
+            pass  # nothing counted: the library was never loaded in it
+        except (OSError, ValueError, struct.error) as exc:
             errors.append(f"quota accounting: {cid[:12]}: {exc}")
-            continue
-        total = 0
-        for line in lines:
-            fields = line.split()
-            wellformed = len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit()
-            if wellformed and (None in pids or int(fields[0]) in pids):
-                total += int(fields[1])
-        out.append({"container_id": cid, "used_mb": total // MIB})
+        out.append(row)
     return out
 
 
@@ -381,35 +423,165 @@ def package_build(errors, names):
     return ""
 
 
+# runtime types whose binary is runc (or a drop-in for it, named by BinaryName)
+RUNC_SHIMS = ("", "io.containerd.runc.v2", "io.containerd.runtime.v1.linux")
+RUNC_LINE_RE = re.compile(r"^runc version:?\s+v?(\S+)", re.IGNORECASE)
+COMMIT_LINE_RE = re.compile(r"^commit:\s*(\S+)", re.IGNORECASE)
+
+
+def json_command(errors, argv, what):
+    out = command_text(errors, argv, what)
+    try:
+        doc = json.loads(out) if out else {}
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def runtime_binary(info):
+    """What dockerd runs containers with: its default runtime's program, as `docker info`
+    names it (a bare name is looked up on PATH, as dockerd does); "" when that runtime is
+    not runc."""
+    runtimes = info.get("Runtimes") if isinstance(info.get("Runtimes"), dict) else {}
+    name = str(info.get("DefaultRuntime") or "runc")
+    runtime = runtimes.get(name)
+    if not isinstance(runtime, dict):
+        return "runc" if name == "runc" else ""
+    options = runtime.get("options") if isinstance(runtime.get("options"), dict) else {}
+    path = str(runtime.get("path") or options.get("BinaryName") or "")
+    if not path and str(runtime.get("runtimeType") or "") in RUNC_SHIMS:
+        path = "runc"
+    return path
+
+
+def runc_reading(output):
+    """(version, commit, is_runc) from a runtime's `--version`: runc's own first line, or the
+    "runc version" section a wrapper (nvidia-container-runtime) prints after its own."""
+    lines = [line.strip() for line in output.splitlines()]
+    for i, line in enumerate(lines):
+        match = RUNC_LINE_RE.match(line)
+        if not match:
+            continue
+        commit = ""
+        for later in lines[i + 1 :]:
+            if not later:
+                break  # the section ends at a blank line
+            found = COMMIT_LINE_RE.match(later)
+            if found:
+                commit = found.group(1)
+                break
+        return match.group(1), commit, i == 0
+    return "", "", False
+
+
+def owning_package(errors, path):
+    """(package, build) of the distribution package that installed exactly this file
+    (dpkg, else RPM); ("", "") when none did, e.g. a binary copied there by hand."""
+    real = os.path.realpath(path)
+    candidates = [path] + ([real] if real != path else [])
+    # a merged /usr: the package may have shipped /sbin/runc, found at /usr/sbin/runc
+    for candidate in list(candidates):
+        alias = candidate[4:] if candidate.startswith("/usr/") else "/usr" + candidate
+        if os.path.exists(alias) and os.path.realpath(alias) == real:
+            candidates.append(alias)
+    for candidate in candidates:
+        owners_out = command_text(errors, ["dpkg-query", "-S", candidate], "dpkg-query")
+        for line in owners_out.splitlines():
+            owners, sep, owned = line.partition(": ")
+            if not sep or owned.strip() != candidate or owners.startswith("diversion "):
+                continue
+            package = owners.split(",")[0].strip()
+            build = command_text(
+                errors, ["dpkg-query", "-W", "-f=${Version}", package], "dpkg-query"
+            )
+            if build:
+                return package, build
+        out = command_text(
+            errors, ["rpm", "-qf", "--qf", "%{NAME} %{VERSION}-%{RELEASE}\\n", candidate], "rpm"
+        )
+        words = out.splitlines()[0].split() if out else []
+        if len(words) == 2:
+            return words[0], words[1]
+    return "", ""
+
+
+def runc_facts(errors, info, server):
+    """The runc dockerd runs containers with, read from that binary itself: its path (the
+    default runtime's, from `docker info`), version and commit from `<path> --version`, and
+    the distribution's build only from the package that owns that exact file. dockerd's
+    own reading of its runtime (`docker version`'s runc component, `docker info`'s
+    RuncCommit) must agree, or the binary found is not dockerd's and no build is read."""
+    facts = {"runc_version": "", "runc_commit": "", "runc_path": ""}
+    facts["runc_build"] = facts["runc_package"] = ""
+    dockerd_version = dockerd_commit = ""
+    for part in server.get("Components") or []:
+        if isinstance(part, dict) and str(part.get("Name", "")).lower() == "runc":
+            dockerd_version = str(part.get("Version") or "")
+            details = part.get("Details") if isinstance(part.get("Details"), dict) else {}
+            dockerd_commit = str(details.get("GitCommit") or "")
+    runc_commit = info.get("RuncCommit") if isinstance(info.get("RuncCommit"), dict) else {}
+    dockerd_commit = str(runc_commit.get("ID") or "") or dockerd_commit
+    if dockerd_commit in ("N/A", "unknown"):
+        dockerd_commit = ""
+    # without `docker info` which binary dockerd runs is unknown: a runc on PATH is a guess
+    name = runtime_binary(info) if info else ""
+    path = shutil.which(name) if name else None
+    version, commit, is_runc = (
+        runc_reading(command_text(errors, [path, "--version"], name)) if path else ("", "", False)
+    )
+    if not version:
+        # dockerd's word for the version, but no binary to tie a package build to
+        if info:
+            runtime = name or f"{info.get('DefaultRuntime')} (not runc)"
+            errors.append(f"preflight: runc: dockerd's runtime {runtime} could not be read")
+        facts["runc_version"], facts["runc_commit"] = dockerd_version, dockerd_commit
+        return facts
+    if (dockerd_version and dockerd_version != version) or (
+        dockerd_commit and commit and dockerd_commit != commit
+    ):
+        errors.append(
+            f"preflight: runc: {path} is {version} ({commit or 'no commit'}) but dockerd runs "
+            f"{dockerd_version or '?'} ({dockerd_commit or 'no commit'}): no build is read"
+        )
+        facts["runc_version"], facts["runc_commit"] = dockerd_version, dockerd_commit
+        return facts
+    facts.update(runc_version=version, runc_commit=commit, runc_path=path)
+    if is_runc:  # a wrapper's package is not runc's
+        facts["runc_package"], facts["runc_build"] = owning_package(errors, path)
+    return facts
+
+
+def userns_remap(info):
+    """Whether dockerd remaps user namespaces (userns-remap): "true" or "false", "" when
+    docker did not say."""
+    options = info.get("SecurityOptions")
+    if not isinstance(options, list):
+        return ""
+    names = [str(option).split(",")[0] for option in options]
+    return "true" if "name=userns" in names else "false"
+
+
 def preflight_facts(errors, docker):
     """What the platform's preflight gate judges, as text: OS, kernel, Docker Engine and the
-    runc it uses, the NVIDIA Container Toolkit, cgroup version ("" where unknown)."""
+    runc it uses, user-namespace remapping, the NVIDIA Container Toolkit, cgroup version
+    ("" where unknown)."""
     facts = {"kernel": os.uname().release, "os": ""}
     with contextlib.suppress(OSError), open("/etc/os-release", encoding="utf-8") as fh:
         for line in fh:
             if line.startswith("PRETTY_NAME="):
                 facts["os"] = line.split("=", 1)[1].strip().strip('"')
-    facts["docker_version"] = facts["runc_version"] = facts["cgroup_version"] = ""
+    server = info = {}
     if docker:
-        server = command_text(
+        server = json_command(
             errors, ["docker", "version", "--format", "{{json .Server}}"], "docker version"
         )
-        try:
-            doc = json.loads(server) if server else {}
-        except ValueError:
-            doc = {}
-        if isinstance(doc, dict):
-            facts["docker_version"] = str(doc.get("Version") or "")
-            for part in doc.get("Components") or []:
-                if isinstance(part, dict) and str(part.get("Name", "")).lower() == "runc":
-                    facts["runc_version"] = str(part.get("Version") or "")
-        facts["cgroup_version"] = command_text(
-            errors, ["docker", "info", "--format", "{{.CgroupVersion}}"], "docker info"
-        )
-    if not facts["runc_version"]:
-        match = VERSION_RE.search(command_text(errors, ["runc", "--version"], "runc"))
-        facts["runc_version"] = match.group(1) if match else ""
-    facts["runc_build"] = package_build(errors, ["runc", "containerd.io"])
+        info = json_command(errors, ["docker", "info", "--format", "{{json .}}"], "docker info")
+    facts["docker_version"] = str(server.get("Version") or "")
+    facts["cgroup_version"] = str(info.get("CgroupVersion") or "")
+    facts["userns_remap"] = userns_remap(info)
+    facts.update(runc_facts(errors, info, server) if docker else {})
+    for key in ("runc_version", "runc_commit", "runc_path", "runc_build", "runc_package"):
+        facts.setdefault(key, "")
     facts["toolkit_version"] = facts["toolkit_source"] = ""
     for argv in TOOLKIT_COMMANDS:
         match = VERSION_RE.search(command_text(errors, argv, argv[0]))

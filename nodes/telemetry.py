@@ -38,6 +38,8 @@ Two sources, one result (`NodeSample`):
        "vram_quota_library": "/usr/lib/gpuplatform/libvramquota.so" | null,
        "preflight": {"os": "...", "kernel": "...", "docker_version": "...",   # text; "" =
                      "runc_version": "...", "runc_build": "...",            # unknown
+                     "runc_path": "/usr/sbin/runc", "runc_commit": "...",   # runc: the
+                     "runc_package": "runc", "userns_remap": "false",       # binary dockerd runs
                      "toolkit_version": "...", "toolkit_build": "...",
                      "toolkit_source": "nvidia-ctk", "cgroup_version": "2"}},
      "errors": ["human-readable problems that did not stop the sample"]

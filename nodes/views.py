@@ -138,7 +138,7 @@ def _undrain(request: HttpRequest, node: Node) -> str:
 def _approve(request: HttpRequest, node: Node) -> str:
     form = ApproveForm(request.POST)
     fingerprint = form.cleaned_data["fingerprint"] if form.is_valid() else ""
-    services.node_approve_host_key(node=node, fingerprint=fingerprint)
+    services.node_approve_host_key(node=node, fingerprint=fingerprint, actor=request.user)
     return f"Host key {fingerprint} pinned for {node.name}; discovery started."
 
 

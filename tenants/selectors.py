@@ -16,6 +16,7 @@ from django.db.models import (
 )
 from django.utils import timezone
 
+from nodes.allowlist import AllowlistedImage
 from nodes.models import ProcessSample
 
 from .models import (
@@ -199,6 +200,14 @@ def usage_list(*, tenant: Tenant | None) -> QuerySet[UsageRecord]:
 def image_list(*, active_only: bool = True) -> QuerySet[Image]:
     qs = Image.objects.all().order_by("name")
     return qs.filter(is_active=True) if active_only else qs
+
+
+def image_allowlist() -> list[AllowlistedImage]:
+    """The allowlist as nodes reads it (its node policy's probe image is one of these)."""
+    return [
+        AllowlistedImage(i.pinned_reference, i.name, i.reference if i.digest else "")
+        for i in image_list()
+    ]
 
 
 def _slice_related(qs: QuerySet[Slice]) -> QuerySet[Slice]:

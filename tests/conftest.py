@@ -12,6 +12,7 @@ from gpuplatform.celery import app
 from nodelab import CONTAINER_NETWORK, IMAGE, SSH_USER, LabNodeSpec
 from nodes import services as node_services
 from nodes import ssh
+from nodes.models import NodePolicy
 from tenants import services
 from tenants.models import Image, Tier
 from tests.factories import MembershipFactory, UserFactory, make_token
@@ -74,6 +75,13 @@ def token_client():  # type: ignore[no-untyped-def]
 # --- the slice lifecycle: an emulated GPU fleet the worker's own pool can reach ---------------
 
 
+def use_probe_image(reference: str = IMAGE) -> None:
+    """The node policy's probe image as ops would choose it (production sets none): the
+    lab's workload image, which emulated and lab nodes both have. Written directly: the
+    test's allowlist need not hold it."""
+    NodePolicy.objects.update_or_create(pk=1, defaults={"probe_image": reference})
+
+
 @pytest.fixture
 def eager():  # type: ignore[no-untyped-def]
     """Celery tasks run in this process (after commit, as dispatched), errors raised."""
@@ -95,6 +103,7 @@ def worker_fleet(settings, tmp_path, django_capture_on_commit_callbacks):  # typ
     settings.NODES_SSH_KEY_PATH = str(tmp_path / "ssh" / "id_ed25519")
     settings.NODES_CONTAINER_SETTLE_S = 0.05
     ssh.reset_pool()
+    use_probe_image()
     started = []
 
     def start(specs=None, **kwargs):  # type: ignore[no-untyped-def]
@@ -194,6 +203,7 @@ def lab_fleet(settings, tmp_path, lab_pool, django_capture_on_commit_callbacks):
     settings.NODES_SSH_KEY_PATH = str(tmp_path / "ssh" / "id_ed25519")
     settings.NODES_CONTAINER_SETTLE_S = 0.3
     ssh.reset_pool()
+    use_probe_image()
     used = []
 
     def start(specs=None):  # type: ignore[no-untyped-def]

@@ -286,6 +286,14 @@ def _stop_reason(incident: Incident, evidence: dict) -> str:
             f"{ev.get('quota_mb')} MiB quota. Lower the batch size or context, quantize "
             "the model, or buy a bigger tier."
         )
+    if incident.rule == "accounting_drift":
+        return (
+            f"Stopped by the watchdog: the GPU driver saw {ev.get('nvml_mb')} MiB in use by "
+            f"its processes but the VRAM quota library counted only {ev.get('library_mb')} "
+            "MiB, so memory was taken around the quota (a statically linked program, or "
+            "device access that bypasses CUDA). Run jobs linked against the CUDA driver "
+            "library."
+        )
     if incident.rule == "idle_slice":
         return (
             f"Stopped by the watchdog: no compute for {rules.duration(ev.get('idle_s', 0))}, "

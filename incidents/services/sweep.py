@@ -302,6 +302,11 @@ def _sweep_oom(now: datetime) -> list[rules.Finding]:
     ]
 
 
+# The probes' quota verdicts that open `quota_not_effective`: a probe got past the quota,
+# plainly or by setting its own environment inside the container.
+NOT_EFFECTIVE = ("ineffective", "environment")
+
+
 def _sweep_gate() -> list[rules.Finding]:
     """The preflight gate's verdicts: a failed node is an incident until it passes again;
     a quota library a probe got past is one until the probes prove it again."""
@@ -314,11 +319,12 @@ def _sweep_gate() -> list[rules.Finding]:
     for pk, name, checked in Node.objects.filter(gate_status=GateStatus.PASSED).values_list(
         "pk", "name", "preflight"
     ):
-        models = sorted(m for m, state in ((checked or {}).get("quota") or {}).items()
-                        if state == "ineffective")  # fmt: skip
+        quota = ((checked or {}).get("quota") or {}).items()
+        models = sorted(m for m, state in quota if state in NOT_EFFECTIVE)
         if models:
             ineffective.add(pk)
-            out.append(rules.quota_not_effective(pk, name, models))
+            by_environment = all(s == "environment" for m, s in quota if m in models)
+            out.append(rules.quota_not_effective(pk, name, models, by_environment=by_environment))
     open_ones = Incident.objects.filter(
         rule__in=["node_gate_failed", "quota_not_effective"], resolved_at__isnull=True
     ).values_list("rule", "node_id", "node__name", "node__gate_status")

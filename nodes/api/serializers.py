@@ -6,6 +6,7 @@ from rest_framework.exceptions import ErrorDetail
 from gpuplatform.api.serializers import StrictSerializer
 from gpuplatform.datetimes import range_code, to_utc
 from nodes import services, ssh
+from nodes.allowlist import allowlisted_images
 from nodes.models import Gpu, Node, NodePolicy, NodePolicyChange
 
 
@@ -228,10 +229,17 @@ class KnownBuildSerializer(StrictSerializer):
 
 
 class NodePolicySerializer(serializers.ModelSerializer):
+    probe_image_choices = serializers.SerializerMethodField(
+        help_text="The allowlisted images `probe_image` may be set to (as each runs)."
+    )
+
     class Meta:
         model = NodePolicy
-        fields = [*services.POLICY_FIELDS, "updated_at"]
+        fields = [*services.POLICY_FIELDS, "probe_image_choices", "updated_at"]
         read_only_fields = fields
+
+    def get_probe_image_choices(self, policy: NodePolicy) -> list[str]:
+        return [image.reference for image in allowlisted_images()]
 
 
 class NodePolicyUpdateSerializer(StrictSerializer):
@@ -243,13 +251,16 @@ class NodePolicyUpdateSerializer(StrictSerializer):
         child=serializers.CharField(max_length=8), required=False, max_length=32
     )
     known_fixed_builds = KnownBuildSerializer(many=True, required=False)
-    probe_image = serializers.CharField(max_length=255, required=False)
+    probe_image = serializers.CharField(
+        max_length=255, required=False, help_text="One of `probe_image_choices`."
+    )
     probe_command = serializers.ListField(
         child=serializers.CharField(max_length=4096), required=False, max_length=64
     )
     probe_environment = serializers.DictField(
         child=serializers.CharField(max_length=4096, allow_blank=True), required=False
     )
+    require_userns_remap = serializers.BooleanField(required=False)
     reason = serializers.CharField(max_length=500, help_text="Why: kept with the change.")
 
 

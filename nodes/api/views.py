@@ -69,7 +69,7 @@ class NodeViewSet(
         node = self.get_object()
         data = serializers.NodeUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        return self._out(services.node_update(node=node, **data.validated_data))
+        return self._out(services.node_update(node=node, actor=request.user, **data.validated_data))
 
     def partial_update(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
         return self.update(request, *args, **kwargs)
@@ -93,7 +93,9 @@ class NodeViewSet(
     def approve_host_key(self, request, pk=None):  # type: ignore[no-untyped-def]
         data = serializers.ApproveHostKeySerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        node = services.node_approve_host_key(node=self.get_object(), **data.validated_data)
+        node = services.node_approve_host_key(
+            node=self.get_object(), actor=request.user, **data.validated_data
+        )
         return self._out(node)
 
     @extend_schema(request=None, responses={202: serializers.NodeSerializer})

@@ -1,7 +1,8 @@
 """Every write to nodes, GPUs and samples, by sub-domain: `registry` (nodes, host keys,
 discovery), `sampling`, `allocations`, `containers`, `policy` and `gate` (the preflight).
 
-`from nodes.services import X` names any of them (and ContainerError, from nodes.errors).
+`rejudge` (a changed machine judged again) sits apart from `gate`, which sampling cannot
+import. `from nodes.services import X` names any of them (and ContainerError, from nodes.errors).
 Patch a function in the module that calls it (node_discover finds node_preflight in
 nodes.services.registry): replacing the package's name changes nothing the modules call.
 """
@@ -35,6 +36,7 @@ from .containers import (
     run_on_node,
 )
 from .gate import (
+    NO_PROBE_IMAGE,
     PREFLIGHT_DEADLINE_S,
     PROBE_OWNER_PREFIX,
     PROBE_WAIT_S,
@@ -46,6 +48,7 @@ from .policy import (
     MAX_HISTORY_DAYS,
     MIN_HISTORY_DAYS,
     POLICY_FIELDS,
+    PROBE_IMAGE_PAGE,
     gpu_policy_set,
     gpu_recommended_ratio,
     gpu_set_accepting,
@@ -71,6 +74,12 @@ from .registry import (
     node_undrain,
     node_update,
 )
+from .rejudge import (
+    GATE_RESET_FIELD,
+    absence_reason,
+    node_gate_reset,
+    nodes_gate_reset_after_absence,
+)
 from .sampling import (
     LATEST_FIELDS,
     NO_NVML_RETRY_S,
@@ -91,6 +100,7 @@ __all__ = [
     "ContainerError",
     "DISCOVERED_GPU_FIELDS",
     "FiveMinuteBucket",
+    "GATE_RESET_FIELD",
     "HOSTNAME_RE",
     "LATEST_FIELDS",
     "MAX_HISTORY_DAYS",
@@ -99,17 +109,20 @@ __all__ = [
     "NAME_RE",
     "NETWORK_RE",
     "NO_NVML_RETRY_S",
+    "NO_PROBE_IMAGE",
     "PIPELINE_CHUNK",
     "POLICY_FIELDS",
     "PREFLIGHT_DEADLINE_S",
     "PROBES_AT_ONCE",
     "PROBE_OWNER_PREFIX",
+    "PROBE_IMAGE_PAGE",
     "PROBE_WAIT_S",
     "ROOM_SQL",
     "SOLD_ROOM_SQL",
     "SSH_USER_RE",
     "WHOLE_CARD_SQL",
     "allocation_activate",
+    "absence_reason",
     "allocation_release",
     "allocation_reserve",
     "capacity_mb",
@@ -134,6 +147,7 @@ __all__ = [
     "node_containers",
     "node_discover",
     "node_drain",
+    "node_gate_reset",
     "node_note_error",
     "node_policy",
     "node_policy_update",
@@ -144,6 +158,7 @@ __all__ = [
     "node_scan_host_key",
     "node_undrain",
     "node_update",
+    "nodes_gate_reset_after_absence",
     "nodes_sample",
     "placement_shortfall",
     "read_nodes",

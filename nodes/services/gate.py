@@ -29,7 +29,7 @@ from .containers import (
     node_containers,
     run_on_node,
 )
-from .policy import node_policy, sell_whole
+from .policy import PROBE_IMAGE_PAGE, node_policy, sell_whole
 
 PROBE_OWNER_PREFIX = "probe-node-"  # a probe container's owner key: "probe-node-<node id>"
 PROBE_WAIT_S = 30.0  # a probe that has not finished by then counts as not finished
@@ -44,6 +44,7 @@ def _gate_policy(row: NodePolicy) -> preflight.Policy:
             preflight.KnownBuild(k["component"], k["build"], k.get("reason", ""))
             for k in row.known_fixed_builds or ()
         ),
+        require_userns_remap=row.require_userns_remap,
     )
 
 
@@ -70,6 +71,9 @@ def _probe_targets(node: Node) -> list[tuple[Gpu, str, int, bool]]:
 
 
 PROBES_AT_ONCE = 4
+# The script's own lines are its first five and last two: an allocation command that
+# prints more than this pushes the first ones out of what is read (the probe then fails).
+PROBE_LOG_LINES = 400
 
 
 def _probe_run(  # type: ignore[no-untyped-def]
@@ -83,10 +87,12 @@ def _probe_run(  # type: ignore[no-untyped-def]
 ) -> preflight.ProbeRun:
     """One probe container through the same `docker run` argv as a tenant's slice."""
     gpu, device, device_mb, mig = target
-    alloc_mb = preflight.PROBE_PAST_MB if kind == "past" else preflight.PROBE_WITHIN_MB
+    alloc_mb = preflight.probe_alloc_mb(kind)
     run = preflight.ProbeRun(gpu_model=gpu.model, device=device, kind=kind)
     if time.monotonic() > deadline:
         return dataclasses.replace(run, error="the preflight ran out of time before this probe")
+    # fresh for each probe, so no output of another run (or of the command) can pass
+    nonce = secrets.token_hex(16)
     try:
         spec = runtime.ContainerSpec(
             name=f"gpp-probe-{node.pk}-{gpu.index}-{kind}-{secrets.token_hex(3)}",
@@ -98,7 +104,7 @@ def _probe_run(  # type: ignore[no-untyped-def]
             cpus=Decimal(preflight.PROBE_CPUS),
             memory_mb=preflight.PROBE_MEMORY_MB,
             pids_limit=preflight.PROBE_PIDS,
-            command=("sh", "-c", preflight.PROBE_SCRIPT, "probe", *row.probe_command),
+            command=preflight.probe_command(nonce, kind, row.probe_command),
             environment=preflight.probe_environment(row.probe_environment or {}, alloc_mb),
             mig=mig,
             quota_library="" if mig else library,
@@ -121,19 +127,27 @@ def _probe_run(  # type: ignore[no-untyped-def]
             info = container_inspect(node=node, container=name, pool=pool)
         if info is None:
             return dataclasses.replace(run, error="the probe container disappeared")
+        # read even from a probe that did not finish: its confinement is printed first
+        logs = run_on_node(node, runtime.logs_tail_argv(name, PROBE_LOG_LINES), pool)
+        seen = preflight.parse_probe_output(logs.stdout.decode("utf-8", "replace"), nonce)
+        run = dataclasses.replace(run, readings=seen.readings, output=seen.output)
+        if seen.problem:
+            return dataclasses.replace(run, error=f"the probe's output: {seen.problem}")
         if info.running:
             return dataclasses.replace(
                 run, error=f"the probe did not finish within {PROBE_WAIT_S:.0f} s"
             )
-        logs = run_on_node(node, runtime.logs_tail_argv(name, 200), pool)
-        readings = preflight.parse_probe_output(logs.stdout.decode("utf-8", "replace"))
-        if "alloc_exit" not in readings:
+        if "alloc_exit" not in seen.readings:
             return dataclasses.replace(
                 run,
                 error=f"the probe stopped before its allocation ({container_exit_reason(info)})",
-                readings=readings,
             )
-        return dataclasses.replace(run, readings=readings)
+        if info.exit_code != 0 or info.oom_killed:
+            # the script ends with `exit 0`: anything else is not the script's ending
+            return dataclasses.replace(
+                run, error=f"the probe script did not end itself ({container_exit_reason(info)})"
+            )
+        return run
     except (ssh.SSHError, ContainerError, runtime.RuntimeParseError) as exc:
         return dataclasses.replace(run, error=str(exc)[:300])
     finally:
@@ -167,10 +181,12 @@ def node_preflight(
 
 
 PREFLIGHT_DEADLINE_S = 240.0  # the task's soft limit is 300 s: the verdict is always stored
+NO_PROBE_IMAGE = f"no probe image set: ops choose one from the allowlist on {PROBE_IMAGE_PAGE}"
 
 
 def _node_preflight(node: Node, facts: dict[str, str], pool: ssh.SSHPool) -> Node:
     node_id = node.pk
+    judged_key = node.host_key
     row = node_policy()
     library = (node.capabilities or {}).get("vram_quota_library") or ""
     deadline = time.monotonic() + PREFLIGHT_DEADLINE_S
@@ -179,16 +195,19 @@ def _node_preflight(node: Node, facts: dict[str, str], pool: ssh.SSHPool) -> Nod
     # The probe image is checked like any image before it starts (CVE-2025-23266 needs
     # only an ENV in it), and pulled once here rather than by each probe's `docker run`.
     image_error = ""
-    try:
-        image_error = image_env_refusal(
-            image_inspect(node=node, reference=row.probe_image, pool=pool)
-        )
-    except (ContainerError, ssh.SSHError) as exc:
-        image_error = f"the probe image {row.probe_image} is not usable on the node: {exc}"
+    if not row.probe_image:
+        image_error = NO_PROBE_IMAGE
+    else:
+        try:
+            image_error = image_env_refusal(
+                image_inspect(node=node, reference=row.probe_image, pool=pool)
+            )
+        except (ContainerError, ssh.SSHError) as exc:
+            image_error = f"the probe image {row.probe_image} is not usable on the node: {exc}"
     jobs = [
         (target, kind)
         for target in targets
-        for kind in (("within", "past") if library and not target[3] else ("within",))
+        for kind in (preflight.PROBE_KINDS if library and not target[3] else ("within",))
     ]
     if image_error:
         runs = [preflight.ProbeRun(t[0].model, t[1], k, error=image_error) for t, k in jobs]
@@ -214,6 +233,10 @@ def _node_preflight(node: Node, facts: dict[str, str], pool: ssh.SSHPool) -> Nod
     now = timezone.now()
     with transaction.atomic():
         node = node_lock(node_id)
+        if node.host_key != judged_key:
+            # the key changed while the probes ran: this verdict is about the machine that
+            # answered before, and the change queued the judgement of the one there now
+            return node
         node.gate_status = GateStatus.PASSED if gate.passed else GateStatus.FAILED
         node.gate_reason = gate.reason[:1000]
         node.gate_checked_at = now
@@ -227,6 +250,7 @@ def _node_preflight(node: Node, facts: dict[str, str], pool: ssh.SSHPool) -> Nod
             "policy": {
                 "min_toolkit_version": row.min_toolkit_version,
                 "min_runc_version": row.min_runc_version,
+                "require_userns_remap": row.require_userns_remap,
             },
             "checked_at": now.isoformat(),
         }

@@ -14,7 +14,7 @@ from django.utils import timezone
 from gpuplatform.dispatch import enqueue
 from gpuplatform.errors import Conflict, ServiceError
 
-from .. import isolation, preflight, runtime
+from .. import allowlist, isolation, preflight, runtime
 from ..locks import gpu_lock, node_lock, node_policy_lock
 from ..models import Allocation, Gpu, GpuSampleRollup, Node, NodePolicy, NodePolicyChange
 from .allocations import capacity_mb
@@ -170,6 +170,7 @@ POLICY_FIELDS = (
     "probe_image",
     "probe_command",
     "probe_environment",
+    "require_userns_remap",
 )
 
 
@@ -232,6 +233,10 @@ def _policy_clean(field: str, value):  # type: ignore[no-untyped-def]
             ):
                 raise ValueError("the allocation command is a non-empty list of strings")
             return value
+        if field == "require_userns_remap":
+            if not isinstance(value, bool):
+                raise ValueError("true or false")
+            return value
         if field == "probe_environment":
             if not isinstance(value, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in value.items()
@@ -245,6 +250,24 @@ def _policy_clean(field: str, value):  # type: ignore[no-untyped-def]
     except ValueError as exc:
         raise ServiceError(f"{field}: {exc}", field=field) from None
     raise ServiceError(f"{field} is not a node policy setting.", field=field)
+
+
+PROBE_IMAGE_PAGE = "/ops/fleet/node-policy/"  # where ops choose it (named in the gate's reason)
+
+
+def _probe_image_allowlisted(reference: str) -> str:
+    """The probe runs an image tenants could launch, never one outside the allowlist: the
+    reference as the allowlist runs it (a pinned image with its digest)."""
+    found = allowlist.allowlisted(reference)
+    if found is None:
+        names = ", ".join(i.reference for i in allowlist.allowlisted_images()) or "none yet"
+        raise ServiceError(
+            f"probe_image: {reference or 'an empty name'} is not on the image allowlist; "
+            f"choose one of its images ({names}); ops add images on /ops/images/.",
+            code="invalid_choice",
+            field="probe_image",
+        )
+    return found.reference
 
 
 @transaction.atomic
@@ -262,6 +285,8 @@ def node_policy_update(*, actor, reason: str, **changes) -> NodePolicy:  # type:
     for field, value in changes.items():
         clean = _policy_clean(field, value)
         old = getattr(row, field)
+        if field == "probe_image" and clean != old:  # a new choice; the kept one stands
+            clean = _probe_image_allowlisted(clean)
         if old == clean:
             continue
         setattr(row, field, clean)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -18,7 +19,17 @@ from ..locks import gpus_lock_by_uuid, node_lock
 from ..models import Gpu, Node
 from .gate import node_preflight
 from .policy import sell_whole
+from .rejudge import (
+    ADDRESS_CHANGED,
+    HOST_KEY_CHANGED,
+    REPINNED,
+    absence_reason,
+    node_gate_reset,
+)
 from .sampling import endpoint_for, read_nodes, record_failure
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser
 
 HOSTNAME_RE = re.compile(
     r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
@@ -147,8 +158,9 @@ def node_register(
 
 
 @transaction.atomic
-def node_update(*, node: Node, **changes) -> Node:
-    """Change where or how a node is reached. A new address drops the pinned key."""
+def node_update(*, node: Node, actor: AbstractBaseUser | None = None, **changes) -> Node:
+    """Change where or how a node is reached. A new address drops the pinned key; a new
+    key (or address) puts the gate back to unchecked until a new preflight passes."""
     node = node_lock(node.pk)
     data = _clean_registration(
         name=changes.get("name", node.name),
@@ -160,8 +172,11 @@ def node_update(*, node: Node, **changes) -> Node:
     moved = (data["address"], data["port"]) != (node.address, node.port)
     for key, value in data.items():
         setattr(node, key, value)
+    repinned = False
     if "host_key" in changes and changes["host_key"].strip():
-        node.host_key = _clean_host_key(changes["host_key"])
+        key = _clean_host_key(changes["host_key"])
+        repinned = key != node.host_key
+        node.host_key = key
         node.host_key_fingerprint = ssh.fingerprint(node.host_key)
         node.pending_host_key = ""
     elif moved:
@@ -169,6 +184,10 @@ def node_update(*, node: Node, **changes) -> Node:
         node.host_key = node.host_key_fingerprint = ""
         node.status = Node.Status.PENDING
         node.status_reason = "address changed: approve the new host key"
+    if repinned or moved:
+        # another key (or address) is another machine until a preflight says otherwise;
+        # a repinned one is judged at once, a moved one once its key is approved
+        node_gate_reset(node=node, reason=REPINNED if repinned else ADDRESS_CHANGED, actor=actor)
     try:
         with transaction.atomic():
             node.save()
@@ -201,9 +220,12 @@ def node_scan_host_key(*, node_id: int) -> Node | None:
 
 
 @transaction.atomic
-def node_approve_host_key(*, node: Node, fingerprint: str) -> Node:
+def node_approve_host_key(
+    *, node: Node, fingerprint: str, actor: AbstractBaseUser | None = None
+) -> Node:
     """Pin the key read from the node. The fingerprint ops saw must match what is pinned,
-    so a key that changed between display and approval is never trusted."""
+    so a key that changed between display and approval is never trusted. A key that
+    replaces a pinned one puts the gate back to unchecked until a new preflight passes."""
     node = node_lock(node.pk)
     if not node.pending_host_key:
         raise Conflict(
@@ -218,10 +240,15 @@ def node_approve_host_key(*, node: Node, fingerprint: str) -> Node:
             code="fingerprint_mismatch",
             field="fingerprint",
         )
+    changed = bool(node.host_key)  # a first key is a first contact, not a change
     node.host_key = node.pending_host_key
     node.host_key_fingerprint = expected
     node.pending_host_key = ""
     node.consecutive_failures = 0
+    if changed:
+        # a reinstall or an impostor: judged again (the discovery queued below runs the
+        # preflight) before it takes slices on the old machine's verdict
+        node_gate_reset(node=node, reason=HOST_KEY_CHANGED, actor=actor, queue=False)
     if node.status == Node.Status.UNREACHABLE:
         node.status = node.reachable_status
     node.status_reason = ""
@@ -293,6 +320,10 @@ def node_discover(*, node_id: int, pool: ssh.SSHPool | None = None) -> Node | No
     now = timezone.now()
     with transaction.atomic():
         node = node_lock(node_id)
+        if away := absence_reason(node, now):
+            # judged by the preflight below before it is sold again (its verdict, not the
+            # one from before the absence, opens it)
+            node_gate_reset(node=node, reason=away, queue=False)
         seen = {reading.uuid for reading in sample.gpus}
         # First flag what vanished, so a replacement GPU can take its index.
         Gpu.objects.filter(node=node, present=True).exclude(uuid__in=seen).update(

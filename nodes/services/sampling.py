@@ -20,6 +20,7 @@ from .. import smi, ssh, telemetry
 from ..hooks import GpuSampleRow, ProcessSampleRow, SampleBatch, run_sample_hooks
 from ..locks import node_lock
 from ..models import Allocation, Gpu, GpuSample, GpuSampleRollup, Node, ProcessSample
+from .rejudge import nodes_gate_reset_after_absence
 
 logger = logging.getLogger(__name__)
 
@@ -276,6 +277,11 @@ def samples_ingest(
         # always one): the node answered, so it is seen, its failure count resets, and an
         # unreachable node recovers by itself (to draining if ops drained it meanwhile).
         recovered = Q(status=Node.Status.UNREACHABLE)
+        # one away too long may be another machine now: judged again before it is sold
+        # (the rows as read before the request say which were away: no query otherwise)
+        away = [n.pk for n, _ in results if n.status == Node.Status.UNREACHABLE]
+        if away:
+            nodes_gate_reset_after_absence(node_ids=away, now=now)
         sources: dict[str, list[int]] = {}
         for node, sample in results:
             sources.setdefault(sample.source, []).append(node.pk)

@@ -21,6 +21,7 @@ from nodes import services as node_services
 from nodes import ssh
 from nodes.models import Allocation, Node
 from tenants.models import Image, LedgerEntry, Purchase, Slice, Tenant, Tier
+from tests.conftest import use_probe_image
 from tests.e2e.conftest import SCREENSHOT_TIMEOUT_MS, SCREENSHOTS
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -48,6 +49,7 @@ def emulated_node(settings, tmp_path, eager_celery):  # type: ignore[no-untyped-
     settings.NODES_SSH_KEY_PATH = str(tmp_path / "ssh" / "id_ed25519")
     settings.NODES_CONTAINER_SETTLE_S = 0.2
     ssh.reset_pool()
+    use_probe_image()
     key = ssh.load_or_create_platform_key(Path(settings.NODES_SSH_KEY_PATH))
     fleet = EmulatedFleet.start(
         count=1, authorized_keys=[public_line(key)], state_dir=tmp_path / "emu"

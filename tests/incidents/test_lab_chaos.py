@@ -21,7 +21,6 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.core import mail
 from django.db import connection
 from django.utils import timezone
 
@@ -370,14 +369,17 @@ def test_quiet_churn_of_fifty_ordinary_slices_files_no_incident(
     assert lab.container_ids() == [] and lab.gpu_processes() == []
 
 
-def test_two_counts_of_a_slices_memory_and_their_drift_is_an_incident_with_both(
+def test_two_counts_of_a_slices_memory_agree_with_pools_counted_and_both_are_shown(
     eager, lab_fleet, funded, lab_image, owner_a, owner_b, client, ops_user
 ):  # type: ignore[no-untyped-def]
+    """NVML's count and the quota library's books (HAMi-core's shared region, read by the
+    sampler) for each slice. The supported library counts cuMemCreate too, so a job whose
+    NCCL-style pool takes 1500 MiB through the virtual memory API agrees with NVML: no
+    drift. What escapes the library is tests/nodes/test_lab_quota_boundary.py's."""
     fleet = lab_fleet()
     lab, node = fleet.nodes[0], fleet.registered[0]
     launch = launcher(funded, lab_image)
     honest = launch(owner_a, 8, WORKLOAD_MB="3000")
-    # 1500 MiB through cuMemCreate, as NCCL's pools take it: the library never sees it
     pooled = launch(owner_b, 8, WORKLOAD_MB="2000", WORKLOAD_VMM_MB="1500")
     for s in (honest, pooled):
         s.refresh_from_db()
@@ -388,29 +390,19 @@ def test_two_counts_of_a_slices_memory_and_their_drift_is_an_incident_with_both(
         a = Allocation.objects.get(pk=s.allocation_id)
         return a.nvml_mb, a.library_mb
 
-    node_services.nodes_sample(node_ids=[node.pk])
+    for _ in range(2):
+        node_services.nodes_sample(node_ids=[node.pk])
     assert counts(honest) == (3000, 3000)
-    assert counts(pooled) == (3500, 2000)
-    assert not Incident.objects.filter(rule="accounting_drift").exists()  # one sample
-    node_services.nodes_sample(node_ids=[node.pk])
-    [incident] = Incident.objects.filter(rule="accounting_drift")
-    assert incident.slice_id == pooled.pk
-    ev = incident.evidence
-    assert (ev["nvml_mb"], ev["library_mb"], ev["difference_mb"]) == (3500, 2000, 1500)
+    assert counts(pooled) == (3500, 3500)
+    assert not Incident.objects.filter(rule="accounting_drift").exists()
     # both counts on the slice page and in the ops slice list
     client.force_login(owner_b.user)
     page = client.get(f"/slices/{pooled.pk}/").content.decode()
     assert "NVML: <strong>3500 MiB</strong>" in page
-    assert "quota library: <strong>2000 MiB</strong>" in page
+    assert "quota library: <strong>3500 MiB</strong>" in page
     client.force_login(ops_user)
     row = client.get("/ops/slices/").content.decode().split(f'id="ops-slice-{pooled.pk}"')[1]
-    assert '<td class="two-counts">3500 / 2000</td>' in row.split("</tr>")[0]
-    # the platform's books, not the tenant's doing: ops' alone
-    assert not [m for m in mail_to(owner_b) if "quota library" in m.body]
-
-
-def mail_to(membership):  # type: ignore[no-untyped-def]
-    return [m for m in mail.outbox if membership.user.email in m.to]
+    assert '<td class="two-counts">3500 / 3500</td>' in row.split("</tr>")[0]
 
 
 def test_placement_counts_memory_a_card_holds_outside_the_platform(

@@ -777,3 +777,14 @@ def test_accounting_drift_opens_on_the_second_sample_with_both_numbers():  # typ
     assert "NVML counts 5000 MiB, the quota library 3000 MiB" in finding.title
     [back] = rules.accounting_drift(_slice(), nvml_mb=5000, library_mb=4900, streak=0, th=TH)
     assert back.resolves and back.target == finding.target
+
+
+def test_memory_the_quota_library_does_not_see_stops_the_slice_alone():  # type: ignore[no-untyped-def]
+    """NVML above the library's books: something escaped the library (a static job, raw
+    device calls, books written over), so nothing inside holds that memory to the quota."""
+    [escaped] = rules.accounting_drift(_slice(), nvml_mb=3000, library_mb=0, streak=2, th=TH)
+    assert escaped.severity == rules.CRITICAL and escaped.action == rules.STOP_SLICE
+    assert "Stopping its container alone" in escaped.detail
+    # the library counting more than NVML sees harms nobody else: a warning, no stop
+    [over] = rules.accounting_drift(_slice(), nvml_mb=0, library_mb=3000, streak=2, th=TH)
+    assert over.severity == rules.WARNING and over.action == ""

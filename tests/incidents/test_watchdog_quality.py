@@ -1,7 +1,8 @@
 """The short version of bench/watchdog_quality.py: a scripted four-hour day on four
 emulated nodes with every kind of injected fault among forty ordinary slices. Nothing
-ordinary may file an incident, every fault must be caught by its rule within one
-sampling interval plus the rule's own window, once, and no neighbour is hurt."""
+ordinary may file an incident, every fault must be caught by its rule within the rule's
+own window plus two sampling intervals, once, and no neighbour is hurt. And the
+benchmark's matcher itself, on fault and incident pairs, so that its strictness shows."""
 
 from __future__ import annotations
 
@@ -12,9 +13,8 @@ from pathlib import Path
 import pytest
 from django.apps import apps
 
+from incidents.rules import Thresholds
 from tenants.models import Tier
-
-pytestmark = pytest.mark.django_db(transaction=True)
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "watchdog_quality.py"
 
@@ -32,25 +32,179 @@ def load_bench(monkeypatch):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
+def wq(monkeypatch):  # type: ignore[no-untyped-def]
+    return load_bench(monkeypatch)
+
+
+@pytest.fixture
 def seeded_tiers(db):  # type: ignore[no-untyped-def]
     if not Tier.objects.exists():  # a transactional test's flush emptied the seeded tiers
         importlib.import_module("tenants.migrations.0002_seed_tiers").seed(apps, None)
 
 
-def test_a_short_day_files_no_false_incident_and_misses_no_fault(  # type: ignore[no-untyped-def]
-    settings, seeded_tiers, monkeypatch
-):
+@pytest.mark.django_db(transaction=True)
+def test_a_short_day_files_no_false_incident_and_misses_no_fault(settings, seeded_tiers, wq):  # type: ignore[no-untyped-def]
     settings.NODES_CONTAINER_SETTLE_S = 0  # every setting the day changes is undone after
-    wq = load_bench(monkeypatch)
 
     report = wq.simulate(slices=40, hours=4, nodes=4, seed=7)
 
     lines = "\n".join(report.lines())
-    assert report.faults == 10, lines  # every kind of fault was injected and began
+    assert report.faults == 14, lines  # every kind of fault was injected and began
     assert report.false == [], lines
     assert report.missed == [], lines
     assert report.duplicates == 0, lines
-    assert report.hurt == [], lines
+    assert report.hurt == [], lines  # nobody stopped, throttled, failed or short of memory
     for rule, seconds in report.detect_s.items():
-        assert round(max(seconds)) <= wq.WINDOW_S[rule], (rule, seconds, lines)
+        assert round(max(seconds)) <= report.windows[rule] + wq.SLACK_S, (rule, seconds, lines)
     assert report.slices >= 40
+    faults = {f.kind: f for f in report.faults_seen}
+    # the bypasses ran where they had to: under a library that takes the node's limits
+    for kind in ("env_control", "env_limit", "env_preload"):
+        assert faults[kind].library == "enforcing", lines
+    assert faults["static"].library == "bypassed", lines
+    assert "static: stopped by accounting_drift" in report.notes, lines
+
+
+# --- the matcher
+
+TH = Thresholds()
+T0 = 1_800_000_000.0
+
+
+def matcher(wq, faults, **kw):  # type: ignore[no-untyped-def]
+    windows = wq.rule_windows(TH, unreachable_after=3)
+    return wq.Matcher(faults, windows=windows, th=TH, **kw)
+
+
+def breach(wq, slice_id: int = 1, at: float = T0):  # type: ignore[no-untyped-def]
+    return wq.Fault("leak", {"quota_breach": 0, "oom_exit": 0}, "quota_breach", at=at,
+                    slice_id=slice_id)  # fmt: skip
+
+
+def filed(wq, rule: str, at: float, pk: int = 1, **where):  # type: ignore[no-untyped-def]
+    return wq.Filed(pk=pk, rule=rule, at=at, **where)
+
+
+@pytest.mark.parametrize(
+    ("seconds_after", "explained"),
+    [
+        (0, True),  # the sample that saw it begin
+        (30, True),  # one sampling interval: the rule's own window
+        (30 + 60, True),  # ... plus two sampling intervals
+        (30 + 61, False),
+        (-1, False),  # before the fault began: not its doing
+        (73 * 60, False),  # what the old matching (about 73 minutes) took for it
+    ],
+)
+def test_an_incident_is_the_faults_only_within_its_rules_window(wq, seconds_after, explained):  # type: ignore[no-untyped-def]
+    f = breach(wq)
+    i = filed(wq, "quota_breach", T0 + seconds_after, slice_id=1)
+    assert matcher(wq, [f]).explains(f, i) is explained
+
+
+def test_each_rules_window_comes_from_its_own_thresholds(wq):  # type: ignore[no-untyped-def]
+    windows = wq.rule_windows(TH, unreachable_after=3)
+    assert windows["quota_breach"] == 30
+    assert windows["accounting_drift"] == TH.drift_samples * 30 == 60
+    assert windows["idle_slice"] == TH.idle_after_s + 60 == 960
+    assert windows["slow_leak"] == TH.leak_window_s + 60
+    assert windows["node_unreachable"] == 3 * 30 + 60
+    longer = wq.rule_windows(Thresholds(idle_after_s=1800, drift_samples=4), unreachable_after=5)
+    assert (longer["idle_slice"], longer["accounting_drift"]) == (1860, 120)
+    assert longer["node_unreachable"] == 5 * 30 + 60
+    idle = wq.Fault("idle", {"idle_slice": 0}, "idle_slice", at=T0, slice_id=3)
+    m = matcher(wq, [idle])
+    assert m.explains(idle, filed(wq, "idle_slice", T0 + 930, slice_id=3))
+    assert not m.explains(idle, filed(wq, "idle_slice", T0 + 960 + 61, slice_id=3))
+    # a rule's condition may begin later than its fault: a static job passes its tier later
+    static = wq.Fault("static", {"accounting_drift": 0, "quota_breach": 110},
+                      "accounting_drift", at=T0, slice_id=4, strict=True)  # fmt: skip
+    m = matcher(wq, [static])
+    assert m.explains(static, filed(wq, "quota_breach", T0 + 140, slice_id=4))
+    assert not m.explains(static, filed(wq, "quota_breach", T0 + 100, slice_id=4))
+
+
+def test_an_incident_on_another_target_or_by_another_rule_is_false(wq):  # type: ignore[no-untyped-def]
+    f = breach(wq, slice_id=1)
+    card = wq.Fault("xid", {"hardware_fault": 0}, "hardware_fault", at=T0, gpu_id=5)
+    node = wq.Fault("down", {"node_unreachable": 0}, "node_unreachable", at=T0, node_id=2)
+    m = matcher(wq, [f, card, node])
+    incidents = [
+        filed(wq, "quota_breach", T0 + 30, pk=1, slice_id=2, gpu_id=5),  # a neighbour
+        filed(wq, "idle_slice", T0 + 30, pk=2, slice_id=1),  # not a rule of the fault
+        filed(wq, "hardware_fault", T0 + 30, pk=3, gpu_id=6, node_id=2),  # another card
+        filed(wq, "node_unreachable", T0 + 60, pk=4, node_id=3),  # another node
+        filed(wq, "quota_breach", T0 + 30, pk=5, slice_id=1),
+        filed(wq, "hardware_fault", T0 + 30, pk=6, gpu_id=5),
+        filed(wq, "node_unreachable", T0 + 120, pk=7, node_id=2),
+    ]
+    match = m.match(incidents)
+    assert [i.pk for i in match.false] == [1, 2, 3, 4]
+    assert {k: [i.pk for i in v] for k, v in match.by_fault.items()} == {0: [5], 1: [6], 2: [7]}
+
+
+def card(wq, used: int, fault_used: int, quota: int = 4096, neighbour: int = 9000):  # type: ignore[no-untyped-def]
+    return wq.CardSnapshot(24576, used, {1: (fault_used, quota), 2: (neighbour, 12288)})
+
+
+def test_a_card_alarm_is_the_faults_only_when_its_own_memory_took_the_card_over(wq):  # type: ignore[no-untyped-def]
+    f = breach(wq, slice_id=1)
+    ledger = wq.CardLedger()
+    # 85% of 24576 MiB is 20890 MiB
+    ledger.record(7, T0 + 30, card(wq, used=21500, fault_used=4000))  # within its quota
+    ledger.record(7, T0 + 60, card(wq, used=21500, fault_used=6000))  # 1904 MiB past it
+    ledger.record(7, T0 + 90, card(wq, used=23000, fault_used=5096))  # 1000 past: not enough
+    m = matcher(wq, [f], ledger=ledger, slice_gpu={1: 7})
+    assert not m.explains(f, filed(wq, "vram_high", T0 + 30, gpu_id=7))  # the neighbours'
+    assert m.explains(f, filed(wq, "vram_high", T0 + 60, gpu_id=7))
+    assert not m.explains(f, filed(wq, "vram_high", T0 + 90, gpu_id=7))
+    assert not m.explains(f, filed(wq, "vram_high", T0 + 60, gpu_id=8))  # not its card
+    assert not m.explains(f, filed(wq, "vram_critical", T0 + 60, gpu_id=7))  # under 95%
+    # nor a card alarm of a fault that has no memory of its own on the card
+    xid = wq.Fault("xid", {"hardware_fault": 0}, "hardware_fault", at=T0, gpu_id=7)
+    assert not matcher(wq, [xid], ledger=ledger).explains(xid, filed(wq, "vram_high", T0 + 60,
+                                                                     gpu_id=7))  # fmt: skip
+
+
+def test_a_sweeps_rise_is_the_faults_when_its_own_memory_rose_that_much(wq):  # type: ignore[no-untyped-def]
+    f = breach(wq, slice_id=1)
+    ledger = wq.CardLedger()
+    ledger.record(7, T0, card(wq, used=12000, fault_used=4000))
+    ledger.record(7, T0 + 240, card(wq, used=18000, fault_used=10000))  # 5904 MiB past
+    ledger.record(3, T0, card(wq, used=8000, fault_used=0, neighbour=4000))
+    ledger.record(3, T0 + 240, card(wq, used=15000, fault_used=0, neighbour=11000))
+    m = matcher(wq, [f], ledger=ledger, slice_gpu={1: 7})
+    assert m.explains(f, filed(wq, "fleet_sweep", T0 + 240, gpu_id=7))
+    # a neighbour's own rise on another card, with the faulty slice's card map pointing
+    # there: still not the fault's
+    other = matcher(wq, [f], ledger=ledger, slice_gpu={1: 3})
+    assert not other.explains(f, filed(wq, "fleet_sweep", T0 + 240, gpu_id=3))
+
+
+def test_an_incident_filed_again_for_one_fault_is_a_duplicate(wq):  # type: ignore[no-untyped-def]
+    f = breach(wq, slice_id=1)
+    m = matcher(wq, [f])
+    match = m.match(
+        [
+            filed(wq, "quota_breach", T0 + 30, pk=1, slice_id=1),
+            filed(wq, "quota_breach", T0 + 60, pk=2, slice_id=1),  # after the first resolved
+            filed(wq, "oom_exit", T0 + 60, pk=3, slice_id=1),  # another rule: not a duplicate
+        ]
+    )
+    assert match.false == [] and [i.pk for i in match.duplicates] == [2]
+    # two at once, one fault: the second is a duplicate too
+    match = m.match([filed(wq, "quota_breach", T0 + 30, pk=k, slice_id=1) for k in (4, 5, 6)])
+    assert [i.pk for i in match.duplicates] == [5, 6]
+
+
+def test_a_strict_fault_is_caught_only_by_its_own_rule(wq):  # type: ignore[no-untyped-def]
+    static = wq.Fault("static", {"accounting_drift": 0, "quota_breach": 110},
+                      "accounting_drift", at=T0, slice_id=4, strict=True)  # fmt: skip
+    leak = breach(wq, slice_id=5)
+    m = matcher(wq, [static, leak])
+    late = filed(wq, "quota_breach", T0 + 140, slice_id=4)
+    assert m.caught(static, [late]) is None  # the library's books were never compared
+    drift = filed(wq, "accounting_drift", T0 + 60, pk=2, slice_id=4)
+    assert m.caught(static, [late, drift]) == drift
+    oom = filed(wq, "oom_exit", T0 + 30, pk=3, slice_id=5)
+    assert m.caught(leak, [oom]) == oom  # placed under a library, an OOM exit catches it

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
+from emulator.catalog import GpuSpec
 from incidents import services as incident_services
 from incidents.models import Incident
-from nodelab import IMAGE
+from nodelab import IMAGE, LabNodeSpec
 from nodes import services as node_services
 from nodes.models import GateStatus, Gpu, NodePolicyChange
 from nodes.preflight import version_tuple
@@ -59,6 +60,12 @@ def test_the_machines_runc_is_judged_by_its_build_and_debians_patched_build_is_a
     facts = row.preflight["facts"]
     runc = next(c for c in row.preflight["checks"] if c["name"] == "runc")
     assert facts["runc_version"], "docker version names the runc dockerd uses"
+    # read from the binary dockerd's default runtime names, its build from the package
+    # that owns that very file (Debian's runc package on the lab's machine)
+    assert facts["runc_path"].endswith("/runc"), facts
+    assert facts["userns_remap"] == "false", facts  # the lab's dockerd does not remap
+    if facts["runc_build"]:
+        assert facts["runc_package"], facts
 
     if version_tuple(facts["runc_version"]) >= (1, 1, 12):
         assert runc["ok"], runc
@@ -81,7 +88,7 @@ def test_the_machines_runc_is_judged_by_its_build_and_debians_patched_build_is_a
 def test_the_probe_reads_the_hardening_the_platform_asked_for(lab_fleet):  # type: ignore[no-untyped-def]
     row = lab_fleet().registered[0]
     probes = row.preflight["probes"]
-    assert {p["kind"] for p in probes} == {"within", "past"}
+    assert {p["kind"] for p in probes} == {"within", "past", "env-set", "env-unset"}
     for probe in probes:
         readings = probe["readings"]
         assert probe["error"] == ""
@@ -91,8 +98,14 @@ def test_the_probe_reads_the_hardening_the_platform_asked_for(lab_fleet):  # typ
         assert readings["pids.max"] == "64"
         assert readings["cpu.max"] == "50000 100000"
     by_kind = {p["kind"]: p["readings"]["alloc_exit"] for p in probes}
-    assert by_kind == {"within": "0", "past": "1"}
-    assert row.preflight["quota"] == {"NVIDIA A30": "proven"}
+    # refused past the quota with the CUDA out-of-memory error, also to the processes
+    # that set CUDA_DISABLE_CONTROL=true and an 80 GiB limit or unset LD_PRELOAD: the
+    # limit is the node's (a read-only /overrideEnv, the library in /etc/ld.so.preload)
+    assert by_kind == {"within": "0", "past": "1", "env-set": "1", "env-unset": "1"}, probes
+    for probe in probes:
+        if probe["kind"] != "within":
+            assert any("CUDA out of memory" in line for line in probe["output"]), probe
+    assert row.preflight["quota"] == {"NVIDIA A30": "proven"}, row.preflight["checks"]
     assert not Gpu.objects.filter(node=row, whole_card_only=True).exists()
     # the probes leave nothing behind on the node
     assert node_services.node_containers(node=row) == []
@@ -126,6 +139,21 @@ def test_a_quota_library_the_probe_gets_past_makes_the_node_whole_card_only(lab_
     assert response.json()["watchdog_only_accepted_at"]
     assert reserve(8192) is not None
     assert NodePolicyChange.objects.filter(node=node, field="watchdog_only").exists()
+
+
+def test_a_quota_library_configured_only_by_environment_is_found_and_sold_whole(lab_fleet):  # type: ignore[no-untyped-def]
+    # upstream HAMi-core on the CUDA path: it ignores /overrideEnv and obeys each
+    # process's environment (HAMi#723)
+    fleet = lab_fleet([LabNodeSpec("lab-env", (GpuSpec("NVIDIA A30"),), quota_env_only=True)])
+    node = fleet.registered[0]
+    assert node.gate_status == GateStatus.PASSED, node.gate_reason
+    assert node.preflight["quota"] == {"NVIDIA A30": "environment"}
+    by_kind = {p["kind"]: p["readings"]["alloc_exit"] for p in node.preflight["probes"]}
+    assert by_kind["past"] == "1" and by_kind["env-set"] == "0", node.preflight["probes"]
+    check = next(c for c in node.preflight["checks"] if c["name"] == "quota:NVIDIA A30")
+    assert "can only be configured by environment" in check["detail"]
+    assert Gpu.objects.get(node=node).whole_card_only
+    assert reserve(8192) is None
 
 
 def test_an_image_built_with_env_ld_preload_cannot_be_allowlisted(lab_fleet, api_ops):  # type: ignore[no-untyped-def]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.db import connections
 
-from emulator.catalog import GpuSpec, NodeSpec
+from emulator.catalog import QUOTA_FROM_ENVIRONMENT, GpuSpec, NodeSpec
 from incidents import services as incident_services
 from incidents.models import Incident
 from nodes import isolation, preflight, runtime
@@ -32,11 +32,29 @@ HARDENED = {
 DEBIAN_RUNC = preflight.KnownBuild("runc", "1.1.5+ds1-1+deb12u1", "DSA-5615-1 backport")
 
 
-def runs(model: str = "NVIDIA A30", within: str = "0", past: str = "1", **readings):  # type: ignore[no-untyped-def]
+OOM_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB"
+
+
+def runs(  # type: ignore[no-untyped-def]
+    model: str = "NVIDIA A30",
+    within: str = "0",
+    past: str = "1",
+    env_set: str = "1",
+    env_unset: str = "1",
+    **readings,
+):
+    """A model's four probes; a refused one (non-zero) printed PyTorch's OOM error."""
     seen = {**HARDENED, **readings}
+    exits = {"within": within, "past": past, "env-set": env_set, "env-unset": env_unset}
     return [
-        preflight.ProbeRun(model, "GPU-1", "within", readings={**seen, "alloc_exit": within}),
-        preflight.ProbeRun(model, "GPU-1", "past", readings={**seen, "alloc_exit": past}),
+        preflight.ProbeRun(
+            model,
+            "GPU-1",
+            kind,
+            readings={**seen, "alloc_exit": code},
+            output=() if code == "0" else (OOM_LINE,),
+        )
+        for kind, code in exits.items()
     ]
 
 
@@ -130,12 +148,21 @@ def test_quota_states_limit_sales_without_failing_the_node() -> None:
 
 
 def test_the_probe_output_is_read_past_the_jobs_own_lines() -> None:
+    nonce = "0123456789abcdef" * 2
     text = (
-        "CapEff:\t0000000000000000\nNoNewPrivs:\t1\nmemory.max:\t268435456\n"
-        "gpu-workload: profile=steady base=512MiB alloc_exit: 0 (a job line)\n"
-        "pids.max:\t64\ncpu.max:\t50000 100000\nalloc_exit:\t1\n"
+        f"{nonce} CapEff\t0000000000000000\n{nonce} NoNewPrivs\t1\n"
+        f"{nonce} memory.max\t268435456\n{nonce} pids.max\t64\n{nonce} cpu.max\t50000 100000\n"
+        "| gpu-workload: profile=steady base=512MiB alloc_exit: 0 (a job line)\n"
+        f"| {nonce} alloc_exit\t0\n"  # the job's line, even with the nonce in it
+        f"{nonce} alloc_exit\t1\n{nonce} end\tdone\n"
     )
-    assert preflight.parse_probe_output(text) == {**HARDENED, "alloc_exit": "1"}
+    seen = preflight.parse_probe_output(text, nonce)
+    assert seen.problem == ""
+    assert seen.readings == {**HARDENED, "alloc_exit": "1"}
+    assert seen.output == (
+        "gpu-workload: profile=steady base=512MiB alloc_exit: 0 (a job line)",
+        f"{nonce} alloc_exit\t0",
+    )
 
 
 def test_versions_and_branches_are_checked_as_ops_type_them() -> None:
@@ -376,6 +403,7 @@ def test_the_reserved_list_is_one_list_with_reasons(api_a) -> None:  # type: ign
 
 @pytest.mark.django_db
 def test_ops_edit_the_node_policy_on_its_page_with_a_reason_and_it_is_kept(client, ops_user):  # type: ignore[no-untyped-def]
+    Image.objects.create(name="Probe", reference="gpuplatform-lab/workload:1", connect="service")
     client.force_login(ops_user)
     page = client.get("/ops/fleet/node-policy/").content.decode()
     assert "1.17.8" in page and "1.1.5+ds1-1+deb12u1" in page
@@ -405,7 +433,7 @@ def test_ops_edit_the_node_policy_on_its_page_with_a_reason_and_it_is_kept(clien
     fields = set(NodePolicyChange.objects.values_list("field", flat=True))
     # what did not change (the command) is not a change
     assert fields == {"min_toolkit_version", "driver_branches", "known_fixed_builds",
-                      "probe_environment"}  # fmt: skip
+                      "probe_image", "probe_environment"}  # fmt: skip
     history = client.get("/ops/fleet/node-policy/").content.decode()
     assert "NVIDIA bulletin" in history and ops_user.username in history
 
@@ -498,6 +526,8 @@ def test_a_probe_image_that_sets_a_reserved_variable_is_never_started(worker_fle
     fleet = worker_fleet()
     state = fleet.nodes[0].state
     state.image_env["bad/probe:1"] = ["LD_PRELOAD=/x.so"]
+    # allowlisted before any node could inspect it (the probe image is an allowlisted one)
+    Image.objects.create(name="Bad probe", reference="bad/probe:1", connect="service")
     node_services.node_policy_update(actor=ops_user, reason="test", probe_image="bad/probe:1")
     node = node_services.node_discover(node_id=fleet.registered[0].pk)
     assert node.gate_status == GateStatus.FAILED
@@ -529,3 +559,14 @@ def test_a_preflight_asked_for_before_the_host_key_is_pinned_is_a_409(api_ops, c
     client.force_login(ops_user)
     page = client.post(f"/ops/nodes/{node.pk}/preflight/", follow=True).content.decode()
     assert "Approve the node&#x27;s host key first." in page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_quota_library_a_process_configures_from_its_environment_is_an_incident(worker_fleet):  # type: ignore[no-untyped-def]
+    fleet = worker_fleet()
+    fleet.nodes[0].state.quota_library_config = QUOTA_FROM_ENVIRONMENT
+    node = node_services.node_discover(node_id=fleet.registered[0].pk)
+    assert node.preflight["quota"] == {"NVIDIA GeForce RTX 4090": "environment"}
+    incident_services.watch_sweep()
+    [incident] = Incident.objects.filter(rule="quota_not_effective", node=node)
+    assert "lifted its own quota from inside" in incident.evidence["detail"]

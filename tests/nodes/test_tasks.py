@@ -7,6 +7,7 @@ from emulator import EmulatedFleet
 from gpuplatform.celery import app
 from nodes import services, ssh, tasks
 from nodes.models import GpuSample, Node
+from tests.conftest import use_probe_image
 
 pytestmark = pytest.mark.django_db
 
@@ -16,6 +17,7 @@ def worker_pool(settings, tmp_path):  # type: ignore[no-untyped-def]
     """The per-process pool as a worker builds it: the platform key from settings."""
     settings.NODES_SSH_KEY_PATH = str(tmp_path / "ssh" / "id_ed25519")
     ssh.reset_pool()
+    use_probe_image()
     pool = ssh.get_pool()
     yield pool
     ssh.reset_pool()

@@ -12,16 +12,19 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from nodes import services as node_services
+from nodes.allowlist import allowlisted
 from tenants import services
 from tenants.models import Image, LedgerEntry, Membership
 
 # The allowlist a fresh demo starts with (ops edit it on /ops/images/). On the node lab
 # (make run's far end where it can start) only the lab's own workload image exists: it
 # is built on each lab node at start, and nothing can be pulled.
+LAB_IMAGE = "gpuplatform-lab/workload:1"
 DEMO_IMAGES = [
     {
         "name": "GPU workload (lab)",
-        "reference": "gpuplatform-lab/workload:1",
+        "reference": LAB_IMAGE,
         "description": "The node lab's small CUDA job: holds VRAM along WORKLOAD_PROFILE "
         "(steady, ramp, leak, burst, oom, idle, bandwidth) from WORKLOAD_MB, and says "
         "what it does in its log.",
@@ -86,6 +89,14 @@ class Command(BaseCommand):
             for spec in DEMO_IMAGES:
                 if not Image.objects.filter(name=spec["name"]).exists():
                     services.image_create(actor=ops, **spec)
+            # The production policy has no probe image; the demo's nodes run the lab's
+            # (its command and environment defaults are that image's knobs).
+            if not node_services.node_policy().probe_image and allowlisted(LAB_IMAGE):
+                node_services.node_policy_update(
+                    actor=ops,
+                    reason="demo: the lab's workload image probes the demo nodes",
+                    probe_image=LAB_IMAGE,
+                )
             demo = Membership.objects.filter(user__username=TENANT_EMAIL).first()
             if demo and not LedgerEntry.objects.filter(tenant=demo.tenant).exists():
                 services.credit_grant(
