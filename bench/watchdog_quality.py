@@ -315,7 +315,10 @@ class Matcher:
     @staticmethod
     def _own_mb(f: Fault, snap: CardSnapshot) -> int:
         if f.slice_id is None:
-            return f.memory_mb
+            # a card fault's memory (an orphan, memory of no process) only while the card
+            # still holds memory no slice does: once it is ended or freed it explains nothing
+            of_slices = sum(used for used, _ in snap.slices.values())
+            return min(f.memory_mb, max(0, snap.used_mb - of_slices))
         used, quota = snap.slices.get(f.slice_id, (0, 0))
         return max(0, used - quota)  # within its quota it was sold that memory
 

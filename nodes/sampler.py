@@ -6,9 +6,8 @@ with `--serve` (see nodes.telemetry.sampler_serve_argv): Python 3.8+, stdlib
 and pynvml only, nothing installed. Exit 0 with the sample; exit 3 with
 {"schema": 1, "source": "unavailable", "error": ...} when NVML cannot be used.
 Environment: GPUPLATFORM_VRAM_QUOTA_LIBRARY (quota library path, checked first),
-GPUPLATFORM_VRAM_QUOTA_ACCOUNTING (the directory where the quota library keeps each
-container's books, `<container id>/cudevshr.cache`, HAMi-core's shared region; read into
-quota_usage),
+GPUPLATFORM_VRAM_QUOTA_ACCOUNTING (the quota library's books per container,
+`<container id>/cudevshr.cache`: HAMi-core's shared region, read into quota_usage),
 GPUPLATFORM_KERNEL_LOG (log file read before /var/log/kern.log when dmesg is not permitted).
 """
 
@@ -22,6 +21,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -159,23 +159,24 @@ REGION_SLOT_SIZE = 1960
 REGION_MAX_PROCS = 1024
 REGION_PROC_NUM_OFFSET = 2008896  # int proc_num
 REGION_SIZE = 2008952
-# used[0].total: after pid and hostpid, device_memory_t's fifth field. One aligned 64-bit
-# word, which the library's atomic stores cannot tear: the slot's seqlock guards the
-# consistency of its fields with each other, which this count does not need.
+# used[0].total: one aligned word atomic stores cannot tear (the slot's seqlock is not needed)
 SLOT_TOTAL_OFFSET = 40
+MAX_SLOT_BYTES = 1 << 40  # more than any device holds: a count written over from inside
+
+
+class UnsupportedRegion(ValueError): ...  # another HAMi-core version: no count, not a wrong one
 
 
 def region_usage(data, pids):
-    """(bytes the container's `pids` hold, the region's limit) from a region's bytes;
-    ValueError when it is not one of the supported version. `pids`: namespace or host
-    PIDs (HAMi-core records both); None among them counts every slot."""
+    """(bytes the container's `pids` (namespace or host PIDs; None: all) hold, the limit).
+    ValueError: books the library cannot have written; UnsupportedRegion: another version."""
     if len(data) < REGION_SIZE:
         raise ValueError(f"{len(data)} bytes, not a shared region")
     magic, major, minor = struct.unpack_from("<iII", data, 0)
     if magic != REGION_MAGIC:
-        raise ValueError("not initialised")
+        return 0, 0  # not initialised: the library counts nothing before it initialises
     if (major, minor) != REGION_VERSION:
-        raise ValueError(f"region version {major}.{minor}, not the supported 1.2")
+        raise UnsupportedRegion(f"region version {major}.{minor}, not the supported 1.2")
     (proc_num,) = struct.unpack_from("<i", data, REGION_PROC_NUM_OFFSET)
     if not 0 <= proc_num <= REGION_MAX_PROCS:
         raise ValueError(f"{proc_num} process slots")
@@ -187,15 +188,24 @@ def region_usage(data, pids):
         (used,) = struct.unpack_from("<Q", data, slot + SLOT_TOTAL_OFFSET)
         if None in pids or pid in pids or (hostpid and hostpid in pids):
             total += used
-    return total, limit
+        if total > MAX_SLOT_BYTES:  # 0 for the container: what it holds, the books do not
+            raise ValueError(f"its slots claim {total} bytes")
+    return total, min(limit, MAX_SLOT_BYTES)
+
+
+def read_books(books):
+    """The region's bytes: no symlink followed, no FIFO waited on, a size cap."""
+    fd = os.open(os.path.join(books, REGION_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("the books are not a regular file")
+        return fh.read(REGION_SIZE)
 
 
 def quota_usage(errors, processes):
-    """What the node's quota library counts each container with GPU processes as holding,
-    from its books (HAMi-core's shared region, in the per-container directory the node's
-    toolkit hook mounts); None when the node keeps none. A container whose books are
-    missing, unreadable or not a region counts as 0: the library holds none of its memory
-    (not loaded, or its books were tampered with), which the watchdog compares with NVML."""
+    """The quota library's count per container with GPU processes (None: no books on the
+    node). Missing books or books it cannot have written count 0 (never loaded, or written
+    over from inside); another version's are left out (docs/isolation.md)."""
     root = os.environ.get("GPUPLATFORM_VRAM_QUOTA_ACCOUNTING")
     if not root:
         return None
@@ -211,13 +221,14 @@ def quota_usage(errors, processes):
             continue  # not a container the library was given
         row = {"container_id": cid, "used_mb": 0}
         try:
-            with open(os.path.join(books, REGION_FILE), "rb") as fh:
-                used, limit = region_usage(fh.read(REGION_SIZE), pids)
+            used, limit = region_usage(read_books(books), pids)
             row.update(used_mb=used // MIB, limit_mb=limit // MIB)
         except FileNotFoundError:
             pass  # nothing counted: the library was never loaded in it
         except (OSError, ValueError, struct.error) as exc:
             errors.append(f"quota accounting: {cid[:12]}: {exc}")
+            if isinstance(exc, UnsupportedRegion):
+                continue
         out.append(row)
     return out
 

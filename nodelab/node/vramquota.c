@@ -116,6 +116,7 @@ _Static_assert(sizeof(shared_region_t) == 2008952, "region size");
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int enforcing;
 static unsigned long long limit;
+static unsigned long long own; /* this process's count: the books when there are none */
 static shared_region_t *region;
 static int region_fd = -1;
 static proc_slot_t *mine;
@@ -212,22 +213,27 @@ static void open_region(void) {
         fprintf(stderr, "[vramquota] limit inconsistency: %llu MiB here, %llu MiB in the region\n",
                 limit / MIB, (unsigned long long)region->limit[0] / MIB);
     }
-    int n = atomic_load(&region->proc_num), kept = 0;
+    /* A slot is never moved (a live process keeps its pointer to it): this process takes
+     * its own old slot, else the first whose process is gone, else a new one. */
+    int n = atomic_load(&region->proc_num);
+    if (n < 0 || n > MAX_PROCS) n = 0; /* written over from inside: start the books again */
     pid_t me = getpid();
-    for (int i = 0; i < n && i < MAX_PROCS; i++) {
+    int free_slot = -1;
+    for (int i = 0; i < n; i++) {
         int32_t pid = atomic_load(&region->procs[i].pid);
-        if (pid == me || pid == 0 || (kill(pid, 0) != 0 && errno == ESRCH)) continue;
-        if (kept != i) memcpy(&region->procs[kept], &region->procs[i], sizeof(proc_slot_t));
-        kept++;
+        if (pid == me || pid == 0 || (kill(pid, 0) != 0 && errno == ESRCH)) {
+            if (pid == me || free_slot < 0) free_slot = i;
+            if (pid == me) break;
+        }
     }
-    if (kept < MAX_PROCS) {
-        mine = &region->procs[kept];
+    if (free_slot < 0 && n < MAX_PROCS) free_slot = n++;
+    if (free_slot >= 0) {
+        mine = &region->procs[free_slot];
         memset(mine, 0, sizeof *mine);
         atomic_store(&mine->pid, me);
         atomic_store(&mine->status, 1);
-        kept++;
     }
-    atomic_store(&region->proc_num, kept);
+    atomic_store(&region->proc_num, n);
     region_unlock();
 }
 
@@ -251,21 +257,25 @@ static void setup(void) {
 
 static void *next(const char *name) { return dlsym(RTLD_NEXT, name); }
 
-/* What the container's live processes hold, this one included (bytes). */
+/* What the container's live processes hold, this one included (bytes). Without books
+ * (none could be opened) this process's own count: the limit still holds for it. */
 static unsigned long long held(void) {
-    if (!region) return 0;
+    if (!region || !mine) return own;
     unsigned long long sum = 0;
     int n = atomic_load(&region->proc_num);
     for (int i = 0; i < n && i < MAX_PROCS; i++) {
         int32_t pid = atomic_load(&region->procs[i].pid);
-        if (pid != getpid() && kill(pid, 0) != 0 && errno == ESRCH) continue;
-        sum += atomic_load(&region->procs[i].used[0].total);
+        if (pid == 0 || (pid != getpid() && kill(pid, 0) != 0 && errno == ESRCH)) continue;
+        unsigned long long used = atomic_load(&region->procs[i].used[0].total);
+        /* a count no card holds was written over from inside: it leaves no room */
+        sum += used > (1ULL << 50) ? limit : used;
     }
     return sum;
 }
 
 /* This process's count, under the slot's seqlock (odd while a write is under way). */
 static void book(long long delta) {
+    own += (unsigned long long)delta;
     if (!mine) return;
     atomic_fetch_add(&mine->seqlock, 1);
     atomic_fetch_add(&mine->used[0].total, (uint64_t)delta);
@@ -273,13 +283,26 @@ static void book(long long delta) {
     atomic_fetch_add(&mine->seqlock, 1);
 }
 
+/* Admit and book an allocation in one step under the books' lock (and this process's
+ * mutex), so two processes or threads cannot both pass the check for the last room; the
+ * caller gives it back with book(-bytes) when the driver then fails. Fails closed: no
+ * room to remember the block is no allocation. */
 static CUresult admit(size_t bytes) {
     (void)pthread_once(&once, setup);
     if (!enforcing) return CUDA_SUCCESS;
+    pthread_mutex_lock(&mu);
+    if (nblocks >= MAX_BLOCKS) {
+        pthread_mutex_unlock(&mu);
+        fprintf(stderr, "[vramquota] refused: more than %d live allocations\n", MAX_BLOCKS);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     region_lock();
     unsigned long long now = held();
+    int room = now + bytes <= limit;
+    if (room) book((long long)bytes);
     region_unlock();
-    if (now + bytes > limit) {
+    pthread_mutex_unlock(&mu);
+    if (!room) {
         fprintf(stderr,
                 "[vramquota] refused %llu MiB: %llu of %llu MiB in use (device memory limit)\n",
                 (unsigned long long)bytes / MIB, now / MIB, limit / MIB);
@@ -288,13 +311,14 @@ static CUresult admit(size_t bytes) {
     return CUDA_SUCCESS;
 }
 
+/* Note an admitted allocation's block (booked already when enforcing). */
 static void remember(CUdeviceptr ptr, size_t bytes) {
     pthread_mutex_lock(&mu);
     if (nblocks < MAX_BLOCKS) {
         blocks[nblocks].ptr = ptr;
         blocks[nblocks].size = bytes;
         nblocks++;
-        book((long long)bytes);
+        if (!enforcing) book((long long)bytes);
     }
     pthread_mutex_unlock(&mu);
 }
@@ -317,6 +341,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
     if (r != CUDA_SUCCESS) return r;
     r = real(dptr, bytesize);
     if (r == CUDA_SUCCESS) remember(*dptr, bytesize);
+    else if (enforcing) book(-(long long)bytesize);
     return r;
 }
 
@@ -335,6 +360,7 @@ CUresult cuMemCreate(unsigned long long *handle, size_t size, const void *prop,
     if (r != CUDA_SUCCESS) return r;
     r = real(handle, size, prop, flags);
     if (r == CUDA_SUCCESS) remember(*handle, size);
+    else if (enforcing) book(-(long long)size);
     return r;
 }
 

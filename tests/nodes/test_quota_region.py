@@ -5,6 +5,7 @@ such a region is an error, never a silent zero."""
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 from pathlib import Path
@@ -58,18 +59,27 @@ def test_a_region_counts_the_live_processes_of_its_container_by_namespace_or_hos
     ("data", "why"),
     [
         (b"", "not a shared region"),
-        (
-            region([]).replace(struct.pack("<i", sampler.REGION_MAGIC), b"\0\0\0\0", 1),
-            "not initialised",
-        ),
+        (region([]).replace(struct.pack("<i", sampler.REGION_MAGIC), b"\0\0\0\0", 1), None),
         (region([], version=(1, 1)), "region version 1.1"),
         (bytes(region([]))[: sampler.REGION_SIZE - 1], "not a shared region"),
+        (region([(1, 0, 2**64 - 1)]), "its slots claim"),
+        (region([(1, 0, 2**39)] * 3), "its slots claim"),
     ],
-    ids=["empty", "no-magic", "other-version", "short"],
+    ids=["empty", "not-yet-initialised", "other-version", "short", "impossible", "too-many"],
 )
-def test_what_is_not_a_supported_region_is_an_error(data, why):  # type: ignore[no-untyped-def]
+def test_what_is_not_a_region_the_library_wrote_is_an_error(data, why):  # type: ignore[no-untyped-def]
+    if why is None:  # the library counts nothing before it initialises its books
+        assert sampler.region_usage(data, {1}) == (0, 0)
+        return
     with pytest.raises(ValueError, match=why):
         sampler.region_usage(data, {1})
+    other = isinstance(why, str) and why.startswith("region version")
+    try:
+        sampler.region_usage(data, {1})
+    except sampler.UnsupportedRegion:
+        assert other
+    except ValueError:
+        assert not other
 
 
 def test_a_region_claiming_impossible_slots_is_an_error():  # type: ignore[no-untyped-def]
@@ -82,23 +92,29 @@ def test_a_region_claiming_impossible_slots_is_an_error():  # type: ignore[no-un
 def test_quota_usage_reads_each_containers_books_and_counts_tampered_ones_as_nothing(
     tmp_path, monkeypatch
 ):  # type: ignore[no-untyped-def]
-    good, bad, none = "a" * 64, "b" * 64, "c" * 64
-    for cid in (good, bad, none):
+    good, bad, none, fifo, link, newer, forged = (c * 64 for c in "abcdef0")
+    for cid in (good, bad, none, fifo, link, newer, forged):
         (tmp_path / cid).mkdir()
     (tmp_path / good / sampler.REGION_FILE).write_bytes(region([(1, 0, 2048 * MIB)]))
     (tmp_path / bad / sampler.REGION_FILE).write_bytes(b"pid bytes\n1 999999\n")
+    os.mkfifo(tmp_path / fifo / sampler.REGION_FILE)  # would block a plain open()
+    (tmp_path / "host-file").write_bytes(region([(1, 0, 9000 * MIB)]))
+    (tmp_path / link / sampler.REGION_FILE).symlink_to(tmp_path / "host-file")
+    (tmp_path / newer / sampler.REGION_FILE).write_bytes(region([(1, 0, MIB)], version=(1, 3)))
+    (tmp_path / forged / sampler.REGION_FILE).write_bytes(region([(1, 0, 2**64 - 1)]))
     monkeypatch.setenv("GPUPLATFORM_VRAM_QUOTA_ACCOUNTING", str(tmp_path))
     monkeypatch.setattr(sampler, "ns_pid", lambda pid: 1)
-    processes = [{"container_id": cid, "pid": 100 + i} for i, cid in enumerate((good, bad, none))]
-    processes.append({"container_id": "d" * 64, "pid": 200})  # no books: not the library's
+    cids = (good, bad, none, fifo, link, newer, forged)
+    processes = [{"container_id": cid, "pid": 100 + i} for i, cid in enumerate(cids)]
+    processes.append({"container_id": "9" * 64, "pid": 200})  # no books: not the library's
     errors: list[str] = []
-    rows = sampler.quota_usage(errors, processes)
-    assert rows == [
-        {"container_id": good, "used_mb": 2048, "limit_mb": 8192},
-        {"container_id": bad, "used_mb": 0},
-        {"container_id": none, "used_mb": 0},
-    ]
-    assert errors == [f"quota accounting: {bad[:12]}: 19 bytes, not a shared region"]
+    rows = {r["container_id"]: r for r in sampler.quota_usage(errors, processes)}
+    assert rows.pop(good) == {"container_id": good, "used_mb": 2048, "limit_mb": 8192}
+    # tampered, missing, not a file or a link out: the library holds none of it
+    assert rows == {c: {"container_id": c, "used_mb": 0} for c in (bad, none, fifo, link, forged)}
+    assert newer not in rows  # another version: no second count rather than a wrong one
+    assert any("region version 1.3" in e for e in errors)
+    assert f"quota accounting: {bad[:12]}: 19 bytes, not a shared region" in errors
 
 
 def test_a_node_without_books_reports_none(monkeypatch):  # type: ignore[no-untyped-def]
