@@ -137,6 +137,13 @@ ERROR_CODES = _codes(
     ("duplicate", 409, "top", "Another node has this name, or this address and port."),
     ("duplicate_endpoint", 409, "top", "Another node has this address and port."),
     ("duplicate_name", 409, "top", "Another node has this name."),
+    (
+        "duplicate_key",
+        409,
+        "top",
+        "This SSH public key is already registered, on your account or another's (which is "
+        "never said).",
+    ),
     ("email_taken", 409, "top", "An account with this email exists."),
     (
         "guaranteed_slices",
@@ -194,6 +201,7 @@ ERROR_CODES = _codes(
     ("ratio_above_recommended", 409, "top", "The ratio is above what the GPU's history supports."),
     ("resolved", 409, "top", "The incident is resolved; reopen it first."),
     ("too_many_webhooks", 409, "top", "The webhook endpoint limit is reached: delete one first."),
+    ("too_many_keys", 409, "top", "The account holds 50 SSH keys, the most: remove one first."),
     (
         "estimate_exceeds_tier",
         422,
@@ -273,6 +281,20 @@ ERROR_CODES = _codes(
     ("weak_password", 400, "field", "The password is too weak (the message says why)."),
     ("invalid_address", 400, "field", "Not a usable node address."),
     ("invalid_host_key", 400, "field", "Not a usable SSH host key."),
+    (
+        "invalid_public_key",
+        400,
+        "field",
+        "Not one OpenSSH public key line: garbage, damaged or cut-short base64, or several keys.",
+    ),
+    ("private_key", 400, "field", "A private key was pasted where its .pub file belongs."),
+    (
+        "unsupported_key_type",
+        400,
+        "field",
+        "An SSH key of a type the gateway does not take (ssh-dss, a certificate).",
+    ),
+    ("weak_key", 400, "field", "An RSA key under 2048 bits."),
     ("invalid_name", 400, "field", "Not a valid node name."),
     ("invalid_network", 400, "field", "Not a Docker network slices may use."),
     ("invalid_user", 400, "field", "Not a POSIX user name."),

@@ -12,6 +12,7 @@ from .models import (
     Purchase,
     Slice,
     SliceTransition,
+    SshKey,
     Tenant,
     Tier,
     UsageRecord,
@@ -61,6 +62,26 @@ class InvitationAdmin(admin.ModelAdmin):
     list_select_related = ["tenant"]
     exclude = ["token_hash"]
     readonly_fields = ["sent_at", "accepted_at", "created_at"]
+
+
+@admin.register(SshKey)
+class SshKeyAdmin(admin.ModelAdmin):
+    """Looking up whose a fingerprint is. Keys are added and removed by their owners
+    (services audit it), so here they are read only."""
+
+    list_display = ["name", "user", "key_type", "fingerprint", "created_at", "last_used_at"]
+    list_filter = ["key_type", "created_at"]
+    search_fields = ["name", "fingerprint", "user__email"]
+    list_select_related = ["user"]
+
+    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+        return False
+
+    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+    def has_delete_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
 
 
 @admin.register(ApiToken)

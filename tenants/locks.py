@@ -7,6 +7,7 @@ A transaction that needs several takes them in this order (the order of this mod
         -> an invitation -> an API token
     tenant -> slice -> purchase
     image (alone)
+    a user (their SSH keys: the cap on how many) -> one of their SSH keys
 
 and only then rows of `nodes` (`nodes.locks`: a slice's allocation and GPU come after the
 slice and its purchase). `incidents` takes its own rows before any of these. One known
@@ -17,6 +18,8 @@ database's unique constraint, not by a lock).
 
 from __future__ import annotations
 
+from django.contrib.auth import get_user_model
+
 from .models import (
     ApiToken,
     CreditRequest,
@@ -26,6 +29,7 @@ from .models import (
     Purchase,
     Role,
     Slice,
+    SshKey,
     Tenant,
 )
 
@@ -94,3 +98,13 @@ def purchase_lock(pk: int, *, tenant: Tenant | None = None) -> Purchase:
 
 def image_lock(pk: int) -> Image:
     return Image.objects.select_for_update().get(pk=pk)
+
+
+def ssh_keys_owner_lock(user_id: int):  # type: ignore[no-untyped-def]
+    """The user's row: adds of their SSH keys serialise, so the cap on how many holds."""
+    return get_user_model().objects.select_for_update().get(pk=user_id)
+
+
+def ssh_key_lock(pk: int, *, user_id: int) -> SshKey | None:
+    """One of the user's SSH keys, or None (another user's, or already removed)."""
+    return SshKey.objects.select_for_update().filter(pk=pk, user_id=user_id).first()

@@ -1,7 +1,11 @@
 """Reads for views, API and tasks: one query shape each, scoped to a tenant or user."""
 
+import logging
 from datetime import timedelta
+from pathlib import Path
 
+import paramiko
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import (
     Avg,
@@ -16,6 +20,7 @@ from django.db.models import (
 )
 from django.utils import timezone
 
+from nodes import ssh as node_ssh
 from nodes.allowlist import AllowlistedImage
 from nodes.models import ProcessSample
 
@@ -30,11 +35,14 @@ from .models import (
     Membership,
     Purchase,
     Slice,
+    SshKey,
     Tenant,
     Tier,
     UsageRecord,
 )
 from .money import Rate
+
+logger = logging.getLogger(__name__)
 
 
 def credit_rate_current() -> Rate:
@@ -89,6 +97,42 @@ def api_token_list(*, user: AbstractBaseUser) -> QuerySet[ApiToken]:
     if not user.is_authenticated:
         return ApiToken.objects.none()
     return ApiToken.objects.filter(user=user).order_by("-created_at", "-id")
+
+
+def ssh_keys_of(user: AbstractBaseUser) -> QuerySet[SshKey]:
+    """A user's own SSH keys, newest first: keys are personal, scoped by user like tokens."""
+    if not user.is_authenticated:
+        return SshKey.objects.none()
+    return SshKey.objects.filter(user=user).order_by("-created_at", "-id")
+
+
+def ssh_key_owner(*, fingerprint: str) -> tuple[SshKey, AbstractBaseUser] | None:
+    """For the gateway: the key with this OpenSSH SHA256 fingerprint and the person it
+    signs in, or None (no such key, or the account is deactivated). Which slices they may
+    reach is the gateway's call, from their membership."""
+    key = (
+        SshKey.objects.select_related("user")
+        .filter(fingerprint=fingerprint, user__is_active=True)
+        .first()
+    )
+    return (key, key.user) if key is not None else None
+
+
+def gateway_host_key_fingerprint() -> str:
+    """The SHA256 fingerprint of the gateway's host key, the one renters pin. The key is
+    made on first use and kept in GATEWAY_HOST_KEY_PATH, the file the gateway serves, so
+    whichever of the two starts first makes it. "" when it cannot be read or made (the
+    page then says so rather than fail)."""
+    path = Path(settings.GATEWAY_HOST_KEY_PATH)
+    for _attempt in range(2):
+        try:
+            return node_ssh.fingerprint(node_ssh.load_or_create_platform_key(path))
+        except FileExistsError:
+            continue  # the gateway made it a moment ago: read theirs
+        except (OSError, paramiko.SSHException) as exc:
+            logger.warning("gateway host key at %s unusable: %s", path, exc)
+            return ""
+    return ""
 
 
 def audit_event_list(*, tenant: Tenant | None, limit: int = 20) -> QuerySet[AuditEvent]:

@@ -9,6 +9,8 @@ urlpatterns = [
     path("account/", accounts.account, name="account"),
     path("account/tokens/", accounts.token_create, name="token_create"),
     path("account/tokens/<int:pk>/revoke/", accounts.token_revoke, name="token_revoke"),
+    path("account/ssh-keys/", accounts.ssh_key_add, name="ssh_key_add"),
+    path("account/ssh-keys/<int:pk>/remove/", accounts.ssh_key_remove, name="ssh_key_remove"),
     path("account/invitations/", accounts.invitation_create, name="invitation_create"),
     path(
         "account/invitations/<int:pk>/revoke/",

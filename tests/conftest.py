@@ -25,6 +25,13 @@ def _fast_password_hashing(settings):  # type: ignore[no-untyped-def]
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(autouse=True)
+def _gateway_host_key(settings, tmp_path_factory):  # type: ignore[no-untyped-def]
+    # Pages and slices show the gateway's host key, made on first use: one for the
+    # session, never the checkout's own var/.
+    settings.GATEWAY_HOST_KEY_PATH = str(tmp_path_factory.getbasetemp() / "gateway" / "host_key")
+
+
 @pytest.fixture
 def owner_a(db):  # type: ignore[no-untyped-def]
     return MembershipFactory(tenant__name="Alpha Labs", user__email="alice@alpha.test")

@@ -9,6 +9,7 @@ from tenants.models import (
     Membership,
     Purchase,
     Slice,
+    SshKey,
     Tenant,
     Tier,
     UsageRecord,
@@ -33,6 +34,14 @@ class ApiTokenFilter(django_filters.FilterSet):
     def filter_live(self, queryset, name, value):  # type: ignore[no-untyped-def]
         live_ids = queryset.model.objects.live().values("pk")
         return queryset.filter(pk__in=live_ids) if value else queryset.exclude(pk__in=live_ids)
+
+
+class SshKeyFilter(django_filters.FilterSet):
+    type = django_filters.ChoiceFilter(field_name="key_type", choices=SshKey.KeyType.choices)
+
+    class Meta:
+        model = SshKey
+        fields = ["type"]
 
 
 class MemberFilter(django_filters.FilterSet):

@@ -6,6 +6,7 @@ from .views import accounts, billing, estimates, slices
 router = SimpleRouter()
 router.register("tiers", billing.TierViewSet, basename="tier")
 router.register("tokens", accounts.ApiTokenViewSet, basename="token")
+router.register("ssh-keys", accounts.SshKeyViewSet, basename="ssh-key")
 router.register("members", accounts.MemberViewSet, basename="member")
 router.register("purchases", billing.PurchaseViewSet, basename="purchase")
 router.register("slices", slices.SliceViewSet, basename="slice")

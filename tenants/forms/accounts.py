@@ -1,12 +1,12 @@
-"""Forms of the account pages: sign-up, invitations, roles, API tokens, ops' tenant status
-and search."""
+"""Forms of the account pages: sign-up, invitations, roles, API tokens, SSH keys, ops'
+tenant status and search."""
 
 from __future__ import annotations
 
 from django import forms
 
 from ..models import Role, Tenant
-from ..services import API_TOKEN_MAX_DAYS
+from ..services import API_TOKEN_MAX_DAYS, SSH_KEY_NAME_MAX, SSH_PUBLIC_KEY_MAX_CHARS
 
 
 class NewPasswordForm(forms.Form):
@@ -59,6 +59,30 @@ class ApiTokenForm(forms.Form):
         required=False,
         help_text="Empty: never expires.",
     )
+
+
+class SshKeyForm(forms.Form):
+    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        # Its own ids: the token form on the same page has a `name` field too.
+        kwargs.setdefault("auto_id", "id_ssh_key_%s")
+        super().__init__(*args, **kwargs)
+
+    name = forms.CharField(label="Name", max_length=SSH_KEY_NAME_MAX, help_text="e.g. laptop")
+    public_key = forms.CharField(
+        label="Public key",
+        max_length=SSH_PUBLIC_KEY_MAX_CHARS,
+        widget=forms.Textarea(
+            attrs={"rows": 3, "placeholder": "ssh-ed25519 AAAA… you@laptop", "spellcheck": "false"}
+        ),
+        help_text="The contents of your .pub file (e.g. ~/.ssh/id_ed25519.pub), never the "
+        "private key.",
+    )
+
+
+class SshKeyRemoveForm(forms.Form):
+    """The confirmation step of removing a key: only the confirming form posts `confirm`."""
+
+    confirm = forms.BooleanField()
 
 
 class TenantStatusForm(forms.Form):

@@ -1,4 +1,4 @@
-"""The tenants app's models, by sub-domain: accounts (tenants, people, tokens, audit),
+"""The tenants app's models, by sub-domain: accounts (tenants, people, tokens, SSH keys, audit),
 billing (tiers, purchases, credit, metering) and slices (launches and images)."""
 
 from .accounts import (
@@ -8,6 +8,7 @@ from .accounts import (
     Invitation,
     Membership,
     Role,
+    SshKey,
     Tenant,
     TenantQuerySet,
     TenantScopedQuerySet,
@@ -29,6 +30,7 @@ __all__ = [
     "Role",
     "Slice",
     "SliceTransition",
+    "SshKey",
     "Tenant",
     "TenantQuerySet",
     "TenantScopedQuerySet",

@@ -1,4 +1,4 @@
-"""Tenants and their people: members, invitations, API tokens, the audit trail.
+"""Tenants and their people: members, invitations, API tokens, SSH keys, the audit trail.
 
 Every tenant-owned model's manager has `for_tenant(tenant)`: views, API and selectors
 read through it, so another tenant's object is simply not found (404).
@@ -223,6 +223,85 @@ class ApiToken(models.Model):
         return self.revoked_at is None and (
             self.expires_at is None or self.expires_at > timezone.now()
         )
+
+
+class SshKey(models.Model):
+    """A public key a person signs in to the SSH gateway with.
+
+    Keys belong to the person, not to a tenant: the gateway finds the person by the key's
+    fingerprint, then decides from their membership which slices they may reach. So a
+    key is registered by one account only (the fingerprint is unique across users).
+    """
+
+    class KeyType(models.TextChoices):
+        ED25519 = "ssh-ed25519", "Ed25519"
+        ECDSA_256 = "ecdsa-sha2-nistp256", "ECDSA P-256"
+        ECDSA_384 = "ecdsa-sha2-nistp384", "ECDSA P-384"
+        ECDSA_521 = "ecdsa-sha2-nistp521", "ECDSA P-521"
+        RSA = "ssh-rsa", "RSA"
+        SK_ED25519 = "sk-ssh-ed25519@openssh.com", "Ed25519 security key"
+        SK_ECDSA_256 = "sk-ecdsa-sha2-nistp256@openssh.com", "ECDSA P-256 security key"
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="ssh_keys",
+        verbose_name="user",
+    )
+    name = models.CharField("name", max_length=64)
+    key_type = models.CharField("type", max_length=64, choices=KeyType.choices)
+    public_key = models.TextField(
+        "public key", help_text="The normalised single line `<type> <base64>`, no comment."
+    )
+    comment = models.CharField(
+        "comment", max_length=200, blank=True, help_text="The comment the pasted line ended with."
+    )
+    fingerprint = models.CharField(
+        "fingerprint", max_length=64, help_text="OpenSSH SHA256 form: SHA256:<base64>."
+    )
+    created_at = models.DateTimeField("added", auto_now_add=True)
+    last_used_at = models.DateTimeField("last used", null=True, blank=True)
+    last_used_address = models.GenericIPAddressField("last used from", null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name = "SSH key"
+        constraints = [
+            # Also what keeps a user from adding the same key twice.
+            models.UniqueConstraint(
+                fields=["fingerprint"],
+                name="%(app_label)s_%(class)s_one_account_per_key",
+                violation_error_message="This key is already registered.",
+            ),
+            models.CheckConstraint(
+                condition=~Q(name=""),
+                name="%(app_label)s_%(class)s_name_not_blank",
+                violation_error_message="Give the key a name.",
+            ),
+            models.CheckConstraint(
+                condition=Q(fingerprint__startswith="SHA256:"),
+                name="%(app_label)s_%(class)s_fingerprint_sha256",
+                violation_error_message="The fingerprint is the key's SHA256 form.",
+            ),
+            models.CheckConstraint(
+                condition=Q(
+                    key_type__in=[
+                        "ssh-ed25519",
+                        "ecdsa-sha2-nistp256",
+                        "ecdsa-sha2-nistp384",
+                        "ecdsa-sha2-nistp521",
+                        "ssh-rsa",
+                        "sk-ssh-ed25519@openssh.com",
+                        "sk-ecdsa-sha2-nistp256@openssh.com",
+                    ]
+                ),
+                name="%(app_label)s_%(class)s_type_known",
+                violation_error_message="Unknown key type.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.fingerprint})"
 
 
 class AuditEvent(models.Model):

@@ -1,5 +1,6 @@
-"""Every write to tenants, by sub-domain: accounts (members, invitations, tokens), billing
-(purchases, credit, metering one slice), images and slices (`slices/`: the lifecycle).
+"""Every write to tenants, by sub-domain: accounts (members, invitations, tokens), keys (the
+SSH keys people sign in to the gateway with), billing (purchases, credit, metering one
+slice), images and slices (`slices/`: the lifecycle).
 The names below are the app's write API for views, the API and tasks."""
 
 from .accounts import (
@@ -35,6 +36,15 @@ from .credit import (
     credit_request_withdraw,
 )
 from .images import image_create, image_update
+from .keys import (
+    MAX_SSH_KEYS_PER_USER,
+    SSH_KEY_NAME_MAX,
+    SSH_PUBLIC_KEY_MAX_CHARS,
+    ssh_key_add,
+    ssh_key_remove,
+    ssh_key_touch,
+    ssh_public_key_parse,
+)
 from .notify import audit_event_record, members_notify, members_notify_send
 from .slices.launch import (
     ServiceRefusal,
@@ -53,6 +63,9 @@ __all__ = [
     "ALLOWED",
     "API_TOKEN_MAX_DAYS",
     "MAX_PURCHASE_HOURS",
+    "MAX_SSH_KEYS_PER_USER",
+    "SSH_KEY_NAME_MAX",
+    "SSH_PUBLIC_KEY_MAX_CHARS",
     "ServiceRefusal",
     "api_token_create",
     "api_token_revoke",
@@ -93,6 +106,10 @@ __all__ = [
     "slices_dispatch_queue",
     "slices_meter",
     "slices_reconcile",
+    "ssh_key_add",
+    "ssh_key_remove",
+    "ssh_key_touch",
+    "ssh_public_key_parse",
     "tenant_create",
     "tenant_set_status",
     "tenant_sign_up",

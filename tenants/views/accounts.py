@@ -1,5 +1,5 @@
 """Account pages: sign-up, invitations, the account page (members, invitations, API
-tokens), and the ops list of tenants.
+tokens, SSH keys), and the ops list of tenants.
 
 htmx requests get the section they changed; plain form posts get the whole page, so
 every page also works without JavaScript.
@@ -15,8 +15,9 @@ from django.core.paginator import Paginator
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from gpuplatform.errors import ServiceError
 from gpuplatform.pages import PAGE_SIZE, form_error, is_partial, submit
@@ -28,6 +29,8 @@ from ..forms.accounts import (
     InvitationForm,
     RoleForm,
     SignUpForm,
+    SshKeyForm,
+    SshKeyRemoveForm,
     TenantCreateForm,
     TenantSearchForm,
     TenantStatusForm,
@@ -132,6 +135,10 @@ def _account_context(request: HttpRequest, **extra) -> dict:  # type: ignore[no-
         "tokens": selectors.api_token_list(user=request.user)[:50],
         "events": selectors.audit_event_list(tenant=tenant),
         "token_form": extra.pop("token_form", None) or ApiTokenForm(),
+        "ssh_keys": selectors.ssh_keys_of(request.user)[: services.MAX_SSH_KEYS_PER_USER],
+        "ssh_key_form": extra.pop("ssh_key_form", None) or SshKeyForm(),
+        # called by the template, so only pages that show it read the key file
+        "gateway_fingerprint": selectors.gateway_host_key_fingerprint,
         "invite_form": extra.pop("invite_form", None) or InvitationForm(),
         "role_choices": Membership._meta.get_field("role").choices,
         **extra,
@@ -189,6 +196,59 @@ def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
         messages.success(request, f"Token {token.name!r} revoked.")
         return redirect("tenants:account")
     return _tokens_response(request)
+
+
+def _ssh_keys_response(request: HttpRequest, status: int = 200, **extra) -> HttpResponse:  # type: ignore[no-untyped-def]
+    request.membership = selectors.membership_for_user(request.user)
+    # A fragment brings the activity list along (out of band); the whole page has its own.
+    context = _account_context(request, oob_activity=is_partial(request), **extra)
+    template = "tenants/_ssh_keys.html" if is_partial(request) else "tenants/account.html"
+    return render(request, template, context, status=status)
+
+
+@login_required
+@require_POST
+def ssh_key_add(request: HttpRequest) -> HttpResponse:
+    form = SshKeyForm(request.POST)
+    added = submit(
+        request,
+        form,
+        lambda data: services.ssh_key_add(
+            user=request.user, name=data["name"], public_key=data["public_key"]
+        ),
+    )
+    if not added.done:
+        # htmx swaps only 2xx answers: the fragment with its errors comes back as 200.
+        status = 200 if is_partial(request) else added.status
+        return _ssh_keys_response(request, status=status, ssh_key_form=form)
+    key = added.result
+    notice = f"SSH key {key.name!r} added ({key.fingerprint})."
+    if not is_partial(request):
+        messages.success(request, notice)
+        return redirect(f"{reverse('tenants:account')}#ssh-keys")
+    return _ssh_keys_response(request, ssh_key_notice=notice)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def ssh_key_remove(request: HttpRequest, pk: int) -> HttpResponse:
+    """GET asks to confirm; only the confirming POST (`confirm`) removes the key."""
+    key = get_object_or_404(selectors.ssh_keys_of(request.user), pk=pk)
+    removed = submit(
+        request,
+        SshKeyRemoveForm(request.POST or None),
+        lambda _: services.ssh_key_remove(user=request.user, key_id=key.pk),
+        refusal="messages",
+    )
+    if removed.done:
+        notice = f"SSH key {key.name!r} removed: it no longer opens the gateway."
+        if not is_partial(request):
+            messages.success(request, notice)
+            return redirect(f"{reverse('tenants:account')}#ssh-keys")
+        return _ssh_keys_response(request, ssh_key_notice=notice)
+    if removed.refused:
+        return redirect(f"{reverse('tenants:account')}#ssh-keys")
+    return render(request, "tenants/ssh_key_remove.html", {"key": key}, status=removed.status)
 
 
 def _members_response(request: HttpRequest, **extra) -> HttpResponse:  # type: ignore[no-untyped-def]

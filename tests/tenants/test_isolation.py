@@ -21,11 +21,13 @@ from tenants.models import (
     Purchase,
     Role,
     Slice,
+    SshKey,
     Tenant,
     Tier,
     UsageRecord,
 )
 from tests.factories import MembershipFactory
+from tests.tenants.ssh_material import public_line
 
 pytestmark = pytest.mark.django_db
 
@@ -75,7 +77,9 @@ def b_objects(owner_b, ops_user):  # type: ignore[no-untyped-def]
         tenant=owner_b.tenant, url="https://hooks.beta.test/in", secret="b-secret"
     )
     credit_request = services.credit_request_create(membership=owner_b, amount="5", note="b")
+    ssh_key = services.ssh_key_add(user=owner_b.user, name="b-key", public_key=public_line())
     return {
+        "ssh_key": ssh_key,
         "credit_request": credit_request,
         "incident": incident,
         "webhook": webhook,
@@ -93,6 +97,8 @@ def b_objects(owner_b, ops_user):  # type: ignore[no-untyped-def]
 # (method, url template, object key, how to tell nothing changed)
 PAGE_ROUTES = [
     ("post", "/account/tokens/{pk}/revoke/", "token"),
+    ("get", "/account/ssh-keys/{pk}/remove/", "ssh_key"),
+    ("post", "/account/ssh-keys/{pk}/remove/", "ssh_key"),
     ("post", "/account/invitations/{pk}/revoke/", "invitation"),
     ("post", "/account/invitations/{pk}/resend/", "invitation"),
     ("post", "/account/members/{pk}/role/", "member"),
@@ -105,6 +111,8 @@ PAGE_ROUTES = [
 API_ROUTES = [
     ("get", "/api/v1/tokens/{pk}/", "token"),
     ("delete", "/api/v1/tokens/{pk}/", "token"),
+    ("get", "/api/v1/ssh-keys/{pk}/", "ssh_key"),
+    ("delete", "/api/v1/ssh-keys/{pk}/", "ssh_key"),
     ("get", "/api/v1/members/{pk}/", "member"),
     ("get", "/api/v1/members/{pk}/", "owner"),
     ("get", "/api/v1/purchases/{pk}/", "purchase"),
@@ -150,6 +158,7 @@ def _snapshot(objs):  # type: ignore[no-untyped-def]
         Slice.objects.values_list("state", "state_reason").get(pk=objs["slice"].pk),
         WebhookEndpoint.objects.get(pk=objs["webhook"].pk).is_active,
         CreditRequest.objects.get(pk=objs["credit_request"].pk).status,
+        SshKey.objects.filter(pk=objs["ssh_key"].pk).exists(),
     )
 
 
@@ -159,7 +168,7 @@ def test_pages_answer_404_for_other_tenants_objects(  # type: ignore[no-untyped-
 ):
     client.force_login(owner_a.user)
     before = _snapshot(b_objects)
-    data = {"role": "viewer"} if "role" in url else {}
+    data = {"role": "viewer"} if "role" in url else {"confirm": "yes"} if "remove" in url else {}
     for htmx in ({}, {"HTTP_HX_REQUEST": "true"}):
         response = getattr(client, method)(url.format(pk=b_objects[key].pk), data, **htmx)
         assert response.status_code == 404
@@ -179,9 +188,9 @@ def test_api_answers_404_for_other_tenants_objects(  # type: ignore[no-untyped-d
 
 
 def test_lists_never_show_other_tenants_rows(client, api_a, owner_a, b_objects):  # type: ignore[no-untyped-def]
-    for url in ("/api/v1/tokens/", "/api/v1/members/"):
+    for url in ("/api/v1/tokens/", "/api/v1/members/", "/api/v1/ssh-keys/"):
         body = api_a.get(url).content.decode()
-        assert "beta.test" not in body and "b-token" not in body
+        assert "beta.test" not in body and "b-token" not in body and "b-key" not in body
     for url in ("/api/v1/purchases/", "/api/v1/slices/", "/api/v1/ledger/", "/api/v1/usage/"):
         response = api_a.get(url)
         assert response.json()["count"] == 0, url
@@ -189,6 +198,7 @@ def test_lists_never_show_other_tenants_rows(client, api_a, owner_a, b_objects):
     client.force_login(owner_a.user)
     page = client.get("/account/").content.decode()
     assert "beta.test" not in page and "b-token" not in page and "Beta" not in page
+    assert b_objects["ssh_key"].fingerprint not in page
 
 
 def _routes(resolver=None, prefix="", ns=""):  # type: ignore[no-untyped-def]

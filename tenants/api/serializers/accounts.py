@@ -1,4 +1,4 @@
-"""Serializers of the accounts API: tenants, me, API tokens, members."""
+"""Serializers of the accounts API: tenants, me, API tokens, SSH keys, members."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from django.contrib.auth import get_user_model
 from rest_framework import serializers
 
 from gpuplatform.api.serializers import StrictModelSerializer, StrictSerializer
-from tenants.models import ApiToken, Membership, Tenant
-from tenants.services import API_TOKEN_MAX_DAYS
+from tenants.models import ApiToken, Membership, SshKey, Tenant
+from tenants.services import API_TOKEN_MAX_DAYS, SSH_KEY_NAME_MAX, SSH_PUBLIC_KEY_MAX_CHARS
 
 
 class TenantSerializer(serializers.ModelSerializer):
@@ -73,6 +73,39 @@ class ApiTokenCreatedSerializer(ApiTokenSerializer):
     class Meta(ApiTokenSerializer.Meta):
         fields = [*ApiTokenSerializer.Meta.fields, "token"]
         read_only_fields = fields
+
+
+class SshKeySerializer(serializers.ModelSerializer):
+    type = serializers.CharField(source="key_type", read_only=True)
+
+    class Meta:
+        model = SshKey
+        fields = [
+            "id",
+            "name",
+            "type",
+            "fingerprint",
+            "public_key",
+            "comment",
+            "created_at",
+            "last_used_at",
+            "last_used_address",
+        ]
+        read_only_fields = fields
+
+
+class SshKeyCreateSerializer(StrictSerializer):
+    name = serializers.CharField(
+        max_length=SSH_KEY_NAME_MAX, trim_whitespace=True, help_text="e.g. laptop"
+    )
+    public_key = serializers.CharField(
+        max_length=SSH_PUBLIC_KEY_MAX_CHARS,
+        trim_whitespace=True,
+        help_text="One OpenSSH public key line, the contents of your .pub file: "
+        "`ssh-ed25519 AAAA… you@laptop`. Accepted: ssh-ed25519, ecdsa-sha2-nistp256/384/521, "
+        "ssh-rsa of at least 2048 bits, sk-ssh-ed25519@openssh.com, "
+        "sk-ecdsa-sha2-nistp256@openssh.com. The comment is kept apart.",
+    )
 
 
 class MemberSerializer(serializers.ModelSerializer):

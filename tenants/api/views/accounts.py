@@ -1,4 +1,4 @@
-"""Accounts API: me, API tokens, members; ops: tenants."""
+"""Accounts API: me, API tokens, SSH keys, members; ops: tenants."""
 
 from __future__ import annotations
 
@@ -58,6 +58,41 @@ class ApiTokenViewSet(
     @extend_schema(responses={204: None})
     def destroy(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
         services.api_token_revoke(user=request.user, token=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class SshKeyViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Your own SSH public keys, for the gateway (`ssh -J <you>@<platform>:2222 ...`).
+
+    Keys are personal: any signed-in user manages their own, whatever their role; whether
+    a key may connect to a slice is decided by the gateway from your membership. Another
+    user's key reads as 404. DELETE removes the key, and the gateway closes what it opened.
+    """
+
+    serializer_class = s.SshKeySerializer
+    filterset_class = filters.SshKeyFilter
+    ordering_fields = ["created_at", "last_used_at", "name"]
+    search_fields = ["name", "fingerprint", "comment"]
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        return selectors.ssh_keys_of(self.request.user)
+
+    @extend_schema(request=s.SshKeyCreateSerializer, responses={201: s.SshKeySerializer})
+    def create(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        data = s.SshKeyCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        key = services.ssh_key_add(user=request.user, **data.validated_data)
+        return Response(s.SshKeySerializer(key).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={204: None})
+    def destroy(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        services.ssh_key_remove(user=request.user, key_id=self.get_object().pk)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
