@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "nodes",
     "tenants",
     "incidents",
+    "gateway",
 ]
 
 MIDDLEWARE = [
@@ -218,6 +219,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "TenantStatusEnum": "tenants.models.Tenant.Status",
         "NodeStatusEnum": "nodes.models.Node.Status",
+        "NodeAccessEnum": "nodes.models.Node.Access",
         "IncidentStatusEnum": "incidents.models.Incident.Status",
         "IncidentEventKindEnum": "incidents.models.IncidentEvent.Kind",
         "WebhookDeliveryStatusEnum": "incidents.models.WebhookDelivery.Status",
@@ -246,6 +248,20 @@ NODES_UNREACHABLE_AFTER = env.int("GPUPLATFORM_UNREACHABLE_AFTER", default=3)
 NODES_REJUDGE_AFTER_ABSENCE_MINUTES = env.int(
     "GPUPLATFORM_REJUDGE_AFTER_ABSENCE_MINUTES", default=10
 )
+# --- the SSH gateway: renters reach their slices' ports through it, no node port open -------
+# host:port it listens on (never beyond it); the host shown in the commands renters copy
+GATEWAY_ADDRESS = env.str("GPUPLATFORM_GATEWAY_ADDRESS", default="127.0.0.1:2222")
+GATEWAY_PUBLIC_HOST = env.str("GPUPLATFORM_GATEWAY_PUBLIC_HOST", default="")
+# its host key, generated at first use and kept, so renters can pin it
+GATEWAY_HOST_KEY_PATH = env.str(
+    "GPUPLATFORM_GATEWAY_HOST_KEY_PATH", default=str(VAR_DIR / "gateway" / "ssh_host_ed25519_key")
+)
+GATEWAY_CHANNELS_PER_USER = env.int("GPUPLATFORM_GATEWAY_CHANNELS_PER_USER", default=256)
+GATEWAY_CHANNELS_PER_SLICE = env.int("GPUPLATFORM_GATEWAY_CHANNELS_PER_SLICE", default=512)
+GATEWAY_IDLE_TIMEOUT_S = env.int("GPUPLATFORM_GATEWAY_IDLE_TIMEOUT_S", default=900)
+# how often open streams are checked against the slice, the key and the membership
+GATEWAY_RECHECK_S = env.float("GPUPLATFORM_GATEWAY_RECHECK_S", default=2.0)
+
 # Seconds to wait after `docker run` before checking the container still runs.
 NODES_CONTAINER_SETTLE_S = env.float("GPUPLATFORM_CONTAINER_SETTLE_S", default=1.0)
 # A slice still provisioning after this long is retried (3 attempts) or failed by reconcile.

@@ -17,7 +17,7 @@ IMAGE = "gpuplatform-lab/workload:1"  # built from build_artifacts' context in e
 BUSYBOX_APPLETS = (
     "sh", "ash", "cat", "echo", "env", "id", "ls", "ps", "sleep", "grep", "head", "tail",
     "kill", "mkdir", "rm", "true", "false", "wc", "tr", "cut", "dd", "hostname", "uname",
-    "free", "top", "date", "test", "[",
+    "free", "top", "date", "test", "[", "httpd", "nc",
 )  # fmt: skip
 
 

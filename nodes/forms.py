@@ -18,6 +18,15 @@ class NodeForm(forms.Form):
         help_text="The Docker network slices join: bridge publishes their ports on the node; "
         "none keeps them on their own loopback.",
     )
+    access = forms.ChoiceField(
+        choices=[
+            ("gateway", "Through the platform's SSH gateway (nothing published on the node)"),
+            ("direct", "Direct: ports published on the node's address"),
+        ],
+        initial="gateway",
+        required=False,
+        label="How renters reach its slices",
+    )
     host_key = forms.CharField(
         required=False,
         max_length=4096,
@@ -28,6 +37,9 @@ class NodeForm(forms.Form):
 
     def clean_container_network(self) -> str:
         return self.cleaned_data.get("container_network") or "bridge"
+
+    def clean_access(self) -> str:
+        return self.cleaned_data.get("access") or "gateway"
 
 
 class DrainForm(forms.Form):

@@ -37,6 +37,20 @@ class Node(models.Model):
         "publishes their ports on the node; `none` keeps them on their own loopback "
         "(no published ports: reach them another way).",
     )
+
+    class Access(models.TextChoices):
+        GATEWAY = "gateway", "through the platform's SSH gateway (nothing published)"
+        DIRECT = "direct", "published ports on the node's address"
+
+    access = models.CharField(
+        "how renters reach its slices",
+        max_length=16,
+        choices=Access.choices,
+        default=Access.GATEWAY,
+        help_text="gateway: no port is published on the node, renters go through the "
+        "platform's SSH gateway; direct: the slices' ports are published on the node's "
+        "address (a random host port each, reachable by anyone who reaches the node).",
+    )
     host_key = models.TextField(
         "pinned host key",
         blank=True,
@@ -104,6 +118,11 @@ class Node(models.Model):
         ordering = ["name"]
         verbose_name = "node"
         constraints = [
+            models.CheckConstraint(
+                condition=Q(access__in=["gateway", "direct"]),
+                name="%(app_label)s_%(class)s_access_known",
+                violation_error_message="A node is reached through the gateway or directly.",
+            ),
             models.CheckConstraint(
                 condition=Q(port__gte=1) & Q(port__lte=65535),
                 name="%(app_label)s_%(class)s_port_range",

@@ -17,7 +17,7 @@ from gpuplatform.celery import app as celery_app
 from gpuplatform.urls import urlpatterns
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCTION = ("gpuplatform", "tenants", "nodes", "incidents", "estimator")
+PRODUCTION = ("gpuplatform", "tenants", "nodes", "incidents", "gateway", "estimator")
 TEST_EQUIPMENT = ("emulator", "nodelab")
 MAX_MODULE_LINES = 700
 # Modules that run on a GPU node or stand alone, never inside Django.
@@ -27,6 +27,7 @@ PURE = (
     "nodes.preflight",
     "nodes.sampler",
     "nodes.command_env",
+    "nodes.relay",
     "incidents.rules",
 )
 

@@ -31,8 +31,8 @@ DOCKERFILE = ROOT / "Dockerfile"
 ENV_EXAMPLE = ROOT / ".env.example"
 SETTINGS_FILE = ROOT / "gpuplatform" / "settings.py"
 
-SERVICES = {"postgres", "redis", "migrate", "web", "worker", "beat"}
-APP_SERVICES = ("web", "worker", "beat")
+SERVICES = {"postgres", "redis", "migrate", "web", "worker", "beat", "gateway"}
+APP_SERVICES = ("web", "worker", "beat", "gateway")
 
 # "NAME=value" or, for a documented default, "# NAME=value".
 _ENV_LINE = re.compile(r"^(#\s?)?([A-Z][A-Z0-9_]*)=(.*)$")

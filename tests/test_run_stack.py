@@ -137,7 +137,11 @@ def test_run_stack_serves_runs_tasks_and_stops_everything_on_ctrl_c(
         unavailable(problems()[0])
     port = _free_port()
     log = tmp_path / "stack.log"
-    env = {**embedded_env, "GPUPLATFORM_DEMO_FAR_END": far_end}
+    env = {
+        **embedded_env,
+        "GPUPLATFORM_DEMO_FAR_END": far_end,
+        "GPUPLATFORM_GATEWAY_ADDRESS": f"127.0.0.1:{_free_port()}",
+    }
     if far_end == "lab":
         seeded = subprocess.run(
             [PY, "manage.py", "seed_demo"], cwd=ROOT, env=env, capture_output=True, text=True
@@ -241,7 +245,7 @@ def test_run_stack_serves_runs_tasks_and_stops_everything_on_ctrl_c(
             raise
     assert code == 0, log.read_text()
     text = log.read_text()
-    for name in (far_end, "web", "worker", "beat"):
+    for name in (far_end, "web", "worker", "beat", "gateway"):
         assert f"stopped {name}" in text
     time.sleep(0.5)
     alive = [pid for pid in children if _running(pid)]

@@ -61,6 +61,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "port",
             "ssh_user",
             "container_network",
+            "access",
             "status",
             "status_reason",
             "host_key_fingerprint",
@@ -100,6 +101,12 @@ class NodeCreateSerializer(StrictSerializer):
         default="bridge",
         help_text="Docker network slices join: bridge (ports published) or none.",
     )
+    access = serializers.ChoiceField(
+        choices=Node.Access.choices,
+        default=Node.Access.GATEWAY,
+        help_text="gateway: through the platform's SSH gateway, nothing published; "
+        "direct: ports published on the node's address.",
+    )
     host_key = serializers.CharField(
         max_length=4096,
         required=False,
@@ -115,6 +122,7 @@ class NodeUpdateSerializer(StrictSerializer):
     port = serializers.IntegerField(min_value=1, max_value=65535, required=False)
     ssh_user = serializers.CharField(max_length=32, required=False)
     container_network = serializers.CharField(max_length=64, required=False)
+    access = serializers.ChoiceField(choices=Node.Access.choices, required=False)
     host_key = serializers.CharField(max_length=4096, required=False, allow_blank=True)
 
 

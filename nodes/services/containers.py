@@ -134,7 +134,8 @@ def container_start(
         pids_limit=pids_limit,
         command=tuple(command),
         environment=tuple(sorted(environment.items())),
-        ports=tuple(ports),
+        # behind the gateway nothing is published on the node
+        ports=tuple(ports) if node.access == Node.Access.DIRECT else (),
         mig=mig,
         quota_library="" if mig else (node.capabilities or {}).get("vram_quota_library") or "",
         network=node.container_network,

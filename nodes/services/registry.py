@@ -71,6 +71,17 @@ def _clean_network(network: str) -> str:
     return network
 
 
+def _clean_access(access: str) -> str:
+    if access not in Node.Access.values:
+        raise ServiceError(
+            "Choose gateway (renters go through the platform's SSH gateway, nothing is "
+            "published) or direct (ports published on the node's address).",
+            code="invalid_choice",
+            field="access",
+        )
+    return access
+
+
 def _clean_registration(
     *, name: str, address: str, port: int, ssh_user: str, container_network: str
 ) -> dict:
@@ -123,6 +134,7 @@ def node_register(
     ssh_user: str = "gpuplatform",
     host_key: str = "",
     container_network: str = "bridge",
+    access: str = Node.Access.GATEWAY,
 ) -> Node:
     """Register a node. With a host key (a known_hosts line ops vouch for) it is pinned
     and discovery starts; without one the node's key is read for ops to approve."""
@@ -133,7 +145,7 @@ def node_register(
         ssh_user=ssh_user,
         container_network=container_network,
     )
-    node = Node(**data, status=Node.Status.PENDING)
+    node = Node(**data, access=_clean_access(access), status=Node.Status.PENDING)
     if host_key.strip():
         node.host_key = _clean_host_key(host_key)
         node.host_key_fingerprint = ssh.fingerprint(node.host_key)
@@ -172,6 +184,8 @@ def node_update(*, node: Node, actor: AbstractBaseUser | None = None, **changes)
     moved = (data["address"], data["port"]) != (node.address, node.port)
     for key, value in data.items():
         setattr(node, key, value)
+    if "access" in changes:  # slices started from now on; running ones keep theirs
+        node.access = _clean_access(changes["access"])
     repinned = False
     if "host_key" in changes and changes["host_key"].strip():
         key = _clean_host_key(changes["host_key"])

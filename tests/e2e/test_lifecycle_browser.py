@@ -185,7 +185,10 @@ def test_new_tenant_buys_launches_sees_it_running_with_its_gauge_and_stops_it(  
     slice.refresh_from_db()
     assert slice.state == Slice.State.RUNNING, slice.state_reason
     page.wait_for_selector("#slice-state.state-running")
-    assert page.inner_text("#ssh-command").startswith("ssh -p ")
+    # a node registered now is reached through the gateway: the page says how
+    assert page.inner_text("#gateway-jump") == f"ssh -J gpp@127.0.0.1:2222 root@slice-{slice.pk}"
+    assert page.locator("#ssh-command").count() == 0  # nothing published on the node
+    assert page.inner_text("#gateway-fingerprint").startswith("SHA256:")
     steps = page.locator("#progress li").evaluate_all("els => els.map(e => e.dataset.state)")
     assert steps == ["requested", "provisioning", "running"]
     for _ in range(3):  # telemetry, as the beat's sample task would take it

@@ -84,7 +84,8 @@ def test_launch_runs_a_real_container_with_the_tiers_limits_and_stop_releases_it
     assert limits["NoNewPrivs"] == "1"
     assert limits["iface"] == "lo"
     # no port is published on a node whose containers have no network: the tenant is told
-    assert s.connection.get("note") and "no port is published" in s.connection["note"]
+    assert s.connection.get("note") and "publishes no port" in s.connection["note"]
+    assert s.connection["gateway"]["name"] == f"slice-{s.pk}"
 
     # the hook attached it to the GPU it was placed on, and the emulated driver holds its
     # memory under the workload's host PID, inside that container

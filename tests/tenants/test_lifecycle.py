@@ -41,7 +41,9 @@ def test_launch_runs_container_with_quota_and_stop_releases_everything(
     assert env["GPUPLATFORM_VRAM_LIMIT_MB"] == "8192"
     assert env["HF_HOME"] == "/data/hf" and env["PUBLIC_KEY"] == SSH_KEY
     assert container.labels["gpuplatform.owner"] == slice.owner_key
-    assert slice.connection["command"].startswith("ssh -p ")
+    # a node registered from now on is reached through the gateway: nothing published
+    assert "command" not in slice.connection and slice.connection["ports"] == {}
+    assert slice.connection["gateway"]["jump"] == f"ssh -J gpp@127.0.0.1:2222 root@slice-{slice.pk}"
 
     services.slice_stop(slice=slice, actor=owner_a.user)
     slice.refresh_from_db()

@@ -1,5 +1,5 @@
-"""Run the demo fleet, web, Celery worker and Celery beat as real processes; Ctrl-C
-stops them all.
+"""Run the demo fleet, web, Celery worker, Celery beat and the SSH gateway as real
+processes; Ctrl-C stops them all.
 
 The demo fleet is the node lab (real sshd and dockerd per node, emulated GPUs) wherever
 it can start (root, Docker Engine and OpenSSH installed), else the pure-Python node
@@ -28,7 +28,7 @@ EMULATOR_DIR = settings.VAR_DIR / "emulator"
 
 
 class Command(BaseCommand):
-    help = "Start the demo fleet (node lab or emulator), web, a Celery worker and beat."
+    help = "Start the demo fleet (node lab or emulator), web, a Celery worker, beat, the gateway."
 
     def add_arguments(self, parser):  # type: ignore[no-untyped-def]
         parser.add_argument("--addr", default=os.environ.get("GPUPLATFORM_ADDR", "127.0.0.1:8000"))
@@ -85,6 +85,8 @@ class Command(BaseCommand):
             "worker": worker,
             # Beat's scheduler (django-celery-beat, in the database) comes from settings.
             "beat": [python, "-m", "celery", "-A", "gpuplatform", "beat", "--loglevel", "INFO"],
+            # renters reach their slices through it (GPUPLATFORM_GATEWAY_ADDRESS)
+            "gateway": [python, "manage.py", "run_gateway"],
         }
         procs: dict[str, subprocess.Popen] = {}
         stopping = False

@@ -3,6 +3,7 @@ the container's last output); safe to run twice."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -11,6 +12,7 @@ from nodes import services as node_services
 
 from ...locks import slice_lock
 from ...models import Image, Slice
+from ...selectors import gateway_host_key_fingerprint
 from .state import (
     S,
     container_remove_after_commit,
@@ -38,10 +40,13 @@ def _connection_details(slice: Slice, info) -> dict:  # type: ignore[no-untyped-
     ports = dict(info.ports or {})
     out["host"] = host
     out["ports"] = {str(k): v for k, v in sorted(ports.items())}
+    declared = sorted(int(p) for p in (slice.image_entry.ports if slice.image_entry else []))
+    if declared:
+        out["gateway"] = gateway_details(slice.pk, declared, has_sshd=kind == Image.Connect.SSH)
     if node.container_network == runtime.NO_NETWORK:
         out["note"] = (
-            f"Node {node.name} keeps slices on their own loopback network: no port is "
-            "published, so there is nothing to connect to from outside."
+            f"Node {node.name} publishes no port: reach the slice through the platform's "
+            "SSH gateway with a key registered on your account (commands below)."
         )
     elif kind == Image.Connect.SSH and 22 in ports:
         out["port"] = ports[22]
@@ -52,6 +57,31 @@ def _connection_details(slice: Slice, info) -> dict:  # type: ignore[no-untyped-
     else:
         out["urls"] = [f"http://{host}:{hp}" for _, hp in sorted(ports.items())]
     return out
+
+
+def gateway_details(slice_id: int, ports: list[int], *, has_sshd: bool) -> dict:
+    """How a renter reaches the slice through the platform's SSH gateway: a forward per
+    declared port, `ssh -J` to the container's own sshd where the image has one, an
+    ~/.ssh/config snippet, and the gateway's host key to pin."""
+    host, _, port = settings.GATEWAY_ADDRESS.rpartition(":")
+    host = settings.GATEWAY_PUBLIC_HOST or host.strip("[]") or "127.0.0.1"
+    name = f"slice-{slice_id}"
+    forwards = [
+        {"port": p, "command": f"ssh -N -L {p}:{name}:{p} -p {port} gpp@{host}"} for p in ports
+    ]
+    config = (
+        f"Host gpp-gateway\n  HostName {host}\n  Port {port}\n  User gpp\n\n"
+        f"Host {name}\n  User root\n  ProxyJump gpp-gateway\n"
+    )
+    return {
+        "host": host,
+        "port": int(port),
+        "name": name,
+        "host_key_fingerprint": gateway_host_key_fingerprint(),
+        "forwards": forwards,
+        "jump": f"ssh -J gpp@{host}:{port} root@{name}" if has_sshd and 22 in ports else "",
+        "ssh_config": config,
+    }
 
 
 def slice_provision(*, slice_id: int, final_attempt: bool = True) -> str:

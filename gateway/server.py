@@ -1,0 +1,361 @@
+"""The SSH gateway process: an AsyncSSH server that authenticates renters by their
+registered public keys, offers no shell, exec or remote forward of its own, and accepts
+only `direct-tcpip` channels to `slice-<id>:<declared port>` of the user's own running
+slices. Each accepted channel is relayed over the gateway's SSH connection to the slice's
+node (pinned host key, the platform's key) into the container's network namespace
+(nodes/relay.py). The gateway keeps no state of its own beyond open connections: several
+can run behind one TCP balancer. With `ssh -J` the renter's session to the container's
+own sshd is encrypted end to end; the gateway relays ciphertext."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shlex
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import asyncssh
+from asyncssh.stream import SSHTCPStreamSession
+from django.conf import settings
+
+from nodes import relay, ssh
+
+from . import access
+
+log = logging.getLogger("gateway")
+PROHIBITED = asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED
+CONNECT_FAILED = asyncssh.OPEN_CONNECT_FAILED
+NODE_CONNECT_TIMEOUT_S = 10.0
+RELAY_CONNECT_TIMEOUT_S = 10.0
+CHUNK = 65536
+
+
+@dataclass(eq=False)  # each stream is itself, kept in a set
+class Stream:
+    identity: access.Identity
+    target: access.Target
+    audit_id: int
+    up: int = 0
+    down: int = 0
+    last_active: float = field(default_factory=time.monotonic)
+    close_because: str = ""
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def _db(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+    return asyncio.to_thread(fn, *args, **kwargs)
+
+
+# OpenSSH's sshd allows 10 sessions per connection (MaxSessions): streams to one node
+# spread over as many connections as they need, a few sessions below that each.
+SESSIONS_PER_CONNECTION = 8
+
+
+@dataclass(eq=False)
+class NodeConnection:
+    conn: asyncssh.SSHClientConnection
+    sessions: int = 0
+
+
+class Nodes:
+    """SSH connections to the nodes (pinned host key, the platform's key), each carrying
+    up to SESSIONS_PER_CONNECTION streams; more connections as streams need them."""
+
+    def __init__(self, client_key: asyncssh.SSHKey):
+        self.client_key = client_key
+        self._pools: dict[tuple, list[NodeConnection]] = {}
+        self._lock = asyncio.Lock()
+
+    async def acquire(self, endpoint: ssh.Endpoint) -> NodeConnection:
+        """A connection with room for one more session, counted as taken."""
+        async with self._lock:
+            pool = self._pools.setdefault(endpoint.key, [])
+            pool[:] = [c for c in pool if not c.conn.is_closed()]
+            free = next((c for c in pool if c.sessions < SESSIONS_PER_CONNECTION), None)
+            if free is None:
+                free = NodeConnection(await self._connect(endpoint))
+                pool.append(free)
+            free.sessions += 1
+            return free
+
+    def release(self, node: NodeConnection) -> None:
+        node.sessions = max(0, node.sessions - 1)
+
+    async def _connect(self, endpoint: ssh.Endpoint) -> asyncssh.SSHClientConnection:
+        pinned = asyncssh.import_public_key(ssh.normalise_host_key(endpoint.host_key))
+        return await asyncio.wait_for(
+            asyncssh.connect(
+                endpoint.address,
+                endpoint.port,
+                username=endpoint.user,
+                client_keys=[self.client_key],
+                known_hosts=([pinned], [], []),
+                agent_path=None,
+                config=None,
+                keepalive_interval=30,
+            ),
+            NODE_CONNECT_TIMEOUT_S,
+        )
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            for c in pool:
+                c.conn.close()
+
+
+class Gateway:
+    def __init__(self, *, host_key: asyncssh.SSHKey, client_key: asyncssh.SSHKey):
+        self.host_key = host_key
+        self.nodes = Nodes(client_key)
+        self.streams: set[Stream] = set()
+        self.per_user: Counter[int] = Counter()
+        self.per_slice: Counter[int] = Counter()
+        self._server: asyncssh.SSHAcceptor | None = None
+        self._checker: asyncio.Task | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        gateway = self
+        self._server = await asyncssh.create_server(
+            lambda: Connection(gateway),
+            host,
+            port,
+            server_host_keys=[self.host_key],
+            allow_scp=False,
+            agent_forwarding=False,
+            x11_forwarding=False,
+            login_timeout=30,
+            keepalive_interval=30,
+        )
+        self._checker = asyncio.create_task(self._recheck())
+        return self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._checker:
+            self._checker.cancel()
+        if self._server:
+            self._server.close()
+            await self._server.wait_closed()
+        for s in list(self.streams):
+            s.close_because = "the gateway is stopping"
+            s.done.set()
+        self.nodes.close()
+
+    async def _recheck(self) -> None:
+        """Close streams within seconds of the slice stopping, the key going or the member
+        leaving; and idle ones after the idle timeout."""
+        while True:
+            await asyncio.sleep(settings.GATEWAY_RECHECK_S)
+            now = time.monotonic()
+            open_ = []
+            for s in list(self.streams):
+                if now - s.last_active > settings.GATEWAY_IDLE_TIMEOUT_S:
+                    s.close_because = f"idle for {settings.GATEWAY_IDLE_TIMEOUT_S} s"
+                    s.done.set()
+                else:
+                    open_.append(s)
+            if not open_:
+                continue
+            try:
+                answers = await _db(access.still_allowed, [(s.identity, s.target) for s in open_])
+            except Exception:  # noqa: BLE001 - a database hiccup must not kill the loop
+                log.exception("gateway: recheck failed")
+                continue
+            for s, why in zip(open_, answers, strict=True):
+                if why:
+                    s.close_because = why
+                    s.done.set()
+
+    # -- one channel ------------------------------------------------------------------
+    async def open(
+        self, conn: Connection, destination: str, port: int
+    ) -> asyncssh.SSHTCPSession[bytes]:
+        identity = conn.identity
+        assert identity is not None  # channels open only after authentication
+        try:
+            target = await _db(
+                access.stream_target, identity=identity, destination=destination, port=port
+            )
+            if self.per_user[identity.user_id] >= settings.GATEWAY_CHANNELS_PER_USER:
+                raise access.Refused(
+                    f"at most {settings.GATEWAY_CHANNELS_PER_USER} open streams per user"
+                )
+            if self.per_slice[target.slice_id] >= settings.GATEWAY_CHANNELS_PER_SLICE:
+                raise access.Refused(
+                    f"at most {settings.GATEWAY_CHANNELS_PER_SLICE} open streams per slice"
+                )
+        except access.Refused as exc:
+            await _db(
+                access.audit_refused,
+                identity=identity,
+                destination=destination,
+                port=port,
+                address=conn.peer,
+                reason=str(exc),
+            )
+            log.info("gateway: refused %s to %s:%s: %s", identity.label, destination, port, exc)
+            raise asyncssh.ChannelOpenError(PROHIBITED, str(exc)) from None
+        node = None
+        try:
+            lookup = await self.nodes.acquire(target.endpoint)
+            try:
+                pid_run = await lookup.conn.run(
+                    shlex.join(relay.pid_argv(target.container_id)), timeout=10
+                )
+            finally:
+                self.nodes.release(lookup)
+            pid = int(str(pid_run.stdout or "0").strip() or 0)
+            if pid_run.exit_status != 0 or pid <= 0:
+                raise OSError(f"the container of slice {target.slice_id} is not running")
+            node = await self.nodes.acquire(target.endpoint)
+            writer, reader, errors = await node.conn.open_session(
+                shlex.join(relay.relay_argv(pid, port)), encoding=None
+            )
+            first = await asyncio.wait_for(reader.readline(), RELAY_CONNECT_TIMEOUT_S)
+            if first != relay.CONNECTED:
+                detail = (await asyncio.wait_for(errors.read(500), 2)).decode(errors="replace")
+                writer.close()
+                raise OSError(detail.strip() or f"nothing listens on port {port}")
+        except (TimeoutError, OSError, asyncssh.Error, ValueError) as exc:
+            if node is not None:
+                self.nodes.release(node)
+            reason = f"slice {target.slice_id} port {port}: {str(exc) or type(exc).__name__}"
+            await _db(
+                access.audit_refused,
+                identity=identity,
+                destination=destination,
+                port=port,
+                address=conn.peer,
+                reason=reason,
+            )
+            raise asyncssh.ChannelOpenError(CONNECT_FAILED, reason[:200]) from None
+        audit_id = await _db(
+            access.audit_opened,
+            identity=identity,
+            target=target,
+            destination=destination,
+            address=conn.peer,
+        )
+        stream = Stream(identity=identity, target=target, audit_id=audit_id)
+        self.streams.add(stream)
+        self.per_user[identity.user_id] += 1
+        self.per_slice[target.slice_id] += 1
+        log.info("gateway: %s opened %s:%s", identity.label, destination, port)
+        return SSHTCPStreamSession(lambda r, w: self._bridge(stream, r, w, reader, writer, node))
+
+    async def _bridge(self, stream, client_r, client_w, node_r, node_w, node):  # type: ignore[no-untyped-def]
+        async def pump(src, dst, count: str) -> None:  # type: ignore[no-untyped-def]
+            try:
+                while data := await src.read(CHUNK):
+                    setattr(stream, count, getattr(stream, count) + len(data))
+                    stream.last_active = time.monotonic()
+                    dst.write(data)
+                    await dst.drain()
+            except (asyncssh.Error, OSError, BrokenPipeError):
+                pass
+            finally:
+                with contextlib.suppress(asyncssh.Error, OSError):
+                    dst.write_eof()
+
+        up = asyncio.create_task(pump(client_r, node_w, "up"))
+        down = asyncio.create_task(pump(node_r, client_w, "down"))
+        closer = asyncio.create_task(stream.done.wait())
+        try:
+            await asyncio.wait({down, closer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (up, down, closer):
+                task.cancel()
+            node_w.close()
+            client_w.close()
+            self.nodes.release(node)
+            self.streams.discard(stream)
+            self.per_user[stream.identity.user_id] -= 1
+            self.per_slice[stream.target.slice_id] -= 1
+            because = stream.close_because or "closed"
+            await _db(
+                access.audit_closed,
+                stream_id=stream.audit_id,
+                up=stream.up,
+                down=stream.down,
+                because=because,
+            )
+            log.info(
+                "gateway: %s closed slice-%s:%s (%s; %d B up, %d B down)",
+                stream.identity.label,
+                stream.target.slice_id,
+                stream.target.port,
+                because,
+                stream.up,
+                stream.down,
+            )
+
+
+class Connection(asyncssh.SSHServer):
+    """One renter's SSH connection: public keys only, channels only to their slices."""
+
+    def __init__(self, gateway: Gateway):
+        self.gateway = gateway
+        self.identity: access.Identity | None = None
+        self.peer = ""
+
+    def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        peer = conn.get_extra_info("peername") or ("", 0)
+        self.peer = str(peer[0])
+
+    def begin_auth(self, username: str) -> bool:
+        return True
+
+    def password_auth_supported(self) -> bool:
+        return False
+
+    def kbdint_auth_supported(self) -> bool:
+        return False
+
+    def host_based_auth_supported(self) -> bool:
+        return False
+
+    def public_key_auth_supported(self) -> bool:
+        return True
+
+    async def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+        if await _db(access.address_blocked, self.peer):
+            return False
+        identity = await _db(access.identify, key.get_fingerprint("sha256"), self.peer)
+        if identity is None:
+            await _db(access.auth_failed, self.peer)
+            return False
+        self.identity = identity
+        return True
+
+    def session_requested(self) -> bool:
+        return False  # no shell, no exec, no subsystem: the gateway only relays
+
+    def server_requested(self, listen_host: str, listen_port: int) -> bool:
+        return False  # no remote forwards
+
+    def unix_connection_requested(self, dest_path: str):  # type: ignore[no-untyped-def]
+        raise asyncssh.ChannelOpenError(PROHIBITED, "only slice-<id>:<port> streams")
+
+    def unix_server_requested(self, listen_path: str) -> bool:
+        return False
+
+    def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int):  # type: ignore[no-untyped-def]
+        return self.gateway.open(self, dest_host, dest_port)
+
+
+def load_keys() -> tuple[asyncssh.SSHKey, asyncssh.SSHKey]:
+    """The gateway's host key (created at first use and kept: renters pin it) and the
+    platform's key for the nodes (the one the workers use)."""
+    host_path = Path(settings.GATEWAY_HOST_KEY_PATH)
+    ssh.load_or_create_platform_key(host_path)
+    client_path = Path(settings.NODES_SSH_KEY_PATH)
+    ssh.load_or_create_platform_key(client_path)
+    return asyncssh.read_private_key(str(host_path)), asyncssh.read_private_key(str(client_path))
+
+
+def listen_address() -> tuple[str, int]:
+    host, _, port = settings.GATEWAY_ADDRESS.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
