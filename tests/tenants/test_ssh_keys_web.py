@@ -217,7 +217,7 @@ def test_the_account_page_shows_keys_and_the_gateway_host_key(page_a, owner_a, s
     section = _section(page_a.get("/account/").content.decode())
     host = selectors.gateway_host_key_fingerprint()
     assert host.startswith("SHA256:")
-    assert f"The gateway's host key: <code>{host}</code>" in section
+    assert f'The gateway\'s host key: <code class="fingerprint">{host}</code>' in section
     assert "your ssh client asks to trust this on first connect" in section
     row = _row(section, key)
     assert key.fingerprint in row and "ssh-rsa" in row and "laptop" in row
