@@ -1,6 +1,6 @@
 """Detection to stop: how long the watchdog takes from a sample that shows a slice over
 its VRAM quota to that slice's container stopped and the incident stored, against the
-manual runbook's 8 minutes per incident (DOMAIN.md's field report).
+manual runbook's 8 minutes per incident (docs/domain.md).
 
 Set-up: a throwaway PostgreSQL database, a real Celery worker process (Redis, all four
 queues, as docker-compose runs it) and the node emulator in this process: one node with a

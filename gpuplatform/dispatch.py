@@ -2,7 +2,7 @@
 
 Services name the task they want ("provision.slice") instead of importing its function, so
 a tasks module may import its services at the top and no import cycle runs through it
-(Zulip queues events by name the same way). The message leaves after commit (STYLE.md:
+(Zulip queues events by name the same way). The message leaves after commit (docs/domain.md:
 a worker must never run before the rows it reads are visible); outside a transaction it
 leaves at once. A name no task is registered under raises KeyError in the caller.
 """
