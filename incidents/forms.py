@@ -129,7 +129,7 @@ THRESHOLD_FIELDS = [
 
 
 class ThresholdsForm(forms.Form):
-    """One field per threshold, with DOMAIN.md's default (the model's default) beside it.
+    """One field per threshold, with docs/domain.md's default (the model's default) beside it.
     The ordering rules are the service's: its refusal is shown on the form."""
 
     def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]

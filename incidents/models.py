@@ -232,7 +232,7 @@ class IncidentEvent(models.Model):
 
 
 class Thresholds(models.Model):
-    """The watchdog's thresholds: one row, DOMAIN.md's numbers by default, edited by ops."""
+    """The watchdog's thresholds: one row, docs/domain.md's numbers by default, edited by ops."""
 
     vram_warning_pct = models.FloatField("VRAM warning (%)", default=85.0)
     vram_critical_pct = models.FloatField("VRAM critical: placements stop (%)", default=95.0)

@@ -3,7 +3,7 @@
 The watchdog (incidents.services) builds the views below from each stored batch of
 samples (and, for the windowed rules, from the recent samples), runs the rules, and
 turns each Finding into an incident and, where the finding says so, an action.
-Thresholds default to DOMAIN.md's numbers; ops edit them (incidents.Thresholds).
+Thresholds default to docs/domain.md's numbers; ops edit them (incidents.Thresholds).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# Root-cause classes (DOMAIN.md, "What goes wrong")
+# Root-cause classes (docs/domain.md, "What goes wrong")
 NO_ISOLATION = "no_isolation"
 RECLAIM_FAILURE = "reclaim_failure"
 APP_PARAMETERS = "app_parameters"

@@ -1,4 +1,4 @@
-"""Dynamic limiting (DOMAIN.md, layer 2): a slice using more than its share of a card's
+"""Dynamic limiting (docs/domain.md, layer 2): a slice using more than its share of a card's
 memory bandwidth is slowed by pausing and resuming its container in a duty cycle, the
 strongest means a node without an SM-limit hook offers. Each sample that still shows it
 over starts another cycle (one sampling interval long); when it falls back the

@@ -34,7 +34,7 @@ FACT_KEYS = (
 )
 COMPONENTS = ("runc", "toolkit")
 COMPONENT_NAMES = {"runc": "runc", "toolkit": "NVIDIA Container Toolkit"}
-# Why each minimum (DOMAIN.md, "What a node must have before it is trusted").
+# Why each minimum (docs/domain.md, "What a node must have before it is trusted").
 MINIMUM_WHY = {
     "toolkit": "CVE-2025-23266 (NVIDIAScape, a container escape through ENV LD_PRELOAD) and "
     "CVE-2025-23267 are fixed in 1.17.8",

@@ -184,7 +184,7 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
 
 
 class ThresholdsView(APIView):
-    """Ops: the watchdog's thresholds (DOMAIN.md's numbers by default). PATCH any subset;
+    """Ops: the watchdog's thresholds (docs/domain.md's numbers by default). PATCH any subset;
     the VRAM levels must stay ordered (0 < warning <= critical <= 100, placements resume
     at or below critical), else 400 naming `thresholds`."""
 

@@ -28,7 +28,7 @@ def _placeable_gpus(*, guaranteed: bool) -> models.QuerySet[Gpu]:
     """GPUs a new reservation may land on (`Gpu.objects.taking_placements`)."""
     gpus = Gpu.objects.taking_placements()
     if guaranteed:
-        # DOMAIN.md: no overcommit for work that was sold as guaranteed.
+        # docs/domain.md: no overcommit for work that was sold as guaranteed.
         gpus = gpus.filter(overcommit_ratio=1)
     return gpus
 

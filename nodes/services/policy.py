@@ -47,7 +47,7 @@ def rollup_windows(*, gpu_ids: list[int], now: datetime | None = None) -> dict[i
 def gpu_recommended_ratio(
     *, gpu: Gpu, now: datetime | None = None, window: dict | None = None
 ) -> dict:
-    """The highest overcommit ratio DOMAIN.md allows for this GPU: physical VRAM over the
+    """The highest overcommit ratio docs/domain.md allows for this GPU: physical VRAM over the
     peak use seen in the last 7-30 days of rollups, rounded down; None unless samples
     cover at least 7 distinct days (two samples a week apart are not a week of history)."""
     now = now or timezone.now()
@@ -78,7 +78,7 @@ def gpu_recommended_ratio(
 
 @transaction.atomic
 def gpu_set_overcommit(*, gpu: Gpu, ratio, now: datetime | None = None) -> Gpu:  # type: ignore[no-untyped-def]
-    """Set the GPU's overcommit ratio, only where DOMAIN.md allows it."""
+    """Set the GPU's overcommit ratio, only where docs/domain.md allows it."""
     try:
         ratio = Decimal(str(ratio))
         if not ratio.is_finite():

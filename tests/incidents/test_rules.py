@@ -1,7 +1,7 @@
 """Unit tests for the pure detection rules (incidents.rules).
 
 No database and no Django models: every rule is a plain function from views to
-findings, checked against DOMAIN.md's defaults (rules.Thresholds()).
+findings, checked against docs/domain.md's defaults (rules.Thresholds()).
 """
 
 import random

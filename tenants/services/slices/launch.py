@@ -285,7 +285,7 @@ def _slice_launch(
     tier = purchase.tier
     request = _estimate_input(model_request, tier.vram_mb)
     if request.training:
-        guaranteed = True  # DOMAIN.md: never overcommit training jobs
+        guaranteed = True  # docs/domain.md: never overcommit training jobs
     connection: dict = {"kind": image.connect}
     if image.connect == Image.Connect.JUPYTER:
         connection["token"] = secrets.token_urlsafe(24)
