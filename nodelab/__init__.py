@@ -2,14 +2,19 @@
 cgroups and processes) except the GPU, which `nodelab.gpud` emulates. Test equipment and
 the demo's far end; no production module imports it. See `nodelab.lab`."""
 
-from .build import IMAGE
+from .build import HTTP_IMAGE, HTTP_PORT, IMAGE, SSH_IMAGE, SSH_PORT, SSH_USER_IN_IMAGE
 from .lab import CONTAINER_NETWORK, Lab
 from .labnode import SSH_USER, LabContainer, LabNode, LabNodeSpec
 from .prereqs import LabUnavailable, problems
 
 __all__ = [
     "CONTAINER_NETWORK",
+    "HTTP_IMAGE",
+    "HTTP_PORT",
     "IMAGE",
+    "SSH_IMAGE",
+    "SSH_PORT",
+    "SSH_USER_IN_IMAGE",
     "SSH_USER",
     "Lab",
     "LabContainer",

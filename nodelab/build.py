@@ -14,6 +14,18 @@ from .prereqs import NODE_PATH, LabUnavailable
 HERE = Path(__file__).resolve().parent
 NODE_FILES = HERE / "node"
 IMAGE = "gpuplatform-lab/workload:1"  # built from build_artifacts' context in each node's dockerd
+# Stand-ins for the images renters launch, from the same context: a real OpenSSH sshd that
+# takes the renter's key from PUBLIC_KEY (run as an ordinary user: under --cap-drop ALL
+# root may not chroot, which sshd's privilege separation needs as root), and an HTTP
+# service, each starting the GPU job given as the command.
+SSH_IMAGE = "gpuplatform-lab/ssh:1"
+HTTP_IMAGE = "gpuplatform-lab/http:1"
+SSH_PORT = 22
+HTTP_PORT = 8000
+SSH_USER_IN_IMAGE = "renter"
+IMAGES = {IMAGE: "Dockerfile", SSH_IMAGE: "Dockerfile.ssh", HTTP_IMAGE: "Dockerfile.http"}
+# what OpenSSH needs inside: the server, and ssh-keygen for a host key made at first start
+OPENSSH_BINARIES = ("/usr/sbin/sshd", "/usr/bin/ssh-keygen")
 BUSYBOX_APPLETS = (
     "sh", "ash", "cat", "echo", "env", "id", "ls", "ps", "sleep", "grep", "head", "tail",
     "kill", "mkdir", "rm", "true", "false", "wc", "tr", "cut", "dd", "hostname", "uname",
@@ -66,15 +78,105 @@ def build_artifacts(out: Path) -> Path:
     ):
         source = _library_path(soname)
         shutil.copy2(os.path.realpath(source), rootfs / target / soname)
-    (rootfs / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
-    (rootfs / "etc" / "group").write_text("root:x:0:\n")
-    (context / "Dockerfile").write_text(
-        "FROM scratch\n"
-        "COPY rootfs/ /\n"
-        "ENV PATH=/usr/local/bin:/usr/bin:/bin\n"
-        'CMD ["/usr/bin/gpu-workload"]\n'
+    _add_openssh(rootfs)
+    for name, script in (("lab-ssh", SSH_START), ("lab-http", HTTP_START)):
+        (rootfs / "usr" / "bin" / name).write_text(script)
+        os.chmod(rootfs / "usr" / "bin" / name, 0o755)  # noqa: S103 - a program in the image
+    (rootfs / "etc" / "passwd").write_text(
+        "root:x:0:0:root:/root:/bin/sh\n"
+        f"{SSH_USER_IN_IMAGE}:x:1000:1000:renter:/home/{SSH_USER_IN_IMAGE}:/bin/sh\n"
+    )
+    (rootfs / "etc" / "group").write_text(f"root:x:0:\n{SSH_USER_IN_IMAGE}:x:1000:\n")
+    (context / "home" / SSH_USER_IN_IMAGE).mkdir(parents=True)
+    base = "FROM scratch\nCOPY rootfs/ /\nENV PATH=/usr/local/bin:/usr/bin:/bin\n"
+    (context / "Dockerfile").write_text(base + 'CMD ["/usr/bin/gpu-workload"]\n')
+    (context / "Dockerfile.ssh").write_text(
+        base + f"COPY --chown=1000:1000 home/ /home/\nUSER 1000:1000\nEXPOSE {SSH_PORT}\n"
+        'ENTRYPOINT ["/usr/bin/lab-ssh"]\nCMD ["/usr/bin/gpu-workload"]\n'
+    )
+    (context / "Dockerfile.http").write_text(
+        base + f"EXPOSE {HTTP_PORT}\n"
+        'ENTRYPOINT ["/usr/bin/lab-http"]\nCMD ["/usr/bin/gpu-workload"]\n'
     )
     return out
+
+
+SSHD_CONFIG = f"""\
+# The lab SSH image's sshd: keys only, as the image's user, on port {SSH_PORT}.
+Port {SSH_PORT}
+PidFile none
+AuthorizedKeysFile .ssh/authorized_keys
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+PermitRootLogin no
+X11Forwarding no
+PrintMotd no
+PrintLastLog no
+UseDNS no
+Subsystem sftp internal-sftp
+"""
+# PUBLIC_KEY is what the platform passes a slice launched with an SSH key.
+SSH_START = f"""\
+#!/bin/sh
+# The lab SSH image: the renter's key from PUBLIC_KEY, a host key made at first start,
+# OpenSSH's sshd on port {SSH_PORT}, then the command (the GPU job by default).
+set -e
+mkdir -p "$HOME/.ssh"
+chmod 700 "$HOME/.ssh"
+printf '%s\\n' "${{PUBLIC_KEY:-}}" > "$HOME/.ssh/authorized_keys"
+chmod 600 "$HOME/.ssh/authorized_keys"
+[ -f "$HOME/.ssh/host_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -f "$HOME/.ssh/host_ed25519"
+/usr/sbin/sshd -f /etc/ssh/sshd_config -h "$HOME/.ssh/host_ed25519" -E /tmp/sshd.log
+echo "sshd: listening on port {SSH_PORT} for $(id -un)"
+exec "$@"
+"""
+HTTP_START = f"""\
+#!/bin/sh
+# The lab HTTP image: a small web service on port {HTTP_PORT} (a page and an
+# OpenAI-style model list), then the command (the GPU job by default).
+set -e
+mkdir -p /tmp/www/v1
+echo "<h1>gpuplatform lab service</h1><p>$(hostname)</p>" > /tmp/www/index.html
+echo '{{"object":"list","data":[{{"id":"lab-model","object":"model"}}]}}' > /tmp/www/v1/models
+httpd -p 0.0.0.0:{HTTP_PORT} -h /tmp/www
+echo "http: serving on port {HTTP_PORT}"
+exec "$@"
+"""
+
+
+def _add_openssh(rootfs: Path) -> None:
+    """OpenSSH's server and ssh-keygen from the machine's Debian packages, with the shared
+    libraries each loads (as ldd resolves them), and the server's configuration."""
+    for binary in OPENSSH_BINARIES:
+        if not os.path.exists(binary):
+            raise LabUnavailable(f"{binary} not found: install Debian's openssh-server")
+        target = rootfs / binary.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(binary, target)
+        for library in _libraries(binary):
+            copy = rootfs / library.lstrip("/")
+            if not copy.exists():
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(os.path.realpath(library), copy)
+    (rootfs / "etc" / "ssh").mkdir(parents=True, exist_ok=True)
+    (rootfs / "etc" / "ssh" / "sshd_config").write_text(SSHD_CONFIG)
+
+
+def _libraries(binary: str) -> list[str]:
+    ldd = subprocess.run(  # noqa: S603
+        ["ldd", binary],  # noqa: S607
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if ldd.returncode != 0:
+        raise LabUnavailable(f"ldd {binary} failed: {ldd.stderr.strip()}")
+    return [
+        part
+        for line in ldd.stdout.splitlines()
+        for part in line.split()
+        if part.startswith("/") and "ld-linux" not in part
+    ]
 
 
 def _library_path(soname: str) -> str:

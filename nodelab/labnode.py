@@ -18,7 +18,7 @@ from typing import Any
 
 from emulator.catalog import GpuSpec
 
-from .build import IMAGE, NODE_FILES
+from .build import IMAGES, NODE_FILES
 from .prereqs import DOCKERD, NODE_PATH, SSHD, LabUnavailable
 from .processes import (
     descendants,
@@ -245,9 +245,16 @@ class LabNode:
         )
 
     def build_image(self) -> None:
-        if self.docker("image", "inspect", IMAGE, check=False).returncode == 0:
-            return
-        self.docker("build", "--quiet", "--tag", IMAGE, str(self.build / "image"), timeout=120)
+        """The lab's images, from one context (the second and third reuse the first's
+        layer): the workload, and the SSH and HTTP stand-ins."""
+        context = self.build / "image"
+        for image, dockerfile in IMAGES.items():
+            if self.docker("image", "inspect", image, check=False).returncode == 0:
+                continue
+            self.docker(
+                "build", "--quiet", "--tag", image, "--file", str(context / dockerfile),
+                str(context), timeout=120,
+            )  # fmt: skip
 
     def sshd_config(self) -> str:
         setenv = {
@@ -509,7 +516,7 @@ class LabNode:
                 ids = self.container_ids()
                 if ids:
                     self.docker("rm", "--force", *ids, timeout=120)
-                self.docker("image", "rm", "--force", IMAGE, check=False)
+                self.docker("image", "rm", "--force", *IMAGES, check=False)
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 left.append(f"{self.name}: containers: {exc}")
         stop_process(self._procs.pop("dockerd", None), timeout=30)

@@ -243,3 +243,18 @@ def lab_fleet(settings, tmp_path, lab_pool, django_capture_on_commit_callbacks):
 def lab_image(db):  # type: ignore[no-untyped-def]
     """The lab's workload image on the allowlist (built on every lab node at start)."""
     return Image.objects.create(name="Lab workload", reference=IMAGE, ports=[22], connect="ssh")
+
+
+# --- the SSH gateway: the real server on a free loopback port, in a thread ---------------
+
+
+@pytest.fixture
+def gateway(settings, tmp_path):  # type: ignore[no-untyped-def]
+    from tests.gateway.support import GatewayThread  # noqa: PLC0415 - asyncssh only here
+
+    settings.GATEWAY_HOST_KEY_PATH = str(tmp_path / "gateway" / "host_key")
+    settings.GATEWAY_RECHECK_S = 0.5
+    gw = GatewayThread().start()
+    settings.GATEWAY_ADDRESS = f"127.0.0.1:{gw.port}"  # what slice pages tell renters
+    yield gw
+    gw.stop()

@@ -190,7 +190,18 @@ class ImageForm(forms.Form):
         help_text="Comma-separated, e.g. 22 for SSH, 8888 for Jupyter.",
     )
     connect = forms.ChoiceField(label="Tenants connect by", choices=Image.Connect.choices)
+    ssh_user = forms.CharField(
+        label="SSH user",
+        max_length=32,
+        required=False,
+        initial="root",
+        help_text="Who the image's sshd logs in with the renter's key (SSH images; root "
+        "when empty).",
+    )
     is_active = forms.BooleanField(label="Allowed", required=False, initial=True)
+
+    def clean_ssh_user(self) -> str:
+        return self.cleaned_data.get("ssh_user", "").strip() or "root"
 
     def clean_default_command(self) -> list[str]:
         return [i for i in lines(self.cleaned_data.get("default_command", "")) if i.strip()]
@@ -212,5 +223,6 @@ class ImageForm(forms.Form):
             "default_command": "\n".join(image.default_command or []),
             "ports": ", ".join(str(p) for p in image.ports or []),
             "connect": image.connect,
+            "ssh_user": image.ssh_user,
             "is_active": image.is_active,
         }

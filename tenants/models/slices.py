@@ -34,6 +34,15 @@ class Image(models.Model):
     connect = models.CharField(
         "how the tenant connects", max_length=16, choices=Connect.choices, default=Connect.SSH
     )
+    # Who the image's own sshd lets in with the renter's key (PUBLIC_KEY): the user in
+    # the `ssh -J` command a slice page gives. Many images log in as root; an image whose
+    # sshd runs as an ordinary user (as under --cap-drop ALL it must) names that user.
+    ssh_user = models.CharField(
+        "SSH user",
+        max_length=32,
+        default="root",
+        help_text="The user the image's sshd logs in with the renter's key.",
+    )
     is_active = models.BooleanField("allowed", default=True)
     # Its configuration as a node had it when ops added or changed it (a start checks
     # again on the node it runs on).
@@ -52,6 +61,11 @@ class Image(models.Model):
                 condition=Q(connect__in=["ssh", "jupyter", "service"]),
                 name="%(app_label)s_%(class)s_connect_known",
                 violation_error_message="Unknown connection kind.",
+            ),
+            models.CheckConstraint(
+                condition=Q(ssh_user__regex=r"^[a-z_][a-z0-9_-]{0,31}$"),
+                name="%(app_label)s_%(class)s_ssh_user_portable",
+                violation_error_message="An SSH user is a portable user name (a-z, 0-9, _ and -).",
             ),
         ]
 

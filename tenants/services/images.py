@@ -27,6 +27,7 @@ REFERENCE_RE = re.compile(
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._()+-]{0,63}$")
 MAX_PORTS = 8
+SSH_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")  # the portable user names of POSIX
 
 
 def _runtime_accepts(reference: str) -> bool:
@@ -83,6 +84,14 @@ def _clean(data: dict) -> dict:  # type: ignore[type-arg]
                 field="ports",
             )
         out["ports"] = sorted(set(ports))
+    if "ssh_user" in out:
+        out["ssh_user"] = out["ssh_user"].strip() if isinstance(out["ssh_user"], str) else None
+        if not out["ssh_user"] or not SSH_USER_RE.match(out["ssh_user"]):
+            raise ServiceError(
+                "SSH user: a user name of up to 32 characters (a-z, 0-9, _ and -, "
+                "starting with a letter or _).",
+                field="ssh_user",
+            )
     if "connect" in out and out["connect"] not in Image.Connect.values:
         raise ServiceError("How tenants connect: ssh, jupyter or service.", field="connect")
     connect = out.get("connect")

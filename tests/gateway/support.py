@@ -62,3 +62,51 @@ def ssh_argv(gw: GatewayThread, key: Path, tmp_path: Path, *args: str) -> list[s
         "-o", "ConnectTimeout=10", "-o", "ExitOnForwardFailure=yes",
         *args, "gpp@127.0.0.1",
     ]  # fmt: skip
+
+
+def client_config(tmp_path: Path, gw: GatewayThread, key: Path, snippet: str = "") -> Path:
+    """A renter's ~/.ssh/config: the snippet the slice page gives, then this machine's key
+    and known hosts (the gateway's key pinned as the page shows it; the container's own
+    sshd learned on first use, as a renter's client does)."""
+    known = tmp_path / "known_hosts"
+    if not known.exists():
+        host = ssh.load_or_create_platform_key(Path(settings.GATEWAY_HOST_KEY_PATH))
+        known.write_text(f"[127.0.0.1]:{gw.port} {ssh.public_key_line(host)}\n")
+    config = tmp_path / ("ssh_config_snippet" if snippet else "ssh_config")
+    config.write_text(
+        snippet + "\nHost *\n"
+        f"  IdentityFile {key}\n  IdentitiesOnly yes\n  BatchMode yes\n"
+        f"  UserKnownHostsFile {known}\n  StrictHostKeyChecking accept-new\n"
+        "  ConnectTimeout 10\n"
+    )
+    return config
+
+
+def ssh_run(config: Path, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(  # noqa: S603
+        [argv[0], "-F", str(config), *argv[1:]],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def running_slice(funded, member, image, *, public_key: str = "", command=None):  # type: ignore[no-untyped-def]
+    """A slice of `image` launched as a tenant would (4 GB for 2 h, a small job), running."""
+    from tenants import services  # noqa: PLC0415 - Django apps are ready only in tests
+    from tenants.models import Slice  # noqa: PLC0415 - as above
+    from tests.incidents.test_chaos import MODEL  # noqa: PLC0415 - as above
+
+    s, _ = services.slice_launch(
+        membership=member,
+        purchase=funded(member, vram_gb=4, hours=2),
+        image=image,
+        model_request=MODEL,
+        command=command,
+        environment={"WORKLOAD_MB": "300"},
+        ssh_public_key=public_key,
+    )
+    s.refresh_from_db()
+    assert s.state == Slice.State.RUNNING, s.state_reason
+    return s

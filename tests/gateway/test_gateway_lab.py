@@ -21,8 +21,7 @@ from tenants import services
 from tenants.models import Image, Role, Slice
 from tests.conftest import SSH_KEY
 from tests.factories import MembershipFactory
-from tests.gateway.support import GatewayThread, client_key, ssh_argv
-from tests.incidents.test_chaos import MODEL
+from tests.gateway.support import client_key, running_slice, ssh_argv
 from tests.worker_harness import wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
@@ -45,29 +44,8 @@ def http_image(db):  # type: ignore[no-untyped-def]
     )
 
 
-@pytest.fixture
-def gateway(settings, tmp_path):  # type: ignore[no-untyped-def]
-    settings.GATEWAY_HOST_KEY_PATH = str(tmp_path / "gateway" / "host_key")
-    settings.GATEWAY_RECHECK_S = 0.5
-    gw = GatewayThread().start()
-    settings.GATEWAY_ADDRESS = f"127.0.0.1:{gw.port}"  # what slice pages tell renters
-    yield gw
-    gw.stop()
-
-
 def serving(funded, image, member) -> Slice:  # type: ignore[no-untyped-def]
-    s, _ = services.slice_launch(
-        membership=member,
-        purchase=funded(member, vram_gb=4, hours=2),
-        image=image,
-        model_request=MODEL,
-        command=SERVE,
-        environment={"WORKLOAD_MB": "500"},
-        ssh_public_key=SSH_KEY,
-    )
-    s.refresh_from_db()
-    assert s.state == Slice.State.RUNNING, s.state_reason
-    return s
+    return running_slice(funded, member, image, public_key=SSH_KEY, command=SERVE)
 
 
 def free_port() -> int:

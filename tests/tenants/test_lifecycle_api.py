@@ -1179,3 +1179,38 @@ def test_viewers_do_not_see_the_jupyter_token_or_environment_values(owner_a, tok
     owner = token_client(owner_a.user).get(f"/api/v1/slices/{slice.pk}/").json()
     assert owner["connection"]["token"] == "t0ken"
     assert owner["environment"] == {"HF_TOKEN": "hf_secret"}
+
+
+@pytest.mark.parametrize(
+    "ssh_user", ["", "Root", "root; rm -rf /", "-oProxyCommand=x", "x" * 33, "$(id)", 7]
+)
+def test_an_image_ssh_user_that_is_not_a_user_name_is_a_400_naming_it(api_ops, ssh_user):  # type: ignore[no-untyped-def]
+    payload = {"name": "x", "reference": "a/b:1", "ports": [22], "ssh_user": ssh_user}
+    response = api_ops.post("/api/v1/ops/images/", payload, format="json")
+    assert response.status_code == 400, response.content
+    assert list(response.json()["fields"]) == ["ssh_user"]
+    assert not Image.objects.exists()
+
+
+def test_the_commands_a_slice_gives_log_in_as_the_images_ssh_user(settings):  # type: ignore[no-untyped-def]
+    from tenants.services.slices.provision import gateway_details  # noqa: PLC0415 - one helper
+
+    settings.GATEWAY_ADDRESS = "127.0.0.1:2222"
+    details = gateway_details(7, [22], has_sshd=True, ssh_user="renter")
+    assert details["jump"] == "ssh -J gpp@127.0.0.1:2222 renter@slice-7"
+    assert "Host slice-7\n  User renter\n  ProxyJump gpp-gateway\n" in details["ssh_config"]
+    assert gateway_details(7, [22], has_sshd=True)["jump"].endswith(" root@slice-7")
+    assert gateway_details(7, [8000], has_sshd=False)["jump"] == ""
+
+
+def test_an_image_keeps_its_ssh_user_and_the_api_shows_it(api_ops, api_a):  # type: ignore[no-untyped-def]
+    payload = {"name": "x", "reference": "a/b:1", "ports": [22], "ssh_user": "renter"}
+    created = api_ops.post("/api/v1/ops/images/", payload, format="json")
+    assert created.status_code == 201, created.content
+    assert Image.objects.get().ssh_user == "renter"
+    [listed] = api_a.get("/api/v1/images/").json()["results"]
+    assert listed["ssh_user"] == "renter"
+    default = api_ops.post(
+        "/api/v1/ops/images/", {"name": "y", "reference": "a/c:1", "ports": [22]}, format="json"
+    )
+    assert default.json()["ssh_user"] == "root"

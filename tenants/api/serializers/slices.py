@@ -39,6 +39,7 @@ class ImageSerializer(serializers.ModelSerializer):
             "default_command",
             "ports",
             "connect",
+            "ssh_user",
         ]
         read_only_fields = fields
 
@@ -75,6 +76,9 @@ class ImageWriteSerializer(StrictSerializer):
         child=serializers.IntegerField(min_value=1, max_value=65535), required=False
     )
     connect = serializers.ChoiceField(choices=Image.Connect.choices, required=False)
+    ssh_user = serializers.CharField(
+        max_length=32, required=False, help_text="The user the image's sshd logs in (root)."
+    )
     is_active = serializers.BooleanField(required=False)
 
 

@@ -17,10 +17,14 @@ from nodes.allowlist import allowlisted
 from tenants import services
 from tenants.models import Image, LedgerEntry, Membership
 
-# The allowlist a fresh demo starts with (ops edit it on /ops/images/). On the node lab
-# (make run's far end where it can start) only the lab's own workload image exists: it
-# is built on each lab node at start, and nothing can be pulled.
+# The allowlist a fresh demo starts with (ops edit it on /ops/images/): only images the
+# demo's nodes hold, since nothing can be pulled there. On the node lab (make run's far end
+# where it can start) these are built on each lab node at start: the workload, and small
+# stand-ins that do what they say (a real OpenSSH sshd, an HTTP service), each running the
+# GPU job too. The emulated far end holds any image.
 LAB_IMAGE = "gpuplatform-lab/workload:1"
+LAB_SSH_IMAGE = "gpuplatform-lab/ssh:1"
+LAB_HTTP_IMAGE = "gpuplatform-lab/http:1"
 DEMO_IMAGES = [
     {
         "name": "GPU workload (lab)",
@@ -32,24 +36,19 @@ DEMO_IMAGES = [
         "connect": Image.Connect.SERVICE,
     },
     {
-        "name": "PyTorch (SSH)",
-        "reference": "runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04",
-        "description": "PyTorch 2.4 with CUDA 12.4; its sshd takes your key from PUBLIC_KEY.",
+        "name": "SSH (lab)",
+        "reference": LAB_SSH_IMAGE,
+        "description": "OpenSSH's sshd on port 22 with your key from the launch, as user "
+        "renter, beside the lab's CUDA job: log in with ssh -J through the gateway.",
         "ports": [22],
         "connect": Image.Connect.SSH,
+        "ssh_user": "renter",
     },
     {
-        "name": "PyTorch Jupyter",
-        "reference": "pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime",
-        "description": "PyTorch 2.4 with JupyterLab; open it with its token.",
-        "default_command": ["jupyter", "lab", "--ip=0.0.0.0", "--no-browser", "--allow-root"],
-        "ports": [8888],
-        "connect": Image.Connect.JUPYTER,
-    },
-    {
-        "name": "vLLM server",
-        "reference": "vllm/vllm-openai:v0.6.3",
-        "description": "An OpenAI-compatible inference server on port 8000.",
+        "name": "HTTP service (lab)",
+        "reference": LAB_HTTP_IMAGE,
+        "description": "A small web service on port 8000 (a page and an OpenAI-style "
+        "/v1/models) beside the lab's CUDA job: open it with ssh -L through the gateway.",
         "ports": [8000],
         "connect": Image.Connect.SERVICE,
     },

@@ -40,9 +40,13 @@ def _connection_details(slice: Slice, info) -> dict:  # type: ignore[no-untyped-
     ports = dict(info.ports or {})
     out["host"] = host
     out["ports"] = {str(k): v for k, v in sorted(ports.items())}
-    declared = sorted(int(p) for p in (slice.image_entry.ports if slice.image_entry else []))
+    image = slice.image_entry
+    user = image.ssh_user if image else "root"
+    declared = sorted(int(p) for p in (image.ports if image else []))
     if declared:
-        out["gateway"] = gateway_details(slice.pk, declared, has_sshd=kind == Image.Connect.SSH)
+        out["gateway"] = gateway_details(
+            slice.pk, declared, has_sshd=kind == Image.Connect.SSH, ssh_user=user
+        )
     if node.container_network == runtime.NO_NETWORK:
         out["note"] = (
             f"Node {node.name} publishes no port: reach the slice through the platform's "
@@ -50,8 +54,8 @@ def _connection_details(slice: Slice, info) -> dict:  # type: ignore[no-untyped-
         )
     elif kind == Image.Connect.SSH and 22 in ports:
         out["port"] = ports[22]
-        out["user"] = "root"
-        out["command"] = f"ssh -p {ports[22]} root@{host}"
+        out["user"] = user
+        out["command"] = f"ssh -p {ports[22]} {user}@{host}"
     elif kind == Image.Connect.JUPYTER and 8888 in ports:
         out["url"] = f"http://{host}:{ports[8888]}/lab?token={out.get('token', '')}"
     else:
@@ -59,7 +63,9 @@ def _connection_details(slice: Slice, info) -> dict:  # type: ignore[no-untyped-
     return out
 
 
-def gateway_details(slice_id: int, ports: list[int], *, has_sshd: bool) -> dict:
+def gateway_details(
+    slice_id: int, ports: list[int], *, has_sshd: bool, ssh_user: str = "root"
+) -> dict:
     """How a renter reaches the slice through the platform's SSH gateway: a forward per
     declared port, `ssh -J` to the container's own sshd where the image has one, an
     ~/.ssh/config snippet, and the gateway's host key to pin."""
@@ -71,7 +77,7 @@ def gateway_details(slice_id: int, ports: list[int], *, has_sshd: bool) -> dict:
     ]
     config = (
         f"Host gpp-gateway\n  HostName {host}\n  Port {port}\n  User gpp\n\n"
-        f"Host {name}\n  User root\n  ProxyJump gpp-gateway\n"
+        f"Host {name}\n  User {ssh_user}\n  ProxyJump gpp-gateway\n"
     )
     return {
         "host": host,
@@ -79,7 +85,7 @@ def gateway_details(slice_id: int, ports: list[int], *, has_sshd: bool) -> dict:
         "name": name,
         "host_key_fingerprint": gateway_host_key_fingerprint(),
         "forwards": forwards,
-        "jump": f"ssh -J gpp@{host}:{port} root@{name}" if has_sshd and 22 in ports else "",
+        "jump": f"ssh -J gpp@{host}:{port} {ssh_user}@{name}" if has_sshd and 22 in ports else "",
         "ssh_config": config,
     }
 
