@@ -186,7 +186,7 @@ def test_open_streams_close_within_seconds_when_the_key_goes_or_the_slice_stops(
     services.slice_stop(slice=s, actor=owner_a.user, reason="done")
     start = time.monotonic()
     held.wait(15)
-    assert time.monotonic() - start < 10  # the stop itself waits for docker's grace
+    assert time.monotonic() - start < 5  # counted from the stop (which waited for docker)
     s.refresh_from_db()
     code, _, err = stdio(gateway, key, tmp_path, f"slice-{s.pk}:{HTTP_PORT}")
     assert code != 0 and "administratively prohibited" in err and s.state in ("stopping", "stopped")
