@@ -226,7 +226,8 @@ ERROR_CODES = _codes(
         "field",
         "A value of the wrong type or form. An integer field takes a JSON integer: a string "
         '(`"2"`), a boolean or a fraction is "A valid integer is required." (`2.0` counts as '
-        "2). Otherwise the message says what is wrong.",
+        '2); a text field takes a JSON string: a number is "Not a valid string.". Otherwise '
+        "the message says what is wrong.",
     ),
     ("invalid_choice", 400, "field", "Not one of the allowed values (the message lists them)."),
     ("does_not_exist", 400, "field", "No object with this id (among the ones you may use)."),

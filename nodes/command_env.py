@@ -79,6 +79,21 @@ _ENV_LONG_VALUE = frozenset({"unset", "chdir", "split-string", "argv0"})
 _ENV_SHORT_VALUE = frozenset("uCSaP")  # -P: BSD env's search path
 
 
+# Every argv the platform runs in a container (a launch's command, an image's default, the
+# preflight probe's) is run without a shell: $(...) and backticks there would not be
+# expanded, so they are refused in all of them alike.
+UNEXPANDED = ("$(", "`")
+UNEXPANDED_REFUSAL = (
+    "The command runs without a shell, so $(...) and backticks would not be expanded: "
+    "put the script in your image and call it instead."
+)
+
+
+def unexpanded_syntax(argv: Sequence[str]) -> bool:
+    """Whether an argument holds shell syntax that nothing would expand."""
+    return any(mark in item for item in argv for mark in UNEXPANDED)
+
+
 def command_reserved(argv: Sequence[str]) -> CommandRefusal | None:
     """The first reserved variable the command sets, unsets or clears, or None.
 

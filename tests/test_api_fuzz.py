@@ -17,8 +17,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from django.utils import timezone
 
-from incidents.models import WebhookEndpoint
+from incidents import services as incident_services
+from incidents.models import Incident, WebhookEndpoint
+from nodes import services as node_services
 from nodes import ssh
 from nodes.models import Node
 from tests.factories import make_token
@@ -89,6 +92,24 @@ def fuzz(url: str, token: str, tmp_path: Path, port: int, name: str) -> tuple[in
     return result.returncode, result.stdout + result.stderr, log
 
 
+def answers_of_every_shape(tenant, ops_user) -> None:  # type: ignore[no-untyped-def]
+    """Rows whose answers hold what a fresh database has none of, so that the fuzz's first
+    reads already meet them: nulls (an incident nobody acknowledged or resolved, one
+    reopened, a fleet-wide policy change with no node) and the tenant's own shape of an
+    incident."""
+    now = timezone.now()
+    for n, status in enumerate(("open", "resolved")):
+        incident = Incident.objects.create(
+            rule="quota_breach", target_key=f"fuzz:{n}", title="Slice over its VRAM quota",
+            severity="critical", root_cause="app_parameters", tenant=tenant,
+            first_seen_at=now, last_seen_at=now,
+        )  # fmt: skip
+        if status == "resolved":
+            incident_services.incident_resolve(incident=incident, actor=ops_user, note="fixed")
+            incident_services.incident_reopen(incident=incident, actor=ops_user, note="again")
+    node_services.node_policy_update(actor=ops_user, reason="fleet-wide", require_userns_remap=True)
+
+
 def test_the_api_survives_schema_driven_fuzzing(  # type: ignore[no-untyped-def]
     live_server, eager, settings, tmp_path, owner_a, ops_user
 ):
@@ -102,6 +123,7 @@ def test_the_api_survives_schema_driven_fuzzing(  # type: ignore[no-untyped-def]
         "DEFAULT_THROTTLE_RATES": dict.fromkeys(rates, "100000/min"),
     }
     ssh.reset_pool()
+    answers_of_every_shape(owner_a.tenant, ops_user)
     port = closed_loopback_port()
     _, tenant_token = make_token(owner_a.user)
     _, ops_token = make_token(ops_user)

@@ -11,6 +11,9 @@ whole API to one vocabulary (gpuplatform.errors.ERROR_CODES), at every depth:
   many clients. The same holds for related ids with integer primary keys. Query strings
   are text by nature: serializers that read them (`query_string = True`, or data given as
   a QueryDict) keep DRF's parsing of "2".
+- a text field takes a JSON string only: a number (`{"reason": 0}`) is `invalid` ("Not a
+  valid string."), as DRF would otherwise store it as "0". Text is text, as integers are
+  integers.
 """
 
 from functools import cache
@@ -58,6 +61,15 @@ class StrictIntegerMixin:
         return super().to_internal_value(data)  # type: ignore[misc]
 
 
+class StrictCharMixin:
+    """A CharField (or subclass: email, URL, slug, regex) that refuses JSON numbers."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, str) and not _reads_query_string(self):  # type: ignore[arg-type]
+            self.fail("invalid")  # type: ignore[attr-defined]
+        return super().to_internal_value(data)  # type: ignore[misc]
+
+
 class StrictPrimaryKeyMixin:
     """A PrimaryKeyRelatedField over an integer key takes integers the way integer fields
     do (`"2"` and `2.5` are `invalid`, where Django would look up 2)."""
@@ -90,6 +102,9 @@ def make_strict(field: serializers.Field, where: str) -> None:
     if isinstance(field, serializers.IntegerField):
         if not isinstance(field, StrictIntegerMixin):
             field.__class__ = _strict_class(type(field), StrictIntegerMixin)
+    elif isinstance(field, serializers.CharField):
+        if not isinstance(field, StrictCharMixin):
+            field.__class__ = _strict_class(type(field), StrictCharMixin)
     elif isinstance(field, serializers.PrimaryKeyRelatedField):
         if not isinstance(field, StrictPrimaryKeyMixin):
             field.__class__ = _strict_class(type(field), StrictPrimaryKeyMixin)

@@ -65,8 +65,11 @@ class OpsIncidentSerializer(serializers.ModelSerializer):
         help_text="The incident's node, or its GPU's node."
     )
     gpu_uuid = serializers.CharField(source="gpu.uuid", read_only=True, allow_null=True)
-    acknowledged_by = serializers.SlugRelatedField(slug_field="email", read_only=True)
-    resolved_by = serializers.SlugRelatedField(slug_field="email", read_only=True)
+    # null until someone acknowledges or resolves it (and again once it is reopened)
+    acknowledged_by = serializers.SlugRelatedField(
+        slug_field="email", read_only=True, allow_null=True
+    )
+    resolved_by = serializers.SlugRelatedField(slug_field="email", read_only=True, allow_null=True)
 
     class Meta:
         model = Incident

@@ -7,7 +7,7 @@ tenant's incident is a 404); each action calls one service, whose errors become
 400/403/409 in gpuplatform/api/errors.py.
 """
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import IsAuthenticated
@@ -50,6 +50,25 @@ class IsOpsOrTenantOwner(IsOpsOrTenantMember):
         return True
 
 
+def _by_who_asks(name: str, ops: type) -> PolymorphicProxySerializer:
+    """The shape an incident read answers in: ops get the ledger's, a tenant its own."""
+    return PolymorphicProxySerializer(
+        component_name=name,
+        serializers=[ops, s.TenantIncidentSerializer],
+        resource_type_field_name=None,
+    )
+
+
+@extend_schema_view(
+    list=extend_schema(
+        responses=_by_who_asks("IncidentForCaller", s.OpsIncidentSerializer),
+        description="Ops get OpsIncident rows; a tenant member gets TenantIncident rows.",
+    ),
+    retrieve=extend_schema(
+        responses=_by_who_asks("IncidentDetailForCaller", s.OpsIncidentDetailSerializer),
+        description="Ops get OpsIncidentDetail; a tenant member gets TenantIncident.",
+    ),
+)
 class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Incidents. Ops see the whole ledger, with filters by status (`unresolved` for
     every one not resolved), severity, class, rule, node, GPU, tenant and time. A tenant
@@ -63,7 +82,7 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
 
     @property
     def _ops_view(self) -> bool:
-        # The schema documents the ops shape: it is a superset of the tenant's.
+        # The schema is built with the ops filters; its answers name both shapes.
         return getattr(self, "swagger_fake_view", False) or _is_ops(self.request)
 
     @property

@@ -274,7 +274,9 @@ class NodePolicyUpdateSerializer(StrictSerializer):
 
 class NodePolicyChangeSerializer(serializers.ModelSerializer):
     changed_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    node = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    node = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, allow_null=True, help_text="null: a fleet-wide change."
+    )
 
     class Meta:
         model = NodePolicyChange

@@ -14,7 +14,7 @@ from django.utils import timezone
 from gpuplatform.dispatch import enqueue
 from gpuplatform.errors import Conflict, ServiceError
 
-from .. import allowlist, isolation, preflight, runtime
+from .. import allowlist, command_env, isolation, preflight, runtime
 from ..locks import gpu_lock, node_lock, node_policy_lock
 from ..models import Allocation, Gpu, GpuSampleRollup, Node, NodePolicy, NodePolicyChange
 from .allocations import capacity_mb
@@ -232,6 +232,8 @@ def _policy_clean(field: str, value):  # type: ignore[no-untyped-def]
                 or not all(isinstance(v, str) and v and "\0" not in v for v in value)
             ):
                 raise ValueError("the allocation command is a non-empty list of strings")
+            if command_env.unexpanded_syntax(value):
+                raise ValueError(command_env.UNEXPANDED_REFUSAL)
             return value
         if field == "require_userns_remap":
             if not isinstance(value, bool):

@@ -570,3 +570,34 @@ def test_a_quota_library_a_process_configures_from_its_environment_is_an_inciden
     incident_services.watch_sweep()
     [incident] = Incident.objects.filter(rule="quota_not_effective", node=node)
     assert "lifted its own quota from inside" in incident.evidence["detail"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("item", ["$(id)", "`id`", "x$(cat /etc/shadow)"])
+def test_the_probe_command_refuses_shell_syntax_like_every_other_command(api_ops, item):  # type: ignore[no-untyped-def]
+    """One rule for every argv the platform runs without a shell."""
+    before = list(node_services.node_policy().probe_command)
+    response = api_ops.patch(
+        "/api/v1/node-policy/",
+        {"probe_command": ["/usr/bin/gpu-workload", item], "reason": "try"},
+        format="json",
+    )
+    assert response.status_code == 400, response.content
+    [error] = response.json()["fields"]["probe_command"]
+    assert "without a shell" in error["message"]
+    assert node_services.node_policy().probe_command == before
+    assert not NodePolicyChange.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_fleet_wide_policy_change_is_documented_with_a_null_node(api_ops):  # type: ignore[no-untyped-def]
+    from drf_spectacular.generators import SchemaGenerator  # noqa: PLC0415 - schema only here
+
+    changed = api_ops.patch(
+        "/api/v1/node-policy/", {"require_userns_remap": True, "reason": "fleet"}, format="json"
+    )
+    assert changed.status_code == 200, changed.content
+    [row] = api_ops.get("/api/v1/node-policy/changes/").json()["results"]
+    assert row["node"] is None
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    assert schema["components"]["schemas"]["NodePolicyChange"]["properties"]["node"]["nullable"]

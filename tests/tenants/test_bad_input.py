@@ -65,7 +65,7 @@ def test_over_long_string_names_the_field(api_a):  # type: ignore[no-untyped-def
 @pytest.mark.parametrize(
     ("payload", "field", "code"),
     [
-        ({"name": 12}, None, None),  # DRF accepts numbers as strings: must not fail
+        ({"name": 12}, "name", "invalid"),  # text is text: a number is not a name
         ({"name": ["a"]}, "name", "invalid"),
         ({"name": {"a": 1}}, "name", "invalid"),
         ({"name": None}, "name", "null"),
@@ -174,3 +174,14 @@ def test_deeply_nested_json_is_400_not_500(api_a):  # type: ignore[no-untyped-de
     response = _post_raw(api_a, TOKENS, body)
     assert response.status_code == 400
     assert response.json()["code"] == "parse_error"
+
+
+@pytest.mark.parametrize("value", [0, 1.5, True, -7])
+def test_a_number_in_any_text_field_is_refused_not_stored_as_text(api_a, value):  # type: ignore[no-untyped-def]
+    """Every input serializer's text fields, nested lists too: a JSON number is not text."""
+    response = api_a.post(TOKENS, {"name": value}, format="json")
+    assert response.status_code == 400, response.content
+    [error] = response.json()["fields"]["name"]
+    assert error["code"] == "invalid" and error["message"] == "Not a valid string."
+    key = api_a.post("/api/v1/ssh-keys/", {"name": "k", "public_key": value}, format="json")
+    assert key.status_code == 400 and "public_key" in key.json()["fields"]

@@ -118,12 +118,8 @@ def clean_command(command) -> list[str]:  # type: ignore[no-untyped-def]
                 f"Each argument is at most {MAX_COMMAND_ITEM} characters, without NUL bytes.",
                 field="command",
             )
-        if "$(" in item or "`" in item:
-            raise ServiceError(
-                "The command runs without a shell, so $(...) and backticks would not be "
-                "expanded: put the script in your image and call it instead.",
-                field="command",
-            )
+    if command_env.unexpanded_syntax(command):
+        raise ServiceError(command_env.UNEXPANDED_REFUSAL, field="command")
     if not command[0].strip():
         raise ServiceError("The command's first argument is the program to run.", field="command")
     refused = command_env.command_reserved(command)
