@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from . import docker_cli, gpu_tools
+from . import docker_cli, docker_volumes, gpu_tools
 from .shell import ExitShell, Handler, Invocation, StdinSource
 from .state import NodeState
 
@@ -416,6 +416,7 @@ _REGISTRY: dict[str, Callable[[NodeState, Invocation], int]] = {
     "python3.10": gpu_tools.cmd_python3,
     "nvidia-smi": gpu_tools.cmd_nvidia_smi,
     "docker": docker_cli.cmd_docker,
+    "du": docker_volumes.cmd_du,
     "echo": _echo,
     "printf": _printf,
     "true": lambda n, i: 0,

@@ -3,6 +3,7 @@ reads docker's own options and hands each subcommand to the module that holds it
 
 run, create, start/restart, stop/kill, pause/unpause, rm: emulator.docker_lifecycle;
 ps, inspect, logs, port, info, version, images, image inspect, pull: emulator.docker_queries;
+volume create, ls, inspect, rm: emulator.docker_volumes;
 their flags: emulator.docker_flags; what they print: emulator.docker_formats.
 Containers are `containers.Container`s; one with a GPU runs an emulated workload whose VRAM
 follows its GPUPLATFORM_EMULATOR_PROFILE (see workload.Workload).
@@ -23,6 +24,7 @@ from .docker_queries import (
     cmd_pull,
     cmd_version,
 )
+from .docker_volumes import cmd_volume
 from .shell import Invocation
 from .state import NodeState
 
@@ -45,6 +47,7 @@ _SUBCOMMANDS = {
     "images": cmd_images,
     "pull": cmd_pull,
     "image inspect": cmd_image_inspect,
+    "volume": cmd_volume,
 }
 _CONTAINER_ALIASES = {"ls": "ps", "list": "ps"}
 

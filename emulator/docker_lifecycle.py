@@ -52,6 +52,8 @@ def cmd_run(node: NodeState, inv: Invocation, args: list[str], *, create_only: b
     image, cmd = p.positional[0], p.positional[1:]
     host_config: dict[str, Any] = {
         "Binds": p.all("volume") or None,
+        # --mount type=volume,source=<name>,target=<path>, as docker inspect shows it
+        "Mounts": [_mount(m) for m in p.all("mount")] or None,
         "NetworkMode": p.get("network", "bridge"),
         "PortBindings": {},
         "RestartPolicy": {"Name": p.get("restart", "no"), "MaximumRetryCount": 0},
@@ -500,3 +502,12 @@ def cmd_rm(node: NodeState, inv: Invocation, args: list[str]) -> int:
     if force and not p.positional:
         return 0
     return _each(node, inv, "rm", p.positional, action)
+
+
+def _mount(spec: str) -> dict[str, str]:
+    fields = dict(kv.partition("=")[::2] for kv in spec.split(","))
+    return {
+        "Type": fields.get("type", "volume"),
+        "Source": fields.get("source", fields.get("src", "")),
+        "Target": fields.get("target", fields.get("dst", fields.get("destination", ""))),
+    }

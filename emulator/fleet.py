@@ -340,6 +340,15 @@ class EmulatedNode:
         with self.state.lock:
             self.state.images = None if images is None else set(images)
 
+    def set_volume_bytes(self, name: str, size: int) -> None:
+        """What a docker volume holds, as `du` will say."""
+        with self.state.lock:
+            self.state.volume_bytes[name] = size
+
+    def volumes(self) -> dict[str, dict[str, str]]:
+        with self.state.lock:
+            return dict(self.state.volumes)
+
     def set_power_supported(self, gpu: int, supported: bool) -> None:
         with self.state.lock:
             self.state.gpus[gpu].power_supported = supported

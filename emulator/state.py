@@ -97,6 +97,8 @@ class NodeState(ContainerOps, VramAccounting, Faults):
         self.host_processes: dict[int, GpuProcess] = {}
         self.processes: list[GpuProcess] = []
         self.images: set[str] | None = None  # None: every image is present / pullable
+        self.volumes: dict[str, dict[str, str]] = {}  # docker volume name -> its labels
+        self.volume_bytes: dict[str, int] = {}  # what each holds (`du`), set by tests
         self.nvml_available = True
         self.nvml_error = "NVML Shared Library Not Found"
         self.driver_loaded = True

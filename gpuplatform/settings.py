@@ -126,6 +126,12 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "tenants:account"
 LOGOUT_REDIRECT_URL = "login"
 INVITATION_TTL_DAYS = env.int("GPUPLATFORM_INVITATION_TTL_DAYS", default=7)
+# Volumes (docs/volumes.md): the largest a tenant may create, how many, what a GB costs per
+# hour until ops set a price, and how long a volume whose storage went unpaid is kept.
+VOLUME_MAX_GB = env.int("GPUPLATFORM_VOLUME_MAX_GB", default=2000)
+VOLUMES_PER_TENANT = env.int("GPUPLATFORM_VOLUMES_PER_TENANT", default=20)
+VOLUME_PRICE_GB_HOUR = env.str("GPUPLATFORM_VOLUME_PRICE_GB_HOUR", default="0.0002")
+VOLUME_UNPAID_GRACE_DAYS = env.int("GPUPLATFORM_VOLUME_UNPAID_GRACE_DAYS", default=7)
 # Failed logins per client address in 15 minutes before further attempts are refused.
 LOGIN_FAILURE_LIMIT = env.int("GPUPLATFORM_LOGIN_FAILURE_LIMIT", default=20)
 
@@ -225,6 +231,8 @@ SPECTACULAR_SETTINGS = {
         "WebhookDeliveryStatusEnum": "incidents.models.WebhookDelivery.Status",
         "LedgerEntryKindEnum": "tenants.models.LedgerEntry.Kind",
         "CreditRequestStatusEnum": "tenants.models.CreditRequest.Status",
+        "VolumeStateEnum": "tenants.models.Volume.State",
+        "SliceStateEnum": "tenants.models.Slice.State",
     },
 }
 
@@ -345,6 +353,15 @@ CELERY_BEAT_SCHEDULE = {
         "task": "incidents.sweep",
         "schedule": 60.0,
         "options": {"expires": 60},
+    },
+    "measure-volumes": {
+        "task": "telemetry.volumes_measure_all",
+        "schedule": 60.0,
+        "options": {"expires": 60},
+    },
+    "meter-volumes": {
+        "task": "tenants.volumes_meter",
+        "schedule": crontab(minute="*/10"),
     },
     "purge-expired-invitations": {
         "task": "tenants.purge_expired_invitations",

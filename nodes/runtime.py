@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from . import isolation
+from . import isolation, volumes
 
 LABEL_OWNER = "gpuplatform.owner"
 LABEL_MANAGED = "gpuplatform.managed"
@@ -99,6 +99,8 @@ class ContainerSpec:
     mig: bool = False
     quota_library: str = ""  # the node's software VRAM-quota .so ("" = none)
     network: str = "bridge"  # the node's container network (`none`: no published ports)
+    # the tenant's volumes: (docker volume name, path in the container)
+    mounts: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -290,13 +292,21 @@ def validate_spec(spec: ContainerSpec) -> None:
         raise ValueError(
             f"quota_library must be an absolute path to a .so, not {spec.quota_library!r}"
         )
+    if not isinstance(spec.mounts, tuple) or len(spec.mounts) > volumes.MAX_MOUNTS:
+        raise ValueError(f"mounts must be a tuple of at most {volumes.MAX_MOUNTS} pairs")
+    for name, path in spec.mounts:
+        volumes.mount_arg(name, path)
+    targets = [path for _, path in spec.mounts]
+    if len(set(targets)) != len(targets):
+        raise ValueError("mounts must not share a path")
 
 
 def run_argv(spec: ContainerSpec) -> list[str]:
     """`docker run` for one slice. Raises ValueError naming the field that is wrong.
 
-    Never --privileged, host namespaces, --device, --cap-add or any mount; the GPU comes
-    only through `--gpus` (the NVIDIA Container Toolkit)."""
+    Never --privileged, host namespaces, --device, --cap-add or a bind mount: the only
+    mounts are the tenant's named volumes (`--mount type=volume`); the GPU comes only
+    through `--gpus` (the NVIDIA Container Toolkit)."""
     validate_spec(spec)
     memory = f"{spec.memory_mb}m"
     argv = [
@@ -339,6 +349,8 @@ def run_argv(spec: ContainerSpec) -> list[str]:
     # On a network without an outside (none) there is nothing to publish a port on.
     for port in spec.ports if spec.network != NO_NETWORK else ():
         argv += ["--publish", str(port)]
+    for name, path in spec.mounts:
+        argv += ["--mount", volumes.mount_arg(name, path)]
     argv.append(spec.image)
     argv += spec.command
     return argv

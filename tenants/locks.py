@@ -6,6 +6,7 @@ A transaction that needs several takes them in this order (the order of this mod
     credit request -> tenant -> its owners' memberships (by pk) -> a membership
         -> an invitation -> an API token
     tenant -> slice -> purchase
+    tenant -> volume (by pk)
     image (alone)
     a user (their SSH keys: the cap on how many) -> one of their SSH keys
 
@@ -31,6 +32,7 @@ from .models import (
     Slice,
     SshKey,
     Tenant,
+    Volume,
 )
 
 
@@ -108,3 +110,11 @@ def ssh_keys_owner_lock(user_id: int):  # type: ignore[no-untyped-def]
 def ssh_key_lock(pk: int, *, user_id: int) -> SshKey | None:
     """One of the user's SSH keys, or None (another user's, or already removed)."""
     return SshKey.objects.select_for_update().filter(pk=pk, user_id=user_id).first()
+
+
+def volume_lock(pk: int, *, tenant: Tenant | None = None) -> Volume:
+    """A volume's row; with `tenant`, only that tenant's (another's is DoesNotExist)."""
+    volumes = Volume.objects.select_for_update(of=("self",)).select_related("node", "tenant")
+    if tenant is not None:
+        volumes = volumes.for_tenant(tenant)
+    return volumes.get(pk=pk)

@@ -39,6 +39,7 @@ from .models import (
     Tenant,
     Tier,
     UsageRecord,
+    Volume,
 )
 from .money import Rate
 
@@ -258,6 +259,11 @@ def _slice_related(qs: QuerySet[Slice]) -> QuerySet[Slice]:
     return qs.select_related(
         "purchase__tier", "image_entry", "allocation__gpu__node", "tenant", "created_by"
     )
+
+
+def volume_list(*, tenant: Tenant | None) -> QuerySet[Volume]:
+    """The tenant's volumes, deleted ones included (their record stays), newest first."""
+    return Volume.objects.for_tenant(tenant).order_by("-created_at", "-id")
 
 
 def slice_list(*, tenant: Tenant | None) -> QuerySet[Slice]:

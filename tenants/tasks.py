@@ -102,3 +102,56 @@ def meter() -> dict:
 )
 def notify_members(tenant_id: int, subject: str, body: str) -> int:
     return services.members_notify_send(tenant_id=tenant_id, subject=subject, body=body)
+
+
+# --- volumes: made and removed on their node; measured per node; billed per GB-hour ---
+
+
+@shared_task(
+    name="provision.volume_create",
+    bind=True,
+    max_retries=3,
+    soft_time_limit=60,
+    time_limit=90,
+)
+def volume_create(self, volume_id: int) -> str:  # type: ignore[no-untyped-def]
+    try:
+        return services.volume_provision(volume_id=volume_id)
+    except ssh.SSHError as exc:
+        raise self.retry(exc=exc, countdown=10 * (self.request.retries + 1)) from exc
+
+
+@shared_task(
+    name="provision.volume_remove",
+    bind=True,
+    max_retries=6,
+    soft_time_limit=60,
+    time_limit=90,
+)
+def volume_remove(self, volume_id: int) -> str:  # type: ignore[no-untyped-def]
+    try:
+        return services.volume_remove(volume_id=volume_id)
+    except ssh.SSHError as exc:
+        raise self.retry(exc=exc, countdown=30 * (self.request.retries + 1)) from exc
+
+
+@shared_task(name="telemetry.volumes_measure_all", soft_time_limit=30, time_limit=45)
+def volumes_measure_all() -> int:
+    """One measuring task per node that holds ready volumes."""
+    nodes = services.volume_nodes()
+    for node_id in nodes:
+        volumes_measure.delay(node_id)
+    return len(nodes)
+
+
+@shared_task(name="telemetry.volumes_measure", soft_time_limit=60, time_limit=90)
+def volumes_measure(node_id: int) -> int:
+    try:
+        return services.volumes_measure(node_id=node_id)
+    except ssh.SSHError:
+        return 0  # the node did not answer: measured again next round
+
+
+@shared_task(name="tenants.volumes_meter", soft_time_limit=100, time_limit=120)
+def volumes_meter() -> int:
+    return services.volumes_meter()

@@ -28,6 +28,7 @@ PURE = (
     "nodes.sampler",
     "nodes.command_env",
     "nodes.relay",
+    "nodes.volumes",
     "incidents.rules",
 )
 

@@ -24,6 +24,8 @@ def _flatten(details: Any, prefix: str = "") -> dict[str, list[dict[str, str]]]:
     if isinstance(details, dict) and not {"message", "code"} <= set(details):
         for key, value in details.items():
             name = f"{prefix}.{key}" if prefix else str(key)
+            if prefix and key == "non_field_errors":  # a nested object as a whole: its path
+                name = prefix
             out.update(_flatten(value, name))
     elif isinstance(details, list):
         items = []

@@ -94,6 +94,7 @@ from .sampling import (
     samples_ingest,
     samples_rollup_and_prune,
 )
+from .volumes import volume_create, volume_remove, volume_usage_bytes
 
 __all__ = [
     "CONTAINER_START_TIMEOUT",
@@ -133,6 +134,9 @@ __all__ = [
     "container_logs_tail",
     "container_remove",
     "container_start",
+    "volume_create",
+    "volume_remove",
+    "volume_usage_bytes",
     "endpoint_for",
     "gpu_policy_set",
     "gpu_recommended_ratio",

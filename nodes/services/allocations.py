@@ -24,23 +24,26 @@ logger = logging.getLogger(__name__)
 # --- placement ----------------------------------------------------------------------------
 
 
-def _placeable_gpus(*, guaranteed: bool) -> models.QuerySet[Gpu]:
-    """GPUs a new reservation may land on (`Gpu.objects.taking_placements`)."""
+def _placeable_gpus(*, guaranteed: bool, node_id: int | None = None) -> models.QuerySet[Gpu]:
+    """GPUs a new reservation may land on (`Gpu.objects.taking_placements`), on one node
+    when `node_id` says (a slice mounting a node-local volume runs where the volume is)."""
     gpus = Gpu.objects.taking_placements()
+    if node_id is not None:
+        gpus = gpus.filter(node_id=node_id)
     if guaranteed:
         # docs/domain.md: no overcommit for work that was sold as guaranteed.
         gpus = gpus.filter(overcommit_ratio=1)
     return gpus
 
 
-def _mig_candidates(*, vram_mb: int, guaranteed: bool) -> list:  # type: ignore[type-arg]
+def _mig_candidates(*, vram_mb: int, guaranteed: bool, node_id: int | None = None) -> list:  # type: ignore[type-arg]
     """MIG-partitioned GPUs with their free devices (placement.choose picks the device)."""
     with connection.cursor() as cursor:  # most fleets have none: ask cheaply first
         cursor.execute("SELECT 1 FROM nodes_gpu WHERE mig_enabled AND present LIMIT 1")
         if cursor.fetchone() is None:
             return []
     rows = list(
-        _placeable_gpus(guaranteed=guaranteed)
+        _placeable_gpus(guaranteed=guaranteed, node_id=node_id)
         .filter(mig_enabled=True)
         .values_list(
             "pk", "vram_total_mb", "allocated_mb", "overcommit_ratio", "mig_enabled", "mig_devices"
@@ -132,7 +135,7 @@ def _try_gpu(choice, *, vram_mb: int, owner_key: str, guaranteed: bool, skip_loc
 
 @transaction.atomic(savepoint=False)  # the caller's transaction, or its own
 def allocation_reserve(
-    *, owner_key: str, vram_mb: int, guaranteed: bool = True
+    *, owner_key: str, vram_mb: int, guaranteed: bool = True, node_id: int | None = None
 ) -> Allocation | None:
     """Reserve `vram_mb` for `owner_key` on the best GPU, or return None (no capacity).
 
@@ -142,10 +145,11 @@ def allocation_reserve(
     different GPUs instead of queueing on one row; a GPU another launch holds is waited
     for only when nothing else fits. A reservation holds one GPU lock at a time (no
     deadlock), and allocated VRAM never exceeds capacity (a database constraint backs
-    this). The lock is held until the caller's transaction commits."""
+    this). The lock is held until the caller's transaction commits. With `node_id`, only
+    that node's GPUs are candidates."""
     if vram_mb <= 0:
         raise ServiceError("A reservation needs some VRAM.", field="vram_mb")
-    candidates = _mig_candidates(vram_mb=vram_mb, guaranteed=guaranteed)
+    candidates = _mig_candidates(vram_mb=vram_mb, guaranteed=guaranteed, node_id=node_id)
     busy = []
     while candidates:
         choice = choose(candidates, vram_mb)
@@ -161,16 +165,19 @@ def allocation_reserve(
         result = _try_in_savepoint(choice, vram_mb, owner_key, guaranteed, skip_locked=False)
         if result:
             return result
-    result = _reserve_software(vram_mb, owner_key, guaranteed, skip_locked=True)
+    result = _reserve_software(vram_mb, owner_key, guaranteed, skip_locked=True, node_id=node_id)
     if result is not None:
         return result
     # Everything that fits may be locked by other launches: wait for the best one, a
     # single row at a time (a scan that waits could hold rows it then skips).
     for _ in range(MAX_PLACEMENT_ATTEMPTS):
-        best = _software_fits(vram_mb, guaranteed).values_list("pk", flat=True).first()
+        fits = _software_fits(vram_mb, guaranteed, node_id=node_id)
+        best = fits.values_list("pk", flat=True).first()
         if best is None:
             return None
-        result = _reserve_software(vram_mb, owner_key, guaranteed, skip_locked=False, pk=best)
+        result = _reserve_software(
+            vram_mb, owner_key, guaranteed, skip_locked=False, pk=best, node_id=node_id
+        )
         if result is not None:
             return result
     return None
@@ -208,9 +215,11 @@ WHOLE_CARD_SQL = {
 SOLD_ROOM_SQL = {vendor: f"({cap} - allocated_mb)" for vendor, cap in _CAPACITY.items()}
 
 
-def _software_fits(vram_mb: int, guaranteed: bool) -> models.QuerySet[Gpu]:
+def _software_fits(
+    vram_mb: int, guaranteed: bool, node_id: int | None = None
+) -> models.QuerySet[Gpu]:
     return (
-        _placeable_gpus(guaranteed=guaranteed)
+        _placeable_gpus(guaranteed=guaranteed, node_id=node_id)
         .filter(mig_enabled=False)
         .annotate(room=RawSQL(ROOM_SQL[connection.vendor], ()))  # noqa: S611 - constant
         .filter(room__gte=vram_mb)
@@ -220,18 +229,18 @@ def _software_fits(vram_mb: int, guaranteed: bool) -> models.QuerySet[Gpu]:
     )
 
 
-def _reserve_software(vram_mb, owner_key, guaranteed, *, skip_locked, pk=None):  # type: ignore[no-untyped-def]
+def _reserve_software(vram_mb, owner_key, guaranteed, *, skip_locked, pk=None, node_id=None):  # type: ignore[no-untyped-def]
     """Best fit among non-MIG GPUs (or GPU `pk`), chosen and locked by one query. None:
     nothing fits (or, with skip_locked, all that fits is locked by other launches)."""
     if skip_locked:
-        gpu = _claim_best_fit(vram_mb, guaranteed)
+        gpu = _claim_best_fit(vram_mb, guaranteed, node_id)
         if gpu is None:
             return None
         return _create_allocation(
             gpu, vram_mb, owner_key, guaranteed, mig_device_uuid="", counted=True
         )
     # Waiting for a lock: a row whose room went meanwhile must not stay locked.
-    gpus = _software_fits(vram_mb, guaranteed)
+    gpus = _software_fits(vram_mb, guaranteed, node_id=node_id)
     if pk is not None:
         gpus = gpus.filter(pk=pk)
     gpus = gpus_lock(gpus)
@@ -249,13 +258,14 @@ def _reserve_software(vram_mb, owner_key, guaranteed, *, skip_locked, pk=None): 
     return allocation
 
 
-def _claim_best_fit(vram_mb: int, guaranteed: bool) -> Gpu | None:
+def _claim_best_fit(vram_mb: int, guaranteed: bool, node_id: int | None = None) -> Gpu | None:
     """The hot path of every launch, in one statement: choose the best-fit GPU that no
     other launch holds (SKIP LOCKED), lock it and count the VRAM on it. The row comes
     back locked and current, so its room is what the WHERE clause saw."""
     vendor = connection.vendor
     lock = "FOR UPDATE OF g SKIP LOCKED" if vendor == "postgresql" else ""
     only_whole = "AND g.overcommit_ratio = 1" if guaranteed else ""
+    on_node = "AND g.node_id = %s" if node_id is not None else ""
     room = ROOM_SQL[vendor]
     sql = f"""
         UPDATE nodes_gpu SET allocated_mb = allocated_mb + %s
@@ -263,6 +273,7 @@ def _claim_best_fit(vram_mb: int, guaranteed: bool) -> Gpu | None:
             SELECT g.id FROM nodes_gpu g JOIN nodes_node n ON n.id = g.node_id
             WHERE g.present AND g.accepting_placements AND NOT g.mig_enabled
               AND n.status = %s AND n.drained_at IS NULL AND n.gate_status = %s {only_whole}
+              {on_node}
               AND {room} >= %s AND {WHOLE_CARD_SQL[vendor]}
             ORDER BY {room}, g.id LIMIT 1 {lock}
         )
@@ -271,7 +282,9 @@ def _claim_best_fit(vram_mb: int, guaranteed: bool) -> Gpu | None:
     if vendor == "postgresql":  # the node's name for the slice's timeline, in one go
         sql += ", (SELECT name FROM nodes_node WHERE nodes_node.id = nodes_gpu.node_id)"
     with connection.cursor() as cursor:
-        cursor.execute(sql, [vram_mb, Node.Status.ACTIVE, GateStatus.PASSED, vram_mb, vram_mb])
+        params = [vram_mb, Node.Status.ACTIVE, GateStatus.PASSED]
+        params += [node_id] if node_id is not None else []
+        cursor.execute(sql, [*params, vram_mb, vram_mb])
         row = cursor.fetchone()
     if row is None:
         return None

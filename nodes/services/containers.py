@@ -95,6 +95,7 @@ def container_start(
     command: list[str],
     environment: dict[str, str],
     ports: list[int],
+    mounts: tuple[tuple[str, str], ...] = (),
     pool: ssh.SSHPool | None = None,
 ):
     """Start the allocation's container with its VRAM quota by the strongest layer the
@@ -139,6 +140,7 @@ def container_start(
         mig=mig,
         quota_library="" if mig else (node.capabilities or {}).get("vram_quota_library") or "",
         network=node.container_network,
+        mounts=tuple(mounts),
     )
     argv = runtime.run_argv(spec)
     # Before anything starts (the toolkit's hook runs with the image's environment at

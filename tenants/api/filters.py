@@ -13,6 +13,7 @@ from tenants.models import (
     Tenant,
     Tier,
     UsageRecord,
+    Volume,
 )
 
 
@@ -91,6 +92,12 @@ class SliceFilter(django_filters.FilterSet):
     class Meta:
         model = Slice
         fields = ["state", "purchase", "image"]
+
+
+class VolumeFilter(django_filters.FilterSet):
+    class Meta:
+        model = Volume
+        fields = ["state"]
 
 
 class OpsSliceFilter(SliceFilter):

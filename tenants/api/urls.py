@@ -1,7 +1,7 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from .views import accounts, billing, estimates, slices
+from .views import accounts, billing, estimates, slices, volumes
 
 router = SimpleRouter()
 router.register("tiers", billing.TierViewSet, basename="tier")
@@ -10,6 +10,7 @@ router.register("ssh-keys", accounts.SshKeyViewSet, basename="ssh-key")
 router.register("members", accounts.MemberViewSet, basename="member")
 router.register("purchases", billing.PurchaseViewSet, basename="purchase")
 router.register("slices", slices.SliceViewSet, basename="slice")
+router.register("volumes", volumes.VolumeViewSet, basename="volume")
 router.register("ledger", billing.LedgerViewSet, basename="ledger")
 router.register("usage", billing.UsageViewSet, basename="usage")
 router.register("images", slices.ImageViewSet, basename="image")

@@ -1,5 +1,5 @@
 """The tenants app's models, by sub-domain: accounts (tenants, people, tokens, SSH keys, audit),
-billing (tiers, purchases, credit, metering) and slices (launches and images)."""
+billing (tiers, purchases, credit, metering), slices (launches and images) and volumes."""
 
 from .accounts import (
     ApiToken,
@@ -13,8 +13,17 @@ from .accounts import (
     TenantQuerySet,
     TenantScopedQuerySet,
 )
-from .billing import CreditRate, CreditRequest, LedgerEntry, Purchase, Tier, UsageRecord
+from .billing import (
+    CreditRate,
+    CreditRequest,
+    LedgerEntry,
+    Purchase,
+    StoragePrice,
+    Tier,
+    UsageRecord,
+)
 from .slices import Image, Slice, SliceTransition
+from .volumes import SliceMount, Volume
 
 __all__ = [
     "ApiToken",
@@ -29,11 +38,14 @@ __all__ = [
     "Purchase",
     "Role",
     "Slice",
+    "SliceMount",
     "SliceTransition",
     "SshKey",
+    "StoragePrice",
     "Tenant",
     "TenantQuerySet",
     "TenantScopedQuerySet",
     "Tier",
     "UsageRecord",
+    "Volume",
 ]

@@ -149,6 +149,7 @@ class LedgerEntry(models.Model):
         PURCHASE = "purchase", "purchase"
         REFUND = "refund", "refund"
         ADJUSTMENT = "adjustment", "adjustment"
+        STORAGE = "storage", "volume storage"
 
     tenant = models.ForeignKey(
         "tenants.Tenant",
@@ -209,10 +210,11 @@ class LedgerEntry(models.Model):
             ),
             models.CheckConstraint(
                 condition=(Q(kind__in=["grant", "refund"]) & Q(amount__gt=0))
-                | (Q(kind="purchase") & Q(amount__lt=0))
+                | (Q(kind__in=["purchase", "storage"]) & Q(amount__lt=0))
                 | Q(kind="adjustment"),
                 name="%(app_label)s_%(class)s_sign_matches_kind",
-                violation_error_message="Grants and refunds add credit; purchases take it.",
+                violation_error_message="Grants and refunds add credit; purchases and "
+                "storage take it.",
             ),
         ]
 
@@ -297,6 +299,44 @@ class CreditRate(models.Model):
 
     def __str__(self) -> str:
         return f"1 credit = {self.per_credit} {self.currency}"
+
+
+class StoragePrice(models.Model):
+    """What a GB of volume costs per hour, in credits, whatever the tier, as ops set it.
+    Append-only like CreditRate: the newest row is in force (none: the default setting)."""
+
+    credits_per_gb_hour = models.DecimalField(
+        "credits per GB-hour", max_digits=12, decimal_places=6
+    )
+    set_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name="set by",
+    )
+    reason = models.CharField("reason", max_length=300)
+    created_at = models.DateTimeField("at", auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name = "storage price"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(credits_per_gb_hour__gte=0),
+                name="%(app_label)s_%(class)s_price_not_negative",
+                violation_error_message="Storage cannot pay the tenant.",
+            ),
+            models.CheckConstraint(
+                condition=~Q(reason=""),
+                name="%(app_label)s_%(class)s_reason_required",
+                violation_error_message="Say why the price changes.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.credits_per_gb_hour} credits per GB-hour"
 
 
 class CreditRequest(models.Model):

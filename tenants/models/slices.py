@@ -165,6 +165,15 @@ class Slice(models.Model):
     last_metered_at = models.DateTimeField("metered up to", null=True, blank=True)
     minutes_used = models.PositiveIntegerField("minutes metered", default=0)
     exit_code = models.IntegerField("exit code", null=True, blank=True)
+    runs = models.PositiveIntegerField(
+        "runs", default=1, help_text="1, then one more each time it is resumed."
+    )
+    terminated_at = models.DateTimeField(
+        "terminated",
+        null=True,
+        blank=True,
+        help_text="Ended for good: a terminated slice cannot be resumed (a stopped one can).",
+    )
     peak_vram_mb = models.PositiveIntegerField("measured peak VRAM (MiB)", null=True, blank=True)
 
     objects = TenantScopedQuerySet.as_manager()

@@ -52,12 +52,26 @@ from .slices.launch import (
     clean_environment,
     queue_position,
     slice_launch,
+    slice_resume,
     slices_dispatch_queue,
 )
 from .slices.provision import slice_provision
 from .slices.reconcile import container_remove_quietly, owner_is_live, slices_reconcile
 from .slices.state import ALLOWED, measured_peak_mb
 from .slices.stop import slice_finish_stop, slice_stop, slices_meter
+from .slices.terminate import slice_terminate
+from .volumes import (
+    storage_price,
+    storage_price_set,
+    volume_create,
+    volume_delete,
+    volume_meter,
+    volume_nodes,
+    volume_provision,
+    volume_remove,
+    volumes_measure,
+    volumes_meter,
+)
 
 __all__ = [
     "ALLOWED",
@@ -102,7 +116,9 @@ __all__ = [
     "slice_launch",
     "slice_meter",
     "slice_provision",
+    "slice_resume",
     "slice_stop",
+    "slice_terminate",
     "slices_dispatch_queue",
     "slices_meter",
     "slices_reconcile",
@@ -112,5 +128,15 @@ __all__ = [
     "ssh_public_key_parse",
     "tenant_create",
     "tenant_set_status",
+    "storage_price",
+    "storage_price_set",
     "tenant_sign_up",
+    "volume_create",
+    "volume_delete",
+    "volume_meter",
+    "volume_nodes",
+    "volume_provision",
+    "volume_remove",
+    "volumes_measure",
+    "volumes_meter",
 ]

@@ -378,3 +378,12 @@ def purchase_warn_if_low(*, purchase: Purchase, slice: Slice | None = None) -> b
         tenant=purchase.tenant, subject=subject + "10 minutes of time left", body=summary
     )
     return True
+
+
+def storage_charge(*, tenant: Tenant, amount: Decimal, memo: str) -> Decimal:
+    """Take up to `amount` of credit for volume storage from a locked tenant row; returns
+    what was taken (less than asked when the balance ran out: the rest is unpaid)."""
+    taken = min(amount.quantize(CENT), tenant.credit_balance)
+    if taken > 0:
+        _ledger(tenant=tenant, kind=LedgerEntry.Kind.STORAGE, amount=-taken, actor=None, memo=memo)
+    return max(taken, Decimal("0.00"))

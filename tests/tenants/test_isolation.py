@@ -11,6 +11,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
 
 from incidents.models import Incident, WebhookEndpoint
+from nodes.models import Node
 from tenants import services
 from tenants.models import (
     ApiToken,
@@ -25,6 +26,7 @@ from tenants.models import (
     Tenant,
     Tier,
     UsageRecord,
+    Volume,
 )
 from tests.factories import MembershipFactory
 from tests.tenants.ssh_material import public_line
@@ -78,7 +80,13 @@ def b_objects(owner_b, ops_user):  # type: ignore[no-untyped-def]
     )
     credit_request = services.credit_request_create(membership=owner_b, amount="5", note="b")
     ssh_key = services.ssh_key_add(user=owner_b.user, name="b-key", public_key=public_line())
+    node = Node.objects.create(name="b-node", address="10.9.0.1", host_key="k")
+    volume = Volume.objects.create(  # as a node's answer leaves it: ready
+        tenant=owner_b.tenant, node=node, name="b-volume", size_gb=5,
+        docker_name="gpp-vol-1-0123abcd", state="ready", last_metered_at=now,
+    )  # fmt: skip
     return {
+        "volume": volume,
         "ssh_key": ssh_key,
         "credit_request": credit_request,
         "incident": incident,
@@ -119,6 +127,10 @@ API_ROUTES = [
     ("get", "/api/v1/slices/{pk}/", "slice"),
     ("post", "/api/v1/slices/{pk}/stop/", "slice"),
     ("get", "/api/v1/slices/{pk}/vram/", "slice"),
+    ("post", "/api/v1/slices/{pk}/resume/", "slice"),
+    ("post", "/api/v1/slices/{pk}/terminate/", "slice"),
+    ("get", "/api/v1/volumes/{pk}/", "volume"),
+    ("post", "/api/v1/volumes/{pk}/delete/", "volume"),
     ("get", "/api/v1/ledger/{pk}/", "ledger"),
     ("get", "/api/v1/usage/{pk}/", "usage"),
     ("get", "/api/v1/incidents/{pk}/", "incident"),
@@ -159,6 +171,8 @@ def _snapshot(objs):  # type: ignore[no-untyped-def]
         WebhookEndpoint.objects.get(pk=objs["webhook"].pk).is_active,
         CreditRequest.objects.get(pk=objs["credit_request"].pk).status,
         SshKey.objects.filter(pk=objs["ssh_key"].pk).exists(),
+        Volume.objects.values_list("state").get(pk=objs["volume"].pk),
+        Slice.objects.values_list("terminated_at", "runs").get(pk=objs["slice"].pk),
     )
 
 
@@ -191,7 +205,8 @@ def test_lists_never_show_other_tenants_rows(client, api_a, owner_a, b_objects):
     for url in ("/api/v1/tokens/", "/api/v1/members/", "/api/v1/ssh-keys/"):
         body = api_a.get(url).content.decode()
         assert "beta.test" not in body and "b-token" not in body and "b-key" not in body
-    for url in ("/api/v1/purchases/", "/api/v1/slices/", "/api/v1/ledger/", "/api/v1/usage/"):
+    for url in ("/api/v1/purchases/", "/api/v1/slices/", "/api/v1/ledger/", "/api/v1/usage/",
+                "/api/v1/volumes/"):  # fmt: skip
         response = api_a.get(url)
         assert response.json()["count"] == 0, url
         assert "beta.test" not in response.content.decode()

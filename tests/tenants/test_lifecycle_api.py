@@ -483,7 +483,8 @@ BAD_LAUNCHES = [
     ("purchase id as text", {"purchase": "TEXT"}, "purchase"),
     ("model sets its own tier", {"model": {**FITS, "tier_mib": 81920}}, "model.tier_mib"),
     ("unknown field", {"privileged": True}, "privileged"),
-    ("unknown field for host mounts", {"volumes": ["/:/host"]}, "volumes"),
+    ("a host bind mount", {"volumes": ["/:/host"]}, "volumes.0"),
+    ("a host path mounted", {"volumes": [{"volume": 1, "path": "/etc"}]}, "volumes.0.volume"),
     ("guaranteed not a boolean", {"guaranteed": "perhaps"}, "guaranteed"),
     ("bad ssh key", {"ssh_public_key": "ssh-ed25519 x; reboot"}, "ssh_public_key"),
 ]

@@ -132,7 +132,7 @@ BAD = {
     "short rsa": ({"public_key": public_line("ssh-rsa", bits=1024)}, "public_key", "weak_key"),
     "dsa": ({"public_key": "ssh-dss AAAAB3NzaC1kc3M"}, "public_key", "unsupported_key_type"),
     "a file": ({"public_key": "A" * 20_000}, "public_key", "max_length"),
-    "a number": ({"public_key": 42}, "public_key", "invalid_public_key"),
+    "a number": ({"public_key": 42}, "public_key", "invalid"),  # text is text
     "unknown field": ({"user": 1}, "user", "unknown_field"),
 }
 

@@ -21,6 +21,8 @@ from tenants.models import (
 )
 from tenants.permissions import redact_for_viewers
 
+from .volumes import MountSerializer
+
 
 class ImageSerializer(serializers.ModelSerializer):
     pinned_reference = serializers.CharField(
@@ -248,6 +250,13 @@ class SliceCreateSerializer(StrictSerializer):
     )
     guaranteed = serializers.BooleanField(
         default=True, help_text="Never on an overcommitted GPU (the default)."
+    )
+    volumes = MountSerializer(
+        many=True,
+        required=False,
+        default=list,
+        help_text='Your volumes to mount, e.g. [{"volume": 3, "path": "/data"}]: the '
+        "slice then runs on their node.",
     )
 
 

@@ -12,12 +12,14 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from gpuplatform.api.errors import error_body
+from gpuplatform.errors import ServiceError
 from tenants import selectors, services
 from tenants.models import Slice
 from tenants.permissions import IsOps
 
 from .. import filters
 from ..serializers import slices as s
+from ..serializers import volumes as vs
 from .base import IDEMPOTENCY_KEY, TenantResourceMixin, idempotency_key
 
 REFUSAL = OpenApiResponse(
@@ -83,6 +85,7 @@ class SliceViewSet(
                 ssh_public_key=values["ssh_public_key"],
                 guaranteed=values["guaranteed"],
                 idempotency_key=idempotency_key(request),
+                volumes=[dict(m) for m in values["volumes"]],
             )
         except services.ServiceRefusal as exc:
             return _refusal(exc.message, exc.estimate, exc.slice.pk)
@@ -100,6 +103,45 @@ class SliceViewSet(
         data = s.SliceStopSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         services.slice_stop(slice=slice, actor=request.user, **data.validated_data)
+        return self._out(slice, status.HTTP_202_ACCEPTED)
+
+    @extend_schema(
+        request=vs.SliceResumeSerializer, responses={202: s.SliceDetailSerializer, 422: REFUSAL}
+    )
+    @action(detail=True, methods=["post"])
+    def resume(self, request, pk=None):  # type: ignore[no-untyped-def]
+        """Start a stopped slice again: the same image, command, environment, volumes and
+        tier in a new container, paid from `purchase` (of the same tier, with minutes
+        left), after the same pre-launch check (422 when it no longer fits)."""
+        slice = self.get_object()
+        data = vs.SliceResumeSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        purchase = (
+            selectors.purchase_list(tenant=self.tenant)
+            .filter(pk=data.validated_data["purchase"])
+            .first()
+        )
+        if purchase is None:
+            raise ServiceError(
+                f"No purchase {data.validated_data['purchase']} of yours.",
+                code="does_not_exist",
+                field="purchase",
+            )
+        try:
+            services.slice_resume(membership=request.membership, slice=slice, purchase=purchase)
+        except services.ServiceRefusal as exc:
+            return _refusal(exc.message, exc.estimate, slice.pk)
+        return self._out(slice, status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=vs.SliceTerminateSerializer, responses={202: s.SliceDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def terminate(self, request, pk=None):  # type: ignore[no-untyped-def]
+        """End the slice for good (stopped first if it runs): it cannot be resumed. With
+        `delete_volumes`, the volumes only it used are deleted too."""
+        slice = self.get_object()
+        data = vs.SliceTerminateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        services.slice_terminate(membership=request.membership, slice=slice, **data.validated_data)
         return self._out(slice, status.HTTP_202_ACCEPTED)
 
     @extend_schema(responses=s.SliceVramSerializer)

@@ -18,9 +18,10 @@ from gpuplatform.errors import Conflict, NotAllowed, ServiceError
 from nodes import command_env, isolation
 from nodes import services as node_services
 
-from ...locks import purchase_lock, slice_queue_head_lock
+from ...locks import purchase_lock, slice_lock, slice_queue_head_lock
 from ...models import Image, Membership, Purchase, Slice
 from ..billing import clean_idempotency_key
+from ..volumes import mounts_clean, mounts_record, slice_volume_node_id
 from .state import S, slice_record_requested, slice_transition
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -178,8 +179,11 @@ def slice_launch(
     ssh_public_key: str = "",
     guaranteed: bool = True,
     idempotency_key: str = "",
+    volumes: list[dict] | None = None,
 ) -> tuple[Slice, bool]:
-    """Check, place and queue a launch. Returns (slice, created).
+    """Check, place and queue a launch. Returns (slice, created). `volumes` mounts the
+    tenant's own volumes ([{"volume": id, "path": "/data/..."}]); the slice then runs on
+    their node.
 
     A job the estimate says will not fit its tier is recorded as refused (nothing is
     reserved) and ServiceRefusal is raised after commit, with the breakdown. A repeated
@@ -210,6 +214,7 @@ def slice_launch(
             guaranteed=guaranteed,
             key=key,
             same=same,
+            volumes=volumes,
         )
     except IntegrityError as exc:
         existing = _slice_for_key(membership, key, same) if key else None
@@ -254,6 +259,7 @@ def _slice_launch(
     guaranteed: bool,
     key: str,
     same: dict,
+    volumes: list[dict] | None = None,
 ) -> tuple[Slice, bool]:
     if not membership.can_write:
         raise NotAllowed("Viewers cannot launch slices.")
@@ -265,6 +271,7 @@ def _slice_launch(
     command = clean_command(command)
     environment = clean_environment(environment)
     ssh_public_key = clean_ssh_key(ssh_public_key, required=image.connect == Image.Connect.SSH)
+    mounts = mounts_clean(tenant=tenant, mounts=volumes)
     purchase = purchase_lock(purchase.pk, tenant=tenant)
     if key:
         # A retry that waited for the lock behind its own first attempt gets that slice.
@@ -306,6 +313,7 @@ def _slice_launch(
         estimate_mb=math.ceil(result.total_mib),
     )
     slice.save()
+    mounts_record(slice, mounts)
     slice_record_requested(slice, membership.user)
     if not result.fits:
         slice_transition(
@@ -329,7 +337,10 @@ def _place_or_queue(slice: Slice, *, actor: AbstractBaseUser | None = None) -> b
         None  # first in, first out per tier: a new launch never passes the line
         if waiting
         else node_services.allocation_reserve(
-            owner_key=slice.owner_key, vram_mb=slice.vram_mb, guaranteed=slice.guaranteed
+            owner_key=slice.owner_key,
+            vram_mb=slice.vram_mb,
+            guaranteed=slice.guaranteed,
+            node_id=slice_volume_node_id(slice),
         )
     )
     if allocation is None:
@@ -366,6 +377,77 @@ def _place_or_queue(slice: Slice, *, actor: AbstractBaseUser | None = None) -> b
     )
     enqueue("provision.slice", slice.pk)
     return True
+
+
+@transaction.atomic
+def slice_resume(*, membership: Membership, slice: Slice, purchase: Purchase) -> Slice:
+    """Start a stopped (or failed) slice again: the same image, command, environment,
+    volumes and tier, a new container, placed again (on its volumes' node), paid from
+    `purchase` (one of the tenant's of that tier with minutes left) and checked by the
+    same pre-launch estimate. Its timeline goes on across runs."""
+    if not membership.can_write:
+        raise NotAllowed("Viewers cannot resume slices.")
+    tenant = membership.tenant
+    if not tenant.is_active:
+        raise NotAllowed("This tenant is suspended.")
+    slice = slice_lock(slice.pk)
+    if slice.tenant_id != tenant.pk:
+        raise Slice.DoesNotExist
+    if slice.terminated_at is not None:
+        raise Conflict("This slice was terminated: launch a new one.", code="slice_terminated")
+    if slice.state not in (S.STOPPED, S.FAILED):
+        raise Conflict(f"Only a stopped slice can be resumed; this one is {slice.state}.",
+                       code="invalid_transition", field="state")  # fmt: skip
+    image = slice.image_entry
+    if image is None or not image.is_active:
+        raise ServiceError("This slice's image is no longer on the allowlist.", field="image")
+    purchase = purchase_lock(purchase.pk, tenant=tenant)
+    if purchase.tier.vram_mb != slice.vram_mb:
+        raise ServiceError(
+            f"This slice runs on the {slice.vram_mb // 1024} GB tier: pick a purchase of it.",
+            field="purchase",
+        )
+    if purchase.minutes_left <= 0:
+        raise Conflict(
+            "This purchase has no minutes left.", code="purchase_used_up", field="purchase"
+        )
+    if Slice.objects.filter(purchase=purchase, state__in=Slice.LIVE_STATES).exists():
+        raise Conflict("This purchase already runs a slice; stop it or buy another.",
+                       code="purchase_in_use", field="purchase")  # fmt: skip
+    unready = slice.mounts.exclude(volume__state="ready").select_related("volume").first()
+    if unready is not None:
+        raise Conflict(f"Volume {unready.volume.name} is {unready.volume.state}.",
+                       code="volume_not_ready", field="volumes")  # fmt: skip
+    result = estimator.estimate(_estimate_input(slice.model_request, slice.vram_mb))
+    if not result.fits:  # nothing changes: the slice stays stopped, resumable later
+        raise ServiceRefusal(
+            f"The job needs about {math.ceil(result.total_mib)} MiB; the tier has "
+            f"{slice.vram_mb} MiB. Nothing was reserved or charged.",
+            estimate=result.to_dict(),
+            slice=slice,
+        )
+    slice.runs += 1
+    slice.purchase = purchase
+    slice.allocation = None
+    slice.container_id = ""
+    connection = {k: v for k, v in (slice.connection or {}).items() if k in ("kind", "token")}
+    slice.connection = connection
+    slice.exit_code = slice.started_at = slice.stopped_at = slice.last_metered_at = None
+    slice.queued_at = slice.provision_started_at = None
+    slice.provision_attempts = 0
+    slice.estimate, slice.estimate_mb = result.to_dict(), math.ceil(result.total_mib)
+    reset = ("runs", "purchase", "allocation", "container_id", "connection", "exit_code",
+             "started_at", "stopped_at", "last_metered_at", "queued_at",
+             "provision_started_at", "provision_attempts", "estimate", "estimate_mb")  # fmt: skip
+    slice_transition(
+        slice,
+        S.REQUESTED,
+        f"Resumed: run {slice.runs}, paid from purchase {purchase.pk}.",
+        actor=membership.user,
+        fields=reset,
+    )
+    _place_or_queue(slice, actor=membership.user)
+    return slice
 
 
 def slices_dispatch_queue(*, limit: int = 200) -> int:

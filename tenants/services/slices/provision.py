@@ -13,6 +13,7 @@ from nodes import services as node_services
 from ...locks import slice_lock
 from ...models import Image, Slice
 from ...selectors import gateway_host_key_fingerprint
+from ..volumes import slice_mount_args
 from .state import (
     S,
     container_remove_after_commit,
@@ -121,6 +122,7 @@ def slice_provision(*, slice_id: int, final_attempt: bool = True) -> str:
             command=slice.command or (image.default_command if image else []),
             environment=_container_environment(slice),
             ports=[int(p) for p in (image.ports if image else [])],
+            mounts=slice_mount_args(slice),
         )
     except node_services.ContainerError as exc:
         return _provision_failed(slice_id, str(exc), exc.info)

@@ -30,8 +30,9 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     S.RUNNING: (S.STOPPING, S.FAILED),
     S.STOPPING: (S.STOPPED, S.FAILED),
     S.REFUSED: (),
-    S.STOPPED: (),
-    S.FAILED: (),
+    # resumed: a new container, placed again (slice_resume); a terminated one never is
+    S.STOPPED: (S.REQUESTED,),
+    S.FAILED: (S.REQUESTED,),
 }
 
 

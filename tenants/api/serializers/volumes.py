@@ -1,0 +1,57 @@
+"""Volumes in the API: a tenant's own (create, list, delete with its name as the
+confirmation), the mounts of a launch, and the resume and terminate of a slice."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from gpuplatform.api.serializers import StrictSerializer
+from nodes import volumes as node_volumes
+from tenants.models import Volume
+from tenants.services.volumes import MIB_PER_GB
+
+
+class VolumeSerializer(serializers.ModelSerializer):
+    used_gb = serializers.SerializerMethodField(
+        help_text="What it holds, in GB, as last measured (null until measured)."
+    )
+
+    class Meta:
+        model = Volume
+        fields = ["id", "name", "size_gb", "state", "state_reason", "used_gb", "used_measured_at",
+                  "created_at", "ready_at", "deleted_at", "unpaid_since"]  # fmt: skip
+        read_only_fields = fields
+
+    def get_used_gb(self, volume: Volume) -> float | None:
+        return None if volume.used_mb is None else round(volume.used_mb / MIB_PER_GB, 2)
+
+
+class VolumeCreateSerializer(StrictSerializer):
+    name = serializers.CharField(max_length=63, help_text="a-z, 0-9, '.', '_' and '-'.")
+    size_gb = serializers.IntegerField(help_text="Whole GB (the node measures what it holds).")
+
+
+class VolumeDeleteSerializer(StrictSerializer):
+    confirm = serializers.CharField(
+        max_length=63, help_text="The volume's name, typed: its files are deleted for good."
+    )
+
+
+class MountSerializer(StrictSerializer):
+    volume = serializers.IntegerField(help_text="One of your ready volumes.")
+    path = serializers.CharField(
+        max_length=200,
+        help_text=f"Where it appears: under {' or '.join(node_volumes.MOUNT_ROOTS)}.",
+    )
+
+
+class SliceResumeSerializer(StrictSerializer):
+    purchase = serializers.IntegerField(
+        help_text="One of your purchases of the slice's tier with minutes left."
+    )
+
+
+class SliceTerminateSerializer(StrictSerializer):
+    delete_volumes = serializers.BooleanField(
+        required=False, default=False, help_text="Also delete the volumes only this slice used."
+    )
