@@ -1,6 +1,6 @@
 from django.urls import path
 
-from .views import accounts, billing, estimate, slices
+from .views import accounts, billing, estimate, slices, volumes
 
 app_name = "tenants"
 
@@ -56,6 +56,8 @@ urlpatterns = [
     path("launch/", slices.launch, name="launch"),
     path("slices/<int:pk>/", slices.slice_detail, name="slice_detail"),
     path("slices/<int:pk>/stop/", slices.slice_stop, name="slice_stop"),
+    path("volumes/", volumes.volumes, name="volumes"),
+    path("volumes/<int:pk>/delete/", volumes.volume_delete, name="volume_delete"),
     path("ops/slices/", slices.ops_slices, name="ops_slices"),
     path("ops/slices/<int:pk>/stop/", slices.ops_slice_stop, name="ops_slice_stop"),
     path("ops/images/", slices.ops_images, name="ops_images"),

@@ -106,6 +106,8 @@ def b_objects(owner_b, ops_user):  # type: ignore[no-untyped-def]
 PAGE_ROUTES = [
     ("post", "/account/tokens/{pk}/revoke/", "token"),
     ("get", "/account/ssh-keys/{pk}/remove/", "ssh_key"),
+    ("get", "/volumes/{pk}/delete/", "volume"),
+    ("post", "/volumes/{pk}/delete/", "volume"),
     ("post", "/account/ssh-keys/{pk}/remove/", "ssh_key"),
     ("post", "/account/invitations/{pk}/revoke/", "invitation"),
     ("post", "/account/invitations/{pk}/resend/", "invitation"),
