@@ -35,6 +35,7 @@ from .models import (
     Membership,
     Purchase,
     Slice,
+    SliceMount,
     SshKey,
     Tenant,
     Tier,
@@ -259,6 +260,30 @@ def _slice_related(qs: QuerySet[Slice]) -> QuerySet[Slice]:
     return qs.select_related(
         "purchase__tier", "image_entry", "allocation__gpu__node", "tenant", "created_by"
     )
+
+
+def purchases_for_resume(slice: Slice) -> QuerySet[Purchase]:
+    """The tenant's purchases a stopped slice can resume on: its tier, minutes left, none
+    running another slice."""
+    busy = Slice.objects.filter(state__in=Slice.LIVE_STATES).values("purchase_id")
+    return (
+        Purchase.objects.for_tenant(slice.tenant)
+        .filter(tier__vram_mb=slice.vram_mb, minutes_left__gt=0)
+        .exclude(pk__in=busy)
+        .select_related("tier")
+        .order_by("-minutes_left", "pk")
+    )
+
+
+def volumes_only_used_by(slice: Slice) -> list[Volume]:
+    """The slice's volumes that no other slice (not terminated) has mounted."""
+    mine = SliceMount.objects.filter(slice=slice).values_list("volume_id", flat=True)
+    shared = (
+        SliceMount.objects.filter(volume_id__in=mine, slice__terminated_at__isnull=True)
+        .exclude(slice=slice)
+        .values_list("volume_id", flat=True)
+    )
+    return list(Volume.objects.filter(pk__in=mine, state=Volume.State.READY).exclude(pk__in=shared))
 
 
 def volume_list(*, tenant: Tenant | None) -> QuerySet[Volume]:

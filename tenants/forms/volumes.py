@@ -1,4 +1,5 @@
-"""The volume pages' forms: create one, and delete one by typing its name."""
+"""The volume pages' forms: create one, delete one by typing its name; resume a slice on
+a purchase of its tier, terminate one."""
 
 from django import forms
 from django.conf import settings
@@ -24,4 +25,27 @@ class VolumeDeleteForm(forms.Form):
         label="Type the volume's name to confirm",
         max_length=63,
         help_text="Its files are deleted for good.",
+    )
+
+
+class ResumeForm(forms.Form):
+    purchase = forms.ModelChoiceField(
+        label="Pay from",
+        queryset=None,
+        empty_label=None,
+        help_text="A purchase of the slice's tier with minutes left.",
+    )
+
+    def __init__(self, *args, purchases, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.fields["purchase"].queryset = purchases
+        self.fields["purchase"].label_from_instance = lambda p: (
+            f"#{p.pk}: {p.tier.name}, {p.minutes_left} of {p.minutes_total} min left"
+        )
+
+
+class TerminateForm(forms.Form):
+    confirm = forms.BooleanField(widget=forms.HiddenInput, initial=True)
+    delete_volumes = forms.BooleanField(
+        label="Also delete the volumes only this slice used", required=False
     )

@@ -1,5 +1,6 @@
 """Volume pages: the tenant's volumes with what each holds and costs, create one, delete
-one by typing its name (refused while a running slice mounts it)."""
+one by typing its name (refused while a running slice mounts it); and what volumes make
+worth having: resume a stopped slice, or terminate it for good."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from django.views.decorators.http import require_http_methods
 from gpuplatform.pages import submit
 
 from .. import selectors, services
-from ..forms.volumes import VolumeDeleteForm, VolumeForm
+from ..forms.volumes import ResumeForm, TerminateForm, VolumeDeleteForm, VolumeForm
+from ..models import Slice
 from ..permissions import member_required
 
 
@@ -60,3 +62,50 @@ def volume_delete(request: HttpRequest, pk: int) -> HttpResponse:
         {"volume": volume, "form": form},
         status=deleted.status,
     )
+
+
+def _own_slice(request: HttpRequest, pk: int) -> Slice:
+    return get_object_or_404(selectors.slice_list(tenant=request.membership.tenant), pk=pk)
+
+
+@member_required
+@require_http_methods(["GET", "POST"])
+def slice_resume(request: HttpRequest, pk: int) -> HttpResponse:
+    """GET: pick a purchase of the slice's tier; POST: start it again on it."""
+    slice = _own_slice(request, pk)
+    purchases = selectors.purchases_for_resume(slice)
+    form = ResumeForm(request.POST or None, purchases=purchases)
+    resumed = submit(
+        request,
+        form,
+        lambda data: services.slice_resume(
+            membership=request.membership, slice=slice, purchase=data["purchase"]
+        ),
+    )
+    if resumed.done:
+        messages.success(
+            request, f"Slice {slice.pk} is starting again (run {resumed.result.runs})."
+        )
+        return redirect("tenants:slice_detail", pk=slice.pk)
+    context = {"slice": slice, "form": form, "purchases": purchases}
+    return render(request, "tenants/slice_resume.html", context, status=resumed.status)
+
+
+@member_required
+@require_http_methods(["GET", "POST"])
+def slice_terminate(request: HttpRequest, pk: int) -> HttpResponse:
+    """GET asks to confirm (and whether to delete the volumes only it used); POST ends it."""
+    slice = _own_slice(request, pk)
+    form = TerminateForm(request.POST or None)
+    ended = submit(
+        request,
+        form,
+        lambda data: services.slice_terminate(
+            membership=request.membership, slice=slice, delete_volumes=data["delete_volumes"]
+        ),
+    )
+    if ended.done:
+        messages.success(request, f"Slice {slice.pk} is terminated: it cannot be resumed.")
+        return redirect("tenants:slice_detail", pk=slice.pk)
+    context = {"slice": slice, "form": form, "own_volumes": selectors.volumes_only_used_by(slice)}
+    return render(request, "tenants/slice_terminate.html", context, status=ended.status)

@@ -49,3 +49,38 @@ def test_a_viewer_sees_the_volumes_but_cannot_create_or_delete(
     volume = Volume.objects.get()
     kept = client.post(f"/volumes/{volume.pk}/delete/", {"confirm": "ckpt"})
     assert kept.status_code == 403 and Volume.objects.get().state == "ready"
+
+
+def test_a_stopped_slice_resumes_from_its_page_and_terminates_for_good(
+    eager, worker_fleet, client, owner_a, funded, image_ssh
+):  # type: ignore[no-untyped-def]
+    from tests.conftest import launch  # noqa: PLC0415 - the shared launch helper
+
+    worker_fleet()
+    first = funded(owner_a, vram_gb=4, hours=1)
+    s = launch(owner_a, first, image_ssh)
+    client.force_login(owner_a.user)
+    page = client.get(f"/slices/{s.pk}/").content.decode()
+    assert 'id="terminate-link"' in page and 'id="resume-link"' not in page
+    client.post(f"/slices/{s.pk}/stop/", {"confirm": "1"})
+    s.refresh_from_db()
+    assert s.state == "stopped"
+    page = client.get(f"/slices/{s.pk}/").content.decode()
+    assert 'id="resume-link"' in page
+
+    other_tier = funded(owner_a, vram_gb=8, hours=1)
+    form = client.get(f"/slices/{s.pk}/resume/").content.decode()
+    assert f"#{first.pk}:" in form and f"#{other_tier.pk}:" not in form  # its tier only
+    resumed = client.post(f"/slices/{s.pk}/resume/", {"purchase": first.pk})
+    assert resumed.status_code == 302
+    s.refresh_from_db()
+    assert s.state == "running" and s.runs == 2
+
+    confirm = client.get(f"/slices/{s.pk}/terminate/").content.decode()
+    assert "can never be resumed" in confirm
+    ended = client.post(f"/slices/{s.pk}/terminate/", {"confirm": "True"})
+    assert ended.status_code == 302
+    s.refresh_from_db()
+    assert s.state == "stopped" and s.terminated_at is not None
+    page = client.get(f"/slices/{s.pk}/").content.decode()
+    assert 'id="slice-terminated"' in page and 'id="resume-link"' not in page

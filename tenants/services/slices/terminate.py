@@ -10,21 +10,11 @@ from django.utils import timezone
 from gpuplatform.errors import NotAllowed
 
 from ...locks import slice_lock, volume_lock
-from ...models import Membership, Slice, SliceMount, Volume
+from ...models import Membership, Slice
+from ...selectors import volumes_only_used_by
 from ..notify import audit_event_record
 from ..volumes import volume_discard
 from .stop import slice_stop
-
-
-def volumes_only_used_by(slice: Slice) -> list[Volume]:
-    """The slice's volumes that no other slice (not terminated) has mounted."""
-    mine = SliceMount.objects.filter(slice=slice).values_list("volume_id", flat=True)
-    shared = (
-        SliceMount.objects.filter(volume_id__in=mine, slice__terminated_at__isnull=True)
-        .exclude(slice=slice)
-        .values_list("volume_id", flat=True)
-    )
-    return list(Volume.objects.filter(pk__in=mine, state=Volume.State.READY).exclude(pk__in=shared))
 
 
 @transaction.atomic
