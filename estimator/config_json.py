@@ -60,13 +60,6 @@ class _Reader:
             raise EstimatorError(f"{self.field}.{key}", exc.message, code=exc.code) from exc
 
 
-_GENERIC_KEYS = (
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "intermediate_size",
-    "vocab_size",
-)
 _TORCH_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
@@ -98,18 +91,23 @@ def model_from_config(
     if "auto_map" in data or "trust_remote_code" in data:
         notes.append("auto_map / remote code in config.json ignored: the file is read as data only")
     if family is None:
-        if all(data.get(key) is not None for key in _GENERIC_KEYS):
-            family = "generic"
-            notes.append(
-                f"unknown model_type {str(model_type)[:40]!r}: counted as a Llama-style decoder "
-                "(gated MLP, RMSNorm, no biases)"
-            )
-        else:
-            shown = "missing" if model_type is None else f"unknown model_type {model_type[:40]!r}"
-            raise EstimatorError(
-                f"{field}.model_type",
-                f"{shown}, and the config lacks the generic fields ({', '.join(_GENERIC_KEYS)})",
-            )
+        # Never a guess: counted as a Llama-style decoder, a plain MLP reads 30% high and
+        # latent attention with experts 80% low. A wrong count refuses a launch that would
+        # fit, or admits one that runs out of memory.
+        shown = "no model_type" if model_type is None else f"model_type {model_type[:40]!r}"
+        raise EstimatorError(
+            f"{field}.model_type",
+            f"{shown} is not an architecture the estimator counts exactly "
+            f"({', '.join(sorted(FAMILY_OF_MODEL_TYPE))}); give the parameter count and "
+            "shape as plain numbers instead, or the checkpoint's safetensors index",
+            code="unsupported_architecture",
+        )
+    if family == "phi" and data.get("qk_layernorm"):
+        raise EstimatorError(
+            f"{field}.qk_layernorm",
+            "Phi with per-head q/k LayerNorm is not counted exactly yet; give plain numbers",
+            code="unsupported_architecture",
+        )
     reader = _Reader(data, field)
     if family in GPT_LIKE:
         kwargs = _gpt_like(reader, family)

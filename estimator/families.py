@@ -19,6 +19,8 @@ FAMILIES = (
     "phi3",
     "gpt2",
     "gpt_bigcode",
+    "gpt_neox",
+    "phi",
     "bert",
     "roberta",
     "generic",
@@ -37,6 +39,8 @@ FAMILY_OF_MODEL_TYPE = {
     "phi3": "phi3",
     "gpt2": "gpt2",
     "gpt_bigcode": "gpt_bigcode",
+    "gpt_neox": "gpt_neox",
+    "phi": "phi",
     "bert": "bert",
     "roberta": "roberta",
     "xlm-roberta": "roberta",
@@ -77,6 +81,12 @@ FAMILY_FLAGS: dict[str, dict[str, Any]] = {
     "gemma2": {"norms_per_layer": 4},
     "gpt2": GPT_FLAGS,
     "gpt_bigcode": GPT_FLAGS,
+    # GPT-NeoX (Pythia): fused biased qkv and dense, a plain biased two-matrix MLP,
+    # LayerNorm before attention and before the MLP, an untied embed_out.
+    "gpt_neox": GPT_FLAGS,
+    # Phi-1/1.5/2: attention and MLP in parallel from one LayerNorm, biases everywhere,
+    # and a biased lm_head.
+    "phi": {**GPT_FLAGS, "norms_per_layer": 1, "lm_head_bias": True},
     "bert": ENCODER_FLAGS,
     "roberta": ENCODER_FLAGS,
 }

@@ -88,6 +88,7 @@ class ModelSpec:
     norm: str = "rmsnorm"
     norms_per_layer: int = 2
     final_norm: bool = True
+    lm_head_bias: bool = False  # a bias on the output projection (Phi)
     learned_positions: int = 0  # rows of a learned position-embedding table
     token_types: int = 0  # rows of a token-type embedding table (BERT)
     embedding_norm: bool = False
@@ -234,6 +235,7 @@ def _count(m: ModelSpec) -> ParamBreakdown:
     embeddings = m.vocab_size * h
     positions = (m.learned_positions + m.token_types) * h
     lm_head = 0 if (m.tie_word_embeddings or m.encoder_only) else m.vocab_size * h
+    lm_head += m.vocab_size if m.lm_head_bias and not m.encoder_only else 0
     pooler = h * h + h if m.pooler else 0
 
     components = {
@@ -298,6 +300,7 @@ def _validate_spec(m: ModelSpec) -> None:
         "embedding_norm",
         "pooler",
         "encoder_only",
+        "lm_head_bias",
     ):
         check_bool(getattr(m, name), f"{f}.{name}")
     check_int(m.norms_per_layer, f"{f}.norms_per_layer", minimum=0, maximum=16)

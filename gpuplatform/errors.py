@@ -286,6 +286,12 @@ ERROR_CODES = _codes(
         "The image itself sets an environment variable the platform reserves.",
     ),
     (
+        "unsupported_architecture",
+        400,
+        "field",
+        "A model architecture the estimator does not count exactly: give plain numbers.",
+    ),
+    (
         "confirmation_required",
         400,
         "field",
