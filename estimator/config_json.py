@@ -8,6 +8,7 @@ from typing import Any
 
 from .errors import EstimatorError
 from .families import (
+    CLASSIC,
     ENCODER_FLAGS,
     ENCODERS,
     FAMILY_FLAGS,
@@ -111,6 +112,8 @@ def model_from_config(
     reader = _Reader(data, field)
     if family in GPT_LIKE:
         kwargs = _gpt_like(reader, family)
+    elif family in CLASSIC:
+        kwargs = {"opt": _opt, "bloom": _bloom, "falcon": _falcon}[family](reader)
     elif family in ENCODERS:
         kwargs = _encoder(reader, family)
     else:
@@ -255,6 +258,103 @@ def _gpt_like(r: _Reader, family: str) -> dict[str, Any]:
         **GPT_FLAGS,
         "learned_positions": positions,
         "max_position_embeddings": positions,
+    }
+
+
+def _heads_of(r: _Reader, hidden_key: str, heads_key: str) -> tuple[int, int]:
+    hidden = r.int(hidden_key, "hidden_size", maximum=MAX_HIDDEN)
+    heads = r.int(heads_key, "num_heads", maximum=MAX_HEADS)
+    if hidden % heads:
+        raise EstimatorError(
+            f"{r.field}.{hidden_key}", f"{hidden} is not divisible by {heads_key} ({heads})"
+        )
+    return hidden, heads
+
+
+def _opt(r: _Reader) -> dict[str, Any]:
+    """OPT: biased attention and MLP, LayerNorm, learned positions with an offset of 2, a
+    narrower token embedding projected in and out where word_embed_proj_dim says, and a
+    final LayerNorm only when the norms come before each block."""
+    hidden, heads = _heads_of(r, "hidden_size", "num_attention_heads")
+    positions = r.int("max_position_embeddings", "max_position_embeddings", maximum=MAX_POSITIONS)
+    before = r.bool("do_layer_norm_before", "final_norm", default=True)
+    removed = read_bool(r.data, "_remove_final_layer_norm", r.field, default=False)
+    return {
+        "hidden_size": hidden,
+        "num_layers": r.int("num_hidden_layers", "num_layers", maximum=MAX_LAYERS),
+        "num_heads": heads,
+        "num_kv_heads": heads,
+        "head_dim": hidden // heads,
+        "intermediate_size": r.int("ffn_dim", "intermediate_size", maximum=MAX_INTERMEDIATE),
+        "vocab_size": r.int("vocab_size", "vocab_size", maximum=MAX_VOCAB),
+        "tie_word_embeddings": r.bool("tie_word_embeddings", "tie_word_embeddings", default=True),
+        "embed_dim": r.int("word_embed_proj_dim", "embed_dim", default=hidden, maximum=MAX_HIDDEN),
+        **GPT_FLAGS,
+        "attention_bias": r.bool("enable_bias", "attention_bias", default=True),
+        "mlp_bias": r.bool("enable_bias", "mlp_bias", default=True),
+        "final_norm": before and not removed,
+        "learned_positions": positions + 2,  # OPTLearnedPositionalEmbedding's offset
+        "max_position_embeddings": positions,
+    }
+
+
+def _bloom(r: _Reader) -> dict[str, Any]:
+    """BLOOM: ALiBi (no position table), a LayerNorm on the word embeddings, fused biased
+    qkv, a 4x plain MLP with biases, tied head."""
+    hidden, heads = _heads_of(
+        r, "n_embed" if "n_embed" in r.data else "hidden_size",
+        "n_head" if "n_head" in r.data else "num_attention_heads",
+    )  # fmt: skip
+    layers_key = "n_layer" if "n_layer" in r.data else "num_hidden_layers"
+    return {
+        "hidden_size": hidden,
+        "num_layers": r.int(layers_key, "num_layers", maximum=MAX_LAYERS),
+        "num_heads": heads,
+        "num_kv_heads": heads,
+        "head_dim": hidden // heads,
+        "intermediate_size": 4 * hidden,
+        "vocab_size": r.int("vocab_size", "vocab_size", maximum=MAX_VOCAB),
+        "tie_word_embeddings": r.bool("tie_word_embeddings", "tie_word_embeddings", default=True),
+        **GPT_FLAGS,
+        "embedding_norm": True,
+    }
+
+
+def _falcon(r: _Reader) -> dict[str, Any]:
+    """Falcon: fused qkv with one shared KV head when multi_query (whatever num_kv_heads
+    says), or num_kv_heads groups in the new decoder architecture; attention and MLP in
+    parallel from one LayerNorm (two in the new architecture); a 4x plain MLP; biases only
+    where `bias` says; ALiBi or rotary, neither with parameters; tied head."""
+    hidden, heads = _heads_of(
+        r, "hidden_size", "num_attention_heads" if "num_attention_heads" in r.data else "n_head"
+    )
+    layers_key = "num_hidden_layers" if "num_hidden_layers" in r.data else "n_layer"
+    new = read_bool(r.data, "new_decoder_architecture", r.field, default=False)
+    multi_query = read_bool(r.data, "multi_query", r.field, default=True)
+    parallel = read_bool(r.data, "parallel_attn", r.field, default=True)
+    if new:
+        kv_heads = r.int("num_kv_heads", "num_kv_heads", default=heads, maximum=MAX_HEADS)
+        norms = read_int(r.data, "num_ln_in_parallel_attn", r.field, default=2, maximum=2)
+    else:
+        kv_heads = 1 if multi_query else heads
+        norms = 1 if parallel else 2
+    bias = r.bool("bias", "attention_bias", default=False)
+    return {
+        "hidden_size": hidden,
+        "num_layers": r.int(layers_key, "num_layers", maximum=MAX_LAYERS),
+        "num_heads": heads,
+        "num_kv_heads": kv_heads,
+        "head_dim": hidden // heads,
+        "intermediate_size": r.int(
+            "ffn_hidden_size", "intermediate_size", default=4 * hidden, maximum=MAX_INTERMEDIATE
+        ),
+        "vocab_size": r.int("vocab_size", "vocab_size", maximum=MAX_VOCAB),
+        "tie_word_embeddings": r.bool("tie_word_embeddings", "tie_word_embeddings", default=True),
+        "attention_bias": bias,
+        "mlp_bias": bias,
+        "gated_mlp": False,
+        "norm": "layernorm",
+        "norms_per_layer": norms,
     }
 
 

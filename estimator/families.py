@@ -21,6 +21,9 @@ FAMILIES = (
     "gpt_bigcode",
     "gpt_neox",
     "phi",
+    "opt",
+    "bloom",
+    "falcon",
     "bert",
     "roberta",
     "generic",
@@ -41,13 +44,20 @@ FAMILY_OF_MODEL_TYPE = {
     "gpt_bigcode": "gpt_bigcode",
     "gpt_neox": "gpt_neox",
     "phi": "phi",
+    "opt": "opt",
+    "bloom": "bloom",
+    "falcon": "falcon",
+    "RefinedWeb": "falcon",  # the first Falcon checkpoints' model types
+    "RefinedWebModel": "falcon",
     "bert": "bert",
     "roberta": "roberta",
     "xlm-roberta": "roberta",
 }
 
 # Family defaults, from each family's transformers config class and modeling code.
-TIED_BY_DEFAULT = {"gemma", "gemma2", "gpt2", "gpt_bigcode"}
+TIED_BY_DEFAULT = {"gemma", "gemma2", "gpt2", "gpt_bigcode", "opt", "bloom", "falcon"}
+# Decoders whose config names fields their own way, read by their own reader.
+CLASSIC = {"opt", "bloom", "falcon"}
 GPT_LIKE = {"gpt2", "gpt_bigcode"}
 ENCODERS = {"bert", "roberta"}
 

@@ -89,6 +89,8 @@ class ModelSpec:
     norms_per_layer: int = 2
     final_norm: bool = True
     lm_head_bias: bool = False  # a bias on the output projection (Phi)
+    # OPT: token embeddings narrower than the model, projected in and out (None: hidden)
+    embed_dim: int | None = None
     learned_positions: int = 0  # rows of a learned position-embedding table
     token_types: int = 0  # rows of a token-type embedding table (BERT)
     embedding_norm: bool = False
@@ -232,15 +234,18 @@ def _count(m: ModelSpec) -> ParamBreakdown:
     norms += norm_size if m.final_norm else 0
     norms += norm_size if m.embedding_norm else 0
 
-    embeddings = m.vocab_size * h
+    width = m.embed_dim or h
+    embeddings = m.vocab_size * width
+    projections = 2 * width * h if width != h else 0  # in to the model's width, and back
     positions = (m.learned_positions + m.token_types) * h
-    lm_head = 0 if (m.tie_word_embeddings or m.encoder_only) else m.vocab_size * h
+    lm_head = 0 if (m.tie_word_embeddings or m.encoder_only) else m.vocab_size * width
     lm_head += m.vocab_size if m.lm_head_bias and not m.encoder_only else 0
     pooler = h * h + h if m.pooler else 0
 
     components = {
         "embeddings": embeddings,
         "position_embeddings": positions,
+        "projections": projections,
         "attention": attention,
         "mlp": mlp,
         "experts": experts,

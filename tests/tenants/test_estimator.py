@@ -437,7 +437,7 @@ def test_config_json_of_an_architecture_not_counted_exactly_is_refused_not_guess
     """A Llama-shaped guess was 31% high for GPT-NeoX before it was modelled, 30% high for
     Phi-2 and 83% low for DeepSeek-V2-Lite: an unknown model_type is refused, naming it."""
     config = json.loads(_fixture("llama-3.1-8b.config.json"))
-    for model_type in ("my_llama_fork", "deepseek_v2", "olmo", "falcon", "mamba"):
+    for model_type in ("my_llama_fork", "deepseek_v2", "olmo", "jamba", "mamba"):
         config["model_type"] = model_type
         with pytest.raises(EstimatorError) as refused:
             model_from_config_json(json.dumps(config))
@@ -480,6 +480,52 @@ def test_gpt_neox_and_phi_are_counted_exactly(config: dict, exact: int) -> None:
     assert param_count(model) == exact
     assert not model.gated_mlp  # a plain two-matrix MLP, not a gated one
     assert model.kv_bytes_per_token(2) == 2 * model.hidden_size * 2 * model.num_layers
+
+
+OPT_125M = {
+    "model_type": "opt", "hidden_size": 768, "num_hidden_layers": 12,
+    "num_attention_heads": 12, "ffn_dim": 3072, "vocab_size": 50272,
+    "max_position_embeddings": 2048, "word_embed_proj_dim": 768,
+    "do_layer_norm_before": True, "enable_bias": True, "torch_dtype": "float16",
+}  # fmt: skip
+BLOOM_560M = {
+    "model_type": "bloom", "n_embed": 1024, "n_layer": 24, "num_attention_heads": 16,
+    "vocab_size": 250880, "n_inner": None, "offset_alibi": 100,
+}  # fmt: skip
+FALCON_7B = {
+    "model_type": "falcon", "hidden_size": 4544, "num_hidden_layers": 32,
+    "num_attention_heads": 71, "num_kv_heads": 71, "multi_query": True,
+    "parallel_attn": True, "new_decoder_architecture": False, "bias": False,
+    "alibi": False, "vocab_size": 65024, "torch_dtype": "bfloat16",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("config", "exact"),
+    [
+        (OPT_125M, 125_239_296),
+        # OPT-350M: 512-wide embeddings projected in and out, norms after each block
+        ({**OPT_125M, "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+          "ffn_dim": 4096, "word_embed_proj_dim": 512, "do_layer_norm_before": False},
+         331_196_416),
+        (BLOOM_560M, 559_214_592),
+        (FALCON_7B, 6_921_720_704),
+    ],
+    ids=["opt-125m", "opt-350m", "bloom-560m", "falcon-7b"],
+)  # fmt: skip
+def test_opt_bloom_and_falcon_are_counted_exactly(config: dict, exact: int) -> None:
+    assert param_count(model_from_config_json(json.dumps(config))) == exact
+
+
+def test_falcon_multi_query_caches_one_kv_head_whatever_num_kv_heads_says() -> None:
+    falcon = model_from_config_json(json.dumps(FALCON_7B))
+    assert falcon.num_kv_heads == 1
+    assert falcon.kv_bytes_per_token(2) == 2 * 64 * 2 * 32  # k and v, one 64-wide head
+    grouped = model_from_config_json(
+        json.dumps({**FALCON_7B, "new_decoder_architecture": True, "num_kv_heads": 8,
+                    "multi_query": False, "num_attention_heads": 64, "hidden_size": 4096})
+    )  # fmt: skip
+    assert grouped.num_kv_heads == 8 and grouped.norms_per_layer == 2
 
 
 def test_phi_with_per_head_qk_layernorm_is_refused() -> None:
