@@ -286,6 +286,12 @@ ERROR_CODES = _codes(
         "The image itself sets an environment variable the platform reserves.",
     ),
     (
+        "interruptible_training",
+        400,
+        "field",
+        "Training cannot run on interruptible hours (they may be preempted).",
+    ),
+    (
         "unsupported_architecture",
         400,
         "field",

@@ -283,6 +283,9 @@ TENANT_ADVICE = {
     "out of service for new work; relaunch to move to a healthy GPU.",
     "node_unreachable": "The machine your slice runs on stopped answering. You are not "
     "charged while it is down.",
+    "slice_preempted": "Your interruptible slice's GPU ran short of memory, so it was "
+    "stopped with its grace period to checkpoint. Its volumes are kept: resume it when you "
+    "like, or use guaranteed hours for work that must not stop.",
 }
 # What the tenant is told when the alarm opens, where it differs from what happened in
 # the end (a breach gets a sample of grace before the stop).

@@ -32,6 +32,7 @@ DRAIN_GPU = "drain_gpu"  # hardware fault: no placements, tenants told
 THROTTLE = "throttle"
 UNTHROTTLE = "unthrottle"
 END_ORPHAN = "end_orphan"
+PREEMPT = "preempt"  # an interruptible slice stopped with its grace period, to be resumed
 NOTIFY_TENANTS = "notify_tenants"
 
 # Xids that mean the GPU itself is in trouble (NVIDIA's Xid catalogue): 13/31/43 are
@@ -96,6 +97,8 @@ class SliceView:
     used_mb: int = 0  # the sum of its processes now
     over_quota_streak: int = 0  # consecutive samples over quota, this one included
     throttled: bool = False
+    interruptible: bool = False  # bought at the discount: preempted when its card is short
+    started_at: float = 0.0  # when it started (a timestamp): the newest is preempted first
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,14 @@ MINOR_UNITS = {"JPY": 0, "KRW": 0}
 CENT = Decimal("0.01")
 
 
+def round_half_up(amount: Decimal | int | float | str, places: int = 2) -> Decimal:
+    """The one rounding rule for an amount shown or charged (credits, money, a price, a
+    cost so far): half up to `places` decimals, 0.005 -> 0.01. Only a refund rounds down
+    (`Purchase.refund_due`): it must never return more than is left."""
+    quantum = Decimal(1).scaleb(-places)
+    return Decimal(str(amount)).quantize(quantum, rounding=ROUND_HALF_UP)
+
+
 @dataclass(frozen=True)
 class Rate:
     currency: str = DEFAULT_CURRENCY
@@ -35,8 +43,7 @@ class Rate:
 
     def value(self, credits: Decimal | int | float | str) -> Decimal:
         """Money for an amount of credits, rounded half-up to the currency's minor unit."""
-        quantum = Decimal(1).scaleb(-self.places)
-        return (Decimal(str(credits)) * self.per_credit).quantize(quantum, rounding=ROUND_HALF_UP)
+        return round_half_up(Decimal(str(credits)) * self.per_credit, self.places)
 
     def format_value(self, credits: Decimal | int | float | str) -> str:
         amount = self.value(credits)
@@ -49,7 +56,7 @@ class Rate:
 
 def credits_text(credits: Decimal | int | float | str) -> str:
     """Credits always with two decimals: "12.50 credits", "1.00 credit"."""
-    amount = Decimal(str(credits)).quantize(CENT, rounding=ROUND_HALF_UP)
+    amount = round_half_up(credits)
     unit = "credit" if abs(amount) == 1 else "credits"
     return f"{amount:,} {unit}"
 

@@ -30,6 +30,7 @@ PURE = (
     "nodes.relay",
     "nodes.volumes",
     "incidents.rules",
+    "incidents.preemption",
 )
 
 

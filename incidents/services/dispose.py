@@ -32,7 +32,7 @@ E = IncidentEvent.Kind
 BREAKER_REASON = "VRAM breaker"
 HARDWARE_REASON = "Hardware fault"  # the GPU stays drained while its reason says so
 # Actions that talk to a node: done by a task on the incidents queue.
-REMOTE_ACTIONS = (rules.STOP_SLICE, rules.END_ORPHAN, rules.THROTTLE)
+REMOTE_ACTIONS = (rules.STOP_SLICE, rules.END_ORPHAN, rules.THROTTLE, rules.PREEMPT)
 
 
 def finding_act(incident: Incident | None, f: rules.Finding, now: datetime) -> None:
@@ -243,6 +243,9 @@ def incident_dispose(*, incident_id: int, action: str, evidence: dict) -> str:
     incident = Incident.objects.select_related("slice", "gpu__node").get(pk=incident_id)
     if action == rules.STOP_SLICE and incident.slice_id:
         return _stop_offender(incident, evidence)
+    if action == rules.PREEMPT and incident.slice_id:
+        # docker stop with the grace period: the job gets SIGTERM and time to checkpoint
+        return _stop_offender(incident, evidence, force=False)
     if action == rules.END_ORPHAN and incident.gpu_id:
         return _end_orphan(incident, evidence)
     if action in (rules.THROTTLE, rules.UNTHROTTLE) and incident.slice_id:
@@ -250,16 +253,16 @@ def incident_dispose(*, incident_id: int, action: str, evidence: dict) -> str:
     return "nothing to do"
 
 
-def _stop_offender(incident: Incident, evidence: dict | None = None) -> str:
+def _stop_offender(incident: Incident, evidence: dict | None = None, *, force: bool = True) -> str:
     s = incident.slice
     if s is None or s.is_final:
         return "already stopped"
     reason = _stop_reason(incident, evidence or {})
     if s.state != Slice.State.STOPPING:
-        tenant_services.slice_stop(slice=s, actor=None, reason=reason, force=True)
+        tenant_services.slice_stop(slice=s, actor=None, reason=reason, force=force)
     # A retry finds it stopping: finish removing the container (raising if the node
     # will not), never release the VRAM while the offender may still hold it.
-    state = tenant_services.slice_finish_stop(slice_id=s.pk, force=True)
+    state = tenant_services.slice_finish_stop(slice_id=s.pk, force=force)
     with transaction.atomic():
         incident = incident_lock(incident.pk)
         incident_mitigate(
@@ -293,6 +296,13 @@ def _stop_reason(incident: Incident, evidence: dict) -> str:
             "MiB, so memory was taken around the quota (a statically linked program, or "
             "device access that bypasses CUDA). Run jobs linked against the CUDA driver "
             "library."
+        )
+    if incident.rule == "slice_preempted":
+        return (
+            f"Preempted: this interruptible slice's GPU reached {ev.get('percent')}% of its "
+            "memory, so the newest interruptible slices on it were stopped (each with its "
+            "grace period to checkpoint). Its volumes are kept: resume it when you like, or "
+            "buy guaranteed hours for work that must not stop."
         )
     if incident.rule == "idle_slice":
         return (

@@ -26,7 +26,7 @@ from nodes.models import Gpu, GpuSample, ProcessSample
 from nodes.telemetry import GpuReading
 from tenants.models import Slice
 
-from .. import rules
+from .. import preemption, rules
 from ..locks import thresholds_lock
 from ..models import GpuWatch, Incident, IncidentEvent, SliceWatch, Thresholds
 from ..notify import incident_notify
@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 E = IncidentEvent.Kind
 # Done once per incident, not again on every repeat of the finding (a stop is asked for
 # again while the slice still runs: its task is idempotent, and a lost one is retried).
-ONE_SHOT_ACTIONS = (rules.NOTIFY_TENANTS, rules.DRAIN_GPU, rules.END_ORPHAN)
+ONE_SHOT_ACTIONS = (rules.NOTIFY_TENANTS, rules.DRAIN_GPU, rules.END_ORPHAN, rules.PREEMPT)
 
 
 @transaction.atomic
@@ -107,6 +107,7 @@ def watch_batch(batch: SampleBatch) -> dict[str, int]:
         batch, procs_by_gpu, owners, watches, readings, flagged, th=th
     )
     findings += process_findings
+    findings += _preemptions(batch, owners, th)
     # The common case on a healthy fleet is that no card needs a card-level rule: the
     # GPU rows are read only for those that do (and for nodes that reported an Xid).
     gpus = _gpu_rows(
@@ -184,6 +185,8 @@ def _slice_rules(
             used_mb=used,
             over_quota_streak=streak,
             throttled=watch.throttled_at is not None,
+            interruptible=row["interruptible"],
+            started_at=row["started"],
         )
         owners[row["cid"]] = view
         findings += rules.quota_breach(view, th)
@@ -196,6 +199,32 @@ def _slice_rules(
             last_active_at=now, idle_warned_at=None
         )
     return findings, owners, active_ids
+
+
+def _preemptions(
+    batch: SampleBatch, owners: dict[str, rules.SliceView], th: rules.Thresholds
+) -> list[rules.Finding]:
+    """Interruptible slices to preempt on the cards at or over the warning line."""
+    by_gpu: dict[int, list[rules.SliceView]] = {}
+    for view in owners.values():
+        if view.interruptible:
+            by_gpu.setdefault(view.gpu_id, []).append(view)
+    if not by_gpu:
+        return []  # the common case: no interruptible slice runs on these nodes
+    out: list[rules.Finding] = []
+    for r in batch.gpu_samples:
+        on_card = by_gpu.get(r.gpu_id)
+        if not on_card:
+            continue
+        gpu = rules.GpuView(
+            gpu_id=r.gpu_id,
+            node_id=on_card[0].node_id,
+            uuid=batch.gpu_uuids.get(r.gpu_id, ""),
+            total_mb=r.memory_total_mb,
+            used_mb=r.memory_used_mb,
+        )
+        out += preemption.preemptions(gpu, on_card, th)
+    return out
 
 
 def _sample_rules(
@@ -398,6 +427,8 @@ def live_slices(*, node_ids: list[int] | None = None):  # type: ignore[no-untype
             "allocation__gpu_id",
             "allocation__gpu__node_id",
             "allocation__mig_device_uuid",
+            "purchase__interruptible",
+            "started_at",
         )
     )
     known = {r["container_id"] for r in rows if r["container_id"]}
@@ -410,6 +441,8 @@ def live_slices(*, node_ids: list[int] | None = None):  # type: ignore[no-untype
             "gpu_id": r["allocation__gpu_id"],
             "node_id": r["allocation__gpu__node_id"],
             "mig": bool(r["allocation__mig_device_uuid"]),
+            "interruptible": bool(r["purchase__interruptible"]),
+            "started": r["started_at"].timestamp() if r["started_at"] else 0.0,
         }
         for r in rows
         if r["state"] == Slice.State.RUNNING and r["container_id"]

@@ -24,12 +24,17 @@ logger = logging.getLogger(__name__)
 # --- placement ----------------------------------------------------------------------------
 
 
-def _placeable_gpus(*, guaranteed: bool, node_id: int | None = None) -> models.QuerySet[Gpu]:
+def _placeable_gpus(
+    *, guaranteed: bool, node_id: int | None = None, interruptible: bool = False
+) -> models.QuerySet[Gpu]:
     """GPUs a new reservation may land on (`Gpu.objects.taking_placements`), on one node
     when `node_id` says (a slice mounting a node-local volume runs where the volume is)."""
     gpus = Gpu.objects.taking_placements()
     if node_id is not None:
         gpus = gpus.filter(node_id=node_id)
+    if interruptible:
+        # only what an overcommitted card sells beyond its memory: preempted when it is short
+        gpus = gpus.filter(overcommit_ratio__gt=1, mig_enabled=False)
     if guaranteed:
         # docs/domain.md: no overcommit for work that was sold as guaranteed.
         gpus = gpus.filter(overcommit_ratio=1)
@@ -135,7 +140,12 @@ def _try_gpu(choice, *, vram_mb: int, owner_key: str, guaranteed: bool, skip_loc
 
 @transaction.atomic(savepoint=False)  # the caller's transaction, or its own
 def allocation_reserve(
-    *, owner_key: str, vram_mb: int, guaranteed: bool = True, node_id: int | None = None
+    *,
+    owner_key: str,
+    vram_mb: int,
+    guaranteed: bool = True,
+    node_id: int | None = None,
+    interruptible: bool = False,
 ) -> Allocation | None:
     """Reserve `vram_mb` for `owner_key` on the best GPU, or return None (no capacity).
 
@@ -146,10 +156,17 @@ def allocation_reserve(
     for only when nothing else fits. A reservation holds one GPU lock at a time (no
     deadlock), and allocated VRAM never exceeds capacity (a database constraint backs
     this). The lock is held until the caller's transaction commits. With `node_id`, only
-    that node's GPUs are candidates."""
+    that node's GPUs are candidates; `interruptible` ones land only on overcommitted,
+    non-MIG GPUs."""
     if vram_mb <= 0:
         raise ServiceError("A reservation needs some VRAM.", field="vram_mb")
-    candidates = _mig_candidates(vram_mb=vram_mb, guaranteed=guaranteed, node_id=node_id)
+    if interruptible and guaranteed:
+        raise ServiceError("An interruptible reservation is not guaranteed.", field="guaranteed")
+    candidates = (
+        []
+        if interruptible
+        else _mig_candidates(vram_mb=vram_mb, guaranteed=guaranteed, node_id=node_id)
+    )
     busy = []
     while candidates:
         choice = choose(candidates, vram_mb)
@@ -165,19 +182,27 @@ def allocation_reserve(
         result = _try_in_savepoint(choice, vram_mb, owner_key, guaranteed, skip_locked=False)
         if result:
             return result
-    result = _reserve_software(vram_mb, owner_key, guaranteed, skip_locked=True, node_id=node_id)
+    result = _reserve_software(
+        vram_mb,
+        owner_key,
+        guaranteed,
+        skip_locked=True,
+        node_id=node_id,
+        interruptible=interruptible,
+    )
     if result is not None:
         return result
     # Everything that fits may be locked by other launches: wait for the best one, a
     # single row at a time (a scan that waits could hold rows it then skips).
     for _ in range(MAX_PLACEMENT_ATTEMPTS):
-        fits = _software_fits(vram_mb, guaranteed, node_id=node_id)
+        fits = _software_fits(vram_mb, guaranteed, node_id=node_id, interruptible=interruptible)
         best = fits.values_list("pk", flat=True).first()
         if best is None:
             return None
         result = _reserve_software(
-            vram_mb, owner_key, guaranteed, skip_locked=False, pk=best, node_id=node_id
-        )
+            vram_mb, owner_key, guaranteed, skip_locked=False, pk=best, node_id=node_id,
+            interruptible=interruptible,
+        )  # fmt: skip
         if result is not None:
             return result
     return None
@@ -216,10 +241,10 @@ SOLD_ROOM_SQL = {vendor: f"({cap} - allocated_mb)" for vendor, cap in _CAPACITY.
 
 
 def _software_fits(
-    vram_mb: int, guaranteed: bool, node_id: int | None = None
+    vram_mb: int, guaranteed: bool, node_id: int | None = None, interruptible: bool = False
 ) -> models.QuerySet[Gpu]:
     return (
-        _placeable_gpus(guaranteed=guaranteed, node_id=node_id)
+        _placeable_gpus(guaranteed=guaranteed, node_id=node_id, interruptible=interruptible)
         .filter(mig_enabled=False)
         .annotate(room=RawSQL(ROOM_SQL[connection.vendor], ()))  # noqa: S611 - constant
         .filter(room__gte=vram_mb)
@@ -229,18 +254,20 @@ def _software_fits(
     )
 
 
-def _reserve_software(vram_mb, owner_key, guaranteed, *, skip_locked, pk=None, node_id=None):  # type: ignore[no-untyped-def]
+def _reserve_software(  # type: ignore[no-untyped-def]
+    vram_mb, owner_key, guaranteed, *, skip_locked, pk=None, node_id=None, interruptible=False
+):
     """Best fit among non-MIG GPUs (or GPU `pk`), chosen and locked by one query. None:
     nothing fits (or, with skip_locked, all that fits is locked by other launches)."""
     if skip_locked:
-        gpu = _claim_best_fit(vram_mb, guaranteed, node_id)
+        gpu = _claim_best_fit(vram_mb, guaranteed, node_id, interruptible)
         if gpu is None:
             return None
         return _create_allocation(
             gpu, vram_mb, owner_key, guaranteed, mig_device_uuid="", counted=True
         )
     # Waiting for a lock: a row whose room went meanwhile must not stay locked.
-    gpus = _software_fits(vram_mb, guaranteed, node_id=node_id)
+    gpus = _software_fits(vram_mb, guaranteed, node_id=node_id, interruptible=interruptible)
     if pk is not None:
         gpus = gpus.filter(pk=pk)
     gpus = gpus_lock(gpus)
@@ -258,7 +285,9 @@ def _reserve_software(vram_mb, owner_key, guaranteed, *, skip_locked, pk=None, n
     return allocation
 
 
-def _claim_best_fit(vram_mb: int, guaranteed: bool, node_id: int | None = None) -> Gpu | None:
+def _claim_best_fit(
+    vram_mb: int, guaranteed: bool, node_id: int | None = None, interruptible: bool = False
+) -> Gpu | None:
     """The hot path of every launch, in one statement: choose the best-fit GPU that no
     other launch holds (SKIP LOCKED), lock it and count the VRAM on it. The row comes
     back locked and current, so its room is what the WHERE clause saw."""
@@ -266,6 +295,8 @@ def _claim_best_fit(vram_mb: int, guaranteed: bool, node_id: int | None = None) 
     lock = "FOR UPDATE OF g SKIP LOCKED" if vendor == "postgresql" else ""
     only_whole = "AND g.overcommit_ratio = 1" if guaranteed else ""
     on_node = "AND g.node_id = %s" if node_id is not None else ""
+    if interruptible:
+        on_node += " AND g.overcommit_ratio > 1"
     room = ROOM_SQL[vendor]
     sql = f"""
         UPDATE nodes_gpu SET allocated_mb = allocated_mb + %s

@@ -7,6 +7,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 
+from ..money import round_half_up
 from .accounts import TenantScopedQuerySet
 
 
@@ -21,6 +22,11 @@ class Tier(models.Model):
     price_per_hour = models.DecimalField("price per hour (credits)", max_digits=8, decimal_places=2)
     is_active = models.BooleanField("on sale", default=True)
     description = models.CharField("description", max_length=200, blank=True)
+    interruptible_discount_pct = models.PositiveSmallIntegerField(
+        "interruptible discount (%)",
+        default=50,
+        help_text="Off the price for interruptible hours: their slices may be preempted.",
+    )
 
     class Meta:
         ordering = ["vram_mb"]
@@ -41,10 +47,22 @@ class Tier(models.Model):
                 name="%(app_label)s_%(class)s_price_non_negative",
                 violation_error_message="A price cannot be negative.",
             ),
+            models.CheckConstraint(
+                condition=Q(interruptible_discount_pct__lte=90),
+                name="%(app_label)s_%(class)s_discount_at_most_90",
+                violation_error_message="An interruptible discount is at most 90%.",
+            ),
         ]
 
     def __str__(self) -> str:
         return self.name
+
+    def price_of(self, hours: int, *, interruptible: bool = False) -> Decimal:
+        """What `hours` of this tier cost, in credits; interruptible ones at the discount."""
+        price = self.price_per_hour * hours
+        if interruptible:
+            price = price * (100 - self.interruptible_discount_pct) / 100
+        return round_half_up(price)
 
     @property
     def vram_gb(self) -> int:
@@ -69,6 +87,12 @@ class Purchase(models.Model):
         "tenants.Tier", on_delete=models.PROTECT, related_name="purchases", verbose_name="tier"
     )
     hours = models.PositiveIntegerField("hours")
+    interruptible = models.BooleanField(
+        "interruptible",
+        default=False,
+        help_text="Bought at the tier's interruptible discount: its slices run only on "
+        "overcommitted GPUs and are preempted when the card runs short of memory.",
+    )
     price_paid = models.DecimalField("price paid", max_digits=12, decimal_places=2)
     minutes_total = models.PositiveIntegerField("minutes bought")
     minutes_left = models.PositiveIntegerField("minutes left")

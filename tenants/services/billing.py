@@ -19,6 +19,8 @@ from nodes.models import Node
 
 from ..locks import purchase_lock, tenant_lock
 from ..models import LedgerEntry, Membership, Purchase, Slice, Tenant, Tier, UsageRecord
+from ..money import money_text
+from ..selectors import credit_rate_current
 from .notify import audit_event_record, members_notify
 
 MAX_PURCHASE_HOURS = 720
@@ -147,7 +149,7 @@ def _credit_grant(
         tenant=tenant,
         actor=actor,
         action="credit.grant",
-        summary=f"{amount} credits granted: {memo}",
+        summary=f"{money_text(amount, credit_rate_current())} granted: {memo}",
         data={"ledger_entry": entry.pk},
     )
     return entry
@@ -164,9 +166,15 @@ def clean_idempotency_key(key: str) -> str:
 
 
 def purchase_create(
-    *, membership: Membership, tier: Tier, hours: int, idempotency_key: str = ""
+    *,
+    membership: Membership,
+    tier: Tier,
+    hours: int,
+    idempotency_key: str = "",
+    interruptible: bool = False,
 ) -> tuple[Purchase, bool]:
-    """Buy `hours` of `tier` at its current price. Returns (purchase, created).
+    """Buy `hours` of `tier` at its current price (less the tier's interruptible discount
+    when `interruptible`: its slices may then be preempted). Returns (purchase, created).
 
     A repeated idempotency key returns the first purchase (created False) and charges
     nothing; the same key with a different tier or hours is a conflict."""
@@ -176,7 +184,10 @@ def purchase_create(
         if existing is not None:
             return existing, False
     try:
-        return _purchase_create(membership=membership, tier=tier, hours=hours, key=key), True
+        made = _purchase_create(
+            membership=membership, tier=tier, hours=hours, key=key, interruptible=interruptible
+        )
+        return made, True
     except IntegrityError:
         # Two requests with one key raced: the other one won and charged once.
         existing = (
@@ -199,7 +210,9 @@ def _purchase_for_key(tenant: Tenant, key: str, *, tier: Tier, hours: int) -> Pu
 
 
 @transaction.atomic
-def _purchase_create(*, membership: Membership, tier: Tier, hours: int, key: str) -> Purchase:
+def _purchase_create(
+    *, membership: Membership, tier: Tier, hours: int, key: str, interruptible: bool = False
+) -> Purchase:
     if not membership.can_write:
         raise NotAllowed("Viewers cannot buy.")
     if (
@@ -218,11 +231,12 @@ def _purchase_create(*, membership: Membership, tier: Tier, hours: int, key: str
     tenant = tenant_lock(membership.tenant_id)
     if not tenant.is_active:
         raise NotAllowed("This tenant is suspended.")
-    price = (tier.price_per_hour * hours).quantize(CENT)
+    price = tier.price_of(hours, interruptible=interruptible)
     purchase = Purchase.objects.create(
         tenant=tenant,
         tier=tier,
         hours=hours,
+        interruptible=bool(interruptible),
         price_paid=price,
         minutes_total=hours * 60,
         minutes_left=hours * 60,
@@ -242,7 +256,7 @@ def _purchase_create(*, membership: Membership, tier: Tier, hours: int, key: str
         tenant=tenant,
         actor=membership.user,
         action="purchase.create",
-        summary=f"Bought {tier.name} for {hours} h ({price} credits)",
+        summary=f"Bought {tier.name} for {hours} h: {money_text(price, credit_rate_current())}",
         data={"purchase": purchase.pk},
     )
     return purchase
@@ -283,7 +297,7 @@ def purchase_refund(*, purchase: Purchase, actor: AbstractBaseUser, memo: str = 
         tenant=tenant,
         actor=actor,
         action="purchase.refund",
-        summary=f"{summary}: {amount} credits",
+        summary=f"{summary}: {money_text(amount, credit_rate_current())}",
         data={"purchase": purchase.pk, "minutes": minutes, "amount": str(amount)},
     )
     members_notify(
@@ -291,7 +305,8 @@ def purchase_refund(*, purchase: Purchase, actor: AbstractBaseUser, memo: str = 
         subject=f"Purchase {purchase.pk} refunded",
         body=(
             f"Ops refunded purchase {purchase.pk} ({purchase.tier.name} x {purchase.hours} h): "
-            f"its {minutes} unused minutes came back as {amount} credits. It used "
+            f"its {minutes} unused minutes came back as "
+            f"{money_text(amount, credit_rate_current())}. It used "
             f"{purchase.minutes_used} minutes."
             + (f"\n\nTheir note: {memo.strip()}" if memo.strip() else "")
         ),

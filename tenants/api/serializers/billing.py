@@ -28,6 +28,9 @@ from tenants.services.credit import MAX_PER_CREDIT, MIN_PER_CREDIT
 
 class TierSerializer(serializers.ModelSerializer):
     vram_gb = serializers.IntegerField(read_only=True)
+    interruptible_price_per_hour = serializers.SerializerMethodField(
+        help_text="An interruptible hour: the price less the tier's interruptible discount."
+    )
 
     class Meta:
         model = Tier
@@ -40,10 +43,15 @@ class TierSerializer(serializers.ModelSerializer):
             "host_ram_mb",
             "pids_limit",
             "price_per_hour",
+            "interruptible_discount_pct",
+            "interruptible_price_per_hour",
             "is_active",
             "description",
         ]
         read_only_fields = fields
+
+    def get_interruptible_price_per_hour(self, tier: Tier) -> Decimal:
+        return tier.price_of(1, interruptible=True)
 
 
 class PurchaseSerializer(serializers.ModelSerializer):
@@ -64,6 +72,7 @@ class PurchaseSerializer(serializers.ModelSerializer):
             "tier_name",
             "vram_mb",
             "hours",
+            "interruptible",
             "price_paid",
             "minutes_total",
             "minutes_left",
@@ -89,6 +98,12 @@ class OpsPurchaseSerializer(PurchaseSerializer):
 class PurchaseCreateSerializer(StrictSerializer):
     tier = serializers.PrimaryKeyRelatedField(queryset=Tier.objects.all())
     hours = serializers.IntegerField(min_value=1, max_value=services.MAX_PURCHASE_HOURS)
+    interruptible = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="At the tier's interruptible discount: its slices run on overcommitted GPUs "
+        "only and are preempted (stopped with notice, volumes kept) when the card runs short.",
+    )
 
 
 class LedgerEntrySerializer(serializers.ModelSerializer):

@@ -287,7 +287,10 @@ def _slice_launch(
     # a 409), without a query of its own on every launch.
     tier = purchase.tier
     request = _estimate_input(model_request, tier.vram_mb)
-    if request.training:
+    if purchase.interruptible:
+        _refuse_training_if_interruptible(request)
+        guaranteed = False  # preempted when its card runs short: never a guarantee
+    elif request.training:
         guaranteed = True  # docs/domain.md: never overcommit training jobs
     connection: dict = {"kind": image.connect}
     if image.connect == Image.Connect.JUPYTER:
@@ -328,6 +331,16 @@ def _slice_launch(
     return slice, True
 
 
+def _refuse_training_if_interruptible(request) -> None:  # type: ignore[no-untyped-def]
+    if request.training:
+        raise ServiceError(
+            "Training needs hours that are not preempted: interruptible hours run inference "
+            "and batch jobs that can stop and resume. Use a purchase of guaranteed hours.",
+            code="interruptible_training",
+            field="purchase",
+        )
+
+
 def _place_or_queue(slice: Slice, *, actor: AbstractBaseUser | None = None) -> bool:
     """Reserve VRAM for a requested or queued slice: provisioning (after commit) or queued."""
     waiting = slice.state == S.REQUESTED and (
@@ -341,6 +354,7 @@ def _place_or_queue(slice: Slice, *, actor: AbstractBaseUser | None = None) -> b
             vram_mb=slice.vram_mb,
             guaranteed=slice.guaranteed,
             node_id=slice_volume_node_id(slice),
+            interruptible=slice.purchase.interruptible,
         )
     )
     if allocation is None:
@@ -418,7 +432,10 @@ def slice_resume(*, membership: Membership, slice: Slice, purchase: Purchase) ->
     if unready is not None:
         raise Conflict(f"Volume {unready.volume.name} is {unready.volume.state}.",
                        code="volume_not_ready", field="volumes")  # fmt: skip
-    result = estimator.estimate(_estimate_input(slice.model_request, slice.vram_mb))
+    request = _estimate_input(slice.model_request, slice.vram_mb)
+    if purchase.interruptible:
+        _refuse_training_if_interruptible(request)
+    result = estimator.estimate(request)
     if not result.fits:  # nothing changes: the slice stays stopped, resumable later
         raise ServiceRefusal(
             f"The job needs about {math.ceil(result.total_mib)} MiB; the tier has "
@@ -428,6 +445,7 @@ def slice_resume(*, membership: Membership, slice: Slice, purchase: Purchase) ->
         )
     slice.runs += 1
     slice.purchase = purchase
+    slice.guaranteed = not purchase.interruptible and (request.training or slice.guaranteed)
     slice.allocation = None
     slice.container_id = ""
     connection = {k: v for k, v in (slice.connection or {}).items() if k in ("kind", "token")}
@@ -436,8 +454,8 @@ def slice_resume(*, membership: Membership, slice: Slice, purchase: Purchase) ->
     slice.queued_at = slice.provision_started_at = None
     slice.provision_attempts = 0
     slice.estimate, slice.estimate_mb = result.to_dict(), math.ceil(result.total_mib)
-    reset = ("runs", "purchase", "allocation", "container_id", "connection", "exit_code",
-             "started_at", "stopped_at", "last_metered_at", "queued_at",
+    reset = ("runs", "purchase", "guaranteed", "allocation", "container_id", "connection",
+             "exit_code", "started_at", "stopped_at", "last_metered_at", "queued_at",
              "provision_started_at", "provision_attempts", "estimate", "estimate_mb")  # fmt: skip
     slice_transition(
         slice,
