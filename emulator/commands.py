@@ -362,6 +362,23 @@ def _command_v(node: NodeState, inv: Invocation) -> int:
     return status
 
 
+UTIL_LINUX_VERSION = "2.37.2"  # Ubuntu 22.04's, like the rest of the emulated host
+
+
+def _nsenter(node: NodeState, inv: Invocation) -> int:
+    """util-linux's nsenter: its version; entering a namespace is not emulated (the
+    gateway's relay runs against the node lab)."""
+    args = inv.argv[1:]
+    if args[:1] in (["--version"], ["-V"]):
+        inv.out(f"nsenter from util-linux {UTIL_LINUX_VERSION}\n")
+        return 0
+    if not args or args[0] in ("--help", "-h"):
+        inv.out("\nUsage:\n nsenter [options] [<program> [<argument>...]]\n")
+        return 0 if args else 1
+    inv.err("nsenter: [emulator] entering namespaces is not emulated on this node\n")
+    return 1
+
+
 def _kill(node: NodeState, inv: Invocation) -> int:
     pids = [a for a in inv.argv[1:] if not a.startswith("-")]
     if inv.argv[1:2] == ["-s"]:
@@ -460,10 +477,12 @@ _REGISTRY: dict[str, Callable[[NodeState, Invocation], int]] = {
     "command": _command_v,
     "which": _command_v,
     "kill": _kill,
+    "nsenter": _nsenter,
 }
 
 
 def lookup(node: NodeState, name: str) -> Handler | None:
+    path = name
     if "/" in name:
         for d in BIN_DIRS:
             if name.startswith(d) and "/" not in name[len(d) :]:
@@ -471,6 +490,8 @@ def lookup(node: NodeState, name: str) -> Handler | None:
                 break
         else:
             return _no_such_file(name)
+    if name in node.missing_tools:
+        return _no_such_file(path) if path != name else None
     fn = _REGISTRY.get(name)
     if fn is None:
         return None

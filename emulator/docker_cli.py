@@ -2,7 +2,8 @@
 reads docker's own options and hands each subcommand to the module that holds it.
 
 run, create, start/restart, stop/kill, pause/unpause, rm: emulator.docker_lifecycle;
-ps, inspect, logs, port, info, version, images, image inspect, pull: emulator.docker_queries;
+ps, inspect, logs, port, info, version, image inspect, pull: emulator.docker_queries;
+images (image ls) with --format: emulator.docker_image_list;
 volume create, ls, inspect, rm: emulator.docker_volumes;
 their flags: emulator.docker_flags; what they print: emulator.docker_formats.
 Containers are `containers.Container`s; one with a GPU runs an emulated workload whose VRAM
@@ -12,10 +13,10 @@ follows its GPUPLATFORM_EMULATOR_PROFILE (see workload.Workload).
 from __future__ import annotations
 
 from .docker_formats import DOCKER_VERSION
+from .docker_image_list import cmd_image_ls
 from .docker_lifecycle import cmd_pause, cmd_rm, cmd_run, cmd_start, cmd_stop
 from .docker_queries import (
     cmd_image_inspect,
-    cmd_images,
     cmd_info,
     cmd_inspect,
     cmd_logs,
@@ -44,7 +45,7 @@ _SUBCOMMANDS = {
     "port": cmd_port,
     "info": cmd_info,
     "version": cmd_version,
-    "images": cmd_images,
+    "images": cmd_image_ls,
     "pull": cmd_pull,
     "image inspect": cmd_image_inspect,
     "volume": cmd_volume,

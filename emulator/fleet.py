@@ -91,6 +91,7 @@ class EmulatedNode:
             self.state.host_processes.clear()
             self.state.processes = []
             self.state.images = None
+            self.state.missing_tools = set(self.state.spec.extra.get("missing_tools", ()))
             self.state.quota_library_config = self.state.spec.quota_library_config
             self.state.nvml_available = True
             self.state.driver_loaded = True
@@ -334,6 +335,11 @@ class EmulatedNode:
                 if c.used_mb < int(want if cap is None else min(want, cap)):
                     short.append(c.id)
             return sorted(short)
+
+    def set_missing_tools(self, names: list[str]) -> None:
+        """Programs the node lacks from now on (its shell: "command not found")."""
+        with self.state.lock:
+            self.state.missing_tools = set(names)
 
     def set_images(self, images: list[str] | None) -> None:
         """Images the node has / can pull (None: any image)."""

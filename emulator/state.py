@@ -71,6 +71,9 @@ class NodeState(ContainerOps, VramAccounting, Faults):
         self.runc_package = spec.extra.get("runc_package", "runc")
         # dockerd runs containers in a remapped user namespace (userns-remap)
         self.userns_remap = bool(spec.extra.get("userns_remap", False))
+        # programs this node does not have (its shell says "command not found"): e.g.
+        # "nsenter" or "python3", which the SSH gateway's relay runs
+        self.missing_tools: set[str] = set(spec.extra.get("missing_tools", ()))
         # False: the library is installed but does not enforce (not loaded by the hook)
         self.quota_library_enforces = True
         # catalog.QUOTA_FROM_NODE or QUOTA_FROM_ENVIRONMENT (tests change it)

@@ -34,6 +34,51 @@ RELAY_CONNECT_TIMEOUT_S = 10.0
 CHUNK = 65536
 
 
+class PidCache:
+    """The host PID of each slice's container, by container id, for a short while
+    (GATEWAY_PID_CACHE_S): a stream that opens again skips the `docker inspect` round trip
+    to the node. An entry goes when it ages out, when the relay could not enter the
+    namespace or found the PID in another process (the container restarted or went), and
+    when the slice's container id changes (another container: another key)."""
+
+    def __init__(self, ttl_s: float | None = None, clock=time.monotonic):  # type: ignore[no-untyped-def]
+        self.ttl_s = settings.GATEWAY_PID_CACHE_S if ttl_s is None else ttl_s
+        self.clock = clock
+        self._pids: dict[str, tuple[int, float]] = {}  # container id -> (pid, read at)
+        self._containers: dict[int, str] = {}  # slice id -> its container id last seen
+        self.hits = self.misses = 0
+
+    def get(self, slice_id: int, container_id: str) -> int | None:
+        old = self._containers.get(slice_id)
+        if old is not None and old != container_id:
+            self._pids.pop(old, None)  # the slice runs another container now
+        self._containers[slice_id] = container_id
+        entry = self._pids.get(container_id)
+        if entry is None or self.clock() - entry[1] >= self.ttl_s:
+            self._pids.pop(container_id, None)
+            self.misses += 1
+            return None
+        self.hits += 1
+        return entry[0]
+
+    def put(self, container_id: str, pid: int) -> None:
+        if self.ttl_s > 0:
+            self._pids[container_id] = (pid, self.clock())
+            if len(self._pids) > PID_CACHE_MAX:
+                oldest = min(self._pids, key=lambda k: self._pids[k][1])
+                self._pids.pop(oldest, None)
+
+    def forget(self, container_id: str) -> None:
+        self._pids.pop(container_id, None)
+
+
+PID_CACHE_MAX = 10_000
+
+
+class LostContainer(OSError):
+    """The relay could not use the PID it was given: it is not the container's now."""
+
+
 @dataclass(eq=False)  # each stream is itself, kept in a set
 class Stream:
     identity: access.Identity
@@ -111,6 +156,7 @@ class Gateway:
     def __init__(self, *, host_key: asyncssh.SSHKey, client_key: asyncssh.SSHKey):
         self.host_key = host_key
         self.nodes = Nodes(client_key)
+        self.pids = PidCache()
         self.streams: set[Stream] = set()
         self.per_user: Counter[int] = Counter()
         self.per_slice: Counter[int] = Counter()
@@ -198,30 +244,9 @@ class Gateway:
             )
             log.info("gateway: refused %s to %s:%s: %s", identity.label, destination, port, exc)
             raise asyncssh.ChannelOpenError(PROHIBITED, str(exc)) from None
-        node = None
         try:
-            lookup = await self.nodes.acquire(target.endpoint)
-            try:
-                pid_run = await lookup.conn.run(
-                    shlex.join(relay.pid_argv(target.container_id)), timeout=10
-                )
-            finally:
-                self.nodes.release(lookup)
-            pid = int(str(pid_run.stdout or "0").strip() or 0)
-            if pid_run.exit_status != 0 or pid <= 0:
-                raise OSError(f"the container of slice {target.slice_id} is not running")
-            node = await self.nodes.acquire(target.endpoint)
-            writer, reader, errors = await node.conn.open_session(
-                shlex.join(relay.relay_argv(pid, port)), encoding=None
-            )
-            first = await asyncio.wait_for(reader.readline(), RELAY_CONNECT_TIMEOUT_S)
-            if first != relay.CONNECTED:
-                detail = (await asyncio.wait_for(errors.read(500), 2)).decode(errors="replace")
-                writer.close()
-                raise OSError(detail.strip() or f"nothing listens on port {port}")
+            node, reader, writer = await self._connect_relay(target, port)
         except (TimeoutError, OSError, asyncssh.Error, ValueError) as exc:
-            if node is not None:
-                self.nodes.release(node)
             reason = f"slice {target.slice_id} port {port}: {str(exc) or type(exc).__name__}"
             await _db(
                 access.audit_refused,
@@ -245,6 +270,62 @@ class Gateway:
         self.per_slice[target.slice_id] += 1
         log.info("gateway: %s opened %s:%s", identity.label, destination, port)
         return SSHTCPStreamSession(lambda r, w: self._bridge(stream, r, w, reader, writer, node))
+
+    async def _container_pid(self, target: access.Target) -> int:
+        """The host PID of the slice's container's first process, asked of the node."""
+        lookup = await self.nodes.acquire(target.endpoint)
+        try:
+            pid_run = await lookup.conn.run(
+                shlex.join(relay.pid_argv(target.container_id)), timeout=10
+            )
+        finally:
+            self.nodes.release(lookup)
+        pid = int(str(pid_run.stdout or "0").strip() or 0)
+        if pid_run.exit_status != 0 or pid <= 0:
+            raise OSError(f"the container of slice {target.slice_id} is not running")
+        return pid
+
+    async def _connect_relay(self, target: access.Target, port: int):  # type: ignore[no-untyped-def]
+        """The relay's session into the container's port: (node connection, reader,
+        writer). The PID comes from the cache when it holds one; a PID the relay finds
+        is not the container's any more is forgotten and read again, once."""
+        pid = self.pids.get(target.slice_id, target.container_id)
+        cached = pid is not None
+        if pid is None:
+            pid = await self._container_pid(target)
+            self.pids.put(target.container_id, pid)
+        try:
+            return await self._start_relay(target, pid, port)
+        except LostContainer:
+            self.pids.forget(target.container_id)
+            if not cached:
+                raise
+        pid = await self._container_pid(target)
+        self.pids.put(target.container_id, pid)
+        try:
+            return await self._start_relay(target, pid, port)
+        except LostContainer:
+            self.pids.forget(target.container_id)
+            raise
+
+    async def _start_relay(self, target: access.Target, pid: int, port: int):  # type: ignore[no-untyped-def]
+        check = target.container_id if relay.checkable(target.container_id) else ""
+        node = await self.nodes.acquire(target.endpoint)
+        try:
+            writer, reader, errors = await node.conn.open_session(
+                shlex.join(relay.relay_argv(pid, port, check)), encoding=None
+            )
+            first = await asyncio.wait_for(reader.readline(), RELAY_CONNECT_TIMEOUT_S)
+            if first != relay.CONNECTED:
+                detail = (await asyncio.wait_for(errors.read(500), 2)).decode(errors="replace")
+                writer.close()
+                if relay.lost_the_container(detail):
+                    raise LostContainer(detail.strip())
+                raise OSError(detail.strip() or f"nothing listens on port {port}")
+        except BaseException:
+            self.nodes.release(node)
+            raise
+        return node, reader, writer
 
     async def _bridge(self, stream, client_r, client_w, node_r, node_w, node):  # type: ignore[no-untyped-def]
         async def pump(src, dst, count: str) -> None:  # type: ignore[no-untyped-def]

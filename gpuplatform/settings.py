@@ -269,7 +269,15 @@ GATEWAY_CHANNELS_PER_SLICE = env.int("GPUPLATFORM_GATEWAY_CHANNELS_PER_SLICE", d
 GATEWAY_IDLE_TIMEOUT_S = env.int("GPUPLATFORM_GATEWAY_IDLE_TIMEOUT_S", default=900)
 # how often open streams are checked against the slice, the key and the membership
 GATEWAY_RECHECK_S = env.float("GPUPLATFORM_GATEWAY_RECHECK_S", default=2.0)
+# how long the gateway remembers a container's host PID (0: asks the node at every open)
+GATEWAY_PID_CACHE_S = env.float("GPUPLATFORM_GATEWAY_PID_CACHE_S", default=30.0)
 
+# Whether the nodes can pull an image they do not hold from its registry: "yes", "no", or
+# "" (not known). The launch page says so beside an image no node holds.
+_PULL_WORDS = {"1": "yes", "true": "yes", "yes": "yes", "0": "no", "false": "no", "no": "no"}
+NODES_CAN_PULL = _PULL_WORDS.get(
+    env.str("GPUPLATFORM_NODES_CAN_PULL", default="").strip().lower(), ""
+)
 # Seconds to wait after `docker run` before checking the container still runs.
 NODES_CONTAINER_SETTLE_S = env.float("GPUPLATFORM_CONTAINER_SETTLE_S", default=1.0)
 # A slice still provisioning after this long is retried (3 attempts) or failed by reconcile.

@@ -99,6 +99,14 @@ class Node(models.Model):
         blank=True,
         help_text="What the last preflight read (versions), its checks and its probes.",
     )
+    images = models.JSONField(
+        "images held",
+        default=list,
+        blank=True,
+        help_text="The image references the node's Docker Engine holds (repo:tag and "
+        "repo@digest), from `docker image ls` at the last preflight or reconcile.",
+    )
+    images_read_at = models.DateTimeField("images read", null=True, blank=True)
     watchdog_only_accepted_at = models.DateTimeField(
         "watchdog-only enforcement accepted", null=True, blank=True
     )

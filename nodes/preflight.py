@@ -5,7 +5,8 @@ Pure Python: no Django (nodes.services runs the probes and stores the verdict).
 A node passes when its NVIDIA Container Toolkit and runc are at least the policy's minimum
 versions (or their distribution build is on the policy's known-fixed list), its driver
 branch is one the policy lists, dockerd remaps user namespaces where the policy requires
-it, and every one of its probe containers saw the hardening the platform asked for. The
+it, every one of its probe containers saw the hardening the platform asked for, and (on a
+node behind the SSH gateway) it has what the gateway's relay runs: nsenter and python3. The
 VRAM quota is judged apart: without a quota library the probes proved effective (refused
 past its quota with the CUDA out-of-memory error, also to a process that changes its own
 environment), a GPU that is not MIG-partitioned is sold only whole (see `Gate.quota`).
@@ -32,6 +33,24 @@ FACT_KEYS = (
     "toolkit_build",
     "toolkit_source",
 )
+# What the SSH gateway's relay runs on the node (nodes/relay.py): `nsenter` from util-linux
+# enters the container's network namespace, the host's `python3` relays the bytes. Read by
+# the preflight itself (nodes/services/gate.py) with these argv lists; each fact is the
+# program's own version line, "" when it did not answer. Only a node whose access is
+# "gateway" needs them.
+RELAY_FACT_KEYS = ("relay_nsenter", "relay_python3")
+RELAY_PROBES: dict[str, tuple[str, ...]] = {
+    "relay_nsenter": ("nsenter", "--version"),
+    "relay_python3": ("python3", "--version"),
+}
+RELAY_PACKAGES = {"relay_nsenter": "util-linux", "relay_python3": "python3"}
+RELAY_PROGRAMS = {"relay_nsenter": "nsenter", "relay_python3": "python3"}
+RELAY_MIN_PYTHON = (3, 8)  # the relay's source uses nothing newer
+_RELAY_LINE_RE = {
+    "relay_nsenter": re.compile(r"^nsenter from util-linux \S+$"),
+    "relay_python3": re.compile(r"^Python 3\.[0-9]+(\.[0-9]+)?\S*$"),
+}
+ALL_FACT_KEYS = (*FACT_KEYS, *RELAY_FACT_KEYS)
 COMPONENTS = ("runc", "toolkit")
 COMPONENT_NAMES = {"runc": "runc", "toolkit": "NVIDIA Container Toolkit"}
 # Why each minimum (docs/domain.md, "What a node must have before it is trusted").
@@ -183,7 +202,8 @@ class Policy:
 
 @dataclass(frozen=True)
 class Check:
-    # "toolkit", "runc", "driver", "docker", "userns", "probe", "hardening", "quota:<model>"
+    # "toolkit", "runc", "driver", "docker", "userns", "relay", "probe", "hardening",
+    # "quota:<model>"
     name: str
     ok: bool
     detail: str
@@ -355,6 +375,46 @@ def _userns(facts: Mapping[str, str]) -> Check:
     )
 
 
+def relay_reading(key: str, exit_status: int, output: bytes | str) -> str:
+    """A relay fact from its probe (RELAY_PROBES[key]): the program's version line when it
+    ran and said what that program says ("nsenter from util-linux 2.38.1", "Python
+    3.11.2"), else "" (not installed: the shell's 127; or something else answered)."""
+    if exit_status != 0:
+        return ""
+    text = output.decode("utf-8", "replace") if isinstance(output, bytes) else output
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")[:100]
+    return line if _RELAY_LINE_RE[key].match(line) else ""
+
+
+def _relay(facts: Mapping[str, str]) -> Check:
+    """What a node behind the SSH gateway runs for each stream into a slice."""
+    missing = [
+        f"{RELAY_PROGRAMS[k]} (Debian's {RELAY_PACKAGES[k]} package)"
+        for k in RELAY_FACT_KEYS
+        if not facts.get(k, "")
+    ]
+    python = version_tuple(facts.get("relay_python3", "").removeprefix("Python "))
+    old = python is not None and python < RELAY_MIN_PYTHON
+    if missing or old:
+        lacks = f"it lacks {' and '.join(missing)}" if missing else ""
+        if old:
+            lacks += (" and " if lacks else "") + (
+                f"its {facts['relay_python3']} is older than the relay needs "
+                f"({'.'.join(map(str, RELAY_MIN_PYTHON))})"
+            )
+        return Check(
+            "relay",
+            False,
+            "the SSH gateway reaches slices on this node with nsenter and python3 "
+            f"(nodes/relay.py), but {lacks}: install it, or set the node's access to direct",
+        )
+    return Check(
+        "relay",
+        True,
+        "the SSH gateway's relay: " + ", ".join(facts[k] for k in RELAY_FACT_KEYS),
+    )
+
+
 def _hardening_wrong(readings: Mapping[str, str], expect: ProbeExpect) -> list[str]:
     wrong = []
     if readings.get("CapEff", "").strip("0") != "":
@@ -494,9 +554,11 @@ def evaluate(
     quota_library: str,
     expect: ProbeExpect | None = None,
     probe_error: str = "",
+    relay_required: bool = False,
 ) -> Gate:
     """The verdict. `software_models`: the models of the node's GPUs that are not
-    MIG-partitioned (their quota is the library's); `probe_error`: why no probe ran."""
+    MIG-partitioned (their quota is the library's); `probe_error`: why no probe ran;
+    `relay_required`: the node is reached through the SSH gateway (RELAY_FACT_KEYS)."""
     runs = list(runs)
     checks = [
         _component(
@@ -537,6 +599,8 @@ def evaluate(
     )
     if policy.require_userns_remap:
         checks.append(_userns(facts))
+    if relay_required:
+        checks.append(_relay(facts))
     if probe_error:
         checks.append(Check("probe", False, f"the probe could not run: {probe_error}"))
     checks.append(_hardening(runs, expect or ProbeExpect()))

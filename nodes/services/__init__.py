@@ -1,5 +1,6 @@
 """Every write to nodes, GPUs and samples, by sub-domain: `registry` (nodes, host keys,
-discovery), `sampling`, `allocations`, `containers`, `policy` and `gate` (the preflight).
+discovery), `sampling`, `allocations`, `containers`, `images` (what each node holds),
+`policy` and `gate` (the preflight).
 
 `rejudge` (a changed machine judged again) sits apart from `gate`, which sampling cannot
 import. `from nodes.services import X` names any of them (and ContainerError, from nodes.errors).
@@ -33,6 +34,7 @@ from .containers import (
     image_env_refusal,
     image_inspect,
     node_containers,
+    not_pulled_reason,
     run_on_node,
 )
 from .gate import (
@@ -43,6 +45,19 @@ from .gate import (
     PROBES_AT_ONCE,
     node_preflight,
     node_preflight_request,
+    relay_facts,
+)
+from .images import (
+    IMAGE_LS_ARGV,
+    image_key,
+    images_on_placement_nodes,
+    node_holds,
+    node_images_read,
+    node_images_refresh,
+    node_images_store,
+    nodes_can_pull,
+    parse_image_ls,
+    placement_nodes_with_images,
 )
 from .policy import (
     MAX_HISTORY_DAYS,
@@ -103,6 +118,7 @@ __all__ = [
     "FiveMinuteBucket",
     "GATE_RESET_FIELD",
     "HOSTNAME_RE",
+    "IMAGE_LS_ARGV",
     "LATEST_FIELDS",
     "MAX_HISTORY_DAYS",
     "MAX_PLACEMENT_ATTEMPTS",
@@ -146,6 +162,17 @@ __all__ = [
     "held_mb",
     "image_env_refusal",
     "image_inspect",
+    "image_key",
+    "images_on_placement_nodes",
+    "node_holds",
+    "node_images_read",
+    "node_images_refresh",
+    "node_images_store",
+    "nodes_can_pull",
+    "not_pulled_reason",
+    "parse_image_ls",
+    "placement_nodes_with_images",
+    "relay_facts",
     "node_accept_watchdog_only",
     "node_approve_host_key",
     "node_containers",

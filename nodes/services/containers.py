@@ -3,6 +3,7 @@ container under its VRAM quota, inspect, logs, stop and remove, the container ev
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 
@@ -14,6 +15,7 @@ from ..models import Allocation, ContainerEvent, Node
 from .sampling import endpoint_for
 
 CONTAINER_START_TIMEOUT = 120.0  # an image pull on first use can take a while
+logger = logging.getLogger(__name__)
 
 
 def run_on_node(  # type: ignore[no-untyped-def]
@@ -58,6 +60,14 @@ def container_logs_tail(
     return (result.stdout + result.stderr).decode("utf-8", "replace")[-2000:]
 
 
+def not_pulled_reason(*, node: Node, reference: str, detail: str) -> str:
+    """Why a start on `node` cannot have `reference`: it is not there and its pull failed.
+    Docker's own words (often its resolver's, about a registry the node cannot reach) go
+    to the log, not to the tenant."""
+    logger.warning("%s could not pull %s: %s", node.name, reference, detail)
+    return f"image {reference} is not on node {node.name} and nodes here cannot pull it"
+
+
 def image_inspect(*, node: Node, reference: str, pool: ssh.SSHPool | None = None):  # type: ignore[no-untyped-def]
     """The image's configuration as the node has it (pulled first when the node lacks it).
     Raises ContainerError (no such image, a pull refused) or ssh.SSHError."""
@@ -68,7 +78,11 @@ def image_inspect(*, node: Node, reference: str, pool: ssh.SSHPool | None = None
             node, runtime.pull_argv(reference), pool, timeout=CONTAINER_START_TIMEOUT
         )
         if not pulled.ok:
-            raise ContainerError(f"docker pull failed: {cli_error_line(pulled.stderr)}")
+            raise ContainerError(
+                not_pulled_reason(
+                    node=node, reference=reference, detail=cli_error_line(pulled.stderr)
+                )
+            )
         result = run_on_node(node, argv, pool)
     if not result.ok:
         raise ContainerError(f"docker image inspect failed: {cli_error_line(result.stderr)}")

@@ -29,6 +29,7 @@ from .containers import (
     node_containers,
     run_on_node,
 )
+from .images import node_images_refresh
 from .policy import PROBE_IMAGE_PAGE, node_policy, sell_whole
 
 PROBE_OWNER_PREFIX = "probe-node-"  # a probe container's owner key: "probe-node-<node id>"
@@ -164,6 +165,20 @@ def _remove_stale_probes(node: Node, pool: ssh.SSHPool) -> None:
                 run_on_node(node, runtime.rm_argv(info.id), pool)
 
 
+def relay_facts(node: Node, pool: ssh.SSHPool) -> dict[str, str]:
+    """What the SSH gateway's relay needs on the node (preflight.RELAY_FACT_KEYS), each
+    read by its own fixed argv: the program's version line, "" when it is not there."""
+    facts = {}
+    for key in preflight.RELAY_FACT_KEYS:
+        try:
+            result = run_on_node(node, list(preflight.RELAY_PROBES[key]), pool, timeout=15)
+        except ssh.SSHError:
+            facts[key] = ""
+            continue
+        facts[key] = preflight.relay_reading(key, result.exit_status, result.stdout)
+    return facts
+
+
 def node_preflight(
     *, node_id: int, facts: dict[str, str], pool: ssh.SSHPool | None = None
 ) -> Node | None:
@@ -191,6 +206,8 @@ def _node_preflight(node: Node, facts: dict[str, str], pool: ssh.SSHPool) -> Nod
     library = (node.capabilities or {}).get("vram_quota_library") or ""
     deadline = time.monotonic() + PREFLIGHT_DEADLINE_S
     _remove_stale_probes(node, pool)
+    facts = {**facts, **relay_facts(node, pool)}
+    node_images_refresh(node=node, pool=pool)
     targets = _probe_targets(node)
     # The probe image is checked like any image before it starts (CVE-2025-23266 needs
     # only an ENV in it), and pulled once here rather than by each probe's `docker run`.
@@ -229,6 +246,7 @@ def _node_preflight(node: Node, facts: dict[str, str], pool: ssh.SSHPool) -> Nod
         software_models=software,
         quota_library=library,
         probe_error=image_error if targets else "the node has no GPU to probe",
+        relay_required=node.access == Node.Access.GATEWAY,
     )
     now = timezone.now()
     with transaction.atomic():
@@ -241,7 +259,7 @@ def _node_preflight(node: Node, facts: dict[str, str], pool: ssh.SSHPool) -> Nod
         node.gate_reason = gate.reason[:1000]
         node.gate_checked_at = now
         node.preflight = {
-            "facts": {k: facts.get(k, "") for k in preflight.FACT_KEYS},
+            "facts": {k: facts.get(k, "") for k in preflight.ALL_FACT_KEYS},
             "driver_version": node.driver_version,
             "checks": [c.as_dict() for c in gate.checks],
             "quota": dict(gate.quota),

@@ -4,6 +4,8 @@ fields they name."""
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from django import forms
 
 import estimator
@@ -110,6 +112,46 @@ class JobForm(forms.Form):
                 micro_batch=data["batch"],
             )
         return mapping
+
+
+def _default_job(model: str, tier_mib: int) -> dict:
+    """The job the forms show before anyone changes a field, with this model and tier."""
+    fields = JobForm.base_fields
+    job = {
+        name: fields[name].initial
+        for name in ("workload", "weights_dtype", "kv_cache_dtype", "engine", "batch")
+    }
+    return {
+        **job,
+        "context_tokens": fields["context_tokens"].initial,
+        "model": {"catalog": model},
+        "tier_mib": tier_mib,
+    }
+
+
+@lru_cache(maxsize=64)
+def model_for_tier(tier_mib: int) -> str:
+    """The catalog model to preselect for a tier: the default model when the default job
+    fits the tier with it, else the largest catalog model that fits, else the smallest
+    (the closest to fitting)."""
+    fits: list[tuple[float, str]] = []
+    sizes: list[tuple[float, str]] = []
+    for name in sorted(estimator.CATALOG):
+        try:
+            result = estimator.estimate(
+                estimator.EstimateRequest.from_mapping(_default_job(name, tier_mib)),
+                suggestions=False,
+            )
+        except estimator.EstimatorError:  # e.g. a context longer than the model's
+            continue
+        sizes.append((result.total_mib, name))
+        if result.fits:
+            if name == DEFAULT_MODEL:
+                return name
+            fits.append((result.total_mib, name))
+    if fits:
+        return max(fits)[1]
+    return min(sizes)[1] if sizes else DEFAULT_MODEL
 
 
 class FitForm(JobForm):

@@ -35,7 +35,7 @@ from .credit import (
     credit_request_grant,
     credit_request_withdraw,
 )
-from .images import image_create, image_update
+from .images import image_create, image_update, images_needing_pull, images_on_nodes
 from .keys import (
     MAX_SSH_KEYS_PER_USER,
     SSH_KEY_NAME_MAX,
@@ -95,6 +95,8 @@ __all__ = [
     "credit_request_withdraw",
     "image_create",
     "image_update",
+    "images_needing_pull",
+    "images_on_nodes",
     "invitation_accept",
     "invitation_by_token",
     "invitation_create",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from datetime import timedelta
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -225,3 +226,41 @@ def _image_save_changes(*, image: Image, changes: dict, inspected: dict) -> Imag
             "An image with this name exists.", code="image_exists", field="name"
         ) from exc
     return image
+
+
+def images_on_nodes(images: Iterable[Image]) -> dict[int, int]:
+    """For each image (by pk), how many nodes taking placements now hold what its launch
+    runs (its pinned reference), by each node's last listing of its images."""
+    images = list(images)
+    held = node_services.images_on_placement_nodes({i.pinned_reference for i in images})
+    return {i.pk: held[i.pinned_reference] for i in images}
+
+
+def images_needing_pull(images: Iterable[Image]) -> list[dict]:  # type: ignore[type-arg]
+    """The launch page's note on each image no node taking placements holds: a launch of
+    it would need a pull, and whether nodes here can pull when ops said so. Empty while
+    no such node's images have been read (nothing is known to say)."""
+    images = list(images)
+    if not node_services.placement_nodes_with_images():
+        return []
+    on_nodes = images_on_nodes(images)
+    can_pull = node_services.nodes_can_pull()
+    notes = []
+    for image in images:
+        if on_nodes[image.pk]:
+            continue
+        if can_pull == "yes":
+            then = "a launch pulls it first, which can take a while"
+        elif can_pull == "no":
+            then = "nodes here cannot pull images, so a launch of it would fail: ask ops to load it"
+        else:
+            then = "a launch would need a pull, and whether nodes here can pull is not known"
+        notes.append(
+            {
+                "image": image,
+                "can_pull": can_pull,
+                "text": f"{image.name} ({image.pinned_reference}) is on no node that takes "
+                f"slices now: {then}.",
+            }
+        )
+    return notes

@@ -12,7 +12,7 @@ from incidents import services as incident_services
 from incidents.models import Incident
 from nodelab import IMAGE, LabNodeSpec
 from nodes import services as node_services
-from nodes.models import GateStatus, Gpu, NodePolicyChange
+from nodes.models import GateStatus, Gpu, Node, NodePolicyChange
 from nodes.preflight import version_tuple
 from tenants.models import Image
 
@@ -64,6 +64,15 @@ def test_the_machines_runc_is_judged_by_its_build_and_debians_patched_build_is_a
     # that owns that very file (Debian's runc package on the lab's machine)
     assert facts["runc_path"].endswith("/runc"), facts
     assert facts["userns_remap"] == "false", facts  # the lab's dockerd does not remap
+    # the gateway's relay, read from the machine's own nsenter and python3 (lab nodes are
+    # reached through the gateway: they need both)
+    assert facts["relay_nsenter"].startswith("nsenter from util-linux "), facts
+    assert facts["relay_python3"].startswith("Python 3."), facts
+    assert next(c for c in row.preflight["checks"] if c["name"] == "relay")["ok"]
+    # and the images its Docker Engine holds, the lab's workload image among them
+    node = Node.objects.get(pk=row.pk)
+    assert node.images_read_at is not None
+    assert node_services.node_holds(node.images, IMAGE), node.images
     if facts["runc_build"]:
         assert facts["runc_package"], facts
 

@@ -37,11 +37,13 @@ def slices_reconcile(*, now: datetime | None = None) -> dict[str, int]:
     counts = {"nodes": 0, "failed": 0, "orphans": 0, "retried": 0, "adopted": 0, "skipped": 0}
     nodes = list(Node.objects.filter(status__in=[Node.Status.ACTIVE, Node.Status.DRAINING]))
     random.shuffle(nodes)  # a slow node never starves the same tail of the fleet
-    for node, containers in _list_containers(nodes):
+    for node, containers, images in _list_containers(nodes):
         if isinstance(containers, Exception):
             logger.info("reconcile: cannot list containers on %s: %s", node.name, containers)
             counts["skipped"] += 1
             continue
+        if images is not None:  # what the launch page says of each image is kept fresh
+            node_services.node_images_store(node_id=node.pk, images=images, now=now)
         try:
             _reconcile_node(node, containers, now, timeout, counts)
         except Exception:
@@ -56,19 +58,26 @@ RECONCILE_PARALLEL = 16
 
 
 def _list_containers(nodes: list[Node]):  # type: ignore[no-untyped-def]
-    """Each node's labelled containers, asked of the nodes in parallel (SSH only, no
-    database work in the threads): a few slow nodes cost one timeout, not one each."""
+    """Each node's labelled containers and the images it holds (None: not read), asked of
+    the nodes in parallel (SSH only, no database work in the threads): a few slow nodes
+    cost one timeout, not one each."""
 
     def listing(node: Node):  # type: ignore[no-untyped-def]
         try:
-            return node_services.node_containers(node=node)
+            containers = node_services.node_containers(node=node)
         except (ssh.SSHError, node_services.ContainerError, ValueError) as exc:
-            return exc
+            return node, exc, None
+        try:
+            images = node_services.node_images_read(node=node)
+        except (ssh.SSHError, node_services.ContainerError) as exc:
+            logger.info("reconcile: cannot list images on %s: %s", node.name, exc)
+            images = None
+        return node, containers, images
 
     if not nodes:
         return []
     with ThreadPoolExecutor(max_workers=min(RECONCILE_PARALLEL, len(nodes))) as workers:
-        return list(zip(nodes, workers.map(listing, nodes), strict=True))
+        return list(workers.map(listing, nodes))
 
 
 def _abandon_unreachable_stops(now: datetime, timeout: timedelta) -> int:
