@@ -1,4 +1,5 @@
-"""Login with a limit on failed attempts per client address (the API has its own)."""
+"""Login with a limit on failed attempts per client address (the API has its own), and
+where each kind of user lands: ops on the fleet, tenants on their account page."""
 
 import hashlib
 
@@ -6,9 +7,11 @@ from django.conf import settings
 from django.contrib.auth import views as auth_views
 from django.core.cache import cache
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import render, resolve_url
 
 WINDOW_S = 15 * 60
+# Where ops (staff users) land after logging in when `next` names nowhere: their fleet.
+OPS_LOGIN_REDIRECT_URL = "nodes:fleet"
 
 
 def client_address(request: HttpRequest) -> str:
@@ -38,6 +41,12 @@ class ThrottledLoginView(auth_views.LoginView):
         if cache.get(_key(request), 0) >= settings.LOGIN_FAILURE_LIMIT:
             return render(request, "registration/login_locked.html", status=429)
         return super().post(request, *args, **kwargs)
+
+    def get_default_redirect_url(self) -> str:
+        """Without a `next`: ops land on the fleet, everyone else on LOGIN_REDIRECT_URL."""
+        if self.request.user.is_staff:
+            return resolve_url(OPS_LOGIN_REDIRECT_URL)
+        return super().get_default_redirect_url()
 
     def form_invalid(self, form):  # type: ignore[no-untyped-def]
         key = _key(self.request)

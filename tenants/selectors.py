@@ -10,14 +10,20 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import (
     Avg,
     BooleanField,
+    Case,
     Count,
     ExpressionWrapper,
     F,
+    IntegerField,
     Max,
+    OuterRef,
     Q,
     QuerySet,
+    Subquery,
     Sum,
+    When,
 )
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from nodes import ssh as node_ssh
@@ -256,10 +262,39 @@ def image_allowlist() -> list[AllowlistedImage]:
     ]
 
 
+def _peak_so_far() -> Case:
+    """While a slice runs (or stops), the highest VRAM its container held in any one
+    sample, as `measured_peak_mb` measures it when it ends: one subquery in the list's
+    own query, so a page of slices costs no query more."""
+    per_sample = (
+        ProcessSample.objects.filter(
+            gpu_id=OuterRef("allocation__gpu_id"),
+            container_id=OuterRef("container_id"),
+            taken_at__gte=Coalesce(OuterRef("started_at"), OuterRef("created_at")),
+        )
+        .values("taken_at")
+        .annotate(used_mb=Sum("used_memory_mb"))
+        .order_by("-used_mb")
+        .values("used_mb")[:1]
+    )
+    return Case(
+        When(
+            Q(peak_vram_mb__isnull=True, allocation__isnull=False)
+            & Q(state__in=(Slice.State.RUNNING, Slice.State.STOPPING))
+            & ~Q(container_id=""),
+            then=Subquery(per_sample, output_field=IntegerField()),
+        ),
+        default=None,
+        output_field=IntegerField(),
+    )
+
+
 def _slice_related(qs: QuerySet[Slice]) -> QuerySet[Slice]:
+    """With what lists show of each slice: its purchase, image, placement and, while it
+    runs, its peak so far (`Slice.peak_mb`)."""
     return qs.select_related(
         "purchase__tier", "image_entry", "allocation__gpu__node", "tenant", "created_by"
-    )
+    ).annotate(peak_so_far_mb=_peak_so_far())
 
 
 def purchases_for_resume(slice: Slice) -> QuerySet[Purchase]:

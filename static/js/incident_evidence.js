@@ -7,8 +7,7 @@
     if (!data || !canvas || typeof Chart === "undefined") return;
     const c = JSON.parse(data.textContent);
     const labels = c.labels.map(function (t) {
-      const d = new Date(t);
-      return isNaN(d.getTime()) ? String(t) : d.toLocaleTimeString();
+      return gpWhen.format(t);  // not a moment: written as it came
     });
     const datasets = [
       { label: "GPU VRAM used (MiB)", data: c.used_mb, pointRadius: 2, borderColor: "#3b82f6",
@@ -30,7 +29,7 @@
           const v = ctx.parsed && ctx.parsed.y;
           return ctx.dataset.label + ": " + (v === null || v === undefined || isNaN(v) ? "—" : String(v));
         } } } },
-        scales: { y: { beginAtZero: true,
+        scales: { x: gpWhen.axis(), y: { beginAtZero: true,
           suggestedMax: c.limit_mb ? Math.round(c.limit_mb * 1.1) : undefined } },
       },
     });

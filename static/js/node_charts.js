@@ -20,7 +20,7 @@
           canvas.hidden = true;
           return;
         }
-        const labels = series.points.map(function (p) { return new Date(p.t).toLocaleTimeString(); });
+        const labels = series.points.map(function (p) { return gpWhen.format(p.t); });
         canvas.chart = new Chart(canvas, {
           type: "line",
           data: {
@@ -34,7 +34,7 @@
             animation: false,
             responsive: true,
             maintainAspectRatio: false,  // the .chart-box sets the height
-            scales: { y: { beginAtZero: true, suggestedMax: Number(canvas.dataset.total) } },
+            scales: { x: gpWhen.axis(), y: { beginAtZero: true, suggestedMax: Number(canvas.dataset.total) } },
           },
         });
         canvas.dataset.points = String(series.points.length);

@@ -8,7 +8,7 @@
     const c = JSON.parse(data.textContent);
     // No sample yet: two blank labels still draw the quota line.
     const labels = c.labels.length
-      ? c.labels.map(function (t) { return new Date(t).toLocaleTimeString(); })
+      ? c.labels.map(function (t) { return gpWhen.format(t); })
       : ["", ""];
     const quota = labels.map(function () { return c.quota_mb; });
     if (chart) {
@@ -32,7 +32,7 @@
           animation: false,
           responsive: true,
           maintainAspectRatio: false,  // the .chart-box sets the height
-          scales: { y: { beginAtZero: true, suggestedMax: Math.round(c.quota_mb * 1.1) } },
+          scales: { x: gpWhen.axis(), y: { beginAtZero: true, suggestedMax: Math.round(c.quota_mb * 1.1) } },
         },
       });
     }

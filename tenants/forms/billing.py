@@ -9,7 +9,7 @@ from django import forms
 
 from .. import services
 from ..models import Tenant, Tier
-from ..money import Rate
+from ..money import Rate, round_half_up
 from ..selectors import tier_list
 from .fields import TokenField, new_form_token
 
@@ -67,7 +67,7 @@ class BuyForm(forms.Form):
         data = getattr(self, "cleaned_data", {})
         if not data.get("tier") or not data.get("hours"):
             return None
-        return (data["tier"].price_per_hour * data["hours"]).quantize(Decimal("0.01"))
+        return round_half_up(data["tier"].price_per_hour * data["hours"])
 
 
 class TenantChoiceField(forms.ModelChoiceField):

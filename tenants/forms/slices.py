@@ -13,7 +13,7 @@ from nodes.models import Node
 from .. import services
 from ..models import Image, Purchase, Slice, Tenant
 from ..selectors import image_list, purchases_usable
-from .estimate import JobForm
+from .estimate import JobForm, model_for_tier
 from .fields import TokenField, new_form_token
 
 
@@ -71,8 +71,21 @@ class LaunchForm(JobForm):
         self.usable = list(purchases_usable(tenant))
         field = self.fields["purchase"]
         field.widget.choices = [(p.pk, field.label_from_instance(p)) for p in self.usable]
+        self._preselect()
         self.fields["image"].queryset = image_list(active_only=True)
         self.fields["idempotency_token"].initial = new_form_token()
+
+    def _preselect(self) -> None:
+        """The purchase asked for (?purchase=) if usable, else the largest usable one, and
+        a catalog model the default job fits on its tier."""
+        if self.is_bound or not self.usable:
+            return
+        wanted = self.initial.get("purchase")
+        chosen = next((p for p in self.usable if p.pk == wanted), None)
+        if chosen is None:
+            chosen = max(self.usable, key=lambda p: (p.tier.vram_mb, p.minutes_left))
+            self.initial["purchase"] = chosen.pk
+        self.initial.setdefault("model", model_for_tier(chosen.tier.vram_mb))
 
     def clean_command(self) -> list[str]:
         argv = [item for item in lines(self.cleaned_data.get("command", "")) if item.strip()]

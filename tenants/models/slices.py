@@ -1,12 +1,13 @@
 """Slices, the tier-sized containers tenants launch, their state changes, and the
 images ops allow them to run."""
 
-from decimal import ROUND_DOWN, Decimal
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from ..money import round_half_up
 from .accounts import TenantScopedQuerySet
 
 
@@ -223,15 +224,24 @@ class Slice(models.Model):
         return f"gpp-slice-{self.pk}"
 
     @property
+    def peak_mb(self) -> int | None:
+        """The measured peak VRAM (MiB): stored when the slice ends; while it runs, the
+        highest so far (`peak_so_far_mb`, which the slice list selectors annotate)."""
+        if self.peak_vram_mb is not None:
+            return self.peak_vram_mb
+        return getattr(self, "peak_so_far_mb", None)
+
+    @property
     def cost_so_far(self) -> Decimal:
         """Credits the minutes metered so far are worth at the purchase's price per minute
-        (what was paid over what was bought), rounded down to the cent like a refund, so a
-        purchase's slices never add up to more than was paid."""
+        (what was paid over what was bought), rounded half up to the cent like every
+        amount shown (`tenants.money.round_half_up`). Nothing is charged by it: the
+        purchase was paid in full when bought."""
         purchase = self.purchase
         if purchase is None or not purchase.minutes_total:
             return Decimal("0.00")
         per_minute = purchase.price_paid / Decimal(purchase.minutes_total)
-        return (per_minute * self.minutes_used).quantize(Decimal("0.01"), rounding=ROUND_DOWN)
+        return round_half_up(per_minute * self.minutes_used)
 
 
 class SliceTransition(models.Model):

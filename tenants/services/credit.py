@@ -114,7 +114,8 @@ def credit_request_create(
                 tenant=tenant,
                 actor=membership.user,
                 action="credit.request",
-                summary=f"asked ops for {value} credits" + (f": {note[:200]}" if note else ""),
+                summary=f"asked ops for {money_text(value, credit_rate_current())}"
+                + (f": {note[:200]}" if note else ""),
                 data={"credit_request": request.pk},
             )
     except IntegrityError as exc:
@@ -148,7 +149,7 @@ def credit_request_withdraw(*, membership: Membership, request: CreditRequest) -
         tenant=request.tenant,
         actor=membership.user,
         action="credit.request_withdrawn",
-        summary=f"withdrew the request for {request.amount} credits",
+        summary=f"withdrew the request for {money_text(request.amount, credit_rate_current())}",
         data={"credit_request": request.pk},
     )
     return request
@@ -204,7 +205,8 @@ def credit_request_decline(
         tenant=request.tenant,
         actor=actor,
         action="credit.request_declined",
-        summary=f"ops declined the request for {request.amount} credits: {note[:200]}",
+        summary=f"ops declined the request for "
+        f"{money_text(request.amount, credit_rate_current())}: {note[:200]}",
         data={"credit_request": request.pk},
     )
     members_notify(

@@ -30,7 +30,7 @@ from ..forms.billing import (
     RefundForm,
 )
 from ..models import CreditRequest
-from ..money import credits_text
+from ..money import credits_text, money_text
 from ..permissions import member_required
 
 
@@ -94,8 +94,8 @@ def buy(request: HttpRequest) -> HttpResponse:
                 if created:
                     messages.success(
                         request,
-                        f"Bought {purchase.tier.name} for {purchase.hours} h "
-                        f"({purchase.price_paid} credits).",
+                        f"Bought {purchase.tier.name} for {purchase.hours} h: "
+                        f"{money_text(purchase.price_paid, rate)}.",
                     )
                 else:
                     messages.info(request, "That purchase was already made; nothing was charged.")
@@ -156,10 +156,11 @@ def ops_credit(request: HttpRequest) -> HttpResponse:
     )
     if granted.done:
         entry = granted.result
+        rate = request_credit_rate(request)
         messages.success(
             request,
-            f"{entry.amount:.2f} credits granted to {entry.tenant.name}; "
-            f"balance {entry.balance_after}.",
+            f"{money_text(entry.amount, rate)} granted to {entry.tenant.name}; "
+            f"balance {money_text(entry.balance_after, rate)}.",
         )
         return redirect(reverse("tenants:ops_credit") + (f"?{urlencode({'q': q})}" if q else ""))
     refund_tenant = request.GET.get("tenant", "")
@@ -209,7 +210,11 @@ def ops_refund(request: HttpRequest, pk: int) -> HttpResponse:
     if refunded.done:
         entry = refunded.result  # None when nothing was left to pay back
         amount = entry.amount if entry is not None else Decimal("0.00")
-        messages.success(request, f"Refunded {amount} credits to {purchase.tenant.name}.")
+        messages.success(
+            request,
+            f"Refunded {money_text(amount, request_credit_rate(request))} to "
+            f"{purchase.tenant.name}.",
+        )
         return redirect("tenants:ops_credit")
     return render(
         request,

@@ -188,6 +188,8 @@ def launch(request: HttpRequest) -> HttpResponse:
             "in_use": in_use,
             "launch_blocked": _launch_blocked(request.membership, form, has_images, in_use),
             "has_images": has_images,
+            # images no node taking slices holds: a launch would need a pull
+            "image_notes": services.images_needing_pull(form.fields["image"].queryset),
             "ssh_images": list(
                 form.fields["image"]
                 .queryset.filter(connect=Image.Connect.SSH)

@@ -125,7 +125,7 @@ def test_new_tenant_buys_launches_sees_it_running_with_its_gauge_and_stops_it(  
         ops.fill("#id_amount", "50")
         ops.fill("#id_memo", "welcome credit")
         ops.click("#grant-form button[type=submit]")
-        ops.wait_for_selector("text=50.00 credits granted to Quokka Inference")
+        ops.wait_for_selector("text=50.00 credits ($50.00) granted to Quokka Inference")
         assert ops.locator("#recent-grants td", has_text="welcome credit").count() == 1
     finally:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)

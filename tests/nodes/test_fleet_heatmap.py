@@ -141,12 +141,13 @@ def test_the_gpu_table_scrolls_in_its_own_box(client, ops_user):  # type: ignore
     client.force_login(ops_user)
     body = client.get("/ops/fleet/").content.decode()
     assert re.search(
-        r'<div class="table-scroll">\s*<table class="fleet-table" id="fleet-gpu-rows">', body
+        r'<div class="table-scroll">\s*<table class="fleet-table cards" id="fleet-gpu-rows">', body
     )
     node = Node.objects.get()
     detail = client.get(f"/ops/nodes/{node.pk}/").content.decode()
     for table in ("node-facts", "gpu-rows"):
-        assert re.search(rf'<div class="table-scroll">\s*<table id="{table}">', detail), table
+        # (on a phone the GPU table's rows turn into cards: class "cards")
+        assert re.search(rf'<div class="table-scroll">\s*<table id="{table}"[ >]', detail), table
     policy = client.get("/ops/fleet/policy/").content.decode()
     assert re.search(r'<div class="table-scroll">\s*<table id="policy-rows">', policy)
     node_policy = client.get("/ops/fleet/node-policy/").content.decode()

@@ -568,7 +568,7 @@ def test_ops_grant_credit_from_the_page(client, ops_user, owner_a, owner_b):  # 
     )
     assert response.redirect_chain[-1][0] == "/ops/credit/?q=alice%40alpha"
     page = response.content.decode()
-    assert "25.50 credits granted to Alpha Labs; balance 25.50." in page
+    assert "25.50 credits ($25.50) granted to Alpha Labs; balance 25.50 credits ($25.50)." in page
     assert re.search(
         r'<td>Alpha Labs</td><td><span class="money">25\.50 credits .*?</td><td>welcome</td>', page
     )

@@ -28,6 +28,28 @@ class ImageSerializer(serializers.ModelSerializer):
     pinned_reference = serializers.CharField(
         read_only=True, help_text="What a launch runs: reference@digest when pinned."
     )
+    on_nodes = serializers.SerializerMethodField(
+        help_text="How many nodes taking slices now hold the image (by their last listing "
+        "of their images); 0: a launch would need the node to pull it."
+    )
+    available = serializers.SerializerMethodField(
+        help_text="Whether some node taking slices now holds the image (on_nodes > 0)."
+    )
+
+    def _on_nodes(self, image: Image) -> int:
+        # the view counts a page of images at once; one image alone is counted here
+        counted = self.context.get("on_nodes")
+        if counted is None or image.pk not in counted:
+            counted = services.images_on_nodes([image])
+        return counted[image.pk]
+
+    @extend_schema_field(OpenApiTypes.INT)
+    def get_on_nodes(self, image: Image) -> int:
+        return self._on_nodes(image)
+
+    @extend_schema_field(OpenApiTypes.BOOL)
+    def get_available(self, image: Image) -> bool:
+        return self._on_nodes(image) > 0
 
     class Meta:
         model = Image
@@ -42,6 +64,8 @@ class ImageSerializer(serializers.ModelSerializer):
             "ports",
             "connect",
             "ssh_user",
+            "on_nodes",
+            "available",
         ]
         read_only_fields = fields
 
@@ -124,6 +148,13 @@ class SliceSerializer(serializers.ModelSerializer):
     image_name = serializers.CharField(source="image_entry.name", read_only=True, default=None)
     image_reference = serializers.CharField(source="image", read_only=True)
     vram_mb = serializers.IntegerField(read_only=True, help_text="The VRAM quota (MiB).")
+    peak_vram_mb = serializers.IntegerField(
+        source="peak_mb",
+        read_only=True,
+        allow_null=True,
+        help_text="The highest VRAM (MiB) its container held in one sample: while it runs, "
+        "the peak so far; null before any sample.",
+    )
 
     class Meta:
         model = Slice

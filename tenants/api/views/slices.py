@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from gpuplatform.api.errors import error_body
 from gpuplatform.errors import ServiceError
 from tenants import selectors, services
-from tenants.models import Slice
+from tenants.models import Image, Slice
 from tenants.permissions import IsOps
 
 from .. import filters
@@ -153,14 +153,27 @@ class SliceViewSet(
         body = {
             "slice": slice.pk,
             "quota_mb": slice.vram_mb,
-            "peak_mb": slice.peak_vram_mb,
+            "peak_mb": slice.peak_mb,
             "points": selectors.slice_vram_series(slice=slice),
         }
         return Response(s.SliceVramSerializer(body).data)
 
 
-class ImageViewSet(viewsets.ReadOnlyModelViewSet):
-    """The images you can launch (the allowlist ops keep)."""
+class ImageAvailability:
+    """Counts the nodes holding each image of a page in one query (`on_nodes`)."""
+
+    def get_serializer(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if args and args[0] is not None:
+            shown = list(args[0]) if kwargs.get("many") else [args[0]]
+            if all(isinstance(i, Image) for i in shown):
+                context = kwargs.setdefault("context", self.get_serializer_context())  # type: ignore[attr-defined]
+                context["on_nodes"] = services.images_on_nodes(shown)
+        return super().get_serializer(*args, **kwargs)  # type: ignore[misc]
+
+
+class ImageViewSet(ImageAvailability, viewsets.ReadOnlyModelViewSet):
+    """The images you can launch (the allowlist ops keep), each with how many nodes taking
+    slices hold it (`on_nodes`, `available`)."""
 
     serializer_class = s.ImageSerializer
     filterset_class = filters.ImageFilter
@@ -171,7 +184,7 @@ class ImageViewSet(viewsets.ReadOnlyModelViewSet):
         return selectors.image_list(active_only=True)
 
 
-class OpsImageViewSet(viewsets.ModelViewSet):
+class OpsImageViewSet(ImageAvailability, viewsets.ModelViewSet):
     """Ops: the image allowlist. DELETE takes an image off the list (it stays on record
     for the slices that ran it)."""
 

@@ -1,0 +1,31 @@
+"""`{{ slice.allocation|library_count_note }}`: why the slice page shows NVML's count of a
+running slice's VRAM and not the node's quota library's beside it.
+
+The sampler reports the library's books per container (`Allocation.library_mb`) only
+where the node's sampler reads its per-container accounting and only for a container
+with GPU processes; a MIG device's slice runs without the library (the device holds the
+quota). So a missing count means different things, and the note says which."""
+
+from django import template
+
+register = template.Library()
+
+
+@register.filter
+def library_count_note(allocation) -> str:  # type: ignore[no-untyped-def]
+    if allocation is None:
+        return ""
+    if allocation.mig_device_uuid:
+        return "no quota library count: a MIG device holds this slice's quota, not the library"
+    capabilities = allocation.gpu.node.capabilities or {}
+    if not capabilities.get("vram_quota_library"):
+        return "no quota library count: this node has no quota library"
+    if not allocation.nvml_mb:
+        return (
+            "the node's quota library enforces the quota; it has nothing to count yet "
+            "(no GPU process in the container)"
+        )
+    return (
+        "the node's quota library enforces the quota; its own count for this container "
+        "is not sampled (the node reports no books for it)"
+    )
