@@ -32,6 +32,7 @@ CONNECT_FAILED = asyncssh.OPEN_CONNECT_FAILED
 NODE_CONNECT_TIMEOUT_S = 10.0
 RELAY_CONNECT_TIMEOUT_S = 10.0
 CHUNK = 65536
+STOP_WAIT_S = 5.0  # how long a stopping gateway waits for its streams' audit rows
 
 
 class PidCache:
@@ -158,6 +159,7 @@ class Gateway:
         self.nodes = Nodes(client_key)
         self.pids = PidCache()
         self.streams: set[Stream] = set()
+        self._closing: set[Stream] = set()  # bridges still writing their audit row
         self.per_user: Counter[int] = Counter()
         self.per_slice: Counter[int] = Counter()
         self._server: asyncssh.SSHAcceptor | None = None
@@ -188,6 +190,10 @@ class Gateway:
         for s in list(self.streams):
             s.close_because = "the gateway is stopping"
             s.done.set()
+        # each bridge records how its stream ended before the loop may stop
+        deadline = time.monotonic() + STOP_WAIT_S
+        while (self.streams or self._closing) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         self.nodes.close()
 
     async def _recheck(self) -> None:
@@ -344,6 +350,7 @@ class Gateway:
         up = asyncio.create_task(pump(client_r, node_w, "up"))
         down = asyncio.create_task(pump(node_r, client_w, "down"))
         closer = asyncio.create_task(stream.done.wait())
+        self._closing.add(stream)
         try:
             await asyncio.wait({down, closer}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -356,13 +363,16 @@ class Gateway:
             self.per_user[stream.identity.user_id] -= 1
             self.per_slice[stream.target.slice_id] -= 1
             because = stream.close_because or "closed"
-            await _db(
-                access.audit_closed,
-                stream_id=stream.audit_id,
-                up=stream.up,
-                down=stream.down,
-                because=because,
-            )
+            try:
+                await _db(
+                    access.audit_closed,
+                    stream_id=stream.audit_id,
+                    up=stream.up,
+                    down=stream.down,
+                    because=because,
+                )
+            finally:
+                self._closing.discard(stream)
             log.info(
                 "gateway: %s closed slice-%s:%s (%s; %d B up, %d B down)",
                 stream.identity.label,

@@ -20,7 +20,12 @@ from tests.gateway.support import client_config, client_key, running_slice, ssh_
 from tests.gateway.test_gateway_lab import stdio
 from tests.worker_harness import wait_for
 
-pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.lab,
+    pytest.mark.django_db(transaction=True),
+    # a gateway stopping while a stream closes must still record it, not leave a coroutine
+    pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning"),
+]
 
 
 @pytest.fixture
