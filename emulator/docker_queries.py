@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 from . import gotemplate
@@ -223,10 +224,27 @@ def cmd_logs(node: NodeState, inv: Invocation, args: list[str]) -> int:
             inv.err(f'invalid argument "{tail}" for "-n, --tail" flag\n')
             return 125
         lines = lines[-n:] if n > 0 else []
+    since = p.get("since")
+    if since:
+        try:
+            floor = _parse_since(since)
+        except ValueError:
+            inv.err(f'invalid value for "since": {since}\n')
+            return 125
+        lines = [line for line in lines if line[0] is not None and line[0] >= floor]
     for at, stream, text in lines:
         prefix = rfc3339(at) + " " if p.has("timestamps") else ""
         (inv.out if stream == "stdout" else inv.err)(prefix + text + "\n")
     return 0
+
+
+def _parse_since(value: str) -> float:
+    """docker's --since: an RFC 3339 time (what the platform sends) or Unix seconds."""
+    if value.replace(".", "", 1).isdigit():
+        return float(value)
+    head, _, fraction = value.rstrip("Z").partition(".")
+    moment = datetime.strptime(head, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
+    return moment.timestamp() + (float("0." + fraction) if fraction else 0.0)
 
 
 def cmd_port(node: NodeState, inv: Invocation, args: list[str]) -> int:

@@ -346,6 +346,15 @@ class EmulatedNode:
         with self.state.lock:
             self.state.images = None if images is None else set(images)
 
+    def container_print(self, ref: str, text: str, stream: str = "stdout") -> None:
+        """The container's job prints `text` (each line timestamped now), as docker logs
+        will show it."""
+        with self.state.lock:
+            c = self.state.find_container(ref)
+            if c is None:
+                raise KeyError(ref)
+            c.log(self.state.clock.now(), stream, text)
+
     def set_volume_bytes(self, name: str, size: int) -> None:
         """What a docker volume holds, as `du` will say."""
         with self.state.lock:

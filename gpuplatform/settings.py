@@ -128,6 +128,9 @@ LOGOUT_REDIRECT_URL = "login"
 INVITATION_TTL_DAYS = env.int("GPUPLATFORM_INVITATION_TTL_DAYS", default=7)
 # Volumes (docs/volumes.md): the largest a tenant may create, how many, what a GB costs per
 # hour until ops set a price, and how long a volume whose storage went unpaid is kept.
+# Slice logs: the lines kept per slice (the oldest go first) and for how long after it stops.
+SLICE_LOG_KEEP_LINES = env.int("GPUPLATFORM_SLICE_LOG_KEEP_LINES", default=5000)
+SLICE_LOG_RETENTION_DAYS = env.int("GPUPLATFORM_SLICE_LOG_RETENTION_DAYS", default=7)
 VOLUME_MAX_GB = env.int("GPUPLATFORM_VOLUME_MAX_GB", default=2000)
 VOLUMES_PER_TENANT = env.int("GPUPLATFORM_VOLUMES_PER_TENANT", default=20)
 VOLUME_PRICE_GB_HOUR = env.str("GPUPLATFORM_VOLUME_PRICE_GB_HOUR", default="0.0002")
@@ -370,6 +373,10 @@ CELERY_BEAT_SCHEDULE = {
     "meter-volumes": {
         "task": "tenants.volumes_meter",
         "schedule": crontab(minute="*/10"),
+    },
+    "prune-slice-logs": {
+        "task": "tenants.prune_slice_logs",
+        "schedule": crontab(hour=3, minute=40),
     },
     "purge-expired-invitations": {
         "task": "tenants.purge_expired_invitations",

@@ -381,6 +381,38 @@ def rm_argv(container: str) -> list[str]:
     return ["docker", "rm", "--force", _check_ref("container", container)]
 
 
+# docker's --since takes an RFC 3339 time; the platform sends UTC with microseconds
+_SINCE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z$")
+_LOG_LINE_RE = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(\.\d{1,9})?Z ?(.*)$")
+
+
+def logs_argv(container: str, *, since: str = "", tail: int = 1000) -> list[str]:
+    """A container's output with docker's own timestamps, from `since` on (inclusive),
+    at most the last `tail` lines."""
+    argv = ["docker", "logs", "--timestamps", "--tail", str(_int_at_least("tail", tail))]
+    if since:
+        if not _SINCE_RE.fullmatch(since):
+            raise ValueError(f"since must be an RFC 3339 UTC time, not {since!r}")
+        argv += ["--since", since]
+    return [*argv, _check_ref("container", container)]
+
+
+def parse_log_lines(text: str) -> list[tuple[str, int, str]]:
+    """(second, microseconds, text) per timestamped line `docker logs --timestamps`
+    printed; a line without a timestamp (a wrapped one) continues the previous line."""
+    out: list[tuple[str, int, str]] = []
+    for line in text.splitlines():
+        m = _LOG_LINE_RE.match(line)
+        if m is None:
+            if out:
+                second, micro, before = out[-1]
+                out[-1] = (second, micro, before + "\n" + line)
+            continue
+        fraction = (m.group(2) or ".0")[1:]
+        out.append((m.group(1), int(fraction[:6].ljust(6, "0")), m.group(3)))
+    return out
+
+
 def logs_tail_argv(container: str, lines: int = 50) -> list[str]:
     """The last lines of a container's output (docker prints stdout and stderr as the
     container wrote them: read both)."""

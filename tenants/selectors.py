@@ -41,6 +41,7 @@ from .models import (
     Membership,
     Purchase,
     Slice,
+    SliceLogLine,
     SliceMount,
     SshKey,
     Tenant,
@@ -319,6 +320,16 @@ def volumes_only_used_by(slice: Slice) -> list[Volume]:
         .values_list("volume_id", flat=True)
     )
     return list(Volume.objects.filter(pk__in=mine, state=Volume.State.READY).exclude(pk__in=shared))
+
+
+def slice_log_lines(*, slice: Slice, after: int = 0, limit: int = 200) -> list[SliceLogLine]:
+    """The slice's kept output after line `after`, oldest first, at most `limit` lines."""
+    return list(SliceLogLine.objects.filter(slice=slice, seq__gt=after).order_by("seq")[:limit])
+
+
+def slice_log_lines_tail(*, slice: Slice, count: int) -> QuerySet[SliceLogLine]:
+    """The slice's last `count` lines kept, newest first."""
+    return SliceLogLine.objects.filter(slice=slice).order_by("-seq")[:count]
 
 
 def volume_list(*, tenant: Tenant | None) -> QuerySet[Volume]:

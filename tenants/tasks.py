@@ -155,3 +155,19 @@ def volumes_measure(node_id: int) -> int:
 @shared_task(name="tenants.volumes_meter", soft_time_limit=100, time_limit=120)
 def volumes_meter() -> int:
     return services.volumes_meter()
+
+
+# --- slice logs: read from the node on a worker, kept in the database ---
+
+
+@shared_task(name="telemetry.slice_logs", soft_time_limit=30, time_limit=45)
+def slice_logs(slice_id: int) -> int:
+    try:
+        return services.slice_logs_collect(slice_id=slice_id)
+    except (ssh.SSHError, ContainerError):
+        return 0  # the node did not answer: the next read asks again
+
+
+@shared_task(name="tenants.prune_slice_logs", soft_time_limit=100, time_limit=120)
+def prune_slice_logs() -> int:
+    return services.slice_logs_prune()

@@ -56,6 +56,7 @@ urlpatterns = [
     path("launch/", slices.launch, name="launch"),
     path("slices/<int:pk>/", slices.slice_detail, name="slice_detail"),
     path("slices/<int:pk>/stop/", slices.slice_stop, name="slice_stop"),
+    path("slices/<int:pk>/logs/", slices.slice_logs, name="slice_logs"),
     path("slices/<int:pk>/resume/", volumes.slice_resume, name="slice_resume"),
     path("slices/<int:pk>/terminate/", volumes.slice_terminate, name="slice_terminate"),
     path("volumes/", volumes.volumes, name="volumes"),

@@ -68,6 +68,24 @@ def not_pulled_reason(*, node: Node, reference: str, detail: str) -> str:
     return f"image {reference} is not on node {node.name} and nodes here cannot pull it"
 
 
+def container_logs(
+    *,
+    node: Node,
+    container: str,
+    since: str = "",
+    tail: int = 1000,
+    pool: ssh.SSHPool | None = None,
+) -> list[tuple[str, int, str]]:
+    """The container's output lines with their times, stdout and stderr merged in time
+    order, from `since` on. Raises ContainerError or ssh.SSHError."""
+    result = run_on_node(node, runtime.logs_argv(container, since=since, tail=tail), pool)
+    if not result.ok:
+        raise ContainerError(f"docker logs failed: {cli_error_line(result.stderr)}")
+    lines = runtime.parse_log_lines(result.stdout.decode("utf-8", "replace"))
+    lines += runtime.parse_log_lines(result.stderr.decode("utf-8", "replace"))
+    return sorted(lines, key=lambda line: (line[0], line[1]))
+
+
 def image_inspect(*, node: Node, reference: str, pool: ssh.SSHPool | None = None):  # type: ignore[no-untyped-def]
     """The image's configuration as the node has it (pulled first when the node lacks it).
     Raises ContainerError (no such image, a pull refused) or ssh.SSHError."""

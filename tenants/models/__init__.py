@@ -22,7 +22,7 @@ from .billing import (
     Tier,
     UsageRecord,
 )
-from .slices import Image, Slice, SliceTransition
+from .slices import Image, Slice, SliceLogLine, SliceTransition
 from .volumes import SliceMount, Volume
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "Purchase",
     "Role",
     "Slice",
+    "SliceLogLine",
     "SliceMount",
     "SliceTransition",
     "SshKey",

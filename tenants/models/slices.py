@@ -270,3 +270,29 @@ class SliceTransition(models.Model):
 
     def __str__(self) -> str:
         return f"{self.from_state or '-'} -> {self.to_state}"
+
+
+class SliceLogLine(models.Model):
+    """A line the slice's container printed (stdout and stderr, in time order), kept so
+    the page and the API read it without the node, and after the container is gone."""
+
+    slice = models.ForeignKey(
+        "tenants.Slice", on_delete=models.CASCADE, related_name="log_lines", verbose_name="slice"
+    )
+    seq = models.PositiveIntegerField("line number")
+    at = models.DateTimeField("printed at")
+    text = models.CharField("text", max_length=2000, blank=True)
+
+    class Meta:
+        ordering = ["slice", "seq"]
+        verbose_name = "slice log line"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["slice", "seq"],
+                name="%(app_label)s_%(class)s_one_line_per_number",
+                violation_error_message="A slice's log has one line per number.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.slice_id}:{self.seq}"

@@ -45,6 +45,7 @@ from .keys import (
     ssh_key_touch,
     ssh_public_key_parse,
 )
+from .logs import slice_logs_collect, slice_logs_prune, slice_logs_request
 from .notify import audit_event_record, members_notify, members_notify_send
 from .slices.launch import (
     ServiceRefusal,
@@ -116,6 +117,9 @@ __all__ = [
     "queue_position",
     "slice_finish_stop",
     "slice_launch",
+    "slice_logs_collect",
+    "slice_logs_prune",
+    "slice_logs_request",
     "slice_meter",
     "slice_provision",
     "slice_resume",

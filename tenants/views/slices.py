@@ -248,6 +248,8 @@ def slice_detail(request: HttpRequest, pk: int) -> HttpResponse:
     if is_partial(request):
         response = render(request, "tenants/_slice_live.html", context)
         return live_response(response, done=slice.is_final)
+    services.slice_logs_request(slice=slice)
+    context.update(slice_log_tail(slice))
     return render(request, "tenants/slice_detail.html", context)
 
 
@@ -384,3 +386,35 @@ def ops_calibration(request: HttpRequest) -> HttpResponse:
         ],
     }
     return render(request, "tenants/ops_calibration.html", {"rows": rows, "chart": chart})
+
+
+LOG_LINES_SHOWN = 200  # the page opens on the last lines kept
+LOG_LINES_PER_POLL = 500
+
+
+@member_required
+@require_GET
+def slice_logs(request: HttpRequest, pk: int) -> HttpResponse:
+    """The lines after `after` (htmx appends them to the page's log box), and the poller
+    that asks for the next ones; it stops once the slice is final and nothing is left."""
+    slice = _tenant_slice(request, pk)
+    after = request.GET.get("after", "0")
+    if not is_id(after) and after != "0":
+        return HttpResponse("after: a line number", status=400, content_type="text/plain")
+    services.slice_logs_request(slice=slice)
+    lines = selectors.slice_log_lines(slice=slice, after=int(after), limit=LOG_LINES_PER_POLL)
+    following = slice.state in (Slice.State.RUNNING, Slice.State.STOPPING)
+    cursor = lines[-1].seq if lines else int(after)
+    done = not following and len(lines) < LOG_LINES_PER_POLL
+    response = render(
+        request,
+        "tenants/_slice_log_lines.html",
+        {"slice": slice, "lines": lines, "cursor": cursor, "done": done},
+    )
+    return live_response(response, done=done)
+
+
+def slice_log_tail(slice: Slice) -> dict:
+    """The log box as the slice page opens it: the last lines kept and the cursor."""
+    lines = list(reversed(list(selectors.slice_log_lines_tail(slice=slice, count=LOG_LINES_SHOWN))))
+    return {"log_lines": lines, "log_cursor": lines[-1].seq if lines else 0}

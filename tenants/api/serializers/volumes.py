@@ -1,5 +1,6 @@
 """Volumes in the API: a tenant's own (create, list, delete with its name as the
-confirmation), the mounts of a launch, and the resume and terminate of a slice."""
+confirmation), the mounts of a launch, the resume and terminate of a slice, and what a
+slice printed (its logs, read with a cursor)."""
 
 from __future__ import annotations
 
@@ -54,4 +55,31 @@ class SliceResumeSerializer(StrictSerializer):
 class SliceTerminateSerializer(StrictSerializer):
     delete_volumes = serializers.BooleanField(
         required=False, default=False, help_text="Also delete the volumes only this slice used."
+    )
+
+
+class SliceLogsQuerySerializer(StrictSerializer):
+    query_string = True
+
+    after = serializers.IntegerField(
+        min_value=0, required=False, default=0, help_text="The cursor: lines after this one."
+    )
+    limit = serializers.IntegerField(
+        min_value=1, max_value=1000, required=False, default=200, help_text="At most 1000."
+    )
+
+
+class SliceLogLineSerializer(serializers.Serializer):
+    seq = serializers.IntegerField(help_text="The line's number (the cursor).")
+    at = serializers.DateTimeField(help_text="When the container printed it (docker's time).")
+    text = serializers.CharField(help_text="The line, terminal escapes removed, capped.")
+
+
+class SliceLogsSerializer(serializers.Serializer):
+    slice = serializers.IntegerField()
+    lines = SliceLogLineSerializer(many=True)
+    next_cursor = serializers.IntegerField(help_text="Pass as `after` for the lines after.")
+    more = serializers.BooleanField(help_text="More lines are kept after these.")
+    following = serializers.BooleanField(
+        help_text="The slice still runs: new lines will come (ask again in a few seconds)."
     )

@@ -22,6 +22,8 @@ from ..serializers import slices as s
 from ..serializers import volumes as vs
 from .base import IDEMPOTENCY_KEY, TenantResourceMixin, idempotency_key
 
+LOGS_MAX_BYTES = 256 * 1024  # of log text in one answer
+
 REFUSAL = OpenApiResponse(
     OpenApiTypes.OBJECT,
     description="The job does not fit the tier (code `estimate_exceeds_tier`): `estimate` "
@@ -143,6 +145,36 @@ class SliceViewSet(
         data.is_valid(raise_exception=True)
         services.slice_terminate(membership=request.membership, slice=slice, **data.validated_data)
         return self._out(slice, status.HTTP_202_ACCEPTED)
+
+    @extend_schema(parameters=[vs.SliceLogsQuerySerializer], responses=vs.SliceLogsSerializer)
+    @action(detail=True, methods=["get"])
+    def logs(self, request, pk=None):  # type: ignore[no-untyped-def]
+        """What the slice's container printed (stdout and stderr in time order), oldest
+        first, after the cursor `after`; at most `limit` lines and 256 KiB per answer.
+        Kept for a while after the slice stops. While it runs, `following` is true and
+        asking again shows new lines within seconds."""
+        slice = self.get_object()
+        query = vs.SliceLogsQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        after, limit = query.validated_data["after"], query.validated_data["limit"]
+        services.slice_logs_request(slice=slice)
+        lines = selectors.slice_log_lines(slice=slice, after=after, limit=limit + 1)
+        more = len(lines) > limit
+        kept, size = [], 0
+        for line in lines[:limit]:
+            size += len(line.text.encode()) + 1
+            if kept and size > LOGS_MAX_BYTES:
+                more = True
+                break
+            kept.append(line)
+        body = {
+            "slice": slice.pk,
+            "lines": [{"seq": ln.seq, "at": ln.at, "text": ln.text} for ln in kept],
+            "next_cursor": kept[-1].seq if kept else after,
+            "more": more,
+            "following": slice.state in (Slice.State.RUNNING, Slice.State.STOPPING),
+        }
+        return Response(vs.SliceLogsSerializer(body).data)
 
     @extend_schema(responses=s.SliceVramSerializer)
     @action(detail=True, methods=["get"])

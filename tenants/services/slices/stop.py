@@ -15,6 +15,7 @@ from nodes import services as node_services
 from ...locks import slice_lock
 from ...models import Membership, Slice
 from ..billing import node_answers, purchase_warn_if_low, slice_meter
+from ..logs import slice_logs_final
 from ..notify import members_notify
 from .state import S, slice_settle, slice_stop_after_commit, slice_transition
 
@@ -124,6 +125,7 @@ def slice_finish_stop(*, slice_id: int, force: bool = False) -> str:
     if slice.allocation is not None and slice.allocation.state != "released":
         node = slice.allocation.gpu.node
         container = slice.container_id or slice.container_name
+        slice_logs_final(slice=slice)  # what it printed outlives its container
         node_services.container_remove(node=node, container=container, grace_s=0 if force else 10)
     with transaction.atomic():
         slice = slice_lock(slice_id)
