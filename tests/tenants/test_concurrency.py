@@ -271,8 +271,11 @@ def test_parallel_launches_of_mixed_sizes_never_overallocate(
     room = max(GPU_MB - used for used in live.values())
     for s in Slice.objects.filter(state=Slice.State.QUEUED):
         assert s.vram_mb > room, f"a {s.vram_mb} MiB slice queued beside {room} MiB free"
-    assert Slice.objects.filter(state=Slice.State.QUEUED, vram_mb=4096).exists()
-    assert sum(live.values()) == 3 * GPU_MB
+    # Which launches win the race varies; when even a 4 GB slice was turned away, every
+    # card must be full to the last MiB (more launches than room always queue some).
+    assert Slice.objects.filter(state=Slice.State.QUEUED).exists()
+    if Slice.objects.filter(state=Slice.State.QUEUED, vram_mb=4096).exists():
+        assert sum(live.values()) == 3 * GPU_MB
 
 
 def test_placement_racing_release_on_one_gpu_keeps_the_counter_exact(
