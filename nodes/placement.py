@@ -1,6 +1,6 @@
 """Where a VRAM reservation goes: pure placement math, no Django.
 
-Rules (DESIGN.md, Flows): an exact MIG device of the right size when one is free;
+Rules (docs/domain.md, Placement): an exact MIG device of the right size when one is free;
 otherwise a software slice on a GPU whose allocated VRAM stays within total x its
 overcommit ratio, best fit (the GPU left with the least room), ties by id. The caller
 filters out draining/unreachable nodes and GPUs not accepting placements, and

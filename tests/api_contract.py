@@ -1,4 +1,4 @@
-"""The shared contract every API resource is tested against (STYLE.md, Tests).
+"""The shared contract every API resource is tested against.
 
 A subclass names its list URL and how to make an object for a given membership; it
 then inherits the checks: anonymous 401, another tenant's object 404, pagination,
