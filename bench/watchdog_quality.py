@@ -585,10 +585,12 @@ class Day:
 
     def fault_slice(self, kind: str, gb: int, env: dict, *, library: bool | None = None):  # type: ignore[no-untyped-def]
         """A slice for a fault, on a node with (or without) a quota library, alone on an
-        emptyish card where possible. One that needs the library's card and finds them
-        all full goes to the card kept for that, rather than queue for any card."""
+        emptyish card where possible. One that finds every card it may use full goes to
+        the card kept for the day's faults, rather than queue for any card."""
         s = self._steered_launch(gb, env, library)
-        if library and s is not None and s.state == "queued":
+        # one that finds every card full (on a busy day the ordinary slices may hold them
+        # all) would queue to the end and its fault never happen: it takes the kept card
+        if library is not False and s is not None and s.state == "queued":
             services.slice_stop(slice=s, actor=s.created_by)
             node_services.gpu_set_accepting(gpu=self.reserve, accepting=True)
             try:
@@ -711,7 +713,7 @@ class Day:
             gpu = Gpu.objects.get(pk=data["gpu"])
             self.emu_of(gpu).hold_memory(gpu.index, 0)
         elif kind == "fault_xid":
-            gpu = Gpu.objects.filter(present=True).order_by("?").first()
+            gpu = self.rng.choice(list(Gpu.objects.filter(present=True).order_by("pk")))
             self.emu_of(gpu).inject_xid(gpu=gpu.index, code=79)
             self.note(Fault("xid", {"hardware_fault": 0}, "hardware_fault", at=now,
                             gpu_id=gpu.pk))  # fmt: skip
