@@ -32,6 +32,13 @@ CONNECT_FAILED = asyncssh.OPEN_CONNECT_FAILED
 NODE_CONNECT_TIMEOUT_S = 10.0
 RELAY_CONNECT_TIMEOUT_S = 10.0
 CHUNK = 65536
+# The gateway decrypts and re-encrypts every byte a stream carries; OpenSSL's AES-GCM
+# (AES-NI) costs a fifth of what AES-CTR with a MAC or ChaCha20-Poly1305 cost in asyncssh.
+# A client takes the first cipher of its own list that the server offers (OpenSSH lists
+# ChaCha20 and AES-CTR before AES-GCM), so renters are offered GATEWAY_CIPHERS (AES-GCM by
+# default); to the nodes, whose sshd offers them all, AES-GCM simply comes first.
+NODE_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com",
+                "chacha20-poly1305@openssh.com", "aes128-ctr", "aes256-ctr")  # fmt: skip
 STOP_WAIT_S = 5.0  # how long a stopping gateway waits for its streams' audit rows
 
 
@@ -99,6 +106,10 @@ def _db(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
 # OpenSSH's sshd allows 10 sessions per connection (MaxSessions): streams to one node
 # spread over as many connections as they need, a few sessions below that each.
 SESSIONS_PER_CONNECTION = 8
+# Relays starting at once on one node: each is a new sshd session, nsenter and a Python
+# start on the node (about a tenth of a second of its CPU). A burst of opens waits its
+# turn here rather than crowd the node until every start runs past its timeout.
+RELAY_STARTS_PER_NODE = 4
 
 
 @dataclass(eq=False)
@@ -114,7 +125,12 @@ class Nodes:
     def __init__(self, client_key: asyncssh.SSHKey):
         self.client_key = client_key
         self._pools: dict[tuple, list[NodeConnection]] = {}
+        self._starting: dict[tuple, asyncio.Semaphore] = {}
         self._lock = asyncio.Lock()
+
+    def starting(self, endpoint: ssh.Endpoint) -> asyncio.Semaphore:
+        """The turn a relay start takes on its node (RELAY_STARTS_PER_NODE at once)."""
+        return self._starting.setdefault(endpoint.key, asyncio.Semaphore(RELAY_STARTS_PER_NODE))
 
     async def acquire(self, endpoint: ssh.Endpoint) -> NodeConnection:
         """A connection with room for one more session, counted as taken."""
@@ -143,6 +159,7 @@ class Nodes:
                 agent_path=None,
                 config=None,
                 keepalive_interval=30,
+                encryption_algs=list(NODE_CIPHERS),
             ),
             NODE_CONNECT_TIMEOUT_S,
         )
@@ -177,6 +194,7 @@ class Gateway:
             x11_forwarding=False,
             login_timeout=30,
             keepalive_interval=30,
+            encryption_algs=list(settings.GATEWAY_CIPHERS),
         )
         self._checker = asyncio.create_task(self._recheck())
         return self._server.sockets[0].getsockname()[1]
@@ -318,10 +336,11 @@ class Gateway:
         check = target.container_id if relay.checkable(target.container_id) else ""
         node = await self.nodes.acquire(target.endpoint)
         try:
-            writer, reader, errors = await node.conn.open_session(
-                shlex.join(relay.relay_argv(pid, port, check)), encoding=None
-            )
-            first = await asyncio.wait_for(reader.readline(), RELAY_CONNECT_TIMEOUT_S)
+            async with self.nodes.starting(target.endpoint):
+                writer, reader, errors = await node.conn.open_session(
+                    shlex.join(relay.relay_argv(pid, port, check)), encoding=None
+                )
+                first = await asyncio.wait_for(reader.readline(), RELAY_CONNECT_TIMEOUT_S)
             if first != relay.CONNECTED:
                 detail = (await asyncio.wait_for(errors.read(500), 2)).decode(errors="replace")
                 writer.close()

@@ -274,6 +274,12 @@ GATEWAY_IDLE_TIMEOUT_S = env.int("GPUPLATFORM_GATEWAY_IDLE_TIMEOUT_S", default=9
 GATEWAY_RECHECK_S = env.float("GPUPLATFORM_GATEWAY_RECHECK_S", default=2.0)
 # how long the gateway remembers a container's host PID (0: asks the node at every open)
 GATEWAY_PID_CACHE_S = env.float("GPUPLATFORM_GATEWAY_PID_CACHE_S", default=30.0)
+# the ciphers offered to renters' clients: AES-GCM only by default, the one the gateway
+# re-encrypts at speed (a client without it, PuTTY before 0.76, is told "no matching
+# cipher"; add aes128-ctr to let it in at a third of the throughput)
+GATEWAY_CIPHERS = env.list(
+    "GPUPLATFORM_GATEWAY_CIPHERS", default=["aes128-gcm@openssh.com", "aes256-gcm@openssh.com"]
+)
 
 # Whether the nodes can pull an image they do not hold from its registry: "yes", "no", or
 # "" (not known). The launch page says so beside an image no node holds.

@@ -64,3 +64,22 @@ def test_destinations_other_than_own_running_slices_are_prohibited_and_audited(
     host, port = target.rsplit(":", 1)
     assert (row.user_id, row.destination, row.port) == (owner_a.user.pk, host, int(port))
     assert row.refused and row.closed_at is None
+
+
+def test_openssh_at_its_defaults_talks_aes_gcm_to_the_gateway(gateway, owner_a, tmp_path):  # type: ignore[no-untyped-def]
+    # OpenSSH lists ChaCha20-Poly1305 first; the gateway re-encrypts every byte, and in
+    # Python that cipher costs five times AES-GCM's, so it is not offered
+    key, line = client_key(tmp_path)
+    services.ssh_key_add(user=owner_a.user, name="laptop", public_key=line)
+    answer = run(ssh_argv(gateway, key, tmp_path, "-v", "-T") + ["true"])
+    ciphers = {
+        part.split("cipher: ")[1].split()[0]
+        for part in answer.stderr.splitlines()
+        if "kex: " in part and " cipher: " in part
+    }
+    assert ciphers == {"aes128-gcm@openssh.com"}, answer.stderr[-2000:]
+    only_chacha = run(
+        ssh_argv(gateway, key, tmp_path, "-o", "Ciphers=chacha20-poly1305@openssh.com", "-T")
+        + ["true"]
+    )
+    assert only_chacha.returncode == 255 and "no matching cipher" in only_chacha.stderr

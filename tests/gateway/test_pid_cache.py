@@ -80,6 +80,9 @@ class FakeNodes:
     def release(self, conn) -> None:  # type: ignore[no-untyped-def]
         self.taken -= 1
 
+    starting = server.Nodes.starting
+    _starting: dict  # per instance, set in the fixture
+
 
 class Clock:
     def __init__(self) -> None:
@@ -104,6 +107,7 @@ def gw(settings):  # type: ignore[no-untyped-def]
     def make(node: FakeNode, ttl_s: float = 30.0):  # type: ignore[no-untyped-def]
         gateway = server.Gateway.__new__(server.Gateway)
         gateway.nodes = FakeNodes(node)  # type: ignore[assignment]
+        gateway.nodes._starting = {}
         gateway.clock = Clock()  # type: ignore[attr-defined]
         gateway.pids = server.PidCache(ttl_s=ttl_s, clock=gateway.clock)  # type: ignore[attr-defined]
         return gateway
@@ -206,3 +210,37 @@ def test_the_relay_itself_refuses_a_pid_outside_the_container() -> None:
     )
     assert done.returncode == relay.NOT_THE_CONTAINER_EXIT
     assert relay.lost_the_container(done.stderr.decode())
+
+
+class SlowNode(FakeNode):
+    """A node whose relays take a while to say they are connected, counting how many
+    start at once."""
+
+    starting_now: int = 0
+    most: int = 0
+
+    async def open_session(self, command: str, encoding=None):  # type: ignore[no-untyped-def]
+        node = self
+
+        class Slow(Pipe):
+            async def readline(self) -> bytes:
+                node.starting_now += 1
+                node.most = max(node.most, node.starting_now)
+                await asyncio.sleep(0.02)
+                node.starting_now -= 1
+                return relay.CONNECTED
+
+        await super().open_session(command, encoding)
+        return Pipe(b""), Slow(b""), Pipe(b"")
+
+
+def test_a_burst_of_opens_starts_a_few_relays_on_a_node_at_a_time(gw) -> None:  # type: ignore[no-untyped-def]
+    node = SlowNode(pids={CONTAINER: 4242}, alive={4242})
+    gateway = gw(node)
+
+    async def burst() -> list:
+        return await asyncio.gather(*(gateway._connect_relay(target(), 8080) for _ in range(20)))
+
+    opened = asyncio.run(burst())
+    assert len(opened) == 20 and len(node.relays) == 20  # every one started, in turn
+    assert node.most == server.RELAY_STARTS_PER_NODE
