@@ -284,9 +284,21 @@ class Allocation(models.Model):
         default=True,
         help_text="Never placed on, nor left on, an overcommitted GPU.",
     )
+    interruptible = models.BooleanField(
+        "interruptible",
+        default=False,
+        help_text="Sold at a discount on an overcommitted GPU: given up first when the card "
+        "runs short.",
+    )
     state = models.CharField("state", max_length=16, choices=State.choices, default=State.RESERVED)
     created_at = models.DateTimeField("created", auto_now_add=True)
     released_at = models.DateTimeField("released", null=True, blank=True)
+    preempted_at = models.DateTimeField(
+        "preempted",
+        null=True,
+        blank=True,
+        help_text="When the watchdog took it back because its card reached the warning line.",
+    )
     # Two counts of what its container holds, from the latest sample of its node: NVML's
     # (its processes) and the node's quota library's books, which miss what the library
     # does not intercept. Null: not known (no sample yet, no library on the node).

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Prefetch, Q, QuerySet
+from django.db.models import Count, Prefetch, Q, QuerySet
 from django.utils import timezone
 
 from .models import (
@@ -69,6 +69,28 @@ def node_policy_changes() -> QuerySet[NodePolicyChange]:
 def gpu_list(*, node_id: int | None = None) -> QuerySet[Gpu]:
     qs = gpus_with_allocation().select_related("node").order_by("node__name", "index")
     return qs.filter(node_id=node_id) if node_id else qs
+
+
+def interruptible_counts(*, gpu_ids: list[int], now: datetime | None = None) -> dict[int, dict]:
+    """Per GPU: interruptible reservations held now and how many the watchdog took back
+    in the last 7 and 30 days (what the overcommit page shows). One query."""
+    now = now or timezone.now()
+    week, month = now - timedelta(days=7), now - timedelta(days=30)
+    rows = (
+        Allocation.objects.filter(gpu_id__in=gpu_ids, interruptible=True)
+        .filter(Q(preempted_at__gte=month) | ~Q(state=Allocation.State.RELEASED))
+        .values("gpu_id")
+        .annotate(
+            held=Count("pk", filter=~Q(state=Allocation.State.RELEASED)),
+            preempted_7d=Count("pk", filter=Q(preempted_at__gte=week)),
+            preempted_30d=Count("pk", filter=Q(preempted_at__gte=month)),
+        )
+    )
+    empty = {"held": 0, "preempted_7d": 0, "preempted_30d": 0}
+    out = {pk: dict(empty) for pk in gpu_ids}
+    for row in rows:
+        out[row.pop("gpu_id")] = row
+    return out
 
 
 def fleet_totals(nodes: list[Node]) -> dict:

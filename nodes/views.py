@@ -208,9 +208,11 @@ def policy(request: HttpRequest) -> HttpResponse:
     gpus = selectors.gpu_list().filter(present=True)
     page = Paginator(gpus, POLICY_PAGE_SIZE).get_page(request.GET.get("page"))
     windows = services.rollup_windows(gpu_ids=[g.pk for g in page])  # one query per page
+    interruptible = selectors.interruptible_counts(gpu_ids=[g.pk for g in page])
     for gpu in page:
         gpu.recommended = services.gpu_recommended_ratio(gpu=gpu, window=windows.get(gpu.pk))
         gpu.allocatable_mb = int(gpu.vram_total_mb * gpu.overcommit_ratio)
+        gpu.interruptible = interruptible[gpu.pk]
     return render(request, "nodes/policy.html", {"page": page})
 
 

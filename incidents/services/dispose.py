@@ -244,6 +244,9 @@ def incident_dispose(*, incident_id: int, action: str, evidence: dict) -> str:
     if action == rules.STOP_SLICE and incident.slice_id:
         return _stop_offender(incident, evidence)
     if action == rules.PREEMPT and incident.slice_id:
+        s = incident.slice
+        if s is not None and s.allocation_id and not s.is_final:  # counted per GPU for ops
+            node_services.allocation_mark_preempted(allocation_id=s.allocation_id)
         # docker stop with the grace period: the job gets SIGTERM and time to checkpoint
         return _stop_offender(incident, evidence, force=False)
     if action == rules.END_ORPHAN and incident.gpu_id:

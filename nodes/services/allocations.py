@@ -264,8 +264,9 @@ def _reserve_software(  # type: ignore[no-untyped-def]
         if gpu is None:
             return None
         return _create_allocation(
-            gpu, vram_mb, owner_key, guaranteed, mig_device_uuid="", counted=True
-        )
+            gpu, vram_mb, owner_key, guaranteed, mig_device_uuid="", counted=True,
+            interruptible=interruptible,
+        )  # fmt: skip
     # Waiting for a lock: a row whose room went meanwhile must not stay locked.
     gpus = _software_fits(vram_mb, guaranteed, node_id=node_id, interruptible=interruptible)
     if pk is not None:
@@ -277,7 +278,9 @@ def _reserve_software(  # type: ignore[no-untyped-def]
         if gpu is None or held_mb(gpu) + vram_mb > capacity_mb(gpu):
             transaction.savepoint_rollback(sid)
             return None
-        allocation = _create_allocation(gpu, vram_mb, owner_key, guaranteed, mig_device_uuid="")
+        allocation = _create_allocation(
+            gpu, vram_mb, owner_key, guaranteed, mig_device_uuid="", interruptible=interruptible
+        )
     except BaseException:
         transaction.savepoint_rollback(sid)
         raise
@@ -340,7 +343,9 @@ _CLAIM_FIELDS = (
 )
 
 
-def _create_allocation(gpu, vram_mb, owner_key, guaranteed, *, mig_device_uuid, counted=False):  # type: ignore[no-untyped-def]
+def _create_allocation(  # type: ignore[no-untyped-def]
+    gpu, vram_mb, owner_key, guaranteed, *, mig_device_uuid, counted=False, interruptible=False
+):
     # Always called inside the caller's savepoint, which an IntegrityError rolls back.
     try:
         allocation = Allocation.objects.create(
@@ -349,6 +354,7 @@ def _create_allocation(gpu, vram_mb, owner_key, guaranteed, *, mig_device_uuid, 
             owner_key=owner_key,
             mig_device_uuid=mig_device_uuid,
             guaranteed=guaranteed,
+            interruptible=interruptible,
         )
     except IntegrityError as exc:
         raise Conflict(
@@ -407,6 +413,18 @@ def allocation_release(*, allocation: Allocation) -> Allocation:
         allocation.released_at = timezone.now()
         allocation.save(update_fields=["state", "released_at"])
     return allocation
+
+
+@transaction.atomic
+def allocation_mark_preempted(*, allocation_id: int) -> bool:
+    """Record that the watchdog takes this interruptible reservation back (its card
+    reached the warning line); the release follows with the slice's stop. Safe to run
+    twice: the first time counts. False when it is not an interruptible one."""
+    return bool(
+        Allocation.objects.filter(
+            pk=allocation_id, interruptible=True, preempted_at__isnull=True
+        ).update(preempted_at=timezone.now())
+    )
 
 
 @transaction.atomic

@@ -30,13 +30,16 @@
     return places ? whole + "." + text.slice(text.length - places) : whole;
   }
   function update() {
-    const price = prices[form.elements.tier.value];
+    const entry = prices[form.elements.tier.value];
     const hours = parseInt(form.elements.hours.value, 10);
-    if (price === undefined || !(hours > 0)) {
+    if (entry === undefined || !(hours > 0)) {
       out.textContent = "–";
       return;
     }
-    const cents = units(price, 2) * BigInt(hours);
+    const [price, discount] = entry;
+    const off = form.elements.interruptible && form.elements.interruptible.checked ? discount : 0;
+    // price x hours x (100 - off) / 100, rounded half up once to the cent (Tier.price_of)
+    const cents = (units(price, 2) * BigInt(hours) * BigInt(100 - off) + 50n) / 100n;
     const money = cents * units(rate.per_credit, 4); // units of 10^-6
     const amount = written(money, 6, rate.places);
     const value = rate.symbol ? rate.symbol + amount : amount + " " + rate.currency;

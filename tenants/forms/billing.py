@@ -9,7 +9,7 @@ from django import forms
 
 from .. import services
 from ..models import Tenant, Tier
-from ..money import Rate, round_half_up
+from ..money import Rate
 from ..selectors import tier_list
 from .fields import TokenField, new_form_token
 
@@ -55,6 +55,13 @@ class TierChoiceField(forms.ModelChoiceField):
 class BuyForm(forms.Form):
     tier = TierChoiceField(queryset=Tier.objects.none(), empty_label=None)
     hours = forms.IntegerField(min_value=1, max_value=services.MAX_PURCHASE_HOURS, initial=1)
+    interruptible = forms.BooleanField(
+        label="Interruptible, at the tier's discount",
+        required=False,
+        help_text="Its slices run on overcommitted GPUs and are preempted when the card runs "
+        "short: stopped with a grace period to checkpoint, volumes kept, resumable; the "
+        "minutes left stay on the purchase. Inference only, not training.",
+    )
     idempotency_token = TokenField()
 
     def __init__(self, *args, rate: Rate, **kwargs):  # type: ignore[no-untyped-def]
@@ -67,7 +74,7 @@ class BuyForm(forms.Form):
         data = getattr(self, "cleaned_data", {})
         if not data.get("tier") or not data.get("hours"):
             return None
-        return round_half_up(data["tier"].price_per_hour * data["hours"])
+        return data["tier"].price_of(data["hours"], interruptible=bool(data.get("interruptible")))
 
 
 class TenantChoiceField(forms.ModelChoiceField):

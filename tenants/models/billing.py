@@ -65,6 +65,10 @@ class Tier(models.Model):
         return round_half_up(price)
 
     @property
+    def interruptible_price_per_hour(self) -> Decimal:
+        return self.price_of(1, interruptible=True)
+
+    @property
     def vram_gb(self) -> int:
         return self.vram_mb // 1024
 

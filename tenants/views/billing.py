@@ -84,6 +84,7 @@ def buy(request: HttpRequest) -> HttpResponse:
                     membership=request.membership,
                     tier=form.cleaned_data["tier"],
                     hours=form.cleaned_data["hours"],
+                    interruptible=form.cleaned_data["interruptible"],
                     idempotency_key=form.cleaned_data["idempotency_token"],
                 )
             except ServiceError as exc:
@@ -94,7 +95,8 @@ def buy(request: HttpRequest) -> HttpResponse:
                 if created:
                     messages.success(
                         request,
-                        f"Bought {purchase.tier.name} for {purchase.hours} h: "
+                        f"Bought {purchase.tier.name} for {purchase.hours} h"
+                        f"{' (interruptible)' if purchase.interruptible else ''}: "
                         f"{money_text(purchase.price_paid, rate)}.",
                     )
                 else:
@@ -118,7 +120,11 @@ def buy(request: HttpRequest) -> HttpResponse:
             if balance_after is not None and balance_after < 0
             else None,
             "tiers": tiers,
-            "prices": {str(t.pk): str(t.price_per_hour) for t in tiers},
+            # per tier: the hour's price and the interruptible discount (%), which buy.js
+            # applies to the whole purchase and rounds once, as Tier.price_of does
+            "prices": {
+                str(t.pk): [str(t.price_per_hour), t.interruptible_discount_pct] for t in tiers
+            },
             # buy.js writes the live total the way tenants.money does (same rounding, signs).
             "rate": {
                 "currency": rate.currency,

@@ -148,6 +148,11 @@ def test_new_tenant_buys_launches_sees_it_running_with_its_gauge_and_stops_it(  
     page.fill("#id_hours", "2")
     # buy.js, before the server confirms
     assert page.inner_text("#buy-estimate") == "0.76 credits ($0.76)"
+    page.check("#id_interruptible")  # the discount on the whole purchase, rounded once
+    cut = eight.price_of(2, interruptible=True)
+    assert page.inner_text("#buy-estimate") == f"{cut} credits (${cut})"
+    page.uncheck("#id_interruptible")
+    assert page.inner_text("#buy-estimate") == "0.76 credits ($0.76)"
     page.click("#buy-form button[type=submit]")
     page.wait_for_selector("#confirm-buy")
     assert page.inner_text("#buy-total") == "0.76 credits ($0.76)"

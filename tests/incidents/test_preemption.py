@@ -5,6 +5,7 @@ batches (nodes.services.samples_ingest, the sampler's path)."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from decimal import Decimal
 
@@ -141,3 +142,64 @@ def test_interruptible_hours_cost_less_run_only_on_overcommitted_cards_and_never
                            "context_tokens": 512},
         )  # fmt: skip
     assert refused.value.code == "interruptible_training" and refused.value.field == "purchase"
+
+
+def test_the_overcommit_page_counts_interruptible_slices_and_their_preemptions(
+    client, gpu, owner_a, ops_user
+):  # type: ignore[no-untyped-def]
+    Gpu.objects.filter(pk=gpu.pk).update(overcommit_ratio=Decimal("2.0"))
+    now = timezone.now()
+    running = _slice(owner_a, gpu, 1, interruptible=True, started=now)
+    gone = [_slice(owner_a, gpu, n, interruptible=True, started=now) for n in (2, 3, 4)]
+    _slice(owner_a, gpu, 5, interruptible=False, started=now)  # not interruptible: not counted
+    assert Allocation.objects.get(pk=running.allocation_id).interruptible
+    for s in gone:
+        assert node_services.allocation_mark_preempted(allocation_id=s.allocation_id)
+        assert not node_services.allocation_mark_preempted(allocation_id=s.allocation_id)  # once
+        node_services.allocation_release(allocation=s.allocation)
+    # one of them 10 days ago (in the 30, not the 7), none counted past 30 days
+    Allocation.objects.filter(pk=gone[0].allocation_id).update(
+        preempted_at=now - timedelta(days=10)
+    )
+    Allocation.objects.filter(pk=gone[1].allocation_id).update(
+        preempted_at=now - timedelta(days=31)
+    )
+    client.force_login(ops_user)
+    page = client.get("/ops/fleet/policy/").content.decode()
+    cell = re.search(
+        rf'<tr id="gpu-{gpu.pk}".*?<td class="interruptible"([^>]*)>(.*?)</td>', page, re.S
+    )
+    assert cell is not None
+    assert 'data-held="1" data-preempted-7d="1" data-preempted-30d="2"' in cell.group(1)
+    assert "1 running" in cell.group(2) and "preempted 1 in 7 days, 2 in 30" in cell.group(2)
+
+
+def test_a_reservation_that_is_not_interruptible_is_never_marked_preempted(gpu, owner_a):  # type: ignore[no-untyped-def]
+    s = _slice(owner_a, gpu, 1, interruptible=False, started=timezone.now())
+    assert not node_services.allocation_mark_preempted(allocation_id=s.allocation_id)
+    assert Allocation.objects.get(pk=s.allocation_id).preempted_at is None
+
+
+def test_buying_interruptible_hours_on_the_page_shows_and_charges_the_discount(
+    client, owner_a, ops_user
+):  # type: ignore[no-untyped-def]
+    tier = Tier.objects.get(vram_mb=8192)
+    tenant_services.credit_grant(tenant=owner_a.tenant, amount="50.00", actor=ops_user, memo="t")
+    client.force_login(owner_a.user)
+    form = client.get("/buy/").content.decode()
+    assert 'name="interruptible"' in form and "Interruptible / hour" in form
+    price = tier.price_of(3, interruptible=True)
+    data = {"tier": tier.pk, "hours": 3, "interruptible": "on", "idempotency_token": "t-int"}
+    review = client.post("/buy/", data).content.decode()
+    assert (
+        'id="buy-interruptible"' in review and f"{tier.interruptible_discount_pct}% off" in review
+    )
+    assert f'id="buy-total"><span class="money">{price} credits' in review
+    assert '<input type="hidden" name="interruptible" value="on">' in review  # kept to confirm
+    assert client.post("/buy/", {**data, "confirm": "yes"}).status_code == 302
+    bought = Purchase.objects.get(tenant=owner_a.tenant)
+    assert bought.interruptible and bought.price_paid == price < tier.price_of(3)
+    catalog = client.get("/tiers/").content.decode()
+    assert (
+        "/ hour interruptible" in catalog and f"{tier.interruptible_discount_pct}% off" in catalog
+    )
