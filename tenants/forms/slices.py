@@ -8,10 +8,11 @@ from django import forms
 
 from gpuplatform.errors import ServiceError
 from gpuplatform.querystring import is_id
+from nodes import volumes
 from nodes.models import Node
 
 from .. import services
-from ..models import Image, Purchase, Slice, Tenant
+from ..models import Image, Purchase, Slice, Tenant, Volume
 from ..selectors import image_list, purchases_usable
 from .estimate import JobForm, model_for_tier
 from .fields import TokenField, new_form_token
@@ -26,8 +27,14 @@ def lines(text: str) -> list[str]:
     return [line.rstrip("\r") for line in (text or "").split("\n")]
 
 
+class VolumeChoiceField(forms.ModelChoiceField):
+    def label_from_instance(self, obj) -> str:  # type: ignore[no-untyped-def]
+        return f"{obj.name} · {obj.size_gb} GB · on {obj.node.name}"
+
+
 class LaunchForm(JobForm):
     field_order = ["purchase", "image"]  # then the job, then how to run it
+    MOUNT_ROWS = volumes.MAX_MOUNTS
 
     purchase = PurchaseChoiceField(queryset=Purchase.objects.none(), empty_label=None)
     image = forms.ModelChoiceField(queryset=Image.objects.none(), empty_label=None)
@@ -74,6 +81,57 @@ class LaunchForm(JobForm):
         self._preselect()
         self.fields["image"].queryset = image_list(active_only=True)
         self.fields["idempotency_token"].initial = new_form_token()
+        # Any of the tenant's volumes validates (a deleted or busy one gets the service's
+        # reason); the ready ones are offered.
+        mine = Volume.objects.for_tenant(tenant).select_related("node")
+        offered = [v for v in mine.order_by("name") if v.state == Volume.State.READY]
+        self.has_volumes = bool(offered)
+        for n in range(self.MOUNT_ROWS):
+            field = VolumeChoiceField(
+                queryset=mine, required=False, label=f"Volume {n + 1}", empty_label="(none)"
+            )
+            field.widget.choices = [("", "(none)")] + [
+                (v.pk, field.label_from_instance(v)) for v in offered
+            ]
+            self.fields[f"volume_{n}"] = field
+            self.fields[f"volume_path_{n}"] = forms.CharField(
+                label=f"Mounted at {n + 1}",
+                required=False,
+                max_length=400,
+                initial="/data" if n == 0 else "",
+                widget=forms.TextInput(attrs={"placeholder": "/data/models"}),
+            )
+
+    def mount_rows(self) -> list[tuple]:
+        return [(self[f"volume_{n}"], self[f"volume_path_{n}"]) for n in range(self.MOUNT_ROWS)]
+
+    def clean(self):  # type: ignore[no-untyped-def]
+        data = super().clean()
+        mounts = []
+        for n in range(self.MOUNT_ROWS):
+            volume, path = data.get(f"volume_{n}"), (data.get(f"volume_path_{n}") or "").strip()
+            if volume is None:
+                continue
+            if not path:
+                self.add_error(
+                    f"volume_path_{n}", "Where in the container: under /data or /workspace."
+                )
+                continue
+            mounts.append({"volume": volume.pk, "path": path})
+        data["volumes"] = mounts
+        return data
+
+    def error_field_of(self, field: str | None) -> str | None:
+        """A service's `volumes.<n>.volume` / `volumes.<n>.path` is this form's row n."""
+        parts = (field or "").split(".")
+        if parts[0] == "volumes" and len(parts) == 3 and parts[1].isdigit():
+            rows = [n for n in range(self.MOUNT_ROWS) if self.cleaned_data.get(f"volume_{n}")]
+            if int(parts[1]) < len(rows):
+                n = rows[int(parts[1])]
+                return f"volume_{n}" if parts[2] == "volume" else f"volume_path_{n}"
+        if parts[0] == "volumes":
+            return "volume_0"
+        return None
 
     def _preselect(self) -> None:
         """The purchase asked for (?purchase=) if usable, else the largest usable one, and

@@ -157,6 +157,7 @@ def launch(request: HttpRequest) -> HttpResponse:
                     environment=data["environment"],
                     ssh_public_key=data["ssh_public_key"],
                     guaranteed=data["guaranteed"],
+                    volumes=data["volumes"],
                     idempotency_key=data["idempotency_token"],
                 )
             except services.ServiceRefusal as exc:
@@ -166,7 +167,11 @@ def launch(request: HttpRequest) -> HttpResponse:
                 form = LaunchForm(_fresh_token(request.POST), tenant=tenant)
                 form.is_valid()
             except ServiceError as exc:
-                form_error(form, exc)
+                mount = form.error_field_of(exc.field)
+                if mount:
+                    form.add_error(mount, exc.message)
+                else:
+                    form_error(form, exc)
                 status = exc.status_code
             else:
                 if not created:

@@ -1,6 +1,8 @@
 """The volume pages against the node emulator: create one from the form, see it with its
 size and state, delete it only by typing its name; viewers read but cannot write."""
 
+import re
+
 import pytest
 
 from tenants.models import Role, Volume
@@ -84,3 +86,44 @@ def test_a_stopped_slice_resumes_from_its_page_and_terminates_for_good(
     assert s.state == "stopped" and s.terminated_at is not None
     page = client.get(f"/slices/{s.pk}/").content.decode()
     assert 'id="slice-terminated"' in page and 'id="resume-link"' not in page
+
+
+def test_the_launch_form_mounts_a_chosen_volume_and_names_the_row_it_refuses(
+    eager, worker_fleet, client, owner_a, owner_b, funded, image_ssh
+):  # type: ignore[no-untyped-def]
+    from tenants.models import Slice  # noqa: PLC0415 - beside the models this file reads
+    from tests.tenants.test_lifecycle_pages import launch_data  # noqa: PLC0415 - its form data
+
+    worker_fleet()
+    purchase = funded(owner_a, vram_gb=4, hours=1)
+    client.force_login(owner_b.user)
+    client.post("/volumes/", {"name": "theirs", "size_gb": "1"})
+    theirs = Volume.objects.get(name="theirs")
+    client.force_login(owner_a.user)
+    page = client.get("/launch/").content.decode()
+    assert 'id="no-volumes"' in page and 'name="volume_0"' not in page  # none yet: a link
+    client.post("/volumes/", {"name": "ckpt", "size_gb": "2"})
+    mine = Volume.objects.get(name="ckpt")
+    page = client.get("/launch/").content.decode()
+    offered = re.search(r'<select name="volume_0".*?</select>', page, re.S).group(0)
+    assert f'<option value="{mine.pk}">ckpt · 2 GB · on {mine.node.name}</option>' in offered
+    assert f'value="{theirs.pk}"' not in offered and "theirs" not in page
+
+    data = launch_data(purchase, image_ssh, volume_0=mine.pk)
+    bad = client.post("/launch/", {**data, "volume_path_0": "/data/../etc"})
+    assert bad.status_code == 400
+    errors = re.search(r'id="id_volume_path_0-error"[^>]*>([^<]*)<', bad.content.decode())
+    assert errors and "mount path" in errors.group(1)
+    stolen = client.post("/launch/", {**data, "volume_0": theirs.pk, "idempotency_token": "t2"})
+    assert stolen.status_code == 400 and "valid choice" in stolen.content.decode()
+    no_path = client.post("/launch/", {**data, "volume_path_0": "", "idempotency_token": "t3"})
+    assert no_path.status_code == 400 and "under /data or /workspace" in no_path.content.decode()
+    assert not Slice.objects.exists()  # nothing launched, nothing charged
+
+    done = client.post(
+        "/launch/", {**data, "volume_path_0": "/data/ckpt", "idempotency_token": "t4"}
+    )
+    assert done.status_code == 302
+    s = Slice.objects.get()
+    assert [(m.volume_id, m.path) for m in s.mounts.all()] == [(mine.pk, "/data/ckpt")]
+    assert s.state == "running" and s.allocation.gpu.node_id == mine.node_id
