@@ -6,8 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .architectures import READERS
+from .architectures.generic import check_generic
+from .architectures.vision import read_vision_language
 from .errors import EstimatorError
 from .families import (
+    ARCHITECTURES,
     CLASSIC,
     ENCODER_FLAGS,
     ENCODERS,
@@ -16,6 +20,7 @@ from .families import (
     GPT_FLAGS,
     GPT_LIKE,
     TIED_BY_DEFAULT,
+    VISION_LANGUAGE,
 )
 from .model import (
     MAX_EXPERTS,
@@ -61,6 +66,34 @@ class _Reader:
             raise EstimatorError(f"{self.field}.{key}", exc.message, code=exc.code) from exc
 
 
+# What each family's reading covers, for the read_as line (the /fit/ page and the API).
+FAMILY_READING = {
+    "generic": "Llama-style decoder (generic reading of an unknown model_type)",
+    "gpt_neox": "plain two-matrix MLP, fused biased qkv",
+    "phi": "parallel attention and MLP, biases, partial rotary",
+    "falcon": "multi-query or grouped KV heads, parallel attention",
+    "olmo": "norms without parameters",
+    "olmo2": "q/k norms over all heads",
+    "gemma2": "interleaved sliding windows",
+    "gemma3": "interleaved sliding windows, per-head q/k norms",
+    "mixtral": "mixture of experts",
+    "qwen2_moe": "mixture of experts with a shared expert",
+    "qwen3_moe": "mixture of experts",
+}
+
+# Gemma3TextConfig's defaults, which gemma-3 checkpoints' text_config leaves out.
+GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 262208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "max_position_embeddings": 131072,
+    "sliding_window": 4096,
+}
+
 _TORCH_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
@@ -78,10 +111,26 @@ def model_from_config(
     if model_type is not None and not isinstance(model_type, str):
         raise EstimatorError(f"{field}.model_type", "expected a string")
     family = FAMILY_OF_MODEL_TYPE.get(model_type or "")
+    if family in VISION_LANGUAGE:
+        return read_vision_language(
+            data, family, field=field, name=name or _name_of(data), source=source,
+            read_text=model_from_config,
+        )  # fmt: skip
     text_config = data.get("text_config")
     if family is None and isinstance(text_config, Mapping):
         inner_type = text_config.get("model_type")
         if isinstance(inner_type, str) and inner_type in FAMILY_OF_MODEL_TYPE:
+            towers = sorted(k for k in data if k.endswith("_config") and k != "text_config")
+            if any(isinstance(data[k], Mapping) for k in towers):
+                # Counting the language model alone would leave the tower out: a low count.
+                raise EstimatorError(
+                    f"{field}.model_type",
+                    f"model_type {str(model_type)[:40]!r} nests {inner_type!r} beside "
+                    f"{', '.join(towers)}, a tower the estimator does not count; give the "
+                    "checkpoint's model.safetensors.index.json (its metadata.total_size) or a "
+                    "safetensors header instead",
+                    code="unsupported_architecture",
+                )
             return model_from_config(
                 text_config,
                 field=f"{field}.text_config",
@@ -93,15 +142,14 @@ def model_from_config(
         notes.append("auto_map / remote code in config.json ignored: the file is read as data only")
     if family is None:
         # Never a guess: counted as a Llama-style decoder, a plain MLP reads 30% high and
-        # latent attention with experts 80% low. A wrong count refuses a launch that would
-        # fit, or admits one that runs out of memory.
-        shown = "no model_type" if model_type is None else f"model_type {model_type[:40]!r}"
-        raise EstimatorError(
-            f"{field}.model_type",
-            f"{shown} is not an architecture the estimator counts exactly "
-            f"({', '.join(sorted(FAMILY_OF_MODEL_TYPE))}); give the parameter count and "
-            "shape as plain numbers instead, or the checkpoint's safetensors index",
-            code="unsupported_architecture",
+        # latent attention with experts 80% low. Only a config that names every field the
+        # generic reading needs, and none that changes the layer shape, is read.
+        check_generic(data, field, model_type, sorted(FAMILY_OF_MODEL_TYPE))
+        family = "generic"
+        notes.append(
+            f"model_type {str(model_type)[:40]!r} is not one the estimator knows: read as a "
+            "Llama-style decoder, every field that reading needs being present and none that "
+            "changes the layer shape"
         )
     if family == "phi" and data.get("qk_layernorm"):
         raise EstimatorError(
@@ -109,11 +157,15 @@ def model_from_config(
             "Phi with per-head q/k LayerNorm is not counted exactly yet; give plain numbers",
             code="unsupported_architecture",
         )
+    if family == "gemma3":
+        data = {**GEMMA3_TEXT_DEFAULTS, **data}  # gemma-3 text_configs lean on them
     reader = _Reader(data, field)
-    if family in GPT_LIKE:
+    if family in ARCHITECTURES:
+        kwargs = READERS[family](reader, family, notes)
+    elif family in GPT_LIKE:
         kwargs = _gpt_like(reader, family)
     elif family in CLASSIC:
-        kwargs = {"opt": _opt, "bloom": _bloom, "falcon": _falcon}[family](reader)
+        kwargs = {"opt": _opt, "bloom": _bloom, "falcon": _falcon, "gptj": _gptj}[family](reader)
     elif family in ENCODERS:
         kwargs = _encoder(reader, family)
     else:
@@ -122,6 +174,8 @@ def model_from_config(
     kwargs.setdefault("name", name or _name_of(data) or model_type or "custom model")
     kwargs["source"] = source
     kwargs["notes"] = tuple(notes)
+    reading = kwargs.get("read_as") or FAMILY_READING.get(family, "decoder layers")
+    kwargs["read_as"] = f"{family}, read from config.json: {reading}"
     return reader.build(family=family, **kwargs)
 
 
@@ -166,8 +220,11 @@ def _decoder(r: _Reader, family: str, notes: list[str]) -> dict[str, Any]:
             maximum=MAX_POSITIONS,
         ),
     }
-    if family in ("llama", "qwen3", "qwen3_moe", "generic"):
+    if family in ("llama", "qwen3", "qwen3_moe", "olmo", "olmo2", "gemma3", "generic"):
         kwargs["attention_bias"] = r.bool("attention_bias", "attention_bias", default=False)
+    if family == "starcoder2":
+        kwargs["attention_bias"] = r.bool("use_bias", "attention_bias", default=True)
+        kwargs["mlp_bias"] = r.bool("use_bias", "mlp_bias", default=True)
     if family in ("llama", "generic"):
         kwargs["mlp_bias"] = r.bool("mlp_bias", "mlp_bias", default=False)
     kwargs.update(FAMILY_FLAGS.get(family, {}))
@@ -201,7 +258,11 @@ def _decoder(r: _Reader, family: str, notes: list[str]) -> dict[str, Any]:
         )
 
     # Sliding-window attention, per family.
-    window = r.int("sliding_window", "sliding_window", default=None, maximum=MAX_POSITIONS)
+    # MistralConfig's default window applies when the key is absent (not when null).
+    default_window = 4096 if family == "mistral" and "sliding_window" not in data else None
+    window = r.int(
+        "sliding_window", "sliding_window", default=default_window, maximum=MAX_POSITIONS
+    )
     sliding: tuple[int, ...] | None = None
     layer_types = data.get("layer_types")
     if family == "gemma2":
@@ -215,7 +276,11 @@ def _decoder(r: _Reader, family: str, notes: list[str]) -> dict[str, Any]:
             sliding = tuple(range(min(first, layers), layers))
         else:
             window = None
-    elif family in ("mistral", "mixtral", "phi3"):
+    elif family == "gemma3" and layer_types is None:
+        # Gemma3TextConfig: every sliding_window_pattern-th layer is global.
+        pattern = read_int(data, "sliding_window_pattern", r.field, default=6, maximum=MAX_LAYERS)
+        sliding = tuple(i for i in range(layers) if (i + 1) % pattern)
+    elif family in ("mistral", "mixtral", "phi3", "starcoder2", "gemma3"):
         sliding = None  # every layer, when a window is set
     elif window is not None:
         notes.append(f"sliding_window {window} ignored: {family} attends over the full context")
@@ -258,6 +323,34 @@ def _gpt_like(r: _Reader, family: str) -> dict[str, Any]:
         **GPT_FLAGS,
         "learned_positions": positions,
         "max_position_embeddings": positions,
+    }
+
+
+def _gptj(r: _Reader) -> dict[str, Any]:
+    """GPT-J: attention and MLP in parallel from one LayerNorm, unbiased q/k/v/out, a biased
+    plain MLP, rotary positions (no table), an untied head with a bias."""
+    hidden = r.int("n_embd", "hidden_size", maximum=MAX_HIDDEN)
+    heads = r.int("n_head", "num_heads", maximum=MAX_HEADS)
+    if hidden % heads:
+        raise EstimatorError(f"{r.field}.n_embd", f"{hidden} is not divisible by n_head ({heads})")
+    return {
+        "hidden_size": hidden,
+        "num_layers": r.int("n_layer", "num_layers", maximum=MAX_LAYERS),
+        "num_heads": heads,
+        "num_kv_heads": heads,
+        "head_dim": hidden // heads,
+        "intermediate_size": r.int(
+            "n_inner", "intermediate_size", default=4 * hidden, maximum=MAX_INTERMEDIATE
+        ),
+        "vocab_size": r.int("vocab_size", "vocab_size", maximum=MAX_VOCAB),
+        "tie_word_embeddings": r.bool("tie_word_embeddings", "tie_word_embeddings", default=False),
+        **GPT_FLAGS,
+        "attention_bias": False,
+        "norms_per_layer": 1,
+        "lm_head_bias": True,
+        "max_position_embeddings": r.int(
+            "n_positions", "max_position_embeddings", default=2048, maximum=MAX_POSITIONS
+        ),
     }
 
 

@@ -50,6 +50,7 @@ class Estimate:
             "model": {
                 "name": m.name,
                 "family": m.family,
+                "read_as": m.read_as or f"{m.family}, from the estimator's catalog",
                 "params": self.param_count,
                 "active_params": m.breakdown.active if m.is_moe else self.param_count,
                 "breakdown": dict(m.breakdown.components),

@@ -17,6 +17,18 @@ FAMILIES = (
     "gemma",
     "gemma2",
     "phi3",
+    "gemma3",
+    "olmo",
+    "olmo2",
+    "starcoder2",
+    "gptj",
+    "deepseek_v2",
+    "deepseek_v3",
+    "mamba",
+    "mamba2",
+    "jamba",
+    "gemma3_vl",
+    "qwen2_5_vl",
     "gpt2",
     "gpt_bigcode",
     "gpt_neox",
@@ -40,6 +52,18 @@ FAMILY_OF_MODEL_TYPE = {
     "gemma": "gemma",
     "gemma2": "gemma2",
     "phi3": "phi3",
+    "gemma3_text": "gemma3",
+    "olmo": "olmo",
+    "olmo2": "olmo2",
+    "starcoder2": "starcoder2",
+    "gptj": "gptj",
+    "deepseek_v2": "deepseek_v2",
+    "deepseek_v3": "deepseek_v3",
+    "mamba": "mamba",
+    "mamba2": "mamba2",
+    "jamba": "jamba",
+    "gemma3": "gemma3_vl",  # Gemma3ForConditionalGeneration: text_config + vision_config
+    "qwen2_5_vl": "qwen2_5_vl",
     "gpt2": "gpt2",
     "gpt_bigcode": "gpt_bigcode",
     "gpt_neox": "gpt_neox",
@@ -55,9 +79,22 @@ FAMILY_OF_MODEL_TYPE = {
 }
 
 # Family defaults, from each family's transformers config class and modeling code.
-TIED_BY_DEFAULT = {"gemma", "gemma2", "gpt2", "gpt_bigcode", "opt", "bloom", "falcon"}
+TIED_BY_DEFAULT = {
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "starcoder2",
+    "gpt2",
+    "gpt_bigcode",
+    "opt",
+    "bloom",
+    "falcon",
+}
 # Decoders whose config names fields their own way, read by their own reader.
-CLASSIC = {"opt", "bloom", "falcon"}
+CLASSIC = {"opt", "bloom", "falcon", "gptj"}
+# Counted by estimator/architectures (latent attention, SSM layers, vision towers).
+ARCHITECTURES = {"deepseek_v2", "deepseek_v3", "mamba", "mamba2", "jamba"}
+VISION_LANGUAGE = {"gemma3_vl", "qwen2_5_vl"}
 GPT_LIKE = {"gpt2", "gpt_bigcode"}
 ENCODERS = {"bert", "roberta"}
 
@@ -89,6 +126,14 @@ FAMILY_FLAGS: dict[str, dict[str, Any]] = {
     "qwen3": {"qk_norm": True},
     "qwen3_moe": {"qk_norm": True},
     "gemma2": {"norms_per_layer": 4},
+    # Gemma-3: Gemma-2's four norms per layer plus a per-head RMSNorm on q and k.
+    "gemma3": {"norms_per_layer": 4, "qk_norm": True},
+    # OLMo: LayerNorm without weights or biases, so no norm parameters at all.
+    "olmo": {"norms_per_layer": 0, "final_norm": False},
+    # OLMo-2: norms after attention and after the MLP, q and k normed over all heads.
+    "olmo2": {"qk_norm": True, "qk_norm_full": True},
+    # StarCoder2: biased LayerNorm, a plain two-matrix MLP (biases where use_bias says).
+    "starcoder2": {"gated_mlp": False, "norm": "layernorm"},
     "gpt2": GPT_FLAGS,
     "gpt_bigcode": GPT_FLAGS,
     # GPT-NeoX (Pythia): fused biased qkv and dense, a plain biased two-matrix MLP,

@@ -76,14 +76,15 @@ def inference_terms(
             f"{context:,} tokens exceed the {positions:,} positions {m.name} was trained on"
         )
     vllm = r.engine == "vllm"
-    if not m.encoder_only:
+    if m.kv_layer_count:
         block = VLLM_BLOCK_TOKENS if vllm else 1
         slots = m.kv_token_slots(context, block)
-        kv = r.batch * slots * 2 * m.kv_dim * kv_elem
-        detail = (
-            f"{r.batch} x {slots:,} token-layers x 2 x {m.num_kv_heads} KV heads x "
-            f"{m.head_dim} x {kv_elem} B"
-        )
+        kv = r.batch * slots * m.kv_elements_per_slot * kv_elem
+        if m.kv_width is None:
+            width = f"2 x {m.num_kv_heads} KV heads x {m.head_dim}"
+        else:
+            width = f"a {m.kv_width}-wide latent"  # latent attention caches one vector
+        detail = f"{r.batch} x {slots:,} token-layers x {width} x {kv_elem} B"
         if m.sliding_layer_count:
             detail += (
                 f"; {m.sliding_layer_count} layers capped at their "
@@ -96,6 +97,19 @@ def inference_terms(
         terms.append(Term("kv_cache", f"KV cache ({kv_dtype(r)})", kv / MIB, "derived", detail))
         if r.kv_cache_dtype == "fp8" and not vllm:
             notes.append("an 8-bit KV cache in transformers needs a quantized cache implementation")
+
+    if m.state_elements:
+        state = r.batch * m.state_bytes_per_sequence(kv_elem)
+        terms.append(
+            Term(
+                "ssm_state",
+                "SSM state",
+                state / MIB,
+                "derived",
+                f"{r.batch} x {m.state_elements:,} conv and scan state elements x {kv_elem} B, "
+                "fixed per sequence whatever its length",
+            )
+        )
 
     if vllm:
         tokens = r.prefill_chunk or VLLM_DEFAULT_BATCHED_TOKENS
@@ -110,7 +124,7 @@ def inference_terms(
     work = _layer_working_set(m, tokens, act)
     dynamic += work
     terms.append(Term("activations", "Activations", work / MIB, "modelled", chunk_detail))
-    if not r.fused_attention and not vllm:
+    if not r.fused_attention and not vllm and (m.kv_layer_count or m.encoder_only):
         q_len = context if m.encoder_only else min(r.prefill_chunk or context, context)
         scores = r.batch * m.num_heads * q_len * context * (act + 4)
         dynamic += scores

@@ -97,6 +97,14 @@ class ModelSpec:
     pooler: bool = False
     encoder_only: bool = False
     max_position_embeddings: int | None = None
+    qk_norm_full: bool = False  # q and k RMSNorm over all heads at once (OLMo-2), not per head
+    # KV cache where it is not 2 x kv_heads x head_dim on every layer (docs/estimator.md).
+    kv_layers: int | None = None  # layers that cache keys and values (None: every layer)
+    kv_width: int | None = None  # elements per token and caching layer (None: 2 x kv_dim)
+    state_elements: int = 0  # fixed state per sequence (SSM convolution and scan state)
+    # Counted by an estimator/architectures module (latent attention, SSM, vision towers).
+    exact: ParamBreakdown | None = None
+    read_as: str = ""  # the family the model was read as, and from what
     # Provenance and exact figures.
     source: str = ""
     published_params: int | None = None
@@ -144,22 +152,36 @@ class ModelSpec:
             return 0
         return self.num_layers if self.sliding_layers is None else len(self.sliding_layers)
 
-    def kv_bytes_per_token(self, bytes_per_element: float = 2) -> float:
-        """KV cache per token over all layers: 2 x kv_heads x head_dim x bytes per layer."""
+    @property
+    def kv_layer_count(self) -> int:
         if self.encoder_only:
             return 0
-        return 2 * self.kv_dim * bytes_per_element * self.num_layers
+        return self.num_layers if self.kv_layers is None else self.kv_layers
+
+    @property
+    def kv_elements_per_slot(self) -> int:
+        """Cached elements per token and layer: K and V of every KV head, or the latent."""
+        return 2 * self.kv_dim if self.kv_width is None else self.kv_width
+
+    def kv_bytes_per_token(self, bytes_per_element: float = 2) -> float:
+        """KV cache per token over the caching layers (uncapped by any window)."""
+        return self.kv_elements_per_slot * bytes_per_element * self.kv_layer_count
+
+    def state_bytes_per_sequence(self, bytes_per_element: float = 2) -> float:
+        """Fixed recurrent state per sequence, whatever its length (SSM layers)."""
+        return self.state_elements * bytes_per_element
 
     def kv_token_slots(self, context: int, block: int = 1) -> int:
         """Sum over layers of min(context, that layer's window), each rounded up to blocks."""
-        if self.encoder_only:
+        layers = self.kv_layer_count
+        if not layers:
             return 0
         full = -(-context // block) * block
         sliding = self.sliding_layer_count
         if not sliding:
-            return self.num_layers * full
+            return layers * full
         capped = -(-min(context, self.sliding_window or context) // block) * block
-        return sliding * capped + (self.num_layers - sliding) * full
+        return sliding * capped + (layers - sliding) * full
 
 
 def param_count(model: ModelSpec) -> int:
@@ -178,6 +200,8 @@ def param_breakdown(model: ModelSpec) -> dict[str, int]:
 
 
 def _count(m: ModelSpec) -> ParamBreakdown:
+    if m.exact is not None:
+        return m.exact
     h, q, kv = m.hidden_size, m.q_dim, m.kv_dim
     layers = m.num_layers
     norm_size = h if m.norm == "rmsnorm" else 2 * h
@@ -230,7 +254,8 @@ def _count(m: ModelSpec) -> ParamBreakdown:
             shared = moe_layers * (3 * h * s_inter + h)  # + the shared expert's gate (h -> 1)
 
     norms = layers * m.norms_per_layer * norm_size
-    norms += layers * 2 * m.head_dim if m.qk_norm else 0
+    if m.qk_norm:
+        norms += layers * (q + kv if m.qk_norm_full else 2 * m.head_dim)
     norms += norm_size if m.final_norm else 0
     norms += norm_size if m.embedding_norm else 0
 
@@ -306,6 +331,7 @@ def _validate_spec(m: ModelSpec) -> None:
         "pooler",
         "encoder_only",
         "lm_head_bias",
+        "qk_norm_full",
     ):
         check_bool(getattr(m, name), f"{f}.{name}")
     check_int(m.norms_per_layer, f"{f}.norms_per_layer", minimum=0, maximum=16)
@@ -344,6 +370,15 @@ def _validate_spec(m: ModelSpec) -> None:
             if index in seen:
                 raise EstimatorError(f"{f}.sliding_layers", f"layer {index} listed twice")
             seen.add(index)
+    if m.kv_layers is not None:
+        check_int(m.kv_layers, f"{f}.kv_layers", minimum=0, maximum=m.num_layers)
+    if m.kv_width is not None:
+        check_int(m.kv_width, f"{f}.kv_width", maximum=MAX_HIDDEN)
+    check_int(m.state_elements, f"{f}.state_elements", minimum=0, maximum=MAX_PARAMS)
+    if m.exact is not None and not isinstance(m.exact, ParamBreakdown):
+        raise EstimatorError(f"{f}.exact", "expected a ParamBreakdown")
+    if not isinstance(m.read_as, str) or len(m.read_as) > 300:
+        raise EstimatorError(f"{f}.read_as", "expected a string of at most 300 characters")
     if m.max_position_embeddings is not None:
         check_int(m.max_position_embeddings, f"{f}.max_position_embeddings", maximum=MAX_POSITIONS)
     if m.published_params is not None:

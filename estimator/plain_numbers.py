@@ -122,7 +122,9 @@ def model_from_numbers(mapping: Mapping[str, Any], *, field: str = "model") -> M
     }
     kwargs.update(_family_flags(family, kwargs["max_position_embeddings"]))
     try:
-        return ModelSpec(**kwargs)
+        return ModelSpec(
+            **{"read_as": f"{kwargs.get('family', 'generic')}, from plain numbers", **kwargs}
+        )
     except EstimatorError as exc:
         raise exc.prefixed(field) from exc
 

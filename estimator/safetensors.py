@@ -200,7 +200,8 @@ def model_from_safetensors_header(
                 f"config.json derives {derived:,} parameters; the header holds "
                 f"{summary['elements']:,} elements (the header's figure is used)"
             )
-        return replace(spec, notes=tuple(notes), **exact)
+        read_as = f"{spec.read_as}; parameters and bytes exact from the safetensors header"
+        return replace(spec, notes=tuple(notes), read_as=read_as, **exact)
     if packed:
         raise EstimatorError(
             FIELD, f"a {fmt} checkpoint packs its weights: send config.json with the header"
@@ -291,6 +292,8 @@ def _infer_from_names(
         norms_per_layer=max(norms_in_first, 1),
         source=source,
         notes=tuple(notes),
+        read_as="generic, inferred from the safetensors header's tensor names and shapes "
+        "(parameters and bytes exact)",
         **exact,
     )
     return spec
@@ -347,4 +350,5 @@ def model_from_safetensors_index(
     if fmt is None:
         fmt = "bf16"
         notes.append("config.json gives no torch_dtype: the index bytes are taken as bf16")
-    return replace(spec, tensor_bytes=total, stored_format=fmt, notes=tuple(notes))
+    read_as = f"{spec.read_as}; weight bytes exact from model.safetensors.index.json"
+    return replace(spec, tensor_bytes=total, stored_format=fmt, notes=tuple(notes), read_as=read_as)
