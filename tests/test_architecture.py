@@ -17,11 +17,13 @@ from gpuplatform.celery import app as celery_app
 from gpuplatform.urls import urlpatterns
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCTION = ("gpuplatform", "tenants", "nodes", "incidents", "gateway", "estimator")
+PRODUCTION = ("gpuplatform", "tenants", "nodes", "incidents", "gateway", "estimator", "cli")
 TEST_EQUIPMENT = ("emulator", "nodelab")
 MAX_MODULE_LINES = 700
-# Modules that run on a GPU node or stand alone, never inside Django.
+# Modules that run on a GPU node or stand alone, never inside Django (the `gpp` client
+# speaks to the platform through its REST API only).
 PURE = (
+    "cli",
     "estimator",
     "nodes.placement",
     "nodes.preflight",

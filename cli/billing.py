@@ -1,0 +1,161 @@
+"""`gpp tiers`, `gpp buy` and `gpp usage`: what is on sale, buying hours of a tier (with
+an idempotency key, so a retried buy never pays twice), and where the credit went."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import click
+
+from cli import output
+from cli.client import new_idempotency_key
+from cli.common import api, find_tier, idempotency_option, json_option, yes_option
+
+LEDGER_SHOWN = 10
+
+
+@click.command()
+@click.option("--all", "show_all", is_flag=True, help="Also the tiers no longer on sale.")
+@json_option
+def tiers(show_all: bool, as_json: bool) -> None:
+    """The VRAM tiers on sale, with their price per hour in credits."""
+    rows = [t for t in api().all("/tiers/") if show_all or t.get("is_active", True)]
+    if as_json:
+        output.emit_json(rows)
+        return
+    output.table(
+        ["ID", "NAME", "VRAM", "CPU", "RAM", "PER HOUR", "INTERRUPTIBLE", "FOR"],
+        (
+            [t["id"], t["name"], output.gib(t["vram_mb"]), t["cpu_cores"],
+             output.gib(t["host_ram_mb"]), t["price_per_hour"],
+             t.get("interruptible_price_per_hour", ""), t.get("description", "")]
+            for t in rows
+        ),
+    )  # fmt: skip
+
+
+def _price(tier: dict[str, Any], hours: int, interruptible: bool) -> Decimal:
+    per_hour = tier.get("interruptible_price_per_hour") if interruptible else None
+    return (Decimal(str(per_hour or tier["price_per_hour"])) * hours).quantize(Decimal("0.01"))
+
+
+@click.command()
+@click.argument("tier")
+@click.option("--hours", type=click.IntRange(1), required=True, help="How many hours to buy.")
+@click.option(
+    "--interruptible", is_flag=True, help="At the discount: preemptible, overcommitted GPUs."
+)
+@yes_option
+@idempotency_option
+@json_option
+def buy(
+    tier: str, hours: int, interruptible: bool, yes: bool, idempotency_key: str, as_json: bool
+) -> None:
+    """Buy HOURS of TIER (its VRAM in GB, e.g. 8, or its name), paid from your credit."""
+    client = api()
+    chosen = find_tier(client.all("/tiers/"), tier)
+    price = _price(chosen, hours, interruptible)
+    kind = " interruptible" if interruptible else ""
+    output.confirm(f"Buy {hours} h of {chosen['name']}{kind} for about {price} credits?", yes=yes)
+    key = idempotency_key or new_idempotency_key()
+    purchase = client.post(
+        "/purchases/",
+        {"tier": chosen["id"], "hours": hours, "interruptible": interruptible},
+        idempotency_key=key,
+    )
+    again = client.last_status == 200
+    if as_json:
+        output.emit_json({**purchase, "idempotency_key": key, "repeated": again})
+        return
+    if again:
+        output.plain(f"Already bought with this key: purchase {purchase['id']} (nothing charged).")
+    else:
+        output.plain(
+            f"Bought purchase {purchase['id']}: {purchase['tier_name']} for {purchase['hours']} h, "
+            f"{purchase['price_paid']} credits."
+        )
+    output.note(f"Launch on it: gpp launch --purchase {purchase['id']} --image IMAGE --model ...")
+
+
+def _since(value: datetime | None, stamp: str | None) -> bool:
+    if value is None or not stamp:
+        return True
+    moment = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    return moment >= (value if value.tzinfo else value.replace(tzinfo=moment.tzinfo))
+
+
+@click.command()
+@click.option(
+    "--since",
+    type=click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S"]),
+    help="Only ledger entries and usage from this day (UTC) on.",
+)
+@click.option(
+    "--ledger",
+    "ledger_shown",
+    type=int,
+    default=LEDGER_SHOWN,
+    show_default=True,
+    help="How many recent ledger entries to list (the totals count them all).",
+)
+@json_option
+def usage(since: datetime | None, ledger_shown: int, as_json: bool) -> None:
+    """Your balance, the purchases with minutes left, the ledger's totals per kind, the
+    minutes your slices used and the latest ledger entries."""
+    client = api()
+    me = client.get("/me/")
+    tenant = me.get("tenant") or {}
+    rate = client.get("/credit-rate/")
+    purchases = client.all("/purchases/", has_minutes_left="true")
+    ledger = [e for e in client.all("/ledger/") if _since(since, e.get("created_at"))]
+    records = [u for u in client.all("/usage/") if _since(since, u.get("period_end"))]
+    totals: dict[str, Decimal] = defaultdict(Decimal)
+    for entry in ledger:
+        totals[entry["kind"]] += Decimal(str(entry["amount"]))
+    minutes: dict[int, int] = defaultdict(int)
+    for record in records:
+        minutes[record["slice"]] += record["minutes"]
+    summary = {
+        "tenant": tenant.get("name"),
+        "balance": tenant.get("credit_balance"),
+        "currency": rate.get("currency"),
+        "per_credit": rate.get("per_credit"),
+        "since": since.isoformat() if since else None,
+        "ledger_totals": {kind: str(total) for kind, total in sorted(totals.items())},
+        "minutes_used": sum(minutes.values()),
+        "minutes_by_slice": {str(k): v for k, v in sorted(minutes.items())},
+        "purchases_with_minutes_left": purchases,
+        "ledger": ledger,
+    }
+    if as_json:
+        output.emit_json(summary)
+        return
+    output.fields(
+        [
+            ("tenant", tenant.get("name")),
+            ("balance", f"{tenant.get('credit_balance')} credits "
+                        f"(1 credit = {rate.get('per_credit')} {rate.get('currency')})"),
+            ("since", since.date().isoformat() if since else "the start"),
+            ("minutes used", f"{summary['minutes_used']} by {len(minutes)} slice(s)"),
+        ]
+    )  # fmt: skip
+    if totals:
+        output.table(["KIND", "TOTAL"], sorted(totals.items()), title="Ledger totals")
+    if purchases:
+        output.table(
+            ["PURCHASE", "TIER", "HOURS", "MINUTES LEFT", "IN USE", "BOUGHT"],
+            ([p["id"], p["tier_name"], p["hours"], p["minutes_left"], p["live_slices"],
+              output.when(p["created_at"])] for p in purchases),
+            title="Purchases with minutes left",
+        )  # fmt: skip
+    if ledger and ledger_shown > 0:
+        output.table(
+            ["WHEN", "KIND", "AMOUNT", "BALANCE", "PURCHASE", "MEMO", "BY"],
+            ([output.when(e["created_at"]), e["kind"], e["amount"], e["balance_after"],
+              e.get("purchase") or "", e.get("memo", ""), e.get("by") or ""]
+             for e in ledger[:ledger_shown]),
+            title="Latest ledger entries",
+        )  # fmt: skip

@@ -1,0 +1,37 @@
+"""Fixtures of the CLI tests: the live test server with the seeded tiers, a tenant owner
+with an API token, and `gpp` pointed at the server. Celery runs eagerly (the live server is
+a thread of this process, so the tasks a request queues run there, against the emulator)."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+from django.apps import apps
+
+from tests.cli.support import Gpp
+from tests.factories import MembershipFactory, make_token
+
+
+@pytest.fixture(autouse=True)
+def seeded_tiers(transactional_db):  # type: ignore[no-untyped-def]
+    """A transactional test's flush empties what the data migration seeded."""
+    importlib.import_module("tenants.migrations.0002_seed_tiers").seed(apps, None)
+
+
+@pytest.fixture
+def owner(transactional_db):  # type: ignore[no-untyped-def]
+    return MembershipFactory(tenant__name="Kestrel Compute", user__email="kim@kestrel.test")
+
+
+@pytest.fixture
+def token(owner) -> str:  # type: ignore[no-untyped-def]
+    return make_token(owner.user)[1]
+
+
+@pytest.fixture
+def gpp(live_server, tmp_path, token) -> Gpp:  # type: ignore[no-untyped-def]
+    """`gpp` with the owner's token in GPP_TOKEN (login itself is tested without it)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    return Gpp(home=home, url=live_server.url, token=token)
