@@ -158,6 +158,7 @@ ERROR_CODES = _codes(
         "The `Idempotency-Key` was used before with a different body.",
     ),
     ("image_exists", 409, "top", "An image with this name is on the allowlist."),
+    ("template_exists", 409, "top", "A launch template with this name exists."),
     (
         "insufficient_credit",
         409,

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from . import isolation, volumes
+from . import engines, isolation, volumes
 
 LABEL_OWNER = "gpuplatform.owner"
 LABEL_MANAGED = "gpuplatform.managed"
 VRAM_ENV = "GPUPLATFORM_VRAM_LIMIT_MB"
+MEMORY_FRACTION_ENV = "GPUPLATFORM_MEMORY_FRACTION"
 
 # The quota library (HAMi-core style): the unsuffixed limit covers every visible device,
 # `_0` the first one, which is the container's only device; both, whichever a build reads.
@@ -218,8 +219,17 @@ def platform_env(spec: ContainerSpec) -> list[tuple[str, str]]:
     """The VRAM caps every container gets: framework settings always, and the quota
     library's variables when the node has one and the device is not a MIG device (a MIG
     device is already a hardware partition)."""
+    reported = engines.reported_total_mb(
+        vram_mb=spec.vram_mb,
+        device_mb=spec.gpu_total_mb,
+        quota_library=bool(spec.quota_library),
+        mig=spec.mig,
+    )
     env = [
         (VRAM_ENV, str(spec.vram_mb)),
+        # the slice's share of what CUDA reports, for a PyTorch job's
+        # torch.cuda.set_per_process_memory_fraction (the launch templates use it)
+        (MEMORY_FRACTION_ENV, engines.fraction(spec.vram_mb, reported)),
         ("XLA_PYTHON_CLIENT_MEM_FRACTION", xla_mem_fraction(spec.vram_mb, spec.gpu_total_mb)),
         ("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),
         ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),

@@ -7,6 +7,7 @@ from .models import (
     CreditRequest,
     Image,
     Invitation,
+    LaunchTemplate,
     LedgerEntry,
     Membership,
     Purchase,
@@ -237,6 +238,22 @@ class ImageAdmin(admin.ModelAdmin):
     list_display = ["name", "reference", "digest", "connect", "is_active", "updated_at"]
     list_filter = ["connect", "is_active"]
     search_fields = ["name", "reference", "description"]
+
+
+@admin.register(LaunchTemplate)
+class LaunchTemplateAdmin(admin.ModelAdmin):
+    """Read here; written through the ops API (/api/v1/ops/templates/), which checks the
+    command, environment and job as a launch would."""
+
+    list_display = ["name", "image", "engine", "is_active", "updated_at"]
+    list_filter = ["engine", "is_active"]
+    search_fields = ["name", "description"]
+
+    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+        return False
+
+    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
 
 
 @admin.register(UsageRecord)

@@ -26,6 +26,7 @@ from .models import (
     CreditRequest,
     Image,
     Invitation,
+    LaunchTemplate,
     Membership,
     Purchase,
     Role,
@@ -100,6 +101,10 @@ def purchase_lock(pk: int, *, tenant: Tenant | None = None) -> Purchase:
 
 def image_lock(pk: int) -> Image:
     return Image.objects.select_for_update().get(pk=pk)
+
+
+def template_lock(pk: int) -> LaunchTemplate:
+    return LaunchTemplate.objects.select_for_update().get(pk=pk)
 
 
 def ssh_keys_owner_lock(user_id: int):  # type: ignore[no-untyped-def]

@@ -26,9 +26,11 @@ from django.db.models import (
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from nodes import engines
 from nodes import ssh as node_ssh
 from nodes.allowlist import AllowlistedImage
 from nodes.models import ProcessSample
+from nodes.selectors import gpu_shapes_in_service
 
 from .models import (
     ApiToken,
@@ -37,6 +39,7 @@ from .models import (
     CreditRequest,
     Image,
     Invitation,
+    LaunchTemplate,
     LedgerEntry,
     Membership,
     Purchase,
@@ -453,3 +456,41 @@ def calibration_rows(*, limit: int = 200) -> list[dict]:
         }
         for r in qs
     ]
+
+
+def template_list() -> QuerySet[LaunchTemplate]:
+    """The templates tenants may launch from: offered, on an allowlisted image."""
+    return LaunchTemplate.objects.filter(is_active=True, image__is_active=True).select_related(
+        "image"
+    )
+
+
+def template_sizing(template, *, tiers=None, shapes=None) -> list[dict]:  # type: ignore[no-untyped-def]
+    """Per tier and card shape in service (and per tier under a quota library, which
+    reports the slice as the device): the flag a slice launched from `template` gets at
+    start, so a tenant sees the command before launch. [] for an engine not told by a
+    flag. One query for the shapes unless given."""
+    if template.engine not in engines.FRACTION_FLAGS:
+        return []
+    share = float((template.model_request or {}).get("gpu_memory_utilization", 0.9))
+    tiers = list(tier_list()) if tiers is None else tiers
+    shapes = gpu_shapes_in_service() if shapes is None else shapes
+    cards = sorted({(s["model"], s["total_mb"]) for s in shapes if not s["mig_enabled"]})
+    out = []
+    for tier in tiers:
+        budget = int(share * tier.vram_mb)
+        views = [
+            (f"{model} ({total:,} MiB)", total) for model, total in cards if total >= tier.vram_mb
+        ]
+        views.append(("a node whose quota library reports the slice", tier.vram_mb))
+        for device, total in views:
+            out.append(
+                {
+                    "tier_mb": tier.vram_mb,
+                    "budget_mb": budget,
+                    "device": device,
+                    "reported_total_mb": total,
+                    "args": engines.engine_flags(template.engine, budget_mb=budget, total_mb=total),
+                }
+            )
+    return out

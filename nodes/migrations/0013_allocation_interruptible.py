@@ -4,20 +4,28 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('nodes', '0012_node_images'),
+        ("nodes", "0012_node_images"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='allocation',
-            name='interruptible',
-            field=models.BooleanField(default=False, help_text='Sold at a discount on an overcommitted GPU: given up first when the card runs short.', verbose_name='interruptible'),
+            model_name="allocation",
+            name="interruptible",
+            field=models.BooleanField(
+                default=False,
+                help_text="Sold at a discount on an overcommitted GPU: given up first when the card runs short.",
+                verbose_name="interruptible",
+            ),
         ),
         migrations.AddField(
-            model_name='allocation',
-            name='preempted_at',
-            field=models.DateTimeField(blank=True, help_text='When the watchdog took it back because its card reached the warning line.', null=True, verbose_name='preempted'),
+            model_name="allocation",
+            name="preempted_at",
+            field=models.DateTimeField(
+                blank=True,
+                help_text="When the watchdog took it back because its card reached the warning line.",
+                null=True,
+                verbose_name="preempted",
+            ),
         ),
     ]

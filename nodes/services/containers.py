@@ -9,7 +9,7 @@ import time
 
 from django.conf import settings
 
-from .. import isolation, runtime, ssh
+from .. import engines, isolation, runtime, ssh
 from ..errors import ContainerError
 from ..models import Allocation, ContainerEvent, Node
 from .sampling import endpoint_for
@@ -116,6 +116,43 @@ def image_env_refusal(config) -> str:  # type: ignore[no-untyped-def]
     return "; ".join(f"the image's configuration sets {name}: {why}" for name, why in bad)
 
 
+def _device_mb(allocation: Allocation) -> int:
+    """Under MIG, CUDA (and JAX's memory fraction) sees the MIG device, not the whole GPU."""
+    gpu = allocation.gpu
+    if not allocation.mig_device_uuid:
+        return gpu.vram_total_mb
+    return (
+        next(
+            (
+                int(m.get("memory_total_mb") or 0)
+                for m in gpu.mig_devices or []
+                if m.get("uuid") == allocation.mig_device_uuid
+            ),
+            0,
+        )
+        or allocation.vram_mb
+    )
+
+
+def engine_args(*, allocation: Allocation, engine: str, budget_mb: int | None) -> list[str]:
+    """The arguments that hold `engine` to `budget_mb` on this allocation's device, from
+    what CUDA reports there: the MIG device, the quota library's limit, or the whole card
+    (nodes/engines.py). [] for no engine or no budget."""
+    if not engine or not budget_mb:
+        return []
+    allocation = Allocation.objects.select_related("gpu__node").get(pk=allocation.pk)
+    mig = bool(allocation.mig_device_uuid)
+    device_mb = _device_mb(allocation)
+    library = not mig and bool((allocation.gpu.node.capabilities or {}).get("vram_quota_library"))
+    total = engines.reported_total_mb(
+        vram_mb=min(allocation.vram_mb, device_mb), device_mb=device_mb,
+        quota_library=library, mig=mig,
+    )  # fmt: skip
+    return engines.engine_flags(
+        engine, budget_mb=min(budget_mb, allocation.vram_mb), total_mb=total
+    )
+
+
 def container_start(
     *,
     allocation: Allocation,
@@ -141,20 +178,7 @@ def container_start(
         raise ContainerError("The VRAM allocation was released before the container started.")
     gpu, node = allocation.gpu, allocation.gpu.node
     mig = bool(allocation.mig_device_uuid)
-    # Under MIG, CUDA (and JAX's memory fraction) sees the MIG device, not the whole GPU.
-    device_mb = gpu.vram_total_mb
-    if mig:
-        device_mb = (
-            next(
-                (
-                    int(m.get("memory_total_mb") or 0)
-                    for m in gpu.mig_devices or []
-                    if m.get("uuid") == allocation.mig_device_uuid
-                ),
-                0,
-            )
-            or allocation.vram_mb
-        )
+    device_mb = _device_mb(allocation)
     spec = runtime.ContainerSpec(
         name=name,
         image=image,

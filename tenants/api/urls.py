@@ -1,7 +1,7 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from .views import accounts, billing, estimates, slices, volumes
+from .views import accounts, billing, estimates, slices, templates, volumes
 
 router = SimpleRouter()
 router.register("tiers", billing.TierViewSet, basename="tier")
@@ -14,8 +14,10 @@ router.register("volumes", volumes.VolumeViewSet, basename="volume")
 router.register("ledger", billing.LedgerViewSet, basename="ledger")
 router.register("usage", billing.UsageViewSet, basename="usage")
 router.register("images", slices.ImageViewSet, basename="image")
+router.register("templates", templates.TemplateViewSet, basename="template")
 router.register("ops/tenants", accounts.OpsTenantViewSet, basename="ops-tenant")
 router.register("ops/images", slices.OpsImageViewSet, basename="ops-image")
+router.register("ops/templates", templates.OpsTemplateViewSet, basename="ops-template")
 router.register("ops/credit-grants", billing.OpsCreditGrantViewSet, basename="ops-credit-grant")
 router.register("credit-requests", billing.CreditRequestViewSet, basename="credit-request")
 router.register(

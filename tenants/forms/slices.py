@@ -12,7 +12,7 @@ from nodes import volumes
 from nodes.models import Node
 
 from .. import services
-from ..models import Image, Purchase, Slice, Tenant, Volume
+from ..models import Image, LaunchTemplate, Purchase, Slice, Tenant, Volume
 from ..selectors import image_list, purchases_usable
 from .estimate import JobForm, model_for_tier
 from .fields import TokenField, new_form_token
@@ -66,10 +66,14 @@ class LaunchForm(JobForm):
         "(ops set this only from measured peaks): placement may come sooner, but a "
         "neighbour's peak can squeeze yours. Keep it for online inference.",
     )
+    template = forms.ModelChoiceField(
+        queryset=LaunchTemplate.objects.none(), required=False, widget=forms.HiddenInput
+    )
     idempotency_token = TokenField()
 
     def __init__(self, *args, tenant: Tenant | None = None, **kwargs):  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
+        self.fields["template"].queryset = LaunchTemplate.objects.filter(is_active=True)
         # Any own purchase validates, so a used one gets the service's reason (and a double
         # submit its first slice); only usable ones are offered.
         self.fields["purchase"].queryset = Purchase.objects.for_tenant(tenant).select_related(
@@ -170,8 +174,35 @@ class LaunchForm(JobForm):
             raise forms.ValidationError(exc.message) from exc
 
     def model_request(self) -> dict:
-        """The estimator input without the tier: the purchase supplies it."""
-        return self.job_mapping({"catalog": self.cleaned_data["model"]})
+        """The estimator input without the tier: the purchase supplies it. From a
+        template, what its job sets that the page has no field for is kept (the share of
+        the slice vLLM reserves among it)."""
+        job = self.job_mapping({"catalog": self.cleaned_data["model"]})
+        template = self.cleaned_data.get("template")
+        if template is None:
+            return job
+        return {**(template.model_request or {}), **job}
+
+
+def template_initial(template: LaunchTemplate) -> dict:
+    """The launch form's fields as a template fills them; the tenant adjusts from there."""
+    job = template.model_request or {}
+    initial: dict = {
+        "template": template.pk,
+        "image": template.image_id,
+        "command": "\n".join(template.command or []),
+        "environment": "\n".join(f"{k}={v}" for k, v in (template.environment or {}).items()),
+    }
+    catalog = (
+        (job.get("model") or {}).get("catalog") if isinstance(job.get("model"), dict) else None
+    )
+    if catalog:
+        initial["model"] = catalog
+    for name in ("workload", "weights_dtype", "kv_cache_dtype", "engine", "batch",
+                 "context_tokens", "prefill_chunk", "enforce_eager"):  # fmt: skip
+        if name in job:
+            initial[name] = job[name]
+    return initial
 
 
 class LaunchEstimateForm(JobForm):

@@ -23,6 +23,7 @@ from .billing import (
     UsageRecord,
 )
 from .slices import Image, Slice, SliceLogLine, SliceTransition
+from .templates import LaunchTemplate
 from .volumes import SliceMount, Volume
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "CreditRequest",
     "Image",
     "Invitation",
+    "LaunchTemplate",
     "LedgerEntry",
     "Membership",
     "Purchase",

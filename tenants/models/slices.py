@@ -133,6 +133,32 @@ class Slice(models.Model):
     )
     ssh_public_key = models.TextField("SSH public key", blank=True)
     model_request = models.JSONField("estimate input", default=dict, blank=True)
+    template = models.ForeignKey(
+        "tenants.LaunchTemplate",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name="template",
+    )
+    engine = models.CharField(
+        "engine",
+        max_length=16,
+        blank=True,
+        help_text="An engine that sizes itself from the device: told the slice at start.",
+    )
+    engine_budget_mb = models.PositiveIntegerField(
+        "engine budget (MiB)",
+        null=True,
+        blank=True,
+        help_text="What the estimate let the engine take of the slice.",
+    )
+    engine_args = models.JSONField(
+        "engine arguments",
+        default=list,
+        blank=True,
+        help_text="What the platform appended to the command at the last start.",
+    )
     command = models.JSONField("command (argv)", default=list, blank=True)
     environment = models.JSONField("environment", default=dict, blank=True)
     estimate_mb = models.PositiveIntegerField("estimated VRAM (MiB)", null=True, blank=True)

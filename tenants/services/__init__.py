@@ -61,6 +61,7 @@ from .slices.reconcile import container_remove_quietly, owner_is_live, slices_re
 from .slices.state import ALLOWED, measured_peak_mb
 from .slices.stop import slice_finish_stop, slice_stop, slices_meter
 from .slices.terminate import slice_terminate
+from .templates import template_create, template_update, template_withdraw
 from .volumes import (
     storage_price,
     storage_price_set,
@@ -97,6 +98,9 @@ __all__ = [
     "image_create",
     "image_update",
     "images_needing_pull",
+    "template_create",
+    "template_update",
+    "template_withdraw",
     "images_on_nodes",
     "invitation_accept",
     "invitation_by_token",

@@ -29,6 +29,7 @@ from ..forms.slices import (
     LaunchForm,
     SliceFilterForm,
     StopForm,
+    template_initial,
 )
 from ..models import Image, Slice, Tenant
 from ..permissions import member_required, redact_for_viewers
@@ -108,6 +109,24 @@ def _launch_initial_job(form: LaunchForm) -> dict:
     return data
 
 
+def _launch_template(request: HttpRequest):  # type: ignore[no-untyped-def]
+    """The template the page starts from: ?template= on a GET, the form's on a POST."""
+    wanted = (request.POST if request.method == "POST" else request.GET).get("template", "")
+    if not is_id(wanted):
+        return None
+    return selectors.template_list().filter(pk=int(wanted)).first()
+
+
+def _sizing_for(template, form: LaunchForm) -> list[dict]:  # type: ignore[no-untyped-def]
+    """The engine flag per card for the tier of the purchase the form shows."""
+    if template is None:
+        return []
+    rows = selectors.template_sizing(template)
+    chosen = str(form["purchase"].value() or "")
+    tier = next((p.tier.vram_mb for p in form.usable if str(p.pk) == chosen), None)
+    return [r for r in rows if tier is None or r["tier_mb"] == tier]
+
+
 def _launch_blocked(membership, form: LaunchForm, has_images: bool, in_use: list) -> str:  # type: ignore[no-untyped-def]
     """Why nothing can launch from this page now ("" when something can)."""
     if not membership.tenant.is_active:
@@ -139,6 +158,9 @@ def launch(request: HttpRequest) -> HttpResponse:
     wanted = request.GET.get("purchase", "")
     if is_id(wanted):
         initial["purchase"] = int(wanted)
+    chosen = _launch_template(request)
+    if chosen is not None and request.method == "GET":
+        initial.update(template_initial(chosen))
     form = LaunchForm(request.POST or None, tenant=tenant, initial=initial)
     status = 200
     refusal = None
@@ -159,6 +181,7 @@ def launch(request: HttpRequest) -> HttpResponse:
                     guaranteed=data["guaranteed"],
                     volumes=data["volumes"],
                     idempotency_key=data["idempotency_token"],
+                    template=data["template"],
                 )
             except services.ServiceRefusal as exc:
                 refusal = {"message": exc.message, "estimate": exc.estimate, "slice": exc.slice}
@@ -195,6 +218,9 @@ def launch(request: HttpRequest) -> HttpResponse:
             "has_images": has_images,
             # images no node taking slices holds: a launch would need a pull
             "image_notes": services.images_needing_pull(form.fields["image"].queryset),
+            "templates": selectors.template_list(),
+            "template": chosen,
+            "template_sizing": _sizing_for(chosen, form),
             "ssh_images": list(
                 form.fields["image"]
                 .queryset.filter(connect=Image.Connect.SSH)

@@ -12,7 +12,7 @@ import pytest
 from nodelab import IMAGE
 from tenants.models import Image, Slice, Volume
 from tests.e2e.test_lifecycle_browser import PASSWORD, SLOW, expect_path, log_in
-from tests.tenants.test_lab_volumes import _on_node
+from tests.tenants.test_lab_volumes import on_node
 from tests.worker_harness import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.lab, pytest.mark.django_db(transaction=True)]
@@ -63,7 +63,7 @@ def test_create_a_volume_launch_with_it_stop_and_resume_and_the_data_is_kept(
     expect_path(page, f"/slices/{s.pk}/", timeout=SLOW)
     s.refresh_from_db()
     assert s.state == Slice.State.STOPPED
-    assert _on_node(node, volume, "cat", "/v/runs") == "run"
+    assert on_node(node, volume, "cat", "/v/runs") == "run"
 
     # 4. resume it: a new container on the volume's node sees the first run's file
     page.click("#resume-link")
@@ -72,4 +72,4 @@ def test_create_a_volume_launch_with_it_stop_and_resume_and_the_data_is_kept(
     s.refresh_from_db()
     assert s.state == Slice.State.RUNNING and s.runs == 2, s.state_reason
     assert page.inner_text("#slice-state") == "running"
-    assert wait_for(lambda: _on_node(node, volume, "cat", "/v/runs") == "run\nrun", timeout=10)
+    assert wait_for(lambda: on_node(node, volume, "cat", "/v/runs") == "run\nrun", timeout=10)

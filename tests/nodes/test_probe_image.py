@@ -222,3 +222,10 @@ def test_the_demo_seeding_chooses_the_labs_image_explicitly(settings, tmp_path) 
     assert change.changed_by.username == "ops@example.com" and "demo" in change.reason
     call_command("seed_demo", stdout=io.StringIO())
     assert NodePolicyChange.objects.filter(field="probe_image").count() == 1
+    # the demo's templates, on its images, once however often it is seeded
+    from tenants.models import LaunchTemplate  # noqa: PLC0415 - the one tenants model read here
+
+    assert sorted(LaunchTemplate.objects.values_list("name", "image__name")) == [
+        ("Model server", "HTTP service (lab)"),
+        ("SSH workspace", "SSH (lab)"),
+    ]

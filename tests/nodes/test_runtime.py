@@ -151,6 +151,7 @@ def test_platform_env_caps_vram_for_every_framework() -> None:
     assert env == {
         "MODEL": "llama",
         VRAM_ENV: "8192",
+        "GPUPLATFORM_MEMORY_FRACTION": "0.33",  # no quota library: the card is the total
         "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.33",
         "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",

@@ -152,6 +152,7 @@ API_ROUTES = [
 NOT_TENANT_SCOPED = {
     "api:tier-detail": "tiers are the public catalog",
     "api:image-detail": "the image allowlist is the same for every tenant",
+    "api:template-detail": "the launch templates are the same for every tenant",
 }
 # Ops-only routes: a tenant member is refused whatever the id (checked below).
 OPS_ONLY_PREFIXES = (

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 RECORD = ["sh", "-c", "echo run >> /data/work/runs && exec gpu-workload"]
 
 
-def _on_node(node, volume: Volume, *argv: str) -> str:  # type: ignore[no-untyped-def]
+def on_node(node, volume: Volume, *argv: str) -> str:  # type: ignore[no-untyped-def]
     """Read the volume on the node with a throwaway container of the lab's image."""
     out = node.docker(
         "run", "--rm", "--network", "none",
@@ -53,12 +53,12 @@ def test_a_volume_keeps_what_a_slice_wrote_across_stop_and_resume(
     services.slice_stop(slice=s, actor=owner_a.user)
     s.refresh_from_db()
     assert s.state == Slice.State.STOPPED
-    assert _on_node(node, volume, "cat", "/v/runs") == "run"
+    assert on_node(node, volume, "cat", "/v/runs") == "run"
 
     services.slice_resume(membership=owner_a, slice=s, purchase=funded(owner_a, vram_gb=4, hours=1))
     s.refresh_from_db()
     assert s.state == Slice.State.RUNNING and s.runs == 2, s.state_reason
-    assert wait_for(lambda: _on_node(node, volume, "cat", "/v/runs") == "run\nrun", timeout=10)
+    assert wait_for(lambda: on_node(node, volume, "cat", "/v/runs") == "run\nrun", timeout=10)
 
     # du on the node measures it; the volume is far from full, so the slice runs on
     assert services.volumes_measure(node_id=volume.node_id) == 1

@@ -15,6 +15,7 @@ from gpuplatform.api.serializers import StrictSerializer
 from tenants import selectors, services
 from tenants.models import (
     Image,
+    LaunchTemplate,
     Purchase,
     Slice,
     SliceTransition,
@@ -199,6 +200,9 @@ class SliceDetailSerializer(SliceSerializer):
             "command",
             "environment",
             "ssh_public_key",
+            "template",
+            "engine",
+            "engine_args",
             "transitions",
         ]
         read_only_fields = fields
@@ -257,24 +261,35 @@ class _TenantPurchaseField(serializers.PrimaryKeyRelatedField):
 
 class SliceCreateSerializer(StrictSerializer):
     purchase = _TenantPurchaseField(help_text="One of your purchases with minutes left.")
+    template = serializers.PrimaryKeyRelatedField(
+        queryset=LaunchTemplate.objects.filter(is_active=True),
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="A launch template's id (GET /templates/): its image, command, environment "
+        "and job are the defaults, and its engine is told the slice's budget at start.",
+    )
     image = serializers.PrimaryKeyRelatedField(
-        queryset=Image.objects.all(), help_text="An allowlisted image's id (GET /images/)."
+        queryset=Image.objects.all(),
+        required=False,
+        help_text="An allowlisted image's id (GET /images/); with a template, its image.",
     )
     model = serializers.JSONField(
+        required=False,
         help_text='The job, for the VRAM check, e.g. {"model": {"catalog": '
         '"Qwen/Qwen2.5-1.5B"}, "weights_dtype": "bf16", "context_tokens": 4096}. '
-        "The tier comes from the purchase."
+        "The tier comes from the purchase; with a template, its job unless given.",
     )
     command = serializers.ListField(
         child=serializers.CharField(trim_whitespace=False, allow_blank=True),
         required=False,
-        default=list,
-        help_text="argv, run without a shell; empty: the image's default command.",
+        help_text="argv, run without a shell; empty: the template's, else the image's default.",
     )
     environment = serializers.DictField(
         child=serializers.CharField(trim_whitespace=False, allow_blank=True),
         required=False,
         default=dict,
+        help_text="Added to (and over) the template's.",
     )
     ssh_public_key = serializers.CharField(
         max_length=16384, required=False, allow_blank=True, default=""
@@ -289,6 +304,21 @@ class SliceCreateSerializer(StrictSerializer):
         help_text='Your volumes to mount, e.g. [{"volume": 3, "path": "/data"}]: the '
         "slice then runs on their node.",
     )
+
+    def validate(self, attrs: dict) -> dict:
+        template = attrs.get("template")
+        if template is None:
+            for name in ("image", "model"):
+                if name not in attrs:
+                    raise serializers.ValidationError({name: ["This field is required."]})
+            attrs.setdefault("command", [])
+            return attrs
+        attrs.setdefault("image", template.image)
+        attrs.setdefault("model", template.model_request)
+        if not attrs.get("command"):
+            attrs["command"] = list(template.command)
+        attrs["environment"] = {**template.environment, **attrs["environment"]}
+        return attrs
 
 
 class SliceStopSerializer(StrictSerializer):

@@ -88,6 +88,7 @@ class SliceViewSet(
                 guaranteed=values["guaranteed"],
                 idempotency_key=idempotency_key(request),
                 volumes=[dict(m) for m in values["volumes"]],
+                template=values["template"],
             )
         except services.ServiceRefusal as exc:
             return _refusal(exc.message, exc.estimate, exc.slice.pk)

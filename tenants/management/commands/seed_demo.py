@@ -15,7 +15,7 @@ from django.db import transaction
 from nodes import services as node_services
 from nodes.allowlist import allowlisted
 from tenants import services
-from tenants.models import Image, LedgerEntry, Membership
+from tenants.models import Image, LaunchTemplate, LedgerEntry, Membership
 
 # The allowlist a fresh demo starts with (ops edit it on /ops/images/): only images the
 # demo's nodes hold, since nothing can be pulled there. On the node lab (make run's far end
@@ -53,6 +53,22 @@ DEMO_IMAGES = [
         "connect": Image.Connect.SERVICE,
     },
 ]
+# Templates on the demo's images (an engine template needs its engine's image, which the
+# lab's nodes do not hold: ops add those on real nodes, docs/templates.md).
+DEMO_TEMPLATES = [
+    {
+        "name": "SSH workspace",
+        "image": "SSH (lab)",
+        "description": "Log in with ssh -J through the gateway; a small model for the check.",
+        "model_request": {"model": {"catalog": "Qwen/Qwen2.5-0.5B"}, "context_tokens": 2048},
+    },
+    {
+        "name": "Model server",
+        "image": "HTTP service (lab)",
+        "description": "An OpenAI-style endpoint on port 8000, reached with ssh -L.",
+        "model_request": {"model": {"catalog": "Qwen/Qwen2.5-1.5B"}, "context_tokens": 4096},
+    },
+]
 DEMO_CREDIT = "50.00"
 
 OPS_EMAIL = "ops@example.com"
@@ -88,6 +104,10 @@ class Command(BaseCommand):
             for spec in DEMO_IMAGES:
                 if not Image.objects.filter(name=spec["name"]).exists():
                     services.image_create(actor=ops, **spec)
+            for spec in DEMO_TEMPLATES:
+                image = Image.objects.filter(name=spec["image"], is_active=True).first()
+                if image and not LaunchTemplate.objects.filter(name=spec["name"]).exists():
+                    services.template_create(actor=ops, **{**spec, "image": image})
             # The production policy has no probe image; the demo's nodes run the lab's
             # (its command and environment defaults are that image's knobs).
             if not node_services.node_policy().probe_image and allowlisted(LAB_IMAGE):

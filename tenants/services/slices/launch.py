@@ -15,11 +15,11 @@ from django.utils import timezone
 import estimator
 from gpuplatform.dispatch import enqueue
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
-from nodes import command_env, isolation
+from nodes import command_env, engines, isolation
 from nodes import services as node_services
 
 from ...locks import purchase_lock, slice_lock, slice_queue_head_lock
-from ...models import Image, Membership, Purchase, Slice
+from ...models import Image, LaunchTemplate, Membership, Purchase, Slice
 from ..billing import clean_idempotency_key
 from ..volumes import mounts_clean, mounts_record, slice_volume_node_id
 from .state import S, slice_record_requested, slice_transition
@@ -146,7 +146,7 @@ def clean_ssh_key(key: str, *, required: bool) -> str:
     return key
 
 
-def _estimate_input(model_request, tier_mib: int) -> estimator.EstimateRequest:  # type: ignore[no-untyped-def]
+def launch_estimate_input(model_request, tier_mib: int) -> estimator.EstimateRequest:  # type: ignore[no-untyped-def]
     if not isinstance(model_request, dict) or not model_request:
         raise ServiceError(
             'Describe the job for the VRAM check, e.g. {"model": {"catalog": '
@@ -180,10 +180,13 @@ def slice_launch(
     guaranteed: bool = True,
     idempotency_key: str = "",
     volumes: list[dict] | None = None,
+    template: LaunchTemplate | None = None,
 ) -> tuple[Slice, bool]:
     """Check, place and queue a launch. Returns (slice, created). `volumes` mounts the
     tenant's own volumes ([{"volume": id, "path": "/data/..."}]); the slice then runs on
-    their node.
+    their node. With a `template` (on the same image), its engine is told the slice's
+    budget at start: what the estimate lets it take, as a fraction of what the device
+    reports (docs/templates.md).
 
     A job the estimate says will not fit its tier is recorded as refused (nothing is
     reserved) and ServiceRefusal is raised after commit, with the breakdown. A repeated
@@ -215,6 +218,7 @@ def slice_launch(
             key=key,
             same=same,
             volumes=volumes,
+            template=template,
         )
     except IntegrityError as exc:
         existing = _slice_for_key(membership, key, same) if key else None
@@ -260,6 +264,7 @@ def _slice_launch(
     key: str,
     same: dict,
     volumes: list[dict] | None = None,
+    template: LaunchTemplate | None = None,
 ) -> tuple[Slice, bool]:
     if not membership.can_write:
         raise NotAllowed("Viewers cannot launch slices.")
@@ -286,7 +291,7 @@ def _slice_launch(
     # tenants_slice_one_live_per_purchase says so at insert (slice_launch turns it into
     # a 409), without a query of its own on every launch.
     tier = purchase.tier
-    request = _estimate_input(model_request, tier.vram_mb)
+    request = launch_estimate_input(model_request, tier.vram_mb)
     if purchase.interruptible:
         _refuse_training_if_interruptible(request)
         guaranteed = False  # preempted when its card runs short: never a guarantee
@@ -295,10 +300,14 @@ def _slice_launch(
     connection: dict = {"kind": image.connect}
     if image.connect == Image.Connect.JUPYTER:
         connection["token"] = secrets.token_urlsafe(24)
+    engine, budget_mb = _template_engine(template, image, command, request, tier.vram_mb)
     result = estimator.estimate(request, suggestions=False)
     if not result.fits:
         result = estimator.estimate(request, suggestions=True)
     slice = Slice(
+        template=template,
+        engine=engine,
+        engine_budget_mb=budget_mb,
         tenant=tenant,
         purchase=purchase,
         image=image.pinned_reference,
@@ -329,6 +338,28 @@ def _slice_launch(
         return slice, True
     _place_or_queue(slice, actor=membership.user)
     return slice, True
+
+
+def _template_engine(template, image, command, request, tier_mb: int):  # type: ignore[no-untyped-def]
+    """(engine, budget MiB) of a launch from `template`: the share of the slice the
+    estimate lets the engine reserve (its gpu_memory_utilization, of the tier)."""
+    if template is None:
+        return "", None
+    if not template.is_active:
+        raise ServiceError("This template is not offered any more.", field="template")
+    if template.image_id != image.pk:
+        raise ServiceError(
+            f"The {template.name} template runs the image {template.image.name}.", field="image"
+        )
+    if template.engine in engines.FRACTION_FLAGS and not command:
+        raise ServiceError(
+            f"A {template.get_engine_display()} launch needs its command: the platform adds "
+            f"{engines.FRACTION_FLAGS[template.engine]} to it, sized to the slice.",
+            field="command",
+        )
+    if template.engine not in engines.FRACTION_FLAGS:
+        return template.engine, None
+    return template.engine, int(request.gpu_memory_utilization * tier_mb)
 
 
 def _refuse_training_if_interruptible(request) -> None:  # type: ignore[no-untyped-def]
@@ -432,7 +463,7 @@ def slice_resume(*, membership: Membership, slice: Slice, purchase: Purchase) ->
     if unready is not None:
         raise Conflict(f"Volume {unready.volume.name} is {unready.volume.state}.",
                        code="volume_not_ready", field="volumes")  # fmt: skip
-    request = _estimate_input(slice.model_request, slice.vram_mb)
+    request = launch_estimate_input(slice.model_request, slice.vram_mb)
     if purchase.interruptible:
         _refuse_training_if_interruptible(request)
     result = estimator.estimate(request)

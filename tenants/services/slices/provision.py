@@ -111,6 +111,16 @@ def slice_provision(*, slice_id: int, final_attempt: bool = True) -> str:
         slice.save(update_fields=["provision_attempts", "provision_started_at"])
     tier = slice.purchase.tier
     image = slice.image_entry
+    command = list(slice.command or (image.default_command if image else []))
+    # an engine that sizes itself from the device is told the slice, after the tenant's
+    # own arguments (the last one given wins): docs/templates.md
+    told = node_services.engine_args(
+        allocation=slice.allocation,  # type: ignore[arg-type]
+        engine=slice.engine,
+        budget_mb=slice.engine_budget_mb,
+    )
+    if told and command and slice.engine_args != told:
+        Slice.objects.filter(pk=slice.pk).update(engine_args=told)
     try:
         info = node_services.container_start(
             allocation=slice.allocation,  # type: ignore[arg-type]
@@ -119,7 +129,7 @@ def slice_provision(*, slice_id: int, final_attempt: bool = True) -> str:
             cpus=tier.cpu_cores,
             memory_mb=tier.host_ram_mb,
             pids_limit=tier.pids_limit,
-            command=slice.command or (image.default_command if image else []),
+            command=command + told if command else command,
             environment=_container_environment(slice),
             ports=[int(p) for p in (image.ports if image else [])],
             mounts=slice_mount_args(slice),

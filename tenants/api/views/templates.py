@@ -1,0 +1,64 @@
+"""Launch templates over the API: tenants list the offered ones; ops write them."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import status, viewsets
+from rest_framework.response import Response
+
+from tenants import selectors, services
+from tenants.models import LaunchTemplate
+from tenants.permissions import IsOps
+
+from ..serializers import templates as t
+
+
+class TemplateViewSet(viewsets.ReadOnlyModelViewSet):
+    """Templates you can launch from: an image, its command, the job for the estimate, and
+    the engine, told the slice's budget at start (`sizing` shows the flag per tier and
+    card). Launch with `template` in POST /slices/; what you give overrides it."""
+
+    serializer_class = t.TemplateSerializer
+    ordering_fields = ["name"]
+    search_fields = ["name", "description"]
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        return selectors.template_list()
+
+
+class OpsTemplateViewSet(viewsets.ModelViewSet):
+    """Ops: the launch templates. DELETE withdraws one (kept for the slices it made)."""
+
+    permission_classes = [IsOps]
+    serializer_class = t.OpsTemplateSerializer
+    ordering_fields = ["name", "created_at"]
+    search_fields = ["name", "description"]
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        return LaunchTemplate.objects.select_related("image")
+
+    @extend_schema(request=t.TemplateWriteSerializer, responses={201: t.OpsTemplateSerializer})
+    def create(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        data = t.TemplateWriteSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        template = services.template_create(actor=request.user, **data.to_service())
+        return Response(self.get_serializer(template).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=t.TemplateWriteSerializer, responses=t.OpsTemplateSerializer)
+    def update(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        template = self.get_object()
+        data = t.TemplateWriteSerializer(data=request.data, partial=kwargs.get("partial", False))
+        data.is_valid(raise_exception=True)
+        template = services.template_update(
+            actor=request.user, template=template, **data.to_service()
+        )
+        return Response(self.get_serializer(template).data)
+
+    @extend_schema(request=t.TemplateWriteSerializer, responses=t.OpsTemplateSerializer)
+    def partial_update(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return self.update(request, *args, partial=True, **kwargs)
+
+    @extend_schema(responses={204: None})
+    def destroy(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        services.template_withdraw(actor=request.user, template=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,102 @@
+"""Launch templates: ops write them (on an allowlisted image, with a command the engine
+flags can follow and a job the estimate can read); tenants launch from them."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+
+from gpuplatform.errors import Conflict, NotAllowed, ServiceError
+from nodes import engines
+
+from ..locks import template_lock
+from ..models import Image, LaunchTemplate
+from .slices.launch import clean_command, clean_environment, launch_estimate_input
+
+FIELDS = ("name", "description", "image", "engine", "command", "environment", "model_request")
+# the largest tier is as good as any for checking that a template's job can be read
+_ANY_TIER_MIB = 24 * 1024
+
+
+def _clean(current: dict) -> dict:
+    name = str(current.get("name") or "").strip()
+    if not name:
+        raise ServiceError("A template needs a name.", field="name")
+    image = current.get("image")
+    if not isinstance(image, Image) or not image.is_active:
+        raise ServiceError("An allowlisted image.", field="image")
+    engine = current.get("engine") or ""
+    if engine not in engines.ENGINES:
+        raise ServiceError(
+            f"The engine is one of {', '.join(e for e in engines.ENGINES if e)} (or none).",
+            field="engine",
+        )
+    command = clean_command(current.get("command") or [])
+    if engine in engines.FRACTION_FLAGS and not command:
+        raise ServiceError(
+            f"A {engine} template needs its command: the platform appends "
+            f"{engines.FRACTION_FLAGS[engine]} to it at start.",
+            field="command",
+        )
+    model_request = current.get("model_request") or {}
+    launch_estimate_input(model_request, _ANY_TIER_MIB)  # refused with the field it names
+    return {
+        "name": name[:64],
+        "description": str(current.get("description") or "")[:300],
+        "image": image,
+        "engine": engine,
+        "command": command,
+        "environment": clean_environment(current.get("environment") or {}),
+        "model_request": model_request,
+    }
+
+
+def _require_ops(actor: AbstractBaseUser) -> None:
+    if not getattr(actor, "is_staff", False):
+        raise NotAllowed("Only ops manage launch templates.")
+
+
+@transaction.atomic
+def template_create(*, actor: AbstractBaseUser, **fields) -> LaunchTemplate:  # type: ignore[no-untyped-def]
+    _require_ops(actor)
+    data = _clean(fields)
+    try:
+        with transaction.atomic():
+            return LaunchTemplate.objects.create(**data)
+    except IntegrityError as exc:
+        raise Conflict(
+            "A template with this name exists.", code="template_exists", field="name"
+        ) from exc
+
+
+@transaction.atomic
+def template_update(
+    *, actor: AbstractBaseUser, template: LaunchTemplate, **changes
+) -> LaunchTemplate:  # type: ignore[no-untyped-def]
+    """Change a template; slices launched from it keep what they started with."""
+    _require_ops(actor)
+    template = template_lock(template.pk)
+    current = {f: getattr(template, f) for f in FIELDS}
+    current.update({k: v for k, v in changes.items() if k in FIELDS})
+    data = _clean(current)
+    for field, value in data.items():
+        setattr(template, field, value)
+    if "is_active" in changes:
+        template.is_active = bool(changes["is_active"])
+    try:
+        with transaction.atomic():
+            template.save()
+    except IntegrityError as exc:
+        raise Conflict(
+            "A template with this name exists.", code="template_exists", field="name"
+        ) from exc
+    return template
+
+
+@transaction.atomic
+def template_withdraw(*, actor: AbstractBaseUser, template: LaunchTemplate) -> LaunchTemplate:
+    """No longer offered; kept on record for the slices launched from it."""
+    _require_ops(actor)
+    LaunchTemplate.objects.filter(pk=template.pk).update(is_active=False)
+    template.refresh_from_db()
+    return template
