@@ -12,7 +12,7 @@ import django
 from django.apps import apps
 from django.conf import settings
 from django.db import connection
-from django.test.utils import setup_test_environment
+from django.test.utils import setup_test_environment, teardown_test_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -36,3 +36,4 @@ def throwaway_database(name: str):  # type: ignore[no-untyped-def]
         yield connection
     finally:
         connection.creation.destroy_test_db(old_name, verbosity=0)
+        teardown_test_environment()  # so that a second throwaway database can follow

@@ -52,6 +52,12 @@ Prints, per rule and overall:
   RESULT duplicate_incidents=<n> incidents      (target 0)
   RESULT detect_p95_s=<s> s                     (condition start to incident, simulated)
   RESULT neighbours_hurt=<n> slices             (target 0)
+Then the preemption scenario (bench/_preemption.py), on a database of its own: one card at
+ratio 2.0, full-price slices bursting within their quotas over the warning line, absorbed
+by preempting interruptible slices only, newest first:
+  RESULT preemption_guaranteed_hurt=<n> slices  (target 0)
+  RESULT preemption_interruptible_preempted=<n> slices
+  RESULT preemption_short_of_memory=<n> containers (target 0)
 
     .venv/bin/python bench/watchdog_quality.py [--slices 300] [--hours 6] [--nodes 8] [--verbose]
 """
@@ -955,6 +961,12 @@ def main() -> None:
                 where = f"slice={f.slice_id} gpu={f.gpu_id} node={f.node_id}"
                 print(f"  fault {f.kind} at {when:%H:%M:%S} {where} -> {f.incidents}")
     for line in report.lines():
+        print(line)
+    from _preemption import preemption_day  # noqa: PLC0415 - a scenario of its own, after the day
+
+    with throwaway_database("watchdog_preemption"), tempfile.TemporaryDirectory() as tmp:
+        pre = preemption_day(Path(tmp), emulated_time=emulated_time)
+    for line in pre.lines():
         print(line)
 
 

@@ -208,3 +208,20 @@ def test_a_strict_fault_is_caught_only_by_its_own_rule(wq):  # type: ignore[no-u
     assert m.caught(static, [late, drift]) == drift
     oom = filed(wq, "oom_exit", T0 + 30, pk=3, slice_id=5)
     assert m.caught(leak, [oom]) == oom  # placed under a library, an OOM exit catches it
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_neighbours_burst_is_absorbed_by_preempting_interruptible_slices_only(
+    settings, seeded_tiers, wq, tmp_path
+):  # type: ignore[no-untyped-def]
+    settings.NODES_CONTAINER_SETTLE_S = 0
+    from _preemption import preemption_day  # noqa: PLC0415 - bench/ is on sys.path only now
+
+    report = preemption_day(tmp_path, emulated_time=wq.emulated_time)
+    lines = "\n".join(report.lines())
+    assert report.peak_pct >= 85, lines  # the card really crossed its warning line
+    assert report.hurt == [], lines  # no full-price slice stopped, failed or preempted
+    assert report.short_of_memory == [], lines
+    assert len(report.preempted) >= 1 and report.newest_first, lines
+    assert len(report.preempted) < report.interruptible, lines  # only as many as needed
+    assert report.resumable, lines  # stopped with its volumes kept, counted for ops
