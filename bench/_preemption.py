@@ -8,6 +8,7 @@ watchdog_quality.py does."""
 
 from __future__ import annotations
 
+import math
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -39,6 +40,8 @@ class PreemptionReport:
     hurt: list[str] = field(default_factory=list)  # full-price slices stopped, failed or short
     short_of_memory: list[str] = field(default_factory=list)
     resumable: bool = True  # every preempted slice can be resumed (volumes kept, purchase ok)
+    # minutes billed to preempted slices after their notice (the grace stop is not billed)
+    billed_after_notice: int = 0
     peak_pct: float = 0.0
 
     def lines(self) -> list[str]:
@@ -50,6 +53,7 @@ class PreemptionReport:
             f"RESULT preemption_guaranteed_hurt={len(self.hurt)} slices",
             f"RESULT preemption_interruptible_preempted={len(self.preempted)} slices",
             f"RESULT preemption_short_of_memory={len(self.short_of_memory)} containers",
+            f"RESULT preemption_billed_after_notice={self.billed_after_notice} minutes",
         ]
 
 
@@ -115,17 +119,22 @@ def _run(fleet, minutes: int) -> PreemptionReport:  # type: ignore[no-untyped-de
     # two full-price neighbours: steady at 2.5 GB, each bursting by 5 GB (inside its
     # 8 GB quota) for five minutes of every twenty, the second ten minutes after the first
     full = [
-        launch(members[0], interruptible=False, env={
-            "EMULATOR_PROFILE": "burst", "EMULATOR_MB": "2500", "EMULATOR_BURST_MB": "5000",
-            "EMULATOR_PERIOD_S": "1200", "EMULATOR_BURST_S": "300",
-        }),  # fmt: skip
+        launch(
+            members[0],
+            interruptible=False,
+            env={
+                "EMULATOR_PROFILE": "burst",
+                "EMULATOR_MB": "2500",
+                "EMULATOR_BURST_MB": "5000",
+                "EMULATOR_PERIOD_S": "1200",
+                "EMULATOR_BURST_S": "300",
+            },
+        ),  # fmt: skip
     ]
     interruptible = []
     for k in range(3):  # 4.5 GB each: the card at 16 GB of 24 (66%) between bursts
         fleet.advance(STEP_S)
-        interruptible.append(
-            launch(members[1], interruptible=True, env={"EMULATOR_MB": "4500"})
-        )
+        interruptible.append(launch(members[1], interruptible=True, env={"EMULATOR_MB": "4500"}))
         if k == 0:
             fleet.advance(600)
             full.append(launch(members[0], interruptible=False, env={
@@ -162,7 +171,10 @@ def _run(fleet, minutes: int) -> PreemptionReport:  # type: ignore[no-untyped-de
     container_of = {s.container_id: s.pk for s in [*full, *interruptible]}
     report.short_of_memory = sorted(f"slice {container_of.get(c, c)}" for c in short)
     for pk in report.preempted:
-        s = Slice.objects.get(pk=pk)
+        s = Slice.objects.select_related("purchase").get(pk=pk)
+        notice = Incident.objects.filter(rule="slice_preempted", slice_id=pk).earliest("pk")
+        ran_s = (notice.first_seen_at - s.started_at).total_seconds()
+        report.billed_after_notice += max(0, s.purchase.minutes_used - math.ceil(ran_s / 60))
         allocation = Allocation.objects.filter(pk=s.allocation_id).first()
         report.resumable &= s.state == Slice.State.STOPPED and s.terminated_at is None
         report.resumable &= allocation is not None and allocation.preempted_at is not None

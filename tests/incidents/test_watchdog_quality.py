@@ -225,3 +225,4 @@ def test_a_neighbours_burst_is_absorbed_by_preempting_interruptible_slices_only(
     assert len(report.preempted) >= 1 and report.newest_first, lines
     assert len(report.preempted) < report.interruptible, lines  # only as many as needed
     assert report.resumable, lines  # stopped with its volumes kept, counted for ops
+    assert report.billed_after_notice == 0, lines  # the grace period and after: not billed
