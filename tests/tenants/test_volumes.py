@@ -98,6 +98,8 @@ def test_a_volume_is_made_on_a_node_mounted_kept_across_stop_and_resume(
     s.refresh_from_db()
     volume.refresh_from_db()
     assert s.state == Slice.State.STOPPED and s.terminated_at is not None
+    shown = api_a.get(f"/api/v1/slices/{s.pk}/").json()  # told apart from a stopped slice
+    assert shown["terminated_at"] is not None and shown["runs"] == s.runs
     assert volume.state == Volume.State.DELETED and volume.docker_name not in emu.volumes()
     third = funded(owner_a, vram_gb=4, hours=1)
     never = api_a.post(f"/api/v1/slices/{s.pk}/resume/", {"purchase": third.pk}, format="json")

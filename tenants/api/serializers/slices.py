@@ -178,6 +178,8 @@ class SliceSerializer(serializers.ModelSerializer):
             "queued_at",
             "started_at",
             "stopped_at",
+            "terminated_at",
+            "runs",
         ]
         read_only_fields = fields
 
