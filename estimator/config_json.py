@@ -535,4 +535,5 @@ def model_from_config_json(
     text: str | bytes, *, name: str | None = None, source: str = ""
 ) -> ModelSpec:
     """A ModelSpec from the text of a ``config.json`` (``json.loads`` only; nothing executed)."""
-    return model_from_config(parse_json_object(text, "config_json"), name=name, source=source)
+    data = parse_json_object(text, "config_json", infinity=True)
+    return model_from_config(data, name=name, source=source)

@@ -45,11 +45,20 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not a number")
 
 
-def parse_json_object(value: object, field: str) -> dict[str, Any]:
-    """Parse user text as one JSON object, or raise EstimatorError naming ``field``."""
+def _infinity_as_text(name: str) -> str:
+    if name == "NaN":
+        raise ValueError("NaN is not a number")
+    return name  # a string: any field that must be a number refuses it by name
+
+
+def parse_json_object(value: object, field: str, *, infinity: bool = False) -> dict[str, Any]:
+    """Parse user text as one JSON object, or raise EstimatorError naming ``field``.
+    With ``infinity``, JSON's non-standard ``Infinity`` reads as the text "Infinity"
+    (transformers writes Mamba-2's ``time_step_limit`` as ``[0.0, Infinity]``, a field
+    that counts for nothing); NaN is refused either way."""
     text = as_text(value, field)
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        data = json.loads(text, parse_constant=_infinity_as_text if infinity else _reject_constant)
     except RecursionError as exc:
         raise EstimatorError(field, "malformed JSON: nested too deeply") from exc
     except ValueError as exc:  # JSONDecodeError, huge integers, NaN/Infinity

@@ -156,3 +156,22 @@ def test_every_reading_says_its_family_and_how_it_was_read() -> None:
     index = json.dumps({"metadata": {"total_size": 14_496_047_104}, "weight_map": {tensor: "a"}})
     from_index = model_from_safetensors_index(index, config_json=json.dumps(config))
     assert "safetensors.index.json" in from_index.read_as and from_index.family == "mistral"
+
+
+def test_a_mamba2_config_as_transformers_writes_it_with_infinity_is_read_as_text() -> None:
+    from pathlib import Path  # noqa: PLC0415 - only this test reads a fixture file
+
+    from estimator.config_json import model_from_config_json  # noqa: PLC0415 - the text path
+    from estimator.errors import EstimatorError  # noqa: PLC0415 - the refusal it names
+
+    text = (Path(__file__).parent / "fixtures/configs/mamba2-codestral-defaults.json").read_text()
+    assert "Infinity" in text  # time_step_limit, as transformers' to_json_string writes it
+    spec = model_from_config_json(text)
+    assert spec.family and spec.hidden_size == 4096
+    bad = text.replace('"hidden_size": 4096', '"hidden_size": Infinity')
+    assert bad != text
+    with pytest.raises(EstimatorError) as refused:
+        model_from_config_json(bad)
+    assert "hidden_size" in str(refused.value.field)
+    with pytest.raises(EstimatorError, match="NaN"):
+        model_from_config_json(text.replace('"hidden_size": 4096', '"hidden_size": NaN'))
