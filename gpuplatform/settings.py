@@ -205,7 +205,7 @@ REST_FRAMEWORK = {
         # failed token attempts per client address (see tenants.authentication)
         "auth_failure": env.str("GPUPLATFORM_THROTTLE_AUTH_FAILURES", default="30/min"),
     },
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "gpuplatform.api.schema.ErrorAutoSchema",
     "EXCEPTION_HANDLER": "gpuplatform.api.errors.exception_handler",
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",

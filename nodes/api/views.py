@@ -71,6 +71,7 @@ class NodeViewSet(
         data.is_valid(raise_exception=True)
         return self._out(services.node_update(node=node, actor=request.user, **data.validated_data))
 
+    @extend_schema(request=serializers.NodeUpdateSerializer, responses=serializers.NodeSerializer)
     def partial_update(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
         return self.update(request, *args, **kwargs)
 
