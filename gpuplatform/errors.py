@@ -160,6 +160,13 @@ ERROR_CODES = _codes(
     ("image_exists", 409, "top", "An image with this name is on the allowlist."),
     ("template_exists", 409, "top", "A launch template with this name exists."),
     (
+        "spend_limit_reached",
+        409,
+        "top",
+        "A monthly spend limit (the tenant's, the member's or the token's) would be passed: "
+        "purchases, launches and resumes are refused; running slices go on.",
+    ),
+    (
         "insufficient_credit",
         409,
         "top",

@@ -29,6 +29,8 @@ urlpatterns = [
     # billing
     path("tiers/", billing.catalog, name="catalog"),
     path("buy/", billing.buy, name="buy"),
+    path("usage/", billing.usage, name="usage"),
+    path("usage/export.csv", billing.usage_csv, name="usage_csv"),
     path("ops/credit/", billing.ops_credit, name="ops_credit"),
     path("credit/requests/", billing.credit_request_create, name="credit_request_create"),
     path(

@@ -1,7 +1,7 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from .views import accounts, billing, estimates, slices, templates, volumes
+from .views import accounts, billing, estimates, exports, slices, spend, templates, volumes
 
 router = SimpleRouter()
 router.register("tiers", billing.TierViewSet, basename="tier")
@@ -30,7 +30,10 @@ router.register("ops/purchases", billing.OpsPurchaseViewSet, basename="ops-purch
 urlpatterns = [
     path("me/", accounts.MeView.as_view(), name="me"),
     path("credit-rate/", billing.CreditRateView.as_view(), name="credit-rate"),
+    path("spend-limit/", spend.SpendLimitView.as_view(), name="spend-limit"),
     path("estimates/", estimates.EstimateView.as_view(), name="estimate"),
     path("estimates/models/", estimates.CatalogView.as_view(), name="estimate-models"),
+    # before the router: "usage/<pk>/" would otherwise take "export"
+    path("usage/export/", exports.UsageExportView.as_view(), name="usage-export"),
     *router.urls,
 ]

@@ -44,6 +44,14 @@ class Tenant(models.Model):
     credit_balance = models.DecimalField(
         "credit balance", max_digits=12, decimal_places=2, default=Decimal("0.00")
     )
+    spend_limit = models.DecimalField(
+        "monthly spend limit (credits)",
+        max_digits=12,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        help_text="At 80% members are warned; at 100% purchases, launches and resumes are refused.",
+    )
     created_at = models.DateTimeField("created", auto_now_add=True)
 
     objects = TenantQuerySet.as_manager()
@@ -87,6 +95,14 @@ class Membership(models.Model):
         verbose_name="tenant",
     )
     role = models.CharField("role", max_length=16, choices=Role.choices, default=Role.MEMBER)
+    spend_limit = models.DecimalField(
+        "monthly spend limit (credits)",
+        max_digits=12,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        help_text="What this member may buy in a calendar month (UTC).",
+    )
     created_at = models.DateTimeField("joined", auto_now_add=True)
 
     objects = TenantScopedQuerySet.as_manager()
@@ -199,6 +215,14 @@ class ApiToken(models.Model):
     key_hash = models.CharField("key hash (SHA-256)", max_length=64, unique=True)
     created_at = models.DateTimeField("created", auto_now_add=True)
     expires_at = models.DateTimeField("expires", null=True, blank=True)
+    spend_limit = models.DecimalField(
+        "monthly spend limit (credits)",
+        max_digits=12,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        help_text="What this token may buy in a calendar month (UTC).",
+    )
     last_used_at = models.DateTimeField("last used", null=True, blank=True)
     revoked_at = models.DateTimeField("revoked", null=True, blank=True)
 

@@ -114,6 +114,15 @@ class Purchase(models.Model):
         related_name="purchases",
         verbose_name="bought by",
     )
+    api_token = models.ForeignKey(
+        "tenants.ApiToken",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name="bought with token",
+        help_text="The API token that made it, for that token's spend limit.",
+    )
     created_at = models.DateTimeField("bought", auto_now_add=True)
 
     objects = TenantScopedQuerySet.as_manager()

@@ -18,10 +18,11 @@ from gpuplatform.errors import Conflict, NotAllowed, ServiceError
 from nodes.models import Node
 
 from ..locks import purchase_lock, tenant_lock
-from ..models import LedgerEntry, Membership, Purchase, Slice, Tenant, Tier, UsageRecord
+from ..models import ApiToken, LedgerEntry, Membership, Purchase, Slice, Tenant, Tier, UsageRecord
 from ..money import money_text
 from ..selectors import credit_rate_current
 from .notify import audit_event_record, members_notify
+from .spend import spend_before, spend_check, spend_warn
 
 MAX_PURCHASE_HOURS = 720
 MAX_GRANT = Decimal("100000.00")
@@ -172,9 +173,12 @@ def purchase_create(
     hours: int,
     idempotency_key: str = "",
     interruptible: bool = False,
+    api_token: ApiToken | None = None,
 ) -> tuple[Purchase, bool]:
     """Buy `hours` of `tier` at its current price (less the tier's interruptible discount
     when `interruptible`: its slices may then be preempted). Returns (purchase, created).
+    Refused with `spend_limit_reached` past the tenant's, the member's or the token's
+    monthly spend limit (`api_token`: the one the request came with).
 
     A repeated idempotency key returns the first purchase (created False) and charges
     nothing; the same key with a different tier or hours is a conflict."""
@@ -185,8 +189,9 @@ def purchase_create(
             return existing, False
     try:
         made = _purchase_create(
-            membership=membership, tier=tier, hours=hours, key=key, interruptible=interruptible
-        )
+            membership=membership, tier=tier, hours=hours, key=key, interruptible=interruptible,
+            api_token=api_token,
+        )  # fmt: skip
         return made, True
     except IntegrityError:
         # Two requests with one key raced: the other one won and charged once.
@@ -211,7 +216,13 @@ def _purchase_for_key(tenant: Tenant, key: str, *, tier: Tier, hours: int) -> Pu
 
 @transaction.atomic
 def _purchase_create(
-    *, membership: Membership, tier: Tier, hours: int, key: str, interruptible: bool = False
+    *,
+    membership: Membership,
+    tier: Tier,
+    hours: int,
+    key: str,
+    interruptible: bool = False,
+    api_token: ApiToken | None = None,
 ) -> Purchase:
     if not membership.can_write:
         raise NotAllowed("Viewers cannot buy.")
@@ -232,10 +243,13 @@ def _purchase_create(
     if not tenant.is_active:
         raise NotAllowed("This tenant is suspended.")
     price = tier.price_of(hours, interruptible=interruptible)
+    spend_check(tenant=tenant, membership=membership, token=api_token, adding=price)
+    before = spend_before(tenant=tenant, membership=membership, token=api_token)
     purchase = Purchase.objects.create(
         tenant=tenant,
         tier=tier,
         hours=hours,
+        api_token=api_token,
         interruptible=bool(interruptible),
         price_paid=price,
         minutes_total=hours * 60,
@@ -259,6 +273,7 @@ def _purchase_create(
         summary=f"Bought {tier.name} for {hours} h: {money_text(price, credit_rate_current())}",
         data={"purchase": purchase.pk},
     )
+    spend_warn(tenant=tenant, membership=membership, token=api_token, before=before)
     return purchase
 
 

@@ -1,5 +1,5 @@
-"""Money pages: the tiers and their prices, buying hours, asking ops for credit, and the
-ops page for grants, refunds, credit requests and the credit rate."""
+"""Money pages: the tiers and their prices, buying hours, asking ops for credit, usage and
+its CSV export, and the ops page for grants, refunds, credit requests and the credit rate."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -19,7 +19,7 @@ from gpuplatform.querystring import is_id
 from nodes.placement import can_host
 from nodes.selectors import gpu_shapes_in_service
 
-from .. import selectors, services
+from .. import exports, selectors, services
 from ..context_processors import request_credit_rate
 from ..forms.billing import (
     BuyForm,
@@ -32,6 +32,9 @@ from ..forms.billing import (
 from ..models import CreditRequest
 from ..money import credits_text, money_text
 from ..permissions import member_required
+
+# The page lists this many slice and volume rows; the CSV and the API have them all.
+USAGE_PAGE_ROWS = 200
 
 
 @require_GET
@@ -313,3 +316,54 @@ def ops_credit_rate(request: HttpRequest) -> HttpResponse:
     else:
         messages.success(request, f"From now on {rate}.")
     return redirect(back)
+
+
+@member_required
+@require_GET
+def usage(request: HttpRequest) -> HttpResponse:
+    """The tenant's usage over a range of days, its totals against the ledger, and the CSV."""
+    tenant = request.membership.tenant
+    raw_from, raw_to = request.GET.get("from"), request.GET.get("to")
+    error, status, summary, lines = None, 200, None, []
+    try:
+        period = exports.export_period(raw_from, raw_to)
+    except ServiceError as exc:
+        error, status, period = exc, 400, exports.export_period(None, None)
+    else:
+        summary = exports.usage_summary(tenant, period)
+        lines = exports.usage_lines(tenant, period, section="slice")[:USAGE_PAGE_ROWS]
+        lines += exports.usage_lines(tenant, period, section="volume")[:USAGE_PAGE_ROWS]
+    return render(
+        request,
+        "tenants/usage.html",
+        {
+            "tenant": tenant,
+            "error": error,
+            "from": (raw_from or str(period.first))[:10],
+            "to": (raw_to or str(period.last))[:10],
+            "period": period,
+            "summary": summary,
+            "slices": [line for line in lines if line.section == "slice"],
+            "volumes": [line for line in lines if line.section == "volume"],
+            "rows_shown": USAGE_PAGE_ROWS,
+            "csv_query": urlencode({"from": period.first, "to": period.last}),
+        },
+        status=status,
+    )
+
+
+@member_required
+@require_GET
+def usage_csv(request: HttpRequest) -> HttpResponse:
+    """The export as one streamed CSV file (a bad range: back to the page, which says why)."""
+    tenant = request.membership.tenant
+    try:
+        period = exports.export_period(request.GET.get("from"), request.GET.get("to"))
+    except ServiceError:
+        return redirect(reverse("tenants:usage") + "?" + request.GET.urlencode())
+    response = StreamingHttpResponse(
+        exports.csv_stream(tenant, period), content_type="text/csv; charset=utf-8"
+    )
+    name = exports.csv_filename(tenant, period)
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response

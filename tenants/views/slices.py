@@ -33,6 +33,7 @@ from ..forms.slices import (
 )
 from ..models import Image, Slice, Tenant
 from ..permissions import member_required, redact_for_viewers
+from ..services.spend import spend_summary
 from .estimate import estimate_for, present
 
 LIVE_SECONDS = 3
@@ -77,6 +78,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         credit_form=CreditRequestForm(),
         # The first steps stay on the page until the tenant has launched something.
         getting_started=not context["slices"],
+        spend=spend_summary(tenant=tenant),
     )
     return render(request, "tenants/dashboard.html", context)
 

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from tenants import selectors, services
-from tenants.models import CreditRate, CreditRequest
+from tenants.models import ApiToken, CreditRate, CreditRequest
 from tenants.permissions import IsOps, IsTenantMember
 
 from .. import filters
@@ -62,6 +62,7 @@ class PurchaseViewSet(
         purchase, created = services.purchase_create(
             membership=request.membership,
             idempotency_key=idempotency_key(request),
+            api_token=request.auth if isinstance(request.auth, ApiToken) else None,
             **data.validated_data,
         )
         body = self.get_serializer(self.get_queryset().get(pk=purchase.pk)).data

@@ -21,6 +21,7 @@ from nodes import services as node_services
 from ...locks import purchase_lock, slice_lock, slice_queue_head_lock
 from ...models import Image, LaunchTemplate, Membership, Purchase, Slice
 from ..billing import clean_idempotency_key
+from ..spend import spend_check
 from ..volumes import mounts_clean, mounts_record, slice_volume_node_id
 from .state import S, slice_record_requested, slice_transition
 
@@ -287,6 +288,7 @@ def _slice_launch(
         raise Conflict(
             "This purchase has no minutes left.", code="purchase_used_up", field="purchase"
         )
+    spend_check(tenant=tenant, membership=membership)  # at 100%: no new launch
     # A purchase runs one slice at a time: the unique constraint
     # tenants_slice_one_live_per_purchase says so at insert (slice_launch turns it into
     # a 409), without a query of its own on every launch.
@@ -456,6 +458,7 @@ def slice_resume(*, membership: Membership, slice: Slice, purchase: Purchase) ->
         raise Conflict(
             "This purchase has no minutes left.", code="purchase_used_up", field="purchase"
         )
+    spend_check(tenant=tenant, membership=membership)  # at 100%: no resume either
     if Slice.objects.filter(purchase=purchase, state__in=Slice.LIVE_STATES).exists():
         raise Conflict("This purchase already runs a slice; stop it or buy another.",
                        code="purchase_in_use", field="purchase")  # fmt: skip
