@@ -101,11 +101,44 @@ def _since(value: datetime | None, stamp: str | None) -> bool:
     show_default=True,
     help="How many recent ledger entries to list (the totals count them all).",
 )
+@click.option(
+    "--csv",
+    "csv_path",
+    type=click.Path(dir_okay=False, writable=True),
+    help="Write the usage export (slices, volumes, purchases, refunds, grants, with totals "
+    "that equal the ledger) as CSV to this file, from --since to --until.",
+)
+@click.option(
+    "--until",
+    type=click.DateTime(["%Y-%m-%d"]),
+    help="With --csv: the last day (UTC) of the export (default: today).",
+)
 @json_option
-def usage(since: datetime | None, ledger_shown: int, as_json: bool) -> None:
-    """Your balance, the purchases with minutes left, the ledger's totals per kind, the
-    minutes your slices used and the latest ledger entries."""
+def usage(
+    since: datetime | None,
+    ledger_shown: int,
+    csv_path: str | None,
+    until: datetime | None,
+    as_json: bool,
+) -> None:
+    """Your balance, this month's spend against its limit, the purchases with minutes
+    left, the ledger's totals per kind, the minutes your slices used and the latest ledger
+    entries; with --csv, the usage export for a date range."""
     client = api()
+    if csv_path:
+        params = {"format": "csv"}
+        if since:
+            params["from"] = since.date().isoformat()
+        if until:
+            params["to"] = until.date().isoformat()
+        body = client.request("GET", "/usage/export/", params=params, text=True)
+        with open(csv_path, "w", encoding="utf-8", newline="") as f:
+            f.write(body)
+        if as_json:
+            output.emit_json({"written": csv_path, "bytes": len(body.encode())})
+        else:
+            output.note(f"Wrote the usage export to {csv_path}.")
+        return
     me = client.get("/me/")
     tenant = me.get("tenant") or {}
     rate = client.get("/credit-rate/")
@@ -118,9 +151,12 @@ def usage(since: datetime | None, ledger_shown: int, as_json: bool) -> None:
     minutes: dict[int, int] = defaultdict(int)
     for record in records:
         minutes[record["slice"]] += record["minutes"]
+    limit = client.get("/spend-limit/")
     summary = {
         "tenant": tenant.get("name"),
         "balance": tenant.get("credit_balance"),
+        "spend_this_month": limit.get("spent"),
+        "spend_limit": limit.get("limit"),
         "currency": rate.get("currency"),
         "per_credit": rate.get("per_credit"),
         "since": since.isoformat() if since else None,
@@ -138,6 +174,8 @@ def usage(since: datetime | None, ledger_shown: int, as_json: bool) -> None:
             ("tenant", tenant.get("name")),
             ("balance", f"{tenant.get('credit_balance')} credits "
                         f"(1 credit = {rate.get('per_credit')} {rate.get('currency')})"),
+            ("spent this month", f"{limit.get('spent')} credits"
+                                 + (f" of {limit['limit']} (limit)" if limit.get("limit") else "")),
             ("since", since.date().isoformat() if since else "the start"),
             ("minutes used", f"{summary['minutes_used']} by {len(minutes)} slice(s)"),
         ]

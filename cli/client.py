@@ -107,6 +107,7 @@ class Api:
         idempotency_key: str = "",
         repeatable: bool = False,
         auth: bool = True,
+        text: bool = False,
     ) -> Any:
         """Call the API and return its JSON (None for an empty answer). A read, a create
         with an idempotency key, or a call the API documents as safe to repeat
@@ -121,6 +122,8 @@ class Api:
             headers["Authorization"] = f"Bearer {self.token}"
         if idempotency_key:
             headers["Idempotency-Key"] = idempotency_key
+        if text:
+            headers["Accept"] = "text/csv, application/json"  # JSON for a refusal
         safe = method == "GET" or bool(idempotency_key) or repeatable
         url = self.url + API_PREFIX + path
         delays = list(RETRY_DELAYS_S)
@@ -152,6 +155,8 @@ class Api:
                 self._wait(delays.pop(0), f"{method} {path}: {answer.status_code}; retrying")
                 continue
             self.last_status = answer.status_code
+            if text and 200 <= answer.status_code < 300:
+                return answer.text  # a download (CSV): errors still come as JSON
             return _result(answer, self.url)
 
     def _wait(self, seconds: float, message: str) -> None:

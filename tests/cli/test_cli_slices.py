@@ -109,8 +109,17 @@ def test_launch_wait_ps_show_logs_stop_resume_and_usage(  # type: ignore[no-unty
     assert summary["ledger_totals"] == {"grant": "50.00", "purchase": f"-{bought['price_paid']}"}
     assert summary["minutes_used"] >= 5 and str(ident) in summary["minutes_by_slice"]
     assert [p["id"] for p in summary["purchases_with_minutes_left"]] == [bought["id"]]
+    assert summary["spend_this_month"] == bought["price_paid"] and summary["spend_limit"] is None
     text = gpp("usage")
     assert "Kestrel Compute" in text.stdout and "Latest ledger entries" in text.stdout
+    export = tmp_path / "usage.csv"
+    written = gpp("usage", "--csv", str(export), "--json")
+    assert written.code == 0, written.stderr
+    rows = export.read_text().splitlines()
+    assert rows[0].startswith("section") and any(str(ident) in r for r in rows[1:]), rows[:5]
+    bad = gpp("usage", "--csv", str(tmp_path / "x.csv"), "--since", "2031-05-02",
+              "--until", "2031-05-01", "--json")  # fmt: skip
+    assert bad.code == 1 and "to" in bad.error()["fields"], bad.stdout
 
     ended = gpp("terminate", str(ident), "--yes", "--json")
     assert ended.code == 0 and ended.json()["state"] == "stopped"
