@@ -88,7 +88,29 @@ ERROR_CODES = _codes(
         "top",
         "Signed in, but your role may not do this (a viewer writing, a tenant on an ops endpoint).",
     ),
+    (
+        "two_factor_required",
+        403,
+        "top",
+        "An ops account's token is refused until that account sets up two-factor sign-in "
+        "(/account/two-factor/).",
+    ),
     ("no_tenant", 403, "top", "The account belongs to no tenant yet."),
+    (
+        "insufficient_scope",
+        403,
+        "top",
+        "The API token lacks the scope this request needs (the message names it): `read` "
+        "for every GET, else the endpoint's own (docs/api-tokens.md); a viewer's token reads "
+        "only. Also a token making a token with a scope it lacks itself.",
+    ),
+    (
+        "ip_not_allowed",
+        403,
+        "top",
+        "The API token is limited to client networks that do not hold your address (or "
+        "would make a token usable outside its own networks).",
+    ),
     (
         "tenant_suspended",
         403,
@@ -330,6 +352,12 @@ ERROR_CODES = _codes(
     ("weak_key", 400, "field", "An RSA key under 2048 bits."),
     ("invalid_name", 400, "field", "Not a valid node name."),
     ("invalid_network", 400, "field", "Not a Docker network slices may use."),
+    (
+        "invalid_cidr",
+        400,
+        "field",
+        "Not an IP network in CIDR form (`203.0.113.0/24`, `2001:db8::/32`; host bits unset).",
+    ),
     ("invalid_user", 400, "field", "Not a POSIX user name."),
     (
         "fingerprint_mismatch",

@@ -47,6 +47,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "django_htmx",
     "django_celery_beat",
+    "django_otp",
+    "django_otp.plugins.otp_totp",
     "gpuplatform",
     "nodes",
     "tenants",
@@ -61,9 +63,13 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # request.user.is_verified(): did this session pass the second factor (docs/two-factor.md)
+    "django_otp.middleware.OTPMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # after messages: staff without a verified second factor are sent to set it up
+    "tenants.two_factor.StaffTwoFactorMiddleware",
 ]
 
 ROOT_URLCONF = "gpuplatform.urls"
@@ -137,6 +143,8 @@ VOLUME_PRICE_GB_HOUR = env.str("GPUPLATFORM_VOLUME_PRICE_GB_HOUR", default="0.00
 VOLUME_UNPAID_GRACE_DAYS = env.int("GPUPLATFORM_VOLUME_UNPAID_GRACE_DAYS", default=7)
 # Failed logins per client address in 15 minutes before further attempts are refused.
 LOGIN_FAILURE_LIMIT = env.int("GPUPLATFORM_LOGIN_FAILURE_LIMIT", default=20)
+# The name authenticator apps show beside the account (docs/two-factor.md).
+OTP_TOTP_ISSUER = "gpuplatform"
 
 # --- Email (console by default; EMAIL_URL=smtp+tls://user:pass@host:587 in production)
 vars().update(env.email_url("EMAIL_URL", default="consolemail://"))

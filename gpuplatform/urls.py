@@ -6,7 +6,7 @@ from django.templatetags.static import static
 from django.urls import include, path
 
 from nodes import views as node_views
-from tenants.login import ThrottledLoginView
+from tenants.login import ThrottledLoginView, login_two_factor
 from tenants.views import accounts as tenant_views
 
 admin.site.site_header = "gpuplatform ops admin"
@@ -21,6 +21,7 @@ urlpatterns = [
     path("invitations/accept/", tenant_views.invitation_accept, name="invitation_accept"),
     path("invitations/<str:token>/", tenant_views.invitation_link, name="invitation_link"),
     path("accounts/login/", ThrottledLoginView.as_view(), name="login"),
+    path("accounts/login/two-factor/", login_two_factor, name="login_two_factor"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", include(("gpuplatform.api.urls", "api"), namespace="api")),
     path("admin/", admin.site.urls),

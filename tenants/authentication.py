@@ -3,18 +3,25 @@
 Failed attempts are counted per client address: past the `auth_failure` rate every
 further attempt from that address gets 429 before any token is checked, so tokens
 cannot be guessed at speed.
+
+A live token is then held to its client networks and scopes (gpuplatform/api/scopes.py)
+here, the one place every token request passes, whatever permission classes a view lists.
 """
 
+import ipaddress
 from datetime import timedelta
 
+from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 from rest_framework import authentication, exceptions, throttling
 from rest_framework.settings import api_settings
 
-from .models import ApiToken
-from .tokens import hash_secret
+from gpuplatform.api.scopes import IpNotAllowed, address_allowed, check_scope, role_scopes
 
-# Writing last_used_at on every call would turn each read into a write.
+from .models import ApiToken, Membership
+from .tokens import hash_secret
+from .two_factor import require_for_api_token
+
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 MALFORMED_HEADER = "Invalid Authorization header: expected 'Bearer <token>'."
@@ -62,12 +69,35 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         throttle = AuthFailureThrottle()
         throttle.check(request)
         try:
-            return self._authenticate(header)
+            token = self._authenticate(header)
         except exceptions.AuthenticationFailed:
             throttle.record_failure(request)
             raise
+        require_for_api_token(token.user)  # staff: 403 two_factor_required until set up
+        address = throttle.get_ident(request)
+        if not address_allowed(networks=list(token.allowed_networks), address=address):
+            raise IpNotAllowed()
+        self._record_use(token, address)
+        # Checked at use, against the role now: a user demoted since keeps a weaker token.
+        granted = set(token.scopes) & role_scopes(is_staff=token.user.is_staff, role=token.role)
+        token.granted_scopes = frozenset(granted)
+        view = (getattr(request, "parser_context", None) or {}).get("view")
+        check_scope(granted=granted, view=view, method=request.method)
+        return token.user, token
 
-    def _authenticate(self, header: list[bytes]):  # type: ignore[no-untyped-def]
+    def _record_use(self, token: ApiToken, address: str | None) -> None:
+        # Writing on every call would turn each read into a write: once a minute, or when
+        # the address changes.
+        now = timezone.now()
+        try:
+            ipaddress.ip_address(address or "")
+        except ValueError:
+            address = None
+        stale = token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION
+        if stale or address != token.last_used_address:
+            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now, last_used_address=address)
+
+    def _authenticate(self, header: list[bytes]) -> ApiToken:
         # Two answers, never more: a header that is not `Bearer <token>` is malformed; a
         # well-formed token that matches no live token (unknown, expired, revoked, or its
         # member removed) is refused without saying which, so nothing is learnt by trying.
@@ -77,18 +107,17 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
             value = header[1].decode("ascii")
         except UnicodeDecodeError as exc:  # no token we make is anything but ASCII
             raise exceptions.AuthenticationFailed(MALFORMED_HEADER) from exc
+        role = Membership.objects.filter(user=OuterRef("user")).values("role")[:1]
         token = (
             ApiToken.objects.live()
             .select_related("user")
+            .annotate(role=Subquery(role))
             .filter(key_hash=hash_secret(value))
             .first()
         )
         if token is None or not token.user.is_active:
             raise exceptions.AuthenticationFailed(TOKEN_REFUSED)
-        now = timezone.now()
-        if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
-            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-        return token.user, token
+        return token
 
     def authenticate_header(self, request) -> str:  # type: ignore[no-untyped-def]
         return 'Bearer realm="api"'

@@ -2,6 +2,8 @@
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 
+from gpuplatform.api.scopes import SCOPE_HELP
+
 
 class ApiTokenScheme(OpenApiAuthenticationExtension):
     target_class = "tenants.authentication.ApiTokenAuthentication"
@@ -11,5 +13,10 @@ class ApiTokenScheme(OpenApiAuthenticationExtension):
         return {
             "type": "http",
             "scheme": "bearer",
-            "description": "An API token from your account page or POST /api/v1/tokens/.",
+            "description": "An API token from your account page or POST /api/v1/tokens/. "
+            "Each operation names the scope a token needs in `x-required-scope`; without it "
+            "the answer is 403 `insufficient_scope`. Scopes: "
+            + "; ".join(f"`{scope}`: {what}" for scope, what in SCOPE_HELP.items())
+            + ". A browser session is not limited by scopes.",
+            "x-scopes": dict(SCOPE_HELP),
         }

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from .views import accounts, billing, estimate, slices, volumes
+from .views import accounts, billing, estimate, slices, two_factor, volumes
 
 app_name = "tenants"
 
@@ -8,6 +8,15 @@ urlpatterns = [
     # accounts
     path("account/", accounts.account, name="account"),
     path("account/tokens/", accounts.token_create, name="token_create"),
+    path("account/two-factor/", two_factor.two_factor_page, name="two_factor"),
+    path("account/two-factor/enable/", two_factor.two_factor_enable, name="two_factor_enable"),
+    path("account/two-factor/verify/", two_factor.two_factor_verify, name="two_factor_verify"),
+    path(
+        "account/two-factor/recovery-codes/",
+        two_factor.recovery_codes_regenerate,
+        name="recovery_codes_regenerate",
+    ),
+    path("account/two-factor/disable/", two_factor.two_factor_disable, name="two_factor_disable"),
     path("account/tokens/<int:pk>/revoke/", accounts.token_revoke, name="token_revoke"),
     path("account/ssh-keys/", accounts.ssh_key_add, name="ssh_key_add"),
     path("account/ssh-keys/<int:pk>/remove/", accounts.ssh_key_remove, name="ssh_key_remove"),

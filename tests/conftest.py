@@ -4,6 +4,8 @@ import importlib
 
 import pytest
 from django.apps import apps
+from django.test.client import ClientMixin
+from django_otp import DEVICE_ID_SESSION_KEY
 from rest_framework.test import APIClient
 
 from emulator import EmulatedFleet
@@ -13,7 +15,7 @@ from nodelab import CONTAINER_NETWORK, IMAGE, SSH_USER, LabNodeSpec
 from nodes import services as node_services
 from nodes import ssh
 from nodes.models import NodePolicy
-from tenants import services
+from tenants import services, two_factor
 from tenants.models import Image, Tier
 from tests.factories import MembershipFactory, UserFactory, make_token
 from tests.lab_support import LabPool
@@ -30,6 +32,25 @@ def _gateway_host_key(settings, tmp_path_factory):  # type: ignore[no-untyped-de
     # Pages and slices show the gateway's host key, made on first use: one for the
     # session, never the checkout's own var/.
     settings.GATEWAY_HOST_KEY_PATH = str(tmp_path_factory.getbasetemp() / "gateway" / "host_key")
+
+
+@pytest.fixture(autouse=True)
+def _force_login_passes_two_factor(monkeypatch):  # type: ignore[no-untyped-def]
+    """`client.force_login(staff)` skips the login form, so it skips the code step too: it
+    marks the session verified with the user's device, as the code step does. Staff with
+    no device stay unverified, so ops pages still turn them away (tests/tenants/
+    test_two_factor.py); production code has no such shortcut."""
+    original = ClientMixin.force_login
+
+    def force_login(self, user, backend=None):  # type: ignore[no-untyped-def]
+        original(self, user, backend)
+        device = two_factor.totp_device(user)
+        if device is not None:
+            session = self.session
+            session[DEVICE_ID_SESSION_KEY] = device.persistent_id
+            session.save()
+
+    monkeypatch.setattr(ClientMixin, "force_login", force_login)
 
 
 @pytest.fixture

@@ -182,8 +182,11 @@ def test_derived_statuses_follow_the_view_not_a_fixed_list():  # type: ignore[no
     view.request = None
     view.format_kwarg = None
     found = operation_errors(view, "GET", "/api/v1/credit-rate/", {"parameters": []})
-    assert set(found.codes) == {401, 406, 429}
+    # 403 only for what a token can be refused with here (its scope, its address)
+    assert set(found.codes) == {401, 403, 406, 429}
     assert found.codes[401] == {"authentication_failed"}  # anyone may call it: no 401 for none
+    assert {"insufficient_scope", "ip_not_allowed"} <= found.codes[403]
+    assert "permission_denied" not in found.codes[403]
 
 
 # --- a generated client ----------------------------------------------------------------------

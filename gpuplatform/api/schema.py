@@ -13,6 +13,7 @@ from rest_framework.authentication import SessionAuthentication
 from gpuplatform.errors import ERROR_CODES
 
 from .refusals import Refusals, view_refusals
+from .scopes import required_scope
 
 TOP_CODES = [code for code, entry in ERROR_CODES.items() if entry.where == "top"]
 # Query parameters every list takes that never answer 400: a page past the last or not a
@@ -145,6 +146,8 @@ class ErrorAutoSchema(AutoSchema):
             },
         )
         found = operation_errors(self.view, self.method, path, operation)
+        # What a token needs here; none (an undeclared write) means no token may call it.
+        operation["x-required-scope"] = required_scope(self.view, self.method)
         responses = operation["responses"]
         for status in sorted(found.codes):
             key = str(status)

@@ -15,6 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gpuplatform.api.permissions import IsOps
+from gpuplatform.api.scopes import ADMIN
 from incidents import selectors, services
 from incidents.models import Incident, WebhookEndpoint
 from tenants.permissions import IsTenantMember
@@ -77,6 +78,7 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
     class, slice and time. Acknowledge, resolve, reopen, stop-slice, drain-gpu and
     drain-node are for ops."""
 
+    required_scope = ADMIN
     permission_classes = [IsAuthenticated, IsOpsOrTenantMember]
     ordering_fields = ["last_seen_at", "first_seen_at", "occurrences", "severity_rank", "id"]
 
@@ -207,6 +209,7 @@ class ThresholdsView(APIView):
     the VRAM levels must stay ordered (0 < warning <= critical <= 100, placements resume
     at or below critical), else 400 naming `thresholds`."""
 
+    required_scope = ADMIN
     permission_classes = [IsOps]
 
     @extend_schema(responses=s.ThresholdsSerializer)
@@ -232,6 +235,7 @@ class WebhookEndpointViewSet(
     without node, GPU or tenant ids); ops manage ops endpoints (every incident). The
     secret is made here and shown once, by create. DELETE deactivates."""
 
+    required_scope = ADMIN
     permission_classes = [IsAuthenticated, IsOpsOrTenantOwner]
     serializer_class = s.WebhookEndpointSerializer
     filterset_class = filters.WebhookEndpointFilter

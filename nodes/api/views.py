@@ -12,6 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gpuplatform.api.permissions import IsOps
+from gpuplatform.api.scopes import ADMIN
 from nodes import isolation, selectors, services
 from nodes.models import Gpu, Node
 
@@ -44,6 +45,7 @@ class NodeViewSet(
     """GPU nodes. Register with a trusted known_hosts line, or approve the key read
     from the node (`approve-host-key` with the fingerprint shown)."""
 
+    required_scope = ADMIN
     permission_classes = [IsOps]
     serializer_class = serializers.NodeSerializer
     filterset_class = NodeFilter
@@ -129,6 +131,7 @@ class NodeViewSet(
 class GpuViewSet(viewsets.ReadOnlyModelViewSet):
     """GPUs across the fleet with their latest reading and allocated VRAM."""
 
+    required_scope = ADMIN
     permission_classes = [IsOps]
     serializer_class = serializers.GpuSerializer
     filterset_class = GpuFilter
@@ -191,6 +194,7 @@ class NodePolicyView(APIView):
     distribution builds and the probe. Every change needs a reason and is kept
     (`node-policy/changes/`); every node is judged again at once."""
 
+    required_scope = ADMIN
     permission_classes = [IsOps]
 
     @extend_schema(responses=serializers.NodePolicySerializer)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from django import forms
 
+from gpuplatform.api.scopes import SCOPE_HELP, SCOPES
+
 from ..models import Role, Tenant
 from ..services import API_TOKEN_MAX_DAYS, SSH_KEY_NAME_MAX, SSH_PUBLIC_KEY_MAX_CHARS
 
@@ -59,6 +61,32 @@ class ApiTokenForm(forms.Form):
         required=False,
         help_text="Empty: never expires.",
     )
+    # One box per scope (not one multiple-choice field) so each renders as a plain
+    # labelled checkbox; read is ticked to start with, the least a token can do.
+    scope_read = forms.BooleanField(label="read", required=False, initial=True)
+    scope_launch = forms.BooleanField(label="launch", required=False)
+    scope_billing = forms.BooleanField(label="billing", required=False)
+    scope_admin = forms.BooleanField(label="admin", required=False)
+    allowed_networks = forms.CharField(
+        label="Client networks",
+        max_length=1000,
+        required=False,
+        help_text="CIDR networks, separated by spaces or commas (203.0.113.0/24). "
+        "Empty: usable from anywhere.",
+    )
+
+    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        for scope in SCOPES:
+            self.fields[f"scope_{scope}"].help_text = SCOPE_HELP[scope]
+
+    def clean(self):  # type: ignore[no-untyped-def]
+        data = super().clean()
+        data["scopes"] = [s for s in SCOPES if data.get(f"scope_{s}")]
+        if not data["scopes"]:
+            self.add_error("scope_read", "Choose at least one scope.")
+        data["networks"] = (data.get("allowed_networks") or "").replace(",", " ").split()
+        return data
 
 
 class SshKeyForm(forms.Form):

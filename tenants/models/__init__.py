@@ -1,5 +1,5 @@
-"""The tenants app's models, by sub-domain: accounts (tenants, people, tokens, SSH keys, audit),
-billing (tiers, purchases, credit, metering), slices (launches and images) and volumes."""
+"""The tenants app's models, by sub-domain: accounts (tenants, people, tokens, SSH keys, audit,
+two-factor recovery codes), billing (tiers, purchases, credit, metering), slices and volumes."""
 
 from .accounts import (
     ApiToken,
@@ -24,6 +24,7 @@ from .billing import (
 )
 from .slices import Image, Slice, SliceLogLine, SliceTransition
 from .templates import LaunchTemplate
+from .two_factor import RecoveryCode
 from .volumes import SliceMount, Volume
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "LedgerEntry",
     "Membership",
     "Purchase",
+    "RecoveryCode",
     "Role",
     "Slice",
     "SliceLogLine",

@@ -223,7 +223,20 @@ class ApiToken(models.Model):
         blank=True,
         help_text="What this token may buy in a calendar month (UTC).",
     )
+    scopes = models.JSONField(
+        "scopes",
+        default=list,
+        blank=True,
+        help_text="What the token may do: read, launch, billing, admin.",
+    )
+    allowed_networks = models.JSONField(
+        "allowed client networks",
+        default=list,
+        blank=True,
+        help_text="CIDR networks the token may be used from; empty: anywhere.",
+    )
     last_used_at = models.DateTimeField("last used", null=True, blank=True)
+    last_used_address = models.GenericIPAddressField("last used from", null=True, blank=True)
     revoked_at = models.DateTimeField("revoked", null=True, blank=True)
 
     objects = ApiTokenQuerySet.as_manager()

@@ -62,6 +62,12 @@ from .slices.state import ALLOWED, measured_peak_mb
 from .slices.stop import slice_finish_stop, slice_stop, slices_meter
 from .slices.terminate import slice_terminate
 from .templates import template_create, template_update, template_withdraw
+from .two_factor import (
+    recovery_codes_regenerate,
+    two_factor_disable,
+    two_factor_enable,
+    two_factor_verify,
+)
 from .volumes import (
     storage_price,
     storage_price_set,
@@ -101,6 +107,9 @@ __all__ = [
     "template_create",
     "template_update",
     "template_withdraw",
+    "two_factor_disable",
+    "two_factor_enable",
+    "two_factor_verify",
     "images_on_nodes",
     "invitation_accept",
     "invitation_by_token",
@@ -118,6 +127,7 @@ __all__ = [
     "purchase_create",
     "purchase_refund",
     "purchase_warn_if_low",
+    "recovery_codes_regenerate",
     "queue_position",
     "slice_finish_stop",
     "slice_launch",

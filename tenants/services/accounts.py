@@ -1,5 +1,6 @@
 """Every write to tenants, members, invitations and API tokens goes through here."""
 
+from collections.abc import Sequence
 from datetime import timedelta
 
 from django.conf import settings
@@ -14,6 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.text import slugify
 
+from gpuplatform.api.scopes import clean_networks, clean_scopes, role_scopes, within_networks
 from gpuplatform.dispatch import enqueue
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
 
@@ -356,9 +358,20 @@ def invitation_purge_expired() -> int:
 
 @transaction.atomic
 def api_token_create(
-    *, user: AbstractBaseUser, name: str, expires_in_days: int | None = None
+    *,
+    user: AbstractBaseUser,
+    name: str,
+    expires_in_days: int | None = None,
+    scopes: Sequence[str] | None = None,
+    allowed_networks: Sequence[str] = (),
+    within: ApiToken | None = None,
 ) -> tuple[ApiToken, str]:
-    """Make a token; the plain value is returned once and never stored."""
+    """Make a token; the plain value is returned once and never stored.
+
+    `scopes` None means every scope the user's role allows (or, for a token made by a
+    token, `within`, that token's). The new one may not do more than `within`, nor from
+    more places.
+    """
     name = name.strip()
     if not name:
         raise ServiceError("Give the token a name.", code="required", field="name")
@@ -377,6 +390,18 @@ def api_token_create(
         raise NotAllowed("Join or create a tenant before making API tokens.", code="no_tenant")
     if membership is not None and not membership.tenant.is_active:
         raise NotAllowed("This tenant is suspended: no new API tokens.", code="tenant_suspended")
+    role = membership.role if membership else None
+    allowed = role_scopes(is_staff=user.is_staff, role=role)
+    if scopes is None:  # a token's child defaults to its parent's scopes, not the role's
+        scopes = allowed if within is None else [s for s in within.scopes if s in allowed]
+    granted = clean_scopes(
+        scopes=scopes,
+        allowed=allowed,
+        role="staff" if user.is_staff else str(role),
+    )
+    networks = clean_networks(networks=allowed_networks)
+    if within is not None:
+        _check_within(token=within, scopes=granted, networks=networks, allowed=allowed)
     now = timezone.now()
     value = new_secret(API_TOKEN_PREFIX)
     token = ApiToken.objects.create(
@@ -386,6 +411,8 @@ def api_token_create(
         prefix=display_prefix(value),
         key_hash=hash_secret(value),
         expires_at=now + timedelta(days=expires_in_days) if expires_in_days else None,
+        scopes=granted,
+        allowed_networks=networks,
     )
     if membership:
         audit_event_record(
@@ -393,8 +420,28 @@ def api_token_create(
             actor=user,
             action="token.created",
             summary=f"{user.email} created API token {name!r} ({token.prefix}…)",
+            data={"scopes": granted, "allowed_networks": networks},
         )
     return token, value
+
+
+def _check_within(
+    *, token: ApiToken, scopes: list[str], networks: list[str], allowed: frozenset[str]
+) -> None:
+    # A token that mints a broader token would make its own limits pointless.
+    held = set(token.scopes) & allowed
+    missing = [s for s in scopes if s not in held]
+    if missing:
+        raise NotAllowed(
+            f"This token lacks the `{missing[0]}` scope, so it cannot make a token that has it.",
+            code="insufficient_scope",
+        )
+    if not within_networks(networks=networks, outer=list(token.allowed_networks)):
+        raise NotAllowed(
+            "This token is limited to " + ", ".join(token.allowed_networks) + ": a token it "
+            "makes must be limited to networks inside those.",
+            code="ip_not_allowed",
+        )
 
 
 @transaction.atomic

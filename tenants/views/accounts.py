@@ -180,6 +180,8 @@ def token_create(request: HttpRequest) -> HttpResponse:
             user=request.user,
             name=form.cleaned_data["name"],
             expires_in_days=form.cleaned_data["expires_in_days"],
+            scopes=form.cleaned_data["scopes"],
+            allowed_networks=form.cleaned_data["networks"],
         )
     except ServiceError as exc:
         form_error(form, exc)

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 from django.apps import apps
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from playwright.sync_api import sync_playwright
 
+from tenants import two_factor
 from tests.ci import missing
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -108,3 +110,16 @@ def api_request(playwright_sync, live_server):  # type: ignore[no-untyped-def]
     context = playwright_sync.request.new_context(base_url=live_server.url)
     yield context
     context.dispose()
+
+
+def pass_two_factor(page, email: str) -> None:  # type: ignore[no-untyped-def]
+    """After the password: when `email` has two-factor on (every staff user the factories
+    make does), type the code its authenticator app would show, as a person would."""
+    from tests.factories import totp_code  # noqa: PLC0415 - factories need Django set up
+
+    user = get_user_model().objects.get(email__iexact=email)
+    if not two_factor.has_two_factor(user):
+        return
+    page.wait_for_url("**/accounts/login/two-factor/")
+    page.fill("#id_code", totp_code(user))
+    page.click("#two-factor-login button[type=submit]")

@@ -9,8 +9,9 @@ from django.contrib.auth import get_user_model
 
 from tenants import services
 from tenants.models import CreditRequest, LedgerEntry, Tier
+from tests.e2e.conftest import pass_two_factor
 from tests.e2e.test_browser import PASSWORD, expect_path
-from tests.factories import MembershipFactory
+from tests.factories import MembershipFactory, give_two_factor
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -36,8 +37,10 @@ def test_ask_for_credit_then_ops_grant_it(page, browser, live_server):  # type: 
     asked = CreditRequest.objects.get()
     assert asked.amount == 40 and asked.status == "pending"
 
-    get_user_model().objects.create_user(
-        "ops@heron.test", "ops@heron.test", PASSWORD, is_staff=True
+    give_two_factor(
+        get_user_model().objects.create_user(
+            "ops@heron.test", "ops@heron.test", PASSWORD, is_staff=True
+        )
     )
     ops = browser.new_context(base_url=live_server.url, viewport={"width": 1366, "height": 900})
     try:
@@ -46,6 +49,7 @@ def test_ask_for_credit_then_ops_grant_it(page, browser, live_server):  # type: 
         ops_page.fill("#id_username", "ops@heron.test")
         ops_page.fill("#id_password", PASSWORD)
         ops_page.click("main button[type=submit]")
+        pass_two_factor(ops_page, "ops@heron.test")
         ops_page.goto("/ops/credit/")
         row = ops_page.locator(f"#credit-request-{asked.pk}")
         assert "Heron Vision" in row.inner_text() and "evaluate Llama 8B" in row.inner_text()

@@ -31,7 +31,7 @@ from nodes.models import Allocation, Gpu, GpuSample, Node, ProcessSample
 from tenants import services
 from tenants.models import Image, Invitation, Role, Slice, Tier
 from tenants.tokens import hash_secret
-from tests.e2e.conftest import SCREENSHOT_TIMEOUT_MS, SCREENSHOTS
+from tests.e2e.conftest import SCREENSHOT_TIMEOUT_MS, SCREENSHOTS, pass_two_factor
 from tests.factories import PASSWORD, MembershipFactory, UserFactory, make_token
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -266,6 +266,10 @@ def pages_of(scene: Scene) -> list[Page]:
         Page("admin-login", "/admin/login/", (ANON,)),
         Page("api-docs", "/api/v1/docs/", EVERYONE),
         Page("account", "/account/", SIGNED_IN),
+        Page("two-factor", "/account/two-factor/", SIGNED_IN),
+        Page(
+            "login-two-factor", "/accounts/login/two-factor/", (ANON,), lands_on="/accounts/login/"
+        ),
         Page("password-change", "/accounts/password_change/", SIGNED_IN),
         Page("password-change-done", "/accounts/password_change/done/", SIGNED_IN),
         # the tenant
@@ -413,6 +417,7 @@ def log_in(page, email: str) -> None:  # type: ignore[no-untyped-def]
     page.fill("#id_username", email)
     page.fill("#id_password", PASSWORD)
     page.click("main button[type=submit]")
+    pass_two_factor(page, email)
     page.wait_for_url(re.compile(r"/account/$"))
 
 

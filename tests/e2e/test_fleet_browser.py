@@ -6,7 +6,8 @@ from django.contrib.auth import get_user_model
 from emulator import EmulatedFleet
 from emulator.keys import generate_ed25519, public_line
 from nodes import services, ssh
-from tests.e2e.conftest import SCREENSHOT_TIMEOUT_MS, SCREENSHOTS
+from tests.e2e.conftest import SCREENSHOT_TIMEOUT_MS, SCREENSHOTS, pass_two_factor
+from tests.factories import give_two_factor
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -40,13 +41,16 @@ def sampled_fleet(tmp_path, django_capture_on_commit_callbacks):  # type: ignore
 
 def test_ops_sees_the_fleet_and_a_nodes_vram_chart(page, live_server, sampled_fleet):  # type: ignore[no-untyped-def]
     fleet, nodes = sampled_fleet
-    get_user_model().objects.create_user(
-        username="ops@fleet.test", email="ops@fleet.test", password=PASSWORD, is_staff=True
+    give_two_factor(
+        get_user_model().objects.create_user(
+            username="ops@fleet.test", email="ops@fleet.test", password=PASSWORD, is_staff=True
+        )
     )
     page.goto("/accounts/login/?next=/ops/fleet/")
     page.fill("#id_username", "ops@fleet.test")
     page.fill("#id_password", PASSWORD)
     page.click("main button[type=submit]")
+    pass_two_factor(page, "ops@fleet.test")
     page.wait_for_url("**/ops/fleet/")
 
     gpu_count = sum(len(n.gpus) for n in fleet.nodes)

@@ -17,7 +17,7 @@ from incidents import services as incident_services
 from incidents.rules import Finding
 from nodes.models import Allocation, Gpu, Node
 from tenants.models import Image, Purchase, Slice, Tier
-from tests.e2e.conftest import SCREENSHOT_TIMEOUT_MS, SCREENSHOTS
+from tests.e2e.conftest import SCREENSHOT_TIMEOUT_MS, SCREENSHOTS, pass_two_factor
 from tests.factories import PASSWORD, MembershipFactory, UserFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -32,6 +32,7 @@ def log_in(page, email: str, next_url: str) -> None:  # type: ignore[no-untyped-
     page.fill("#id_username", email)
     page.fill("#id_password", PASSWORD)
     page.click("main button[type=submit]")
+    pass_two_factor(page, email)
     expect_path(page, next_url)
 
 

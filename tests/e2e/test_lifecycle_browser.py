@@ -22,7 +22,8 @@ from nodes import ssh
 from nodes.models import Allocation, Node
 from tenants.models import Image, LedgerEntry, Purchase, Slice, Tenant, Tier
 from tests.conftest import use_probe_image
-from tests.e2e.conftest import SCREENSHOT_TIMEOUT_MS, SCREENSHOTS
+from tests.e2e.conftest import SCREENSHOT_TIMEOUT_MS, SCREENSHOTS, pass_two_factor
+from tests.factories import give_two_factor
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -79,6 +80,7 @@ def log_in(page, email: str, password: str, next_url: str) -> None:  # type: ign
     page.fill("#id_username", email)
     page.fill("#id_password", password)
     page.click("main button[type=submit]")
+    pass_two_factor(page, email)
     expect_path(page, next_url)
 
 
@@ -97,11 +99,13 @@ def test_new_tenant_buys_launches_sees_it_running_with_its_gauge_and_stops_it(  
     tenant = Tenant.objects.get(name="Quokka Inference")
 
     # 2. Ops, in a browser of their own, allow an image and grant the tenant credit.
-    get_user_model().objects.create_user(
-        username="ops@platform.test",
-        email="ops@platform.test",
-        password=OPS_PASSWORD,
-        is_staff=True,
+    give_two_factor(
+        get_user_model().objects.create_user(
+            username="ops@platform.test",
+            email="ops@platform.test",
+            password=OPS_PASSWORD,
+            is_staff=True,
+        )
     )
     ops_context = browser.new_context(base_url=live_server.url)
     ops_context.set_default_timeout(5_000)

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from incidents.models import Incident
 from nodes.models import Gpu, Node
-from tests.e2e.conftest import SCREENSHOT_TIMEOUT_MS, SCREENSHOTS
+from tests.e2e.conftest import SCREENSHOT_TIMEOUT_MS, SCREENSHOTS, pass_two_factor
 from tests.factories import PASSWORD, MembershipFactory, UserFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -94,6 +94,7 @@ def log_in(page, next_url: str) -> None:  # type: ignore[no-untyped-def]
     page.fill("#id_username", "ops@platform.test")
     page.fill("#id_password", PASSWORD)
     page.click("main button[type=submit]")
+    pass_two_factor(page, "ops@platform.test")
     page.wait_for_url(re.compile(rf"{re.escape(next_url)}$"))
 
 

@@ -378,7 +378,8 @@ def test_signup_lands_on_the_dashboard_with_how_to_start(client):  # type: ignor
 
 def test_the_new_token_has_a_copy_button(client, owner_a):  # type: ignore[no-untyped-def]
     client.force_login(owner_a.user)
-    page = client.post("/account/tokens/", {"name": "ci"}, follow=True).content.decode()
+    form = {"name": "ci", "scope_read": "on"}
+    page = client.post("/account/tokens/", form, follow=True).content.decode()
     assert 'data-copy="#new-token-value"' in page and "js/copy.js" in page
 
 

@@ -91,7 +91,9 @@ def test_removed_member_tokens_stop_working(owner_a, token_client):  # type: ign
 
 def test_token_pages_create_shows_value_once_then_revoke(client, owner_a):  # type: ignore[no-untyped-def]
     client.force_login(owner_a.user)
-    response = client.post("/account/tokens/", {"name": "laptop"}, HTTP_HX_REQUEST="true")
+    response = client.post(
+        "/account/tokens/", {"name": "laptop", "scope_read": "on"}, HTTP_HX_REQUEST="true"
+    )
     assert response.status_code == 200
     html = response.content.decode()
     token = ApiToken.objects.get(user=owner_a.user, name="laptop")

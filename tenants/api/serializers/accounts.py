@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.contrib.auth import get_user_model
 from rest_framework import serializers
 
+from gpuplatform.api.scopes import MAX_NETWORKS, SCOPES
 from gpuplatform.api.serializers import StrictModelSerializer, StrictSerializer
 from tenants.models import ApiToken, Membership, SshKey, Tenant
 from tenants.services import API_TOKEN_MAX_DAYS, SSH_KEY_NAME_MAX, SSH_PUBLIC_KEY_MAX_CHARS
@@ -40,6 +41,16 @@ class MeSerializer(serializers.ModelSerializer):
 
 class ApiTokenSerializer(serializers.ModelSerializer):
     is_live = serializers.BooleanField(read_only=True)
+    scopes = serializers.ListField(
+        child=serializers.ChoiceField(choices=SCOPES),
+        read_only=True,
+        help_text="What the token may do; at each use also bounded by your role then.",
+    )
+    allowed_networks = serializers.ListField(
+        child=serializers.CharField(),
+        read_only=True,
+        help_text="CIDR networks the token may be used from; empty: anywhere.",
+    )
 
     class Meta:
         model = ApiToken
@@ -49,7 +60,10 @@ class ApiTokenSerializer(serializers.ModelSerializer):
             "prefix",
             "created_at",
             "expires_at",
+            "scopes",
+            "allowed_networks",
             "last_used_at",
+            "last_used_address",
             "revoked_at",
             "is_live",
         ]
@@ -64,6 +78,22 @@ class ApiTokenCreateSerializer(StrictSerializer):
         required=False,
         allow_null=True,
         help_text="Leave empty for a token that does not expire.",
+    )
+    scopes = serializers.ListField(
+        child=serializers.ChoiceField(choices=SCOPES),
+        required=False,
+        allow_empty=False,
+        max_length=len(SCOPES),
+        help_text="read: every GET; launch: slices and volumes; billing: purchases and "
+        "credit requests; admin: tokens, SSH keys, spend limits, webhooks, ops endpoints. "
+        "Omitted: every scope your role allows.",
+    )
+    allowed_networks = serializers.ListField(
+        child=serializers.CharField(max_length=43, trim_whitespace=True),
+        required=False,
+        max_length=MAX_NETWORKS,
+        help_text="CIDR networks (`203.0.113.0/24`, `2001:db8::/32`) the token may be used "
+        "from; any other address gets 403 `ip_not_allowed`. Omitted or empty: anywhere.",
     )
 
 

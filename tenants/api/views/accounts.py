@@ -9,7 +9,9 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from gpuplatform.api.scopes import ADMIN
 from tenants import selectors, services
+from tenants.models import ApiToken
 from tenants.permissions import IsOps, IsTenantMember
 
 from .. import filters
@@ -35,6 +37,7 @@ class ApiTokenViewSet(
 ):
     """Your own API tokens. The token value is returned once, by create; DELETE revokes."""
 
+    required_scope = ADMIN
     serializer_class = s.ApiTokenSerializer
     filterset_class = filters.ApiTokenFilter
     ordering_fields = ["created_at", "last_used_at", "name"]
@@ -50,7 +53,11 @@ class ApiTokenViewSet(
     def create(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
         data = s.ApiTokenCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        token, value = services.api_token_create(user=request.user, **data.validated_data)
+        # A token making a token may not hand out more than it holds itself.
+        within = request.auth if isinstance(request.auth, ApiToken) else None
+        token, value = services.api_token_create(
+            user=request.user, within=within, **data.validated_data
+        )
         token.token = value
         body = s.ApiTokenCreatedSerializer(token).data
         return Response(body, status=status.HTTP_201_CREATED)
@@ -75,6 +82,7 @@ class SshKeyViewSet(
     user's key reads as 404. DELETE removes the key, and the gateway closes what it opened.
     """
 
+    required_scope = ADMIN
     serializer_class = s.SshKeySerializer
     filterset_class = filters.SshKeyFilter
     ordering_fields = ["created_at", "last_used_at", "name"]
@@ -113,6 +121,7 @@ class MemberViewSet(viewsets.ReadOnlyModelViewSet):
 class OpsTenantViewSet(viewsets.ReadOnlyModelViewSet):
     """Ops: every tenant, with member counts; suspend or reactivate one."""
 
+    required_scope = ADMIN
     serializer_class = s.OpsTenantSerializer
     permission_classes = [IsOps]
     filterset_class = filters.OpsTenantFilter

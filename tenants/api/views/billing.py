@@ -12,6 +12,7 @@ from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from gpuplatform.api.scopes import ADMIN, BILLING
 from tenants import selectors, services
 from tenants.models import ApiToken, CreditRate, CreditRequest
 from tenants.permissions import IsOps, IsTenantMember
@@ -42,6 +43,7 @@ class PurchaseViewSet(
 ):
     """Your tenant's purchases: a tier for some hours, paid from the credit balance."""
 
+    required_scope = BILLING
     serializer_class = s.PurchaseSerializer
     filterset_class = filters.PurchaseFilter
     ordering_fields = ["created_at", "minutes_left", "hours"]
@@ -94,6 +96,7 @@ class UsageViewSet(TenantResourceMixin, viewsets.ReadOnlyModelViewSet):
 class OpsCreditGrantViewSet(viewsets.GenericViewSet):
     """Ops: add credit to a tenant's balance (written to its ledger)."""
 
+    required_scope = ADMIN
     permission_classes = [IsOps]
     serializer_class = s.CreditGrantSerializer
 
@@ -112,6 +115,7 @@ class OpsCreditGrantViewSet(viewsets.GenericViewSet):
 class OpsPurchaseViewSet(viewsets.ReadOnlyModelViewSet):
     """Ops: every tenant's purchases; refund the unused minutes of one."""
 
+    required_scope = ADMIN
     permission_classes = [IsOps]
     serializer_class = s.OpsPurchaseSerializer
     filterset_class = filters.OpsPurchaseFilter
@@ -146,6 +150,7 @@ class CreditRequestViewSet(
 ):
     """Your tenant's requests for credit; one waits at a time (409 `credit_request_pending`)."""
 
+    required_scope = BILLING
     permission_classes = [IsAuthenticated, IsTenantMember]
     serializer_class = s.CreditRequestSerializer
     filterset_fields = ["status"]
@@ -176,6 +181,7 @@ class CreditRequestViewSet(
 class OpsCreditRequestViewSet(viewsets.ReadOnlyModelViewSet):
     """Ops: every tenant's credit requests; grant (a ledger entry) or decline (a note)."""
 
+    required_scope = ADMIN
     permission_classes = [IsOps]
     serializer_class = s.OpsCreditRequestSerializer
     filterset_fields = ["status", "tenant"]
@@ -208,6 +214,7 @@ class OpsCreditRequestViewSet(viewsets.ReadOnlyModelViewSet):
 class OpsCreditRateViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     """Ops: what a credit is worth. Each change is a new row (the newest is in force)."""
 
+    required_scope = ADMIN
     permission_classes = [IsOps]
     serializer_class = s.CreditRateSerializer
 

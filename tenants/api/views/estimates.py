@@ -9,6 +9,7 @@ from rest_framework.views import APIView
 
 import estimator
 from gpuplatform.api.errors import error_body
+from gpuplatform.api.scopes import READ
 
 
 def estimator_error_response(exc: "estimator.EstimatorError") -> Response:
@@ -27,6 +28,7 @@ class EstimateView(APIView):
     """Estimate a job's peak VRAM and compare it with a tier. Anyone may call it
     (anonymous callers are throttled); nothing is stored."""
 
+    required_scope = READ
     permission_classes = [AllowAny]
 
     @extend_schema(

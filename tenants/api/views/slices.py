@@ -12,6 +12,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from gpuplatform.api.errors import error_body
+from gpuplatform.api.scopes import ADMIN, LAUNCH
 from gpuplatform.errors import ServiceError
 from tenants import selectors, services
 from tenants.models import Image, Slice
@@ -51,6 +52,7 @@ class SliceViewSet(
 ):
     """Your tenant's slices: launch, follow, stop."""
 
+    required_scope = LAUNCH
     filterset_class = filters.SliceFilter
     ordering_fields = ["created_at", "state", "started_at", "minutes_used"]
 
@@ -221,6 +223,7 @@ class OpsImageViewSet(ImageAvailability, viewsets.ModelViewSet):
     """Ops: the image allowlist. DELETE takes an image off the list (it stays on record
     for the slices that ran it)."""
 
+    required_scope = ADMIN
     permission_classes = [IsOps]
     serializer_class = s.OpsImageSerializer
     filterset_class = filters.OpsImageFilter
@@ -258,6 +261,7 @@ class OpsImageViewSet(ImageAvailability, viewsets.ModelViewSet):
 class OpsSliceViewSet(viewsets.ReadOnlyModelViewSet):
     """Ops: every tenant's slices; force-stop one."""
 
+    required_scope = ADMIN
     permission_classes = [IsOps]
     serializer_class = s.OpsSliceSerializer
     filterset_class = filters.OpsSliceFilter

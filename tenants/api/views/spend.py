@@ -8,6 +8,7 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from gpuplatform.api.scopes import ADMIN
 from gpuplatform.api.serializers import StrictSerializer
 from gpuplatform.errors import ServiceError
 from tenants.models import ApiToken, Membership
@@ -37,6 +38,8 @@ class SpendLimitWriteSerializer(StrictSerializer):
 
 
 class SpendLimitView(TenantResourceMixin, APIView):
+    required_scope = ADMIN
+
     @extend_schema(responses=SpendLimitSerializer)
     def get(self, request):  # type: ignore[no-untyped-def]
         return Response(SpendLimitSerializer(spend.spend_summary(tenant=self.tenant)).data)

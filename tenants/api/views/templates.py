@@ -6,6 +6,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import status, viewsets
 from rest_framework.response import Response
 
+from gpuplatform.api.scopes import ADMIN
 from tenants import selectors, services
 from tenants.models import LaunchTemplate
 from tenants.permissions import IsOps
@@ -29,6 +30,7 @@ class TemplateViewSet(viewsets.ReadOnlyModelViewSet):
 class OpsTemplateViewSet(viewsets.ModelViewSet):
     """Ops: the launch templates. DELETE withdraws one (kept for the slices it made)."""
 
+    required_scope = ADMIN
     permission_classes = [IsOps]
     serializer_class = t.OpsTemplateSerializer
     ordering_fields = ["name", "created_at"]

@@ -7,6 +7,7 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from gpuplatform.api.scopes import LAUNCH
 from tenants import selectors, services
 
 from .. import filters
@@ -25,6 +26,7 @@ class VolumeViewSet(
     its node. Billed per GB-hour from your credit; a full volume stops the slices that
     mount it. Delete with `POST .../delete/` and the volume's name as `confirm`."""
 
+    required_scope = LAUNCH
     serializer_class = s.VolumeSerializer
     filterset_class = filters.VolumeFilter
     ordering_fields = ["name", "created_at", "size_gb"]
