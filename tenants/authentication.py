@@ -79,10 +79,11 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
             raise IpNotAllowed()
         self._record_use(token, address)
         # Checked at use, against the role now: a user demoted since keeps a weaker token.
-        granted = set(token.scopes) & role_scopes(is_staff=token.user.is_staff, role=token.role)
+        allows = role_scopes(is_staff=token.user.is_staff, role=token.role)
+        granted = set(token.scopes) & allows
         token.granted_scopes = frozenset(granted)
         view = (getattr(request, "parser_context", None) or {}).get("view")
-        check_scope(granted=granted, view=view, method=request.method)
+        check_scope(granted=granted, view=view, method=request.method, role_allows=allows)
         return token.user, token
 
     def _record_use(self, token: ApiToken, address: str | None) -> None:

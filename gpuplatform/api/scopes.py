@@ -26,7 +26,9 @@ SCOPE_HELP = {
 ROLE_SCOPES = {
     "owner": frozenset(SCOPES),
     "member": frozenset(SCOPES),
-    "viewer": frozenset({READ}),
+    # a viewer's own tokens and SSH keys are theirs to manage (those views allow any
+    # role); every tenant-level admin write refuses a viewer by its permission as well
+    "viewer": frozenset({READ, ADMIN}),
 }
 STAFF_SCOPES = frozenset(SCOPES)
 NO_TENANT_SCOPES = frozenset({READ})
@@ -61,7 +63,9 @@ def required_scope(view: Any, method: str) -> str | None:
     return scope if scope in SCOPES else None
 
 
-def check_scope(*, granted: Iterable[str], view: Any, method: str) -> None:
+def check_scope(
+    *, granted: Iterable[str], view: Any, method: str, role_allows: Iterable[str] | None = None
+) -> None:
     if view is not None and getattr(view, method.lower(), None) is None:
         return  # a method the view does not take: its answer is 405, whatever the token
     needed = required_scope(view, method)
@@ -70,6 +74,10 @@ def check_scope(*, granted: Iterable[str], view: Any, method: str) -> None:
             "This endpoint declares no scope for writes, so no API token may write to it."
         )
     if needed not in set(granted):
+        if role_allows is not None and needed not in set(role_allows):
+            raise InsufficientScope(
+                f"Your role in this tenant is read-only: no token of yours has `{needed}`."
+            )
         raise InsufficientScope(f"This token lacks the `{needed}` scope this request needs.")
 
 

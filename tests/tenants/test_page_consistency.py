@@ -20,7 +20,7 @@ from tenants.money import Rate, credits_text, round_half_up
 from tenants.templatetags.slice_facts import library_count_note
 from tenants.templatetags.when import when
 from tests.conftest import SSH_KEY
-from tests.factories import PASSWORD, UserFactory
+from tests.factories import PASSWORD, UserFactory, totp_code
 
 pytestmark = pytest.mark.django_db
 
@@ -226,13 +226,16 @@ def test_a_missing_library_count_says_why(  # type: ignore[no-untyped-def]
 
 
 def test_ops_land_on_the_fleet_and_tenants_on_their_account(client, owner_a):  # type: ignore[no-untyped-def]
-    ops = UserFactory(is_staff=True)
+    ops = UserFactory(is_staff=True)  # with two-factor, as staff must have
     answer = client.post("/accounts/login/", {"username": ops.username, "password": PASSWORD})
+    assert answer.status_code == 302 and answer["Location"] == "/accounts/login/two-factor/"
+    answer = client.post("/accounts/login/two-factor/", {"code": totp_code(ops)})
     assert answer.status_code == 302 and answer["Location"] == "/ops/fleet/"
     client.logout()
     answer = client.post(
         "/accounts/login/?next=/ops/incidents/", {"username": ops.username, "password": PASSWORD}
     )
+    answer = client.post("/accounts/login/two-factor/", {"code": totp_code(ops)})
     assert answer["Location"] == "/ops/incidents/"  # `next` still decides
     client.logout()
     answer = client.post(

@@ -143,7 +143,7 @@ def test_a_viewer_cannot_ask_for_more_than_read(owner_a):  # type: ignore[no-unt
         services.api_token_create(user=viewer.user, name="v", scopes=["read", "launch"])
     assert refused.value.field == "scopes" and "viewer" in refused.value.message
     made, _ = services.api_token_create(user=viewer.user, name="v")
-    assert made.scopes == ["read"]
+    assert made.scopes == ["read", "admin"]  # admin: their own keys and tokens only
 
 
 def test_a_member_demoted_to_viewer_keeps_only_read(owner_a):  # type: ignore[no-untyped-def]
