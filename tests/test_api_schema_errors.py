@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from django.apps import apps as django_apps
 from django.core.cache import cache
 from drf_spectacular.generators import SchemaGenerator
 from rest_framework.test import APIClient
@@ -217,6 +218,8 @@ def test_a_generated_client_reads_a_refusal_as_its_typed_error(  # type: ignore[
 
     _, token = make_token(owner_a.user)
     api = client_module.AuthenticatedClient(base_url=live_server.url, token=token)
+    if not Tier.objects.exists():  # a transactional test's flush emptied the seeded tiers
+        importlib.import_module("tenants.migrations.0002_seed_tiers").seed(django_apps, None)
     tier = Tier.objects.order_by("vram_mb").first()
     answer = buy.sync_detailed(client=api, body=body.PurchaseCreateRequest(tier=tier.pk, hours=1))
     assert answer.status_code == 409
