@@ -302,6 +302,14 @@ SLICES_PROVISION_TIMEOUT_S = env.int("GPUPLATFORM_PROVISION_TIMEOUT", default=30
 SLICES_RECONCILE_INTERVAL = env.int("GPUPLATFORM_RECONCILE_INTERVAL", default=60)
 NODES_RAW_RETENTION_HOURS = env.int("GPUPLATFORM_RAW_RETENTION_HOURS", default=48)
 NODES_ROLLUP_RETENTION_DAYS = env.int("GPUPLATFORM_ROLLUP_RETENTION_DAYS", default=30)
+# On PostgreSQL raw samples live in time partitions of this many hours (UTC-aligned; must
+# divide 24): retention drops whole partitions, so a raw row is kept its retention and at
+# most one period more (nodes/partitions.py, docs/telemetry.md).
+NODES_RAW_PARTITION_HOURS = env.int("GPUPLATFORM_RAW_PARTITION_HOURS", default=6)
+if NODES_RAW_PARTITION_HOURS < 1 or 24 % NODES_RAW_PARTITION_HOURS:
+    raise ImproperlyConfigured(
+        "GPUPLATFORM_RAW_PARTITION_HOURS must divide 24 (1, 2, 3, 4, 6, 8, 12 or 24)."
+    )
 # Bearer token for /metrics (Prometheus); empty turns the endpoint off.
 METRICS_TOKEN = env.str("GPUPLATFORM_METRICS_TOKEN", default="")
 

@@ -337,10 +337,18 @@ class Allocation(models.Model):
 
 
 class GpuSample(models.Model):
-    """One reading of one GPU. Bulk-inserted; kept 48 h raw, then rolled up."""
+    """One reading of one GPU. Bulk-inserted (COPY); kept raw for the retention (48 h by
+    default), rolled up to five minutes first. Time-partitioned on PostgreSQL
+    (nodes/partitions.py)."""
 
+    # no index of its own: nodes_gpusample_gpu_time_idx leads with the GPU (one index
+    # fewer to keep up on the hottest insert path)
     gpu = models.ForeignKey(
-        "nodes.Gpu", on_delete=models.CASCADE, related_name="samples", verbose_name="GPU"
+        "nodes.Gpu",
+        on_delete=models.CASCADE,
+        related_name="samples",
+        verbose_name="GPU",
+        db_index=False,
     )
     taken_at = models.DateTimeField("taken at")
     memory_used_mb = models.PositiveIntegerField("memory used (MiB)")
@@ -367,13 +375,15 @@ class GpuSample(models.Model):
 
 
 class ProcessSample(models.Model):
-    """One reading of one GPU process, with the container it runs in."""
+    """One reading of one GPU process, with the container it runs in. Kept raw as long
+    as the GPU samples, time-partitioned alike."""
 
     gpu = models.ForeignKey(
         "nodes.Gpu",
         on_delete=models.CASCADE,
         related_name="process_samples",
         verbose_name="GPU",
+        db_index=False,  # nodes_procsample_gpu_time_idx leads with it
     )
     taken_at = models.DateTimeField("taken at")
     pid = models.PositiveIntegerField("PID")
@@ -398,10 +408,15 @@ class ProcessSample(models.Model):
 
 
 class GpuSampleRollup(models.Model):
-    """Five-minute max and mean of a GPU's samples, kept 30 days for capacity planning."""
+    """Five-minute max and mean of a GPU's samples, kept 30 days for capacity planning;
+    on PostgreSQL partitioned by day, so retention drops a day at a time."""
 
     gpu = models.ForeignKey(
-        "nodes.Gpu", on_delete=models.CASCADE, related_name="rollups", verbose_name="GPU"
+        "nodes.Gpu",
+        on_delete=models.CASCADE,
+        related_name="rollups",
+        verbose_name="GPU",
+        db_index=False,  # the one-per-bucket key leads with it
     )
     bucket_start = models.DateTimeField("bucket start")
     samples = models.PositiveIntegerField("samples")
@@ -429,6 +444,54 @@ class GpuSampleRollup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.gpu_id} @ {self.bucket_start:%Y-%m-%d %H:%M}"
+
+
+class GpuDayRollup(models.Model):
+    """A GPU's highest VRAM use in one UTC day, folded from its five-minute rollups: what
+    the overcommit advisor reads (30 rows per GPU where the rollups hold 8,640)."""
+
+    gpu = models.ForeignKey(
+        "nodes.Gpu", on_delete=models.CASCADE, related_name="day_rollups", verbose_name="GPU"
+    )
+    day = models.DateField("day (UTC)")
+    memory_total_mb = models.PositiveIntegerField("memory total (MiB)")
+    memory_used_max_mb = models.PositiveIntegerField("memory used, max (MiB)")
+    first_bucket_start = models.DateTimeField("first bucket")
+    last_bucket_start = models.DateTimeField("last bucket")
+
+    class Meta:
+        ordering = ["-day"]
+        verbose_name = "GPU day rollup"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["gpu", "day"],
+                name="%(app_label)s_%(class)s_one_per_day",
+                violation_error_message="This GPU already has a rollup for that day.",
+            ),
+            models.CheckConstraint(
+                condition=Q(first_bucket_start__lte=F("last_bucket_start")),
+                name="%(app_label)s_%(class)s_buckets_in_order",
+                violation_error_message="The first bucket cannot be after the last.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_id} on {self.day}"
+
+
+class RollupProgress(models.Model):
+    """How far the raw samples have been rolled up: the next run starts here (minus one
+    bucket, for rows committed late), and raw rows are pruned only behind it."""
+
+    series = models.CharField("series", max_length=32, unique=True)
+    rolled_through = models.DateTimeField("rolled up through")
+
+    class Meta:
+        verbose_name = "rollup progress"
+        verbose_name_plural = "rollup progress"
+
+    def __str__(self) -> str:
+        return f"{self.series} through {self.rolled_through:%Y-%m-%d %H:%M}"
 
 
 class ContainerEvent(models.Model):

@@ -1,6 +1,6 @@
 """Every write to nodes, GPUs and samples, by sub-domain: `registry` (nodes, host keys,
-discovery), `sampling`, `allocations`, `containers`, `images` (what each node holds),
-`policy` and `gate` (the preflight).
+discovery), `sampling`, `retention` (rollups, partitions, pruning), `allocations`,
+`containers`, `images` (what each node holds), `policy` and `gate` (the preflight).
 
 `rejudge` (a changed machine judged again) sits apart from `gate`, which sampling cannot
 import. `from nodes.services import X` names any of them (and ContainerError, from nodes.errors).
@@ -98,11 +98,16 @@ from .rejudge import (
     node_gate_reset,
     nodes_gate_reset_after_absence,
 )
+from .retention import (
+    rollup_window,
+    rollups_fold_days,
+    samples_rollup,
+    samples_rollup_and_prune,
+)
 from .sampling import (
     LATEST_FIELDS,
     NO_NVML_RETRY_S,
     PIPELINE_CHUNK,
-    FiveMinuteBucket,
     endpoint_for,
     node_note_error,
     nodes_sample,
@@ -110,7 +115,6 @@ from .sampling import (
     record_failure,
     sampleable_nodes,
     samples_ingest,
-    samples_rollup_and_prune,
 )
 from .volumes import volume_create, volume_remove, volume_usage_bytes
 
@@ -118,7 +122,6 @@ __all__ = [
     "CONTAINER_START_TIMEOUT",
     "ContainerError",
     "DISCOVERED_GPU_FIELDS",
-    "FiveMinuteBucket",
     "GATE_RESET_FIELD",
     "HOSTNAME_RE",
     "IMAGE_LS_ARGV",
@@ -204,6 +207,9 @@ __all__ = [
     "run_on_node",
     "sampleable_nodes",
     "samples_ingest",
+    "samples_rollup",
     "samples_rollup_and_prune",
+    "rollup_window",
+    "rollups_fold_days",
     "sell_whole",
 ]

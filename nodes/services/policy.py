@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import ROUND_DOWN, Decimal, InvalidOperation
 
 from django.db import transaction
 from django.db.models import Count, Max, Min, Q
-from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from gpuplatform.dispatch import enqueue
@@ -16,7 +15,7 @@ from gpuplatform.errors import Conflict, ServiceError
 
 from .. import allowlist, command_env, isolation, preflight, runtime
 from ..locks import gpu_lock, node_lock, node_policy_lock
-from ..models import Allocation, Gpu, GpuSampleRollup, Node, NodePolicy, NodePolicyChange
+from ..models import Allocation, Gpu, GpuDayRollup, Node, NodePolicy, NodePolicyChange
 from .allocations import capacity_mb
 
 # --- GPU placement policy ---------------------------------------------------------------------
@@ -26,18 +25,18 @@ MAX_HISTORY_DAYS = 30
 
 
 def rollup_windows(*, gpu_ids: list[int], now: datetime | None = None) -> dict[int, dict]:
-    """Per GPU, over the last 30 days of rollups: the first bucket, the peak, and on how
-    many distinct days there are samples at all (one query for a page of GPUs)."""
+    """Per GPU, over the last 30 UTC days: the first bucket, the peak, and on how many
+    days there are samples at all. Read from the day rollups (30 rows per GPU, where the
+    five-minute rollups hold 8,640): one query for a page of GPUs or for the fleet."""
     now = now or timezone.now()
+    since = (now - timedelta(days=MAX_HISTORY_DAYS)).astimezone(UTC).date()
     rows = (
-        GpuSampleRollup.objects.filter(
-            gpu_id__in=gpu_ids, bucket_start__gte=now - timedelta(days=MAX_HISTORY_DAYS)
-        )
+        GpuDayRollup.objects.filter(gpu_id__in=gpu_ids, day__gte=since)
         .values("gpu_id")
         .annotate(
-            first=Min("bucket_start"),
+            first=Min("first_bucket_start"),
             peak=Max("memory_used_max_mb"),
-            days=Count(TruncDate("bucket_start"), distinct=True),
+            days=Count("pk"),
         )
         .order_by()
     )

@@ -1,5 +1,5 @@
 """Reading nodes over SSH (the sampler, nvidia-smi where NVML is not usable, failure
-counts), storing their samples in bulk, and rolling samples up and pruning them."""
+counts) and storing their samples in bulk (rollups and retention: `retention`)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import logging
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.conf import settings
 from django.db import connection, models, transaction
-from django.db.models import Avg, Case, Count, F, Max, Min, Q, Value, When
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from gpuplatform.dispatch import enqueue
@@ -19,7 +19,7 @@ from gpuplatform.dispatch import enqueue
 from .. import smi, ssh, telemetry
 from ..hooks import GpuSampleRow, ProcessSampleRow, SampleBatch, run_sample_hooks
 from ..locks import node_lock
-from ..models import Allocation, Gpu, GpuSample, GpuSampleRollup, Node, ProcessSample
+from ..models import Allocation, Gpu, GpuSample, Node, ProcessSample
 from .rejudge import nodes_gate_reset_after_absence
 
 logger = logging.getLogger(__name__)
@@ -423,108 +423,3 @@ def _count_allocations(
             "AS v(id, n, l) WHERE a.id = v.id",
             [now, ids, nvml, library],
         )
-
-
-# --- retention -------------------------------------------------------------------------------
-
-
-class FiveMinuteBucket(models.Func):
-    """The start of the five-minute bucket a timestamp falls in (UTC)."""
-
-    output_field = models.DateTimeField()
-
-    def as_postgresql(self, compiler, connection, **extra):  # type: ignore[no-untyped-def]
-        return self.as_sql(
-            compiler,
-            connection,
-            template="date_bin('5 minutes', %(expressions)s, TIMESTAMPTZ '2000-01-01 00:00:00+00')",
-            **extra,
-        )
-
-    def as_sqlite(self, compiler, connection, **extra):  # type: ignore[no-untyped-def]
-        # '%%%%s': the template's own %-formatting leaves '%%s', which the SQLite backend
-        # turns into strftime's literal '%s' (a bare '%s' would be a query parameter)
-        return self.as_sql(
-            compiler,
-            connection,
-            template="datetime((CAST(strftime('%%%%s', %(expressions)s) AS INTEGER) / 300) * 300,"
-            " 'unixepoch')",
-            **extra,
-        )
-
-
-def samples_rollup_and_prune(*, now: datetime | None = None) -> dict[str, int]:
-    """Fold raw samples into five-minute rollups (max and mean), then delete raw samples
-    past their retention and rollups past theirs. Safe to run twice: rollups are
-    recomputed from the raw rows and upserted."""
-    now = now or timezone.now()
-    raw_cutoff = now - timedelta(hours=settings.NODES_RAW_RETENTION_HOURS)
-    rollup_cutoff = now - timedelta(days=settings.NODES_ROLLUP_RETENTION_DAYS)
-    # Only complete buckets; start again from the last bucket already rolled up.
-    complete_before = now - timedelta(seconds=now.timestamp() % 300)
-    last = GpuSampleRollup.objects.aggregate(last=Max("bucket_start"))["last"]
-    if last is None:  # first run: roll up everything there is before anything is pruned
-        last = GpuSample.objects.aggregate(first=Min("taken_at"))["first"] or now
-    since = last
-    rows = (
-        GpuSample.objects.filter(taken_at__gte=since, taken_at__lt=complete_before)
-        .annotate(bucket=FiveMinuteBucket("taken_at"))
-        .values("gpu_id", "bucket")
-        .annotate(
-            n=Count("id"),
-            total=Max("memory_total_mb"),
-            used_max=Max("memory_used_mb"),
-            used_mean=Avg("memory_used_mb"),
-            util_max=Max("utilization_gpu"),
-            util_mean=Avg("utilization_gpu"),
-        )
-        .order_by()
-    )
-    rollups = [
-        GpuSampleRollup(
-            gpu_id=r["gpu_id"],
-            bucket_start=_aware(r["bucket"]),
-            samples=r["n"],
-            memory_total_mb=r["total"],
-            memory_used_max_mb=r["used_max"],
-            memory_used_mean_mb=float(r["used_mean"]),
-            utilization_gpu_max=r["util_max"],
-            utilization_gpu_mean=float(r["util_mean"]) if r["util_mean"] is not None else None,
-        )
-        for r in rows.iterator(chunk_size=5000)
-    ]
-    with transaction.atomic():
-        GpuSampleRollup.objects.bulk_create(
-            rollups,
-            batch_size=2000,
-            update_conflicts=True,
-            unique_fields=["gpu", "bucket_start"],
-            update_fields=[
-                "samples",
-                "memory_total_mb",
-                "memory_used_max_mb",
-                "memory_used_mean_mb",
-                "utilization_gpu_max",
-                "utilization_gpu_mean",
-            ],
-        )
-        # Raw rows are deleted only once their bucket is rolled up.
-        pruned_raw, _ = GpuSample.objects.filter(
-            taken_at__lt=min(raw_cutoff, complete_before)
-        ).delete()
-        pruned_proc, _ = ProcessSample.objects.filter(taken_at__lt=raw_cutoff).delete()
-        pruned_rollups, _ = GpuSampleRollup.objects.filter(bucket_start__lt=rollup_cutoff).delete()
-    return {
-        "rollups": len(rollups),
-        "raw_deleted": pruned_raw,
-        "process_deleted": pruned_proc,
-        "rollups_deleted": pruned_rollups,
-    }
-
-
-def _aware(value):  # type: ignore[no-untyped-def]
-    if isinstance(value, str):  # SQLite returns text
-        value = datetime.fromisoformat(value)
-    if timezone.is_naive(value):
-        value = timezone.make_aware(value, timezone.utc)
-    return value

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from gpuplatform.errors import ServiceError
 from nodes import hooks, services, ssh
-from nodes.models import Gpu, GpuSample, GpuSampleRollup, Node, ProcessSample
+from nodes.models import Gpu, GpuSample, GpuSampleRollup, Node, ProcessSample, RollupProgress
 from nodes.services import cli_error_line
 
 pytestmark = pytest.mark.django_db
@@ -258,15 +258,8 @@ def test_retention_prunes_raw_samples_and_keeps_rollups(register, settings):  # 
     )
     GpuSample.objects.bulk_create([*rows, recent])
     ancient.save()
-    # start rolling up from just before the old rows
-    GpuSampleRollup.objects.create(
-        gpu=gpu,
-        bucket_start=old - timedelta(minutes=5),
-        samples=1,
-        memory_total_mb=23034,
-        memory_used_max_mb=0,
-        memory_used_mean_mb=0.0,
-    )
+    # the last run rolled up to just before the old rows
+    RollupProgress.objects.create(series="gpu_5min", rolled_through=old - timedelta(minutes=5))
     result = services.samples_rollup_and_prune(now=now)
     rollup = GpuSampleRollup.objects.get(gpu=gpu, bucket_start=old)
     assert rollup.samples == 3

@@ -36,6 +36,13 @@ def history(gpu, *, days: int, peak_mb: int, now):  # type: ignore[no-untyped-de
         )
         for d in range(days)
     )
+    fold(now)
+
+
+def fold(now):  # type: ignore[no-untyped-def]
+    """What the periodic rollup does after writing five-minute rollups: fold them into
+    the day rollups the advisor reads."""
+    services.rollups_fold_days(since=now - timedelta(days=60), until=now + timedelta(days=1))
 
 
 def test_no_ratio_above_one_without_seven_days_of_history(gpu):  # type: ignore[no-untyped-def]
@@ -61,6 +68,7 @@ def test_recommended_ratio_is_physical_over_peak_and_caps_the_setting(gpu):  # t
         memory_used_max_mb=24000,
         memory_used_mean_mb=24000,
     )
+    fold(now)
     rec = services.gpu_recommended_ratio(gpu=gpu, now=now)
     assert rec["ratio"] == Decimal("2.00") and rec["peak_mb"] == 12288
     with pytest.raises(Conflict):
@@ -140,6 +148,7 @@ def test_two_samples_a_week_apart_are_not_a_week_of_history(gpu):  # type: ignor
             memory_used_max_mb=4096,
             memory_used_mean_mb=4096,
         )
+    fold(now)
     rec = services.gpu_recommended_ratio(gpu=gpu, now=now)
     assert rec["ratio"] is None and rec["days_of_history"] == 2
 

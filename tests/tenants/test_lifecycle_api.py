@@ -16,6 +16,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from nodes import isolation
+from nodes import services as node_services
 from nodes.models import Allocation, Gpu, GpuSampleRollup, Node, ProcessSample
 from tenants import services
 from tenants.models import Image, LedgerEntry, Membership, Purchase, Role, Slice, Tier
@@ -1054,6 +1055,8 @@ def _history(gpu, *, days: float, peak_mb: int) -> None:  # type: ignore[no-unty
         )
         for i in range(int(days * 4))
     )
+    # as the periodic rollup does: the advisor reads the day rollups
+    node_services.rollups_fold_days(since=start, until=now + timedelta(days=1))
 
 
 def test_gpu_policy_shows_ratio_and_recommendation(api_ops, gpu):  # type: ignore[no-untyped-def]
