@@ -1,5 +1,6 @@
 """Row locks of the nodes app: every `SELECT ... FOR UPDATE` on its rows, and the
-preflight's advisory lock, are taken here, so the order they are taken in is written once.
+advisory locks of preflights and telemetry batches, are taken here, so the order they are
+taken in is written once.
 
 A transaction that needs several takes them in this order (the order of this module):
 
@@ -75,3 +76,33 @@ def preflight_claim(node_id: int) -> Iterator[bool]:
         if claimed:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
+
+
+SAMPLING_LOCK_SPACE = 0x6771_0000_0000  # advisory-lock keys of telemetry batches: this + node id
+
+
+@contextlib.contextmanager
+def sampling_claim(node_ids: list[int]) -> Iterator[list[int]]:
+    """The nodes of a telemetry batch that no other session is sampling now, in one
+    statement: an advisory lock per node, held by this session until the batch is stored
+    and freed with its connection if the worker dies. Taken before any row lock and never
+    waited for (a node another task holds is left to it). Elsewhere (SQLite, one process)
+    every node."""
+    if connection.vendor != "postgresql" or not node_ids:
+        yield list(node_ids)
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id FROM unnest(%s::bigint[]) AS id WHERE pg_try_advisory_lock(%s + id)",
+            [list(node_ids), SAMPLING_LOCK_SPACE],
+        )
+        claimed = [row[0] for row in cursor.fetchall()]
+    try:
+        yield claimed
+    finally:
+        if claimed:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_advisory_unlock(%s + id) FROM unnest(%s::bigint[]) AS id",
+                    [SAMPLING_LOCK_SPACE, claimed],
+                )

@@ -1,8 +1,11 @@
 """Celery tasks for the fleet: thin wrappers over services, safe to run twice."""
 
+from datetime import UTC, datetime
+
 from celery import shared_task
 from django.conf import settings
 from django.db import IntegrityError
+from django.utils import timezone
 
 from . import services, ssh, telemetry
 from .models import GateStatus
@@ -21,9 +24,10 @@ UNCHECKED_PER_FAN_OUT = 20
 def fan_out() -> int:
     nodes = services.sampleable_nodes()
     ids = list(nodes.order_by("pk").values_list("pk", flat=True))
+    cycle_started = timezone.now().timestamp()
     for start in range(0, len(ids), SAMPLE_BATCH_SIZE):
         sample_nodes.apply_async(
-            args=[ids[start : start + SAMPLE_BATCH_SIZE]],
+            args=[ids[start : start + SAMPLE_BATCH_SIZE], cycle_started],
             expires=settings.NODES_SAMPLE_INTERVAL,
         )
     unchecked = nodes.filter(gate_status=GateStatus.UNCHECKED).order_by("pk")
@@ -33,8 +37,12 @@ def fan_out() -> int:
 
 
 @shared_task(name="telemetry.sample_nodes", soft_time_limit=25, time_limit=40)
-def sample_nodes(node_ids: list[int]) -> dict:
-    return services.nodes_sample(node_ids=node_ids)
+def sample_nodes(node_ids: list[int], cycle_started: float | None = None) -> dict:
+    if cycle_started is None:  # a message from before cycles were passed along
+        return services.nodes_sample(node_ids=node_ids)
+    return services.nodes_sample_once(
+        node_ids=node_ids, cycle_started=datetime.fromtimestamp(cycle_started, tz=UTC)
+    )
 
 
 @shared_task(

@@ -31,8 +31,10 @@ DOCKERFILE = ROOT / "Dockerfile"
 ENV_EXAMPLE = ROOT / ".env.example"
 SETTINGS_FILE = ROOT / "gpuplatform" / "settings.py"
 
-SERVICES = {"postgres", "redis", "migrate", "web", "worker", "beat", "gateway"}
-APP_SERVICES = ("web", "worker", "beat", "gateway")
+# one Celery worker service per queue, each scaled on its own (docs/scale-out.md)
+WORKERS = tuple(f"worker-{queue}" for queue in django_settings.CELERY_QUEUE_NAMES)
+SERVICES = {"postgres", "redis", "migrate", "web", *WORKERS, "beat", "gateway"}
+APP_SERVICES = ("web", *WORKERS, "beat", "gateway")
 
 # "NAME=value" or, for a documented default, "# NAME=value".
 _ENV_LINE = re.compile(r"^(#\s?)?([A-Z][A-Z0-9_]*)=(.*)$")
@@ -222,30 +224,102 @@ def test_compose_refuses_to_start_until_the_secrets_are_set(compose):
             container_env(compose, "web", **filled)
 
 
-def test_worker_consumes_every_configured_queue(compose):
-    argv = command_argv(compose["services"]["worker"]["command"])
-    assert argv[:4] == ["celery", "-A", "gpuplatform", "worker"]
-    queues = argv[argv.index("-Q") + 1].split(",")
-    assert sorted(queues) == sorted(django_settings.CELERY_QUEUE_NAMES)
-    # The health check pings celery@$HOSTNAME, the default node name.
-    assert "-n" not in argv and "--hostname" not in argv
-    assert "celery@$$HOSTNAME" in healthcheck_script(compose["services"]["worker"])
+def test_every_queue_has_its_own_worker_service(compose):
+    served = []
+    for name in WORKERS:
+        service = compose["services"][name]
+        argv = command_argv(service["command"])
+        assert argv[:4] == ["celery", "-A", "gpuplatform", "worker"], name
+        queues = argv[argv.index("-Q") + 1].split(",")
+        assert queues == [name.removeprefix("worker-")], name
+        served += queues
+        assert int(argv[argv.index("--concurrency") + 1]) >= 1, name
+        # The health check pings celery@$HOSTNAME, the default node name: each replica
+        # of a scaled service has its own container host name, so its own node name.
+        assert "-n" not in argv and "--hostname" not in argv, name
+        assert "celery@$$HOSTNAME" in healthcheck_script(service), name
+        # made once, shared by every worker: the key the nodes authorize
+        assert "platform-ssh:/app/var/ssh" in service["volumes"], name
+    assert sorted(served) == sorted(django_settings.CELERY_QUEUE_NAMES)
 
 
-def test_beat_runs_celery_beat(compose):
+def test_workers_may_finish_their_longest_task_before_they_are_killed(compose):
+    longest = max(
+        [django_settings.CELERY_TASK_TIME_LIMIT]
+        + [t.time_limit for t in app.tasks.values() if getattr(t, "time_limit", None)]
+    )
+    for name in WORKERS:
+        grace = compose["services"][name]["stop_grace_period"]
+        match = re.fullmatch(r"(\d+)([sm])", grace)
+        assert match, grace
+        seconds = int(match.group(1)) * (60 if match.group(2) == "m" else 1)
+        assert seconds >= longest, (name, grace, longest)
+
+
+def test_scaled_services_neither_name_their_container_nor_publish_a_host_port(compose):
+    # `docker compose up --scale worker-telemetry=3` starts three containers: a fixed
+    # container_name or host port would make the second one fail to start
+    for name, service in compose["services"].items():
+        assert "container_name" not in service, name
+    for name in WORKERS:
+        assert "ports" not in compose["services"][name], name
+    # the services that publish host ports run once per host, and no two share a port
+    published = {
+        name: [str(p).rsplit(":", 1)[0] for p in service["ports"]]
+        for name, service in compose["services"].items()
+        if service.get("ports")
+    }
+    assert set(published) == {"web", "gateway"}
+    ports = [port for ports in published.values() for port in ports]
+    assert len(ports) == len(set(ports)), published
+
+
+def test_exactly_one_beat(compose):
+    beats = [
+        name
+        for name, service in compose["services"].items()
+        if "beat" in command_argv(service.get("command", []))[3:4]
+    ]
+    assert beats == ["beat"]
     argv = command_argv(compose["services"]["beat"]["command"])
     assert argv[:4] == ["celery", "-A", "gpuplatform", "beat"]
     assert (
         django_settings.CELERY_BEAT_SCHEDULER == "django_celery_beat.schedulers:DatabaseScheduler"
     )
+    beat = compose["services"]["beat"]
+    assert beat.get("deploy", {}).get("replicas", 1) == 1 and "scale" not in beat
+    # a worker started with an embedded beat would be one more beat per replica
+    for name in WORKERS:
+        argv = command_argv(compose["services"][name]["command"])
+        assert "-B" not in argv and "--beat" not in argv, name
+
+
+def test_gateway_runs_with_its_host_key_kept_in_a_volume(compose):
+    gateway = compose["services"]["gateway"]
+    assert command_argv(gateway["command"]) == ["python", "manage.py", "run_gateway"]
+    env = container_env(compose, "gateway", **filled_secrets())
+    assert env["GPUPLATFORM_GATEWAY_ADDRESS"] == "0.0.0.0:2222"
+    assert [str(p) for p in gateway["ports"]] == ["2222:2222"]
+    # the host key renters pin: made at first start under /app/var/gateway (the default
+    # path with the image's GPUPLATFORM_VAR_DIR) and kept in a named volume
+    documented = [
+        match.group(3)
+        for line in ENV_EXAMPLE.read_text().splitlines()
+        if (match := _ENV_LINE.match(line.strip()))
+        and match.group(2) == "GPUPLATFORM_GATEWAY_HOST_KEY_PATH"
+    ]
+    assert documented == ["/app/var/gateway/ssh_host_ed25519_key"]
+    volumes = dict(v.split(":", 1) for v in gateway["volumes"])
+    assert volumes["gateway-key"] == "/app/var/gateway" and "gateway-key" in compose["volumes"]
+    assert volumes["platform-ssh"] == "/app/var/ssh"
 
 
 def test_celery_app_named_in_commands_is_the_project_celery_app(compose):
     names = set()
-    for name in ("worker", "beat"):
+    for name in (*WORKERS, "beat"):
         argv = command_argv(compose["services"][name]["command"])
         names.add(argv[argv.index("-A") + 1])
-    names.update(re.findall(r"-A (\S+)", healthcheck_script(compose["services"]["worker"])))
+        names.update(re.findall(r"-A (\S+)", healthcheck_script(compose["services"][name])))
     assert names == {"gpuplatform"}
     # The lookup the celery command itself performs for -A.
     found = find_app("gpuplatform")

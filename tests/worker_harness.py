@@ -64,16 +64,20 @@ def broker_on(db: int):  # type: ignore[no-untyped-def]
     _reset_producer_pools()
 
 
+def process_database_url() -> str:
+    """This test's PostgreSQL database as a DATABASE_URL, for the processes a test starts
+    (workers, gateways): the test database pytest-django made, not the configured one."""
+    db = settings.DATABASES["default"]
+    if not db["ENGINE"].endswith("postgresql"):
+        missing("tests that start workers or gateways need PostgreSQL (set DATABASE_URL)")
+    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
 def workers_for(broker: str, tmp_path: Path, *, queues: str, name: str, env: dict):  # type: ignore[no-untyped-def]
     """A fixture body: start() runs a worker process on `queues` with this test's
     database, broker and platform SSH key, returning (process, log path); every worker
     started is stopped at the end. Start it after the fleet, which makes the key."""
-    db = settings.DATABASES["default"]
-    if not db["ENGINE"].endswith("postgresql"):
-        missing("the worker tests need PostgreSQL (set DATABASE_URL; make test does)")
-    database_url = (
-        f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-    )
+    database_url = process_database_url()
     mail_dir = tmp_path / "mail"
     mail_dir.mkdir(exist_ok=True)
     started: list[subprocess.Popen] = []

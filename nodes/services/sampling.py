@@ -7,7 +7,7 @@ import logging
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, models, transaction
@@ -18,7 +18,7 @@ from gpuplatform.dispatch import enqueue
 
 from .. import smi, ssh, telemetry
 from ..hooks import GpuSampleRow, ProcessSampleRow, SampleBatch, run_sample_hooks
-from ..locks import node_lock
+from ..locks import node_lock, sampling_claim
 from ..models import Allocation, Gpu, GpuSample, Node, ProcessSample
 from .rejudge import nodes_gate_reset_after_absence
 
@@ -161,6 +161,35 @@ def nodes_sample(*, node_ids: list[int], pool: ssh.SSHPool | None = None) -> dic
         pending = [writer.submit(store, *_read_chunk(pool, chunk)) for chunk in chunks]
         for future in pending:
             _add(totals, future.result())
+    return totals
+
+
+def nodes_sample_once(*, node_ids: list[int], cycle_started: datetime) -> dict[str, int]:
+    """One batch of a fan-out, each node sampled at most once per cycle whatever the
+    broker delivers: a batch redelivered after its worker died (late acks), a late batch
+    of the cycle before, a second beat's fan-out by mistake. A node another task is
+    sampling now is left to it (`sampling_claim`), and one whose GPUs were sampled less
+    than half an interval before this cycle began is not sampled again (their last sample
+    is committed with the rows, under the claim)."""
+    since = cycle_started - timedelta(seconds=settings.NODES_SAMPLE_INTERVAL / 2)
+    with sampling_claim(node_ids) as claimed:
+        done = set(
+            Gpu.objects.filter(node_id__in=claimed, last_sample_at__gte=since).values_list(
+                "node_id", flat=True
+            )
+        )
+        todo = [node_id for node_id in claimed if node_id not in done]
+        totals = nodes_sample(node_ids=todo)
+    totals["skipped"] = len(node_ids) - len(todo)
+    if totals["skipped"]:
+        # every cycle: a second beat; now and then: a redelivery or a late batch
+        logger.warning(
+            "%d of %d nodes not sampled again this cycle (sampled already, or by another "
+            "task now), first ids %s",
+            totals["skipped"],
+            len(node_ids),
+            sorted(set(node_ids) - set(todo))[:10],
+        )
     return totals
 
 
