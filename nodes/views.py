@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import html
+import re
+from dataclasses import dataclass
+from urllib.parse import urlencode
 
 from django import forms
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
+from django.core.cache import cache
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_POST
 
 from gpuplatform.errors import ServiceError
@@ -23,6 +31,16 @@ from .forms import ApproveForm, DrainForm, NodeForm, NodePolicyForm, WatchdogOnl
 from .models import Gpu, Node
 
 LIVE_SECONDS = 10
+GPU_PAGE_SIZE = 50
+ATTENTION_LIMIT = 12  # nodes named under the heatmap; the rest are counted and linked
+# From this many nodes the cells shrink to small squares without their number (it stays
+# in each cell's label and hover text): a thousand nodes fit a screen.
+DENSE_FROM = 150
+# How long the server remembers what a version of the heatmap held: a page that polls
+# within it gets only the cells that changed, a page gone longer gets the whole heatmap.
+SNAPSHOT_SECONDS = 600
+_STATUS_LABELS = dict(Node.Status.choices)
+_GATE_LABELS = dict(Node.GateStatus.choices)
 
 
 def _heat(gpu) -> int:  # type: ignore[no-untyped-def]
@@ -31,15 +49,16 @@ def _heat(gpu) -> int:  # type: ignore[no-untyped-def]
     return round(100 * gpu.last_memory_used_mb / gpu.vram_total_mb)
 
 
-def _node_closed_reason(node: Node) -> str:
+def _node_closed_reason(node: Node | selectors.NodeRow) -> str:
     """Why no new slice lands on any GPU of this node, in words ("" when it takes them)."""
     if node.drained_at:
         return f"drained: {node.drain_reason}" if node.drain_reason else "drained by ops"
     if node.status != Node.Status.ACTIVE:
         reason = node.status_reason or node.last_error
-        return f"{node.get_status_display()}: {reason}" if reason else node.get_status_display()
+        label = _STATUS_LABELS.get(node.status, node.status)
+        return f"{label}: {reason}" if reason else label
     if node.gate_status != Node.GateStatus.PASSED:
-        label = f"preflight {node.get_gate_status_display()}"
+        label = f"preflight {_GATE_LABELS.get(node.gate_status, node.gate_status)}"
         return f"{label}: {node.gate_reason}" if node.gate_reason else label
     return ""
 
@@ -47,37 +66,291 @@ def _node_closed_reason(node: Node) -> str:
 def _gpu_closed_reason(gpu: Gpu) -> str:
     if gpu.accepting_placements:
         return ""
-    reason = gpu.not_accepting_reason
+    return _not_accepting(gpu.not_accepting_reason)
+
+
+def _not_accepting(reason: str | None) -> str:
     return f"not accepting placements: {reason}" if reason else "not accepting placements"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+# What one node's cell shows, as a tuple: (pk, name, heat, mean, GPUs, GPUs with a sample,
+# why the node takes no new slices, GPUs that take none themselves, allocated %). Equal
+# tuples draw equal cells, so a refresh compares these and draws only what changed.
+_Cell = tuple[int, str, int, int, int, int, str, int, int]
+
+
+def _cell_html(cell: _Cell, node_url: str) -> str:
+    pk, name, heat, mean, gpus, sampled, reason, closed, alloc = cell
+    if not gpus:
+        said = "no GPUs discovered"
+    else:
+        said = f"hottest GPU {heat}% VRAM used, mean {mean}%" if heat >= 0 else "no sample yet"
+        said += f", {_plural(gpus, 'GPU')}"
+        if sampled and sampled < gpus:
+            said += f" ({gpus - sampled} without a sample)"
+    if reason:
+        said += f"; takes no new slices — {reason}"
+    elif closed:
+        said += f"; {closed} of {gpus} take no new slices"
+    else:
+        said += "; takes new slices"
+    # An f-string over escaped text, not format_html: a thousand cells cost a thousand
+    # of these, and format_html takes fifteen times as long (the numbers need no escaping).
+    label = html.escape(f"{name}: {said}")
+    return (
+        f'<a id="node-cell-{pk}" class="heat-cell{" heat-off" if reason or closed else ""}"'
+        f' href="{node_url.format(pk)}" hx-get="?node={pk}"'
+        f' style="--heat: {max(heat, 0)}; --alloc: {alloc}" data-heat="{heat}"'
+        f' data-node="{html.escape(name)}" title="{label}" aria-label="{label}">'
+        f"{f'{heat}%' if heat >= 0 else '—'}</a>"
+    )
+
+
+@dataclass
+class _Heatmap:
+    """The heatmap as a page holds it: a cell per node, the totals and the needs-attention
+    list, and a version naming exactly that content."""
+
+    cells: list[_Cell]
+    digests: bytes  # 8 bytes a cell, in the order of `cells`
+    totals: str
+    attention: str
+    version: str
+
+    @property
+    def pks(self) -> tuple[int, ...]:
+        return tuple(cell[0] for cell in self.cells)
+
+    def snapshot(self) -> tuple:
+        return (self.pks, self.digests, _digest(self.totals), _digest(self.attention))
+
+    def html(self, *, changed_since: bytes | None = None) -> list[str]:
+        """The cells' HTML: all of them, or those whose digest differs from `changed_since`."""
+        # reverse() once: every cell links to the same path with its own node's id
+        node_url = reverse("nodes:node_detail", args=[0]).replace("/0/", "/{}/")
+        return [
+            _cell_html(cell, node_url)
+            for k, cell in enumerate(self.cells)
+            if changed_since is None
+            or changed_since[8 * k : 8 * k + 8] != self.digests[8 * k : 8 * k + 8]
+        ]
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode(), digest_size=8).digest()
+
+
+def _attention_item(row: selectors.NodeRow, heat: int, reason: str) -> tuple | None:
+    """(sort key, row, text) when the node needs ops' eyes, else None."""
+    said = []
+    if reason:
+        said.append(f"No new slices on this node — {reason}")
+    if row.hot:
+        said.append(
+            f"hottest GPU {heat}% VRAM used"
+            f" ({_plural(row.hot, 'GPU')} at or over {selectors.WARNING_PCT}%)"
+        )
+    if row.closed == 1:
+        said.append(f"GPU {row.closed_index} — {_not_accepting(row.closed_reason)}")
+    elif row.closed:
+        said.append(f"{_plural(row.closed, 'GPU')} not accepting placements")
+    if not said:
+        return None
+    rank = 0 if reason else 1 if row.hot else 2
+    return (rank, -heat, row.name), row, "; ".join(said)
+
+
+def _heatmap() -> _Heatmap:
+    """The fleet as the heatmap draws it. A node costs a few small Python steps on one
+    row of aggregates; its HTML is built only when a page needs that cell."""
+    cells, attention = [], []
+    for row in selectors.fleet_nodes():
+        heat = -1 if row.hottest_pct is None else round(row.hottest_pct)
+        reason = _node_closed_reason(row)
+        total = row.total_mb or 0
+        cells.append(
+            (
+                row.pk,
+                row.name,
+                heat,
+                round(row.mean_pct or 0),
+                row.gpus,
+                row.sampled,
+                reason,
+                row.closed,
+                min(100, round(100 * (row.allocated_mb or 0) / total)) if total else 0,
+            )
+        )
+        if item := _attention_item(row, heat, reason):
+            attention.append(item)
+    attention.sort(key=lambda item: item[0])
+    totals = selectors.fleet_totals()
+    totals["status_summary"] = ", ".join(
+        f"{n} {status}" for status, n in totals["by_status"].items()
+    )
+    # (rendered without the request: no context processor, no query of theirs, per poll)
+    totals_html = render_to_string(
+        "nodes/_fleet_totals.html", {"totals": totals, "warning_pct": selectors.WARNING_PCT}
+    )
+    attention_html = render_to_string(
+        "nodes/_fleet_attention.html",
+        {
+            "attention": [(row, text) for _, row, text in attention[:ATTENTION_LIMIT]],
+            "more": max(len(attention) - ATTENTION_LIMIT, 0),
+            "totals": totals,
+            "warning_pct": selectors.WARNING_PCT,
+        },
+    )
+    digests = b"".join(_digest(repr(cell)) for cell in cells)
+    version = hashlib.blake2b(
+        digests + _digest(totals_html) + _digest(attention_html), digest_size=12
+    ).hexdigest()
+    heatmap = _Heatmap(
+        cells=cells,
+        digests=digests,
+        totals=totals_html,
+        attention=attention_html,
+        version=version,
+    )
+    # Kept for the polls to come, in Redis when it is configured (any web process answers
+    # them), and kept longer while pages still hold it.
+    if not cache.touch(_snapshot_key(version), SNAPSHOT_SECONDS):
+        cache.set(_snapshot_key(version), heatmap.snapshot(), SNAPSHOT_SECONDS)
+    return heatmap
+
+
+def _snapshot_key(version: str) -> str:
+    return f"nodes:fleet:heatmap:{version}"
+
+
+def _heatmap_context(heatmap: _Heatmap) -> dict:
+    return {
+        "cells": mark_safe("".join(heatmap.html())),  # noqa: S308 - its text escaped
+        "dense": len(heatmap.cells) >= DENSE_FROM,
+        "totals_html": heatmap.totals,
+        "attention_html": heatmap.attention,
+        "version": heatmap.version,
+    }
+
+
+def _changes(request: HttpRequest) -> HttpResponse:
+    """What changed since the version the page holds: nothing (204, no body), the changed
+    node cells and what else changed as out-of-band swaps, or the whole heatmap when
+    the server no longer knows that version."""
+    held = request.GET.get("v", "")
+    heatmap = _heatmap()
+    if held == heatmap.version:
+        return HttpResponse(status=204)
+    snapshot = cache.get(_snapshot_key(held)) if held else None
+    context = {"version": heatmap.version}
+    if snapshot is None or snapshot[0] != heatmap.pks:  # unknown, or nodes came or went
+        context.update(
+            _heatmap_context(heatmap),
+            full=True,
+            totals_html=_oob(heatmap.totals),
+            attention_html=_oob(heatmap.attention),
+        )
+    else:
+        _, digests, totals, attention = snapshot
+        context["changed"] = mark_safe(  # noqa: S308 - the cells' text escaped
+            "".join(_oob(cell) for cell in heatmap.html(changed_since=digests))
+        )
+        if totals != _digest(heatmap.totals):
+            context["totals_html"] = _oob(heatmap.totals)
+        if attention != _digest(heatmap.attention):
+            context["attention_html"] = _oob(heatmap.attention)
+    # Out-of-band swaps only, rendered without the request (no context processor's query).
+    return HttpResponse(render_to_string("nodes/_fleet_live.html", context))
+
+
+def _oob(fragment: str) -> str:
+    """`fragment` marked to be swapped in out of band: htmx replaces the element of its id."""
+    return mark_safe(  # noqa: S308 - the fragment is markup this module built
+        re.sub(r"^(\s*<[a-z]+)", r'\1 hx-swap-oob="true"', fragment, count=1)
+    )
+
+
+def _gpu_table(request: HttpRequest) -> dict:
+    """One page of the fleet's GPU table, as `filter`, `sort` and `page` ask."""
+    gpu_filter = request.GET.get("filter", "")
+    gpu_filter = gpu_filter if gpu_filter in selectors.GPU_FILTERS else "all"
+    gpu_sort = request.GET.get("sort", "")
+    gpu_sort = gpu_sort if gpu_sort in selectors.GPU_SORTS else "hot"
+    rows = selectors.fleet_gpu_rows(filter=gpu_filter, sort=gpu_sort)
+    page = Paginator(rows, GPU_PAGE_SIZE).get_page(request.GET.get("page"))
+    now = timezone.now()
+    for gpu in page:
+        gpu.heat = _heat(gpu)
+        gpu.age_s = (now - gpu.last_sample_at).total_seconds() if gpu.last_sample_at else None
+        gpu.closed_reason = _gpu_closed_reason(gpu)
+        gpu.node_closed_reason = _node_closed_reason(gpu.node)
+    return {
+        "page": page,
+        "page_range": page.paginator.get_elided_page_range(page.number, on_each_side=2),
+        "ellipsis": Paginator.ELLIPSIS,
+        "gpu_filter": gpu_filter,
+        "gpu_sort": gpu_sort,
+        "gpu_filters": selectors.GPU_FILTERS,
+        "gpu_sorts": selectors.GPU_SORTS,
+        "filter_words": selectors.GPU_FILTERS[gpu_filter],
+        "sort_words": selectors.GPU_SORTS[gpu_sort],
+        "table_query": urlencode({"filter": gpu_filter, "sort": gpu_sort}),
+        "live_seconds": LIVE_SECONDS,
+    }
+
+
+def _drill_context(pk: str) -> dict:
+    """One node's GPUs, drawn as cells (the heatmap's drill-down). Two queries."""
+    node = get_object_or_404(selectors.node_list(), pk=pk)
+    node.closed_reason = _node_closed_reason(node)
+    gpus = list(node.gpus.all())
+    for gpu in gpus:
+        gpu.heat = _heat(gpu)
+        gpu.closed_reason = _gpu_closed_reason(gpu)
+        gpu.alloc_pct = (
+            min(100, round(100 * (gpu.allocated_mb or 0) / gpu.vram_total_mb))
+            if gpu.vram_total_mb
+            else 0
+        )
+    return {"node": node, "gpus": gpus, "live_seconds": LIVE_SECONDS}
+
+
+def _drill_or_none(pk: str) -> dict | None:
+    # The whole page with ?node= of a node gone is the page without its drill-down.
+    try:
+        return _drill_context(pk) if pk.isdigit() else None
+    except Http404:
+        return None
 
 
 @staff_member_required
 @require_GET
 def fleet(request: HttpRequest) -> HttpResponse:
-    nodes = list(selectors.node_list())
-    now = timezone.now()
-    for node in nodes:
-        node.closed_reason = _node_closed_reason(node)
-        for gpu in node.gpus.all():
-            gpu.heat = _heat(gpu)
-            gpu.age_s = (now - gpu.last_sample_at).total_seconds() if gpu.last_sample_at else None
-            gpu.closed_reason = _gpu_closed_reason(gpu)
-            gpu.alloc_pct = (
-                min(100, round(100 * (gpu.allocated_mb or 0) / gpu.vram_total_mb))
-                if gpu.vram_total_mb
-                else 0
-            )
+    """The fleet: totals, a heatmap of one cell per node with a drill-down to its GPUs,
+    the nodes that need attention and a page of the GPU table. Its live parts ask the
+    same URL: `?node=` for a node's GPUs, the table (htmx target `fleet-gpus`) for its
+    current page, and otherwise for what changed since the version `v` the page holds."""
+    node = request.GET.get("node", "")
+    if is_partial(request):
+        if node.isdigit():
+            return render(request, "nodes/_fleet_node.html", _drill_context(node))
+        if request.htmx.target == "fleet-gpus":
+            return render(request, "nodes/_fleet_gpus.html", _gpu_table(request))
+        return _changes(request)
     context = {
-        "nodes": nodes,
-        "totals": selectors.fleet_totals(nodes),
-        "live_seconds": LIVE_SECONDS,
+        **_heatmap_context(_heatmap()),
+        **_gpu_table(request),
+        "drill": _drill_or_none(node),
+        "warning_pct": selectors.WARNING_PCT,
     }
-    template = "nodes/_fleet_live.html" if is_partial(request) else "nodes/fleet.html"
-    return render(request, template, context)
+    return render(request, "nodes/fleet.html", context)
 
 
 def _node_context(node: Node) -> dict:
-    node = selectors.node_list().get(pk=node.pk)
     gpus = list(node.gpus.all())
     processes = selectors.latest_processes(gpu_ids=[g.pk for g in gpus])
     for gpu in gpus:
@@ -100,7 +373,9 @@ def _node_context(node: Node) -> dict:
 @staff_member_required
 @require_GET
 def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    node = get_object_or_404(Node, pk=pk)
+    node = get_object_or_404(
+        selectors.node_list().select_related("watchdog_only_accepted_by"), pk=pk
+    )
     template = "nodes/_node_live.html" if is_partial(request) else "nodes/node_detail.html"
     return render(request, template, _node_context(node))
 
@@ -271,10 +546,6 @@ def policy_accepting(request: HttpRequest, pk: int) -> HttpResponse:
 # --- Prometheus ---------------------------------------------------------------------------
 
 
-def _label(value: object) -> str:
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
-
-
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
     """Per-GPU gauges in the style of NVIDIA's DCGM exporter, for Prometheus/Grafana.
@@ -293,65 +564,9 @@ def metrics(request: HttpRequest) -> HttpResponse:
         response = HttpResponse("unauthorized\n", status=401, content_type="text/plain")
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
-    now = timezone.now()
-    families = {
-        "DCGM_FI_DEV_FB_USED": ("gauge", "Framebuffer memory used (in MiB)."),
-        "DCGM_FI_DEV_FB_FREE": ("gauge", "Framebuffer memory free (in MiB)."),
-        "DCGM_FI_DEV_FB_TOTAL": ("gauge", "Framebuffer memory total (in MiB)."),
-        "DCGM_FI_DEV_GPU_UTIL": ("gauge", "GPU utilization (in %)."),
-        "DCGM_FI_DEV_MEM_COPY_UTIL": ("gauge", "Memory utilization (in %)."),
-        "DCGM_FI_DEV_GPU_TEMP": ("gauge", "GPU temperature (in C)."),
-        "DCGM_FI_DEV_POWER_USAGE": ("gauge", "Power draw (in W)."),
-        "gpuplatform_gpu_allocated_mib": ("gauge", "VRAM reserved by slices (in MiB)."),
-        "gpuplatform_gpu_sample_age_seconds": ("gauge", "Seconds since the last sample."),
-        "gpuplatform_gpu_accepting_placements": ("gauge", "1 if new slices may land here."),
-    }
-    lines: dict[str, list[str]] = {name: [] for name in families}
-    node_lines = []
-    for node in selectors.node_list():
-        for status in Node.Status.values:
-            node_lines.append(
-                f'gpuplatform_node_status{{Hostname="{_label(node.name)}",status="{status}"}} '
-                f"{1 if node.status == status else 0}"
-            )
-        for gpu in node.gpus.all():
-            labels = (
-                f'gpu="{gpu.index}",UUID="{_label(gpu.uuid)}",modelName="{_label(gpu.model)}",'
-                f'Hostname="{_label(node.name)}"'
-            )
-            values = {
-                "DCGM_FI_DEV_FB_TOTAL": gpu.vram_total_mb,
-                "gpuplatform_gpu_allocated_mib": gpu.allocated_mb or 0,
-                "gpuplatform_gpu_accepting_placements": int(gpu.accepting_placements),
-            }
-            if gpu.last_sample_at:
-                used = gpu.last_memory_used_mb or 0
-                values.update(
-                    {
-                        "DCGM_FI_DEV_FB_USED": used,
-                        "DCGM_FI_DEV_FB_FREE": max(gpu.vram_total_mb - used, 0),
-                        "DCGM_FI_DEV_GPU_UTIL": gpu.last_utilization_gpu,
-                        "DCGM_FI_DEV_MEM_COPY_UTIL": gpu.last_utilization_memory,
-                        "DCGM_FI_DEV_GPU_TEMP": gpu.last_temperature_c,
-                        "DCGM_FI_DEV_POWER_USAGE": gpu.last_power_w,
-                        "gpuplatform_gpu_sample_age_seconds": round(
-                            (now - gpu.last_sample_at).total_seconds(), 1
-                        ),
-                    }
-                )
-            for name, value in values.items():
-                if value is not None:
-                    lines[name].append(f"{name}{{{labels}}} {value}")
-    out = []
-    for name, (kind, help_text) in families.items():
-        out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *lines[name]]
-    out += [
-        "# HELP gpuplatform_node_status 1 for the node's current status.",
-        "# TYPE gpuplatform_node_status gauge",
-        *node_lines,
-    ]
     return HttpResponse(
-        "\n".join(out) + "\n", content_type="text/plain; version=0.0.4; charset=utf-8"
+        selectors.metrics_text(now=timezone.now()),
+        content_type="text/plain; version=0.0.4; charset=utf-8",
     )
 
 

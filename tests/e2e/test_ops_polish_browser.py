@@ -1,7 +1,8 @@
 """The ops pages in a real browser at a laptop's and a phone's size: the page itself never
 scrolls sideways (wide tables scroll in their own box), every form field is labelled, and
-the fleet heatmap has its legend, labels, hover text and reasons in words, for a fleet of a
-few hundred GPUs. A screenshot of each page at each size lands in var/screenshots/."""
+the fleet heatmap has its legend, labels, hover text and reasons in words (a cell per node,
+a node's GPUs a click away), for a fleet of a few hundred GPUs. A screenshot of each page
+at each size lands in var/screenshots/."""
 
 import re
 from datetime import timedelta
@@ -188,35 +189,53 @@ def test_fleet_heatmap_has_a_legend_labels_hover_text_and_reasons(page, ops_scen
     assert "VRAM used, % of the GPU's total" in text
     for words in ("0%", "100%", "no sample", "allocated", "takes no new slices"):
         assert words in text, words
-    cells = page.locator(".heat-cell")
-    assert cells.count() == NODES * GPUS_PER_NODE
-    assert page.locator(".heat-node").count() == NODES
+    # one cell per node, labelled for hover and for screen readers alike
+    cells = page.locator("#heatmap .heat-cell")
+    assert cells.count() == NODES
 
     nodes, gpus = ops_scene["nodes"], ops_scene["gpus"]
-    first = page.locator(f".heat-row[data-node='{nodes[0].name}'] .heat-cell[data-gpu='0']")
+    first = page.locator(f"#heatmap .heat-cell[data-node='{nodes[0].name}']")
     title = first.get_attribute("title")
+    assert title.startswith(f"{nodes[0].name}: hottest GPU ") and "mean" in title
+    assert "8 GPUs (1 without a sample)" in title and "1 of 8 take no new slices" in title
+    first.hover()  # the native tooltip is the title; the cell is labelled for readers too
+    assert first.get_attribute("aria-label") == title
+    assert "heat-off" in first.get_attribute("class")  # one of its GPUs takes none
+    drained = page.locator(f"#heatmap .heat-cell[data-node='{nodes[1].name}']")
+    assert "heat-off" in drained.get_attribute("class")
+    assert "takes no new slices — drained: fan replacement in rack 00" in drained.get_attribute(
+        "title"
+    )
+    attention = page.locator("#fleet-attention")
+    assert "drained: fan replacement in rack 00" in attention.inner_text()  # listed first
+
+    # the node's GPUs, a click away: each with its numbers on hover and its reason in words
+    first.click()
+    row0 = page.locator(f"#fleet-drill .heat-row[data-node='{nodes[0].name}']")
+    row0.wait_for()
+    gpu0 = row0.locator(".heat-cell[data-gpu='0']")
+    title = gpu0.get_attribute("title")
     assert nodes[0].name in title and "GPU 0" in title and "NVIDIA H100 80GB HBM3" in title
     assert "VRAM used 0 MiB (0%)" in title and "allocated 0 MiB" in title
     assert "total 81559 MiB" in title
-    first.hover()  # the native tooltip is the title; the cell is labelled for readers too
-    assert "GPU 0" in first.get_attribute("aria-label")
-    assert first.locator(".heat-index").inner_text() == "0"
-
-    closed = page.locator(f".heat-row[data-node='{nodes[0].name}'] .heat-cell[data-gpu='2']")
+    assert "GPU 0" in gpu0.get_attribute("aria-label")
+    assert gpu0.locator(".heat-index").inner_text() == "0"
+    closed = row0.locator(".heat-cell[data-gpu='2']")
     assert "heat-off" in closed.get_attribute("class")
     assert "VRAM breaker: 97% used" in closed.get_attribute("title")
-    row0 = page.locator(f".heat-row[data-node='{nodes[0].name}']")
     assert "GPU 2 — not accepting placements: VRAM breaker: 97% used" in row0.inner_text()
     unsampled = row0.locator(".heat-cell[data-gpu='3']")
     assert unsampled.get_attribute("data-heat") == "-1"
     assert "no sample yet" in unsampled.get_attribute("title")
-    drained = page.locator(f".heat-row[data-node='{nodes[1].name}']")
-    assert "drained: fan replacement in rack 00" in drained.inner_text()
-    assert drained.locator(".heat-cell.heat-off").count() == GPUS_PER_NODE
+    drained.click()
+    row1 = page.locator(f"#fleet-drill .heat-row[data-node='{nodes[1].name}']")
+    row1.wait_for()
+    assert "drained: fan replacement in rack 00" in row1.inner_text()
+    assert row1.locator(".heat-cell.heat-off").count() == GPUS_PER_NODE
     assert "None" not in page.inner_text("main")
-    assert gpus  # the scene's 288 GPUs are all drawn, compactly: check the height they take
-    height = page.evaluate("document.querySelector('.heatmap').getBoundingClientRect().height")
-    assert height < NODES * 80, height
+    assert gpus  # the scene's 288 GPUs fit a few rows of node cells: check the height
+    height = page.evaluate("document.querySelector('#heatmap').getBoundingClientRect().height")
+    assert height < 200, height
 
     page.set_viewport_size({"width": 390, "height": 844})
     page.reload()

@@ -225,8 +225,12 @@ def test_fleet_pages_are_ops_only_and_live(client, owner_a, ops_user, node):  # 
     client.force_login(ops_user)
     page = client.get("/ops/fleet/").content.decode()
     assert "n1" in page and 'data-heat="9"' in page and "every 10s" in page
+    # the refresh answers with out-of-band swaps only: a version the page did not hold
+    # gets the whole heatmap, with the version to hold from now on
     partial = client.get("/ops/fleet/", HTTP_HX_REQUEST="true").content.decode()
-    assert partial.lstrip().startswith('<div id="fleet-live">') and "<html" not in partial
+    assert partial.lstrip().startswith('<input type="hidden" id="fleet-version"')
+    assert "<html" not in partial and '<div id="heatmap"' in partial
+    assert 'data-heat="9"' in partial
     detail = client.get(f"/ops/nodes/{node.pk}/").content.decode()
     assert f"/api/v1/gpus/{node.gpus.get().pk}/samples/" in detail
 

