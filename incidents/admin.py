@@ -44,6 +44,7 @@ class IncidentAdmin(admin.ModelAdmin):
         "target_key",
         "status",
         "evidence",
+        "condition_since",
         "first_seen_at",
         "last_seen_at",
         "occurrences",

@@ -9,6 +9,7 @@ from tenants.models import Tenant
 
 from . import kpis
 from .models import Incident, Thresholds
+from .rules import RULES
 from .selectors import SORTS
 
 DATETIME_WIDGET = forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M")
@@ -28,16 +29,22 @@ class IncidentFilterForm(forms.Form):
     root_cause = forms.ChoiceField(
         label="Class", choices=[("", "any class"), *Incident.RootCause.choices], required=False
     )
-    rule = forms.ChoiceField(choices=[("", "any rule")], required=False)
+    # the rules the code files, not a scan of the ledger for the ones it holds
+    rule = forms.ChoiceField(
+        choices=[("", "any rule"), *((rule, rule) for rule in RULES)], required=False
+    )
+    # a name per option: a node's row carries its preflight and image lists
     node = forms.ModelChoiceField(
-        queryset=Node.objects.order_by("name"),
+        queryset=Node.objects.order_by("name").only("name"),
         to_field_name="name",
         required=False,
         empty_label="any node",
     )
     gpu = forms.CharField(label="GPU UUID", max_length=96, required=False)
     tenant = forms.ModelChoiceField(
-        queryset=Tenant.objects.order_by("name"), required=False, empty_label="any tenant"
+        queryset=Tenant.objects.order_by("name").only("name"),
+        required=False,
+        empty_label="any tenant",
     )
     since = UtcDateTimeField(label="Seen since", required=False, widget=DATETIME_WIDGET)
     until = UtcDateTimeField(label="First seen until", required=False, widget=DATETIME_WIDGET)
@@ -51,11 +58,6 @@ class IncidentFilterForm(forms.Form):
         ],
         required=False,
     )
-
-    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        rules = Incident.objects.order_by("rule").values_list("rule", flat=True).distinct()
-        self.fields["rule"].choices = [("", "any rule"), *((r, r) for r in rules)]
 
     def selector_args(self) -> dict:
         """The valid filters, as selectors.incident_list takes them."""

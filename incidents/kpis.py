@@ -11,27 +11,35 @@ Definitions (the page states them too):
   reclaim failure) about another slice or the whole card was open on its GPU, or
   within 5 minutes after. An incident the isolation contained hurts nobody.
 - Mean time to detect: first seen minus when the condition began as far as the samples
-  show (evidence "condition_since": the breaching sample, the start of a leak's steady
-  growth, the last compute of an idle slice, the low point of a rise); 0 without it.
+  show (evidence "condition_since", kept in its own column `condition_since`: the
+  breaching sample, the start of a leak's steady growth, the last compute of an idle
+  slice, the low point of a rise); 0 without it.
 - Mean time to resolve: resolved minus first seen, over those incidents that are resolved.
 Everything is over incidents first seen in the period.
+
+The incidents of a period are read once, from the first-seen index alone (it carries
+every column read here), grouped by class, node (or GPU) and day; the totals, the
+classes, the nodes and the days are summed from those groups. A million incidents are
+one index scan, never a row of evidence.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import Any
 
+from django.db import connection, transaction
 from django.db.models import (
-    Avg,
+    BooleanField,
     Case,
     Count,
-    DateTimeField,
     DurationField,
     Exists,
     ExpressionWrapper,
     F,
+    IntegerField,
     OuterRef,
     Q,
     QuerySet,
@@ -39,19 +47,16 @@ from django.db.models import (
     Value,
     When,
 )
-from django.db.models.fields.json import KT
-from django.db.models.functions import Cast, Coalesce, Greatest, Least, TruncDate
+from django.db.models.functions import Coalesce, Greatest, Least, TruncDate
 from django.utils import timezone
 
-from nodes.models import Gpu
+from nodes.models import Gpu, Node
 from tenants.models import Slice
 
 from .models import Incident
 
 PERIODS = (7, 30, 90)
 ZERO = timedelta(0)
-# When the condition began: an ISO time, as services.incident_record writes it.
-ISO_TIME = r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}"
 NO_NODE = "(no node)"
 MEMORY_CLASSES = ("no_isolation", "reclaim_failure")
 HURT_SLACK = timedelta(minutes=5)
@@ -80,11 +85,10 @@ def incidents_in(*, since: datetime, until: datetime) -> QuerySet[Incident]:
     """Incidents first seen in [since, until), with their detect and resolve durations."""
     detect = Case(
         When(
-            window_start__regex=ISO_TIME,
+            condition_since__isnull=False,
             then=Greatest(
                 ExpressionWrapper(
-                    F("first_seen_at") - Cast("window_start", DateTimeField()),
-                    output_field=DurationField(),
+                    F("first_seen_at") - F("condition_since"), output_field=DurationField()
                 ),
                 Value(ZERO),
             ),
@@ -92,37 +96,85 @@ def incidents_in(*, since: datetime, until: datetime) -> QuerySet[Incident]:
         default=Value(ZERO),
         output_field=DurationField(),
     )
-    return (
-        Incident.objects.filter(first_seen_at__gte=since, first_seen_at__lt=until)
-        .annotate(
-            window_start=KT("evidence__condition_since"),
-            node_name=Coalesce("node__name", "gpu__node__name", Value(NO_NODE)),
-        )
-        .annotate(
-            detect=detect,
-            resolve=ExpressionWrapper(
-                F("resolved_at") - F("first_seen_at"), output_field=DurationField()
-            ),
-        )
+    return Incident.objects.filter(first_seen_at__gte=since, first_seen_at__lt=until).annotate(
+        detect=detect,
+        resolve=ExpressionWrapper(
+            F("resolved_at") - F("first_seen_at"), output_field=DurationField()
+        ),
     )
 
 
-def _incident_stats() -> dict[str, Any]:
-    return {
-        "incidents": Count("id"),
-        "resolved": Count("id", filter=Q(resolved_at__isnull=False)),
-        "mttd": Avg("detect"),
-        "mttr": Avg("resolve"),
-    }
+@dataclass
+class _Sums:
+    """What the means are made of: summed over groups, divided once at the end."""
+
+    incidents: int = 0
+    resolved: int = 0
+    detect: timedelta = ZERO
+    resolve: timedelta = ZERO
+
+    def add(self, group: dict[str, Any]) -> None:
+        self.incidents += group["incidents"]
+        self.resolved += group["resolved"]
+        self.detect += group["detect_sum"] or ZERO
+        self.resolve += group["resolve_sum"] or ZERO
+
+    def row(self) -> dict[str, Any]:
+        # a mean over the incidents (detect is 0 without a start), over the resolved ones
+        return {
+            "incidents": self.incidents,
+            "resolved": self.resolved,
+            "mttd_s": _seconds(self.detect / self.incidents) if self.incidents else None,
+            "mttr_s": _seconds(self.resolve / self.resolved) if self.resolved else None,
+        }
 
 
-def _row(values: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "incidents": values["incidents"],
-        "resolved": values["resolved"],
-        "mttd_s": _seconds(values["mttd"]) if values["incidents"] else None,
-        "mttr_s": _seconds(values["mttr"]),
-    }
+def incident_groups(*, since: datetime, until: datetime) -> list[dict[str, Any]]:
+    """The period's incidents by class, node, GPU (only where no node is named) and day:
+    counts and summed durations, one pass over the first-seen index. Nothing is joined
+    here (a join costs as much as the scan): names come after, for the few groups."""
+    groups = (
+        incidents_in(since=since, until=until)
+        .annotate(
+            gpu_key=Case(When(node_id__isnull=True, then=F("gpu_id")), default=None),
+            day=TruncDate("first_seen_at"),
+        )
+        .values("root_cause", "node_id", "gpu_key", "day")
+        .annotate(
+            incidents=Count("id"),
+            resolved=Count("id", filter=Q(resolved_at__isnull=False)),
+            detect_sum=Sum("detect"),
+            resolve_sum=Sum("resolve"),
+        )
+        .order_by()
+    )
+    # PostgreSQL takes a day of first_seen_at to have as many values as first_seen_at
+    # itself, so it expects a group per row and sorts them all (on disk past a few days);
+    # there are a few thousand groups, which it hashes in memory once told not to sort.
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_sort = off")
+        rows = list(groups)
+        cursor.execute("RESET enable_sort")
+    return rows
+
+
+def node_names(*, node_ids: set[int], gpu_ids: set[int]) -> tuple[dict[int, str], dict[int, str]]:
+    """The names of these nodes, and of these GPUs' nodes (one query)."""
+    nodes = (
+        Node.objects.filter(pk__in=node_ids)
+        .annotate(kind=Value(0, output_field=IntegerField()))
+        .values_list("kind", "pk", "name")
+    )
+    gpus = (
+        Gpu.objects.filter(pk__in=gpu_ids)
+        .annotate(kind=Value(1, output_field=IntegerField()))
+        .values_list("kind", "pk", "node__name")
+    )
+    by_node: dict[int, str] = {}
+    by_gpu: dict[int, str] = {}
+    for kind, pk, name in nodes.union(gpus, all=True):
+        (by_gpu if kind else by_node)[pk] = name
+    return by_node, by_gpu
 
 
 def gpu_hours_by_node(*, since: datetime, until: datetime) -> dict[str, float]:
@@ -163,7 +215,14 @@ def slices_hurt_by_node(*, since: datetime, until: datetime) -> dict[str, tuple[
             run_start=Greatest("started_at", Value(since)),
             run_end=Least(Coalesce("stopped_at", Value(until)), Value(until)),
         )
-        .annotate(hurt=Exists(neighbour) & Q(state=Slice.State.FAILED))
+        # only a failed slice is asked about its neighbours (most ran to their end)
+        .annotate(
+            hurt=Case(
+                When(state=Slice.State.FAILED, then=Exists(neighbour)),
+                default=Value(False),
+                output_field=BooleanField(),
+            )
+        )
         .values("allocation__gpu__node__name")
         .annotate(ran=Count("id"), hurt_n=Count("id", filter=Q(hurt=True)))
         .order_by()
@@ -182,18 +241,33 @@ def _days(since: datetime, until: datetime) -> list[date]:
 
 def compute(*, since: datetime, until: datetime) -> dict[str, Any]:
     """Every number and series of the KPI page for [since, until)."""
-    incidents = incidents_in(since=since, until=until)
-    totals = _row(incidents.aggregate(**_incident_stats()))
+    groups = incident_groups(since=since, until=until)
+    node_named, gpu_node_named = node_names(
+        node_ids={g["node_id"] for g in groups if g["node_id"] is not None},
+        gpu_ids={g["gpu_key"] for g in groups if g["gpu_key"] is not None},
+    )
+    total, classes_sums, nodes_sums = _Sums(), defaultdict(_Sums), defaultdict(_Sums)
+    per_day: dict[str, dict[date, int]] = defaultdict(lambda: defaultdict(int))
+    for g in groups:
+        # the incident's node, else its GPU's node, else none: as the ledger says where
+        if g["node_id"] is not None:
+            node = node_named.get(g["node_id"], NO_NODE)
+        else:
+            node = gpu_node_named.get(g["gpu_key"], NO_NODE)
+        total.add(g)
+        classes_sums[g["root_cause"]].add(g)
+        nodes_sums[node].add(g)
+        per_day[g["root_cause"]][g["day"]] += g["incidents"]
+    totals = total.row()
     classes = dict(Incident.RootCause.choices)
-    by_class = [
-        {"root_cause": r["root_cause"], "label": classes.get(r["root_cause"], r["root_cause"])}
-        | _row(r)
-        for r in incidents.values("root_cause").annotate(**_incident_stats()).order_by("-incidents")
-    ]
-    by_node_incidents = {
-        r["node_name"]: _row(r)
-        for r in incidents.values("node_name").annotate(**_incident_stats()).order_by()
-    }
+    by_class = sorted(
+        (
+            {"root_cause": cause, "label": classes.get(cause, cause)} | sums.row()
+            for cause, sums in classes_sums.items()
+        ),
+        key=lambda r: (-r["incidents"], r["root_cause"]),
+    )
+    by_node_incidents = {name: sums.row() for name, sums in nodes_sums.items()}
     hours = gpu_hours_by_node(since=since, until=until)
     slices = slices_hurt_by_node(since=since, until=until)
     empty = {"incidents": 0, "resolved": 0, "mttd_s": None, "mttr_s": None}
@@ -209,14 +283,6 @@ def compute(*, since: datetime, until: datetime) -> dict[str, Any]:
             "preemption_rate_pct": _pct(hurt, ran),
         }
         by_node.append(row)
-    per_day: dict[str, dict[date, int]] = defaultdict(dict)
-    for r in (
-        incidents.annotate(day=TruncDate("first_seen_at"))
-        .values("day", "root_cause")
-        .annotate(n=Count("id"))
-        .order_by()
-    ):
-        per_day[r["root_cause"]][r["day"]] = r["n"]
     days = _days(since, until)
     gpu_hours = sum(hours.values())
     ran = sum(r for r, _ in slices.values())

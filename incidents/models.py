@@ -3,11 +3,35 @@
 from dataclasses import fields
 
 from django.conf import settings
+from django.contrib.postgres.expressions import ArraySubquery
 from django.db import models
-from django.db.models import F, Q
+from django.db.models import Case, F, IntegerField, Lookup, Q, Value, When
 
 from .rules import OPS_ONLY
 from .rules import Thresholds as RuleThresholds
+
+# The severity sort: critical first, then warning, then the rest. One expression for the
+# ledger's ORDER BY and the index that serves it (PostgreSQL matches them as written).
+SEVERITY_RANK = Case(
+    When(severity="critical", then=Value(0)),
+    When(severity="warning", then=Value(1)),
+    default=Value(2),
+    output_field=IntegerField(),
+)
+
+
+class AnyOf(Lookup):
+    """`column = ANY(array)`: unlike `IN (subquery)` beside an OR, PostgreSQL can read it
+    from an index and estimate it, so a tenant's incidents are found through its own
+    index entries, not by filtering the whole ledger."""
+
+    lookup_name = "any_of"
+    prepare_rhs = False
+
+    def as_sql(self, compiler, connection):  # type: ignore[no-untyped-def]
+        lhs, lhs_params = self.process_lhs(compiler, connection)
+        rhs, rhs_params = self.process_rhs(compiler, connection)
+        return f"{lhs} = ANY({rhs})", [*lhs_params, *rhs_params]
 
 
 class IncidentQuerySet(models.QuerySet):
@@ -17,7 +41,9 @@ class IncidentQuerySet(models.QuerySet):
         if tenant is None:
             return self.none()
         touched = IncidentSlice.objects.filter(tenant=tenant).values("incident_id")
-        return self.filter(Q(tenant=tenant) | Q(pk__in=touched)).exclude(rule__in=OPS_ONLY)
+        return self.filter(Q(tenant=tenant) | Q(AnyOf(F("pk"), ArraySubquery(touched)))).exclude(
+            rule__in=OPS_ONLY
+        )
 
     def open(self) -> "IncidentQuerySet":
         return self.exclude(status=Incident.Status.RESOLVED)
@@ -91,6 +117,13 @@ class Incident(models.Model):
         verbose_name="slice",
     )
     evidence = models.JSONField("evidence (frozen at detection)", default=dict, blank=True)
+    condition_since = models.DateTimeField(
+        "condition began",
+        null=True,
+        blank=True,
+        help_text="When the condition began as far as the samples show (evidence "
+        '"condition_since"): the KPIs\' time to detect reads it here, not from the evidence.',
+    )
     first_seen_at = models.DateTimeField("first seen")
     last_seen_at = models.DateTimeField("last seen")
     occurrences = models.PositiveIntegerField("occurrences", default=1)
@@ -119,8 +152,29 @@ class Incident(models.Model):
     class Meta:
         ordering = ["-last_seen_at"]
         verbose_name = "incident"
+        # One per order of the ledger (newest activity, first seen, severity,
+        # occurrences; ties broken by id, newest first), so that a page is read from an
+        # index from where the last one ended (incidents.paging) instead of sorting the
+        # ledger; the status filter and the unresolved view have their own.
         indexes = [
-            models.Index(fields=["status", "-last_seen_at"], name="incidents_status_seen_idx"),
+            models.Index(fields=["-last_seen_at", "-id"], name="incidents_seen_idx"),
+            models.Index(
+                fields=["status", "-last_seen_at", "-id"], name="incidents_status_seen_id_idx"
+            ),
+            models.Index(
+                fields=["-last_seen_at", "-id"],
+                condition=~Q(status="resolved"),
+                name="incidents_unresolved_seen_idx",
+            ),
+            # first_seen_at ranges are the KPIs' too: the columns they read are included,
+            # so a period is counted from the index alone
+            models.Index(
+                fields=["-first_seen_at", "-id"],
+                include=["root_cause", "node", "gpu", "resolved_at", "condition_since"],
+                name="incidents_first_seen_idx",
+            ),
+            models.Index(SEVERITY_RANK, F("id").desc(), name="incidents_severity_rank_idx"),
+            models.Index(fields=["-occurrences", "-id"], name="incidents_occurrences_idx"),
         ]
         constraints = [
             models.UniqueConstraint(

@@ -22,6 +22,28 @@ INFO, WARNING, CRITICAL = "info", "warning", "critical"
 # Rules about the platform's own books, not anything a tenant did: ops' alone (never
 # shown to, nor mailed to, a tenant).
 OPS_ONLY = frozenset({"accounting_drift", "node_gate_failed", "quota_not_effective"})
+# Every rule an incident can be filed under: the rules here, the sweeps' (oom_exit) and
+# preemption's (slice_preempted). The ledger's rule filter offers these; a test holds the
+# list to the rules the code files.
+RULES = (
+    "accounting_drift",
+    "bandwidth_hog",
+    "fleet_sweep",
+    "hardware_fault",
+    "idle_slice",
+    "node_gate_failed",
+    "node_unreachable",
+    "oom_exit",
+    "orphan_process",
+    "process_jump",
+    "quota_breach",
+    "quota_not_effective",
+    "slice_preempted",
+    "slow_leak",
+    "unattributed_memory",
+    "vram_critical",
+    "vram_high",
+)
 
 # Actions a finding may ask the watchdog to take
 CLOSE_GPU = "close_gpu"  # stop new placements on the GPU (circuit breaker)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db.models import Case, IntegerField, Q, QuerySet, Value, When
+from django.db.models import Q, QuerySet
 
-from .models import Incident, IncidentEvent, Thresholds
+from .models import SEVERITY_RANK, Incident, IncidentEvent, Thresholds
 from .notify import TENANT_TITLES
 
 SORTS = {
@@ -15,6 +15,17 @@ SORTS = {
     "severity": "severity_rank",
     "occurrences": "-occurrences",
 }
+# What a list shows of an incident (the ledger, its export, the API's lists, a tenant's
+# list): everything but the frozen evidence (up to a few KB a row), and of the rows joined
+# for a name only that name (a node's row carries its preflight and image lists).
+LIST_FIELDS = (
+    *(f.name for f in Incident._meta.concrete_fields if f.name != "evidence"),
+    "tenant__name",
+    "node__name",
+    "gpu__index",
+    "gpu__uuid",
+    "gpu__node__name",
+)
 
 
 def incident_list(
@@ -31,10 +42,15 @@ def incident_list(
     until: datetime | None = None,
     search: str = "",
     sort: str = "last_seen",
+    evidence: bool = False,
 ) -> QuerySet[Incident]:
     """Ops see every incident (tenant=None); a tenant those about its slices and those
-    that touched them."""
-    qs = Incident.objects.select_related("tenant", "node", "gpu__node", "slice")
+    that touched them. Rows as a list shows them (LIST_FIELDS); `evidence`: whole rows,
+    for one incident's page."""
+    if evidence:
+        qs = Incident.objects.select_related("tenant", "node", "gpu__node", "slice")
+    else:
+        qs = Incident.objects.select_related("tenant", "node", "gpu__node").only(*LIST_FIELDS)
     if tenant is not None:
         # its own only where they are about a slice (a slice gone, the incident stays ops')
         qs = (
@@ -69,15 +85,14 @@ def incident_list(
             | Q(tenant__name__icontains=search)
             | Q(resolution_note__icontains=search)
         )
-    qs = qs.annotate(
-        severity_rank=Case(
-            When(severity="critical", then=Value(0)),
-            When(severity="warning", then=Value(1)),
-            default=Value(2),
-            output_field=IntegerField(),
-        )
-    )
-    return qs.order_by(SORTS.get(sort, SORTS["last_seen"]), "-id")
+    qs = qs.annotate(severity_rank=SEVERITY_RANK)
+    return qs.order_by(*sort_keys(sort))
+
+
+def sort_keys(sort: str) -> tuple[str, str]:
+    """The list's order: the sort's field, then the newest id first (which makes the
+    order total, so a page can begin exactly where the one before ended)."""
+    return SORTS.get(sort, SORTS["last_seen"]), "-id"
 
 
 def incident_timeline(*, incident: Incident) -> QuerySet[IncidentEvent]:

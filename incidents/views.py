@@ -18,7 +18,6 @@ from typing import Any
 from django import forms
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
-from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -26,11 +25,11 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from gpuplatform.errors import ServiceError
-from gpuplatform.pages import PAGE_SIZE, error_field, is_partial, live_response, submit
+from gpuplatform.pages import error_field, is_partial, live_response, submit
 from gpuplatform.querystring import is_id
 from tenants.permissions import member_required
 
-from . import kpis, selectors, services
+from . import kpis, paging, selectors, services
 from .forms import (
     ConfirmForm,
     IncidentFilterForm,
@@ -68,15 +67,16 @@ def _ledger_url(query: str = "") -> str:
 @require_GET
 def ops_incidents(request: HttpRequest) -> HttpResponse:
     form = IncidentFilterForm(request.GET or None)
-    incidents = selectors.incident_list(**form.selector_args())
+    args = form.selector_args()
+    incidents = selectors.incident_list(**args)
     if request.GET.get("format") == "csv":
         if form.is_bound and not form.is_valid():
             return _export_refused(form)
         return csv_response(incidents)
-    page = Paginator(incidents, PAGE_SIZE).get_page(request.GET.get("page"))
+    page = paging.incident_page(incidents, sort=args["sort"], params=request.GET)
     query = request.GET.copy()
-    query.pop("page", None)
-    query.pop("format", None)
+    for name in ("page", "after", "before", "format"):
+        query.pop(name, None)
     context = {
         "form": form,
         "page": page,
@@ -561,14 +561,14 @@ def ops_watchdog(request: HttpRequest) -> HttpResponse:
 # --- tenant: incidents about their own slices -------------------------------------------------
 
 
-def _tenant_incidents(request: HttpRequest):  # type: ignore[no-untyped-def]
-    return selectors.incident_list(tenant=request.membership.tenant)
+def _tenant_incidents(request: HttpRequest, *, evidence: bool = False):  # type: ignore[no-untyped-def]
+    return selectors.incident_list(tenant=request.membership.tenant, evidence=evidence)
 
 
 @member_required
 @require_GET
 def incident_list(request: HttpRequest) -> HttpResponse:
-    page = Paginator(_tenant_incidents(request), PAGE_SIZE).get_page(request.GET.get("page"))
+    page = paging.incident_page(_tenant_incidents(request), sort="last_seen", params=request.GET)
     tenant_id = request.membership.tenant.pk
     for incident in page:
         incident.plain = tenant_text(incident)  # type: ignore[attr-defined]
@@ -580,7 +580,7 @@ def incident_list(request: HttpRequest) -> HttpResponse:
 @member_required
 @require_GET
 def incident_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    incident = get_object_or_404(_tenant_incidents(request), pk=pk)
+    incident = get_object_or_404(_tenant_incidents(request, evidence=True), pk=pk)
     ev = incident.evidence if isinstance(incident.evidence, dict) else {}
     usage = None
     if isinstance(ev.get("used_mb"), int) and isinstance(ev.get("quota_mb"), int):

@@ -18,6 +18,7 @@ from gpuplatform.api.permissions import IsOps
 from gpuplatform.api.scopes import ADMIN
 from incidents import selectors, services
 from incidents.models import Incident, WebhookEndpoint
+from incidents.paging import IncidentPagination
 from tenants.permissions import IsTenantMember
 
 from . import filters
@@ -80,6 +81,7 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
 
     required_scope = ADMIN
     permission_classes = [IsAuthenticated, IsOpsOrTenantMember]
+    pagination_class = IncidentPagination
     ordering_fields = ["last_seen_at", "first_seen_at", "occurrences", "severity_rank", "id"]
 
     @property
@@ -102,10 +104,14 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         if getattr(self, "swagger_fake_view", False):
             return Incident.objects.none()
         if _is_ops(self.request):
-            return selectors.incident_list().select_related("acknowledged_by", "resolved_by")
+            # the list's rows leave the evidence out; one incident (and an action's
+            # answer) has it
+            incidents = selectors.incident_list(evidence=self.action != "list")
+            return incidents.select_related("acknowledged_by", "resolved_by")
         membership = getattr(self.request, "membership", None)
         if membership is None:  # never the unscoped ledger for a non-ops caller
             return Incident.objects.none()
+        # a tenant's rows, listed or one, show no evidence: the selector leaves it out
         incidents = selectors.incident_list(tenant=membership.tenant)
         text = self.request.query_params.get("search", "").replace("\x00", "").strip()
         return selectors.incident_search_for_tenant(incidents, text[:100]) if text else incidents

@@ -8,6 +8,7 @@ resolved (`incident_resolve_locked`). Who was told an incident started is told i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -24,6 +25,8 @@ from ..notify import incident_notify
 
 E = IncidentEvent.Kind
 SEVERITY_RANK = {rules.INFO: 0, rules.WARNING: 1, rules.CRITICAL: 2}
+# When the condition began, as the evidence says it: an ISO time (the KPIs' rule).
+ISO_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}", re.ASCII)
 
 
 def incident_event(
@@ -41,6 +44,20 @@ def incident_event(
         actor=actor if actor is not None and actor.is_authenticated else None,
         data=data or {},
     )
+
+
+def condition_since_of(evidence: dict) -> datetime | None:
+    """When the condition began, read from the evidence as it is frozen (a context may
+    add to it): stored beside it, so the KPIs never parse evidence. Migration 0007
+    filled the incidents recorded before with the same rule."""
+    value = evidence.get("condition_since")
+    if not isinstance(value, str) or not ISO_TIME.match(value):
+        return None
+    try:
+        began = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return began if began.tzinfo is not None else began.replace(tzinfo=UTC)
 
 
 def _located(f: rules.Finding, context: dict) -> str:
@@ -107,6 +124,7 @@ def incident_record(
                 gpu_id=finding.gpu_id,
                 slice_id=finding.slice_id,
                 evidence=evidence,
+                condition_since=condition_since_of(evidence),
                 first_seen_at=now,
                 last_seen_at=now,
             )

@@ -657,6 +657,8 @@ def kpi_fleet(owner_a, owner_b, n1, n2):  # type: ignore[no-untyped-def]
         status="resolved",
         resolved_at=hours(3),
         evidence={"condition_since": (hours(2) - timedelta(seconds=60)).isoformat()},
+        # as incident_record stores it: the KPIs read the column, not the evidence
+        condition_since=hours(2) - timedelta(seconds=60),
     )
     make_incident(  # about s2 itself: its own incident does not count against it
         rule="quota_breach",
