@@ -129,33 +129,47 @@ class _Sums:
         }
 
 
+_SUMS: dict[str, Any] = {
+    "incidents": Count("id"),
+    "resolved": Count("id", filter=Q(resolved_at__isnull=False)),
+    "detect_sum": Sum("detect"),
+    "resolve_sum": Sum("resolve"),
+}
+
+
 def incident_groups(*, since: datetime, until: datetime) -> list[dict[str, Any]]:
-    """The period's incidents by class, node, GPU (only where no node is named) and day:
-    counts and summed durations, one pass over the first-seen index. Nothing is joined
-    here (a join costs as much as the scan): names come after, for the few groups."""
+    """The period's incidents by class and day: counts and summed durations, one pass over
+    the first-seen index (a few hundred groups: the totals, the classes and the series
+    per day are sums of them)."""
     groups = (
         incidents_in(since=since, until=until)
-        .annotate(
-            gpu_key=Case(When(node_id__isnull=True, then=F("gpu_id")), default=None),
-            day=TruncDate("first_seen_at"),
-        )
-        .values("root_cause", "node_id", "gpu_key", "day")
-        .annotate(
-            incidents=Count("id"),
-            resolved=Count("id", filter=Q(resolved_at__isnull=False)),
-            detect_sum=Sum("detect"),
-            resolve_sum=Sum("resolve"),
-        )
+        .annotate(day=TruncDate("first_seen_at"))
+        .values("root_cause", "day")
+        .annotate(**_SUMS)
         .order_by()
     )
     # PostgreSQL takes a day of first_seen_at to have as many values as first_seen_at
     # itself, so it expects a group per row and sorts them all (on disk past a few days);
-    # there are a few thousand groups, which it hashes in memory once told not to sort.
+    # there are a few hundred groups, which it hashes in memory once told not to sort.
     with transaction.atomic(savepoint=False), connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_sort = off")
         rows = list(groups)
         cursor.execute("RESET enable_sort")
     return rows
+
+
+def incident_places(*, since: datetime, until: datetime) -> list[dict[str, Any]]:
+    """The period's incidents by the node they name, or by their GPU where they name no
+    node (its node is looked up after, for the few groups): counts and summed durations,
+    a second pass over the same index. Nothing is joined here (a join per row costs as
+    much as the scan)."""
+    return list(
+        incidents_in(since=since, until=until)
+        .annotate(gpu_key=Case(When(node_id__isnull=True, then=F("gpu_id")), default=None))
+        .values("node_id", "gpu_key")
+        .annotate(**_SUMS)
+        .order_by()
+    )
 
 
 def node_names(*, node_ids: set[int], gpu_ids: set[int]) -> tuple[dict[int, str], dict[int, str]]:
@@ -241,23 +255,23 @@ def _days(since: datetime, until: datetime) -> list[date]:
 
 def compute(*, since: datetime, until: datetime) -> dict[str, Any]:
     """Every number and series of the KPI page for [since, until)."""
-    groups = incident_groups(since=since, until=until)
-    node_named, gpu_node_named = node_names(
-        node_ids={g["node_id"] for g in groups if g["node_id"] is not None},
-        gpu_ids={g["gpu_key"] for g in groups if g["gpu_key"] is not None},
-    )
     total, classes_sums, nodes_sums = _Sums(), defaultdict(_Sums), defaultdict(_Sums)
     per_day: dict[str, dict[date, int]] = defaultdict(lambda: defaultdict(int))
-    for g in groups:
-        # the incident's node, else its GPU's node, else none: as the ledger says where
-        if g["node_id"] is not None:
-            node = node_named.get(g["node_id"], NO_NODE)
-        else:
-            node = gpu_node_named.get(g["gpu_key"], NO_NODE)
+    for g in incident_groups(since=since, until=until):
         total.add(g)
         classes_sums[g["root_cause"]].add(g)
-        nodes_sums[node].add(g)
         per_day[g["root_cause"]][g["day"]] += g["incidents"]
+    places = incident_places(since=since, until=until)
+    node_named, gpu_node_named = node_names(
+        node_ids={g["node_id"] for g in places if g["node_id"] is not None},
+        gpu_ids={g["gpu_key"] for g in places if g["gpu_key"] is not None},
+    )
+    for g in places:
+        # the incident's node, else its GPU's node, else none: as the ledger says where
+        if g["node_id"] is not None:
+            nodes_sums[node_named.get(g["node_id"], NO_NODE)].add(g)
+        else:
+            nodes_sums[gpu_node_named.get(g["gpu_key"], NO_NODE)].add(g)
     totals = total.row()
     classes = dict(Incident.RootCause.choices)
     by_class = sorted(

@@ -72,7 +72,7 @@ def incident_list(
         qs = qs.filter(Q(node__name=node) | Q(gpu__node__name=node))
     if gpu:
         qs = qs.filter(gpu__uuid=gpu)
-    if tenant_id:
+    if tenant_id is not None:
         qs = qs.filter(tenant_id=tenant_id)
     if since:
         qs = qs.filter(last_seen_at__gte=since)

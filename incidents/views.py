@@ -500,6 +500,9 @@ def duration_text(seconds: float | None) -> str:
     return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
+KPI_NODES_SHOWN = 25
+
+
 @staff_member_required
 @require_GET
 def ops_kpis(request: HttpRequest) -> HttpResponse:
@@ -507,6 +510,20 @@ def ops_kpis(request: HttpRequest) -> HttpResponse:
     days = form.days_or_default()
     until = timezone.now()
     data = kpis.compute(since=until - timedelta(days=days), until=until)
+    # The worst nodes first, and only the first of them unless asked: a 1,000-node fleet
+    # would otherwise draw 1,000 rows and 1,000 bars for the few that matter.
+    worst = sorted(
+        data["by_node"],
+        key=lambda r: (
+            -(r["preemption_rate_pct"] or 0),
+            -(r["per_1000_gpu_hours"] or 0),
+            -r["incidents"],
+            r["node"],
+        ),
+    )
+    every_node = request.GET.get("nodes") == "all"
+    data["by_node"] = worst if every_node else worst[:KPI_NODES_SHOWN]
+    nodes_hidden = len(worst) - len(data["by_node"])
     for row in [data, *data["by_class"], *data["by_node"]]:
         row["mttd"] = duration_text(row["mttd_s"])
         row["mttr"] = duration_text(row["mttr_s"])
@@ -534,7 +551,15 @@ def ops_kpis(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "incidents/ops_kpis.html",
-        {"form": form, "days": days, "kpi": data, "charts": charts, "periods": kpis.PERIODS},
+        {
+            "form": form,
+            "days": days,
+            "kpi": data,
+            "charts": charts,
+            "periods": kpis.PERIODS,
+            "nodes_hidden": nodes_hidden,
+            "nodes_total": len(worst),
+        },
     )
 
 

@@ -412,6 +412,57 @@ def test_the_rule_filter_offers_the_rules_the_code_files_without_asking_the_ledg
     assert not [q for q in sqls if "DISTINCT" in q and '"rule"' in q]
 
 
+def test_the_filters_are_typed_so_the_page_does_not_list_the_fleet(  # type: ignore[no-untyped-def]
+    client, ops_user, owner_a, owner_b
+):
+    node = Node.objects.create(gate_status="passed", name="far-node", address="10.8.0.1")
+    Node.objects.bulk_create(
+        Node(gate_status="passed", name=f"quiet-{n}", address=f"10.8.1.{n}") for n in range(30)
+    )
+    mine = make_incident(1, node=node, tenant=owner_a.tenant)
+    theirs = make_incident(2, tenant=owner_b.tenant)
+    client.force_login(ops_user)
+    page = client.get(LEDGER).content.decode()
+    assert "quiet-7" not in page and owner_b.tenant.name not in page.split("<tbody")[0]
+    by = {
+        "node": {"node": "far-node"},
+        "tenant id": {"tenant": str(owner_a.tenant_id)},
+        "tenant name, any case": {"tenant": owner_a.tenant.name.upper()},
+    }
+    for name, query in by.items():
+        assert row_ids(client.get(LEDGER, query).content.decode()) == [mine.pk], name
+    assert row_ids(client.get(LEDGER, {"tenant": owner_b.tenant.name}).content.decode()) == [
+        theirs.pk
+    ]
+    for nobody in ({"tenant": "no such tenant"}, {"node": "no-such-node"}):
+        assert row_ids(client.get(LEDGER, nobody).content.decode()) == [], nobody
+
+
+def test_the_kpis_show_the_worst_nodes_not_every_node(client, ops_user):  # type: ignore[no-untyped-def]
+    an_hour_ago = timezone.now() - timedelta(hours=1)
+    nodes = [
+        Node.objects.create(gate_status="passed", name=f"k{n:02d}", address=f"10.9.0.{n}")
+        for n in range(30)
+    ]
+    for node in nodes:
+        Gpu.objects.create(
+            node=node, uuid=f"GPU-{node.name}", index=0, model="A30", vram_total_mb=24576
+        )
+    Gpu.objects.update(discovered_at=an_hour_ago - timedelta(days=2))
+    for n in range(3):  # k17 the worst, then k05
+        make_incident(n, node=nodes[17], first_seen_at=an_hour_ago, last_seen_at=an_hour_ago)
+    make_incident(9, node=nodes[5], first_seen_at=an_hour_ago, last_seen_at=an_hour_ago)
+    client.force_login(ops_user)
+    body = client.get("/ops/incidents/kpis/", {"days": 7}).content.decode()
+    table = body.split('id="kpi-node-rows"')[1].split("</table>")[0]
+    shown = re.findall(r'data-node="([^"]+)"', table)
+    assert len(shown) == 25 and shown[:2] == ["k17", "k05"]
+    assert "The 25 worst of 30 nodes" in body and "nodes=all" in body
+    every = client.get("/ops/incidents/kpis/", {"days": 7, "nodes": "all"}).content.decode()
+    table = every.split('id="kpi-node-rows"')[1].split("</table>")[0]
+    assert len(re.findall(r'data-node="', table)) == 30
+
+
 # --- when the condition began -----------------------------------------------------------------
 
 

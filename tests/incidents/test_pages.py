@@ -751,7 +751,7 @@ def test_kpi_page_shows_the_numbers_definitions_and_chart_data(client, ops_user,
 
 
 def test_kpis_take_a_fixed_number_of_queries(django_assert_max_num_queries, kpi_fleet):  # type: ignore[no-untyped-def]
-    with django_assert_max_num_queries(6):
+    with django_assert_max_num_queries(7):
         kpis.compute(since=T0, until=T0 + timedelta(hours=24))
 
 
