@@ -3,9 +3,6 @@ a cell per node; a click shows a node's GPUs in place; the GPU table pages witho
 reloading the page; a changed GPU reaches its node's cell on the next refresh, alone; a
 node's VRAM chart."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 from django.contrib.auth import get_user_model
 
@@ -13,22 +10,18 @@ from emulator import EmulatedFleet
 from emulator.keys import generate_ed25519, public_line
 from nodes import services, ssh
 from nodes.models import Gpu, Node
+from tests.bench_support import load_bench
 from tests.e2e.conftest import SCREENSHOT_TIMEOUT_MS, SCREENSHOTS, pass_two_factor
 from tests.factories import give_two_factor
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 PASSWORD = "ops-Lantern-77-harbour"
-SEED = Path(__file__).resolve().parents[2] / "bench" / "_fleet_seed.py"
 SEEDED_NODES = 8  # of 8 GPUs each: with the emulated ones, two pages of the GPU table
 
 
 def seed_fleet(**kwargs):  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("_fleet_seed", SEED)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.seed_fleet(**kwargs)
+    return load_bench("_fleet_seed").seed_fleet(**kwargs)
 
 
 @pytest.fixture

@@ -39,11 +39,11 @@ from incidents.models import Incident
 from incidents.rules import CRITICAL, NO_ISOLATION, OPS_ONLY, RULES, Finding
 from nodes.models import Allocation, Gpu, Node
 from tenants.models import Image, Purchase, Slice, Tier
+from tests.bench_support import load_bench
 
 pytestmark = pytest.mark.django_db
 
 ROOT = Path(__file__).resolve().parents[2]
-SEED = ROOT / "bench" / "_incident_seed.py"
 LEDGER = "/ops/incidents/"
 EVIDENCE_COLUMN = '"incidents_incident"."evidence"'
 
@@ -51,11 +51,7 @@ EVIDENCE_COLUMN = '"incidents_incident"."evidence"'
 @pytest.fixture
 def seed_incidents():  # type: ignore[no-untyped-def]
     """bench/_incident_seed.py's seed_incidents: the ledger the scale measurements use."""
-    spec = importlib.util.spec_from_file_location("_incident_seed", SEED)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.seed_incidents
+    return load_bench("_incident_seed").seed_incidents
 
 
 @pytest.fixture

@@ -7,33 +7,18 @@ benchmark's matcher itself, on fault and incident pairs, so that its strictness 
 from __future__ import annotations
 
 import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 from django.apps import apps
 
 from incidents.rules import Thresholds
 from tenants.models import Tier
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "watchdog_quality.py"
-
-
-def load_bench(monkeypatch):  # type: ignore[no-untyped-def]
-    # bench/ on sys.path, as when the script runs, for its `from _db import ...` (which
-    # leaves Django as pytest-django set it up)
-    monkeypatch.syspath_prepend(str(BENCH.parent))
-    spec = importlib.util.spec_from_file_location("watchdog_quality", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("watchdog_quality", module)
-    spec.loader.exec_module(module)
-    return module
+from tests.bench_support import load_bench
 
 
 @pytest.fixture
-def wq(monkeypatch):  # type: ignore[no-untyped-def]
-    return load_bench(monkeypatch)
+def wq():  # type: ignore[no-untyped-def]
+    return load_bench("watchdog_quality")
 
 
 @pytest.fixture

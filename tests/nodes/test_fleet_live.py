@@ -4,9 +4,7 @@ and filtered, and the page, its refresh, the table, the drill-down, a node's pag
 /metrics each take the same queries for a handful of GPUs or a few hundred."""
 
 import html
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 from django.core.cache import cache
@@ -15,21 +13,16 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from nodes.models import Gpu, Node
+from tests.bench_support import load_bench
 from tests.nodes.test_fleet_heatmap import make_fleet
 
 pytestmark = pytest.mark.django_db
-
-SEED = Path(__file__).resolve().parents[2] / "bench" / "_fleet_seed.py"
 
 
 @pytest.fixture
 def seed_fleet():  # type: ignore[no-untyped-def]
     """bench/_fleet_seed.py's seed_fleet: the fleet the scale measurements use."""
-    spec = importlib.util.spec_from_file_location("_fleet_seed", SEED)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.seed_fleet
+    return load_bench("_fleet_seed").seed_fleet
 
 
 def version_of(body: str) -> str:
