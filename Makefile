@@ -73,6 +73,7 @@ screenshots: install-test chromium
 lint: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 format: install-test
 	$(VENV)/bin/ruff check --fix .

@@ -365,7 +365,7 @@ def _instant_commands(node: NodeState, c: Container) -> None:
         node.container_exit(c, now, code)
 
 
-def _each(node: NodeState, inv: Invocation, cmd: str, refs: list[str], action) -> int:  # type: ignore[no-untyped-def]
+def _each(node: NodeState, inv: Invocation, cmd: str, refs: list[str], action) -> int:
     if not refs:
         inv.err(f"\"docker {cmd}\" requires at least 1 argument.\nSee 'docker {cmd} --help'.\n")
         return 1

@@ -43,7 +43,7 @@ class _Reader:
         self.field = field
         self.keys: dict[str, str] = {}
 
-    def int(self, key: str, spec_field: str, *, default: Any = ..., maximum: int, minimum: int = 1):  # type: ignore[no-untyped-def]
+    def int(self, key: str, spec_field: str, *, default: Any = ..., maximum: int, minimum: int = 1):
         self.keys[spec_field] = key
         if default is ...:
             return read_int(self.data, key, self.field, minimum=minimum, maximum=maximum)

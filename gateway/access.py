@@ -47,12 +47,12 @@ class Target:
     port: int
 
 
-def _fresh(fn):  # type: ignore[no-untyped-def]
+def _fresh(fn):
     """Database work from one of the event loop's worker threads: its own connection,
     closed afterwards, so no thread holds one between the loop's calls (the loop's
     threads come and go; the rechecks are batched so this stays cheap)."""
 
-    def run(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def run(*args, **kwargs):
         close_old_connections()
         try:
             return fn(*args, **kwargs)

@@ -49,7 +49,7 @@ class PidCache:
     namespace or found the PID in another process (the container restarted or went), and
     when the slice's container id changes (another container: another key)."""
 
-    def __init__(self, ttl_s: float | None = None, clock=time.monotonic):  # type: ignore[no-untyped-def]
+    def __init__(self, ttl_s: float | None = None, clock=time.monotonic):
         self.ttl_s = settings.GATEWAY_PID_CACHE_S if ttl_s is None else ttl_s
         self.clock = clock
         self._pids: dict[str, tuple[int, float]] = {}  # container id -> (pid, read at)
@@ -99,7 +99,7 @@ class Stream:
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-def _db(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+def _db(fn, *args, **kwargs):
     return asyncio.to_thread(fn, *args, **kwargs)
 
 
@@ -309,7 +309,7 @@ class Gateway:
             raise OSError(f"the container of slice {target.slice_id} is not running")
         return pid
 
-    async def _connect_relay(self, target: access.Target, port: int):  # type: ignore[no-untyped-def]
+    async def _connect_relay(self, target: access.Target, port: int):
         """The relay's session into the container's port: (node connection, reader,
         writer). The PID comes from the cache when it holds one; a PID the relay finds
         is not the container's any more is forgotten and read again, once."""
@@ -332,7 +332,7 @@ class Gateway:
             self.pids.forget(target.container_id)
             raise
 
-    async def _start_relay(self, target: access.Target, pid: int, port: int):  # type: ignore[no-untyped-def]
+    async def _start_relay(self, target: access.Target, pid: int, port: int):
         check = target.container_id if relay.checkable(target.container_id) else ""
         node = await self.nodes.acquire(target.endpoint)
         try:
@@ -352,8 +352,8 @@ class Gateway:
             raise
         return node, reader, writer
 
-    async def _bridge(self, stream, client_r, client_w, node_r, node_w, node):  # type: ignore[no-untyped-def]
-        async def pump(src, dst, count: str) -> None:  # type: ignore[no-untyped-def]
+    async def _bridge(self, stream, client_r, client_w, node_r, node_w, node):
+        async def pump(src, dst, count: str) -> None:
             try:
                 while data := await src.read(CHUNK):
                     setattr(stream, count, getattr(stream, count) + len(data))
@@ -446,13 +446,13 @@ class Connection(asyncssh.SSHServer):
     def server_requested(self, listen_host: str, listen_port: int) -> bool:
         return False  # no remote forwards
 
-    def unix_connection_requested(self, dest_path: str):  # type: ignore[no-untyped-def]
+    def unix_connection_requested(self, dest_path: str):
         raise asyncssh.ChannelOpenError(PROHIBITED, "only slice-<id>:<port> streams")
 
     def unix_server_requested(self, listen_path: str) -> bool:
         return False
 
-    def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int):  # type: ignore[no-untyped-def]
+    def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int):
         return self.gateway.open(self, dest_host, dest_port)
 
 

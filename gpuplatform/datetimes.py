@@ -47,12 +47,12 @@ def _clean(value: datetime | None) -> datetime | None:
 class UtcDateTimeField(forms.DateTimeField):
     """A page's date and time, in UTC."""
 
-    def to_python(self, value):  # type: ignore[no-untyped-def]
+    def to_python(self, value):
         return _clean(super().to_python(value))
 
 
 class UtcIsoDateTimeField(IsoDateTimeField):
-    def to_python(self, value):  # type: ignore[no-untyped-def]
+    def to_python(self, value):
         return _clean(super().to_python(value))
 
 

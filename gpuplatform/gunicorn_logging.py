@@ -17,7 +17,7 @@ def redact(text: str) -> str:
 class RedactingLogger(Logger):
     """`--logger-class gpuplatform.gunicorn_logging.RedactingLogger`."""
 
-    def atoms(self, resp, req, environ, request_time):  # type: ignore[no-untyped-def]
+    def atoms(self, resp, req, environ, request_time):
         atoms = super().atoms(resp, req, environ, request_time)
         for key in ("r", "U", "{raw_uri}e"):
             if isinstance(atoms.get(key), str):

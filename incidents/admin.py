@@ -17,7 +17,7 @@ class IncidentEventInline(admin.TabularInline):
     can_delete = False
     readonly_fields = ["kind", "actor", "message", "data", "at"]
 
-    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+    def has_add_permission(self, request, obj=None):
         return False
 
 
@@ -55,7 +55,7 @@ class IncidentAdmin(admin.ModelAdmin):
     ]
     inlines = [IncidentEventInline]
 
-    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+    def has_add_permission(self, request):
         return False
 
 

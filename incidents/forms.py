@@ -127,7 +127,7 @@ class ThresholdsForm(forms.Form):
     """One field per threshold, with docs/domain.md's default (the model's default) beside it.
     The ordering rules are the service's: its refusal is shown on the form."""
 
-    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields.update(forms.fields_for_model(Thresholds, fields=THRESHOLD_FIELDS))
         for name, field in self.fields.items():

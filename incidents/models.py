@@ -28,14 +28,14 @@ class AnyOf(Lookup):
     lookup_name = "any_of"
     prepare_rhs = False
 
-    def as_sql(self, compiler, connection):  # type: ignore[no-untyped-def]
+    def as_sql(self, compiler, connection):
         lhs, lhs_params = self.process_lhs(compiler, connection)
         rhs, rhs_params = self.process_rhs(compiler, connection)
         return f"{lhs} = ANY({rhs})", [*lhs_params, *rhs_params]
 
 
 class IncidentQuerySet(models.QuerySet):
-    def for_tenant(self, tenant) -> "IncidentQuerySet":  # type: ignore[no-untyped-def]
+    def for_tenant(self, tenant) -> "IncidentQuerySet":
         """A tenant's: those about its slices, and those that touched its slices (a node
         that stopped answering, a GPU drained for a fault under them); never ops' own."""
         if tenant is None:
@@ -378,7 +378,7 @@ class Thresholds(models.Model):
         row = cls.objects.order_by("pk").first()
         return row if row is not None else cls.objects.create()
 
-    def as_rules(self):  # type: ignore[no-untyped-def]
+    def as_rules(self):
         return RuleThresholds(**{f.name: getattr(self, f.name) for f in fields(RuleThresholds)})
 
 
@@ -421,7 +421,7 @@ class GpuWatch(models.Model):
 
 
 class WebhookEndpointQuerySet(models.QuerySet):
-    def for_tenant(self, tenant) -> "WebhookEndpointQuerySet":  # type: ignore[no-untyped-def]
+    def for_tenant(self, tenant) -> "WebhookEndpointQuerySet":
         if tenant is None:
             return self.none()
         return self.filter(tenant=tenant)

@@ -91,7 +91,7 @@ class HTTPStatusError(Exception):
 class _PinnedHTTPS(http.client.HTTPSConnection):
     """TLS to `ip`, with the certificate checked against the URL's host name."""
 
-    def __init__(self, host: str, port: int, ip: str, **kwargs):  # type: ignore[no-untyped-def]
+    def __init__(self, host: str, port: int, ip: str, **kwargs):
         super().__init__(host, port, **kwargs)
         self._ip = ip
 

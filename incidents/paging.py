@@ -239,7 +239,7 @@ def incident_page(queryset: QuerySet, *, sort: str, params: QueryDict) -> Incide
 class DeepPaginator(Paginator):
     """Django's paginator, reading a page past the first by ids in the order's index."""
 
-    def page(self, number):  # type: ignore[no-untyped-def]
+    def page(self, number):
         number = self.validate_number(number)
         bottom = (number - 1) * self.per_page
         top = bottom + self.per_page
@@ -254,7 +254,7 @@ class IncidentPagination(PageNumberPagination):
 
     django_paginator_class = DeepPaginator
 
-    def paginate_queryset(self, queryset, request, view=None):  # type: ignore[no-untyped-def]
+    def paginate_queryset(self, queryset, request, view=None):
         # An order the client chose (`ordering=severity_rank`) has ties; pages cut through
         # them by number must agree on one order, so the newest id breaks them (as the
         # ledger's own order does).

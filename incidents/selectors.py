@@ -30,7 +30,7 @@ LIST_FIELDS = (
 
 def incident_list(
     *,
-    tenant=None,  # type: ignore[no-untyped-def]
+    tenant=None,
     status: str = "",
     severity: str = "",
     root_cause: str = "",

@@ -10,7 +10,7 @@ from .throttle import release
 
 
 @shared_task(name="incidents.dispose", bind=True, max_retries=2, soft_time_limit=60, time_limit=90)
-def dispose(self, incident_id: int, action: str, evidence: dict) -> str:  # type: ignore[no-untyped-def]
+def dispose(self, incident_id: int, action: str, evidence: dict) -> str:
     try:
         return services.incident_dispose(incident_id=incident_id, action=action, evidence=evidence)
     except (ssh.SSHError, ContainerError) as exc:
@@ -24,7 +24,7 @@ def dispose(self, incident_id: int, action: str, evidence: dict) -> str:  # type
     soft_time_limit=30,
     time_limit=45,
 )
-def release_throttle(self, slice_id: int) -> str:  # type: ignore[no-untyped-def]
+def release_throttle(self, slice_id: int) -> str:
     try:
         return release(slice_id=slice_id)
     except ssh.SSHError as exc:
@@ -63,7 +63,7 @@ WEBHOOK_RETRIES = 5
     soft_time_limit=30,
     time_limit=45,
 )
-def deliver_webhook(self, delivery_id: int) -> str:  # type: ignore[no-untyped-def]
+def deliver_webhook(self, delivery_id: int) -> str:
     final = self.request.retries >= WEBHOOK_RETRIES
     try:
         return notify.webhook_deliver(delivery_id=delivery_id, final_attempt=final)

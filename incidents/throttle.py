@@ -25,7 +25,7 @@ def _cycles() -> int:
     return max(1, int(settings.NODES_SAMPLE_INTERVAL / (DUTY_PAUSE_S + DUTY_RUN_S)))
 
 
-def _docker(node, verb: str, container: str) -> bool:  # type: ignore[no-untyped-def]
+def _docker(node, verb: str, container: str) -> bool:
     result = node_services.run_on_node(node, ["docker", verb, container], None)
     return result.ok or b"is not paused" in result.stderr or b"already paused" in result.stderr
 

@@ -5,7 +5,7 @@ from . import views
 app_name = "incidents"
 
 
-def _action(name: str):  # type: ignore[no-untyped-def]
+def _action(name: str):
     slug = name.replace("_", "-")
     return path(
         f"ops/incidents/<int:pk>/{slug}/",

@@ -171,11 +171,11 @@ def csv_cell(value: Any) -> str:
     return f"'{text}" if text.startswith(FORMULA_STARTS) else text
 
 
-def _who(user) -> str:  # type: ignore[no-untyped-def]
+def _who(user) -> str:
     return (user.email or user.get_username()) if user is not None else ""
 
 
-def _csv_rows(incidents) -> Iterator[str]:  # type: ignore[no-untyped-def]
+def _csv_rows(incidents) -> Iterator[str]:
     writer = csv.writer(_Echo())
     yield writer.writerow(CSV_HEADER)
     for i in incidents.select_related("acknowledged_by", "resolved_by").iterator(chunk_size=500):
@@ -203,7 +203,7 @@ def _csv_rows(incidents) -> Iterator[str]:  # type: ignore[no-untyped-def]
         yield writer.writerow([csv_cell(v) for v in row])
 
 
-def csv_response(incidents) -> StreamingHttpResponse:  # type: ignore[no-untyped-def]
+def csv_response(incidents) -> StreamingHttpResponse:
     response = StreamingHttpResponse(_csv_rows(incidents), content_type="text/csv; charset=utf-8")
     stamp = timezone.now().strftime("%Y%m%d-%H%M")
     response["Content-Disposition"] = f'attachment; filename="incidents-{stamp}.csv"'
@@ -586,7 +586,7 @@ def ops_watchdog(request: HttpRequest) -> HttpResponse:
 # --- tenant: incidents about their own slices -------------------------------------------------
 
 
-def _tenant_incidents(request: HttpRequest, *, evidence: bool = False):  # type: ignore[no-untyped-def]
+def _tenant_incidents(request: HttpRequest, *, evidence: bool = False):
     return selectors.incident_list(tenant=request.membership.tenant, evidence=evidence)
 
 

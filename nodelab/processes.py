@@ -35,7 +35,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until(predicate, timeout: float, what: str, alive=None) -> None:  # type: ignore[no-untyped-def]
+def wait_until(predicate, timeout: float, what: str, alive=None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

@@ -19,7 +19,7 @@ class GpuInline(admin.TabularInline):
     readonly_fields = fields  # see GpuAdmin: every change has its own owner
     can_delete = False
 
-    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+    def has_add_permission(self, request, obj=None):
         return False
 
 
@@ -100,10 +100,10 @@ class AllocationAdmin(admin.ModelAdmin):
         "released_at",
     ]
 
-    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+    def has_add_permission(self, request):
         return False
 
-    def has_delete_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+    def has_delete_permission(self, request, obj=None):
         return False
 
 
@@ -135,5 +135,5 @@ class ContainerEventAdmin(admin.ModelAdmin):
     search_fields = ["container_id", "owner_key", "node__name"]
     list_select_related = ["node"]
 
-    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+    def has_change_permission(self, request, obj=None):
         return False

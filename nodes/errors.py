@@ -7,6 +7,6 @@ from __future__ import annotations
 class ContainerError(Exception):
     """The node refused or failed a container operation; the message says why."""
 
-    def __init__(self, message: str, *, info=None):  # type: ignore[no-untyped-def]
+    def __init__(self, message: str, *, info=None):
         super().__init__(message)
         self.info = info

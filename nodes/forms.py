@@ -105,7 +105,7 @@ class NodePolicyForm(forms.Form):
     )
     reason = forms.CharField(max_length=500, help_text="Why: kept with the change.")
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         current = (self.initial or {}).get("probe_image") or ""
         choices = [(i.reference, f"{i.name} ({i.reference})") for i in allowlisted_images()]
@@ -116,7 +116,7 @@ class NodePolicyForm(forms.Form):
             choices.insert(0, (current, f"{current} (no longer on the allowlist)"))
         self.fields["probe_image"].choices = choices
 
-    def clean(self):  # type: ignore[no-untyped-def]
+    def clean(self):
         data = super().clean()
         if not data.get("probe_image"):
             data.pop("probe_image", None)  # none chosen: the rest of the policy still saves

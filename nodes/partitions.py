@@ -155,7 +155,7 @@ def _name(series: Series, lower: datetime) -> str:
     return f"{series.table}_p{lower.astimezone(UTC):%Y%m%d%H%M}"
 
 
-def _ddl_preamble(cursor) -> None:  # type: ignore[no-untyped-def]
+def _ddl_preamble(cursor) -> None:
     cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
     # Foreign-key checks of rows written earlier in the same transaction (deferred, as
     # Django declares them) would forbid altering the table: run them now.

@@ -321,7 +321,7 @@ def gpu_series(*, gpu: Gpu, start: datetime, end: datetime, max_points: int = MA
     }
 
 
-def downsample(rows, *, start: datetime, end: datetime, max_points: int) -> list[Point]:  # type: ignore[no-untyped-def]
+def downsample(rows, *, start: datetime, end: datetime, max_points: int) -> list[Point]:
     """Fold (t, mean, max, util) rows into at most max_points equal time buckets."""
     if len(rows) <= max_points:
         return [Point(t, m, mx, u) for t, m, mx, u in rows]

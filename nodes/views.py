@@ -43,7 +43,7 @@ _STATUS_LABELS = dict(Node.Status.choices)
 _GATE_LABELS = dict(Node.GateStatus.choices)
 
 
-def _heat(gpu) -> int:  # type: ignore[no-untyped-def]
+def _heat(gpu) -> int:
     if not gpu.vram_total_mb or gpu.last_memory_used_mb is None:
         return -1
     return round(100 * gpu.last_memory_used_mb / gpu.vram_total_mb)

@@ -34,24 +34,24 @@ class AuthFailureThrottle(throttling.SimpleRateThrottle):
     def get_rate(self) -> str | None:
         return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
 
-    def get_cache_key(self, request, view) -> str:  # type: ignore[no-untyped-def]
+    def get_cache_key(self, request, view) -> str:
         return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
 
-    def _load(self, request) -> None:  # type: ignore[no-untyped-def]
+    def _load(self, request) -> None:
         self.key = self.get_cache_key(request, None)
         self.history = self.cache.get(self.key, [])
         self.now = self.timer()
         while self.history and self.history[-1] <= self.now - self.duration:
             self.history.pop()
 
-    def check(self, request) -> None:  # type: ignore[no-untyped-def]
+    def check(self, request) -> None:
         if self.rate is None:
             return
         self._load(request)
         if len(self.history) >= self.num_requests:
             raise exceptions.Throttled(wait=self.wait())
 
-    def record_failure(self, request) -> None:  # type: ignore[no-untyped-def]
+    def record_failure(self, request) -> None:
         if self.rate is None:
             return
         self._load(request)
@@ -62,7 +62,7 @@ class AuthFailureThrottle(throttling.SimpleRateThrottle):
 class ApiTokenAuthentication(authentication.BaseAuthentication):
     keywords = ("bearer", "token")
 
-    def authenticate(self, request):  # type: ignore[no-untyped-def]
+    def authenticate(self, request):
         header = authentication.get_authorization_header(request).split()
         if not header or header[0].lower().decode(errors="replace") not in self.keywords:
             return None
@@ -120,5 +120,5 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed(TOKEN_REFUSED)
         return token
 
-    def authenticate_header(self, request) -> str:  # type: ignore[no-untyped-def]
+    def authenticate_header(self, request) -> str:
         return 'Bearer realm="api"'

@@ -166,7 +166,7 @@ class Summary:
 # --- what a purchase's minutes are worth --------------------------------------------------------
 
 
-def _consumed_sql(used):  # type: ignore[no-untyped-def]
+def _consumed_sql(used):
     """The first `used` minutes of a purchase, in credits: price x used / bought, rounded half
     up to the cent (PostgreSQL's ROUND of a positive numeric). Each metering record costs
     the difference between this after it and before it, so a purchase's records add up to
@@ -178,7 +178,7 @@ def _consumed_sql(used):  # type: ignore[no-untyped-def]
     return Round(share, 2, output_field=DecimalField(max_digits=14, decimal_places=2))
 
 
-def _record_cost():  # type: ignore[no-untyped-def]
+def _record_cost():
     used_after = F("purchase__minutes_total") - F("minutes_left_after")
     return _consumed_sql(used_after) - _consumed_sql(used_after - F("minutes"))
 

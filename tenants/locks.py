@@ -68,7 +68,7 @@ def invitation_lock(pk: int, *, tenant: Tenant | None = None) -> Invitation:
     )
 
 
-def api_token_lock(pk: int, *, user) -> ApiToken:  # type: ignore[no-untyped-def]
+def api_token_lock(pk: int, *, user) -> ApiToken:
     """One of `user`'s tokens (another user's: DoesNotExist)."""
     return ApiToken.objects.select_for_update().get(pk=pk, user=user)
 
@@ -107,7 +107,7 @@ def template_lock(pk: int) -> LaunchTemplate:
     return LaunchTemplate.objects.select_for_update().get(pk=pk)
 
 
-def ssh_keys_owner_lock(user_id: int):  # type: ignore[no-untyped-def]
+def ssh_keys_owner_lock(user_id: int):
     """The user's row: adds of their SSH keys serialise, so the cap on how many holds."""
     return get_user_model().objects.select_for_update().get(pk=user_id)
 

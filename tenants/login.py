@@ -59,7 +59,7 @@ def failure_record(key: str) -> None:
         cache.set(key, 1, WINDOW_S)
 
 
-def _landing(request: HttpRequest, user, next_url: str) -> str:  # type: ignore[no-untyped-def]
+def _landing(request: HttpRequest, user, next_url: str) -> str:
     if next_url and url_has_allowed_host_and_scheme(
         next_url, allowed_hosts={request.get_host()}, require_https=request.is_secure()
     ):
@@ -74,7 +74,7 @@ class ThrottledLoginView(auth_views.LoginView):
     account from one address in 15 minutes, further attempts are refused (429) unchecked.
     Someone with two-factor on is not logged in yet: the code step comes first."""
 
-    def post(self, request: HttpRequest, *args, **kwargs) -> HttpResponse:  # type: ignore[no-untyped-def]
+    def post(self, request: HttpRequest, *args, **kwargs) -> HttpResponse:
         if is_locked(failure_key(request, request.POST.get("username", ""))):
             return render(request, "registration/login_locked.html", status=429)
         return super().post(request, *args, **kwargs)
@@ -85,7 +85,7 @@ class ThrottledLoginView(auth_views.LoginView):
             return resolve_url(OPS_LOGIN_REDIRECT_URL)
         return super().get_default_redirect_url()
 
-    def form_valid(self, form):  # type: ignore[no-untyped-def]
+    def form_valid(self, form):
         user = form.get_user()
         if not two_factor.has_two_factor(user):
             return super().form_valid(form)
@@ -98,7 +98,7 @@ class ThrottledLoginView(auth_views.LoginView):
         }
         return redirect("login_two_factor")
 
-    def form_invalid(self, form):  # type: ignore[no-untyped-def]
+    def form_invalid(self, form):
         failure_record(failure_key(self.request, self.request.POST.get("username", "")))
         return super().form_invalid(form)
 

@@ -15,12 +15,12 @@ from .selectors import membership_for_user
 __all__ = ["IsOps", "IsTenantMember", "member_required", "redact_for_viewers"]
 
 
-def member_required(view):  # type: ignore[no-untyped-def]
+def member_required(view):
     """A page for people in a tenant: signed in and a member; sets request.membership."""
 
     @wraps(view)
     @login_required
-    def wrapper(request, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def wrapper(request, *args, **kwargs):
         request.membership = membership_for_user(request.user)
         if request.membership is None:
             messages.info(request, "Create a tenant (or accept an invitation) first.")
@@ -38,7 +38,7 @@ class IsTenantMember(permissions.BasePermission):
 
     message = "Join or create a tenant first."
 
-    def has_permission(self, request, view) -> bool:  # type: ignore[no-untyped-def]
+    def has_permission(self, request, view) -> bool:
         membership = membership_for_user(request.user)
         request.membership = membership
         if membership is None:
@@ -54,7 +54,7 @@ class IsTenantMember(permissions.BasePermission):
         return True
 
 
-def redact_for_viewers(data: dict, membership) -> dict:  # type: ignore[no-untyped-def]
+def redact_for_viewers(data: dict, membership) -> dict:
     """Viewers see a slice, not its keys: the Jupyter token (and URL carrying it) and
     environment values, which often hold secrets, are only for members who can write."""
     if membership is None or membership.can_write:

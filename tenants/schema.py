@@ -9,7 +9,7 @@ class ApiTokenScheme(OpenApiAuthenticationExtension):
     target_class = "tenants.authentication.ApiTokenAuthentication"
     name = "apiToken"
 
-    def get_security_definition(self, auto_schema):  # type: ignore[no-untyped-def]
+    def get_security_definition(self, auto_schema):
         return {
             "type": "http",
             "scheme": "bearer",

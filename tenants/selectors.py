@@ -396,11 +396,11 @@ def slices_latest_vram_mb(slices: list[Slice]) -> dict[int, int]:
     }
 
 
-def slice_transitions(*, slice: Slice):  # type: ignore[no-untyped-def]
+def slice_transitions(*, slice: Slice):
     return slice.transitions.select_related("actor").order_by("at", "id")
 
 
-def slice_vram_per_sample(*, slice: Slice):  # type: ignore[no-untyped-def]
+def slice_vram_per_sample(*, slice: Slice):
     """Per sample, the VRAM the slice's container held (its processes summed): rows of
     taken_at and used_mb; None when it never ran a container."""
     if slice.allocation_id is None or not slice.container_id:
@@ -465,7 +465,7 @@ def template_list() -> QuerySet[LaunchTemplate]:
     )
 
 
-def template_sizing(template, *, tiers=None, shapes=None) -> list[dict]:  # type: ignore[no-untyped-def]
+def template_sizing(template, *, tiers=None, shapes=None) -> list[dict]:
     """Per tier and card shape in service (and per tier under a quota library, which
     reports the slice as the device): the flag a slice launched from `template` gets at
     start, so a tenant sees the command before launch. [] for an engine not told by a

@@ -68,18 +68,18 @@ def looks_like_recovery_code(code: str) -> bool:
     return not code.strip().replace(" ", "").isdigit()
 
 
-def totp_device(user) -> TOTPDevice | None:  # type: ignore[no-untyped-def]
+def totp_device(user) -> TOTPDevice | None:
     """The user's set-up (confirmed) TOTP device, if any."""
     if not getattr(user, "is_authenticated", False):
         return None
     return TOTPDevice.objects.filter(user=user, confirmed=True).first()
 
 
-def has_two_factor(user) -> bool:  # type: ignore[no-untyped-def]
+def has_two_factor(user) -> bool:
     return totp_device(user) is not None
 
 
-def require_for_api_token(user) -> None:  # type: ignore[no-untyped-def]
+def require_for_api_token(user) -> None:
     """Refuse a staff user's API token until that user has set up two-factor sign-in.
 
     A token is a password's equal: staff tokens would bypass the rule pages enforce."""

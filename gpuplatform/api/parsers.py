@@ -14,7 +14,7 @@ class BoundedJSONParser(JSONParser):
 
     max_bytes = MAX_BODY_BYTES
 
-    def parse(self, stream, media_type=None, parser_context=None):  # type: ignore[no-untyped-def]
+    def parse(self, stream, media_type=None, parser_context=None):
         data = stream.read(self.max_bytes + 1) if stream is not None else b""
         if len(data) > self.max_bytes:
             raise ParseError(f"the request body is over {self.max_bytes // 1024} KiB")

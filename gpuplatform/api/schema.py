@@ -122,7 +122,7 @@ class ErrorAutoSchema(AutoSchema):
         self.registry.register_on_missing(component)
         return component.ref
 
-    def get_operation(self, path, path_regex, path_prefix, method, registry):  # type: ignore[no-untyped-def]
+    def get_operation(self, path, path_regex, path_prefix, method, registry):
         operation = super().get_operation(path, path_regex, path_prefix, method, registry)
         if operation is None:
             return None

@@ -37,7 +37,7 @@ class TenantIncidentFilter(django_filters.FilterSet):
         model = Incident
         fields = ["status", "severity", "root_cause", "slice", "since", "until"]
 
-    def filter_status(self, queryset, name, value):  # type: ignore[no-untyped-def]
+    def filter_status(self, queryset, name, value):
         return queryset.open() if value == "unresolved" else queryset.filter(status=value)
 
 
@@ -52,7 +52,7 @@ class OpsIncidentFilter(TenantIncidentFilter):
     class Meta(TenantIncidentFilter.Meta):
         fields = [*TenantIncidentFilter.Meta.fields, "rule", "node", "gpu", "tenant"]
 
-    def filter_node(self, queryset, name, value):  # type: ignore[no-untyped-def]
+    def filter_node(self, queryset, name, value):
         return queryset.filter(Q(node__name=value) | Q(gpu__node__name=value))
 
 

@@ -265,7 +265,7 @@ class WebhookDeliverySerializer(serializers.ModelSerializer):
     """For a tenant's own endpoint the transport error is reduced to its kind: the
     platform's network must not be mapped through error texts (ops see it all)."""
 
-    def to_representation(self, instance):  # type: ignore[no-untyped-def]
+    def to_representation(self, instance):
         data = super().to_representation(instance)
         if instance.endpoint.tenant_id is not None and data.get("last_error"):
             data["last_error"] = (

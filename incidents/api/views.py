@@ -25,14 +25,14 @@ from . import filters
 from . import serializers as s
 
 
-def _is_ops(request) -> bool:  # type: ignore[no-untyped-def]
+def _is_ops(request) -> bool:
     return bool(getattr(request.user, "is_staff", False))
 
 
 class IsOpsOrTenantMember(IsTenantMember):
     """Ops read everything; anyone else must belong to a tenant (sets request.membership)."""
 
-    def has_permission(self, request, view) -> bool:  # type: ignore[no-untyped-def]
+    def has_permission(self, request, view) -> bool:
         if _is_ops(request):
             request.membership = None
             return True
@@ -42,7 +42,7 @@ class IsOpsOrTenantMember(IsTenantMember):
 class IsOpsOrTenantOwner(IsOpsOrTenantMember):
     """Webhook endpoints: ops manage theirs, a tenant's owner manages the tenant's."""
 
-    def has_permission(self, request, view) -> bool:  # type: ignore[no-untyped-def]
+    def has_permission(self, request, view) -> bool:
         if not super().has_permission(request, view):
             return False
         membership = request.membership
@@ -90,7 +90,7 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         return getattr(self, "swagger_fake_view", False) or _is_ops(self.request)
 
     @property
-    def filterset_class(self):  # type: ignore[no-untyped-def]
+    def filterset_class(self):
         return filters.OpsIncidentFilter if self._ops_view else filters.TenantIncidentFilter
 
     @property
@@ -100,7 +100,7 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         # not the raw titles: an outage's names its node (incident_search_for_tenant)
         return []
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return Incident.objects.none()
         if _is_ops(self.request):
@@ -122,7 +122,7 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         context["tenant"] = membership.tenant if membership is not None else None
         return context
 
-    def get_serializer_class(self):  # type: ignore[no-untyped-def]
+    def get_serializer_class(self):
         if not self._ops_view:
             return s.TenantIncidentSerializer
         return s.OpsIncidentSerializer if self.action == "list" else s.OpsIncidentDetailSerializer
@@ -133,7 +133,7 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
 
     @extend_schema(request=s.NoInputSerializer, responses=s.OpsIncidentDetailSerializer)
     @action(detail=True, methods=["post"], permission_classes=[IsOps])
-    def acknowledge(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def acknowledge(self, request, pk=None):
         """Ops: take the incident on (409 `resolved` when it is resolved: reopen it)."""
         incident = self.get_object()
         s.NoInputSerializer(data=request.data).is_valid(raise_exception=True)
@@ -141,7 +141,7 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
 
     @extend_schema(request=s.ResolveSerializer, responses=s.OpsIncidentDetailSerializer)
     @action(detail=True, methods=["post"], permission_classes=[IsOps])
-    def resolve(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def resolve(self, request, pk=None):
         """Ops: resolve with a note saying how (archived on the timeline)."""
         incident = self.get_object()
         data = s.ResolveSerializer(data=request.data)
@@ -151,7 +151,7 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
 
     @extend_schema(request=s.ReopenSerializer, responses=s.OpsIncidentDetailSerializer)
     @action(detail=True, methods=["post"], permission_classes=[IsOps])
-    def reopen(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def reopen(self, request, pk=None):
         """Ops: reopen a resolved incident (409 `newer_incident_open` when the watchdog
         has opened a newer one for the same rule and target)."""
         incident = self.get_object()
@@ -160,7 +160,7 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         services.incident_reopen(incident=incident, actor=request.user, **data.validated_data)
         return self._out(incident)
 
-    def _act(self, request, service) -> Response:  # type: ignore[no-untyped-def]
+    def _act(self, request, service) -> Response:
         incident = self.get_object()
         data = s.ActionReasonSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -169,7 +169,7 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
 
     @extend_schema(request=s.ActionReasonSerializer, responses={202: s.OpsIncidentDetailSerializer})
     @action(detail=True, methods=["post"], url_path="stop-slice", permission_classes=[IsOps])
-    def stop_slice(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def stop_slice(self, request, pk=None):
         """Ops: force-stop the incident's slice; its tenant is told the reason. The stop
         finishes on a worker (202). 409 `no_running_slice` when it has none or it ended."""
         response = self._act(request, services.incident_stop_slice)
@@ -178,14 +178,14 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
 
     @extend_schema(request=s.ActionReasonSerializer, responses=s.OpsIncidentDetailSerializer)
     @action(detail=True, methods=["post"], url_path="drain-gpu", permission_classes=[IsOps])
-    def drain_gpu(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def drain_gpu(self, request, pk=None):
         """Ops: the incident's GPU takes no new slices; those running continue. 409
         `nothing_to_drain` when no GPU is named or it already takes no placements."""
         return self._act(request, services.incident_drain_gpu)
 
     @extend_schema(request=s.ActionReasonSerializer, responses=s.OpsIncidentDetailSerializer)
     @action(detail=True, methods=["post"], url_path="drain-node", permission_classes=[IsOps])
-    def drain_node(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def drain_node(self, request, pk=None):
         """Ops: no GPU of the incident's node takes new slices; those running continue.
         409 `nothing_to_drain` when no node is named or it is draining already."""
         return self._act(request, services.incident_drain_node)
@@ -202,7 +202,7 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         url_name="acknowledge-many",
         permission_classes=[IsOps],
     )
-    def acknowledge_many(self, request):  # type: ignore[no-untyped-def]
+    def acknowledge_many(self, request):
         """Ops: acknowledge many at once; resolved ones and unknown ids are skipped."""
         data = s.AcknowledgeManySerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -219,11 +219,11 @@ class ThresholdsView(APIView):
     permission_classes = [IsOps]
 
     @extend_schema(responses=s.ThresholdsSerializer)
-    def get(self, request):  # type: ignore[no-untyped-def]
+    def get(self, request):
         return Response(s.ThresholdsSerializer(selectors.thresholds()).data)
 
     @extend_schema(request=s.ThresholdsUpdateSerializer, responses=s.ThresholdsSerializer)
-    def patch(self, request):  # type: ignore[no-untyped-def]
+    def patch(self, request):
         data = s.ThresholdsUpdateSerializer(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
         row = services.thresholds_update(actor=request.user, **data.validated_data)
@@ -248,7 +248,7 @@ class WebhookEndpointViewSet(
     ordering_fields = ["created_at"]
     search_fields = ["url"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self):
         endpoints = WebhookEndpoint.objects.order_by("-created_at", "-id")
         if _is_ops(self.request):
             return endpoints.filter(tenant__isnull=True)
@@ -259,7 +259,7 @@ class WebhookEndpointViewSet(
         request=s.WebhookEndpointCreateSerializer,
         responses={201: s.WebhookEndpointCreatedSerializer},
     )
-    def create(self, request):  # type: ignore[no-untyped-def]
+    def create(self, request):
         membership = request.membership
         tenant = membership.tenant if membership is not None else None
         data = s.WebhookEndpointCreateSerializer(
@@ -271,13 +271,13 @@ class WebhookEndpointViewSet(
         return Response(body, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses={204: None})
-    def destroy(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def destroy(self, request, *args, **kwargs):
         services.webhook_deactivate(endpoint=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(responses=s.WebhookDeliverySerializer(many=True))
     @action(detail=True, methods=["get"], filter_backends=[])
-    def deliveries(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def deliveries(self, request, pk=None):
         """The endpoint's recent deliveries, newest first: status, attempts, the last
         HTTP status and error."""
         endpoint = self.get_object()

@@ -150,7 +150,7 @@ def incident_clear(*, finding: rules.Finding, now: datetime, note: str = "") -> 
     return incident
 
 
-def incident_resolve_locked(incident: Incident, actor, note: str, now: datetime) -> None:  # type: ignore[no-untyped-def]
+def incident_resolve_locked(incident: Incident, actor, note: str, now: datetime) -> None:
     """Resolve and archive an incident whose row the caller holds (locked or just made)."""
     incident.status = Incident.Status.RESOLVED
     incident.resolved_at = now
@@ -259,7 +259,7 @@ def incident_reopen(*, incident: Incident, actor: AbstractBaseUser, note: str = 
     return incident
 
 
-def incident_mitigate(  # type: ignore[no-untyped-def]
+def incident_mitigate(
     incident: Incident, message: str, *, actor=None, data=None, tell=False
 ) -> None:
     """Record a disposal; `tell`: one done later than the alarm (a stop by the worker),

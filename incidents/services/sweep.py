@@ -222,7 +222,7 @@ def _judged_slices(
     return out
 
 
-def _idle(s: Slice, view: rules.SliceView, now: datetime, th: rules.Thresholds):  # type: ignore[no-untyped-def]
+def _idle(s: Slice, view: rules.SliceView, now: datetime, th: rules.Thresholds):
     watch = getattr(s, "watch", None)
     last_active = (watch.last_active_at if watch else None) or s.started_at
     idle_for = (now - last_active).total_seconds() if last_active else None

@@ -411,7 +411,7 @@ def _previous_process_readings(containers: set[str], now: datetime) -> dict[tupl
     return out
 
 
-def live_slices(*, node_ids: list[int] | None = None):  # type: ignore[no-untyped-def]
+def live_slices(*, node_ids: list[int] | None = None):
     """Running slices on these nodes (all, for None) with their watch rows, and every
     container a live slice owns there (processes in them are nobody's orphans)."""
     live = Slice.objects.filter(state__in=Slice.HOLDS_VRAM_STATES)
@@ -545,7 +545,7 @@ def apply_findings(
     return counts
 
 
-def _apply_one(f: rules.Finding, *, now, gpus, open_keys, counts) -> None:  # type: ignore[no-untyped-def]
+def _apply_one(f: rules.Finding, *, now, gpus, open_keys, counts) -> None:
     if f.resolves:
         if f.key not in open_keys and f.action not in (rules.OPEN_GPU, rules.UNTHROTTLE):
             return  # nothing open: the common, healthy case costs no query

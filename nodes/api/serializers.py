@@ -144,7 +144,7 @@ class SeriesQuerySerializer(StrictSerializer):
     max_points = serializers.IntegerField(min_value=10, max_value=500, default=500)
     format = serializers.CharField(required=False)  # DRF's own ?format=
 
-    def validate(self, attrs):  # type: ignore[no-untyped-def]
+    def validate(self, attrs):
         for name in ("start", "end"):
             if attrs.get(name) is not None:
                 try:
@@ -214,7 +214,7 @@ class GpuPolicyUpdateSerializer(StrictSerializer):
         help_text="Why the GPU stops taking placements (required when closing it).",
     )
 
-    def validate(self, attrs):  # type: ignore[no-untyped-def]
+    def validate(self, attrs):
         if "overcommit_ratio" not in attrs and "accepting_placements" not in attrs:
             raise serializers.ValidationError(
                 "Give overcommit_ratio, accepting_placements, or both."

@@ -52,7 +52,7 @@ class NodeViewSet(
     search_fields = ["name", "address"]
     ordering_fields = ["name", "status", "last_seen_at"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self):
         return selectors.node_list()
 
     def _out(self, node: Node, code: int = status.HTTP_200_OK) -> Response:
@@ -61,39 +61,39 @@ class NodeViewSet(
     @extend_schema(
         request=serializers.NodeCreateSerializer, responses={201: serializers.NodeSerializer}
     )
-    def create(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def create(self, request, *args, **kwargs):
         data = serializers.NodeCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         return self._out(services.node_register(**data.validated_data), status.HTTP_201_CREATED)
 
     @extend_schema(request=serializers.NodeUpdateSerializer, responses=serializers.NodeSerializer)
-    def update(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def update(self, request, *args, **kwargs):
         node = self.get_object()
         data = serializers.NodeUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         return self._out(services.node_update(node=node, actor=request.user, **data.validated_data))
 
     @extend_schema(request=serializers.NodeUpdateSerializer, responses=serializers.NodeSerializer)
-    def partial_update(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def partial_update(self, request, *args, **kwargs):
         return self.update(request, *args, **kwargs)
 
     @extend_schema(request=serializers.DrainSerializer, responses=serializers.NodeSerializer)
     @action(detail=True, methods=["post"])
-    def drain(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def drain(self, request, pk=None):
         data = serializers.DrainSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         return self._out(services.node_drain(node=self.get_object(), **data.validated_data))
 
     @extend_schema(request=None, responses=serializers.NodeSerializer)
     @action(detail=True, methods=["post"])
-    def undrain(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def undrain(self, request, pk=None):
         return self._out(services.node_undrain(node=self.get_object()))
 
     @extend_schema(
         request=serializers.ApproveHostKeySerializer, responses=serializers.NodeSerializer
     )
     @action(detail=True, methods=["post"], url_path="approve-host-key")
-    def approve_host_key(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def approve_host_key(self, request, pk=None):
         data = serializers.ApproveHostKeySerializer(data=request.data)
         data.is_valid(raise_exception=True)
         node = services.node_approve_host_key(
@@ -103,7 +103,7 @@ class NodeViewSet(
 
     @extend_schema(request=None, responses={202: serializers.NodeSerializer})
     @action(detail=True, methods=["post"])
-    def preflight(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def preflight(self, request, pk=None):
         """Run the preflight gate now (a discovery, in the background): the verdict lands
         on the node (`gate_status`, `gate_reason`, `preflight`)."""
         node = services.node_preflight_request(node=self.get_object())
@@ -111,7 +111,7 @@ class NodeViewSet(
 
     @extend_schema(request=serializers.WatchdogOnlySerializer, responses=serializers.NodeSerializer)
     @action(detail=True, methods=["post"], url_path="watchdog-only")
-    def watchdog_only(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def watchdog_only(self, request, pk=None):
         """Accept (or withdraw) watchdog-only VRAM enforcement on this node: without a
         proven quota library its non-MIG GPUs are otherwise sold whole only."""
         data = serializers.WatchdogOnlySerializer(data=request.data)
@@ -123,7 +123,7 @@ class NodeViewSet(
 
     @extend_schema(request=None, responses={202: serializers.NodeSerializer})
     @action(detail=True, methods=["post"])
-    def rescan(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def rescan(self, request, pk=None):
         """Read the node's host key again (after a planned key change)."""
         return self._out(services.node_rescan(node=self.get_object()), status.HTTP_202_ACCEPTED)
 
@@ -138,7 +138,7 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
     search_fields = ["uuid", "model", "node__name"]
     ordering_fields = ["node__name", "index", "last_memory_used_mb"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self):
         return selectors.gpu_list()
 
     @extend_schema(
@@ -150,7 +150,7 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
         responses=serializers.SeriesSerializer,
     )
     @action(detail=True, methods=["get"])
-    def samples(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def samples(self, request, pk=None):
         """VRAM used (mean, max) and utilization over a time range, downsampled
         server-side to at most `max_points`."""
         gpu = self.get_object()
@@ -177,7 +177,7 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
         responses=serializers.GpuPolicySerializer,
     )
     @action(detail=True, methods=["get", "post"])
-    def policy(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def policy(self, request, pk=None):
         """The GPU's overcommit ratio (with the highest one its measured peaks allow) and
         whether it takes new placements. POST changes either: a ratio above the
         recommended one, on a MIG GPU, or under guaranteed slices is a 409."""
@@ -198,14 +198,14 @@ class NodePolicyView(APIView):
     permission_classes = [IsOps]
 
     @extend_schema(responses=serializers.NodePolicySerializer)
-    def get(self, request):  # type: ignore[no-untyped-def]
+    def get(self, request):
         return Response(serializers.NodePolicySerializer(services.node_policy()).data)
 
     @extend_schema(
         request=serializers.NodePolicyUpdateSerializer,
         responses=serializers.NodePolicySerializer,
     )
-    def patch(self, request):  # type: ignore[no-untyped-def]
+    def patch(self, request):
         data = serializers.NodePolicyUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         changes = dict(data.validated_data)
@@ -223,7 +223,7 @@ class NodePolicyChangeViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = serializers.NodePolicyChangeSerializer
     filterset_fields = ["field"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self):
         return selectors.node_policy_changes()
 
 
@@ -232,6 +232,6 @@ class ReservedVariableViewSet(viewsets.ViewSet):
     each with why, and whether an image's own configuration may keep it."""
 
     @extend_schema(responses=serializers.ReservedVariableSerializer(many=True))
-    def list(self, request):  # type: ignore[no-untyped-def]
+    def list(self, request):
         rows = isolation.reserved_list()
         return Response(serializers.ReservedVariableSerializer(rows, many=True).data)

@@ -113,7 +113,7 @@ def placement_shortfall(*, vram_mb: int, guaranteed: bool = True) -> str:
     )
 
 
-def _try_gpu(choice, *, vram_mb: int, owner_key: str, guaranteed: bool, skip_locked: bool):  # type: ignore[no-untyped-def]
+def _try_gpu(choice, *, vram_mb: int, owner_key: str, guaranteed: bool, skip_locked: bool):
     """Lock the chosen GPU's row and reserve on it if it still has room.
 
     Returns the allocation, False when the GPU no longer fits, or None when another
@@ -254,7 +254,7 @@ def _software_fits(
     )
 
 
-def _reserve_software(  # type: ignore[no-untyped-def]
+def _reserve_software(
     vram_mb, owner_key, guaranteed, *, skip_locked, pk=None, node_id=None, interruptible=False
 ):
     """Best fit among non-MIG GPUs (or GPU `pk`), chosen and locked by one query. None:
@@ -343,7 +343,7 @@ _CLAIM_FIELDS = (
 )
 
 
-def _create_allocation(  # type: ignore[no-untyped-def]
+def _create_allocation(
     gpu, vram_mb, owner_key, guaranteed, *, mig_device_uuid, counted=False, interruptible=False
 ):
     # Always called inside the caller's savepoint, which an IntegrityError rolls back.
@@ -366,7 +366,7 @@ def _create_allocation(  # type: ignore[no-untyped-def]
     return allocation
 
 
-def _try_in_savepoint(choice, vram_mb, owner_key, guaranteed, *, skip_locked):  # type: ignore[no-untyped-def]
+def _try_in_savepoint(choice, vram_mb, owner_key, guaranteed, *, skip_locked):
     # Rolling back the savepoint drops the row lock of a GPU that did not fit, so a
     # reservation holds at most one GPU lock while it waits: no deadlock cycle.
     sid = transaction.savepoint()

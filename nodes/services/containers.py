@@ -18,7 +18,7 @@ CONTAINER_START_TIMEOUT = 120.0  # an image pull on first use can take a while
 logger = logging.getLogger(__name__)
 
 
-def run_on_node(  # type: ignore[no-untyped-def]
+def run_on_node(
     node: Node, argv: list[str], pool: ssh.SSHPool | None, timeout: float | None = None
 ):
     pool = pool or ssh.get_pool()
@@ -39,7 +39,7 @@ def cli_error_line(data: bytes) -> str:
     return (lines[-1].removeprefix("docker: ") if lines else "")[:400]
 
 
-def container_inspect(*, node: Node, container: str, pool: ssh.SSHPool | None = None):  # type: ignore[no-untyped-def]
+def container_inspect(*, node: Node, container: str, pool: ssh.SSHPool | None = None):
     """The container's state, or None when the node has no such container."""
     result = run_on_node(node, runtime.inspect_argv(container), pool)
     if not result.ok:
@@ -86,7 +86,7 @@ def container_logs(
     return sorted(lines, key=lambda line: (line[0], line[1]))
 
 
-def image_inspect(*, node: Node, reference: str, pool: ssh.SSHPool | None = None):  # type: ignore[no-untyped-def]
+def image_inspect(*, node: Node, reference: str, pool: ssh.SSHPool | None = None):
     """The image's configuration as the node has it (pulled first when the node lacks it).
     Raises ContainerError (no such image, a pull refused) or ssh.SSHError."""
     argv = runtime.image_inspect_argv(reference)
@@ -110,7 +110,7 @@ def image_inspect(*, node: Node, reference: str, pool: ssh.SSHPool | None = None
         raise ContainerError(str(exc)) from None
 
 
-def image_env_refusal(config) -> str:  # type: ignore[no-untyped-def]
+def image_env_refusal(config) -> str:
     """Why an image cannot run as a slice, from its own configuration ('' when it can)."""
     bad = isolation.image_env_problems(config.env)
     return "; ".join(f"the image's configuration sets {name}: {why}" for name, why in bad)
@@ -158,7 +158,7 @@ def container_start(
     allocation: Allocation,
     name: str,
     image: str,
-    cpus,  # type: ignore[no-untyped-def]
+    cpus,
     memory_mb: int,
     pids_limit: int,
     command: list[str],
@@ -240,7 +240,7 @@ def container_start(
     return info
 
 
-def container_exit_reason(info) -> str:  # type: ignore[no-untyped-def]
+def container_exit_reason(info) -> str:
     """Why a container is not running, in words."""
     if info is None:
         return "the container disappeared"

@@ -77,7 +77,7 @@ PROBES_AT_ONCE = 4
 PROBE_LOG_LINES = 400
 
 
-def _probe_run(  # type: ignore[no-untyped-def]
+def _probe_run(
     node: Node,
     target,
     kind: str,

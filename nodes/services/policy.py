@@ -76,7 +76,7 @@ def gpu_recommended_ratio(
 
 
 @transaction.atomic
-def gpu_set_overcommit(*, gpu: Gpu, ratio, now: datetime | None = None) -> Gpu:  # type: ignore[no-untyped-def]
+def gpu_set_overcommit(*, gpu: Gpu, ratio, now: datetime | None = None) -> Gpu:
     """Set the GPU's overcommit ratio, only where docs/domain.md allows it."""
     try:
         ratio = Decimal(str(ratio))
@@ -181,7 +181,7 @@ def node_policy() -> NodePolicy:
     return policy
 
 
-def sell_whole(node: Node, *, quota) -> None:  # type: ignore[no-untyped-def]
+def sell_whole(node: Node, *, quota) -> None:
     """The one rule for `whole_card_only`: a card that is not MIG-partitioned is sold whole
     unless the quota of its model is proven (`quota`: model -> state) or ops accepted
     watchdog-only enforcement for the node."""
@@ -195,7 +195,7 @@ def sell_whole(node: Node, *, quota) -> None:  # type: ignore[no-untyped-def]
     cards.exclude(whole).exclude(whole_card_only=False).update(whole_card_only=False)
 
 
-def _policy_clean(field: str, value):  # type: ignore[no-untyped-def]
+def _policy_clean(field: str, value):
     """One policy setting as ops gave it, checked; raises ServiceError naming it."""
     try:
         if field in ("min_toolkit_version", "min_runc_version"):
@@ -272,7 +272,7 @@ def _probe_image_allowlisted(reference: str) -> str:
 
 
 @transaction.atomic
-def node_policy_update(*, actor, reason: str, **changes) -> NodePolicy:  # type: ignore[no-untyped-def]
+def node_policy_update(*, actor, reason: str, **changes) -> NodePolicy:
     """Change the node policy; each changed setting is recorded with who, when and why.
     Every node is judged again at its next discovery (a task re-runs them at once)."""
     reason = (reason or "").strip()
@@ -304,7 +304,7 @@ def node_policy_update(*, actor, reason: str, **changes) -> NodePolicy:  # type:
 
 
 @transaction.atomic
-def node_accept_watchdog_only(*, node: Node, actor, accept: bool, reason: str) -> Node:  # type: ignore[no-untyped-def]
+def node_accept_watchdog_only(*, node: Node, actor, accept: bool, reason: str) -> Node:
     """Ops accept (or withdraw) selling this node's non-MIG GPUs in slices without a
     proven quota library: the watchdog alone then holds each slice to its quota."""
     reason = (reason or "").strip()

@@ -151,7 +151,7 @@ def nodes_sample(*, node_ids: list[int], pool: ssh.SSHPool | None = None) -> dic
             _add(totals, _store_chunk(*_read_chunk(pool, chunk)))
         return totals
 
-    def store(results, failures):  # type: ignore[no-untyped-def]
+    def store(results, failures):
         try:
             return _store_chunk(results, failures)
         finally:
@@ -198,7 +198,7 @@ def _add(totals: dict[str, int], part: dict[str, int]) -> None:
         totals[key] += value
 
 
-def _read_chunk(pool: ssh.SSHPool, nodes: list[Node]):  # type: ignore[no-untyped-def]
+def _read_chunk(pool: ssh.SSHPool, nodes: list[Node]):
     results: list[tuple[Node, telemetry.NodeSample]] = []
     failures: list[tuple[Node, Exception]] = []
     readings = read_nodes(pool, [endpoint_for(n) for n in nodes], discover=False)
@@ -212,7 +212,7 @@ def _read_chunk(pool: ssh.SSHPool, nodes: list[Node]):  # type: ignore[no-untype
     return results, failures
 
 
-def _store_chunk(results, failures) -> dict[str, int]:  # type: ignore[no-untyped-def]
+def _store_chunk(results, failures) -> dict[str, int]:
     # The answers first: one node's bookkeeping problem must not cost the others' samples.
     batch = samples_ingest(results=results) if results else SampleBatch([], {})
     for node, exc in failures:

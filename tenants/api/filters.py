@@ -32,7 +32,7 @@ class ApiTokenFilter(django_filters.FilterSet):
         model = ApiToken
         fields = ["live"]
 
-    def filter_live(self, queryset, name, value):  # type: ignore[no-untyped-def]
+    def filter_live(self, queryset, name, value):
         live_ids = queryset.model.objects.live().values("pk")
         return queryset.filter(pk__in=live_ids) if value else queryset.exclude(pk__in=live_ids)
 
@@ -67,7 +67,7 @@ class PurchaseFilter(django_filters.FilterSet):
         model = Purchase
         fields = ["tier", "has_minutes_left"]
 
-    def filter_has_minutes_left(self, queryset, name, value):  # type: ignore[no-untyped-def]
+    def filter_has_minutes_left(self, queryset, name, value):
         return queryset.filter(minutes_left__gt=0) if value else queryset.filter(minutes_left=0)
 
 

@@ -17,7 +17,7 @@ class NewPasswordForm(forms.Form):
     password = forms.CharField(label="Choose a password", widget=forms.PasswordInput, min_length=8)
     password_confirm = forms.CharField(label="Repeat password", widget=forms.PasswordInput)
 
-    def clean(self):  # type: ignore[no-untyped-def]
+    def clean(self):
         data = super().clean()
         if data.get("password") and data.get("password") != data.get("password_confirm"):
             self.add_error("password_confirm", "The two passwords differ.")
@@ -30,7 +30,7 @@ class SignUpForm(NewPasswordForm):
     tenant_name = forms.CharField(label="Organisation", max_length=100)
     email = forms.EmailField(label="Email", max_length=150)
 
-    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["password"].label = "Password"
 
@@ -75,12 +75,12 @@ class ApiTokenForm(forms.Form):
         "Empty: usable from anywhere.",
     )
 
-    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         for scope in SCOPES:
             self.fields[f"scope_{scope}"].help_text = SCOPE_HELP[scope]
 
-    def clean(self):  # type: ignore[no-untyped-def]
+    def clean(self):
         data = super().clean()
         data["scopes"] = [s for s in SCOPES if data.get(f"scope_{s}")]
         if not data["scopes"]:
@@ -90,7 +90,7 @@ class ApiTokenForm(forms.Form):
 
 
 class SshKeyForm(forms.Form):
-    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def __init__(self, *args, **kwargs):
         # Its own ids: the token form on the same page has a `name` field too.
         kwargs.setdefault("auto_id", "id_ssh_key_%s")
         super().__init__(*args, **kwargs)

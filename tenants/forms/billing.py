@@ -64,7 +64,7 @@ class BuyForm(forms.Form):
     )
     idempotency_token = TokenField()
 
-    def __init__(self, *args, rate: Rate, **kwargs):  # type: ignore[no-untyped-def]
+    def __init__(self, *args, rate: Rate, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["tier"].queryset = tier_list()
         self.fields["tier"].rate = rate
@@ -90,7 +90,7 @@ class CreditGrantForm(forms.Form):
     memo = forms.CharField(max_length=200, help_text="What the grant is for (the tenant sees it).")
     idempotency_token = TokenField(required=False)
 
-    def __init__(self, *args, tenants=None, **kwargs):  # type: ignore[no-untyped-def]
+    def __init__(self, *args, tenants=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["idempotency_token"].initial = new_form_token()  # a double click: once
         self.fields["tenant"].queryset = (

@@ -81,7 +81,7 @@ class JobForm(forms.Form):
     )
     enforce_eager = forms.BooleanField(label="vLLM eager mode (no CUDA graphs)", required=False)
 
-    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["model"].choices = [(name, name) for name in sorted(estimator.CATALOG)]
         self.fields["model"].initial = DEFAULT_MODEL
@@ -165,7 +165,7 @@ class FitForm(JobForm):
     )
     tier_mib = forms.TypedChoiceField(label="Tier", coerce=int, required=False)
 
-    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.tiers = list(tier_list())
         self.fields["tier_mib"].choices = [(t.vram_mb, t.name) for t in self.tiers]

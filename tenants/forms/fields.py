@@ -13,5 +13,5 @@ def new_form_token() -> str:
 
 
 class TokenField(forms.CharField):
-    def __init__(self, **kwargs):  # type: ignore[no-untyped-def]
+    def __init__(self, **kwargs):
         super().__init__(max_length=128, widget=forms.HiddenInput, **kwargs)

@@ -28,7 +28,7 @@ def lines(text: str) -> list[str]:
 
 
 class VolumeChoiceField(forms.ModelChoiceField):
-    def label_from_instance(self, obj) -> str:  # type: ignore[no-untyped-def]
+    def label_from_instance(self, obj) -> str:
         return f"{obj.name} · {obj.size_gb} GB · on {obj.node.name}"
 
 
@@ -71,7 +71,7 @@ class LaunchForm(JobForm):
     )
     idempotency_token = TokenField()
 
-    def __init__(self, *args, tenant: Tenant | None = None, **kwargs):  # type: ignore[no-untyped-def]
+    def __init__(self, *args, tenant: Tenant | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["template"].queryset = LaunchTemplate.objects.filter(is_active=True)
         # Any own purchase validates, so a used one gets the service's reason (and a double
@@ -109,7 +109,7 @@ class LaunchForm(JobForm):
     def mount_rows(self) -> list[tuple]:
         return [(self[f"volume_{n}"], self[f"volume_path_{n}"]) for n in range(self.MOUNT_ROWS)]
 
-    def clean(self):  # type: ignore[no-untyped-def]
+    def clean(self):
         data = super().clean()
         mounts = []
         for n in range(self.MOUNT_ROWS):
@@ -211,7 +211,7 @@ class LaunchEstimateForm(JobForm):
 
     model = forms.ChoiceField(label="Model")
 
-    def __init__(self, *args, tenant: Tenant | None = None, tiers=(), **kwargs):  # type: ignore[no-untyped-def]
+    def __init__(self, *args, tenant: Tenant | None = None, tiers=(), **kwargs):
         super().__init__(*args, **kwargs)
         self.tiers = list(tiers)
         wanted = str(self.data.get("purchase", ""))

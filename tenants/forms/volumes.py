@@ -36,7 +36,7 @@ class ResumeForm(forms.Form):
         help_text="A purchase of the slice's tier with minutes left.",
     )
 
-    def __init__(self, *args, purchases, **kwargs):  # type: ignore[no-untyped-def]
+    def __init__(self, *args, purchases, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["purchase"].queryset = purchases
         self.fields["purchase"].label_from_instance = lambda p: (

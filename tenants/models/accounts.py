@@ -22,7 +22,7 @@ class TenantScopedQuerySet(models.QuerySet):
 
 
 class TenantQuerySet(models.QuerySet):
-    def visible_to(self, user) -> "TenantQuerySet":  # type: ignore[no-untyped-def]
+    def visible_to(self, user) -> "TenantQuerySet":
         if not user.is_authenticated:
             return self.none()
         if user.is_staff:

@@ -54,7 +54,7 @@ def _check_password(password: str, user: AbstractBaseUser | None = None) -> None
         raise ServiceError(" ".join(exc.messages), code="weak_password", field="password") from exc
 
 
-def _new_user(*, email: str, password: str):  # type: ignore[no-untyped-def]
+def _new_user(*, email: str, password: str):
     email = User.objects.normalize_email(email).strip().lower()
     if User.objects.filter(username__iexact=email).exists():
         raise Conflict(

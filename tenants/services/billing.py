@@ -29,7 +29,7 @@ MAX_GRANT = Decimal("100000.00")
 CENT = Decimal("0.01")
 
 
-def credit_amount(value, *, field: str) -> Decimal:  # type: ignore[no-untyped-def]
+def credit_amount(value, *, field: str) -> Decimal:
     """An amount of credit as typed or sent: a finite number with at most two decimals."""
     try:
         amount = Decimal(str(value))
@@ -84,7 +84,7 @@ def _ledger(
 def credit_grant(
     *,
     tenant: Tenant,
-    amount,  # type: ignore[no-untyped-def]
+    amount,
     actor: AbstractBaseUser,
     memo: str = "",
     idempotency_key: str = "",
@@ -101,7 +101,7 @@ def credit_grant(
         return existing
 
 
-def _grant_for_key(tenant: Tenant, key: str, amount) -> LedgerEntry | None:  # type: ignore[no-untyped-def]
+def _grant_for_key(tenant: Tenant, key: str, amount) -> LedgerEntry | None:
     existing = LedgerEntry.objects.for_tenant(tenant).filter(idempotency_key=key).first()
     if existing is not None and existing.amount != credit_amount(amount, field="amount"):
         raise Conflict(
@@ -116,7 +116,7 @@ def _grant_for_key(tenant: Tenant, key: str, amount) -> LedgerEntry | None:  # t
 def _credit_grant(
     *,
     tenant: Tenant,
-    amount,  # type: ignore[no-untyped-def]
+    amount,
     actor: AbstractBaseUser,
     memo: str,
     key: str,

@@ -47,7 +47,7 @@ def credit_rate_set(
     actor: AbstractBaseUser,
     currency: str,
     per_credit,
-    reason: str,  # type: ignore[no-untyped-def]
+    reason: str,
 ) -> CreditRate:
     """Ops set what one credit is worth. Every change is a new row: the history is the audit."""
     _require_staff(actor, "set the credit rate")
@@ -86,7 +86,7 @@ def credit_request_create(
     *,
     membership: Membership,
     amount,
-    note: str = "",  # type: ignore[no-untyped-def]
+    note: str = "",
 ) -> CreditRequest:
     """A tenant's owner or member asks ops for credit; one request waits at a time."""
     if membership.role not in (Role.OWNER, Role.MEMBER):

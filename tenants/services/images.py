@@ -162,7 +162,7 @@ def _require_ops(actor: AbstractBaseUser) -> None:
         raise NotAllowed("Only ops manage the image allowlist.")
 
 
-def image_create(*, actor: AbstractBaseUser, **fields) -> Image:  # type: ignore[no-untyped-def]
+def image_create(*, actor: AbstractBaseUser, **fields) -> Image:
     _require_ops(actor)
     fields.setdefault("connect", Image.Connect.SSH)
     fields.setdefault("ports", [22] if fields["connect"] == Image.Connect.SSH else [])
@@ -186,7 +186,7 @@ def _image_save_new(data: dict) -> Image:  # type: ignore[type-arg]
         ) from exc
 
 
-def image_update(*, actor: AbstractBaseUser, image: Image, **changes) -> Image:  # type: ignore[no-untyped-def]
+def image_update(*, actor: AbstractBaseUser, image: Image, **changes) -> Image:
     """Change an allowlist entry; running slices keep the image they started with. A new
     reference or digest is inspected on a node again (a digest-pinned image that changes
     digest is another image)."""

@@ -34,7 +34,7 @@ def month_start(now: datetime | None = None) -> datetime:
 
 def spent(
     *, tenant: Tenant, user=None, token: ApiToken | None = None, now: datetime | None = None
-) -> Decimal:  # type: ignore[no-untyped-def]
+) -> Decimal:
     """Credits charged this month: the tenant's (purchases less refunds, storage), or those
     of the purchases one member or one token made (less their refunds)."""
     rows = LedgerEntry.objects.filter(
@@ -125,7 +125,7 @@ def spend_before(
     }
 
 
-def _clean_limit(value) -> Decimal | None:  # type: ignore[no-untyped-def]
+def _clean_limit(value) -> Decimal | None:
     if value is None or value == "":
         return None
     try:
@@ -152,7 +152,7 @@ def spend_limit_set(
     *,
     actor: AbstractBaseUser,
     tenant: Tenant,
-    limit,  # type: ignore[no-untyped-def]
+    limit,
     member: Membership | None = None,
     token: ApiToken | None = None,
 ) -> Decimal | None:

@@ -57,7 +57,7 @@ def _require_ops(actor: AbstractBaseUser) -> None:
 
 
 @transaction.atomic
-def template_create(*, actor: AbstractBaseUser, **fields) -> LaunchTemplate:  # type: ignore[no-untyped-def]
+def template_create(*, actor: AbstractBaseUser, **fields) -> LaunchTemplate:
     _require_ops(actor)
     data = _clean(fields)
     try:
@@ -72,7 +72,7 @@ def template_create(*, actor: AbstractBaseUser, **fields) -> LaunchTemplate:  # 
 @transaction.atomic
 def template_update(
     *, actor: AbstractBaseUser, template: LaunchTemplate, **changes
-) -> LaunchTemplate:  # type: ignore[no-untyped-def]
+) -> LaunchTemplate:
     """Change a template; slices launched from it keep what they started with."""
     _require_ops(actor)
     template = template_lock(template.pk)

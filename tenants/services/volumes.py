@@ -44,7 +44,7 @@ def storage_price() -> Decimal:
 
 
 @transaction.atomic
-def storage_price_set(*, actor: AbstractBaseUser, credits_per_gb_hour, reason: str) -> StoragePrice:  # type: ignore[no-untyped-def]
+def storage_price_set(*, actor: AbstractBaseUser, credits_per_gb_hour, reason: str) -> StoragePrice:
     if not actor.is_staff:
         raise NotAllowed("Only ops set the storage price.")
     try:
@@ -68,7 +68,7 @@ def storage_price_set(*, actor: AbstractBaseUser, credits_per_gb_hour, reason: s
     )
 
 
-def _clean_name(name) -> str:  # type: ignore[no-untyped-def]
+def _clean_name(name) -> str:
     if not isinstance(name, str) or not NAME_RE.fullmatch(name.strip()):
         raise ServiceError(
             "A volume name: up to 63 of a-z, 0-9, '.', '_' and '-', starting with a letter "
@@ -78,7 +78,7 @@ def _clean_name(name) -> str:  # type: ignore[no-untyped-def]
     return name.strip()
 
 
-def _clean_size(size_gb) -> int:  # type: ignore[no-untyped-def]
+def _clean_size(size_gb) -> int:
     top = settings.VOLUME_MAX_GB
     if isinstance(size_gb, bool) or not isinstance(size_gb, int):
         raise ServiceError(f"A size in whole GB, 1 to {top}.", field="size_gb")
@@ -103,7 +103,7 @@ def _node_for_new_volume() -> Node | None:
 
 
 @transaction.atomic
-def volume_create(*, membership: Membership, name, size_gb) -> Volume:  # type: ignore[no-untyped-def]
+def volume_create(*, membership: Membership, name, size_gb) -> Volume:
     """Create a volume (state creating; the node makes it after commit)."""
     if not membership.can_write:
         raise NotAllowed("Viewers cannot create volumes.")
@@ -265,7 +265,7 @@ def volume_remove(*, volume_id: int) -> str:
 # --- mounts
 
 
-def mounts_clean(*, tenant: Tenant, mounts) -> list[tuple[Volume, str]]:  # type: ignore[no-untyped-def]
+def mounts_clean(*, tenant: Tenant, mounts) -> list[tuple[Volume, str]]:
     """A launch's `volumes`: [{"volume": id, "path": "/data/x"}], checked against the
     tenant's own ready volumes. Another tenant's volume reads like one that does not
     exist. All of them must be on one node (the slice runs there)."""

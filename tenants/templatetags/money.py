@@ -13,7 +13,7 @@ from ..selectors import credit_rate_current
 register = template.Library()
 
 
-def _rate(context):  # type: ignore[no-untyped-def]
+def _rate(context):
     rate = context.get("credit_rate")
     if rate is None:  # a template rendered outside a request
         rate = credit_rate_current()
@@ -21,7 +21,7 @@ def _rate(context):  # type: ignore[no-untyped-def]
 
 
 @register.simple_tag(takes_context=True)
-def money(context, amount, per=""):  # type: ignore[no-untyped-def]
+def money(context, amount, per=""):
     """12.50 credits ($12.50); `per="hour"` adds " / hour" to both."""
     if amount is None or amount == "":
         return "—"
@@ -37,7 +37,7 @@ def money(context, amount, per=""):  # type: ignore[no-untyped-def]
 
 
 @register.simple_tag(takes_context=True)
-def money_value(context, amount):  # type: ignore[no-untyped-def]
+def money_value(context, amount):
     """Only the money: $12.50."""
     if amount is None or amount == "":
         return "—"

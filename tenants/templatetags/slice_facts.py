@@ -12,7 +12,7 @@ register = template.Library()
 
 
 @register.filter
-def library_count_note(allocation) -> str:  # type: ignore[no-untyped-def]
+def library_count_note(allocation) -> str:
     if allocation is None:
         return ""
     if allocation.mig_device_uuid:

@@ -10,12 +10,12 @@ register = template.Library()
 
 
 @register.filter
-def whole_mib(value):  # type: ignore[no-untyped-def]
+def whole_mib(value):
     whole = _whole_mib(value)
     return "—" if whole is None else whole
 
 
 @register.filter
-def mib(value):  # type: ignore[no-untyped-def]
+def mib(value):
     whole = _whole_mib(value)
     return "—" if whole is None else f"{whole} MiB"

@@ -21,7 +21,7 @@ def _zone_name(local: datetime) -> str:
 
 
 @register.filter(is_safe=True)
-def when(moment):  # type: ignore[no-untyped-def]
+def when(moment):
     """A <time> element with the moment written as `when_text` writes it; the date and
     the time wrap apart, never inside either. "" for no moment (so `|default:` works)."""
     if not isinstance(moment, datetime):

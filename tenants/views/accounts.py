@@ -121,7 +121,7 @@ def invitation_accept(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _account_context(request: HttpRequest, **extra) -> dict:  # type: ignore[no-untyped-def]
+def _account_context(request: HttpRequest, **extra) -> dict:
     membership = getattr(request, "membership", None)
     tenant = membership.tenant if membership else None
     members = list(selectors.member_list(tenant=tenant))
@@ -161,7 +161,7 @@ def account(request: HttpRequest) -> HttpResponse:
     return render(request, "tenants/account.html", _account_context(request))
 
 
-def _tokens_response(request: HttpRequest, **extra) -> HttpResponse:  # type: ignore[no-untyped-def]
+def _tokens_response(request: HttpRequest, **extra) -> HttpResponse:
     request.membership = selectors.membership_for_user(request.user)
     context = _account_context(request, **extra)
     template = "tenants/_tokens.html" if is_partial(request) else "tenants/account.html"
@@ -200,7 +200,7 @@ def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
     return _tokens_response(request)
 
 
-def _ssh_keys_response(request: HttpRequest, status: int = 200, **extra) -> HttpResponse:  # type: ignore[no-untyped-def]
+def _ssh_keys_response(request: HttpRequest, status: int = 200, **extra) -> HttpResponse:
     request.membership = selectors.membership_for_user(request.user)
     # A fragment brings the activity list along (out of band); the whole page has its own.
     context = _account_context(request, oob_activity=is_partial(request), **extra)
@@ -253,7 +253,7 @@ def ssh_key_remove(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "tenants/ssh_key_remove.html", {"key": key}, status=removed.status)
 
 
-def _members_response(request: HttpRequest, **extra) -> HttpResponse:  # type: ignore[no-untyped-def]
+def _members_response(request: HttpRequest, **extra) -> HttpResponse:
     error = extra.get("member_error")
     if not is_partial(request):
         if error:

@@ -233,7 +233,7 @@ def ops_refund(request: HttpRequest, pk: int) -> HttpResponse:
     )
 
 
-def _first_error(form) -> str:  # type: ignore[no-untyped-def]
+def _first_error(form) -> str:
     for name, errors in form.errors.items():
         label = form.fields[name].label if name in form.fields else ""
         return f"{label}: {errors[0]}" if label else errors[0]

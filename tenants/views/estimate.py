@@ -17,7 +17,7 @@ from gpuplatform.pages import is_partial
 from ..forms.estimate import FORM_FIELD_FOR, FitForm, add_estimator_error, error_summary
 
 
-def _fit_result(form) -> dict:  # type: ignore[no-untyped-def]
+def _fit_result(form) -> dict:
     """The verdict for a valid form, or only its errors: a bad value clears the verdict."""
     if not form.is_valid():
         return {"error": error_summary(form)}

@@ -83,7 +83,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     return render(request, "tenants/dashboard.html", context)
 
 
-def _launch_estimate(tenant: Tenant, data, tiers: list) -> dict:  # type: ignore[no-untyped-def]
+def _launch_estimate(tenant: Tenant, data, tiers: list) -> dict:
     """The launch page's estimate panel for the job in `data` (its error slots included)."""
     form = LaunchEstimateForm(data, tenant=tenant, tiers=tiers)
     if form.is_valid():
@@ -93,7 +93,7 @@ def _launch_estimate(tenant: Tenant, data, tiers: list) -> dict:  # type: ignore
     return {"estimate_form": form, "error_fields": _job_fields(form), **context}
 
 
-def _job_fields(form):  # type: ignore[no-untyped-def]
+def _job_fields(form):
     return [form[name] for name in JobForm.base_fields if name in form.fields]
 
 
@@ -111,7 +111,7 @@ def _launch_initial_job(form: LaunchForm) -> dict:
     return data
 
 
-def _launch_template(request: HttpRequest):  # type: ignore[no-untyped-def]
+def _launch_template(request: HttpRequest):
     """The template the page starts from: ?template= on a GET, the form's on a POST."""
     wanted = (request.POST if request.method == "POST" else request.GET).get("template", "")
     if not is_id(wanted):
@@ -119,7 +119,7 @@ def _launch_template(request: HttpRequest):  # type: ignore[no-untyped-def]
     return selectors.template_list().filter(pk=int(wanted)).first()
 
 
-def _sizing_for(template, form: LaunchForm) -> list[dict]:  # type: ignore[no-untyped-def]
+def _sizing_for(template, form: LaunchForm) -> list[dict]:
     """The engine flag per card for the tier of the purchase the form shows."""
     if template is None:
         return []
@@ -129,7 +129,7 @@ def _sizing_for(template, form: LaunchForm) -> list[dict]:  # type: ignore[no-un
     return [r for r in rows if tier is None or r["tier_mb"] == tier]
 
 
-def _launch_blocked(membership, form: LaunchForm, has_images: bool, in_use: list) -> str:  # type: ignore[no-untyped-def]
+def _launch_blocked(membership, form: LaunchForm, has_images: bool, in_use: list) -> str:
     """Why nothing can launch from this page now ("" when something can)."""
     if not membership.tenant.is_active:
         return "This tenant is suspended."
@@ -233,7 +233,7 @@ def launch(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _fresh_token(data):  # type: ignore[no-untyped-def]
+def _fresh_token(data):
     data = data.copy()
     data["idempotency_token"] = new_form_token()
     return data
@@ -243,7 +243,7 @@ def _tenant_slice(request: HttpRequest, pk: int) -> Slice:
     return get_object_or_404(selectors.slice_list(tenant=request.membership.tenant), pk=pk)
 
 
-def _slice_context(slice: Slice, membership=None) -> dict:  # type: ignore[no-untyped-def]
+def _slice_context(slice: Slice, membership=None) -> dict:
     # Viewers see the slice, not its keys (the same rule as the API).
     slice.connection = redact_for_viewers(
         {"connection": slice.connection, "environment": slice.environment}, membership

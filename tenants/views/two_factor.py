@@ -31,7 +31,7 @@ def _next(request: HttpRequest) -> str:
     return ""
 
 
-def _page(request: HttpRequest, status: int = 200, **extra) -> HttpResponse:  # type: ignore[no-untyped-def]
+def _page(request: HttpRequest, status: int = 200, **extra) -> HttpResponse:
     device = two_factor.totp_device(request.user)
     context = {
         "device": device,
@@ -51,7 +51,7 @@ def _page(request: HttpRequest, status: int = 200, **extra) -> HttpResponse:  # 
     return render(request, "tenants/two_factor.html", context, status=status)
 
 
-def _with_code(request: HttpRequest, action):  # type: ignore[no-untyped-def]
+def _with_code(request: HttpRequest, action):
     """Run `action(code)` for a posted code; a wrong one counts as a failed login.
     Returns (result, None) or (None, the page with the form's error)."""
     form = CodeForm(request.POST)

@@ -14,10 +14,10 @@ from tenants.selectors import gateway_host_key_fingerprint
 class Command(BaseCommand):
     help = "Run the SSH gateway renters reach their slices through."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         parser.add_argument("--addr", default="", help="host:port (default: the setting)")
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, **options):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
         logging.getLogger("asyncssh").setLevel(logging.WARNING)
         if options["addr"]:

@@ -30,7 +30,7 @@ EMULATOR_DIR = settings.VAR_DIR / "emulator"
 class Command(BaseCommand):
     help = "Start the demo fleet (node lab or emulator), web, a Celery worker, beat, the gateway."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         parser.add_argument("--addr", default=os.environ.get("GPUPLATFORM_ADDR", "127.0.0.1:8000"))
         parser.add_argument(
             "--fleet",
@@ -50,7 +50,7 @@ class Command(BaseCommand):
             default=int(os.environ.get("GPUPLATFORM_DEMO_BASE_PORT", "2201")),
         )
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, **options):
         python = sys.executable
         queues = ",".join(settings.CELERY_QUEUE_NAMES)
         if settings.CELERY_BROKER_URL.startswith("filesystem"):
@@ -91,7 +91,7 @@ class Command(BaseCommand):
         procs: dict[str, subprocess.Popen] = {}
         stopping = False
 
-        def stop(*_):  # type: ignore[no-untyped-def]
+        def stop(*_):
             nonlocal stopping
             stopping = True
 

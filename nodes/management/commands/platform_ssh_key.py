@@ -11,7 +11,7 @@ from nodes import ssh
 class Command(BaseCommand):
     help = "Print the platform's SSH public key, creating the key pair if needed."
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, **options):
         key = ssh.load_or_create_platform_key(Path(settings.NODES_SSH_KEY_PATH))
         self.stdout.write(f"{ssh.public_key_line(key)} gpuplatform")
         self.stderr.write(

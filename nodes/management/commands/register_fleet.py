@@ -20,10 +20,10 @@ from nodes.models import Node
 class Command(BaseCommand):
     help = "Register the nodes of an emulator fleet file with their host keys pinned."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         parser.add_argument("fleet_file", type=Path)
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, **options):
         path: Path = options["fleet_file"]
         try:
             described = json.loads(path.read_text())

@@ -27,14 +27,14 @@ class MeSerializer(serializers.ModelSerializer):
         fields = ["id", "email", "is_staff", "tenant", "role"]
         read_only_fields = fields
 
-    def _membership(self):  # type: ignore[no-untyped-def]
+    def _membership(self):
         return self.context.get("membership")
 
-    def get_tenant(self, user) -> dict | None:  # type: ignore[no-untyped-def]
+    def get_tenant(self, user) -> dict | None:
         m = self._membership()
         return TenantSerializer(m.tenant).data if m else None
 
-    def get_role(self, user) -> str | None:  # type: ignore[no-untyped-def]
+    def get_role(self, user) -> str | None:
         m = self._membership()
         return m.role if m else None
 

@@ -7,7 +7,7 @@ from rest_framework import serializers
 from tenants.exports import SECTIONS
 
 
-def _money(**kw) -> serializers.DecimalField:  # type: ignore[no-untyped-def]
+def _money(**kw) -> serializers.DecimalField:
     return serializers.DecimalField(max_digits=14, decimal_places=2, **kw)
 
 

@@ -213,7 +213,7 @@ class SliceDetailSerializer(SliceSerializer):
         return services.queue_position(slice)
 
     @extend_schema_field(SliceTransitionSerializer(many=True))
-    def to_representation(self, instance):  # type: ignore[no-untyped-def]
+    def to_representation(self, instance):
         data = super().to_representation(instance)
         request = self.context.get("request")
         user = getattr(request, "user", None)
@@ -257,7 +257,7 @@ class _TenantPurchaseField(serializers.PrimaryKeyRelatedField):
     """A purchase of the caller's tenant. Another tenant's id reads exactly like one that
     does not exist, so the answer leaks nothing."""
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self):
         return Purchase.objects.for_tenant(self.context.get("tenant"))
 
 

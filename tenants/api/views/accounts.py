@@ -22,7 +22,7 @@ class MeView(APIView):
     permission_classes = [IsAuthenticated]
 
     @extend_schema(responses=s.MeSerializer)
-    def get(self, request):  # type: ignore[no-untyped-def]
+    def get(self, request):
         membership = selectors.membership_for_user(request.user)
         data = s.MeSerializer(request.user, context={"membership": membership}).data
         return Response(data)
@@ -43,14 +43,14 @@ class ApiTokenViewSet(
     ordering_fields = ["created_at", "last_used_at", "name"]
     search_fields = ["name", "prefix"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self):
         return selectors.api_token_list(user=self.request.user)
 
     @extend_schema(
         request=s.ApiTokenCreateSerializer,
         responses={201: s.ApiTokenCreatedSerializer},
     )
-    def create(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def create(self, request, *args, **kwargs):
         data = s.ApiTokenCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         # A token making a token may not hand out more than it holds itself.
@@ -63,7 +63,7 @@ class ApiTokenViewSet(
         return Response(body, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses={204: None})
-    def destroy(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def destroy(self, request, *args, **kwargs):
         services.api_token_revoke(user=request.user, token=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -88,18 +88,18 @@ class SshKeyViewSet(
     ordering_fields = ["created_at", "last_used_at", "name"]
     search_fields = ["name", "fingerprint", "comment"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self):
         return selectors.ssh_keys_of(self.request.user)
 
     @extend_schema(request=s.SshKeyCreateSerializer, responses={201: s.SshKeySerializer})
-    def create(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def create(self, request, *args, **kwargs):
         data = s.SshKeyCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         key = services.ssh_key_add(user=request.user, **data.validated_data)
         return Response(s.SshKeySerializer(key).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses={204: None})
-    def destroy(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def destroy(self, request, *args, **kwargs):
         services.ssh_key_remove(user=request.user, key_id=self.get_object().pk)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -113,7 +113,7 @@ class MemberViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["created_at", "role"]
     search_fields = ["user__email"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self):
         membership = getattr(self.request, "membership", None)
         return selectors.member_list(tenant=membership.tenant if membership else None)
 
@@ -128,12 +128,12 @@ class OpsTenantViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["name", "created_at", "credit_balance"]
     search_fields = ["name", "slug"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self):
         return selectors.tenant_list_for_ops()
 
     @extend_schema(request=s.TenantStatusSerializer, responses=s.OpsTenantSerializer)
     @action(detail=True, methods=["post"], url_path="status")
-    def set_status(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def set_status(self, request, pk=None):
         tenant = self.get_object()
         data = s.TenantStatusSerializer(data=request.data)
         data.is_valid(raise_exception=True)

@@ -22,7 +22,7 @@ IDEMPOTENCY_KEY = OpenApiParameter(
 )
 
 
-def idempotency_key(request) -> str:  # type: ignore[no-untyped-def]
+def idempotency_key(request) -> str:
     return request.headers.get("Idempotency-Key", "")
 
 
@@ -32,6 +32,6 @@ class TenantResourceMixin:
     permission_classes = [IsAuthenticated, IsTenantMember]
 
     @property
-    def tenant(self):  # type: ignore[no-untyped-def]
+    def tenant(self):
         membership = getattr(self.request, "membership", None)  # type: ignore[attr-defined]
         return membership.tenant if membership else None

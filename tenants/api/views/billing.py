@@ -31,7 +31,7 @@ class TierViewSet(viewsets.ReadOnlyModelViewSet):
     ordering = ["vram_mb"]
     search_fields = ["name", "description"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self):
         return selectors.tier_list(active_only=False)
 
 
@@ -48,7 +48,7 @@ class PurchaseViewSet(
     filterset_class = filters.PurchaseFilter
     ordering_fields = ["created_at", "minutes_left", "hours"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self):
         return selectors.purchase_list(tenant=self.tenant)
 
     @extend_schema(
@@ -56,7 +56,7 @@ class PurchaseViewSet(
         request=s.PurchaseCreateSerializer,
         responses={201: s.PurchaseSerializer, 200: s.PurchaseSerializer},
     )
-    def create(self, request):  # type: ignore[no-untyped-def]
+    def create(self, request):
         """Buy a tier for `hours` at its current price (409 `insufficient_credit` when
         the balance does not cover it)."""
         data = s.PurchaseCreateSerializer(data=request.data)
@@ -78,7 +78,7 @@ class LedgerViewSet(TenantResourceMixin, viewsets.ReadOnlyModelViewSet):
     filterset_class = filters.LedgerEntryFilter
     ordering_fields = ["created_at", "amount"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self):
         return selectors.ledger_list(tenant=self.tenant)
 
 
@@ -89,7 +89,7 @@ class UsageViewSet(TenantResourceMixin, viewsets.ReadOnlyModelViewSet):
     filterset_class = filters.UsageRecordFilter
     ordering_fields = ["period_end", "minutes"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self):
         return selectors.usage_list(tenant=self.tenant)
 
 
@@ -101,7 +101,7 @@ class OpsCreditGrantViewSet(viewsets.GenericViewSet):
     serializer_class = s.CreditGrantSerializer
 
     @extend_schema(request=s.CreditGrantSerializer, responses={201: s.OpsLedgerEntrySerializer})
-    def create(self, request):  # type: ignore[no-untyped-def]
+    def create(self, request):
         data = s.CreditGrantSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         entry = services.credit_grant(
@@ -122,12 +122,12 @@ class OpsPurchaseViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["created_at", "minutes_left"]
     search_fields = ["tenant__name"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self):
         return selectors.purchase_list_for_ops()
 
     @extend_schema(request=s.RefundSerializer, responses=s.RefundResultSerializer)
     @action(detail=True, methods=["post"])
-    def refund(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def refund(self, request, pk=None):
         """Pay the unused minutes back to credit, pro rata (409 while a slice uses it)."""
         purchase = self.get_object()
         data = s.RefundSerializer(data=request.data)
@@ -163,7 +163,7 @@ class CreditRequestViewSet(
     @extend_schema(
         request=s.CreditRequestCreateSerializer, responses={201: s.CreditRequestSerializer}
     )
-    def create(self, request):  # type: ignore[no-untyped-def]
+    def create(self, request):
         data = s.CreditRequestCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         asked = services.credit_request_create(membership=request.membership, **data.validated_data)
@@ -171,7 +171,7 @@ class CreditRequestViewSet(
 
     @extend_schema(request=None, responses={200: s.CreditRequestSerializer})
     @action(detail=True, methods=["post"])
-    def withdraw(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def withdraw(self, request, pk=None):
         asked = services.credit_request_withdraw(
             membership=request.membership, request=self.get_object()
         )
@@ -190,7 +190,7 @@ class OpsCreditRequestViewSet(viewsets.ReadOnlyModelViewSet):
     def get_queryset(self) -> QuerySet[CreditRequest]:
         return selectors.credit_request_list_for_ops()
 
-    def _decide(self, request, service):  # type: ignore[no-untyped-def]
+    def _decide(self, request, service):
         data = s.CreditDecisionSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         asked = service(request=self.get_object(), actor=request.user, **data.validated_data)
@@ -200,14 +200,14 @@ class OpsCreditRequestViewSet(viewsets.ReadOnlyModelViewSet):
         request=s.CreditDecisionSerializer, responses={200: s.OpsCreditRequestSerializer}
     )
     @action(detail=True, methods=["post"])
-    def grant(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def grant(self, request, pk=None):
         return self._decide(request, services.credit_request_grant)
 
     @extend_schema(
         request=s.CreditDecisionSerializer, responses={200: s.OpsCreditRequestSerializer}
     )
     @action(detail=True, methods=["post"])
-    def decline(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def decline(self, request, pk=None):
         return self._decide(request, services.credit_request_decline)
 
 
@@ -222,7 +222,7 @@ class OpsCreditRateViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSe
         return CreditRate.objects.select_related("set_by").order_by("-created_at", "-id")
 
     @extend_schema(request=s.CreditRateCreateSerializer, responses={201: s.CreditRateSerializer})
-    def create(self, request):  # type: ignore[no-untyped-def]
+    def create(self, request):
         data = s.CreditRateCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         rate = services.credit_rate_set(actor=request.user, **data.validated_data)
@@ -235,7 +235,7 @@ class CreditRateView(APIView):
     permission_classes = [AllowAny]
 
     @extend_schema(responses={200: s.CreditRateNowSerializer})
-    def get(self, request):  # type: ignore[no-untyped-def]
+    def get(self, request):
         rate = selectors.credit_rate_current()
         return Response(
             s.CreditRateNowSerializer(

@@ -49,7 +49,7 @@ class EstimateView(APIView):
             )
         ],
     )
-    def post(self, request):  # type: ignore[no-untyped-def]
+    def post(self, request):
         if not isinstance(request.data, dict):
             return Response(
                 error_body(
@@ -76,7 +76,7 @@ class CatalogView(APIView):
     permission_classes = [AllowAny]
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
-    def get(self, request):  # type: ignore[no-untyped-def]
+    def get(self, request):
         rows = [
             {"name": name, "params": estimator.param_count(spec), "source": spec.source}
             for name, spec in sorted(estimator.CATALOG.items())

@@ -25,7 +25,7 @@ class CSVRenderer(BaseRenderer):
     format = "csv"
     charset = "utf-8"
 
-    def render(self, data, accepted_media_type=None, renderer_context=None):  # type: ignore[no-untyped-def]
+    def render(self, data, accepted_media_type=None, renderer_context=None):
         # Never reached with a body: the export streams, and errors are rendered as JSON.
         return JSONRenderer().render(data)
 
@@ -49,7 +49,7 @@ class UsageExportView(TenantResourceMixin, APIView):
 
     renderer_classes = [JSONRenderer, CSVRenderer]
 
-    def handle_exception(self, exc):  # type: ignore[no-untyped-def]
+    def handle_exception(self, exc):
         # A refusal is the API's one JSON error body, whichever format was asked for.
         self.request.accepted_renderer = JSONRenderer()
         self.request.accepted_media_type = JSONRenderer.media_type
@@ -62,7 +62,7 @@ class UsageExportView(TenantResourceMixin, APIView):
             (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="The CSV file."),
         },
     )
-    def get(self, request):  # type: ignore[no-untyped-def]
+    def get(self, request):
         params = request.query_params
         period = exports.export_period(params.get("from"), params.get("to"))
         section = params.get("section", "")

@@ -56,10 +56,10 @@ class SliceViewSet(
     filterset_class = filters.SliceFilter
     ordering_fields = ["created_at", "state", "started_at", "minutes_used"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self):
         return selectors.slice_list(tenant=self.tenant)
 
-    def get_serializer_class(self):  # type: ignore[no-untyped-def]
+    def get_serializer_class(self):
         return s.SliceSerializer if self.action == "list" else s.SliceDetailSerializer
 
     def _out(self, slice: Slice, code: int) -> Response:
@@ -71,7 +71,7 @@ class SliceViewSet(
         request=s.SliceCreateSerializer,
         responses={201: s.SliceDetailSerializer, 200: s.SliceDetailSerializer, 422: REFUSAL},
     )
-    def create(self, request):  # type: ignore[no-untyped-def]
+    def create(self, request):
         """Launch a slice on one of your purchases. The job is checked against the tier's
         VRAM first (422 with the breakdown when it does not fit); then VRAM is reserved
         and the container starts (`provisioning`), or the slice waits (`queued`)."""
@@ -101,7 +101,7 @@ class SliceViewSet(
 
     @extend_schema(request=s.SliceStopSerializer, responses={202: s.SliceDetailSerializer})
     @action(detail=True, methods=["post"])
-    def stop(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def stop(self, request, pk=None):
         """Stop the slice (a queued one is cancelled); metering ends now. The call is
         the confirmation. Stopping a finished slice changes nothing."""
         slice = self.get_object()
@@ -114,7 +114,7 @@ class SliceViewSet(
         request=vs.SliceResumeSerializer, responses={202: s.SliceDetailSerializer, 422: REFUSAL}
     )
     @action(detail=True, methods=["post"])
-    def resume(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def resume(self, request, pk=None):
         """Start a stopped slice again: the same image, command, environment, volumes and
         tier in a new container, paid from `purchase` (of the same tier, with minutes
         left), after the same pre-launch check (422 when it no longer fits)."""
@@ -140,7 +140,7 @@ class SliceViewSet(
 
     @extend_schema(request=vs.SliceTerminateSerializer, responses={202: s.SliceDetailSerializer})
     @action(detail=True, methods=["post"])
-    def terminate(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def terminate(self, request, pk=None):
         """End the slice for good (stopped first if it runs): it cannot be resumed. With
         `delete_volumes`, the volumes only it used are deleted too."""
         slice = self.get_object()
@@ -151,7 +151,7 @@ class SliceViewSet(
 
     @extend_schema(parameters=[vs.SliceLogsQuerySerializer], responses=vs.SliceLogsSerializer)
     @action(detail=True, methods=["get"])
-    def logs(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def logs(self, request, pk=None):
         """What the slice's container printed (stdout and stderr in time order), oldest
         first, after the cursor `after`; at most `limit` lines and 256 KiB per answer.
         Kept for a while after the slice stops. While it runs, `following` is true and
@@ -181,7 +181,7 @@ class SliceViewSet(
 
     @extend_schema(responses=s.SliceVramSerializer)
     @action(detail=True, methods=["get"])
-    def vram(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def vram(self, request, pk=None):
         """The slice's VRAM over time (its container's processes per sample) with its
         quota."""
         slice = self.get_object()
@@ -197,7 +197,7 @@ class SliceViewSet(
 class ImageAvailability:
     """Counts the nodes holding each image of a page in one query (`on_nodes`)."""
 
-    def get_serializer(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def get_serializer(self, *args, **kwargs):
         if args and args[0] is not None:
             shown = list(args[0]) if kwargs.get("many") else [args[0]]
             if all(isinstance(i, Image) for i in shown):
@@ -215,7 +215,7 @@ class ImageViewSet(ImageAvailability, viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["name"]
     search_fields = ["name", "reference", "description"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self):
         return selectors.image_list(active_only=True)
 
 
@@ -230,18 +230,18 @@ class OpsImageViewSet(ImageAvailability, viewsets.ModelViewSet):
     ordering_fields = ["name", "created_at"]
     search_fields = ["name", "reference", "description"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self):
         return selectors.image_list(active_only=False)
 
     @extend_schema(request=s.ImageWriteSerializer, responses={201: s.OpsImageSerializer})
-    def create(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def create(self, request, *args, **kwargs):
         data = s.ImageWriteSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         image = services.image_create(actor=request.user, **data.validated_data)
         return Response(self.get_serializer(image).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=s.ImageWriteSerializer, responses=s.OpsImageSerializer)
-    def update(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def update(self, request, *args, **kwargs):
         image = self.get_object()
         data = s.ImageWriteSerializer(data=request.data, partial=kwargs.get("partial", False))
         data.is_valid(raise_exception=True)
@@ -249,11 +249,11 @@ class OpsImageViewSet(ImageAvailability, viewsets.ModelViewSet):
         return Response(self.get_serializer(image).data)
 
     @extend_schema(request=s.ImageWriteSerializer, responses=s.OpsImageSerializer)
-    def partial_update(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def partial_update(self, request, *args, **kwargs):
         return self.update(request, *args, partial=True, **kwargs)
 
     @extend_schema(responses={204: None})
-    def destroy(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def destroy(self, request, *args, **kwargs):
         services.image_update(actor=request.user, image=self.get_object(), is_active=False)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -268,12 +268,12 @@ class OpsSliceViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["created_at", "state", "started_at", "minutes_used"]
     search_fields = ["tenant__name", "image_entry__name"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self):
         return selectors.slice_list_for_ops()
 
     @extend_schema(request=s.OpsSliceStopSerializer, responses={202: s.OpsSliceSerializer})
     @action(detail=True, methods=["post"])
-    def stop(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def stop(self, request, pk=None):
         slice = self.get_object()
         data = s.OpsSliceStopSerializer(data=request.data)
         data.is_valid(raise_exception=True)

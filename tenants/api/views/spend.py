@@ -41,11 +41,11 @@ class SpendLimitView(TenantResourceMixin, APIView):
     required_scope = ADMIN
 
     @extend_schema(responses=SpendLimitSerializer)
-    def get(self, request):  # type: ignore[no-untyped-def]
+    def get(self, request):
         return Response(SpendLimitSerializer(spend.spend_summary(tenant=self.tenant)).data)
 
     @extend_schema(request=SpendLimitWriteSerializer, responses=SpendLimitSerializer)
-    def put(self, request):  # type: ignore[no-untyped-def]
+    def put(self, request):
         """Set (or lift, with null) the tenant's monthly limit, or a member's or a token's
         (`member` / `token`); owners only, recorded in the audit trail."""
         data = SpendLimitWriteSerializer(data=request.data)

@@ -23,7 +23,7 @@ class TemplateViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["name"]
     search_fields = ["name", "description"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self):
         return selectors.template_list()
 
 
@@ -36,18 +36,18 @@ class OpsTemplateViewSet(viewsets.ModelViewSet):
     ordering_fields = ["name", "created_at"]
     search_fields = ["name", "description"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self):
         return LaunchTemplate.objects.select_related("image")
 
     @extend_schema(request=t.TemplateWriteSerializer, responses={201: t.OpsTemplateSerializer})
-    def create(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def create(self, request, *args, **kwargs):
         data = t.TemplateWriteSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         template = services.template_create(actor=request.user, **data.to_service())
         return Response(self.get_serializer(template).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=t.TemplateWriteSerializer, responses=t.OpsTemplateSerializer)
-    def update(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def update(self, request, *args, **kwargs):
         template = self.get_object()
         data = t.TemplateWriteSerializer(data=request.data, partial=kwargs.get("partial", False))
         data.is_valid(raise_exception=True)
@@ -57,10 +57,10 @@ class OpsTemplateViewSet(viewsets.ModelViewSet):
         return Response(self.get_serializer(template).data)
 
     @extend_schema(request=t.TemplateWriteSerializer, responses=t.OpsTemplateSerializer)
-    def partial_update(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def partial_update(self, request, *args, **kwargs):
         return self.update(request, *args, partial=True, **kwargs)
 
     @extend_schema(responses={204: None})
-    def destroy(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def destroy(self, request, *args, **kwargs):
         services.template_withdraw(actor=request.user, template=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -32,11 +32,11 @@ class VolumeViewSet(
     ordering_fields = ["name", "created_at", "size_gb"]
     search_fields = ["name"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self):
         return selectors.volume_list(tenant=self.tenant)
 
     @extend_schema(request=s.VolumeCreateSerializer, responses={201: s.VolumeSerializer})
-    def create(self, request):  # type: ignore[no-untyped-def]
+    def create(self, request):
         """Create a volume (state `creating`; `ready` once its node made it)."""
         data = s.VolumeCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -45,7 +45,7 @@ class VolumeViewSet(
 
     @extend_schema(request=s.VolumeDeleteSerializer, responses={202: s.VolumeSerializer})
     @action(detail=True, methods=["post"])
-    def delete(self, request, pk=None):  # type: ignore[no-untyped-def]
+    def delete(self, request, pk=None):
         """Delete the volume and its files (type its name as `confirm`); refused (409)
         while a slice that is not stopped mounts it."""
         volume = self.get_object()

@@ -79,7 +79,7 @@ TENANT_NAME = "Demo Lab"
 class Command(BaseCommand):
     help = "Create the demo ops user and demo tenant user if absent; print the logins."
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, **options):
         path = settings.VAR_DIR / "demo-logins.json"
         logins = json.loads(path.read_text()) if path.exists() else {}
         User = get_user_model()

@@ -65,7 +65,7 @@ class ServiceRefusal(ServiceError):
         self.slice = slice
 
 
-def clean_environment(environment) -> dict[str, str]:  # type: ignore[no-untyped-def]
+def clean_environment(environment) -> dict[str, str]:
     if environment in (None, ""):
         return {}
     if not isinstance(environment, dict):
@@ -100,7 +100,7 @@ def clean_environment(environment) -> dict[str, str]:  # type: ignore[no-untyped
     return out
 
 
-def clean_command(command) -> list[str]:  # type: ignore[no-untyped-def]
+def clean_command(command) -> list[str]:
     """The launch's argv, checked. One that sets, unsets or clears a reserved variable is
     refused naming it (nodes.command_env: a courtesy, the node is the boundary)."""
     if command in (None, "", []):
@@ -147,7 +147,7 @@ def clean_ssh_key(key: str, *, required: bool) -> str:
     return key
 
 
-def launch_estimate_input(model_request, tier_mib: int) -> estimator.EstimateRequest:  # type: ignore[no-untyped-def]
+def launch_estimate_input(model_request, tier_mib: int) -> estimator.EstimateRequest:
     if not isinstance(model_request, dict) or not model_request:
         raise ServiceError(
             'Describe the job for the VRAM check, e.g. {"model": {"catalog": '
@@ -258,7 +258,7 @@ def _slice_launch(
     purchase: Purchase,
     image: Image,
     model_request: dict,
-    command,  # type: ignore[no-untyped-def]
+    command,
     environment,
     ssh_public_key: str,
     guaranteed: bool,
@@ -342,7 +342,7 @@ def _slice_launch(
     return slice, True
 
 
-def _template_engine(template, image, command, request, tier_mb: int):  # type: ignore[no-untyped-def]
+def _template_engine(template, image, command, request, tier_mb: int):
     """(engine, budget MiB) of a launch from `template`: the share of the slice the
     estimate lets the engine reserve (its gpu_memory_utilization, of the tier)."""
     if template is None:
@@ -364,7 +364,7 @@ def _template_engine(template, image, command, request, tier_mb: int):  # type: 
     return template.engine, int(request.gpu_memory_utilization * tier_mb)
 
 
-def _refuse_training_if_interruptible(request) -> None:  # type: ignore[no-untyped-def]
+def _refuse_training_if_interruptible(request) -> None:
     if request.training:
         raise ServiceError(
             "Training needs hours that are not preempted: interruptible hours run inference "

@@ -33,7 +33,7 @@ def _container_environment(slice: Slice) -> dict[str, str]:
     return env
 
 
-def _connection_details(slice: Slice, info) -> dict:  # type: ignore[no-untyped-def]
+def _connection_details(slice: Slice, info) -> dict:
     node = slice.allocation.gpu.node  # type: ignore[union-attr]
     host = node.address
     out = dict(slice.connection or {})
@@ -145,7 +145,7 @@ def slice_provision(*, slice_id: int, final_attempt: bool = True) -> str:
     return slice_provision_succeeded(slice_id, info)
 
 
-def slice_provision_succeeded(slice_id: int, info) -> str:  # type: ignore[no-untyped-def]
+def slice_provision_succeeded(slice_id: int, info) -> str:
     with transaction.atomic():
         slice = slice_lock(slice_id)
         if slice.state == S.PROVISIONING:
@@ -171,7 +171,7 @@ def slice_provision_succeeded(slice_id: int, info) -> str:  # type: ignore[no-un
         return slice.state
 
 
-def _provision_failed(slice_id: int, reason: str, info) -> str:  # type: ignore[no-untyped-def]
+def _provision_failed(slice_id: int, reason: str, info) -> str:
     logs = ""
     if info is not None and slice_id:
         slice = Slice.objects.select_related("allocation__gpu__node").get(pk=slice_id)

@@ -57,12 +57,12 @@ def slices_reconcile(*, now: datetime | None = None) -> dict[str, int]:
 RECONCILE_PARALLEL = 16
 
 
-def _list_containers(nodes: list[Node]):  # type: ignore[no-untyped-def]
+def _list_containers(nodes: list[Node]):
     """Each node's labelled containers and the images it holds (None: not read), asked of
     the nodes in parallel (SSH only, no database work in the threads): a few slow nodes
     cost one timeout, not one each."""
 
-    def listing(node: Node):  # type: ignore[no-untyped-def]
+    def listing(node: Node):
         try:
             containers = node_services.node_containers(node=node)
         except (ssh.SSHError, node_services.ContainerError, ValueError) as exc:
@@ -139,7 +139,7 @@ def owner_is_live(owner_key: str) -> bool:
     return Slice.objects.filter(pk=int(number), state__in=Slice.HOLDS_VRAM_STATES).exists()
 
 
-def _reconcile_dead(slice_id: int, node: Node, container) -> int:  # type: ignore[no-untyped-def]
+def _reconcile_dead(slice_id: int, node: Node, container) -> int:
     # Ask the node again: the listing may predate a container that started just after.
     slice = Slice.objects.get(pk=slice_id)
     ref = container.id if container is not None else slice.container_id or slice.container_name
@@ -178,7 +178,7 @@ def _reconcile_dead(slice_id: int, node: Node, container) -> int:  # type: ignor
 
 def _reconcile_provisioning(
     slice_id: int, container, now: datetime, timeout: timedelta
-) -> str | None:  # type: ignore[no-untyped-def]
+) -> str | None:
     with transaction.atomic():
         slice = slice_lock(slice_id)
         started = slice.provision_started_at or slice.created_at
@@ -210,7 +210,7 @@ def _reconcile_stopping(slice_id: int, now: datetime, timeout: timedelta) -> Non
         enqueue("provision.stop_slice", slice_id, False)
 
 
-def _remove_orphan(node: Node, container) -> int:  # type: ignore[no-untyped-def]
+def _remove_orphan(node: Node, container) -> int:
     try:
         node_services.container_remove(node=node, container=container.id)
     except (ssh.SSHError, node_services.ContainerError) as exc:

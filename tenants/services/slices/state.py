@@ -129,7 +129,7 @@ def measured_peak_mb(slice: Slice) -> int | None:
     return peak if peak is not None else slice.peak_vram_mb
 
 
-def container_remove_after_commit(allocation, container: str, owner_key: str) -> None:  # type: ignore[no-untyped-def]
+def container_remove_after_commit(allocation, container: str, owner_key: str) -> None:
     enqueue("provision.remove_container", allocation.gpu.node_id, container, owner_key)
 
 
