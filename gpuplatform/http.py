@@ -1,0 +1,33 @@
+"""The requests the platform's views receive, typed as its middleware and decorators leave
+them: django-htmx's details on every request, a signed-in user behind the login and staff
+decorators, the caller's membership behind `member_required`. Views annotate with these so
+the type checker knows what Django's own `HttpRequest` cannot say."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from django.contrib.auth.models import User
+from django.http import HttpRequest
+from django_htmx.middleware import HtmxDetails
+
+if TYPE_CHECKING:  # the tenants app imports this module: no import at run time
+    from tenants.models import Membership
+
+
+class PageRequest(HttpRequest):
+    """Any page's request: django-htmx's middleware sets `htmx` on every one."""
+
+    htmx: HtmxDetails
+
+
+class UserRequest(PageRequest):
+    """A request behind `login_required` or `staff_member_required`: a real user."""
+
+    user: User
+
+
+class MemberRequest(UserRequest):
+    """A request behind `tenants.permissions.member_required`: its membership is set."""
+
+    membership: Membership
