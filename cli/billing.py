@@ -4,6 +4,7 @@ an idempotency key, so a retried buy never pays twice), and where the credit wen
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import click
 
 from cli import output
-from cli.client import new_idempotency_key
+from cli.client import Api, new_idempotency_key
 from cli.common import api, find_tier, idempotency_option, json_option, yes_option
 
 LEDGER_SHOWN = 10
@@ -126,19 +127,64 @@ def usage(
     entries; with --csv, the usage export for a date range."""
     client = api()
     if csv_path:
-        params = {"format": "csv"}
-        if since:
-            params["from"] = since.date().isoformat()
-        if until:
-            params["to"] = until.date().isoformat()
-        body = client.request("GET", "/usage/export/", params=params, text=True)
-        with open(csv_path, "w", encoding="utf-8", newline="") as f:
-            f.write(body)
-        if as_json:
-            output.emit_json({"written": csv_path, "bytes": len(body.encode())})
-        else:
-            output.note(f"Wrote the usage export to {csv_path}.")
+        _export(client, csv_path, since=since, until=until, as_json=as_json)
         return
+    found = _read_usage(client, since)
+    if as_json:
+        output.emit_json(found.summary(since))
+        return
+    _show_usage(found, since, ledger_shown)
+
+
+def _export(
+    client: Api, csv_path: str, *, since: datetime | None, until: datetime | None, as_json: bool
+) -> None:
+    """The usage export for the date range, written as CSV to `csv_path`."""
+    params = {"format": "csv"}
+    if since:
+        params["from"] = since.date().isoformat()
+    if until:
+        params["to"] = until.date().isoformat()
+    body = client.request("GET", "/usage/export/", params=params, text=True)
+    with open(csv_path, "w", encoding="utf-8", newline="") as f:
+        f.write(body)
+    if as_json:
+        output.emit_json({"written": csv_path, "bytes": len(body.encode())})
+    else:
+        output.note(f"Wrote the usage export to {csv_path}.")
+
+
+@dataclass
+class _Usage:
+    """What `gpp usage` read: the API's answers, and the ledger's totals per kind and the
+    minutes per slice summed from them."""
+
+    tenant: dict[str, Any]
+    rate: dict[str, Any]
+    purchases: list[dict[str, Any]]
+    ledger: list[dict[str, Any]]
+    totals: dict[str, Decimal]
+    minutes: dict[int, int]
+    limit: dict[str, Any]
+
+    def summary(self, since: datetime | None) -> dict[str, Any]:
+        return {
+            "tenant": self.tenant.get("name"),
+            "balance": self.tenant.get("credit_balance"),
+            "spend_this_month": self.limit.get("spent"),
+            "spend_limit": self.limit.get("limit"),
+            "currency": self.rate.get("currency"),
+            "per_credit": self.rate.get("per_credit"),
+            "since": since.isoformat() if since else None,
+            "ledger_totals": {kind: str(total) for kind, total in sorted(self.totals.items())},
+            "minutes_used": sum(self.minutes.values()),
+            "minutes_by_slice": {str(k): v for k, v in sorted(self.minutes.items())},
+            "purchases_with_minutes_left": self.purchases,
+            "ledger": self.ledger,
+        }
+
+
+def _read_usage(client: Api, since: datetime | None) -> _Usage:
     me = client.get("/me/")
     tenant = me.get("tenant") or {}
     rate = client.get("/credit-rate/")
@@ -152,23 +198,11 @@ def usage(
     for record in records:
         minutes[record["slice"]] += record["minutes"]
     limit = client.get("/spend-limit/")
-    summary = {
-        "tenant": tenant.get("name"),
-        "balance": tenant.get("credit_balance"),
-        "spend_this_month": limit.get("spent"),
-        "spend_limit": limit.get("limit"),
-        "currency": rate.get("currency"),
-        "per_credit": rate.get("per_credit"),
-        "since": since.isoformat() if since else None,
-        "ledger_totals": {kind: str(total) for kind, total in sorted(totals.items())},
-        "minutes_used": sum(minutes.values()),
-        "minutes_by_slice": {str(k): v for k, v in sorted(minutes.items())},
-        "purchases_with_minutes_left": purchases,
-        "ledger": ledger,
-    }
-    if as_json:
-        output.emit_json(summary)
-        return
+    return _Usage(tenant, rate, purchases, ledger, totals, minutes, limit)
+
+
+def _show_usage(found: _Usage, since: datetime | None, ledger_shown: int) -> None:
+    tenant, rate, limit = found.tenant, found.rate, found.limit
     output.fields(
         [
             ("tenant", tenant.get("name")),
@@ -177,23 +211,23 @@ def usage(
             ("spent this month", f"{limit.get('spent')} credits"
                                  + (f" of {limit['limit']} (limit)" if limit.get("limit") else "")),
             ("since", since.date().isoformat() if since else "the start"),
-            ("minutes used", f"{summary['minutes_used']} by {len(minutes)} slice(s)"),
+            ("minutes used", f"{sum(found.minutes.values())} by {len(found.minutes)} slice(s)"),
         ]
     )  # fmt: skip
-    if totals:
-        output.table(["KIND", "TOTAL"], sorted(totals.items()), title="Ledger totals")
-    if purchases:
+    if found.totals:
+        output.table(["KIND", "TOTAL"], sorted(found.totals.items()), title="Ledger totals")
+    if found.purchases:
         output.table(
             ["PURCHASE", "TIER", "HOURS", "MINUTES LEFT", "IN USE", "BOUGHT"],
             ([p["id"], p["tier_name"], p["hours"], p["minutes_left"], p["live_slices"],
-              output.when(p["created_at"])] for p in purchases),
+              output.when(p["created_at"])] for p in found.purchases),
             title="Purchases with minutes left",
         )  # fmt: skip
-    if ledger and ledger_shown > 0:
+    if found.ledger and ledger_shown > 0:
         output.table(
             ["WHEN", "KIND", "AMOUNT", "BALANCE", "PURCHASE", "MEMO", "BY"],
             ([output.when(e["created_at"]), e["kind"], e["amount"], e["balance_after"],
               e.get("purchase") or "", e.get("memo", ""), e.get("by") or ""]
-             for e in ledger[:ledger_shown]),
+             for e in found.ledger[:ledger_shown]),
             title="Latest ledger entries",
         )  # fmt: skip

@@ -113,6 +113,15 @@ class Api:
         with an idempotency key, or a call the API documents as safe to repeat
         (`repeatable`) is retried when the connection broke or the server was briefly
         unavailable; anything else only when it never reached the server."""
+        headers = self._headers(auth=auth, idempotency_key=idempotency_key, text=text)
+        safe = method == "GET" or bool(idempotency_key) or repeatable
+        answer = self._send(method, path, params=params, body=body, headers=headers, safe=safe)
+        self.last_status = answer.status_code
+        if text and 200 <= answer.status_code < 300:
+            return answer.text  # a download (CSV): errors still come as JSON
+        return _result(answer, self.url)
+
+    def _headers(self, *, auth: bool, idempotency_key: str, text: bool) -> dict[str, str]:
         headers: dict[str, str] = {}
         if auth:
             if not self.token:
@@ -124,7 +133,20 @@ class Api:
             headers["Idempotency-Key"] = idempotency_key
         if text:
             headers["Accept"] = "text/csv, application/json"  # JSON for a refusal
-        safe = method == "GET" or bool(idempotency_key) or repeatable
+        return headers
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None,
+        body: Any,
+        headers: dict[str, str],
+        safe: bool,
+    ) -> requests.Response:
+        """The answer to the call, after the retries `request` allows (`safe`: it may be
+        sent again whatever became of it)."""
         url = self.url + API_PREFIX + path
         delays = list(RETRY_DELAYS_S)
         while True:
@@ -154,10 +176,7 @@ class Api:
             if answer.status_code in (502, 503, 504) and delays and safe:
                 self._wait(delays.pop(0), f"{method} {path}: {answer.status_code}; retrying")
                 continue
-            self.last_status = answer.status_code
-            if text and 200 <= answer.status_code < 300:
-                return answer.text  # a download (CSV): errors still come as JSON
-            return _result(answer, self.url)
+            return answer
 
     def _wait(self, seconds: float, message: str) -> None:
         self.on_retry(message)

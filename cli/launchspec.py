@@ -132,22 +132,10 @@ def build(
     chosen_image = image if image is not None else spec.get("image")
     if chosen_image is None:
         raise click.UsageError("say which image: --image NAME (gpp images lists them)")
-    if model is None and config_json is None:
-        model, config_json = spec.get("model"), spec.get("config")
-    base = spec.get("job") or {}
-    if not isinstance(base, dict):
-        raise click.BadParameter("`job` must be a mapping of estimator settings", param_hint="FILE")
-    job = build_job(model, config_json, base=base, **job_flags)
+    job = _job(spec, model=model, config_json=config_json, job_flags=job_flags)
     images = client.all("/images/")
     found_image = find_by_name_or_id(images, str(chosen_image), kind="image")
-
-    chosen_purchase = purchase if purchase is not None else spec.get("purchase")
-    chosen_tier = tier if tier is not None else spec.get("tier")
-    if chosen_purchase is None:
-        if chosen_tier is None:
-            raise click.UsageError("say what pays: --purchase ID or --tier GB (gpp usage)")
-        found_tier = find_tier(client.all("/tiers/"), str(chosen_tier))
-        chosen_purchase = free_purchase(client, found_tier)["id"]
+    chosen_purchase = _purchase_id(client, spec, purchase=purchase, tier=tier)
 
     raw_command = command if command is not None else spec.get("command", [])
     argv = shlex.split(raw_command) if isinstance(raw_command, str) else list(raw_command)
@@ -158,14 +146,7 @@ def build(
     key = ssh_key_text(ssh_key if ssh_key is not None else spec.get("ssh_key"))
     if not key and ssh_key is None and found_image.get("connect") == "ssh":
         key = default_ssh_key()
-
-    mounts_given = list(volumes) if volumes else list(spec.get("volumes") or [])
-    mounts = _mounts(mounts_given)
-    owned = client.all("/volumes/") if mounts else []
-    body_mounts = [
-        {"volume": find_by_name_or_id(owned, name, kind="volume")["id"], "path": where}
-        for name, where in mounts
-    ]
+    mounts = _volume_mounts(client, spec, volumes)
 
     body: dict[str, Any] = {
         "purchase": int(chosen_purchase),
@@ -174,9 +155,53 @@ def build(
         "command": [str(a) for a in argv],
         "environment": environment,
         "ssh_public_key": key,
-        "volumes": body_mounts,
+        "volumes": mounts,
     }
     chosen_guaranteed = guaranteed if guaranteed is not None else spec.get("guaranteed")
     if chosen_guaranteed is not None:
         body["guaranteed"] = bool(chosen_guaranteed)
     return body
+
+
+def _job(
+    spec: dict[str, Any],
+    *,
+    model: str | None,
+    config_json: Path | None,
+    job_flags: dict[str, Any],
+) -> dict[str, Any]:
+    """The estimator's job: the flags' model or config, else the file's, with the file's
+    `job` settings under the flags'."""
+    if model is None and config_json is None:
+        model, config_json = spec.get("model"), spec.get("config")
+    base = spec.get("job") or {}
+    if not isinstance(base, dict):
+        raise click.BadParameter("`job` must be a mapping of estimator settings", param_hint="FILE")
+    return build_job(model, config_json, base=base, **job_flags)
+
+
+def _purchase_id(
+    client: Api, spec: dict[str, Any], *, purchase: int | None, tier: str | None
+) -> Any:
+    """The purchase that pays: the one named (as given: the body makes it an int), else a
+    free one of the tier named."""
+    chosen_purchase = purchase if purchase is not None else spec.get("purchase")
+    chosen_tier = tier if tier is not None else spec.get("tier")
+    if chosen_purchase is None:
+        if chosen_tier is None:
+            raise click.UsageError("say what pays: --purchase ID or --tier GB (gpp usage)")
+        found_tier = find_tier(client.all("/tiers/"), str(chosen_tier))
+        chosen_purchase = free_purchase(client, found_tier)["id"]
+    return chosen_purchase
+
+
+def _volume_mounts(
+    client: Api, spec: dict[str, Any], volumes: tuple[str, ...]
+) -> list[dict[str, Any]]:
+    """The mounts given (flags over the file's), each volume named by its id."""
+    mounts = _mounts(list(volumes) if volumes else list(spec.get("volumes") or []))
+    owned = client.all("/volumes/") if mounts else []
+    return [
+        {"volume": find_by_name_or_id(owned, name, kind="volume")["id"], "path": where}
+        for name, where in mounts
+    ]

@@ -87,36 +87,51 @@ def serve(
         control_port_fallback=True,
     )
     try:
-        if options.get("json"):
-            out.write(json.dumps(fleet.describe(), indent=2) + "\n")
-        else:
-            ctl = f"http://127.0.0.1:{fleet.control_port}" if fleet.control_port else "off"
-            out.write(
-                f"# gpuplatform node emulator: {len(fleet.nodes)} nodes, control {ctl}, "
-                f"state {state_dir}/fleet.json, authorized keys from "
-                f"{', '.join(map(str, key_files)) or 'command line'}\n"
-                "# name\taddress\tport\thost-key line\n"
-            )
-            for n in fleet.nodes:
-                out.write(f"{n.name}\t{n.address}\t{n.port}\t{n.host_key_line()}\n")
-            if not fleet.authorized:
-                out.write(
-                    "# warning: no authorized keys yet; every login is refused until one is added\n"
-                )
-        out.flush()
-        stop = stop or threading.Event()
-        if threading.current_thread() is threading.main_thread():
-            # SIGINT too: a background job inherits it ignored, and supervisors send it
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, lambda *_: stop.set())
-        try:
-            while not stop.wait(0.2):
-                pass
-        except KeyboardInterrupt:
-            pass
+        _announce(fleet, options, out, state_dir, key_files)
+        _wait(stop or threading.Event())
     finally:
         fleet.stop()
     return 0
+
+
+def _announce(
+    fleet: EmulatedFleet,
+    options: dict[str, Any],
+    out: TextIO,
+    state_dir: Path,
+    key_files: list[Path],
+) -> None:
+    """The fleet as one JSON document (--json), or a header and a line per node."""
+    if options.get("json"):
+        out.write(json.dumps(fleet.describe(), indent=2) + "\n")
+    else:
+        ctl = f"http://127.0.0.1:{fleet.control_port}" if fleet.control_port else "off"
+        out.write(
+            f"# gpuplatform node emulator: {len(fleet.nodes)} nodes, control {ctl}, "
+            f"state {state_dir}/fleet.json, authorized keys from "
+            f"{', '.join(map(str, key_files)) or 'command line'}\n"
+            "# name\taddress\tport\thost-key line\n"
+        )
+        for n in fleet.nodes:
+            out.write(f"{n.name}\t{n.address}\t{n.port}\t{n.host_key_line()}\n")
+        if not fleet.authorized:
+            out.write(
+                "# warning: no authorized keys yet; every login is refused until one is added\n"
+            )
+    out.flush()
+
+
+def _wait(stop: threading.Event) -> None:
+    """Until ``stop`` is set, SIGTERM or SIGINT arrives (main thread), or Ctrl-C."""
+    if threading.current_thread() is threading.main_thread():
+        # SIGINT too: a background job inherits it ignored, and supervisors send it
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.2):
+            pass
+    except KeyboardInterrupt:
+        pass
 
 
 # --- ctl
@@ -192,64 +207,13 @@ def _control_url(options: dict[str, Any]) -> str:
 def ctl(options: dict[str, Any], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     client = ControlClient(_control_url(options))
     action = options["action"]
-    node = options.get("node")
+    call = _ctl_call(action, options)
+    if call is None:
+        err.write(f"unknown action {action}\n")
+        return 2
+    path, body = call
     try:
-        if action == "fleet":
-            result = client.get("/fleet")
-        elif action == "show":
-            result = client.get(f"/nodes/{node}")
-        elif action == "audit":
-            result = client.get(f"/nodes/{node}/audit?since={options.get('since') or 0}")
-        elif action == "xid":
-            result = client.post(
-                f"/nodes/{node}/xid",
-                gpu=options["gpu"],
-                code=options["code"],
-                pid=options.get("pid"),
-                message=options.get("message"),
-            )
-        elif action == "ecc":
-            result = client.post(
-                f"/nodes/{node}/ecc",
-                gpu=options["gpu"],
-                uncorrected=options["uncorrected"],
-                remapped_rows_pending=options.get("remapped_pending"),
-                remapped_rows_failure=options.get("remapped_failure"),
-                retired_pages_pending=options.get("retired_pending"),
-                xid=options.get("xid"),
-            )
-        elif action == "clear-ecc":
-            result = client.post(f"/nodes/{node}/clear-ecc", gpu=options["gpu"])
-        elif action == "down":
-            result = client.post(f"/nodes/{node}/down", mode=options["mode"])
-        elif action == "up":
-            result = client.post(f"/nodes/{node}/up")
-        elif action == "delay":
-            result = client.post(f"/nodes/{node}/delay", seconds=options["seconds"])
-        elif action == "rotate-host-key":
-            result = client.post(f"/nodes/{node}/rotate-host-key")
-        elif action == "nvml":
-            result = client.post(
-                f"/nodes/{node}/nvml",
-                available=options["state"] == "on",
-                error=options.get("error"),
-            )
-        elif action == "driver":
-            result = client.post(f"/nodes/{node}/driver", loaded=options["state"] == "on")
-        elif action == "kill":
-            result = client.post(
-                f"/nodes/{node}/kill",
-                container=options["container"],
-                exit_code=options["exit_code"],
-                oom_killed=options["oom_killed"],
-            )
-        elif action == "advance":
-            result = client.post("/clock", advance=options["seconds"])
-        elif action == "speed":
-            result = client.post("/clock", speed=options["factor"])
-        else:
-            err.write(f"unknown action {action}\n")
-            return 2
+        result = client.get(path) if body is None else client.post(path, **body)
     except ControlError as e:
         err.write(f"emulator: {e} (HTTP {e.status})\n")
         return 1
@@ -258,6 +222,62 @@ def ctl(options: dict[str, Any], out: TextIO = sys.stdout, err: TextIO = sys.std
         return 1
     out.write(json.dumps(result, indent=2) + "\n")
     return 0
+
+
+def _ctl_call(action: str, options: dict[str, Any]) -> tuple[str, dict[str, Any] | None] | None:
+    """The control API call of one action: its path and, for a POST, its body (None: a
+    GET); None for an action there is none of."""
+    node = options.get("node")
+    gets = {
+        "fleet": "/fleet",
+        "show": f"/nodes/{node}",
+        "audit": f"/nodes/{node}/audit?since={options.get('since') or 0}",
+    }
+    if action in gets:
+        return gets[action], None
+    if action in ("advance", "speed"):
+        key, value = ("advance", "seconds") if action == "advance" else ("speed", "factor")
+        return "/clock", {key: options[value]}
+    body = _node_post_body(action, options)
+    return None if body is None else (f"/nodes/{node}/{action}", body)
+
+
+def _node_post_body(action: str, options: dict[str, Any]) -> dict[str, Any] | None:
+    if action == "xid":
+        return {
+            "gpu": options["gpu"],
+            "code": options["code"],
+            "pid": options.get("pid"),
+            "message": options.get("message"),
+        }
+    if action == "ecc":
+        return {
+            "gpu": options["gpu"],
+            "uncorrected": options["uncorrected"],
+            "remapped_rows_pending": options.get("remapped_pending"),
+            "remapped_rows_failure": options.get("remapped_failure"),
+            "retired_pages_pending": options.get("retired_pending"),
+            "xid": options.get("xid"),
+        }
+    if action == "clear-ecc":
+        return {"gpu": options["gpu"]}
+    if action == "down":
+        return {"mode": options["mode"]}
+    if action in ("up", "rotate-host-key"):
+        return {}
+    if action == "delay":
+        return {"seconds": options["seconds"]}
+    if action == "nvml":
+        return {"available": options["state"] == "on", "error": options.get("error")}
+    if action == "driver":
+        return {"loaded": options["state"] == "on"}
+    if action == "kill":
+        return {
+            "container": options["container"],
+            "exit_code": options["exit_code"],
+            "oom_killed": options["oom_killed"],
+        }
+    return None
 
 
 def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:

@@ -265,20 +265,19 @@ def _test(node: NodeState, inv: Invocation) -> int:
             result = val != ""
     elif len(args) == 3:
         a, op, b = args
+        binary: dict[str, Callable[[], bool]] = {
+            "=": lambda: a == b,
+            "==": lambda: a == b,
+            "!=": lambda: a != b,
+            "-eq": lambda: int(a) == int(b),
+            "-ne": lambda: int(a) != int(b),
+            "-lt": lambda: int(a) < int(b),
+            "-gt": lambda: int(a) > int(b),
+            "-le": lambda: int(a) <= int(b),
+            "-ge": lambda: int(a) >= int(b),
+        }
         try:
-            result = {
-                "=": a == b,
-                "==": a == b,
-                "!=": a != b,
-                "-eq": lambda: int(a) == int(b),
-                "-ne": lambda: int(a) != int(b),
-                "-lt": lambda: int(a) < int(b),
-                "-gt": lambda: int(a) > int(b),
-                "-le": lambda: int(a) <= int(b),
-                "-ge": lambda: int(a) >= int(b),
-            }[op]
-            if callable(result):
-                result = result()
+            result = binary[op]()
         except (KeyError, ValueError):
             inv.err(f"bash: test: {op}: binary operator expected\n")
             return 2

@@ -28,6 +28,7 @@ import json
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
@@ -73,7 +74,6 @@ def _node_detail(node: EmulatedNode) -> dict[str, Any]:
 def handle(fleet: EmulatedFleet, method: str, path: str, body: dict[str, Any]) -> Any:
     url = urlsplit(path)
     parts = [p for p in url.path.split("/") if p]
-    query = parse_qs(url.query)
     if method == "GET" and parts == ["fleet"]:
         return fleet.describe()
     if parts == ["clock"] and method == "POST":
@@ -91,7 +91,7 @@ def handle(fleet: EmulatedFleet, method: str, path: str, body: dict[str, Any]) -
         if method == "GET" and action == "":
             return _node_detail(node)
         if method == "GET" and action == "audit":
-            since = int(query.get("since", ["0"])[0])
+            since = int(parse_qs(url.query).get("since", ["0"])[0])
             return [
                 {
                     "seq": e.seq,
@@ -107,59 +107,98 @@ def handle(fleet: EmulatedFleet, method: str, path: str, body: dict[str, Any]) -
             gpu = int(body.get("gpu", 0))
             if action in ("xid", "ecc", "clear-ecc") and not 0 <= gpu < len(node.gpus):
                 raise ControlError(400, f"{node.name} has no GPU {gpu}")
-            if action == "xid":
-                line = node.inject_xid(
-                    gpu, int(body.get("code", 79)), pid=body.get("pid"), message=body.get("message")
-                )
-                return {"ok": True, "kernel_line": line}
-            if action == "ecc":
-                node.inject_ecc(
-                    gpu,
-                    uncorrected=int(body.get("uncorrected", 1)),
-                    retired_pages_pending=body.get("retired_pages_pending"),
-                    remapped_rows_pending=body.get("remapped_rows_pending"),
-                    remapped_rows_failure=body.get("remapped_rows_failure"),
-                    xid=body.get("xid"),
-                )
-                return {"ok": True}
-            if action == "clear-ecc":
-                node.clear_ecc(gpu)
-                return {"ok": True}
-            if action == "down":
-                node.set_down(True, body.get("mode", "refuse"))
-                return {"ok": True, "down": node.server.down}
-            if action == "up":
-                node.set_down(False)
-                return {"ok": True, "down": None, "port": node.port}
-            if action == "delay":
-                node.set_delay(float(body.get("seconds", 0)))
-                return {"ok": True, "delay_s": node.server.delay}
-            if action == "rotate-host-key":
-                line = node.rotate_host_key()
-                return {
-                    "ok": True,
-                    "host_key": line,
-                    "host_key_fingerprint": node.host_key_fingerprint(),
-                }
-            if action == "nvml":
-                node.set_nvml_available(bool(body.get("available", True)), body.get("error"))
-                return {"ok": True}
-            if action == "driver":
-                node.set_driver_loaded(bool(body.get("loaded", True)))
-                return {"ok": True}
-            if action == "quota-library":
-                node.set_quota_library_config(str(body.get("config", "")))
-                return {"ok": True, "config": node.describe()["quota_library_config"]}
-            if action == "kill":
-                ok = node.kill_container(
-                    str(body.get("container", "")),
-                    int(body.get("exit_code", 137)),
-                    oom_killed=bool(body.get("oom_killed", False)),
-                )
-                if not ok:
-                    raise ControlError(404, "no such running container")
-                return {"ok": True}
+            node_action = _NODE_ACTIONS.get(action)
+            if node_action is not None:
+                return node_action(node, gpu, body)
     raise ControlError(404, f"no route {method} {url.path}")
+
+
+# POST /nodes/<name>/<action>: (node, the body's GPU index, body) -> the answer
+
+
+def _xid(node: EmulatedNode, gpu: int, body: dict[str, Any]) -> dict[str, Any]:
+    line = node.inject_xid(
+        gpu, int(body.get("code", 79)), pid=body.get("pid"), message=body.get("message")
+    )
+    return {"ok": True, "kernel_line": line}
+
+
+def _ecc(node: EmulatedNode, gpu: int, body: dict[str, Any]) -> dict[str, Any]:
+    node.inject_ecc(
+        gpu,
+        uncorrected=int(body.get("uncorrected", 1)),
+        retired_pages_pending=body.get("retired_pages_pending"),
+        remapped_rows_pending=body.get("remapped_rows_pending"),
+        remapped_rows_failure=body.get("remapped_rows_failure"),
+        xid=body.get("xid"),
+    )
+    return {"ok": True}
+
+
+def _clear_ecc(node: EmulatedNode, gpu: int, body: dict[str, Any]) -> dict[str, Any]:
+    node.clear_ecc(gpu)
+    return {"ok": True}
+
+
+def _down(node: EmulatedNode, gpu: int, body: dict[str, Any]) -> dict[str, Any]:
+    node.set_down(True, body.get("mode", "refuse"))
+    return {"ok": True, "down": node.server.down}
+
+
+def _up(node: EmulatedNode, gpu: int, body: dict[str, Any]) -> dict[str, Any]:
+    node.set_down(False)
+    return {"ok": True, "down": None, "port": node.port}
+
+
+def _delay(node: EmulatedNode, gpu: int, body: dict[str, Any]) -> dict[str, Any]:
+    node.set_delay(float(body.get("seconds", 0)))
+    return {"ok": True, "delay_s": node.server.delay}
+
+
+def _rotate_host_key(node: EmulatedNode, gpu: int, body: dict[str, Any]) -> dict[str, Any]:
+    line = node.rotate_host_key()
+    return {"ok": True, "host_key": line, "host_key_fingerprint": node.host_key_fingerprint()}
+
+
+def _nvml(node: EmulatedNode, gpu: int, body: dict[str, Any]) -> dict[str, Any]:
+    node.set_nvml_available(bool(body.get("available", True)), body.get("error"))
+    return {"ok": True}
+
+
+def _driver(node: EmulatedNode, gpu: int, body: dict[str, Any]) -> dict[str, Any]:
+    node.set_driver_loaded(bool(body.get("loaded", True)))
+    return {"ok": True}
+
+
+def _quota_library(node: EmulatedNode, gpu: int, body: dict[str, Any]) -> dict[str, Any]:
+    node.set_quota_library_config(str(body.get("config", "")))
+    return {"ok": True, "config": node.describe()["quota_library_config"]}
+
+
+def _kill(node: EmulatedNode, gpu: int, body: dict[str, Any]) -> dict[str, Any]:
+    ok = node.kill_container(
+        str(body.get("container", "")),
+        int(body.get("exit_code", 137)),
+        oom_killed=bool(body.get("oom_killed", False)),
+    )
+    if not ok:
+        raise ControlError(404, "no such running container")
+    return {"ok": True}
+
+
+_NODE_ACTIONS: dict[str, Callable[[EmulatedNode, int, dict[str, Any]], dict[str, Any]]] = {
+    "xid": _xid,
+    "ecc": _ecc,
+    "clear-ecc": _clear_ecc,
+    "down": _down,
+    "up": _up,
+    "delay": _delay,
+    "rotate-host-key": _rotate_host_key,
+    "nvml": _nvml,
+    "driver": _driver,
+    "quota-library": _quota_library,
+    "kill": _kill,
+}
 
 
 class _Handler(BaseHTTPRequestHandler):

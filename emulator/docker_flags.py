@@ -38,10 +38,10 @@ class Parsed:
 
 
 def parse_flags(cmd: str, args: list[str], flags: list[Flag], interspersed: bool) -> Parsed:
-    by_name: dict[str, Flag] = {}
-    for f in flags:
-        for n in f.names:
-            by_name[n] = f
+    """``args`` as docker's parser reads them: long flags (``--name value``, ``--name=value``),
+    bundled short ones (``-dit``, ``-e A=1``, ``-eA=1``), positionals (after the first one,
+    all positional unless ``interspersed``), and ``--`` ending the flags."""
+    by_name = {name: flag for flag in flags for name in flag.names}
     out = Parsed()
     i = 0
     while i < len(args):
@@ -50,48 +50,9 @@ def parse_flags(cmd: str, args: list[str], flags: list[Flag], interspersed: bool
             out.positional += args[i + 1 :]
             break
         if a.startswith("--") and len(a) > 2:
-            name, eq, val = a[2:].partition("=")
-            f = by_name.get(name)
-            if f is None:
-                raise UsageError(f"unknown flag: --{name}\nSee 'docker {cmd} --help'.")
-            key = f.names[0]
-            if f.takes_value:
-                if not eq:
-                    if i + 1 >= len(args):
-                        raise UsageError(
-                            f"flag needs an argument: --{name}\nSee 'docker {cmd} --help'."
-                        )
-                    i += 1
-                    val = args[i]
-                out.values.setdefault(key, []).append(val)
-            else:
-                out.values.setdefault(key, []).append(val if eq else "true")
+            i = _long_flag(cmd, args, i, by_name, out)
         elif a.startswith("-") and len(a) > 1:
-            j = 1
-            while j < len(a):
-                ch = a[j]
-                f = by_name.get(ch)
-                if f is None:
-                    raise UsageError(
-                        f"unknown shorthand flag: '{ch}' in {a}\nSee 'docker {cmd} --help'."
-                    )
-                key = f.names[0]
-                if f.takes_value:
-                    rest = a[j + 1 :]
-                    if rest.startswith("="):
-                        rest = rest[1:]
-                    if not rest:
-                        if i + 1 >= len(args):
-                            raise UsageError(
-                                f"flag needs an argument: '{ch}' in -{ch}\n"
-                                f"See 'docker {cmd} --help'."
-                            )
-                        i += 1
-                        rest = args[i]
-                    out.values.setdefault(key, []).append(rest)
-                    break
-                out.values.setdefault(key, []).append("true")
-                j += 1
+            i = _short_flags(cmd, args, i, by_name, out)
         else:
             if not interspersed:
                 out.positional += args[i:]
@@ -99,6 +60,53 @@ def parse_flags(cmd: str, args: list[str], flags: list[Flag], interspersed: bool
             out.positional.append(a)
         i += 1
     return out
+
+
+def _long_flag(cmd: str, args: list[str], i: int, by_name: dict[str, Flag], out: Parsed) -> int:
+    """``args[i]`` is ``--name[=value]``: records it; the index of the last argument used."""
+    name, eq, val = args[i][2:].partition("=")
+    flag = by_name.get(name)
+    if flag is None:
+        raise UsageError(f"unknown flag: --{name}\nSee 'docker {cmd} --help'.")
+    key = flag.names[0]
+    if not flag.takes_value:
+        out.values.setdefault(key, []).append(val if eq else "true")
+        return i
+    if not eq:
+        if i + 1 >= len(args):
+            raise UsageError(f"flag needs an argument: --{name}\nSee 'docker {cmd} --help'.")
+        i += 1
+        val = args[i]
+    out.values.setdefault(key, []).append(val)
+    return i
+
+
+def _short_flags(cmd: str, args: list[str], i: int, by_name: dict[str, Flag], out: Parsed) -> int:
+    """``args[i]`` is ``-abc``: switches up to the first flag that takes a value, which takes
+    the rest of the word (past an ``=``) or the next argument; the index of the last used."""
+    a = args[i]
+    for j in range(1, len(a)):
+        ch = a[j]
+        flag = by_name.get(ch)
+        if flag is None:
+            raise UsageError(f"unknown shorthand flag: '{ch}' in {a}\nSee 'docker {cmd} --help'.")
+        key = flag.names[0]
+        if not flag.takes_value:
+            out.values.setdefault(key, []).append("true")
+            continue
+        rest = a[j + 1 :]
+        if rest.startswith("="):
+            rest = rest[1:]
+        if not rest:
+            if i + 1 >= len(args):
+                raise UsageError(
+                    f"flag needs an argument: '{ch}' in -{ch}\nSee 'docker {cmd} --help'."
+                )
+            i += 1
+            rest = args[i]
+        out.values.setdefault(key, []).append(rest)
+        break
+    return i
 
 
 VALUE = True  # Flag(names, VALUE): the flag takes a value

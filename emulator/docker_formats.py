@@ -151,17 +151,51 @@ def tabwrite(rows: list[list[str]], minwidth: int = 10, padding: int = 3) -> str
 
 def inspect_doc(node: NodeState, c: Container) -> dict[str, Any]:
     hc = c.host_config
-    exposed = {cport: {} for cport, _, _ in c.ports}
-    port_map: dict[str, Any] = {}
-    for cport, hip, hport in c.ports:
-        entries = port_map.setdefault(cport, [])
-        if c.running:
-            if hip in ("", "0.0.0.0"):  # noqa: S104 - text docker prints, not a bind
-                entries.append({"HostIp": "0.0.0.0", "HostPort": str(hport)})  # noqa: S104
-                entries.append({"HostIp": "::", "HostPort": str(hport)})
-            else:
-                entries.append({"HostIp": hip, "HostPort": str(hport)})
-    ip_last = int(c.id[:2], 16) % 250 + 2
+    public_hc = {k: v for k, v in hc.items() if not k.startswith("_")}
+    return {
+        "Id": c.id,
+        "Created": rfc3339(c.created),
+        "Path": c.cmd[0] if c.cmd else "",
+        "Args": c.cmd[1:],
+        "State": _inspect_state(c),
+        "Image": image_id(c.image),
+        "ResolvConfPath": f"/var/lib/docker/containers/{c.id}/resolv.conf",
+        "HostnamePath": f"/var/lib/docker/containers/{c.id}/hostname",
+        "HostsPath": f"/var/lib/docker/containers/{c.id}/hosts",
+        "LogPath": f"/var/lib/docker/containers/{c.id}/{c.id}-json.log",
+        "Name": "/" + c.name,
+        "RestartCount": c.restart_count,
+        "Driver": "overlay2",
+        "Platform": "linux",
+        "MountLabel": "",
+        "ProcessLabel": "",
+        "AppArmorProfile": "docker-default",
+        "ExecIDs": None,
+        "HostConfig": public_hc,
+        "Mounts": [],
+        "Config": _inspect_config(c),
+        "NetworkSettings": _network_settings(c),
+    }
+
+
+def _inspect_state(c: Container) -> dict[str, Any]:
+    return {
+        "Status": c.state,
+        "Running": c.running,
+        "Paused": c.paused,
+        "Restarting": False,
+        "OOMKilled": c.oom_killed,
+        "Dead": False,
+        "Pid": c.pid if c.running else 0,
+        "ExitCode": c.exit_code,
+        "Error": c.error,
+        "StartedAt": rfc3339(c.started),
+        "FinishedAt": rfc3339(c.finished),
+    }
+
+
+def _inspect_config(c: Container) -> dict[str, Any]:
+    hc = c.host_config
     config: dict[str, Any] = {
         "Hostname": c.id[:12],
         "Domainname": "",
@@ -181,52 +215,32 @@ def inspect_doc(node: NodeState, c: Container) -> dict[str, Any]:
         "OnBuild": None,
         "Labels": dict(c.labels),
     }
+    exposed: dict[str, dict[str, Any]] = {cport: {} for cport, _, _ in c.ports}
     if exposed:
         config["ExposedPorts"] = exposed
-    public_hc = {k: v for k, v in hc.items() if not k.startswith("_")}
+    return config
+
+
+def _network_settings(c: Container) -> dict[str, Any]:
+    """The bridge network's view: an address and published ports only while it runs."""
+    port_map: dict[str, list[dict[str, str]]] = {}
+    for cport, hip, hport in c.ports:
+        entries = port_map.setdefault(cport, [])
+        if c.running:
+            if hip in ("", "0.0.0.0"):  # noqa: S104 - text docker prints, not a bind
+                entries.append({"HostIp": "0.0.0.0", "HostPort": str(hport)})  # noqa: S104
+                entries.append({"HostIp": "::", "HostPort": str(hport)})
+            else:
+                entries.append({"HostIp": hip, "HostPort": str(hport)})
+    ip_last = int(c.id[:2], 16) % 250 + 2
     return {
-        "Id": c.id,
-        "Created": rfc3339(c.created),
-        "Path": c.cmd[0] if c.cmd else "",
-        "Args": c.cmd[1:],
-        "State": {
-            "Status": c.state,
-            "Running": c.running,
-            "Paused": c.paused,
-            "Restarting": False,
-            "OOMKilled": c.oom_killed,
-            "Dead": False,
-            "Pid": c.pid if c.running else 0,
-            "ExitCode": c.exit_code,
-            "Error": c.error,
-            "StartedAt": rfc3339(c.started),
-            "FinishedAt": rfc3339(c.finished),
-        },
-        "Image": image_id(c.image),
-        "ResolvConfPath": f"/var/lib/docker/containers/{c.id}/resolv.conf",
-        "HostnamePath": f"/var/lib/docker/containers/{c.id}/hostname",
-        "HostsPath": f"/var/lib/docker/containers/{c.id}/hosts",
-        "LogPath": f"/var/lib/docker/containers/{c.id}/{c.id}-json.log",
-        "Name": "/" + c.name,
-        "RestartCount": c.restart_count,
-        "Driver": "overlay2",
-        "Platform": "linux",
-        "MountLabel": "",
-        "ProcessLabel": "",
-        "AppArmorProfile": "docker-default",
-        "ExecIDs": None,
-        "HostConfig": public_hc,
-        "Mounts": [],
-        "Config": config,
-        "NetworkSettings": {
-            "Bridge": "",
-            "SandboxID": hashlib.sha256(c.id.encode()).hexdigest() if c.running else "",
-            "Ports": port_map,
-            "Gateway": "172.17.0.1" if c.running else "",
-            "IPAddress": f"172.17.0.{ip_last}" if c.running else "",
-            "IPPrefixLen": 16 if c.running else 0,
-            "MacAddress": f"02:42:ac:11:00:{ip_last:02x}" if c.running else "",
-        },
+        "Bridge": "",
+        "SandboxID": hashlib.sha256(c.id.encode()).hexdigest() if c.running else "",
+        "Ports": port_map,
+        "Gateway": "172.17.0.1" if c.running else "",
+        "IPAddress": f"172.17.0.{ip_last}" if c.running else "",
+        "IPPrefixLen": 16 if c.running else 0,
+        "MacAddress": f"02:42:ac:11:00:{ip_last:02x}" if c.running else "",
     }
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .containers import Container, parse_size_mb, process_environment
@@ -13,6 +15,7 @@ from .docker_flags import (
     SWITCH,
     VALUE,
     Flag,
+    Parsed,
     UsageError,
     parse_flags,
     parse_gpus,
@@ -31,13 +34,64 @@ def _run_error(inv: Invocation, message: str, status: int = 125, cmd: str = "run
     return status
 
 
+class _Refused(Exception):  # noqa: N818 - control flow: the run ends with ``status``
+    """docker refused the run: what it says is written, ``status`` is its exit status."""
+
+    def __init__(self, status: int):
+        super().__init__(status)
+        self.status = status
+
+
+@dataclass
+class _RunRequest:
+    """What `docker run` / `docker create` was asked for, its flags read and checked."""
+
+    sub: str  # "run" or "create"
+    flags: Parsed
+    image: str
+    cmd: list[str]
+    env: list[str]
+    labels: dict[str, str]
+    host_config: dict[str, Any]
+    gpu_request: str | None
+    count: int | None  # GPUs asked for by number (-1: all)
+    devices: list[str] | None  # or by id
+
+
 def cmd_run(node: NodeState, inv: Invocation, args: list[str], *, create_only: bool = False) -> int:
+    """`docker run` / `docker create`: the flags read, the container created (its name free,
+    its image present), its GPU found and the container started; attached, its output."""
+    try:
+        req = _read_request(inv, args, create_only)
+        with node.lock:
+            node.refresh()
+            c = _create(node, inv, req)
+            if create_only:
+                inv.out(c.id + "\n")
+                return 0
+            err = _resolve_device(node, c, req.count, req.devices)
+            if err:
+                c.exit_code = 128
+                c.error = err
+                return _run_error(inv, "Error response from daemon: " + err, cmd=req.sub)
+            node.start_container(c)
+            _instant_commands(node, c)
+            node.refresh()
+            if req.flags.has("detach"):
+                inv.out(c.id + "\n")
+                return 0
+    except _Refused as refused:
+        return refused.status
+    return _attached(node, inv, c)
+
+
+def _read_request(inv: Invocation, args: list[str], create_only: bool) -> _RunRequest:
     sub = "create" if create_only else "run"
     try:
         p = parse_flags(sub, args, RUN_FLAGS, interspersed=False)
     except UsageError as e:
         inv.err(f"{e}\n")
-        return e.status
+        raise _Refused(e.status) from None
     if not p.positional:
         inv.err(
             f"\"docker {sub}\" requires at least 1 argument.\nSee 'docker {sub} --help'.\n\n"
@@ -48,9 +102,46 @@ def cmd_run(node: NodeState, inv: Invocation, args: list[str], *, create_only: b
                 else "Create a new container\n"
             )
         )
-        return 1
-    image, cmd = p.positional[0], p.positional[1:]
-    host_config: dict[str, Any] = {
+        raise _Refused(1)
+    host_config = _host_config(p, create_only)
+    refusal = _cpu_limits(p, host_config) or _memory_limits(p, host_config)
+    if refusal:
+        raise _Refused(_run_error(inv, refusal, cmd=sub))
+    gpu_request = p.get("gpus")
+    count = devices = None
+    if gpu_request is not None:
+        try:
+            count, devices = parse_gpus(gpu_request)
+        except UsageError as e:
+            inv.err(f"{e}\nSee 'docker {sub} --help'.\n")
+            raise _Refused(125) from None
+        host_config["DeviceRequests"] = [
+            {
+                "Driver": "",
+                "Count": count if count is not None else 0,
+                "DeviceIDs": devices,
+                "Capabilities": [["gpu"]],
+                "Options": {},
+            }
+        ]
+    return _RunRequest(
+        sub=sub,
+        flags=p,
+        image=p.positional[0],
+        cmd=p.positional[1:],
+        env=[e for e in p.all("env") if "=" in e],
+        labels={k: v for k, _, v in (label.partition("=") for label in p.all("label"))},
+        host_config=host_config,
+        gpu_request=gpu_request,
+        count=count,
+        devices=devices,
+    )
+
+
+def _host_config(p: Parsed, create_only: bool) -> dict[str, Any]:
+    """docker inspect's HostConfig from the flags (the limits come after); the keys that
+    start with "_" are the emulator's own and inspect leaves them out."""
+    return {
         "Binds": p.all("volume") or None,
         # --mount type=volume,source=<name>,target=<path>, as docker inspect shows it
         "Mounts": [_mount(m) for m in p.all("mount")] or None,
@@ -77,16 +168,19 @@ def cmd_run(node: NodeState, inv: Invocation, args: list[str], *, create_only: b
         "_User": p.get("user", ""),
         "_WorkingDir": p.get("workdir", ""),
     }
+
+
+def _cpu_limits(p: Parsed, host_config: dict[str, Any]) -> str:
+    """--cpus, --cpu-period and --cpu-quota into ``host_config``; what docker says of a bad
+    one ("": nothing)."""
     cpus = p.get("cpus")
     if cpus is not None:
         try:
             host_config["NanoCpus"] = int(round(float(cpus) * 1e9))
         except ValueError:
-            return _run_error(
-                inv,
+            return (
                 f'invalid argument "{cpus}" for "--cpus" flag: '
-                f"failed to parse {cpus} as a rational number",
-                cmd=sub,
+                f"failed to parse {cpus} as a rational number"
             )
     for flag, key in (("cpu-period", "CpuPeriod"), ("cpu-quota", "CpuQuota")):
         value = p.get(flag)
@@ -94,28 +188,25 @@ def cmd_run(node: NodeState, inv: Invocation, args: list[str], *, create_only: b
             try:
                 host_config[key] = int(value)
             except ValueError:
-                return _run_error(
-                    inv,
+                return (
                     f'invalid argument "{value}" for "--{flag}" flag: '
-                    f'strconv.ParseInt: parsing "{value}": invalid syntax',
-                    cmd=sub,
+                    f'strconv.ParseInt: parsing "{value}": invalid syntax'
                 )
     if host_config["NanoCpus"] and (host_config["CpuPeriod"] or host_config["CpuQuota"]):
-        return _run_error(
-            inv,
+        return (
             "Error response from daemon: Conflicting options: Nano CPUs and CPU Period "
-            "cannot both be set",
-            cmd=sub,
+            "cannot both be set"
         )
+    return ""
+
+
+def _memory_limits(p: Parsed, host_config: dict[str, Any]) -> str:
+    """--memory and --pids-limit into ``host_config``; what docker says of a bad one."""
     mem = p.get("memory")
     if mem is not None:
         mb = parse_size_mb(mem if mem[-1:].isalpha() else mem + "b")
         if mb is None:
-            return _run_error(
-                inv,
-                f'invalid argument "{mem}" for "-m, --memory" flag: invalid size: \'{mem}\'',
-                cmd=sub,
-            )
+            return f'invalid argument "{mem}" for "-m, --memory" flag: invalid size: \'{mem}\''
         host_config["Memory"] = int(mb * 1024 * 1024)
         host_config["MemorySwap"] = host_config["Memory"] * 2
     pids = p.get("pids-limit")
@@ -123,117 +214,91 @@ def cmd_run(node: NodeState, inv: Invocation, args: list[str], *, create_only: b
         try:
             host_config["PidsLimit"] = int(pids)
         except ValueError:
-            return _run_error(
-                inv,
+            return (
                 f'invalid argument "{pids}" for "--pids-limit" flag: '
-                f'strconv.ParseInt: parsing "{pids}": invalid syntax',
-                cmd=sub,
+                f'strconv.ParseInt: parsing "{pids}": invalid syntax'
             )
-    env: list[str] = []
-    for e in p.all("env"):
-        if "=" in e:
-            env.append(e)
-    labels: dict[str, str] = {}
-    for lab in p.all("label"):
-        k, _, v = lab.partition("=")
-        labels[k] = v
-    gpu_request = p.get("gpus")
-    count = devices = None
-    if gpu_request is not None:
-        try:
-            count, devices = parse_gpus(gpu_request)
-        except UsageError as e:
-            inv.err(f"{e}\nSee 'docker {sub} --help'.\n")
-            return 125
-        host_config["DeviceRequests"] = [
-            {
-                "Driver": "",
-                "Count": count if count is not None else 0,
-                "DeviceIDs": devices,
-                "Capabilities": [["gpu"]],
-                "Options": {},
-            }
-        ]
-    name = p.get("name")
-    with node.lock:
-        node.refresh()
-        try:
-            ports = parse_ports(p.all("publish"), node)
-        except UsageError as e:
-            inv.err(f"{e}\nSee 'docker {sub} --help'.\n")
-            return 125
-        for cport, hip, hport in ports:
-            host_config["PortBindings"].setdefault(cport, []).append(
-                {"HostIp": hip, "HostPort": str(hport) if hport else ""}
-            )
-        if name is not None:
-            if not _NAME_RE.match(name):
-                return _run_error(
-                    inv,
-                    f"Error response from daemon: Invalid container name ({name}), only "
-                    "[a-zA-Z0-9][a-zA-Z0-9_.-] are allowed",
-                    cmd=sub,
-                )
-            name = name.lstrip("/")
-            clash = next((c for c in node.containers.values() if c.name == name), None)
-            if clash is not None:
-                return _run_error(
-                    inv,
-                    "Error response from daemon: Conflict. The container name "
-                    f'"/{name}" is already '
-                    f'in use by container "{clash.id}". You have to remove (or rename) that '
-                    "container to be able to reuse that name",
-                    cmd=sub,
-                )
-        if (
-            node.images is not None
-            and image not in node.images
-            and image_ref(image) not in {image_ref(i) for i in node.images}
-        ):
-            repo = image_ref(image).rsplit(":", 1)[0]
-            inv.err(f"Unable to find image '{image_ref(image)}' locally\n")
-            return _run_error(
-                inv,
-                f"Error response from daemon: pull access denied for {repo}, repository does not "
-                "exist or may require 'docker login': denied: requested access to the resource "
-                "is denied",
-                cmd=sub,
-            )
-        now = node.clock.now()
-        # docker's merge: the image's configuration first, `--env` replaces a name in it
-        given = {e.partition("=")[0] for e in env}
-        own = node.image_env.get(image_ref(image), node.image_env.get(image, []))
-        env = [e for e in own if e.partition("=")[0] not in given] + env + node.run_env_extra
-        c = Container(
-            id=node.new_container_id(),
-            name=name or node.random_name(),
-            image=image,
-            cmd=cmd or list(DEFAULT_CMD),
-            env=env,
-            labels=labels,
-            created=now,
-            host_config=host_config,
-            ports=ports,
-            gpu_request=gpu_request,
-            auto_remove=p.has("rm"),
+    return ""
+
+
+def _create(node: NodeState, inv: Invocation, req: _RunRequest) -> Container:
+    """The container, added to the node (caller holds node.lock): its ports bound, its name
+    free, its image present."""
+    sub, host_config = req.sub, req.host_config
+    try:
+        ports = parse_ports(req.flags.all("publish"), node)
+    except UsageError as e:
+        inv.err(f"{e}\nSee 'docker {sub} --help'.\n")
+        raise _Refused(125) from None
+    for cport, hip, hport in ports:
+        host_config["PortBindings"].setdefault(cport, []).append(
+            {"HostIp": hip, "HostPort": str(hport) if hport else ""}
         )
-        node.containers[c.id] = c
-        if create_only:
-            inv.out(c.id + "\n")
-            return 0
-        err = _resolve_device(node, c, count, devices)
-        if err:
-            c.exit_code = 128
-            c.error = err
-            return _run_error(inv, "Error response from daemon: " + err, cmd=sub)
-        node.start_container(c)
-        _instant_commands(node, c)
-        node.refresh()
-        detached = p.has("detach")
-        if detached:
-            inv.out(c.id + "\n")
-            return 0
-    # attached: wait (bounded) for the container to exit, then show its output
+    name = req.flags.get("name")
+    if name is not None:
+        refusal = _name_refusal(node, name)
+        if refusal:
+            raise _Refused(_run_error(inv, refusal, cmd=sub))
+        name = name.lstrip("/")
+    image = req.image
+    if (
+        node.images is not None
+        and image not in node.images
+        and image_ref(image) not in {image_ref(i) for i in node.images}
+    ):
+        repo = image_ref(image).rsplit(":", 1)[0]
+        inv.err(f"Unable to find image '{image_ref(image)}' locally\n")
+        raise _Refused(
+            _run_error(
+                inv,
+                f"Error response from daemon: pull access denied for {repo}, repository does "
+                "not exist or may require 'docker login': denied: requested access to the "
+                "resource is denied",
+                cmd=sub,
+            )
+        )
+    now = node.clock.now()
+    # docker's merge: the image's configuration first, `--env` replaces a name in it
+    given = {e.partition("=")[0] for e in req.env}
+    own = node.image_env.get(image_ref(image), node.image_env.get(image, []))
+    env = [e for e in own if e.partition("=")[0] not in given] + req.env + node.run_env_extra
+    c = Container(
+        id=node.new_container_id(),
+        name=name or node.random_name(),
+        image=image,
+        cmd=req.cmd or list(DEFAULT_CMD),
+        env=env,
+        labels=req.labels,
+        created=now,
+        host_config=host_config,
+        ports=ports,
+        gpu_request=req.gpu_request,
+        auto_remove=req.flags.has("rm"),
+    )
+    node.containers[c.id] = c
+    return c
+
+
+def _name_refusal(node: NodeState, name: str) -> str:
+    """Why the daemon refuses ``name`` ("": it does not): not a name, or taken."""
+    if not _NAME_RE.match(name):
+        return (
+            f"Error response from daemon: Invalid container name ({name}), only "
+            "[a-zA-Z0-9][a-zA-Z0-9_.-] are allowed"
+        )
+    name = name.lstrip("/")
+    clash = next((c for c in node.containers.values() if c.name == name), None)
+    if clash is None:
+        return ""
+    return (
+        f'Error response from daemon: Conflict. The container name "/{name}" is already '
+        f'in use by container "{clash.id}". You have to remove (or rename) that '
+        "container to be able to reuse that name"
+    )
+
+
+def _attached(node: NodeState, inv: Invocation, c: Container) -> int:
+    """Attached: waits (bounded) for the container to exit, then shows its output."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         with node.lock:
@@ -273,7 +338,7 @@ def _resolve_device(
             return ""
         c.device = picked[0]
         return ""
-    n = len(node.gpus) if count in (None, -1) else count
+    n = len(node.gpus) if count is None or count == -1 else count
     if n > len(node.gpus):
         return (
             "failed to create task for container: failed to create shim task: OCI runtime create "
@@ -365,7 +430,13 @@ def _instant_commands(node: NodeState, c: Container) -> None:
         node.container_exit(c, now, code)
 
 
-def _each(node: NodeState, inv: Invocation, cmd: str, refs: list[str], action) -> int:
+def _each(
+    node: NodeState,
+    inv: Invocation,
+    cmd: str,
+    refs: list[str],
+    action: Callable[[Container], str],
+) -> int:
     if not refs:
         inv.err(f"\"docker {cmd}\" requires at least 1 argument.\nSee 'docker {cmd} --help'.\n")
         return 1

@@ -11,7 +11,7 @@ from typing import Any
 
 from . import gotemplate
 from .containers import Container
-from .docker_flags import SWITCH, VALUE, Flag, UsageError, parse_flags
+from .docker_flags import SWITCH, VALUE, Flag, Parsed, UsageError, parse_flags
 from .docker_formats import (
     API_VERSION,
     DEFAULT_CMD,
@@ -31,24 +31,24 @@ from .docker_formats import (
 from .shell import Invocation
 from .state import NodeState
 
+_PS_FLAGS = [
+    Flag(("all", "a"), SWITCH),
+    Flag(("quiet", "q"), SWITCH),
+    Flag(("no-trunc",), SWITCH),
+    Flag(("size", "s"), SWITCH),
+    Flag(("latest", "l"), SWITCH),
+    Flag(("last", "n"), VALUE),
+    Flag(("filter", "f"), VALUE),
+    Flag(("format",), VALUE),
+]
+_PS_FILTERS = ("label", "status", "name", "id", "ancestor", "exited")
+
+PsRow = tuple[Container, dict[str, Any]]  # a container and its `ps` template context
+
 
 def cmd_ps(node: NodeState, inv: Invocation, args: list[str]) -> int:
     try:
-        p = parse_flags(
-            "ps",
-            args,
-            [
-                Flag(("all", "a"), SWITCH),
-                Flag(("quiet", "q"), SWITCH),
-                Flag(("no-trunc",), SWITCH),
-                Flag(("size", "s"), SWITCH),
-                Flag(("latest", "l"), SWITCH),
-                Flag(("last", "n"), VALUE),
-                Flag(("filter", "f"), VALUE),
-                Flag(("format",), VALUE),
-            ],
-            interspersed=True,
-        )
+        p = parse_flags("ps", args, _PS_FLAGS, interspersed=True)
     except UsageError as e:
         inv.err(f"{e}\n")
         return e.status
@@ -64,10 +64,21 @@ def cmd_ps(node: NodeState, inv: Invocation, args: list[str]) -> int:
         if not eq:
             inv.err("Error response from daemon: bad format of filter (expected name=value)\n")
             return 1
-        if k not in ("label", "status", "name", "id", "ancestor", "exited"):
+        if k not in _PS_FILTERS:
             inv.err(f"Error response from daemon: invalid filter '{k}'\n")
             return 1
         filters.setdefault(k, []).append(v)
+    rows = _ps_rows(node, p, filters)
+    fmt = p.get("format")
+    if p.has("quiet") and not fmt:
+        for _, ctx in rows:
+            inv.out(ctx["ID"] + "\n")
+        return 0
+    return _ps_print(inv, fmt, rows)
+
+
+def _ps_rows(node: NodeState, p: Parsed, filters: dict[str, list[str]]) -> list[PsRow]:
+    """The containers to list, newest first, with their template contexts."""
     trunc = not p.has("no-trunc")
     with node.lock:
         node.refresh()
@@ -81,13 +92,12 @@ def cmd_ps(node: NodeState, inv: Invocation, args: list[str]) -> int:
             items = items[:1]
         elif p.get("last"):
             items = items[: int(p.get("last") or 0)]
-        contexts = [(c, ps_context(c, now, trunc)) for c in items]
-    fmt = p.get("format")
-    if p.has("quiet") and not fmt:
-        for _, ctx in contexts:
-            inv.out(ctx["ID"] + "\n")
-        return 0
-    if fmt in (None, "", "table"):
+        return [(c, ps_context(c, now, trunc)) for c in items]
+
+
+def _ps_print(inv: Invocation, fmt: str | None, rows: list[PsRow]) -> int:
+    """The rows through --format: a table (docker's default), `json`, or a template."""
+    if not fmt or fmt == "table":
         fmt = PS_DEFAULT
     if fmt == "json":
         fmt = "{{json .}}"
@@ -96,12 +106,12 @@ def cmd_ps(node: NodeState, inv: Invocation, args: list[str]) -> int:
         if fmt.startswith("table"):
             body = fmt[len("table") :].lstrip()
             header = gotemplate.render(body, PS_HEADERS, {"Label": lambda k: "LABEL"})
-            rows = [header.split("\t")]
-            for c, ctx in contexts:
-                rows.append(gotemplate.render(body, ctx, _ps_methods(c)).split("\t"))
-            inv.out(tabwrite(rows))
+            table = [header.split("\t")]
+            for c, ctx in rows:
+                table.append(gotemplate.render(body, ctx, _ps_methods(c)).split("\t"))
+            inv.out(tabwrite(table))
         else:
-            for c, ctx in contexts:
+            for c, ctx in rows:
                 inv.out(gotemplate.render(fmt, ctx, _ps_methods(c)) + "\n")
     except gotemplate.TemplateError as e:
         inv.err(f"template parsing error: template: :1: {e}\n")
@@ -217,7 +227,7 @@ def cmd_logs(node: NodeState, inv: Invocation, args: list[str]) -> int:
             return 1
         lines = list(c.logs)
     tail = p.get("tail", "all")
-    if tail not in ("all", "-1", None):
+    if tail is not None and tail not in ("all", "-1"):
         try:
             n = int(tail)
         except ValueError:

@@ -6,6 +6,7 @@ it), and `du` of a volume's directory, whose size tests set (`EmulatedNode.set_v
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from .gotemplate import render
 from .shell import Invocation
@@ -18,7 +19,7 @@ def mountpoint(name: str) -> str:
     return f"{VOLUMES_ROOT}/{name}/_data"
 
 
-def _doc(node: NodeState, name: str) -> dict:
+def _doc(node: NodeState, name: str) -> dict[str, Any]:
     return {
         "CreatedAt": "2026-01-01T00:00:00Z",
         "Driver": "local",
@@ -40,65 +41,76 @@ def cmd_volume(node: NodeState, inv: Invocation, args: list[str]) -> int:
         return 1
     sub, rest = args[0], args[1:]
     if sub == "create":
-        labels: dict[str, str] = {}
-        names = []
-        while rest:
-            item = rest.pop(0)
-            if item in ("--label", "-l") and rest:
-                key, _, value = rest.pop(0).partition("=")
-                labels[key] = value
-            elif item.startswith("-"):
-                inv.err(f"unknown flag: {item}\nSee 'docker volume create --help'.\n")
-                return 125
-            else:
-                names.append(item)
-        if len(names) != 1:
-            inv.err('"docker volume create" requires at most 1 argument.\n')
-            return 1
-        node.volumes.setdefault(names[0], labels)
-        node.volume_bytes.setdefault(names[0], 0)
-        inv.out(names[0] + "\n")
-        return 0
+        return _create(node, inv, rest)
     if sub in ("ls", "list"):
         inv.out("DRIVER    VOLUME NAME\n")
         for name in sorted(node.volumes):
             inv.out(f"local     {name}\n")
         return 0
     if sub == "inspect":
-        template = None
-        if len(rest) >= 2 and rest[0] in ("--format", "-f"):
-            template, rest = rest[1], rest[2:]
-        missing = [n for n in rest if n not in node.volumes]
-        if missing or not rest:
-            inv.err(f"Error response from daemon: get {(missing or ['?'])[0]}: no such volume\n")
-            return 1
-        docs = [_doc(node, n) for n in rest]
-        if template is None:
-            inv.out(json.dumps(docs, indent=4) + "\n")
-        else:
-            for doc in docs:
-                inv.out(render(template, doc) + "\n")
-        return 0
+        return _inspect(node, inv, rest)
     if sub == "rm":
-        code = 0
-        for name in [a for a in rest if not a.startswith("-")]:
-            if name not in node.volumes:
-                inv.err(f"Error response from daemon: get {name}: no such volume\n")
-                code = 1
-                continue
-            users = _in_use(node, name)
-            if users:
-                inv.err(
-                    f"Error response from daemon: remove {name}: volume is in use - [{users[0]}]\n"
-                )
-                code = 1
-                continue
-            del node.volumes[name]
-            node.volume_bytes.pop(name, None)
-            inv.out(name + "\n")
-        return code
+        return _rm(node, inv, rest)
     inv.err(f"docker: 'volume {sub}' is not a docker command.\n")
     return 1
+
+
+def _create(node: NodeState, inv: Invocation, rest: list[str]) -> int:
+    labels: dict[str, str] = {}
+    names = []
+    while rest:
+        item = rest.pop(0)
+        if item in ("--label", "-l") and rest:
+            key, _, value = rest.pop(0).partition("=")
+            labels[key] = value
+        elif item.startswith("-"):
+            inv.err(f"unknown flag: {item}\nSee 'docker volume create --help'.\n")
+            return 125
+        else:
+            names.append(item)
+    if len(names) != 1:
+        inv.err('"docker volume create" requires at most 1 argument.\n')
+        return 1
+    node.volumes.setdefault(names[0], labels)
+    node.volume_bytes.setdefault(names[0], 0)
+    inv.out(names[0] + "\n")
+    return 0
+
+
+def _inspect(node: NodeState, inv: Invocation, rest: list[str]) -> int:
+    template = None
+    if len(rest) >= 2 and rest[0] in ("--format", "-f"):
+        template, rest = rest[1], rest[2:]
+    missing = [n for n in rest if n not in node.volumes]
+    if missing or not rest:
+        inv.err(f"Error response from daemon: get {(missing or ['?'])[0]}: no such volume\n")
+        return 1
+    docs = [_doc(node, n) for n in rest]
+    if template is None:
+        inv.out(json.dumps(docs, indent=4) + "\n")
+    else:
+        for doc in docs:
+            inv.out(render(template, doc) + "\n")
+    return 0
+
+
+def _rm(node: NodeState, inv: Invocation, rest: list[str]) -> int:
+    """Removes each named volume; one that is missing or in use is refused, not the rest."""
+    code = 0
+    for name in [a for a in rest if not a.startswith("-")]:
+        if name not in node.volumes:
+            inv.err(f"Error response from daemon: get {name}: no such volume\n")
+            code = 1
+            continue
+        users = _in_use(node, name)
+        if users:
+            inv.err(f"Error response from daemon: remove {name}: volume is in use - [{users[0]}]\n")
+            code = 1
+            continue
+        del node.volumes[name]
+        node.volume_bytes.pop(name, None)
+        inv.out(name + "\n")
+    return code
 
 
 def cmd_du(node: NodeState, inv: Invocation) -> int:

@@ -6,7 +6,7 @@ import json
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -451,7 +451,7 @@ class EmulatedFleet:
         authorized_keys: list[str] | str | None = None,
         state_dir: str | Path | None = None,
         *,
-        authorized_key_files: list[str | Path] | None = None,
+        authorized_key_files: Sequence[str | Path] | None = None,
         nodes: list[NodeSpec] | None = None,
         speed: float = 1.0,
         control_port: int | None = None,
@@ -469,12 +469,7 @@ class EmulatedFleet:
         authorized_keys: the platform's public key(s), OpenSSH lines."""
         fleet = cls()
         fleet.clock = Clock(speed)
-        if state_dir is None:
-            fleet.state_dir = Path(tempfile.mkdtemp(prefix="gpuplatform-emulator-"))
-            fleet._own_state_dir = True
-        else:
-            fleet.state_dir = Path(state_dir)
-            fleet.state_dir.mkdir(parents=True, exist_ok=True)
+        fleet._use_state_dir(state_dir)
         if isinstance(authorized_keys, str):
             authorized_keys = authorized_keys.splitlines()
         fleet.authorized = keys.AuthorizedKeys(
@@ -492,35 +487,57 @@ class EmulatedFleet:
         )
         try:
             for i, spec in enumerate(specs):
-                state = NodeState(spec, fleet.clock)
-                server = NodeServer(
-                    state,
-                    acceptor=fleet._acceptor,
-                    executor=fleet._executor,
-                    authorized=fleet.authorized,
-                    host_key_path=fleet.state_dir / spec.name / "ssh_host_ed25519_key",
-                    host=host,
-                    port=base_port + i if base_port else 0,
-                    users=users,
-                    max_output=max_output,
-                )
-                server.start()
-                node = EmulatedNode(state, server, host)
-                node.on_change = fleet.write_fleet_file
-                fleet.nodes.append(node)
+                port = base_port + i if base_port else 0
+                fleet._add_node(spec, host=host, port=port, users=users, max_output=max_output)
             if control_port is not None:
-                try:
-                    fleet.control = ControlServer(fleet, host=host, port=control_port)
-                except OSError:
-                    if not control_port_fallback:
-                        raise
-                    fleet.control = ControlServer(fleet, host=host, port=0)  # see fleet.json
-                fleet.control.start()
+                fleet._start_control(host, control_port, fallback=control_port_fallback)
         except BaseException:
             fleet.stop()
             raise
         fleet.write_fleet_file()
         return fleet
+
+    def _use_state_dir(self, state_dir: str | Path | None) -> None:
+        """Host keys and fleet.json go there; None: a temporary directory, removed on stop."""
+        if state_dir is None:
+            self.state_dir = Path(tempfile.mkdtemp(prefix="gpuplatform-emulator-"))
+            self._own_state_dir = True
+        else:
+            self.state_dir = Path(state_dir)
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+
+    def _add_node(
+        self, spec: NodeSpec, *, host: str, port: int, users: set[str] | None, max_output: int
+    ) -> None:
+        """One node: its state, and its sshd listening on ``port`` (0: the OS picks)."""
+        assert self.state_dir is not None and self.authorized is not None
+        assert self._acceptor is not None and self._executor is not None
+        state = NodeState(spec, self.clock)
+        server = NodeServer(
+            state,
+            acceptor=self._acceptor,
+            executor=self._executor,
+            authorized=self.authorized,
+            host_key_path=self.state_dir / spec.name / "ssh_host_ed25519_key",
+            host=host,
+            port=port,
+            users=users,
+            max_output=max_output,
+        )
+        server.start()
+        node = EmulatedNode(state, server, host)
+        node.on_change = self.write_fleet_file
+        self.nodes.append(node)
+
+    def _start_control(self, host: str, port: int, *, fallback: bool) -> None:
+        """The JSON control API; with ``fallback`` a busy port falls back to a free one."""
+        try:
+            self.control = ControlServer(self, host=host, port=port)
+        except OSError:
+            if not fallback:
+                raise
+            self.control = ControlServer(self, host=host, port=0)  # see fleet.json
+        self.control.start()
 
     # ------------------------------------------------------------------ access
     def node(self, name: str) -> EmulatedNode:

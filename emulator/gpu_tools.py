@@ -25,48 +25,7 @@ def sampler_document(node: NodeState, *, discover: bool) -> dict[str, Any]:
     """Schema-1 document from the node's current state (caller holds node.lock)."""
     node.refresh()
     now = node.clock.now()
-    gpus = []
-    for gpu in node.gpus:
-        used = node.gpu_used_mb(gpu)
-        total = gpu.model.memory_mb
-        if gpu.mig_enabled:
-            util_gpu = util_mem = None
-        else:
-            util_gpu, util_mem = node.gpu_util(gpu)
-        gpus.append(
-            {
-                "index": gpu.index,
-                "uuid": gpu.uuid,
-                "name": gpu.model.name,
-                "pci_bus_id": gpu.pci_bus_id,
-                "memory_total_mb": total,
-                "memory_used_mb": used,
-                "memory_free_mb": total - used,
-                "utilization_gpu": util_gpu,
-                "utilization_memory": util_mem,
-                "temperature_c": node.gpu_temperature(gpu),
-                "power_w": node.gpu_power(gpu),
-                "mig_capable": gpu.model.mig_capable,
-                "mig_enabled": gpu.mig_enabled,
-                "mig_devices": [
-                    {
-                        "uuid": mig.uuid,
-                        "gi_id": mig.gi_id,
-                        "ci_id": mig.ci_id,
-                        "profile": mig.profile.name,
-                        "memory_total_mb": mig.profile.memory_mb,
-                        "memory_used_mb": node.mig_used_mb(gpu, k),
-                    }
-                    for k, mig in enumerate(gpu.mig_devices)
-                ]
-                if gpu.mig_enabled
-                else [],
-                "ecc_uncorrected_volatile": gpu.ecc_uncorrected if gpu.model.ecc else None,
-                "retired_pages_pending": gpu.retired_pages_pending,
-                "remapped_rows_pending": gpu.remapped_rows_pending,
-                "remapped_rows_failure": gpu.remapped_rows_failure,
-            }
-        )
+    gpus = [_sampler_gpu(node, gpu) for gpu in node.gpus]
     processes = [
         {
             "gpu_uuid": node.gpus[p.gpu_index].uuid,
@@ -79,9 +38,6 @@ def sampler_document(node: NodeState, *, discover: bool) -> dict[str, Any]:
         }
         for p in sorted(node.processes, key=lambda p: (p.gpu_index, p.pid))
     ]
-    fresh = [x for x in node.xids if x.seq > node.sampler_xid_cursor]
-    if fresh:
-        node.sampler_xid_cursor = fresh[-1].seq
     doc: dict[str, Any] = {
         "schema": 1,
         "source": "nvml",
@@ -91,44 +47,100 @@ def sampler_document(node: NodeState, *, discover: bool) -> dict[str, Any]:
         "cuda_version": node.cuda_version,
         "gpus": gpus,
         "processes": processes,
-        "xid_events": [
-            {
-                "pci_bus_id": node.gpus[x.gpu_index].kernel_pci,
-                "xid": x.code,
-                "pid": x.pid,
-                "raw": xid_raw(node.gpus[x.gpu_index], x),
-            }
-            for x in fresh
-        ],
+        "xid_events": _fresh_xid_events(node),
     }
     books = node.quota_books()
     if books is not None:
         doc["quota_usage"] = books
     if discover:
-        doc["capabilities"] = {
-            "docker": True,
-            "nvidia_runtime": True,
-            "mig": any(g.model.mig_capable for g in node.gpus),
-            "vram_quota_library": node.quota_library,
-            "preflight": {
-                "os": "Ubuntu 22.04.4 LTS",
-                "kernel": "5.15.0-105-generic",
-                "docker_version": "26.1.4",
-                "cgroup_version": "2",
-                "runc_version": node.runc_version,
-                # a distribution's runc prints its build as its commit
-                "runc_commit": node.runc_build or node.runc_version,
-                "runc_path": node.runc_path,
-                "runc_package": node.runc_package if node.runc_build else "",
-                "runc_build": node.runc_build if node.runc_package else "",
-                "userns_remap": "true" if node.userns_remap else "false",
-                "toolkit_version": node.toolkit_version,
-                "toolkit_build": f"{node.toolkit_version}-1" if node.toolkit_version else "",
-                "toolkit_source": "nvidia-ctk" if node.toolkit_version else "",
-            },
-        }
+        doc["capabilities"] = _capabilities(node)
     doc["errors"] = []
     return doc
+
+
+def _sampler_gpu(node: NodeState, gpu: GpuState) -> dict[str, Any]:
+    used = node.gpu_used_mb(gpu)
+    total = gpu.model.memory_mb
+    util_gpu: int | None
+    util_mem: int | None
+    if gpu.mig_enabled:
+        util_gpu = util_mem = None
+    else:
+        util_gpu, util_mem = node.gpu_util(gpu)
+    return {
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "name": gpu.model.name,
+        "pci_bus_id": gpu.pci_bus_id,
+        "memory_total_mb": total,
+        "memory_used_mb": used,
+        "memory_free_mb": total - used,
+        "utilization_gpu": util_gpu,
+        "utilization_memory": util_mem,
+        "temperature_c": node.gpu_temperature(gpu),
+        "power_w": node.gpu_power(gpu),
+        "mig_capable": gpu.model.mig_capable,
+        "mig_enabled": gpu.mig_enabled,
+        "mig_devices": [
+            {
+                "uuid": mig.uuid,
+                "gi_id": mig.gi_id,
+                "ci_id": mig.ci_id,
+                "profile": mig.profile.name,
+                "memory_total_mb": mig.profile.memory_mb,
+                "memory_used_mb": node.mig_used_mb(gpu, k),
+            }
+            for k, mig in enumerate(gpu.mig_devices)
+        ]
+        if gpu.mig_enabled
+        else [],
+        "ecc_uncorrected_volatile": gpu.ecc_uncorrected if gpu.model.ecc else None,
+        "retired_pages_pending": gpu.retired_pages_pending,
+        "remapped_rows_pending": gpu.remapped_rows_pending,
+        "remapped_rows_failure": gpu.remapped_rows_failure,
+    }
+
+
+def _fresh_xid_events(node: NodeState) -> list[dict[str, Any]]:
+    """The Xid events since the sampler last read them (each is read once)."""
+    fresh = [x for x in node.xids if x.seq > node.sampler_xid_cursor]
+    if fresh:
+        node.sampler_xid_cursor = fresh[-1].seq
+    return [
+        {
+            "pci_bus_id": node.gpus[x.gpu_index].kernel_pci,
+            "xid": x.code,
+            "pid": x.pid,
+            "raw": xid_raw(node.gpus[x.gpu_index], x),
+        }
+        for x in fresh
+    ]
+
+
+def _capabilities(node: NodeState) -> dict[str, Any]:
+    """What `--discover` adds: the node's runtime, its quota library, its preflight facts."""
+    return {
+        "docker": True,
+        "nvidia_runtime": True,
+        "mig": any(g.model.mig_capable for g in node.gpus),
+        "vram_quota_library": node.quota_library,
+        "preflight": {
+            "os": "Ubuntu 22.04.4 LTS",
+            "kernel": "5.15.0-105-generic",
+            "docker_version": "26.1.4",
+            "cgroup_version": "2",
+            "runc_version": node.runc_version,
+            # a distribution's runc prints its build as its commit
+            "runc_commit": node.runc_build or node.runc_version,
+            "runc_path": node.runc_path,
+            "runc_package": node.runc_package if node.runc_build else "",
+            "runc_build": node.runc_build if node.runc_package else "",
+            "userns_remap": "true" if node.userns_remap else "false",
+            "toolkit_version": node.toolkit_version,
+            "toolkit_build": f"{node.toolkit_version}-1" if node.toolkit_version else "",
+            "toolkit_source": "nvidia-ctk" if node.toolkit_version else "",
+        },
+    }
 
 
 def cmd_python3(node: NodeState, inv: Invocation) -> int:
@@ -406,8 +418,8 @@ def cmd_nvidia_smi(node: NodeState, inv: Invocation) -> int:
     while i < len(args):
         a = args[i]
         if a.startswith("--") and "=" in a:
-            k, _, v = a.partition("=")
-            opts[k] = v
+            key, _, value = a.partition("=")
+            opts[key] = value
         elif a in ("--query-gpu", "--query-compute-apps", "--format", "-i", "--id"):
             if i + 1 >= len(args):
                 inv.out(f'Option "{a}" requires an argument.\n')
@@ -489,102 +501,135 @@ def _csv(
     if header:
         lines.append(", ".join(table[f][0] for f in fields))
     if apps:
-        wanted = {g.index for g in gpus}
-        for p in sorted(node.processes, key=lambda p: (p.gpu_index, p.pid)):
-            if p.gpu_index not in wanted:
-                continue
-            gpu = node.gpus[p.gpu_index]
-            row = []
-            for f in fields:
-                value = {
-                    "timestamp": _smi_timestamp(now),
-                    "gpu_name": gpu.model.name,
-                    "gpu_bus_id": gpu.pci_bus_id,
-                    "gpu_serial": _gpu_value(node, gpu, "serial", now)[0],
-                    "gpu_uuid": gpu.uuid,
-                    "pid": str(p.pid),
-                    "process_name": p.exe,
-                    "used_memory": str(p.used_mb),
-                }[f]
-                if f == "used_memory" and units:
-                    value += " MiB"
-                row.append(value)
-            lines.append(", ".join(row))
+        lines += _app_lines(node, gpus, fields, units, now)
     else:
-        for gpu in gpus:
-            row = []
-            for f in fields:
-                value, has_unit = _gpu_value(node, gpu, f, now)
-                if units and has_unit and table[f][1]:
-                    value = f"{value} {table[f][1]}"
-                row.append(value)
-            lines.append(", ".join(row))
+        lines += _gpu_lines(node, gpus, fields, units, now)
     if lines:
         inv.out("\n".join(lines) + "\n")
     return 0
 
 
+def _app_lines(
+    node: NodeState, gpus: list[GpuState], fields: list[str], units: bool, now: float
+) -> list[str]:
+    """--query-compute-apps: one line per process on the selected GPUs."""
+    lines = []
+    wanted = {g.index for g in gpus}
+    for p in sorted(node.processes, key=lambda p: (p.gpu_index, p.pid)):
+        if p.gpu_index not in wanted:
+            continue
+        gpu = node.gpus[p.gpu_index]
+        row = []
+        for f in fields:
+            value = {
+                "timestamp": _smi_timestamp(now),
+                "gpu_name": gpu.model.name,
+                "gpu_bus_id": gpu.pci_bus_id,
+                "gpu_serial": _gpu_value(node, gpu, "serial", now)[0],
+                "gpu_uuid": gpu.uuid,
+                "pid": str(p.pid),
+                "process_name": p.exe,
+                "used_memory": str(p.used_mb),
+            }[f]
+            if f == "used_memory" and units:
+                value += " MiB"
+            row.append(value)
+        lines.append(", ".join(row))
+    return lines
+
+
+def _gpu_lines(
+    node: NodeState, gpus: list[GpuState], fields: list[str], units: bool, now: float
+) -> list[str]:
+    """--query-gpu: one line per selected GPU."""
+    lines = []
+    for gpu in gpus:
+        row = []
+        for f in fields:
+            value, has_unit = _gpu_value(node, gpu, f, now)
+            if units and has_unit and _GPU_FIELDS[f][1]:
+                value = f"{value} {_GPU_FIELDS[f][1]}"
+            row.append(value)
+        lines.append(", ".join(row))
+    return lines
+
+
+_BAR = "+" + "-" * 89 + "+"
+_SEP = "+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+"
+
+
+def _row(*cells: str) -> str:
+    """One line of the screen: three columns, or one across the width."""
+    widths = (39, 22, 20) if len(cells) == 3 else (87,)
+    return "| " + " | ".join(c[:w].ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+
 def _summary_table(node: NodeState, gpus: list[GpuState], now: float) -> str:
     """The human-readable default `nvidia-smi` screen (approximate; nothing parses it)."""
-    bar = "+" + "-" * 89 + "+"
-    sep = "+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+"
-
-    def row(*cells: str) -> str:
-        widths = (39, 22, 20) if len(cells) == 3 else (87,)
-        return "| " + " | ".join(c[:w].ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
-
     out = [
         datetime.fromtimestamp(now, UTC).strftime("%a %b %d %H:%M:%S %Y"),
-        bar,
-        row(
+        _BAR,
+        _row(
             f"NVIDIA-SMI {node.driver_version:<19}Driver Version: {node.driver_version:<15}"
             f"CUDA Version: {node.cuda_version}"
         ),
-        sep,
-        row(
+        _SEP,
+        _row(
             "GPU  Name                 Persistence-M",
             "Bus-Id          Disp.A",
             "Volatile Uncorr. ECC",
         ),
-        row(
+        _row(
             "Fan  Temp   Perf          Pwr:Usage/Cap",
             "          Memory-Usage",
             "GPU-Util  Compute M.",
         ),
-        row("", "", "              MIG M."),
-        sep.replace("-", "="),
+        _row("", "", "              MIG M."),
+        _SEP.replace("-", "="),
     ]
     for gpu in gpus:
-        used = node.gpu_used_mb(gpu)
-        p = node.gpu_power(gpu)
-        pw = f"{p:.0f}W / {gpu.model.tdp_w:.0f}W" if p is not None else "N/A /  N/A"
-        ecc = str(gpu.ecc_uncorrected) if gpu.model.ecc else "N/A"
-        mig = ("Enabled" if gpu.mig_enabled else "Disabled") if gpu.model.mig_capable else "N/A"
-        util = "N/A" if gpu.mig_enabled else f"{node.gpu_util(gpu)[0]}%"
-        out.append(row(f"{gpu.index:>3}  {gpu.model.name[:27]:<27}     On",
-                       f"{gpu.pci_bus_id:<16} Off", f"{ecc:>20}"))  # fmt: skip
-        out.append(row(f"N/A   {node.gpu_temperature(gpu):>2}C    P0 {pw:>23}",
-                       f"{used}MiB / {gpu.model.memory_mb}MiB".rjust(22),
-                       f"{util:>8}      Default"))  # fmt: skip
-        out.append(row("", "", f"{mig:>20}"))
-        out.append(sep)
+        out += _summary_gpu(node, gpu)
     out += [
         "",
-        bar,
-        row("Processes:"),
-        row(" GPU   GI   CI        PID   Type   Process name" + " " * 30 + "GPU Memory"),
-        row("       ID   ID" + " " * 63 + "Usage"),
-        bar.replace("-", "="),
+        _BAR,
+        _row("Processes:"),
+        _row(" GPU   GI   CI        PID   Type   Process name" + " " * 30 + "GPU Memory"),
+        _row("       ID   ID" + " " * 63 + "Usage"),
+        _BAR.replace("-", "="),
     ]
+    out += _summary_processes(node, gpus)
+    out.append(_BAR)
+    return "\n".join(out) + "\n"
+
+
+def _summary_gpu(node: NodeState, gpu: GpuState) -> list[str]:
+    used = node.gpu_used_mb(gpu)
+    p = node.gpu_power(gpu)
+    pw = f"{p:.0f}W / {gpu.model.tdp_w:.0f}W" if p is not None else "N/A /  N/A"
+    ecc = str(gpu.ecc_uncorrected) if gpu.model.ecc else "N/A"
+    mig = ("Enabled" if gpu.mig_enabled else "Disabled") if gpu.model.mig_capable else "N/A"
+    util = "N/A" if gpu.mig_enabled else f"{node.gpu_util(gpu)[0]}%"
+    return [
+        _row(f"{gpu.index:>3}  {gpu.model.name[:27]:<27}     On",
+             f"{gpu.pci_bus_id:<16} Off", f"{ecc:>20}"),
+        _row(f"N/A   {node.gpu_temperature(gpu):>2}C    P0 {pw:>23}",
+             f"{used}MiB / {gpu.model.memory_mb}MiB".rjust(22),
+             f"{util:>8}      Default"),
+        _row("", "", f"{mig:>20}"),
+        _SEP,
+    ]  # fmt: skip
+
+
+def _summary_processes(node: NodeState, gpus: list[GpuState]) -> list[str]:
     procs = [p for p in node.processes if p.gpu_index in {g.index for g in gpus}]
     if not procs:
-        out.append(row(" No running processes found"))
+        return [_row(" No running processes found")]
+    out = []
     for p in sorted(procs, key=lambda p: (p.gpu_index, p.pid)):
         gpu = node.gpus[p.gpu_index]
         gi = ci = "N/A"
         if p.mig_index is not None:
             gi, ci = str(gpu.mig_devices[p.mig_index].gi_id), "0"
-        out.append(row(f" {p.gpu_index:>3}  {gi:>4} {ci:>4} {p.pid:>10}      C   "
-                       f"{p.exe[:40]:<40} {f'{p.used_mb}MiB':>9}"))  # fmt: skip
-    out.append(bar)
-    return "\n".join(out) + "\n"
+        out.append(_row(f" {p.gpu_index:>3}  {gi:>4} {ci:>4} {p.pid:>10}      C   "
+                        f"{p.exe[:40]:<40} {f'{p.used_mb}MiB':>9}"))  # fmt: skip
+    return out

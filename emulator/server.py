@@ -16,7 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import paramiko
-from paramiko.common import MSG_CHANNEL_REQUEST
+from paramiko.common import (
+    AUTH_FAILED,
+    AUTH_SUCCESSFUL,
+    MSG_CHANNEL_REQUEST,
+    OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED,
+    OPEN_SUCCEEDED,
+)
 
 from . import commands, gpu_tools, keys
 from .shell import Result, Shell, StdinSource
@@ -106,7 +112,8 @@ def _handle_request_then_exec(chan: paramiko.Channel, m: paramiko.Message) -> No
     """Channel._handle_request, then start the exec it accepted: only once paramiko has
     sent the reply to the exec request may the command's output, exit status and close go
     out (otherwise a fast command closes the channel before the client saw the reply)."""
-    paramiko.Channel._handle_request(chan, m)
+    # a private paramiko method the stubs leave out: the hook this module exists to wrap
+    paramiko.Channel._handle_request(chan, m)  # type: ignore[attr-defined]
     iface = chan.transport.server_object if chan.transport else None
     start = iface.pending.pop(chan.chanid, None) if isinstance(iface, _Iface) else None
     if start is not None:
@@ -114,8 +121,9 @@ def _handle_request_then_exec(chan: paramiko.Channel, m: paramiko.Message) -> No
 
 
 class _ServerTransport(paramiko.Transport):
+    # paramiko's private dispatch table (the stubs leave it out), with the exec hook above
     _channel_handler_table = {
-        **paramiko.Transport._channel_handler_table,
+        **paramiko.Transport._channel_handler_table,  # type: ignore[attr-defined]
         MSG_CHANNEL_REQUEST: _handle_request_then_exec,
     }
 
@@ -123,29 +131,27 @@ class _ServerTransport(paramiko.Transport):
 class _Iface(paramiko.ServerInterface):
     def __init__(self, server: NodeServer):
         self.server = server
-        self.pending: dict[int, Callable[[], None]] = {}
+        self.pending: dict[int, Callable[[], object]] = {}  # channel id -> its exec's start
 
     def get_allowed_auths(self, username: str) -> str:
         return "publickey"
 
     def check_auth_none(self, username: str) -> int:
-        return paramiko.AUTH_FAILED
+        return AUTH_FAILED
 
     def check_auth_password(self, username: str, password: str) -> int:
-        return paramiko.AUTH_FAILED
+        return AUTH_FAILED
 
     def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:
         users = self.server.users
         if users is not None and username not in users:
-            return paramiko.AUTH_FAILED
-        return (
-            paramiko.AUTH_SUCCESSFUL if self.server.authorized.allows(key) else paramiko.AUTH_FAILED
-        )
+            return AUTH_FAILED
+        return AUTH_SUCCESSFUL if self.server.authorized.allows(key) else AUTH_FAILED
 
     def check_channel_request(self, kind: str, chanid: int) -> int:
         if kind == "session":
-            return paramiko.OPEN_SUCCEEDED
-        return paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+            return OPEN_SUCCEEDED
+        return OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
 
     def check_channel_env_request(
         self, channel: paramiko.Channel, name: bytes, value: bytes

@@ -160,95 +160,119 @@ def _lex_dollar(src: str, i: int, word: Word, quoted: bool) -> int:
 
 
 def lex(src: str) -> list[Word | Op]:
-    tokens: list[Word | Op] = []
-    word: Word | None = None
-    i, n = 0, len(src)
+    return _Lexer(src).run()
 
-    def flush() -> None:
-        nonlocal word
-        if word is not None:
-            tokens.append(word)
-            word = None
 
-    while i < n:
-        c = src[i]
+class _Lexer:
+    """One pass over a script: words (literal, quoted and expanded parts) and operators."""
+
+    def __init__(self, src: str) -> None:
+        self.src = src
+        self.n = len(src)
+        self.i = 0
+        self.tokens: list[Word | Op] = []
+        self.word: Word | None = None  # the word being read, if any
+
+    def run(self) -> list[Word | Op]:
+        while self.i < self.n:
+            self._step(self.src[self.i])
+        self._flush()
+        return self.tokens
+
+    def _flush(self) -> None:
+        if self.word is not None:
+            self.tokens.append(self.word)
+            self.word = None
+
+    def _current(self) -> Word:
+        if self.word is None:
+            self.word = Word()
+        return self.word
+
+    def _step(self, c: str) -> None:
+        src, i = self.src, self.i
         if c in " \t\r":
-            flush()
-            i += 1
+            self._flush()
+            self.i += 1
         elif c == "\n":
-            flush()
-            tokens.append(Op("\n"))
-            i += 1
-        elif c == "#" and word is None:
+            self._flush()
+            self.tokens.append(Op("\n"))
+            self.i += 1
+        elif c == "#" and self.word is None:
             j = src.find("\n", i)
-            i = n if j < 0 else j
+            self.i = self.n if j < 0 else j
         elif c == "\\":
-            if i + 1 < n and src[i + 1] == "\n":
-                i += 2
-                continue
-            word = word or Word()
-            word.add_lit(src[i + 1 : i + 2] or "\\", True)
-            i += 2
+            if i + 1 < self.n and src[i + 1] == "\n":  # a line continuation
+                self.i += 2
+                return
+            self._current().add_lit(src[i + 1 : i + 2] or "\\", True)
+            self.i += 2
         elif c == "'":
             j = src.find("'", i + 1)
             if j < 0:
                 raise ShellSyntaxError("unexpected EOF while looking for matching `''")
-            word = word or Word()
-            word.add_lit(src[i + 1 : j], True)
-            i = j + 1
+            self._current().add_lit(src[i + 1 : j], True)
+            self.i = j + 1
         elif c == '"':
-            word = word or Word()
-            word.add_lit("", True)
-            i += 1
-            buf: list[str] = []
-            while True:
-                if i >= n:
-                    raise ShellSyntaxError("unexpected EOF while looking for matching `\"'")
-                d = src[i]
-                if d == '"':
-                    i += 1
-                    break
-                if d == "\\" and i + 1 < n and src[i + 1] in '$`"\\\n':
-                    if src[i + 1] != "\n":
-                        buf.append(src[i + 1])
-                    i += 2
-                elif d == "$":
-                    word.add_lit("".join(buf), True)
-                    buf = []
-                    i = _lex_dollar(src, i, word, True)
-                elif d == "`":
-                    word.add_lit("".join(buf), True)
-                    buf = []
-                    inner, j = _find_backtick(src, i + 1)
-                    word.parts.append(Sub(inner, True))
-                    i = j + 1
-                else:
-                    buf.append(d)
-                    i += 1
-            word.add_lit("".join(buf), True)
+            self._double_quoted()
         elif c == "$":
-            word = word or Word()
-            i = _lex_dollar(src, i, word, False)
+            self.i = _lex_dollar(src, i, self._current(), False)
         elif c == "`":
-            word = word or Word()
+            word = self._current()
             inner, j = _find_backtick(src, i + 1)
             word.parts.append(Sub(inner, False))
-            i = j + 1
+            self.i = j + 1
         elif c in ";&|()<>":
-            op = next(o for o in _OPERATORS if src.startswith(o, i))
-            # `2>file`, `2>&1`: a word of digits right before a redirection is its fd
-            if op[0] in "<>" and word is not None and (word.plain() or "").isdigit():
-                tokens.append(Op("fd:" + word.plain()))  # type: ignore[operator]
-                word = None
-            flush()
-            tokens.append(Op(op))
-            i += len(op)
+            self._operator()
         else:
-            word = word or Word()
-            word.add_lit(c, False)
-            i += 1
-    flush()
-    return tokens
+            self._current().add_lit(c, False)
+            self.i += 1
+
+    def _double_quoted(self) -> None:
+        """From an opening double quote past its closing one: `$` and backticks expand,
+        a backslash escapes only what it escapes in a shell."""
+        src, n = self.src, self.n
+        word = self._current()
+        word.add_lit("", True)
+        i = self.i + 1
+        buf: list[str] = []
+        while True:
+            if i >= n:
+                raise ShellSyntaxError("unexpected EOF while looking for matching `\"'")
+            d = src[i]
+            if d == '"':
+                i += 1
+                break
+            if d == "\\" and i + 1 < n and src[i + 1] in '$`"\\\n':
+                if src[i + 1] != "\n":
+                    buf.append(src[i + 1])
+                i += 2
+            elif d == "$":
+                word.add_lit("".join(buf), True)
+                buf = []
+                i = _lex_dollar(src, i, word, True)
+            elif d == "`":
+                word.add_lit("".join(buf), True)
+                buf = []
+                inner, j = _find_backtick(src, i + 1)
+                word.parts.append(Sub(inner, True))
+                i = j + 1
+            else:
+                buf.append(d)
+                i += 1
+        word.add_lit("".join(buf), True)
+        self.i = i
+
+    def _operator(self) -> None:
+        op = next(o for o in _OPERATORS if self.src.startswith(o, self.i))
+        # `2>file`, `2>&1`: a word of digits right before a redirection is its fd
+        fd = self.word.plain() if self.word is not None else None
+        if op[0] in "<>" and fd is not None and fd.isdigit():
+            self.tokens.append(Op("fd:" + fd))
+            self.word = None
+        self._flush()
+        self.tokens.append(Op(op))
+        self.i += len(op)
 
 
 # --- parsing
@@ -320,12 +344,12 @@ def parse(src: str) -> list[AndOr]:
         elif op in (";", "&", "\n", "(", ")", ";;"):
             end_andor()
         elif op in (">", ">>", "<", ">&", "<&", "&>", "<<"):
-            if i >= len(tokens) or not isinstance(tokens[i], Word):
+            target = tokens[i] if i < len(tokens) else None
+            if not isinstance(target, Word):
                 raise ShellSyntaxError("syntax error near unexpected token `newline'")
-            target = tokens[i]
             i += 1
             fd = pending_fd if pending_fd is not None else (0 if op in ("<", "<&", "<<") else 1)
-            simple.redirects.append(Redirect(fd, op, target))  # type: ignore[arg-type]
+            simple.redirects.append(Redirect(fd, op, target))
         pending_fd = None
     end_andor()
     return script
@@ -498,11 +522,11 @@ class Shell:
             elif r.op in (">", ">>", ">&"):
                 routes[r.fd] = ("file", target, r.op == ">>")
             elif r.op in ("<", "<<"):
-                path = self._path(target)
-                if path not in self.files and path != "/dev/null":
+                source = self._path(target)
+                if source not in self.files and source != "/dev/null":
                     err += f"bash: {target}: No such file or directory\n".encode()
                     return 1
-                cmd_stdin = StdinSource(data=self.files.get(path, b""))
+                cmd_stdin = StdinSource(data=self.files.get(source, b""))
         if not fields:
             self.vars.update(assigns)
             status = 0

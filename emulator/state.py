@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from . import catalog
-from .catalog import NodeSpec
+from .catalog import GpuSpec, NodeSpec
 from .clock import Clock
 from .containers import Container, ContainerOps
 from .faults import Faults, XidRecord
@@ -83,19 +83,7 @@ class NodeState(ContainerOps, VramAccounting, Faults):
         # what the node's runtime adds to every container on its own (a daemon default, a
         # plugin, a tag re-pushed between the check and the start): "NAME=value" items
         self.run_env_extra: list[str] = []
-        self.gpus: list[GpuState] = []
-        for i, g in enumerate(spec.gpus):
-            m = catalog.model(g.model)
-            gpu = GpuState(
-                index=i,
-                uuid=catalog.stable_uuid(spec.name, i),
-                model=m,
-                pci_bus=catalog.PCI_BUSES[i % len(catalog.PCI_BUSES)] + 0x100 * (i // 14),
-            )
-            layout = g.mig_layout()
-            if layout is not None:
-                self._apply_mig(gpu, layout)
-            self.gpus.append(gpu)
+        self.gpus: list[GpuState] = [self._new_gpu(i, g) for i, g in enumerate(spec.gpus)]
         self.containers: dict[str, Container] = {}
         self.host_processes: dict[int, GpuProcess] = {}
         self.processes: list[GpuProcess] = []
@@ -115,8 +103,27 @@ class NodeState(ContainerOps, VramAccounting, Faults):
         self.execs: deque[ExecRecord] = deque(maxlen=audit_limit)
         self._audit_seq = itertools.count(1)
         self._exec_seq = itertools.count(1)
-        self.files: dict[str, bytes] = {
-            "/etc/hostname": f"{spec.name}\n".encode(),
+        self.files: dict[str, bytes] = self._first_files()
+        self.boot_files = dict(self.files)
+        self._boot_messages()
+
+    # ------------------------------------------------------------------ basics
+    def _new_gpu(self, index: int, g: GpuSpec) -> GpuState:
+        gpu = GpuState(
+            index=index,
+            uuid=catalog.stable_uuid(self.name, index),
+            model=catalog.model(g.model),
+            pci_bus=catalog.PCI_BUSES[index % len(catalog.PCI_BUSES)] + 0x100 * (index // 14),
+        )
+        layout = g.mig_layout()
+        if layout is not None:
+            self._apply_mig(gpu, layout)
+        return gpu
+
+    def _first_files(self) -> dict[str, bytes]:
+        """The files the node boots with."""
+        files = {
+            "/etc/hostname": f"{self.name}\n".encode(),
             "/etc/os-release": b'PRETTY_NAME="Ubuntu 22.04.4 LTS"\nNAME="Ubuntu"\n'
             b'VERSION_ID="22.04"\nID=ubuntu\n',
             "/proc/driver/nvidia/version": (
@@ -126,11 +133,9 @@ class NodeState(ContainerOps, VramAccounting, Faults):
             ).encode(),
         }
         if self.quota_library:
-            self.files[self.quota_library] = b"\x7fELF"
-        self.boot_files = dict(self.files)
-        self._boot_messages()
+            files[self.quota_library] = b"\x7fELF"
+        return files
 
-    # ------------------------------------------------------------------ basics
     def _apply_mig(self, gpu: GpuState, layout: tuple[str, ...]) -> None:
         gpu.mig_enabled = True
         gpu.mig_devices = []

@@ -16,6 +16,30 @@ if TYPE_CHECKING:
 # What an uncaught torch.OutOfMemoryError exits with (a Python exception, not a signal).
 CUDA_OOM_EXIT = 1
 
+Device = tuple[int, int | None]  # (GPU index, MIG device index; None: the whole card)
+
+
+class _FreeMemory:
+    """What is still free on each device while refresh hands memory out."""
+
+    def __init__(self, gpus: list[GpuState]) -> None:
+        self.remaining: dict[Device, float] = {}
+        for gpu in gpus:
+            if gpu.mig_enabled:
+                for k, mig in enumerate(gpu.mig_devices):
+                    self.remaining[(gpu.index, k)] = float(mig.profile.memory_mb)
+            self.remaining[(gpu.index, None)] = float(gpu.model.memory_mb - gpu.held_mb)
+
+    def free_for(self, dev: Device) -> float:
+        if dev[1] is None:
+            return self.remaining[dev]
+        return min(self.remaining[dev], self.remaining[(dev[0], None)])
+
+    def take(self, dev: Device, mb: float) -> None:
+        self.remaining[dev] -= mb
+        if dev[1] is not None:  # a MIG device's memory also comes out of the card
+            self.remaining[(dev[0], None)] -= mb
+
 
 class VramAccounting:
     """NodeState's memory accounting and GPU readings (mixed in by emulator.state, whose
@@ -47,7 +71,7 @@ class VramAccounting:
 
     def _cuda_oom_text(self, c: Container, gpu: GpuState, want: float, free: float) -> str:
         total = (
-            gpu.mig_devices[c.device[1]].profile.memory_mb  # type: ignore[index]
+            gpu.mig_devices[c.device[1]].profile.memory_mb
             if c.device and c.device[1] is not None
             else gpu.model.memory_mb
         )
@@ -68,7 +92,8 @@ class VramAccounting:
         """The workload's allocation failed: torch raises OutOfMemoryError, uncaught.
         The "oom" profile keeps its historical exit 137; any other exits 1, as Python
         does on an uncaught exception."""
-        gpu = self.gpus[c.device[0]]  # type: ignore[index]
+        assert c.device is not None  # only a container on a device allocates
+        gpu = self.gpus[c.device[0]]
         c.used_mb = int(held)
         w = c.workload
         code = 137 if w is not None and w.profile == "oom" else CUDA_OOM_EXIT
@@ -105,131 +130,142 @@ class VramAccounting:
             )
             # 1. time-determined exits (exit-after; OOM when the demand crosses the cap)
             for c in running:
-                w = c.workload
-                assert w is not None and c.started is not None
-                if c.paused:
-                    continue  # frozen: its clock does not move
-                candidates: list[tuple[float, str]] = []
-                if w.exit_after_s is not None:
-                    candidates.append((c.wall_time(w.exit_after_s / w.speed), "exit"))
-                cap = self.cap_for(c)
-                if cap is not None and (w.profile == "oom" or not w.cooperative):
-                    t = w.crossing(cap)
-                    if t is not None:
-                        candidates.append((c.wall_time(t / w.speed), "oom"))
-                due = [x for x in candidates if x[0] <= now]
-                if not due:
-                    continue
-                at, why = min(due)
-                if why == "exit":
-                    c.log(at, "stdout", "gpu-workload: finished")
-                    self.container_exit(c, at, w.exit_code)
-                else:
-                    assert cap is not None
-                    self._cuda_oom(c, at, cap, cap + 1, 0)
-            # 2. memory on each device
-            remaining: dict[tuple[int, int | None], float] = {}
-            for gpu in self.gpus:
-                if gpu.mig_enabled:
-                    for k, mig in enumerate(gpu.mig_devices):
-                        remaining[(gpu.index, k)] = float(mig.profile.memory_mb)
-                remaining[(gpu.index, None)] = float(gpu.model.memory_mb - gpu.held_mb)
-            procs: list[GpuProcess] = []
-            for hp in self.host_processes.values():
-                key = (hp.gpu_index, None)
-                hp.used_mb = int(max(0.0, min(hp.used_mb, remaining[key])))
-                remaining[key] -= hp.used_mb
-                procs.append(hp)
-
-            def free_for(dev: tuple[int, int | None]) -> float:
-                if dev[1] is None:
-                    return remaining[dev]
-                return min(remaining[dev], remaining[(dev[0], None)])
-
-            def take(dev: tuple[int, int | None], mb: float) -> None:
-                remaining[dev] -= mb
-                if dev[1] is not None:  # a MIG device's memory also comes out of the card
-                    remaining[(dev[0], None)] -= mb
-
+                self._timed_exit(c, now)
+            # 2. memory on each device: host processes first, then what each container
+            # already holds (up to what it still wants), then growth in start order
+            free = _FreeMemory(self.gpus)
+            procs = self._host_processes(free)
             live = [c for c in running if c.running]
-            wants: dict[str, tuple[float, float]] = {}  # id -> (workload t, demand)
-            held: dict[str, float] = {}
-            # 2a. what each container already holds (up to what it still wants) stays its own
+            wants, held = self._keep_held(live, now, free)
             for c in live:
-                w = c.workload
-                assert w is not None and c.device is not None
-                t = c.run_s(now) * w.speed
-                want = w.demand(t)
-                wants[c.id] = (t, want)
-                keep = max(0.0, min(want, float(c.used_mb), free_for(c.device)))
-                held[c.id] = keep
-                take(c.device, keep)
-            # 2b. growth, in start order, from what is free
-            for c in live:
-                w = c.workload
-                assert w is not None and c.device is not None and c.started is not None
-                gpu = self.gpus[c.device[0]]
-                t, want = wants[c.id]
-                dev_key = c.device
-                physical = held[c.id] + free_for(dev_key)
-                limit = self.cap_for(c)
-                cap = physical if limit is None else min(physical, limit)
-                if want > cap:
-                    if w.profile == "oom" or not w.cooperative:
-                        take(dev_key, -held[c.id])  # its memory is freed at once
-                        at = now
-                        crossing = w.crossing(cap) if not c.paused else None
-                        if crossing is not None:
-                            at = min(now, max(c.started, c.wall_time(crossing / w.speed)))
-                        self._cuda_oom(c, at, cap, want, physical - cap)
-                        continue
-                    if not c.quota_hit_logged:
-                        c.quota_hit_logged = True
-                        c.log(
-                            now,
-                            "stderr",
-                            (
-                                f"gpu-workload: allocation refused at {int(cap)} MiB "
-                                f"(wanted {int(want)} MiB): "
-                                + (
-                                    "VRAM quota"
-                                    if limit is not None and cap >= limit
-                                    else "device memory exhausted"
-                                )
-                                + ", holding"
-                            ),
-                        )
-                    want = cap
-                used = int(want)
-                c.used_mb = used
-                take(dev_key, used - held[c.id])
-                sm, mem = (0, 0) if c.paused else w.util(t)
-                if gpu.mig_enabled:  # per-process utilisation is not reported in MIG mode
-                    sm_v, mem_v = None, None
-                else:
-                    sm_v, mem_v = sm, mem
-                name = _process_name(c.cmd)
-                procs.append(
-                    GpuProcess(
-                        gpu.index,
-                        dev_key[1],
-                        c.pid,
-                        used,
-                        name,
-                        _exe(c.cmd),
-                        c.id,
-                        sm_v,
-                        mem_v,
-                        sm,
-                        mem,
-                    )
-                )
+                proc = self._grow(c, now, wants[c.id], held[c.id], free)
+                if proc is not None:
+                    procs.append(proc)
             self.processes = procs
             # 3. `docker run --rm`: exited containers go away
             for c in [
                 c for c in self.containers.values() if c.auto_remove and c.status == "exited"
             ]:
                 del self.containers[c.id]
+
+    def _timed_exit(self, c: Container, now: float) -> None:
+        """The container's exit if its time has come: its exit-after, or the moment its
+        demand crossed its cap (a CUDA OOM)."""
+        w = c.workload
+        assert w is not None and c.started is not None
+        if c.paused:
+            return  # frozen: its clock does not move
+        candidates: list[tuple[float, str]] = []
+        if w.exit_after_s is not None:
+            candidates.append((c.wall_time(w.exit_after_s / w.speed), "exit"))
+        cap = self.cap_for(c)
+        if cap is not None and (w.profile == "oom" or not w.cooperative):
+            t = w.crossing(cap)
+            if t is not None:
+                candidates.append((c.wall_time(t / w.speed), "oom"))
+        due = [x for x in candidates if x[0] <= now]
+        if not due:
+            return
+        at, why = min(due)
+        if why == "exit":
+            c.log(at, "stdout", "gpu-workload: finished")
+            self.container_exit(c, at, w.exit_code)
+        else:
+            assert cap is not None
+            self._cuda_oom(c, at, cap, cap + 1, 0)
+
+    def _host_processes(self, free: _FreeMemory) -> list[GpuProcess]:
+        """Processes outside containers keep what they hold, as far as the card has it."""
+        procs: list[GpuProcess] = []
+        for hp in self.host_processes.values():
+            key = (hp.gpu_index, None)
+            hp.used_mb = int(max(0.0, min(hp.used_mb, free.free_for(key))))
+            free.take(key, hp.used_mb)
+            procs.append(hp)
+        return procs
+
+    def _keep_held(
+        self, live: list[Container], now: float, free: _FreeMemory
+    ) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
+        """Each container's (workload time, demand), and what it keeps of what it already
+        holds: no more than it still wants, taken first, so growth never takes it."""
+        wants: dict[str, tuple[float, float]] = {}
+        held: dict[str, float] = {}
+        for c in live:
+            w = c.workload
+            assert w is not None and c.device is not None
+            t = c.run_s(now) * w.speed
+            want = w.demand(t)
+            wants[c.id] = (t, want)
+            keep = max(0.0, min(want, float(c.used_mb), free.free_for(c.device)))
+            held[c.id] = keep
+            free.take(c.device, keep)
+        return wants, held
+
+    def _grow(
+        self,
+        c: Container,
+        now: float,
+        t_want: tuple[float, float],
+        held: float,
+        free: _FreeMemory,
+    ) -> GpuProcess | None:
+        """The container's growth out of what is free on its device, up to its cap; past
+        the cap it dies of a CUDA OOM (None) or, cooperative, holds at the cap."""
+        w = c.workload
+        assert w is not None and c.device is not None and c.started is not None
+        t, want = t_want
+        dev_key = c.device
+        physical = held + free.free_for(dev_key)
+        limit = self.cap_for(c)
+        cap = physical if limit is None else min(physical, limit)
+        if want > cap:
+            if w.profile == "oom" or not w.cooperative:
+                free.take(dev_key, -held)  # its memory is freed at once
+                at = now
+                crossing = w.crossing(cap) if not c.paused else None
+                if crossing is not None:
+                    at = min(now, max(c.started, c.wall_time(crossing / w.speed)))
+                self._cuda_oom(c, at, cap, want, physical - cap)
+                return None
+            if not c.quota_hit_logged:
+                c.quota_hit_logged = True
+                c.log(
+                    now,
+                    "stderr",
+                    (
+                        f"gpu-workload: allocation refused at {int(cap)} MiB "
+                        f"(wanted {int(want)} MiB): "
+                        + (
+                            "VRAM quota"
+                            if limit is not None and cap >= limit
+                            else "device memory exhausted"
+                        )
+                        + ", holding"
+                    ),
+                )
+            want = cap
+        used = int(want)
+        c.used_mb = used
+        free.take(dev_key, used - held)
+        return self._container_process(c, t, used)
+
+    def _container_process(self, c: Container, t: float, used: int) -> GpuProcess:
+        """The GPU process of a running container, as NVML lists it."""
+        w = c.workload
+        assert w is not None and c.device is not None
+        gpu = self.gpus[c.device[0]]
+        sm, mem = (0, 0) if c.paused else w.util(t)
+        sm_v: int | None
+        mem_v: int | None
+        if gpu.mig_enabled:  # per-process utilisation is not reported in MIG mode
+            sm_v, mem_v = None, None
+        else:
+            sm_v, mem_v = sm, mem
+        name = _process_name(c.cmd)
+        return GpuProcess(
+            gpu.index, c.device[1], c.pid, used, name, _exe(c.cmd), c.id, sm_v, mem_v, sm, mem
+        )
 
     # ------------------------------------------------------------------ GPU readings
     def _aggregates(self) -> dict[tuple[int, int | None], list[int]]:

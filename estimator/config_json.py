@@ -4,7 +4,8 @@ decoders, GPT-2 style decoders, BERT-style encoders), with its quantization_conf
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from types import EllipsisType
+from typing import Any, overload
 
 from .architectures import READERS
 from .architectures.generic import check_generic
@@ -43,9 +44,27 @@ class _Reader:
         self.field = field
         self.keys: dict[str, str] = {}
 
-    def int(self, key: str, spec_field: str, *, default: Any = ..., maximum: int, minimum: int = 1):
+    @overload
+    def int(self, key: str, spec_field: str, *, maximum: int, minimum: int = 1) -> int: ...
+    @overload
+    def int(
+        self, key: str, spec_field: str, *, default: int, maximum: int, minimum: int = 1
+    ) -> int: ...
+    @overload
+    def int(
+        self, key: str, spec_field: str, *, default: int | None, maximum: int, minimum: int = 1
+    ) -> int | None: ...
+    def int(
+        self,
+        key: str,
+        spec_field: str,
+        *,
+        default: int | None | EllipsisType = ...,
+        maximum: int,
+        minimum: int = 1,
+    ) -> int | None:
         self.keys[spec_field] = key
-        if default is ...:
+        if isinstance(default, EllipsisType):
             return read_int(self.data, key, self.field, minimum=minimum, maximum=maximum)
         return read_int(
             self.data, key, self.field, default=default, minimum=minimum, maximum=maximum
@@ -111,46 +130,14 @@ def model_from_config(
     if model_type is not None and not isinstance(model_type, str):
         raise EstimatorError(f"{field}.model_type", "expected a string")
     family = FAMILY_OF_MODEL_TYPE.get(model_type or "")
-    if family in VISION_LANGUAGE:
-        return read_vision_language(
-            data, family, field=field, name=name or _name_of(data), source=source,
-            read_text=model_from_config,
-        )  # fmt: skip
-    text_config = data.get("text_config")
-    if family is None and isinstance(text_config, Mapping):
-        inner_type = text_config.get("model_type")
-        if isinstance(inner_type, str) and inner_type in FAMILY_OF_MODEL_TYPE:
-            towers = sorted(k for k in data if k.endswith("_config") and k != "text_config")
-            if any(isinstance(data[k], Mapping) for k in towers):
-                # Counting the language model alone would leave the tower out: a low count.
-                raise EstimatorError(
-                    f"{field}.model_type",
-                    f"model_type {str(model_type)[:40]!r} nests {inner_type!r} beside "
-                    f"{', '.join(towers)}, a tower the estimator does not count; give the "
-                    "checkpoint's model.safetensors.index.json (its metadata.total_size) or a "
-                    "safetensors header instead",
-                    code="unsupported_architecture",
-                )
-            return model_from_config(
-                text_config,
-                field=f"{field}.text_config",
-                name=name or _name_of(data),
-                source=source,
-            )
+    nested = _nested_model(data, family, model_type, field=field, name=name, source=source)
+    if nested is not None:
+        return nested
     notes: list[str] = []
     if "auto_map" in data or "trust_remote_code" in data:
         notes.append("auto_map / remote code in config.json ignored: the file is read as data only")
     if family is None:
-        # Never a guess: counted as a Llama-style decoder, a plain MLP reads 30% high and
-        # latent attention with experts 80% low. Only a config that names every field the
-        # generic reading needs, and none that changes the layer shape, is read.
-        check_generic(data, field, model_type, sorted(FAMILY_OF_MODEL_TYPE))
-        family = "generic"
-        notes.append(
-            f"model_type {str(model_type)[:40]!r} is not one the estimator knows: read as a "
-            "Llama-style decoder, every field that reading needs being present and none that "
-            "changes the layer shape"
-        )
+        family = _generic(data, field, model_type, notes)
     if family == "phi" and data.get("qk_layernorm"):
         raise EstimatorError(
             f"{field}.qk_layernorm",
@@ -160,16 +147,7 @@ def model_from_config(
     if family == "gemma3":
         data = {**GEMMA3_TEXT_DEFAULTS, **data}  # gemma-3 text_configs lean on them
     reader = _Reader(data, field)
-    if family in ARCHITECTURES:
-        kwargs = READERS[family](reader, family, notes)
-    elif family in GPT_LIKE:
-        kwargs = _gpt_like(reader, family)
-    elif family in CLASSIC:
-        kwargs = {"opt": _opt, "bloom": _bloom, "falcon": _falcon, "gptj": _gptj}[family](reader)
-    elif family in ENCODERS:
-        kwargs = _encoder(reader, family)
-    else:
-        kwargs = _decoder(reader, family, notes)
+    kwargs = _read_family(reader, family, notes)
     kwargs.update(_quantization(data, field, notes))
     kwargs.setdefault("name", name or _name_of(data) or model_type or "custom model")
     kwargs["source"] = source
@@ -177,6 +155,73 @@ def model_from_config(
     reading = kwargs.get("read_as") or FAMILY_READING.get(family, "decoder layers")
     kwargs["read_as"] = f"{family}, read from config.json: {reading}"
     return reader.build(family=family, **kwargs)
+
+
+def _nested_model(
+    data: Mapping[str, Any],
+    family: str | None,
+    model_type: str | None,
+    *,
+    field: str,
+    name: str | None,
+    source: str,
+) -> ModelSpec | None:
+    """A vision-language model, read with its tower; or a known language model nested in
+    ``text_config`` (refused beside a tower the estimator does not count). None: neither."""
+    if family in VISION_LANGUAGE:
+        return read_vision_language(
+            data, family, field=field, name=name or _name_of(data), source=source,
+            read_text=model_from_config,
+        )  # fmt: skip
+    text_config = data.get("text_config")
+    if family is not None or not isinstance(text_config, Mapping):
+        return None
+    inner_type = text_config.get("model_type")
+    if not isinstance(inner_type, str) or inner_type not in FAMILY_OF_MODEL_TYPE:
+        return None
+    towers = sorted(k for k in data if k.endswith("_config") and k != "text_config")
+    if any(isinstance(data[k], Mapping) for k in towers):
+        # Counting the language model alone would leave the tower out: a low count.
+        raise EstimatorError(
+            f"{field}.model_type",
+            f"model_type {str(model_type)[:40]!r} nests {inner_type!r} beside "
+            f"{', '.join(towers)}, a tower the estimator does not count; give the "
+            "checkpoint's model.safetensors.index.json (its metadata.total_size) or a "
+            "safetensors header instead",
+            code="unsupported_architecture",
+        )
+    return model_from_config(
+        text_config,
+        field=f"{field}.text_config",
+        name=name or _name_of(data),
+        source=source,
+    )
+
+
+def _generic(data: Mapping[str, Any], field: str, model_type: str | None, notes: list[str]) -> str:
+    """An unknown model_type: never a guess. Counted as a Llama-style decoder, a plain MLP
+    reads 30% high and latent attention with experts 80% low; so only a config that names
+    every field the generic reading needs, and none that changes the layer shape, is read."""
+    check_generic(data, field, model_type, sorted(FAMILY_OF_MODEL_TYPE))
+    notes.append(
+        f"model_type {str(model_type)[:40]!r} is not one the estimator knows: read as a "
+        "Llama-style decoder, every field that reading needs being present and none that "
+        "changes the layer shape"
+    )
+    return "generic"
+
+
+def _read_family(reader: _Reader, family: str, notes: list[str]) -> dict[str, Any]:
+    """The ModelSpec fields, by the reading the family needs."""
+    if family in ARCHITECTURES:
+        return READERS[family](reader, family, notes)
+    if family in GPT_LIKE:
+        return _gpt_like(reader, family)
+    if family in CLASSIC:
+        return {"opt": _opt, "bloom": _bloom, "falcon": _falcon, "gptj": _gptj}[family](reader)
+    if family in ENCODERS:
+        return _encoder(reader, family)
+    return _decoder(reader, family, notes)
 
 
 def _name_of(data: Mapping[str, Any]) -> str:
@@ -187,7 +232,20 @@ def _name_of(data: Mapping[str, Any]) -> str:
 
 
 def _decoder(r: _Reader, family: str, notes: list[str]) -> dict[str, Any]:
-    data = r.data
+    """Llama-style decoders and their relatives: the shape and the biases the family has,
+    its experts, and which layers attend over a sliding window."""
+    kwargs = _decoder_shape(r, family)
+    kwargs.update(FAMILY_FLAGS.get(family, {}))
+    layers = kwargs["num_layers"]
+    kwargs.update(_decoder_experts(r, family, layers))
+    window, sliding = _sliding_window(r, family, layers, notes)
+    r.keys["sliding_layers"] = "layer_types"
+    kwargs["sliding_window"] = window
+    kwargs["sliding_layers"] = sliding
+    return kwargs
+
+
+def _decoder_shape(r: _Reader, family: str) -> dict[str, Any]:
     hidden = r.int("hidden_size", "hidden_size", maximum=MAX_HIDDEN)
     layers = r.int("num_hidden_layers", "num_layers", maximum=MAX_LAYERS)
     heads = r.int("num_attention_heads", "num_heads", maximum=MAX_HEADS)
@@ -227,37 +285,50 @@ def _decoder(r: _Reader, family: str, notes: list[str]) -> dict[str, Any]:
         kwargs["mlp_bias"] = r.bool("use_bias", "mlp_bias", default=True)
     if family in ("llama", "generic"):
         kwargs["mlp_bias"] = r.bool("mlp_bias", "mlp_bias", default=False)
-    kwargs.update(FAMILY_FLAGS.get(family, {}))
+    return kwargs
 
-    # Mixture of experts.
+
+def _decoder_experts(r: _Reader, family: str, layers: int) -> dict[str, Any]:
+    """Mixture of experts: Mixtral's on every layer; Qwen's every decoder_sparse_step-th
+    layer but those in mlp_only_layers, with Qwen2-MoE's shared expert."""
     if family == "mixtral":
-        kwargs["num_experts"] = r.int("num_local_experts", "num_experts", maximum=MAX_EXPERTS)
-        kwargs["experts_per_token"] = r.int(
-            "num_experts_per_tok", "experts_per_token", default=2, maximum=MAX_EXPERTS
-        )
-    elif family in ("qwen2_moe", "qwen3_moe"):
-        kwargs["num_experts"] = r.int("num_experts", "num_experts", maximum=MAX_EXPERTS)
-        kwargs["experts_per_token"] = r.int(
-            "num_experts_per_tok", "experts_per_token", maximum=MAX_EXPERTS
-        )
-        kwargs["moe_intermediate_size"] = r.int(
+        return {
+            "num_experts": r.int("num_local_experts", "num_experts", maximum=MAX_EXPERTS),
+            "experts_per_token": r.int(
+                "num_experts_per_tok", "experts_per_token", default=2, maximum=MAX_EXPERTS
+            ),
+        }
+    if family not in ("qwen2_moe", "qwen3_moe"):
+        return {}
+    kwargs: dict[str, Any] = {
+        "num_experts": r.int("num_experts", "num_experts", maximum=MAX_EXPERTS),
+        "experts_per_token": r.int("num_experts_per_tok", "experts_per_token", maximum=MAX_EXPERTS),
+        "moe_intermediate_size": r.int(
             "moe_intermediate_size", "moe_intermediate_size", maximum=MAX_INTERMEDIATE
+        ),
+    }
+    if family == "qwen2_moe":
+        kwargs["shared_expert_intermediate_size"] = r.int(
+            "shared_expert_intermediate_size",
+            "shared_expert_intermediate_size",
+            default=0,
+            minimum=0,
+            maximum=MAX_INTERMEDIATE,
         )
-        if family == "qwen2_moe":
-            kwargs["shared_expert_intermediate_size"] = r.int(
-                "shared_expert_intermediate_size",
-                "shared_expert_intermediate_size",
-                default=0,
-                minimum=0,
-                maximum=MAX_INTERMEDIATE,
-            )
-        step = read_int(data, "decoder_sparse_step", r.field, default=1, maximum=MAX_LAYERS)
-        dense_only = _int_list(data, "mlp_only_layers", r.field, layers)
-        kwargs["num_moe_layers"] = sum(
-            1 for i in range(layers) if (i + 1) % step == 0 and i not in dense_only
-        )
+    step = read_int(r.data, "decoder_sparse_step", r.field, default=1, maximum=MAX_LAYERS)
+    dense_only = _int_list(r.data, "mlp_only_layers", r.field, layers)
+    kwargs["num_moe_layers"] = sum(
+        1 for i in range(layers) if (i + 1) % step == 0 and i not in dense_only
+    )
+    return kwargs
 
-    # Sliding-window attention, per family.
+
+def _sliding_window(
+    r: _Reader, family: str, layers: int, notes: list[str]
+) -> tuple[int | None, tuple[int, ...] | None]:
+    """The window and the layers that slide (None: all of them), per family; an explicit
+    layer_types list has the last word."""
+    data = r.data
     # MistralConfig's default window applies when the key is absent (not when null).
     default_window = 4096 if family == "mistral" and "sliding_window" not in data else None
     window = r.int(
@@ -294,10 +365,7 @@ def _decoder(r: _Reader, family: str, notes: list[str]) -> dict[str, Any]:
             window = None
     if window is None:
         sliding = None
-    r.keys["sliding_layers"] = "layer_types"
-    kwargs["sliding_window"] = window
-    kwargs["sliding_layers"] = sliding
-    return kwargs
+    return window, sliding
 
 
 def _gpt_like(r: _Reader, family: str) -> dict[str, Any]:

@@ -3,10 +3,10 @@ activations, unfused attention scores, logits and sampling, and vLLM's CUDA grap
 
 from __future__ import annotations
 
-from .model import ModelSpec, param_count
-from .request import FOUR_BIT_BNB, EstimateRequest
-from .terms import MIB, Core, Term, finish
-from .weights import WEIGHT_LABELS, dequant_term
+from .model import ModelSpec
+from .request import EstimateRequest
+from .terms import MIB, Core, Part, Term, finish_parts
+from .weights import WEIGHT_LABELS, dequant_part, weights_term
 
 VLLM_BLOCK_TOKENS = 16  # vLLM's default KV block size
 VLLM_DEFAULT_BATCHED_TOKENS = 2048  # our default for --max-num-batched-tokens
@@ -53,115 +53,136 @@ def inference_terms(
     source: str,
     kv_per_token: float,
 ) -> Core:
-    """Every term of an inference request, from what peak.compute read."""
-    dynamic = 0.0  # bytes the caching allocator churns through (fragmentation applies)
-
-    terms.append(
-        Term(
-            "weights",
-            f"Weights ({WEIGHT_LABELS[r.weights_dtype]})",
-            w_bytes / MIB,
-            w_basis,
-            f"{param_count(m):,} parameters, from the {source}",
-        )
+    """Every term of an inference request, from what peak.compute read, in the order the
+    estimate lists them."""
+    _note_positions(r, m, notes)
+    label = f"Weights ({WEIGHT_LABELS[r.weights_dtype]})"
+    parts = (
+        Part(weights_term(m, label, w_bytes, w_basis, source)),
+        dequant_part(r, m, act, " during prefill"),
+        _kv_cache(r, m, kv_elem, notes),
+        _ssm_state(r, m, kv_elem),
+        _activations(r, m, act),
+        _attention_scores(r, m, act),
+        _logits(r, m),
+        _cuda_graphs(r, m, act),
     )
-    if r.weights_dtype in FOUR_BIT_BNB:
-        term = dequant_term(m, act, " during prefill")
-        dynamic += term.mib * MIB
-        terms.append(term)
+    return finish_parts(r, terms, parts, notes, w_bytes, kv_per_token)
+
+
+def _note_positions(r: EstimateRequest, m: ModelSpec, notes: list[str]) -> None:
     context = r.context_tokens
     positions = m.max_position_embeddings
     if positions is not None and context > positions and not m.learned_positions:
         notes.append(
             f"{context:,} tokens exceed the {positions:,} positions {m.name} was trained on"
         )
+
+
+def _kv_cache(r: EstimateRequest, m: ModelSpec, kv_elem: int, notes: list[str]) -> Part | None:
+    """Batch x the token-layers cached x the cached width: vLLM preallocates it in blocks;
+    transformers grows it as the sequence does, so it churns."""
+    if not m.kv_layer_count:
+        return None
     vllm = r.engine == "vllm"
-    if m.kv_layer_count:
-        block = VLLM_BLOCK_TOKENS if vllm else 1
-        slots = m.kv_token_slots(context, block)
-        kv = r.batch * slots * m.kv_elements_per_slot * kv_elem
-        if m.kv_width is None:
-            width = f"2 x {m.num_kv_heads} KV heads x {m.head_dim}"
-        else:
-            width = f"a {m.kv_width}-wide latent"  # latent attention caches one vector
-        detail = f"{r.batch} x {slots:,} token-layers x {width} x {kv_elem} B"
-        if m.sliding_layer_count:
-            detail += (
-                f"; {m.sliding_layer_count} layers capped at their "
-                f"{m.sliding_window:,}-token window"
-            )
-        if vllm:
-            detail += f"; {VLLM_BLOCK_TOKENS}-token blocks"
-        else:
-            dynamic += kv
-        terms.append(Term("kv_cache", f"KV cache ({kv_dtype(r)})", kv / MIB, "derived", detail))
-        if r.kv_cache_dtype == "fp8" and not vllm:
-            notes.append("an 8-bit KV cache in transformers needs a quantized cache implementation")
-
-    if m.state_elements:
-        state = r.batch * m.state_bytes_per_sequence(kv_elem)
-        terms.append(
-            Term(
-                "ssm_state",
-                "SSM state",
-                state / MIB,
-                "derived",
-                f"{r.batch} x {m.state_elements:,} conv and scan state elements x {kv_elem} B, "
-                "fixed per sequence whatever its length",
-            )
+    block = VLLM_BLOCK_TOKENS if vllm else 1
+    slots = m.kv_token_slots(r.context_tokens, block)
+    kv = r.batch * slots * m.kv_elements_per_slot * kv_elem
+    if m.kv_width is None:
+        width = f"2 x {m.num_kv_heads} KV heads x {m.head_dim}"
+    else:
+        width = f"a {m.kv_width}-wide latent"  # latent attention caches one vector
+    detail = f"{r.batch} x {slots:,} token-layers x {width} x {kv_elem} B"
+    if m.sliding_layer_count:
+        detail += (
+            f"; {m.sliding_layer_count} layers capped at their {m.sliding_window:,}-token window"
         )
-
     if vllm:
+        detail += f"; {VLLM_BLOCK_TOKENS}-token blocks"
+    if r.kv_cache_dtype == "fp8" and not vllm:
+        notes.append("an 8-bit KV cache in transformers needs a quantized cache implementation")
+    term = Term("kv_cache", f"KV cache ({kv_dtype(r)})", kv / MIB, "derived", detail)
+    return Part(term, churn=0.0 if vllm else kv)
+
+
+def _ssm_state(r: EstimateRequest, m: ModelSpec, kv_elem: int) -> Part | None:
+    if not m.state_elements:
+        return None
+    state = r.batch * m.state_bytes_per_sequence(kv_elem)
+    return Part(
+        Term(
+            "ssm_state",
+            "SSM state",
+            state / MIB,
+            "derived",
+            f"{r.batch} x {m.state_elements:,} conv and scan state elements x {kv_elem} B, "
+            "fixed per sequence whatever its length",
+        )
+    )
+
+
+def _activations(r: EstimateRequest, m: ModelSpec, act: int) -> Part:
+    """One layer's working set over the tokens of one forward pass: vLLM's profile run, an
+    encoder's whole input, or a prefill chunk."""
+    context = r.context_tokens
+    if r.engine == "vllm":
         tokens = r.prefill_chunk or VLLM_DEFAULT_BATCHED_TOKENS
-        chunk_detail = f"profile run of {tokens:,} batched tokens (max_num_batched_tokens)"
+        detail = f"profile run of {tokens:,} batched tokens (max_num_batched_tokens)"
     elif m.encoder_only:
         tokens = r.batch * context
-        chunk_detail = f"{r.batch} x {context:,} tokens in one pass"
+        detail = f"{r.batch} x {context:,} tokens in one pass"
     else:
         chunk = min(r.prefill_chunk or context, context)
         tokens = r.batch * chunk
-        chunk_detail = f"prefill of {r.batch} x {chunk:,} tokens"
+        detail = f"prefill of {r.batch} x {chunk:,} tokens"
     work = _layer_working_set(m, tokens, act)
-    dynamic += work
-    terms.append(Term("activations", "Activations", work / MIB, "modelled", chunk_detail))
-    if not r.fused_attention and not vllm and (m.kv_layer_count or m.encoder_only):
-        q_len = context if m.encoder_only else min(r.prefill_chunk or context, context)
-        scores = r.batch * m.num_heads * q_len * context * (act + 4)
-        dynamic += scores
-        terms.append(
-            Term(
-                "attention_scores",
-                "Attention scores (unfused)",
-                scores / MIB,
-                "modelled",
-                f"{r.batch} x {m.num_heads} heads x {q_len:,} x {context:,}, 16-bit + fp32 softmax",
-            )
-        )
-    if not m.encoder_only:
-        logits = r.batch * m.vocab_size * 4 * 2
-        dynamic += logits
-        terms.append(
-            Term(
-                "logits",
-                "Logits and sampling",
-                logits / MIB,
-                "modelled",
-                f"{r.batch} x {m.vocab_size:,} vocabulary, fp32 logits and probabilities",
-            )
-        )
-    if vllm and not r.enforce_eager:
-        graph_tokens = min(VLLM_MAX_GRAPH_TOKENS, max(8, -(-2 * r.batch // 8) * 8))
-        width = 2 * m.hidden_size + 2 * m.q_dim + 2 * m.kv_dim
-        graphs = m.num_layers * graph_tokens * width * act
-        dynamic += graphs
-        terms.append(
-            Term(
-                "cuda_graphs",
-                "CUDA graphs",
-                graphs / MIB,
-                "modelled",
-                f"buffers kept between {m.num_layers} layers' graph pieces, captured up to "
-                f"{graph_tokens} tokens",
-            )
-        )
-    return finish(r, terms, notes, dynamic, w_bytes, kv_per_token)
+    return Part(Term("activations", "Activations", work / MIB, "modelled", detail), churn=work)
+
+
+def _attention_scores(r: EstimateRequest, m: ModelSpec, act: int) -> Part | None:
+    """Unfused attention (transformers without flash/SDPA) materializes the score matrix."""
+    if r.fused_attention or r.engine == "vllm" or not (m.kv_layer_count or m.encoder_only):
+        return None
+    context = r.context_tokens
+    q_len = context if m.encoder_only else min(r.prefill_chunk or context, context)
+    scores = r.batch * m.num_heads * q_len * context * (act + 4)
+    term = Term(
+        "attention_scores",
+        "Attention scores (unfused)",
+        scores / MIB,
+        "modelled",
+        f"{r.batch} x {m.num_heads} heads x {q_len:,} x {context:,}, 16-bit + fp32 softmax",
+    )
+    return Part(term, churn=scores)
+
+
+def _logits(r: EstimateRequest, m: ModelSpec) -> Part | None:
+    if m.encoder_only:
+        return None
+    logits = r.batch * m.vocab_size * 4 * 2
+    term = Term(
+        "logits",
+        "Logits and sampling",
+        logits / MIB,
+        "modelled",
+        f"{r.batch} x {m.vocab_size:,} vocabulary, fp32 logits and probabilities",
+    )
+    return Part(term, churn=logits)
+
+
+def _cuda_graphs(r: EstimateRequest, m: ModelSpec, act: int) -> Part | None:
+    """vLLM captures CUDA graphs unless eager: buffers kept between the layers' pieces."""
+    if r.engine != "vllm" or r.enforce_eager:
+        return None
+    graph_tokens = min(VLLM_MAX_GRAPH_TOKENS, max(8, -(-2 * r.batch // 8) * 8))
+    width = 2 * m.hidden_size + 2 * m.q_dim + 2 * m.kv_dim
+    graphs = m.num_layers * graph_tokens * width * act
+    term = Term(
+        "cuda_graphs",
+        "CUDA graphs",
+        graphs / MIB,
+        "modelled",
+        f"buffers kept between {m.num_layers} layers' graph pieces, captured up to "
+        f"{graph_tokens} tokens",
+    )
+    return Part(term, churn=graphs)

@@ -198,95 +198,35 @@ def param_breakdown(model: ModelSpec) -> dict[str, int]:
 
 # -- counting ------------------------------------------------------------------
 
+Linear = tuple[str, int, int, int]  # (module, in_features, out_features, count)
+
 
 def _count(m: ModelSpec) -> ParamBreakdown:
+    """Parameters by component, each counted as the Hugging Face implementation builds it;
+    ``linears`` collects the quantizable matrices in the order the counts meet them."""
     if m.exact is not None:
         return m.exact
-    h, q, kv = m.hidden_size, m.q_dim, m.kv_dim
-    layers = m.num_layers
-    norm_size = h if m.norm == "rmsnorm" else 2 * h
-
-    linears: list[tuple[str, int, int, int]] = [
-        ("q_proj", h, q, layers),
-        ("k_proj", h, kv, layers),
-        ("v_proj", h, kv, layers),
-        ("o_proj", q, h, layers),
-    ]
-    attn_bias = (q + 2 * kv + h) if m.attention_bias else (q + 2 * kv) if m.qkv_bias else 0
-    attention = layers * (2 * h * q + 2 * h * kv + attn_bias)
-
-    moe_layers = m.moe_layers
-    dense_layers = layers - moe_layers
-    inter = m.intermediate_size
-    mlp = 0
-    if dense_layers:
-        if m.gated_mlp:
-            linears += [
-                ("gate_proj", h, inter, dense_layers),
-                ("up_proj", h, inter, dense_layers),
-                ("down_proj", inter, h, dense_layers),
-            ]
-            bias = (2 * inter + h) if m.mlp_bias else 0
-            mlp = dense_layers * (3 * h * inter + bias)
-        else:
-            linears += [("up_proj", h, inter, dense_layers), ("down_proj", inter, h, dense_layers)]
-            bias = (inter + h) if m.mlp_bias else 0
-            mlp = dense_layers * (2 * h * inter + bias)
-
-    experts = router = shared = 0
-    if moe_layers:
-        e_inter = m.expert_intermediate
-        count = m.num_experts * moe_layers
-        linears += [
-            ("experts.gate_proj", h, e_inter, count),
-            ("experts.up_proj", h, e_inter, count),
-            ("experts.down_proj", e_inter, h, count),
-        ]
-        experts = count * 3 * h * e_inter
-        router = moe_layers * h * m.num_experts
-        if m.shared_expert_intermediate_size:
-            s_inter = m.shared_expert_intermediate_size
-            linears += [
-                ("shared_expert.gate_proj", h, s_inter, moe_layers),
-                ("shared_expert.up_proj", h, s_inter, moe_layers),
-                ("shared_expert.down_proj", s_inter, h, moe_layers),
-            ]
-            shared = moe_layers * (3 * h * s_inter + h)  # + the shared expert's gate (h -> 1)
-
-    norms = layers * m.norms_per_layer * norm_size
-    if m.qk_norm:
-        norms += layers * (q + kv if m.qk_norm_full else 2 * m.head_dim)
-    norms += norm_size if m.final_norm else 0
-    norms += norm_size if m.embedding_norm else 0
-
+    h = m.hidden_size
+    linears: list[Linear] = []
     width = m.embed_dim or h
-    embeddings = m.vocab_size * width
-    projections = 2 * width * h if width != h else 0  # in to the model's width, and back
-    positions = (m.learned_positions + m.token_types) * h
-    lm_head = 0 if (m.tie_word_embeddings or m.encoder_only) else m.vocab_size * width
-    lm_head += m.vocab_size if m.lm_head_bias and not m.encoder_only else 0
-    pooler = h * h + h if m.pooler else 0
-
     components = {
-        "embeddings": embeddings,
-        "position_embeddings": positions,
-        "projections": projections,
-        "attention": attention,
-        "mlp": mlp,
-        "experts": experts,
-        "router": router,
-        "shared_expert": shared,
-        "norms": norms,
-        "lm_head": lm_head,
-        "pooler": pooler,
+        "embeddings": m.vocab_size * width,
+        "position_embeddings": (m.learned_positions + m.token_types) * h,
+        "projections": 2 * width * h if width != h else 0,  # in to the model's width, and back
+        "attention": _attention(m, linears),
+        "mlp": _dense_mlp(m, linears),
+        **_mixture(m, linears),
+        "norms": _norms(m),
+        "lm_head": _lm_head(m, width),
+        "pooler": h * h + h if m.pooler else 0,
     }
     components = {k: v for k, v in components.items() if v}
     total = sum(components.values())
     linear_params = sum(i * o * c for _, i, o, c in linears)
     inactive = 0
-    if moe_layers:
+    if m.moe_layers:
         inactive = (
-            (m.num_experts - m.experts_per_token) * moe_layers * 3 * h * m.expert_intermediate
+            (m.num_experts - m.experts_per_token) * m.moe_layers * 3 * h * m.expert_intermediate
         )
     return ParamBreakdown(
         components=components,
@@ -298,11 +238,121 @@ def _count(m: ModelSpec) -> ParamBreakdown:
     )
 
 
+def _attention(m: ModelSpec, linears: list[Linear]) -> int:
+    """q, k, v and o on every layer, with the biases the family has."""
+    h, q, kv = m.hidden_size, m.q_dim, m.kv_dim
+    layers = m.num_layers
+    linears += [
+        ("q_proj", h, q, layers),
+        ("k_proj", h, kv, layers),
+        ("v_proj", h, kv, layers),
+        ("o_proj", q, h, layers),
+    ]
+    attn_bias = (q + 2 * kv + h) if m.attention_bias else (q + 2 * kv) if m.qkv_bias else 0
+    return layers * (2 * h * q + 2 * h * kv + attn_bias)
+
+
+def _dense_mlp(m: ModelSpec, linears: list[Linear]) -> int:
+    """The MLP of every layer without experts: gated (gate, up, down) or plain (up, down)."""
+    h, inter = m.hidden_size, m.intermediate_size
+    dense_layers = m.num_layers - m.moe_layers
+    if not dense_layers:
+        return 0
+    if m.gated_mlp:
+        linears += [
+            ("gate_proj", h, inter, dense_layers),
+            ("up_proj", h, inter, dense_layers),
+            ("down_proj", inter, h, dense_layers),
+        ]
+        bias = (2 * inter + h) if m.mlp_bias else 0
+        return dense_layers * (3 * h * inter + bias)
+    linears += [("up_proj", h, inter, dense_layers), ("down_proj", inter, h, dense_layers)]
+    bias = (inter + h) if m.mlp_bias else 0
+    return dense_layers * (2 * h * inter + bias)
+
+
+def _mixture(m: ModelSpec, linears: list[Linear]) -> dict[str, int]:
+    """Every expert of every MoE layer, the router, and a shared expert where there is one."""
+    moe_layers = m.moe_layers
+    if not moe_layers:
+        return {"experts": 0, "router": 0, "shared_expert": 0}
+    h, e_inter = m.hidden_size, m.expert_intermediate
+    count = m.num_experts * moe_layers
+    linears += [
+        ("experts.gate_proj", h, e_inter, count),
+        ("experts.up_proj", h, e_inter, count),
+        ("experts.down_proj", e_inter, h, count),
+    ]
+    shared = 0
+    if m.shared_expert_intermediate_size:
+        s_inter = m.shared_expert_intermediate_size
+        linears += [
+            ("shared_expert.gate_proj", h, s_inter, moe_layers),
+            ("shared_expert.up_proj", h, s_inter, moe_layers),
+            ("shared_expert.down_proj", s_inter, h, moe_layers),
+        ]
+        shared = moe_layers * (3 * h * s_inter + h)  # + the shared expert's gate (h -> 1)
+    return {
+        "experts": count * 3 * h * e_inter,
+        "router": moe_layers * h * m.num_experts,
+        "shared_expert": shared,
+    }
+
+
+def _norms(m: ModelSpec) -> int:
+    """RMSNorm: a weight; LayerNorm: a weight and a bias; q/k norms per head or over all."""
+    h, layers = m.hidden_size, m.num_layers
+    norm_size = h if m.norm == "rmsnorm" else 2 * h
+    norms = layers * m.norms_per_layer * norm_size
+    if m.qk_norm:
+        norms += layers * (m.q_dim + m.kv_dim if m.qk_norm_full else 2 * m.head_dim)
+    norms += norm_size if m.final_norm else 0
+    norms += norm_size if m.embedding_norm else 0
+    return norms
+
+
+def _lm_head(m: ModelSpec, width: int) -> int:
+    """An untied decoder's output projection (and its bias, where the family has one)."""
+    lm_head = 0 if (m.tie_word_embeddings or m.encoder_only) else m.vocab_size * width
+    lm_head += m.vocab_size if m.lm_head_bias and not m.encoder_only else 0
+    return lm_head
+
+
 # -- validation ----------------------------------------------------------------
+
+_FLAGS = (
+    "tie_word_embeddings",
+    "attention_bias",
+    "qkv_bias",
+    "mlp_bias",
+    "qk_norm",
+    "gated_mlp",
+    "final_norm",
+    "embedding_norm",
+    "pooler",
+    "encoder_only",
+    "lm_head_bias",
+    "qk_norm_full",
+)
 
 
 def _validate_spec(m: ModelSpec) -> None:
-    f = "model"
+    """Every field checked, in this order (the first problem is the one reported), then the
+    parameter count, which is kept."""
+    _validate_shape(m, "model")
+    _validate_structure(m, "model")
+    _validate_experts(m, "model")
+    _validate_attention_span(m, "model")
+    _validate_provenance(m, "model")
+    breakdown = _count(m)
+    if breakdown.total > MAX_PARAMS:
+        raise EstimatorError(
+            "model.hidden_size", f"{breakdown.total:,} parameters is over the 10^13 limit"
+        )
+    m.__dict__["breakdown"] = breakdown  # fills the cached_property once
+
+
+def _validate_shape(m: ModelSpec, f: str) -> None:
     if not isinstance(m.name, str) or not m.name or len(m.name) > 200:
         raise EstimatorError(f"{f}.name", "expected a name of 1 to 200 characters")
     check_choice(m.family, f"{f}.family", FAMILIES)
@@ -319,24 +369,17 @@ def _validate_spec(m: ModelSpec) -> None:
             f"{f}.num_kv_heads",
             f"{m.num_kv_heads} KV heads do not divide {m.num_heads} attention heads",
         )
-    for name in (
-        "tie_word_embeddings",
-        "attention_bias",
-        "qkv_bias",
-        "mlp_bias",
-        "qk_norm",
-        "gated_mlp",
-        "final_norm",
-        "embedding_norm",
-        "pooler",
-        "encoder_only",
-        "lm_head_bias",
-        "qk_norm_full",
-    ):
+
+
+def _validate_structure(m: ModelSpec, f: str) -> None:
+    for name in _FLAGS:
         check_bool(getattr(m, name), f"{f}.{name}")
     check_int(m.norms_per_layer, f"{f}.norms_per_layer", minimum=0, maximum=16)
     check_int(m.learned_positions, f"{f}.learned_positions", minimum=0, maximum=MAX_POSITIONS)
     check_int(m.token_types, f"{f}.token_types", minimum=0, maximum=MAX_VOCAB)
+
+
+def _validate_experts(m: ModelSpec, f: str) -> None:
     check_int(m.num_experts, f"{f}.num_experts", minimum=0, maximum=MAX_EXPERTS)
     check_int(m.experts_per_token, f"{f}.experts_per_token", minimum=0, maximum=MAX_EXPERTS)
     check_int(
@@ -345,20 +388,23 @@ def _validate_spec(m: ModelSpec) -> None:
         minimum=0,
         maximum=MAX_INTERMEDIATE,
     )
-    if m.num_experts:
-        if not 1 <= m.experts_per_token <= m.num_experts:
-            raise EstimatorError(
-                f"{f}.experts_per_token",
-                f"must be between 1 and num_experts ({m.num_experts})",
-            )
-        if m.moe_intermediate_size is not None:
-            check_int(
-                m.moe_intermediate_size, f"{f}.moe_intermediate_size", maximum=MAX_INTERMEDIATE
-            )
-        if m.num_moe_layers is not None:
-            check_int(m.num_moe_layers, f"{f}.num_moe_layers", minimum=0, maximum=m.num_layers)
-    elif m.experts_per_token:
-        raise EstimatorError(f"{f}.experts_per_token", "set, but the model has no experts")
+    if not m.num_experts:
+        if m.experts_per_token:
+            raise EstimatorError(f"{f}.experts_per_token", "set, but the model has no experts")
+        return
+    if not 1 <= m.experts_per_token <= m.num_experts:
+        raise EstimatorError(
+            f"{f}.experts_per_token",
+            f"must be between 1 and num_experts ({m.num_experts})",
+        )
+    if m.moe_intermediate_size is not None:
+        check_int(m.moe_intermediate_size, f"{f}.moe_intermediate_size", maximum=MAX_INTERMEDIATE)
+    if m.num_moe_layers is not None:
+        check_int(m.num_moe_layers, f"{f}.num_moe_layers", minimum=0, maximum=m.num_layers)
+
+
+def _validate_attention_span(m: ModelSpec, f: str) -> None:
+    """The sliding window and its layers, the KV cache's layers and width, the SSM state."""
     if m.sliding_window is not None:
         check_int(m.sliding_window, f"{f}.sliding_window", maximum=MAX_POSITIONS)
     if m.sliding_layers is not None:
@@ -375,6 +421,10 @@ def _validate_spec(m: ModelSpec) -> None:
     if m.kv_width is not None:
         check_int(m.kv_width, f"{f}.kv_width", maximum=MAX_HIDDEN)
     check_int(m.state_elements, f"{f}.state_elements", minimum=0, maximum=MAX_PARAMS)
+
+
+def _validate_provenance(m: ModelSpec, f: str) -> None:
+    """How the model was read and the exact figures a checkpoint gave."""
     if m.exact is not None and not isinstance(m.exact, ParamBreakdown):
         raise EstimatorError(f"{f}.exact", "expected a ParamBreakdown")
     if not isinstance(m.read_as, str) or len(m.read_as) > 300:
@@ -393,9 +443,3 @@ def _validate_spec(m: ModelSpec) -> None:
         check_int(m.quant_group_size, f"{f}.quant_group_size", maximum=1 << 20)
     if not isinstance(m.notes, tuple):
         raise EstimatorError(f"{f}.notes", "expected a tuple of strings")
-    breakdown = _count(m)
-    if breakdown.total > MAX_PARAMS:
-        raise EstimatorError(
-            f"{f}.hidden_size", f"{breakdown.total:,} parameters is over the 10^13 limit"
-        )
-    m.__dict__["breakdown"] = breakdown  # fills the cached_property once

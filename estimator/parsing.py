@@ -11,12 +11,18 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final, overload
 
 from .errors import EstimatorError
 
 MAX_INPUT_BYTES = 1_048_576  # 1 MiB: no config.json or safetensors header comes near it
-_MISSING: Any = object()
+
+
+class _Missing:
+    """The type of ``_MISSING``: no default was given, so the field is required."""
+
+
+_MISSING: Final = _Missing()
 
 
 def check_size(value: str | bytes | bytearray, field: str) -> None:
@@ -68,25 +74,49 @@ def parse_json_object(value: object, field: str, *, infinity: bool = False) -> d
     return data
 
 
+@overload
+def read_int(
+    data: Mapping[str, Any], key: str, field: str, *, minimum: int = 1, maximum: int = 10**9
+) -> int: ...
+@overload
 def read_int(
     data: Mapping[str, Any],
     key: str,
     field: str,
     *,
-    default: Any = _MISSING,
+    default: int,
     minimum: int = 1,
     maximum: int = 10**9,
-) -> Any:
+) -> int: ...
+@overload
+def read_int(
+    data: Mapping[str, Any],
+    key: str,
+    field: str,
+    *,
+    default: int | None,
+    minimum: int = 1,
+    maximum: int = 10**9,
+) -> int | None: ...
+def read_int(
+    data: Mapping[str, Any],
+    key: str,
+    field: str,
+    *,
+    default: int | None | _Missing = _MISSING,
+    minimum: int = 1,
+    maximum: int = 10**9,
+) -> int | None:
     """An integer field; ``None`` or absence gives ``default`` (required if none)."""
     value = data.get(key)
     if value is None:
-        if default is _MISSING:
+        if isinstance(default, _Missing):
             raise EstimatorError(f"{field}.{key}", "required", code="required")
         return default
     return check_int(value, f"{field}.{key}", minimum=minimum, maximum=maximum)
 
 
-def as_int(value: Any, field: str) -> int:
+def as_int(value: object, field: str) -> int:
     """A JSON integer, or a float with no fraction (JSON does not tell 2 from 2.0); not a
     boolean, a string or 2.5."""
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
@@ -97,28 +127,28 @@ def as_int(value: Any, field: str) -> int:
 
 
 def check_int(value: Any, field: str, *, minimum: int = 1, maximum: int = 10**9) -> int:
-    value = as_int(value, field)
-    if value < minimum:
+    number = as_int(value, field)
+    if number < minimum:
         raise EstimatorError(field, f"must be at least {minimum:,}", code="min_value")
-    if value > maximum:
+    if number > maximum:
         raise EstimatorError(field, f"must be at most {maximum:,}", code="max_value")
-    return value
+    return number
 
 
 def check_float(value: Any, field: str, *, minimum: float, maximum: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise EstimatorError(field, "expected a number")
-    value = float(value)
+    number = float(value)
     code = None
-    if not math.isfinite(value):
+    if not math.isfinite(number):
         code = "invalid"
-    elif value < minimum:
+    elif number < minimum:
         code = "min_value"
-    elif value > maximum:
+    elif number > maximum:
         code = "max_value"
     if code:
         raise EstimatorError(field, f"must be between {minimum:g} and {maximum:g}", code=code)
-    return value
+    return number
 
 
 def read_bool(data: Mapping[str, Any], key: str, field: str, *, default: bool) -> bool:

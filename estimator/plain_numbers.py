@@ -52,13 +52,38 @@ def model_from_numbers(mapping: Mapping[str, Any], *, field: str = "model") -> M
     for key in mapping:
         if key not in NUMBER_FIELDS:
             raise unknown_field(f"{field}.{str(key)[:60]}")
-    notes: list[str] = []
-    family = mapping.get("family", "generic")
-    check_choice(family, f"{field}.family", FAMILIES)
+    family = check_choice(mapping.get("family", "generic"), f"{field}.family", FAMILIES)
     name = mapping.get("name", "custom model")
     if not isinstance(name, str) or not 0 < len(name) <= 200:
         raise EstimatorError(f"{field}.name", "expected a name of 1 to 200 characters")
     params = read_int(mapping, "params", field, default=None, maximum=MAX_PARAMS)
+    notes: list[str] = []
+    shape = _attention_shape(mapping, field)
+    shape.update(_widths(mapping, field, family, params, shape["hidden_size"], notes))
+    shape.update(_experts(mapping, field))
+    tied = mapping.get("tie_word_embeddings", family in TIED_BY_DEFAULT)
+    kwargs: dict[str, Any] = {
+        "name": name,
+        "family": family,
+        **shape,
+        "tie_word_embeddings": check_bool(tied, f"{field}.tie_word_embeddings"),
+        "sliding_window": read_int(
+            mapping, "sliding_window", field, default=None, maximum=MAX_POSITIONS
+        ),
+        "max_position_embeddings": read_int(
+            mapping, "max_position_embeddings", field, default=None, maximum=MAX_POSITIONS
+        ),
+        "param_count_override": params,
+        "notes": tuple(notes),
+    }
+    kwargs.update(_family_flags(family, kwargs["max_position_embeddings"]))
+    try:
+        return ModelSpec(**{"read_as": f"{family}, from plain numbers", **kwargs})
+    except EstimatorError as exc:
+        raise exc.prefixed(field) from exc
+
+
+def _attention_shape(mapping: Mapping[str, Any], field: str) -> dict[str, int]:
     hidden = read_int(mapping, "hidden_size", field, maximum=MAX_HIDDEN)
     layers = read_int(mapping, "num_layers", field, maximum=MAX_LAYERS)
     heads = read_int(mapping, "num_heads", field, maximum=MAX_HEADS)
@@ -71,7 +96,24 @@ def model_from_numbers(mapping: Mapping[str, Any], *, field: str = "model") -> M
                 f"hidden_size {hidden} is not divisible by {heads} heads; give head_dim",
             )
         head_dim = hidden // heads
-    gpt_like = family in GPT_LIKE or family in ENCODERS
+    return {
+        "hidden_size": hidden,
+        "num_layers": layers,
+        "num_heads": heads,
+        "num_kv_heads": kv_heads,
+        "head_dim": head_dim,
+    }
+
+
+def _widths(
+    mapping: Mapping[str, Any],
+    field: str,
+    family: str,
+    params: int | None,
+    hidden: int,
+    notes: list[str],
+) -> dict[str, int]:
+    """The MLP width and the vocabulary: given, or (with ``params``) assumed and noted."""
     inter = read_int(mapping, "intermediate_size", field, default=None, maximum=MAX_INTERMEDIATE)
     vocab = read_int(mapping, "vocab_size", field, default=None, maximum=MAX_VOCAB)
     if params is None and (inter is None or vocab is None):
@@ -80,6 +122,7 @@ def model_from_numbers(mapping: Mapping[str, Any], *, field: str = "model") -> M
             f"{field}.{missing}", "required unless params is given", code="required"
         )
     if inter is None:
+        gpt_like = family in GPT_LIKE or family in ENCODERS
         inter = 4 * hidden if gpt_like else -(-(8 * hidden) // (3 * 256)) * 256
         notes.append(f"intermediate_size not given: assumed {inter}")
     if vocab is None:
@@ -87,6 +130,10 @@ def model_from_numbers(mapping: Mapping[str, Any], *, field: str = "model") -> M
         notes.append(
             "vocab_size not given: assumed 32000 (affects logits only; weights use params)"
         )
+    return {"intermediate_size": inter, "vocab_size": vocab}
+
+
+def _experts(mapping: Mapping[str, Any], field: str) -> dict[str, int]:
     experts = read_int(mapping, "num_experts", field, default=0, minimum=0, maximum=MAX_EXPERTS)
     per_token = read_int(
         mapping,
@@ -96,37 +143,7 @@ def model_from_numbers(mapping: Mapping[str, Any], *, field: str = "model") -> M
         minimum=0,
         maximum=MAX_EXPERTS,
     )
-    default_tied = family in TIED_BY_DEFAULT
-    tied = mapping.get("tie_word_embeddings", default_tied)
-    kwargs: dict[str, Any] = {
-        "name": name,
-        "family": family,
-        "hidden_size": hidden,
-        "num_layers": layers,
-        "num_heads": heads,
-        "num_kv_heads": kv_heads,
-        "head_dim": head_dim,
-        "intermediate_size": inter,
-        "vocab_size": vocab,
-        "tie_word_embeddings": check_bool(tied, f"{field}.tie_word_embeddings"),
-        "num_experts": experts,
-        "experts_per_token": per_token,
-        "sliding_window": read_int(
-            mapping, "sliding_window", field, default=None, maximum=MAX_POSITIONS
-        ),
-        "max_position_embeddings": read_int(
-            mapping, "max_position_embeddings", field, default=None, maximum=MAX_POSITIONS
-        ),
-        "param_count_override": params,
-        "notes": tuple(notes),
-    }
-    kwargs.update(_family_flags(family, kwargs["max_position_embeddings"]))
-    try:
-        return ModelSpec(
-            **{"read_as": f"{kwargs.get('family', 'generic')}, from plain numbers", **kwargs}
-        )
-    except EstimatorError as exc:
-        raise exc.prefixed(field) from exc
+    return {"num_experts": experts, "experts_per_token": per_token}
 
 
 def _family_flags(family: str, positions: int | None) -> dict[str, Any]:

@@ -27,8 +27,9 @@ def up_to_tenth(mib: float) -> float:
     return float(Decimal(mib).quantize(TENTH, rounding=ROUND_CEILING))
 
 
-def whole_mib(mib: float | int | None) -> int | None:
-    """The whole MiB shown for an estimated figure: rounded up. None stays None."""
+def whole_mib(mib: float | str | None) -> int | None:
+    """The whole MiB shown for an estimated figure: rounded up. None stays None, and so
+    does "" (what a template passes for a missing figure)."""
     if mib is None or mib == "":
         return None
     return math.ceil(float(mib))

@@ -10,8 +10,8 @@ tensor names, so it needs the model's ``config.json`` for the architecture.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TypedDict
 
 from .config_json import model_from_config_json
 from .errors import EstimatorError
@@ -48,6 +48,25 @@ _FORMAT_OF_DTYPE = {
 }
 _LAYER_CONTAINERS = ("layers", "h", "layer", "blocks")
 _MAX_DIMS = 8
+
+Tensors = dict[str, tuple[str, tuple[int, ...], int]]  # name: (dtype, shape, bytes)
+
+
+class HeaderSummary(TypedDict):
+    """A safetensors header's tensors, validated, and their totals."""
+
+    tensors: Tensors
+    total_bytes: int
+    elements: int
+    bytes_by_dtype: dict[str, int]
+
+
+class ExactFigures(TypedDict):
+    """What a header tells exactly, as ModelSpec fields."""
+
+    tensor_bytes: int
+    stored_format: str | None
+    param_count_override: int | None  # None: packed weights do not count elements
 
 
 def _header_text(data: str | bytes | bytearray) -> str:
@@ -101,10 +120,10 @@ def _expert_index(name: str) -> int | None:
     return None
 
 
-def read_safetensors_header(data: str | bytes | bytearray) -> dict[str, Any]:
+def read_safetensors_header(data: str | bytes | bytearray) -> HeaderSummary:
     """Tensors of a header: {name: (dtype, shape, nbytes)} plus totals, all validated."""
     header = parse_json_object(_header_text(data), FIELD)
-    tensors: dict[str, tuple[str, tuple[int, ...], int]] = {}
+    tensors: Tensors = {}
     total_bytes = 0
     elements = 0
     bytes_by_dtype: dict[str, int] = {}
@@ -155,9 +174,7 @@ def read_safetensors_header(data: str | bytes | bytearray) -> dict[str, Any]:
     }
 
 
-def _stored_format(
-    tensors: dict[str, tuple[str, tuple[int, ...], int]], by_dtype: dict[str, int]
-) -> str | None:
+def _stored_format(tensors: Tensors, by_dtype: dict[str, int]) -> str | None:
     names = tensors.keys()
     if any(n.endswith(".qweight") for n in names):
         return "gptq" if any(n.endswith(".g_idx") for n in names) else "awq"
@@ -186,7 +203,7 @@ def model_from_safetensors_header(
     tensors = summary["tensors"]
     fmt = _stored_format(tensors, summary["bytes_by_dtype"])
     packed = fmt in ("gptq", "awq", "nf4")
-    exact = {
+    exact: ExactFigures = {
         "tensor_bytes": summary["total_bytes"],
         "stored_format": fmt,
         "param_count_override": None if packed else summary["elements"],
@@ -209,50 +226,65 @@ def model_from_safetensors_header(
     return _infer_from_names(tensors, exact, name=name, source=source)
 
 
-def _infer_from_names(
-    tensors: dict[str, tuple[str, tuple[int, ...], int]],
-    exact: dict[str, Any],
-    *,
-    name: str | None,
-    source: str,
-) -> ModelSpec:
-    shapes: dict[str, tuple[int, ...]] = {}
-    layers = -1
-    experts = -1
-    norms_in_first = 0
-    qkv_bias = o_bias = qk_norm = False
+# The first tensor named with each suffix gives its shape.
+_SHAPE_SUFFIXES = (
+    "embed_tokens.weight",
+    "lm_head.weight",
+    "q_proj.weight",
+    "k_proj.weight",
+    "gate_proj.weight",
+    "up_proj.weight",
+    "w1.weight",
+)
+
+
+@dataclass
+class NameScan:
+    """What Llama-style tensor names and shapes say of the architecture."""
+
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    last_layer: int = -1
+    last_expert: int = -1
+    norms_in_first: int = 0
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+
+
+def _scan_names(tensors: Tensors) -> NameScan:
+    scan = NameScan()
     for tensor_name, (_, dims, _) in tensors.items():
         layer = _layer_index(tensor_name)
         if layer is not None:
-            layers = max(layers, layer)
+            scan.last_layer = max(scan.last_layer, layer)
         expert = _expert_index(tensor_name)
         if expert is not None:
-            experts = max(experts, expert)
-        for suffix in (
-            "embed_tokens.weight",
-            "lm_head.weight",
-            "q_proj.weight",
-            "k_proj.weight",
-            "gate_proj.weight",
-            "up_proj.weight",
-            "w1.weight",
-        ):
-            if tensor_name.endswith(suffix) and suffix not in shapes:
-                shapes[suffix] = dims
-        qkv_bias |= tensor_name.endswith("q_proj.bias")
-        o_bias |= tensor_name.endswith("o_proj.bias")
-        qk_norm |= tensor_name.endswith(("q_norm.weight", "k_norm.weight"))
+            scan.last_expert = max(scan.last_expert, expert)
+        for suffix in _SHAPE_SUFFIXES:
+            if tensor_name.endswith(suffix) and suffix not in scan.shapes:
+                scan.shapes[suffix] = dims
+        scan.qkv_bias |= tensor_name.endswith("q_proj.bias")
+        scan.o_bias |= tensor_name.endswith("o_proj.bias")
+        scan.qk_norm |= tensor_name.endswith(("q_norm.weight", "k_norm.weight"))
         if (
             layer == 0
             and tensor_name.endswith("norm.weight")
             and not tensor_name.endswith(("q_norm.weight", "k_norm.weight"))
         ):
-            norms_in_first += 1
+            scan.norms_in_first += 1
+    return scan
+
+
+def _infer_from_names(
+    tensors: Tensors, exact: ExactFigures, *, name: str | None, source: str
+) -> ModelSpec:
+    scan = _scan_names(tensors)
+    shapes = scan.shapes
     embed = shapes.get("embed_tokens.weight")
     q = shapes.get("q_proj.weight")
     k = shapes.get("k_proj.weight")
     mlp = shapes.get("gate_proj.weight") or shapes.get("w1.weight") or shapes.get("up_proj.weight")
-    if not (embed and q and k and mlp and layers >= 0) or any(
+    if not (embed and q and k and mlp and scan.last_layer >= 0) or any(
         len(s) != 2 for s in (embed, q, k, mlp)
     ):
         raise EstimatorError(
@@ -270,33 +302,32 @@ def _infer_from_names(
         f"architecture inferred from tensor names; head_dim assumed {head_dim} "
         "(KV cache width is exact, the head split is not)"
     ]
-    moe = experts >= 0
-    if moe:
+    experts = scan.last_expert + 1
+    if experts:
         notes.append("experts per token not in the header: assumed 2")
-    spec = ModelSpec(
+    return ModelSpec(
         name=name or "checkpoint",
         family="generic",
         hidden_size=hidden,
-        num_layers=layers + 1,
+        num_layers=scan.last_layer + 1,
         num_heads=q_rows // head_dim,
         num_kv_heads=k_rows // head_dim,
         head_dim=head_dim,
         intermediate_size=mlp[0],
         vocab_size=vocab,
         tie_word_embeddings="lm_head.weight" not in shapes,
-        num_experts=experts + 1 if moe else 0,
-        experts_per_token=min(2, experts + 1) if moe else 0,
-        qkv_bias=qkv_bias and not o_bias,
-        attention_bias=o_bias,
-        qk_norm=qk_norm,
-        norms_per_layer=max(norms_in_first, 1),
+        num_experts=experts,
+        experts_per_token=min(2, experts),
+        qkv_bias=scan.qkv_bias and not scan.o_bias,
+        attention_bias=scan.o_bias,
+        qk_norm=scan.qk_norm,
+        norms_per_layer=max(scan.norms_in_first, 1),
         source=source,
         notes=tuple(notes),
         read_as="generic, inferred from the safetensors header's tensor names and shapes "
         "(parameters and bytes exact)",
         **exact,
     )
-    return spec
 
 
 def model_from_safetensors_index(

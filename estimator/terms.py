@@ -12,6 +12,7 @@ Every term says where its number comes from:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .request import EstimateRequest
@@ -28,6 +29,16 @@ class Term:
     mib: float
     basis: str
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class Part:
+    """A term, with the bytes of it the caching allocator churns through: the allocator
+    margin applies to those (activations, logits, a growing cache), not to what is allocated
+    once (weights, optimizer states, vLLM's preallocated cache)."""
+
+    term: Term
+    churn: float = 0.0
 
 
 @dataclass
@@ -71,3 +82,21 @@ def finish(
     )
     total = sum(t.mib for t in terms)
     return Core(terms, total, w_bytes, kv_per_token, notes)
+
+
+def finish_parts(
+    r: EstimateRequest,
+    terms: list[Term],
+    parts: Iterable[Part | None],
+    notes: list[str],
+    w_bytes: int,
+    kv_per_token: float,
+) -> Core:
+    """The parts the request has (None: a term it does not have) added to ``terms`` in order,
+    then ``finish`` on the bytes they churn."""
+    dynamic = 0.0
+    for part in parts:
+        if part is not None:
+            terms.append(part.term)
+            dynamic += part.churn  # in order, one at a time: the same float sum every run
+    return finish(r, terms, notes, dynamic, w_bytes, kv_per_token)

@@ -4,8 +4,8 @@ layers), and the workspace bitsandbytes needs to dequantize 4-bit weights."""
 from __future__ import annotations
 
 from .model import ModelSpec, param_count
-from .request import FOUR_BIT_BNB
-from .terms import MIB, Term
+from .request import FOUR_BIT_BNB, EstimateRequest
+from .terms import MIB, Part, Term
 
 BNB_BLOCK = 64  # bitsandbytes 4-bit blocksize; one fp32 absmax per block
 
@@ -75,12 +75,22 @@ def _largest_linear(m: ModelSpec) -> int:
     return max((i * o for _, i, o, _ in m.breakdown.linears), default=0)
 
 
-def dequant_term(m: ModelSpec, act: float, when: str) -> Term:
-    """bitsandbytes 4-bit: one matrix at a time is dequantized to 16-bit for its matmul."""
+def weights_term(m: ModelSpec, label: str, w_bytes: int, basis: str, source: str) -> Term:
+    """The weights as loaded: ``w_bytes`` from ``weights_bytes``, read from ``source``."""
     return Term(
+        "weights", label, w_bytes / MIB, basis, f"{param_count(m):,} parameters, from the {source}"
+    )
+
+
+def dequant_part(r: EstimateRequest, m: ModelSpec, act: float, when: str) -> Part | None:
+    """bitsandbytes 4-bit: one matrix at a time is dequantized to 16-bit for its matmul."""
+    if r.weights_dtype not in FOUR_BIT_BNB:
+        return None
+    term = Term(
         "dequant_workspace",
         "Dequantization workspace",
         _largest_linear(m) * act / MIB,
         "modelled",
         f"bitsandbytes dequantizes one 4-bit matrix to 16-bit per matmul{when}",
     )
+    return Part(term, churn=term.mib * MIB)

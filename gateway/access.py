@@ -6,12 +6,15 @@ anything else is refused with a reason that tells nothing about other tenants.""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from types import SimpleNamespace
+from typing import ParamSpec, TypeVar
 
 from django.db import close_old_connections, connections, transaction
 from django.db.models import F
+from django.http import HttpRequest
 from django.utils import timezone
+from rest_framework.request import Request
 
 from nodes import ssh
 from nodes.services import endpoint_for
@@ -47,12 +50,16 @@ class Target:
     port: int
 
 
-def _fresh(fn):
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _fresh(fn: Callable[P, R]) -> Callable[P, R]:
     """Database work from one of the event loop's worker threads: its own connection,
     closed afterwards, so no thread holds one between the loop's calls (the loop's
     threads come and go; the rechecks are batched so this stays cheap)."""
 
-    def run(*args, **kwargs):
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
         close_old_connections()
         try:
             return fn(*args, **kwargs)
@@ -64,9 +71,11 @@ def _fresh(fn):
     return run
 
 
-def _throttle_request(address: str) -> SimpleNamespace:
+def _throttle_request(address: str) -> Request:
     # the API's per-address failure count, read and written the same way
-    return SimpleNamespace(META={"REMOTE_ADDR": address}, headers={})
+    request = HttpRequest()
+    request.META = {"REMOTE_ADDR": address}
+    return Request(request)
 
 
 @_fresh

@@ -15,8 +15,10 @@ import logging
 import shlex
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn, ParamSpec, TypeVar
 
 import asyncssh
 from asyncssh.stream import SSHTCPStreamSession
@@ -49,7 +51,9 @@ class PidCache:
     namespace or found the PID in another process (the container restarted or went), and
     when the slice's container id changes (another container: another key)."""
 
-    def __init__(self, ttl_s: float | None = None, clock=time.monotonic):
+    def __init__(
+        self, ttl_s: float | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.ttl_s = settings.GATEWAY_PID_CACHE_S if ttl_s is None else ttl_s
         self.clock = clock
         self._pids: dict[str, tuple[int, float]] = {}  # container id -> (pid, read at)
@@ -99,7 +103,12 @@ class Stream:
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-def _db(fn, *args, **kwargs):
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _db(fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Awaitable[R]:
+    """`fn` (database work) on a worker thread, awaited by the event loop."""
     return asyncio.to_thread(fn, *args, **kwargs)
 
 
@@ -118,11 +127,15 @@ class NodeConnection:
     sessions: int = 0
 
 
+# A relay into a container's port: the node connection it holds a session of, its streams.
+_Relay = tuple[NodeConnection, asyncssh.SSHReader[bytes], asyncssh.SSHWriter[bytes]]
+
+
 class Nodes:
     """SSH connections to the nodes (pinned host key, the platform's key), each carrying
     up to SESSIONS_PER_CONNECTION streams; more connections as streams need them."""
 
-    def __init__(self, client_key: asyncssh.SSHKey):
+    def __init__(self, client_key: asyncssh.SSHKey) -> None:
         self.client_key = client_key
         self._pools: dict[tuple, list[NodeConnection]] = {}
         self._starting: dict[tuple, asyncio.Semaphore] = {}
@@ -171,7 +184,7 @@ class Nodes:
 
 
 class Gateway:
-    def __init__(self, *, host_key: asyncssh.SSHKey, client_key: asyncssh.SSHKey):
+    def __init__(self, *, host_key: asyncssh.SSHKey, client_key: asyncssh.SSHKey) -> None:
         self.host_key = host_key
         self.nodes = Nodes(client_key)
         self.pids = PidCache()
@@ -180,7 +193,7 @@ class Gateway:
         self.per_user: Counter[int] = Counter()
         self.per_slice: Counter[int] = Counter()
         self._server: asyncssh.SSHAcceptor | None = None
-        self._checker: asyncio.Task | None = None
+        self._checker: asyncio.Task[None] | None = None
 
     async def start(self, host: str, port: int) -> int:
         gateway = self
@@ -309,7 +322,7 @@ class Gateway:
             raise OSError(f"the container of slice {target.slice_id} is not running")
         return pid
 
-    async def _connect_relay(self, target: access.Target, port: int):
+    async def _connect_relay(self, target: access.Target, port: int) -> _Relay:
         """The relay's session into the container's port: (node connection, reader,
         writer). The PID comes from the cache when it holds one; a PID the relay finds
         is not the container's any more is forgotten and read again, once."""
@@ -332,7 +345,7 @@ class Gateway:
             self.pids.forget(target.container_id)
             raise
 
-    async def _start_relay(self, target: access.Target, pid: int, port: int):
+    async def _start_relay(self, target: access.Target, pid: int, port: int) -> _Relay:
         check = target.container_id if relay.checkable(target.container_id) else ""
         node = await self.nodes.acquire(target.endpoint)
         try:
@@ -352,8 +365,18 @@ class Gateway:
             raise
         return node, reader, writer
 
-    async def _bridge(self, stream, client_r, client_w, node_r, node_w, node):
-        async def pump(src, dst, count: str) -> None:
+    async def _bridge(
+        self,
+        stream: Stream,
+        client_r: asyncssh.SSHReader[bytes],
+        client_w: asyncssh.SSHWriter[bytes],
+        node_r: asyncssh.SSHReader[bytes],
+        node_w: asyncssh.SSHWriter[bytes],
+        node: NodeConnection,
+    ) -> None:
+        async def pump(
+            src: asyncssh.SSHReader[bytes], dst: asyncssh.SSHWriter[bytes], count: str
+        ) -> None:
             try:
                 while data := await src.read(CHUNK):
                     setattr(stream, count, getattr(stream, count) + len(data))
@@ -406,7 +429,7 @@ class Gateway:
 class Connection(asyncssh.SSHServer):
     """One renter's SSH connection: public keys only, channels only to their slices."""
 
-    def __init__(self, gateway: Gateway):
+    def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.identity: access.Identity | None = None
         self.peer = ""
@@ -446,13 +469,15 @@ class Connection(asyncssh.SSHServer):
     def server_requested(self, listen_host: str, listen_port: int) -> bool:
         return False  # no remote forwards
 
-    def unix_connection_requested(self, dest_path: str):
+    def unix_connection_requested(self, dest_path: str) -> NoReturn:
         raise asyncssh.ChannelOpenError(PROHIBITED, "only slice-<id>:<port> streams")
 
     def unix_server_requested(self, listen_path: str) -> bool:
         return False
 
-    def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int):
+    def connection_requested(
+        self, dest_host: str, dest_port: int, orig_host: str, orig_port: int
+    ) -> Awaitable[asyncssh.SSHTCPSession[bytes]]:
         return self.gateway.open(self, dest_host, dest_port)
 
 

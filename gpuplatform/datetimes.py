@@ -4,7 +4,7 @@ year it cannot hold is a clear 400 naming the field, never a 500."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
 from django import forms
 from django.core.exceptions import ValidationError
@@ -47,12 +47,12 @@ def _clean(value: datetime | None) -> datetime | None:
 class UtcDateTimeField(forms.DateTimeField):
     """A page's date and time, in UTC."""
 
-    def to_python(self, value):
+    def to_python(self, value: str | datetime | date | None) -> datetime | None:
         return _clean(super().to_python(value))
 
 
 class UtcIsoDateTimeField(IsoDateTimeField):
-    def to_python(self, value):
+    def to_python(self, value: str | datetime | date | None) -> datetime | None:
         return _clean(super().to_python(value))
 
 

@@ -10,22 +10,27 @@ leaves at once. A name no task is registered under raises KeyError in the caller
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from celery import Task
 from django.db import transaction
 
 from .celery import app
 
+if TYPE_CHECKING:
+    from celery.contrib.django.task import DjangoTask
 
-def task_named(name: str) -> Task:
+
+def task_named(name: str) -> DjangoTask[..., Any]:
     """The task registered as `name`. Tasks modules are imported by Celery's autodiscovery,
     which a web process never triggers on its own: the first lookup there runs it."""
     try:
-        return app.tasks[name]
+        task = app.tasks[name]
     except KeyError:
         app.loader.import_default_modules()  # autodiscover_tasks: every app's tasks.py
-        return app.tasks[name]
+        task = app.tasks[name]
+    # Every task here is a DjangoTask (the app's task class, celery.py); the registry's
+    # type says only Task.
+    return cast("DjangoTask[..., Any]", task)
 
 
 def enqueue(name: str, *args: Any, countdown: float | None = None) -> None:

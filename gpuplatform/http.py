@@ -1,7 +1,8 @@
 """The requests the platform's views receive, typed as its middleware and decorators leave
 them: django-htmx's details on every request, a signed-in user behind the login and staff
-decorators, the caller's membership behind `member_required`. Views annotate with these so
-the type checker knows what Django's own `HttpRequest` cannot say."""
+decorators, the caller's membership behind `member_required` (or loaded by the account
+pages themselves). Views annotate with these so the type checker knows what Django's own
+`HttpRequest` cannot say."""
 
 from __future__ import annotations
 
@@ -27,7 +28,23 @@ class UserRequest(PageRequest):
     user: User
 
 
+class AccountRequest(UserRequest):
+    """A signed-in user's request on a page that loads the membership itself (None before
+    the user joins or creates a tenant), so the templates' context processor need not."""
+
+    membership: Membership | None
+
+
 class MemberRequest(UserRequest):
     """A request behind `tenants.permissions.member_required`: its membership is set."""
 
     membership: Membership
+
+
+def signed_in(request: HttpRequest) -> User:
+    """The user of a request that a permission refusing anonymous callers let through
+    (an API view's IsAuthenticated, IsOps or IsTenantMember), where Django's and DRF's
+    types still say the user may be anonymous."""
+    user = request.user
+    assert isinstance(user, User), "an anonymous caller got past the view's permissions"
+    return user

@@ -316,7 +316,7 @@ METRICS_TOKEN = env.str("GPUPLATFORM_METRICS_TOKEN", default="")
 # --- Celery -------------------------------------------------------------------------
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, str | int | bool] = {"visibility_timeout": 3600}
 else:
     # A broker that needs no server: messages are files under var/celery, shared by
     # the web, worker and beat processes of one machine.

@@ -1,4 +1,7 @@
+from __future__ import annotations
+
 from django.contrib import admin
+from django.http import HttpRequest
 
 from .models import (
     GpuWatch,
@@ -17,7 +20,7 @@ class IncidentEventInline(admin.TabularInline):
     can_delete = False
     readonly_fields = ["kind", "actor", "message", "data", "at"]
 
-    def has_add_permission(self, request, obj=None):
+    def has_add_permission(self, request: HttpRequest, obj: Incident | None = None) -> bool:
         return False
 
 
@@ -55,7 +58,7 @@ class IncidentAdmin(admin.ModelAdmin):
     ]
     inlines = [IncidentEventInline]
 
-    def has_add_permission(self, request):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
 
@@ -75,14 +78,14 @@ class ThresholdsAdmin(admin.ModelAdmin):
 
 @admin.register(SliceWatch)
 class SliceWatchAdmin(admin.ModelAdmin):
-    list_display = [
+    readonly_fields = (
         "slice",
         "over_quota_streak",
         "last_active_at",
         "idle_warned_at",
         "throttled_at",
-    ]
-    readonly_fields = list_display
+    )
+    list_display = readonly_fields
 
 
 @admin.register(GpuWatch)

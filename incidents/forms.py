@@ -1,6 +1,10 @@
 """Forms of the incident pages: ledger filters, the actions' confirmations, the KPI
 period and the watchdog thresholds. Services enforce the rules; these shape the input."""
 
+from __future__ import annotations
+
+from typing import Any
+
 from django import forms
 
 from gpuplatform.datetimes import UtcDateTimeField
@@ -9,7 +13,7 @@ from tenants.models import Tenant
 from . import kpis
 from .models import Incident, Thresholds
 from .rules import RULES
-from .selectors import SORTS
+from .selectors import SORTS, IncidentFilters
 
 DATETIME_WIDGET = forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M")
 
@@ -52,7 +56,7 @@ class IncidentFilterForm(forms.Form):
         required=False,
     )
 
-    def selector_args(self) -> dict:
+    def selector_args(self) -> IncidentFilters:
         """The valid filters, as selectors.incident_list takes them."""
         self.is_valid()
         data = getattr(self, "cleaned_data", {})
@@ -127,14 +131,16 @@ class ThresholdsForm(forms.Form):
     """One field per threshold, with docs/domain.md's default (the model's default) beside it.
     The ordering rules are the service's: its refusal is shown on the form."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields.update(forms.fields_for_model(Thresholds, fields=THRESHOLD_FIELDS))
+        defaults = {f.name: f.default for f in Thresholds._meta.concrete_fields}
         for name, field in self.fields.items():
-            field.default_value = Thresholds._meta.get_field(name).default  # type: ignore[attr-defined]
-            field.help_text = f"default {field.default_value:g}"  # type: ignore[attr-defined]
+            # the page shows each field's default beside it
+            field.default_value = defaults[name]  # type: ignore[attr-defined]
+            field.help_text = f"default {defaults[name]:g}"
 
-    def changes(self) -> dict:
+    def changes(self) -> dict[str, Any]:
         return dict(self.cleaned_data)
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from django.db import connection, transaction
 from django.db.models import (
@@ -104,6 +104,25 @@ def incidents_in(*, since: datetime, until: datetime) -> QuerySet[Incident]:
     )
 
 
+class Group(TypedDict):
+    """A group of the period's incidents, as the grouped passes read it."""
+
+    incidents: int
+    resolved: int
+    detect_sum: timedelta | None
+    resolve_sum: timedelta | None
+
+
+class ClassDayGroup(Group):
+    root_cause: str
+    day: date
+
+
+class PlaceGroup(Group):
+    node_id: int | None
+    gpu_key: int | None  # the incident's GPU where it names no node
+
+
 @dataclass
 class _Sums:
     """What the means are made of: summed over groups, divided once at the end."""
@@ -113,7 +132,7 @@ class _Sums:
     detect: timedelta = ZERO
     resolve: timedelta = ZERO
 
-    def add(self, group: dict[str, Any]) -> None:
+    def add(self, group: Group) -> None:
         self.incidents += group["incidents"]
         self.resolved += group["resolved"]
         self.detect += group["detect_sum"] or ZERO
@@ -137,7 +156,7 @@ _SUMS: dict[str, Any] = {
 }
 
 
-def incident_groups(*, since: datetime, until: datetime) -> list[dict[str, Any]]:
+def incident_groups(*, since: datetime, until: datetime) -> list[ClassDayGroup]:
     """The period's incidents by class and day: counts and summed durations, one pass over
     the first-seen index (a few hundred groups: the totals, the classes and the series
     per day are sums of them)."""
@@ -155,21 +174,24 @@ def incident_groups(*, since: datetime, until: datetime) -> list[dict[str, Any]]
         cursor.execute("SET LOCAL enable_sort = off")
         rows = list(groups)
         cursor.execute("RESET enable_sort")
-    return rows
+    # the stubs type values() rows by the fields named, not the **_SUMS annotated on them
+    return cast("list[ClassDayGroup]", rows)
 
 
-def incident_places(*, since: datetime, until: datetime) -> list[dict[str, Any]]:
+def incident_places(*, since: datetime, until: datetime) -> list[PlaceGroup]:
     """The period's incidents by the node they name, or by their GPU where they name no
     node (its node is looked up after, for the few groups): counts and summed durations,
     a second pass over the same index. Nothing is joined here (a join per row costs as
     much as the scan)."""
-    return list(
+    rows = list(
         incidents_in(since=since, until=until)
         .annotate(gpu_key=Case(When(node_id__isnull=True, then=F("gpu_id")), default=None))
         .values("node_id", "gpu_key")
         .annotate(**_SUMS)
         .order_by()
     )
+    # the stubs type values() rows by the fields named, not the **_SUMS annotated on them
+    return cast("list[PlaceGroup]", rows)
 
 
 def node_names(*, node_ids: set[int], gpu_ids: set[int]) -> tuple[dict[int, str], dict[int, str]]:
@@ -255,49 +277,12 @@ def _days(since: datetime, until: datetime) -> list[date]:
 
 def compute(*, since: datetime, until: datetime) -> dict[str, Any]:
     """Every number and series of the KPI page for [since, until)."""
-    total, classes_sums, nodes_sums = _Sums(), defaultdict(_Sums), defaultdict(_Sums)
-    per_day: dict[str, dict[date, int]] = defaultdict(lambda: defaultdict(int))
-    for g in incident_groups(since=since, until=until):
-        total.add(g)
-        classes_sums[g["root_cause"]].add(g)
-        per_day[g["root_cause"]][g["day"]] += g["incidents"]
-    places = incident_places(since=since, until=until)
-    node_named, gpu_node_named = node_names(
-        node_ids={g["node_id"] for g in places if g["node_id"] is not None},
-        gpu_ids={g["gpu_key"] for g in places if g["gpu_key"] is not None},
-    )
-    for g in places:
-        # the incident's node, else its GPU's node, else none: as the ledger says where
-        if g["node_id"] is not None:
-            nodes_sums[node_named.get(g["node_id"], NO_NODE)].add(g)
-        else:
-            nodes_sums[gpu_node_named.get(g["gpu_key"], NO_NODE)].add(g)
+    total, classes_sums, per_day = _sums_by_class(since=since, until=until)
+    nodes_sums = _sums_by_node(since=since, until=until)
     totals = total.row()
     classes = dict(Incident.RootCause.choices)
-    by_class = sorted(
-        (
-            {"root_cause": cause, "label": classes.get(cause, cause)} | sums.row()
-            for cause, sums in classes_sums.items()
-        ),
-        key=lambda r: (-r["incidents"], r["root_cause"]),
-    )
-    by_node_incidents = {name: sums.row() for name, sums in nodes_sums.items()}
     hours = gpu_hours_by_node(since=since, until=until)
     slices = slices_hurt_by_node(since=since, until=until)
-    empty = {"incidents": 0, "resolved": 0, "mttd_s": None, "mttr_s": None}
-    by_node = []
-    for name in sorted(set(by_node_incidents) | set(hours) | set(slices)):
-        row = {"node": name} | by_node_incidents.get(name, empty)
-        ran, hurt = slices.get(name, (0, 0))
-        row |= {
-            "gpu_hours": round(hours.get(name, 0.0), 2),
-            "per_1000_gpu_hours": _per_1000(row["incidents"], hours.get(name, 0.0)),
-            "slices_ran": ran,
-            "slices_hurt": hurt,
-            "preemption_rate_pct": _pct(hurt, ran),
-        }
-        by_node.append(row)
-    days = _days(since, until)
     gpu_hours = sum(hours.values())
     ran = sum(r for r, _ in slices.values())
     hurt = sum(h for _, h in slices.values())
@@ -311,17 +296,90 @@ def compute(*, since: datetime, until: datetime) -> dict[str, Any]:
         "slices_hurt": hurt,
         "preemption_rate_pct": _pct(hurt, ran),
         **totals,
-        "by_class": by_class,
-        "by_node": by_node,
-        "per_day": {
-            "labels": [d.isoformat() for d in days],
-            "series": [
-                {
-                    "root_cause": cause,
-                    "label": classes.get(cause, cause),
-                    "counts": [per_day[cause].get(d, 0) for d in days],
-                }
-                for cause in sorted(per_day)
-            ],
-        },
+        "by_class": _class_rows(classes_sums, classes),
+        "by_node": _node_rows(nodes_sums, hours, slices),
+        "per_day": _per_day_series(per_day, _days(since, until), classes),
+    }
+
+
+def _sums_by_class(
+    *, since: datetime, until: datetime
+) -> tuple[_Sums, dict[str, _Sums], dict[str, dict[date, int]]]:
+    """The period's sums in all, per class, and its incidents per class and day."""
+    total = _Sums()
+    classes_sums: dict[str, _Sums] = defaultdict(_Sums)
+    per_day: dict[str, dict[date, int]] = defaultdict(lambda: defaultdict(int))
+    for g in incident_groups(since=since, until=until):
+        total.add(g)
+        classes_sums[g["root_cause"]].add(g)
+        per_day[g["root_cause"]][g["day"]] += g["incidents"]
+    return total, classes_sums, per_day
+
+
+def _sums_by_node(*, since: datetime, until: datetime) -> dict[str, _Sums]:
+    """The period's sums per node name: the incident's node, else its GPU's node, else
+    none (as the ledger says where)."""
+    nodes_sums: dict[str, _Sums] = defaultdict(_Sums)
+    places = incident_places(since=since, until=until)
+    node_named, gpu_node_named = node_names(
+        node_ids={g["node_id"] for g in places if g["node_id"] is not None},
+        gpu_ids={g["gpu_key"] for g in places if g["gpu_key"] is not None},
+    )
+    for g in places:
+        if g["node_id"] is not None:
+            name = node_named.get(g["node_id"], NO_NODE)
+        elif g["gpu_key"] is not None:
+            name = gpu_node_named.get(g["gpu_key"], NO_NODE)
+        else:
+            name = NO_NODE
+        nodes_sums[name].add(g)
+    return nodes_sums
+
+
+def _class_rows(classes_sums: dict[str, _Sums], classes: dict[str, str]) -> list[dict[str, Any]]:
+    """One row per class, the most incidents first."""
+    return sorted(
+        (
+            {"root_cause": cause, "label": classes.get(cause, cause)} | sums.row()
+            for cause, sums in classes_sums.items()
+        ),
+        key=lambda r: (-r["incidents"], r["root_cause"]),
+    )
+
+
+def _node_rows(
+    nodes_sums: dict[str, _Sums], hours: dict[str, float], slices: dict[str, tuple[int, int]]
+) -> list[dict[str, Any]]:
+    """One row per node that had incidents, GPU-hours or slices, by name."""
+    by_node_incidents = {name: sums.row() for name, sums in nodes_sums.items()}
+    empty = {"incidents": 0, "resolved": 0, "mttd_s": None, "mttr_s": None}
+    by_node = []
+    for name in sorted(set(by_node_incidents) | set(hours) | set(slices)):
+        row = {"node": name} | by_node_incidents.get(name, empty)
+        ran, hurt = slices.get(name, (0, 0))
+        row |= {
+            "gpu_hours": round(hours.get(name, 0.0), 2),
+            "per_1000_gpu_hours": _per_1000(row["incidents"], hours.get(name, 0.0)),
+            "slices_ran": ran,
+            "slices_hurt": hurt,
+            "preemption_rate_pct": _pct(hurt, ran),
+        }
+        by_node.append(row)
+    return by_node
+
+
+def _per_day_series(
+    per_day: dict[str, dict[date, int]], days: list[date], classes: dict[str, str]
+) -> dict[str, Any]:
+    """The incidents per day, one series per class: the chart's labels and data."""
+    return {
+        "labels": [d.isoformat() for d in days],
+        "series": [
+            {
+                "root_cause": cause,
+                "label": classes.get(cause, cause),
+                "counts": [per_day[cause].get(d, 0) for d in days],
+            }
+            for cause in sorted(per_day)
+        ],
     }

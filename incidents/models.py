@@ -1,14 +1,22 @@
 """The incident ledger: one open incident per rule and target, with a runbook timeline."""
 
+from __future__ import annotations
+
 from dataclasses import fields
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.contrib.postgres.expressions import ArraySubquery
 from django.db import models
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Case, F, IntegerField, Lookup, Q, Value, When
+from django.db.models.sql.compiler import SQLCompiler
 
 from .rules import OPS_ONLY
 from .rules import Thresholds as RuleThresholds
+
+if TYPE_CHECKING:  # incidents depend on tenants; only the type is needed here
+    from tenants.models import Tenant
 
 # The severity sort: critical first, then warning, then the rest. One expression for the
 # ledger's ORDER BY and the index that serves it (PostgreSQL matches them as written).
@@ -28,14 +36,17 @@ class AnyOf(Lookup):
     lookup_name = "any_of"
     prepare_rhs = False
 
-    def as_sql(self, compiler, connection):
+    def as_sql(
+        self, compiler: SQLCompiler, connection: BaseDatabaseWrapper
+    ) -> tuple[str, tuple[Any, ...]]:
         lhs, lhs_params = self.process_lhs(compiler, connection)
         rhs, rhs_params = self.process_rhs(compiler, connection)
-        return f"{lhs} = ANY({rhs})", [*lhs_params, *rhs_params]
+        # a tuple, as Django's own operator lookups give theirs
+        return f"{lhs} = ANY({rhs})", (*lhs_params, *rhs_params)
 
 
-class IncidentQuerySet(models.QuerySet):
-    def for_tenant(self, tenant) -> "IncidentQuerySet":
+class IncidentQuerySet(models.QuerySet["Incident"]):
+    def for_tenant(self, tenant: Tenant | None) -> IncidentQuerySet:
         """A tenant's: those about its slices, and those that touched its slices (a node
         that stopped answering, a GPU drained for a fault under them); never ops' own."""
         if tenant is None:
@@ -45,7 +56,7 @@ class IncidentQuerySet(models.QuerySet):
             rule__in=OPS_ONLY
         )
 
-    def open(self) -> "IncidentQuerySet":
+    def open(self) -> IncidentQuerySet:
         return self.exclude(status=Incident.Status.RESOLVED)
 
 
@@ -374,11 +385,11 @@ class Thresholds(models.Model):
         return "watchdog thresholds"
 
     @classmethod
-    def current(cls) -> "Thresholds":
+    def current(cls) -> Thresholds:
         row = cls.objects.order_by("pk").first()
         return row if row is not None else cls.objects.create()
 
-    def as_rules(self):
+    def as_rules(self) -> RuleThresholds:
         return RuleThresholds(**{f.name: getattr(self, f.name) for f in fields(RuleThresholds)})
 
 
@@ -420,8 +431,8 @@ class GpuWatch(models.Model):
         return f"watch of GPU {self.gpu_id}"
 
 
-class WebhookEndpointQuerySet(models.QuerySet):
-    def for_tenant(self, tenant) -> "WebhookEndpointQuerySet":
+class WebhookEndpointQuerySet(models.QuerySet["WebhookEndpoint"]):
+    def for_tenant(self, tenant: Tenant | None) -> WebhookEndpointQuerySet:
         if tenant is None:
             return self.none()
         return self.filter(tenant=tenant)

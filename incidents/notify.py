@@ -12,6 +12,7 @@ import socket
 import ssl
 import time
 import urllib.parse
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -48,30 +49,25 @@ def incident_notify(*, incident: Incident, event: str) -> None:
         enqueue("incidents.deliver_webhook", delivery.pk)
 
 
-def payload(incident: Incident, event: str, *, for_tenant: bool) -> dict:
-    body = {
-        "event": f"incident.{event}",
-        "incident": {
-            "id": incident.pk,
-            "rule": incident.rule,
-            "title": incident.title,
-            "severity": incident.severity,
-            "status": incident.status,
-            "root_cause": incident.root_cause,
-            "slice": incident.slice_id,
-            "first_seen_at": incident.first_seen_at.isoformat(),
-            "last_seen_at": incident.last_seen_at.isoformat(),
-        },
+def payload(incident: Incident, event: str, *, for_tenant: bool) -> dict[str, Any]:
+    about: dict[str, Any] = {
+        "id": incident.pk,
+        "rule": incident.rule,
+        "title": incident.title,
+        "severity": incident.severity,
+        "status": incident.status,
+        "root_cause": incident.root_cause,
+        "slice": incident.slice_id,
+        "first_seen_at": incident.first_seen_at.isoformat(),
+        "last_seen_at": incident.last_seen_at.isoformat(),
     }
     if event == "resolved":
-        body["incident"]["resolution_note"] = incident.resolution_note
+        about["resolution_note"] = incident.resolution_note
     if event == "action":
-        body["incident"]["action"] = _last_action(incident)
+        about["action"] = _last_action(incident)
     if not for_tenant:  # ops see where; a tenant sees only their own slice
-        body["incident"].update(
-            tenant=incident.tenant_id, node=incident.node_id, gpu=incident.gpu_id
-        )
-    return body
+        about.update(tenant=incident.tenant_id, node=incident.node_id, gpu=incident.gpu_id)
+    return {"event": f"incident.{event}", "incident": about}
 
 
 def sign(secret: str, timestamp: str, body: bytes) -> str:
@@ -91,8 +87,10 @@ class HTTPStatusError(Exception):
 class _PinnedHTTPS(http.client.HTTPSConnection):
     """TLS to `ip`, with the certificate checked against the URL's host name."""
 
-    def __init__(self, host: str, port: int, ip: str, **kwargs):
-        super().__init__(host, port, **kwargs)
+    def __init__(
+        self, host: str, port: int, ip: str, *, timeout: float, context: ssl.SSLContext
+    ) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
         self._ip = ip
 
     def connect(self) -> None:
@@ -112,7 +110,7 @@ def _post(url: str, body: bytes, headers: dict[str, str], *, public_only: bool) 
         infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
     except socket.gaierror as exc:
         raise ValueError(f"cannot resolve {host}: {exc}") from exc
-    addresses = [info[4][0] for info in infos]
+    addresses = [str(info[4][0]) for info in infos]  # IP addresses: TCP's families only
     if public_only:
         for address in addresses:
             if not ipaddress.ip_address(address).is_global:
@@ -254,7 +252,7 @@ def email_send(*, incident_id: int, event: str) -> int:
             ops,
         )
         sent += len(ops)
-    if tenant_hears(incident, event):
+    if incident.tenant_id is not None and tenant_hears(incident, event):
         if event == "resolved":
             subject = f"Resolved for your slice {incident.slice_id}: {incident.title}"
         else:

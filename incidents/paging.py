@@ -20,12 +20,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from django.core.paginator import Paginator
+from django.core.paginator import Page, Paginator
 from django.db.models import Q, QuerySet
 from django.http import QueryDict
 
@@ -35,7 +35,12 @@ from gpuplatform.pages import PAGE_SIZE
 from .models import Incident
 from .selectors import sort_keys
 
+if TYPE_CHECKING:  # annotations only: DRF's views module loads the API settings
+    from rest_framework.request import Request
+    from rest_framework.views import APIView
+
 COUNT_CAP = 1000
+Row = TypeVar("Row")
 
 
 @dataclass(frozen=True)
@@ -182,13 +187,13 @@ def _number(value: str | None) -> int:
     return number if number >= 1 else 1
 
 
-def capped_count(queryset: QuerySet) -> tuple[int, bool]:
+def capped_count(queryset: QuerySet[Incident]) -> tuple[int, bool]:
     """How many rows match, counting no further than COUNT_CAP: (count, capped)."""
     n = queryset.order_by().values("pk")[: COUNT_CAP + 1].count()
     return min(n, COUNT_CAP), n > COUNT_CAP
 
 
-def ids_page(queryset: QuerySet, *, start: int, stop: int) -> QuerySet:
+def ids_page(queryset: QuerySet[Incident], *, start: int, stop: int) -> QuerySet[Incident]:
     """Rows start..stop of the ordered queryset: OFFSET over the ids alone (read from the
     index of the order), then only those rows are fetched and joined."""
     if start == 0:
@@ -196,7 +201,7 @@ def ids_page(queryset: QuerySet, *, start: int, stop: int) -> QuerySet:
     return queryset.filter(pk__in=queryset.values("pk")[start:stop])
 
 
-def incident_page(queryset: QuerySet, *, sort: str, params: QueryDict) -> IncidentPage:
+def incident_page(queryset: QuerySet[Incident], *, sort: str, params: QueryDict) -> IncidentPage:
     """The page `params` asks for (`page`, and `after` or `before` from a link) of the
     ordered incidents: two queries, whatever the page."""
     keys = keys_of(sort)
@@ -239,13 +244,15 @@ def incident_page(queryset: QuerySet, *, sort: str, params: QueryDict) -> Incide
 class DeepPaginator(Paginator):
     """Django's paginator, reading a page past the first by ids in the order's index."""
 
-    def page(self, number):
-        number = self.validate_number(number)
-        bottom = (number - 1) * self.per_page
+    def page(self, number: int | str) -> Page[Incident]:
+        valid = self.validate_number(number)
+        bottom = (valid - 1) * self.per_page
         top = bottom + self.per_page
         if top + self.orphans >= self.count:
             top = self.count
-        return self._get_page(ids_page(self.object_list, start=bottom, stop=top), number, self)
+        # IncidentPagination pages querysets of incidents alone
+        incidents = cast("QuerySet[Incident]", self.object_list)
+        return Page(ids_page(incidents, start=bottom, stop=top), valid, self)
 
 
 class IncidentPagination(PageNumberPagination):
@@ -254,11 +261,17 @@ class IncidentPagination(PageNumberPagination):
 
     django_paginator_class = DeepPaginator
 
-    def paginate_queryset(self, queryset, request, view=None):
+    def paginate_queryset(
+        self,
+        queryset: QuerySet[Any, Row] | Sequence[Row],
+        request: Request,
+        view: APIView | None = None,
+    ) -> list[Row] | None:
         # An order the client chose (`ordering=severity_rank`) has ties; pages cut through
         # them by number must agree on one order, so the newest id breaks them (as the
-        # ledger's own order does).
-        order = [str(o) for o in queryset.query.order_by]
-        if not {"id", "-id", "pk", "-pk"} & set(order):
-            queryset = queryset.order_by(*queryset.query.order_by, "-id")
+        # ledger's own order does). The views here give it querysets alone.
+        if isinstance(queryset, QuerySet):
+            order = [str(o) for o in queryset.query.order_by]
+            if not {"id", "-id", "pk", "-pk"} & set(order):
+                queryset = queryset.order_by(*queryset.query.order_by, "-id")
         return super().paginate_queryset(queryset, request, view)

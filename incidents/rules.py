@@ -9,6 +9,7 @@ Thresholds default to docs/domain.md's numbers; ops edit them (incidents.Thresho
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 # Root-cause classes (docs/domain.md, "What goes wrong")
@@ -159,16 +160,20 @@ def vram_pressure(gpu: GpuView, th: Thresholds) -> list[Finding]:
     """85%: warning. 95%: critical, and the card stops taking placements until it is
     below 85% again (hysteresis: a card hovering at 94-96% does not flap)."""
     pct = _pct(gpu.used_mb, gpu.total_mb)
-    target = f"gpu:{gpu.uuid}"
-    common = {"gpu_id": gpu.gpu_id, "node_id": gpu.node_id, "target": target}
-    evidence = {"used_mb": gpu.used_mb, "total_mb": gpu.total_mb, "percent": round(pct, 1)}
+    on_card = partial(
+        Finding,
+        target=f"gpu:{gpu.uuid}",
+        root_cause=NO_ISOLATION,
+        gpu_id=gpu.gpu_id,
+        node_id=gpu.node_id,
+        evidence={"used_mb": gpu.used_mb, "total_mb": gpu.total_mb, "percent": round(pct, 1)},
+    )
     out: list[Finding] = []
     if pct >= th.vram_critical_pct:
         out.append(
-            Finding(
+            on_card(
                 rule="vram_critical",
                 severity=CRITICAL,
-                root_cause=NO_ISOLATION,
                 title=f"GPU VRAM at {pct:.0f}%: placements stopped",
                 detail=(
                     f"{gpu.used_mb} of {gpu.total_mb} MiB used (at or over "
@@ -176,47 +181,36 @@ def vram_pressure(gpu: GpuView, th: Thresholds) -> list[Finding]:
                     f"lands here until it is below {th.breaker_reset_pct:g}%."
                 ),
                 action=CLOSE_GPU if not gpu.breaker_open else "",
-                evidence=evidence,
-                **common,
             )
         )
     elif gpu.breaker_open and pct < th.breaker_reset_pct:
         out.append(
-            Finding(
+            on_card(
                 rule="vram_critical",
                 severity=CRITICAL,
-                root_cause=NO_ISOLATION,
                 title=f"GPU VRAM back to {pct:.0f}%: placements allowed again",
                 action=OPEN_GPU,
-                evidence=evidence,
                 resolves=True,
-                **common,
             )
         )
     if pct >= th.vram_warning_pct:
         out.append(
-            Finding(
+            on_card(
                 rule="vram_high",
                 severity=WARNING,
-                root_cause=NO_ISOLATION,
                 title=f"GPU VRAM at {pct:.0f}%",
                 detail=f"{gpu.used_mb} of {gpu.total_mb} MiB used.",
-                evidence=evidence,
-                **common,
             )
         )
     elif pct < th.vram_warning_pct - CLEAR_MARGIN_PCT:
         # Cleared only well under the line: a well-packed card at 84-86% must not open
         # and close an incident on every crossing.
         out.append(
-            Finding(
+            on_card(
                 rule="vram_high",
                 severity=WARNING,
-                root_cause=NO_ISOLATION,
                 title="GPU VRAM below the warning line",
-                evidence=evidence,
                 resolves=True,
-                **common,
             )
         )
     return out
@@ -283,35 +277,33 @@ def bandwidth(p: ProcessView, th: Thresholds, *, owner: SliceView | None) -> lis
     Call it once per slice with that process (its highest reading)."""
     if owner is None or p.memory_utilization is None:
         return []
-    target = f"slice:{owner.slice_id}"
-    common = {
-        "target": target,
-        "gpu_id": p.gpu_id,
-        "node_id": owner.node_id,
-        "slice_id": owner.slice_id,
-        "tenant_id": owner.tenant_id,
-        "rule": "bandwidth_hog",
-        "severity": WARNING,
-        "root_cause": APP_PARAMETERS,
-        "evidence": {"pid": p.pid, "memory_utilization": p.memory_utilization},
-    }
+    of_slice = partial(
+        Finding,
+        target=f"slice:{owner.slice_id}",
+        gpu_id=p.gpu_id,
+        node_id=owner.node_id,
+        slice_id=owner.slice_id,
+        tenant_id=owner.tenant_id,
+        rule="bandwidth_hog",
+        severity=WARNING,
+        root_cause=APP_PARAMETERS,
+        evidence={"pid": p.pid, "memory_utilization": p.memory_utilization},
+    )
     if p.memory_utilization > th.bandwidth_pct:
         return [
-            Finding(
+            of_slice(
                 title=f"Slice {owner.slice_id} uses {p.memory_utilization}% of the card's "
                 "memory bandwidth",
                 detail=f"Over {th.bandwidth_pct:g}%: throttled so neighbours keep theirs.",
                 action=THROTTLE,
-                **common,
             )
         ]
     if owner.throttled:
         return [
-            Finding(
+            of_slice(
                 title=f"Slice {owner.slice_id} is back under the bandwidth limit",
                 action=UNTHROTTLE,
                 resolves=True,
-                **common,
             )
         ]
     return []
@@ -593,23 +585,22 @@ def accounting_drift(
     cuMemCreate pools, context memory, a process it was not loaded into). `streak`: the
     samples in a row, this one included, that disagreed."""
     threshold = drift_threshold_mb(nvml_mb, library_mb, th)
-    target = f"slice:{s.slice_id}"
-    common = {
-        "target": target,
-        "gpu_id": s.gpu_id,
-        "node_id": s.node_id,
-        "slice_id": s.slice_id,
-        "tenant_id": s.tenant_id,
-        "rule": "accounting_drift",
-        "root_cause": NO_ISOLATION,
-    }
+    of_slice = partial(
+        Finding,
+        target=f"slice:{s.slice_id}",
+        gpu_id=s.gpu_id,
+        node_id=s.node_id,
+        slice_id=s.slice_id,
+        tenant_id=s.tenant_id,
+        rule="accounting_drift",
+        root_cause=NO_ISOLATION,
+    )
     if abs(nvml_mb - library_mb) <= threshold:
         return [
-            Finding(
+            of_slice(
                 severity=INFO,
                 title=f"Slice {s.slice_id}: NVML and the quota library agree again",
                 resolves=True,
-                **common,  # type: ignore[arg-type]
             )
         ]
     if streak < th.drift_samples:
@@ -620,7 +611,7 @@ def accounting_drift(
     # NVML sees harms nobody but the slice itself: a warning.
     escaped = nvml_mb > library_mb
     return [
-        Finding(
+        of_slice(
             severity=CRITICAL if escaped else WARNING,
             title=(
                 f"Slice {s.slice_id}: NVML counts {nvml_mb} MiB, the quota library {library_mb} MiB"
@@ -639,7 +630,6 @@ def accounting_drift(
                 "threshold_mb": threshold,
                 "samples": streak,
             },
-            **common,  # type: ignore[arg-type]
         )
     ]
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TypedDict
 
 from django.db.models import Q, QuerySet
+
+from tenants.models import Tenant
 
 from .models import SEVERITY_RANK, Incident, IncidentEvent, Thresholds
 from .notify import TENANT_TITLES
@@ -28,9 +31,25 @@ LIST_FIELDS = (
 )
 
 
+class IncidentFilters(TypedDict):
+    """The ledger's filters as a page's form reads them, for `incident_list`."""
+
+    status: str
+    severity: str
+    root_cause: str
+    rule: str
+    node: str
+    gpu: str
+    tenant_id: int | None
+    since: datetime | None
+    until: datetime | None
+    search: str
+    sort: str
+
+
 def incident_list(
     *,
-    tenant=None,
+    tenant: Tenant | None = None,
     status: str = "",
     severity: str = "",
     root_cause: str = "",

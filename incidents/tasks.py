@@ -1,6 +1,8 @@
 """Celery tasks for the watchdog: thin wrappers over services, safe to run twice."""
 
-from celery import shared_task
+from typing import Any
+
+from celery import Task, shared_task
 
 from nodes import ssh
 from nodes.errors import ContainerError
@@ -10,7 +12,7 @@ from .throttle import release
 
 
 @shared_task(name="incidents.dispose", bind=True, max_retries=2, soft_time_limit=60, time_limit=90)
-def dispose(self, incident_id: int, action: str, evidence: dict) -> str:
+def dispose(self: Task, incident_id: int, action: str, evidence: dict[str, Any]) -> str:
     try:
         return services.incident_dispose(incident_id=incident_id, action=action, evidence=evidence)
     except (ssh.SSHError, ContainerError) as exc:
@@ -24,7 +26,7 @@ def dispose(self, incident_id: int, action: str, evidence: dict) -> str:
     soft_time_limit=30,
     time_limit=45,
 )
-def release_throttle(self, slice_id: int) -> str:
+def release_throttle(self: Task, slice_id: int) -> str:
     try:
         return release(slice_id=slice_id)
     except ssh.SSHError as exc:
@@ -32,12 +34,12 @@ def release_throttle(self, slice_id: int) -> str:
 
 
 @shared_task(name="incidents.idle_due", soft_time_limit=50, time_limit=60)
-def idle_due(slice_id: int) -> dict:
+def idle_due(slice_id: int) -> dict[str, int]:
     return services.slice_idle_due(slice_id=slice_id)
 
 
 @shared_task(name="incidents.sweep", soft_time_limit=50, time_limit=60)
-def sweep() -> dict:
+def sweep() -> dict[str, int]:
     return services.watch_sweep()
 
 
@@ -63,7 +65,7 @@ WEBHOOK_RETRIES = 5
     soft_time_limit=30,
     time_limit=45,
 )
-def deliver_webhook(self, delivery_id: int) -> str:
+def deliver_webhook(self: Task, delivery_id: int) -> str:
     final = self.request.retries >= WEBHOOK_RETRIES
     try:
         return notify.webhook_deliver(delivery_id=delivery_id, final_attempt=final)

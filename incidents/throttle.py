@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import transaction
 
 from nodes import services as node_services
+from nodes.models import Node
 from tenants.models import Slice
 
 from .models import Incident, IncidentEvent, SliceWatch
@@ -25,7 +26,7 @@ def _cycles() -> int:
     return max(1, int(settings.NODES_SAMPLE_INTERVAL / (DUTY_PAUSE_S + DUTY_RUN_S)))
 
 
-def _docker(node, verb: str, container: str) -> bool:
+def _docker(node: Node, verb: str, container: str) -> bool:
     result = node_services.run_on_node(node, ["docker", verb, container], None)
     return result.ok or b"is not paused" in result.stderr or b"already paused" in result.stderr
 

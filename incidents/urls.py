@@ -1,11 +1,11 @@
-from django.urls import path
+from django.urls import URLPattern, path
 
 from . import views
 
 app_name = "incidents"
 
 
-def _action(name: str):
+def _action(name: str) -> URLPattern:
     slug = name.replace("_", "-")
     return path(
         f"ops/incidents/<int:pk>/{slug}/",

@@ -18,13 +18,16 @@ from typing import Any
 from django import forms
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
-from django.http import Http404, HttpRequest, HttpResponse, QueryDict, StreamingHttpResponse
+from django.contrib.auth.models import User
+from django.db.models import QuerySet
+from django.http import Http404, HttpResponse, QueryDict, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from gpuplatform.errors import ServiceError
+from gpuplatform.http import MemberRequest, UserRequest
 from gpuplatform.pages import error_field, is_partial, live_response, submit
 from gpuplatform.querystring import is_id
 from tenants.permissions import member_required
@@ -65,7 +68,7 @@ def _ledger_url(query: str = "") -> str:
 
 @staff_member_required
 @require_GET
-def ops_incidents(request: HttpRequest) -> HttpResponse:
+def ops_incidents(request: UserRequest) -> HttpResponse | StreamingHttpResponse:
     form = IncidentFilterForm(request.GET or None)
     args = form.selector_args()
     incidents = selectors.incident_list(**args)
@@ -91,7 +94,7 @@ def ops_incidents(request: HttpRequest) -> HttpResponse:
 
 @staff_member_required
 @require_GET
-def ops_incidents_export(request: HttpRequest) -> HttpResponse:
+def ops_incidents_export(request: UserRequest) -> HttpResponse | StreamingHttpResponse:
     form = IncidentFilterForm(request.GET or None)
     if form.is_bound and not form.is_valid():  # said before the stream starts, not in it
         return _export_refused(form)
@@ -99,7 +102,7 @@ def ops_incidents_export(request: HttpRequest) -> HttpResponse:
 
 
 def _export_refused(form: IncidentFilterForm) -> HttpResponse:
-    lines = [f"{name}: {' '.join(errors)}" for name, errors in form.errors.items()]
+    lines = [f"{name}: {' '.join(str(e) for e in errors)}" for name, errors in form.errors.items()]
     return HttpResponse(
         "Nothing exported: " + "; ".join(lines) + "\n",
         status=400,
@@ -109,7 +112,7 @@ def _export_refused(form: IncidentFilterForm) -> HttpResponse:
 
 @staff_member_required
 @require_POST
-def ops_incidents_acknowledge(request: HttpRequest) -> HttpResponse:
+def ops_incidents_acknowledge(request: UserRequest) -> HttpResponse:
     """Bulk acknowledge the checked rows (the service skips any that are not open)."""
     ids = sorted({int(v) for v in request.POST.getlist("ids") if is_id(v)})
     if not ids:
@@ -171,11 +174,11 @@ def csv_cell(value: Any) -> str:
     return f"'{text}" if text.startswith(FORMULA_STARTS) else text
 
 
-def _who(user) -> str:
+def _who(user: User | None) -> str:
     return (user.email or user.get_username()) if user is not None else ""
 
 
-def _csv_rows(incidents) -> Iterator[str]:
+def _csv_rows(incidents: QuerySet[Incident]) -> Iterator[str]:
     writer = csv.writer(_Echo())
     yield writer.writerow(CSV_HEADER)
     for i in incidents.select_related("acknowledged_by", "resolved_by").iterator(chunk_size=500):
@@ -203,7 +206,7 @@ def _csv_rows(incidents) -> Iterator[str]:
         yield writer.writerow([csv_cell(v) for v in row])
 
 
-def csv_response(incidents) -> StreamingHttpResponse:
+def csv_response(incidents: QuerySet[Incident]) -> StreamingHttpResponse:
     response = StreamingHttpResponse(_csv_rows(incidents), content_type="text/csv; charset=utf-8")
     stamp = timezone.now().strftime("%Y%m%d-%H%M")
     response["Content-Disposition"] = f'attachment; filename="incidents-{stamp}.csv"'
@@ -241,7 +244,7 @@ def available_actions(incident: Incident) -> dict[str, bool]:
     }
 
 
-def _points(window: Any) -> list[list]:
+def _points(window: Any) -> list[list[str | float]]:
     if not isinstance(window, list):
         return []
     return [
@@ -260,9 +263,10 @@ EVIDENCE_SHOWN = {"detail", "window", "processes", "slice", "xid_lines", "detect
 
 def evidence_context(incident: Incident) -> dict[str, Any]:
     ev = incident.evidence if isinstance(incident.evidence, dict) else {}
-    slice_ev = ev.get("slice") if isinstance(ev.get("slice"), dict) else {}
-    window = _points(ev.get("window"))
-    raw_window = ev.get("window") if isinstance(ev.get("window"), list) else []
+    found_slice, found_window = ev.get("slice"), ev.get("window")
+    slice_ev = found_slice if isinstance(found_slice, dict) else {}
+    window = _points(found_window)
+    raw_window = found_window if isinstance(found_window, list) else []
     quota = slice_ev.get("quota_mb") or ev.get("quota_mb")
     total = ev.get("total_mb") or (incident.gpu.vram_total_mb if incident.gpu else None)
     limit, limit_label = (quota, "slice quota (MiB)") if quota else (total, "GPU total (MiB)")
@@ -316,7 +320,7 @@ def _incident_context(incident: Incident) -> dict[str, Any]:
 
 @staff_member_required
 @require_GET
-def ops_incident(request: HttpRequest, pk: int) -> HttpResponse:
+def ops_incident(request: UserRequest, pk: int) -> HttpResponse:
     incident = _ops_incident(pk)
     context = _incident_context(incident)
     if is_partial(request):
@@ -328,39 +332,39 @@ def ops_incident(request: HttpRequest, pk: int) -> HttpResponse:
 # --- ops: actions, each behind a confirmation ----------------------------------------------
 
 
-def _acknowledge(request: HttpRequest, incident: Incident, data: dict) -> str:
+def _acknowledge(request: UserRequest, incident: Incident, data: dict[str, Any]) -> str:
     services.incident_acknowledge(incident=incident, actor=request.user)
     return f"Incident #{incident.pk} acknowledged."
 
 
-def _resolve(request: HttpRequest, incident: Incident, data: dict) -> str:
+def _resolve(request: UserRequest, incident: Incident, data: dict[str, Any]) -> str:
     services.incident_resolve(incident=incident, actor=request.user, note=data["note"])
     return f"Incident #{incident.pk} resolved."
 
 
-def _reopen(request: HttpRequest, incident: Incident, data: dict) -> str:
+def _reopen(request: UserRequest, incident: Incident, data: dict[str, Any]) -> str:
     services.incident_reopen(incident=incident, actor=request.user, note=data.get("note", ""))
     return f"Incident #{incident.pk} reopened."
 
 
-def _stop_slice(request: HttpRequest, incident: Incident, data: dict) -> str:
+def _stop_slice(request: UserRequest, incident: Incident, data: dict[str, Any]) -> str:
     s = services.incident_stop_slice(incident=incident, actor=request.user, reason=data["reason"])
     return f"Slice {s.pk} is {s.state}; its tenant sees the reason."
 
 
-def _drain_gpu(request: HttpRequest, incident: Incident, data: dict) -> str:
+def _drain_gpu(request: UserRequest, incident: Incident, data: dict[str, Any]) -> str:
     gpu = services.incident_drain_gpu(incident=incident, actor=request.user, reason=data["reason"])
     return f"{services.gpu_label(gpu)} takes no new placements."
 
 
-def _drain_node(request: HttpRequest, incident: Incident, data: dict) -> str:
+def _drain_node(request: UserRequest, incident: Incident, data: dict[str, Any]) -> str:
     node = services.incident_drain_node(
         incident=incident, actor=request.user, reason=data["reason"]
     )
     return f"Node {node.name} is draining: no new placements."
 
 
-def _end_orphan(request: HttpRequest, incident: Incident, data: dict) -> str:
+def _end_orphan(request: UserRequest, incident: Incident, data: dict[str, Any]) -> str:
     services.incident_confirm_orphan(incident=incident, actor=request.user)
     return (
         "Confirmed: the watchdog checks the node and removes it if it is still a platform "
@@ -371,7 +375,7 @@ def _end_orphan(request: HttpRequest, incident: Incident, data: dict) -> str:
 @dataclass(frozen=True)
 class Action:
     form: type[forms.Form]
-    run: Callable[[HttpRequest, Incident, dict], str]
+    run: Callable[[UserRequest, Incident, dict[str, Any]], str]
     title: str
     button: str
     explain: str
@@ -444,7 +448,7 @@ ACTIONS = {
 
 @staff_member_required
 @require_http_methods(["GET", "POST"])
-def ops_incident_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
+def ops_incident_action(request: UserRequest, pk: int, action: str) -> HttpResponse:
     """GET asks to confirm; only the confirmation form's POST acts."""
     spec = ACTIONS.get(action)
     if spec is None:
@@ -505,7 +509,7 @@ KPI_NODES_SHOWN = 25
 
 @staff_member_required
 @require_GET
-def ops_kpis(request: HttpRequest) -> HttpResponse:
+def ops_kpis(request: UserRequest) -> HttpResponse:
     form = PeriodForm(request.GET or None)
     days = form.days_or_default()
     until = timezone.now()
@@ -568,7 +572,7 @@ def ops_kpis(request: HttpRequest) -> HttpResponse:
 
 @staff_member_required
 @require_http_methods(["GET", "POST"])
-def ops_watchdog(request: HttpRequest) -> HttpResponse:
+def ops_watchdog(request: UserRequest) -> HttpResponse:
     row = selectors.thresholds()
     initial = {name: getattr(row, name) for name in ThresholdsForm().fields}
     form = ThresholdsForm(request.POST if request.method == "POST" else None, initial=initial)
@@ -586,16 +590,16 @@ def ops_watchdog(request: HttpRequest) -> HttpResponse:
 # --- tenant: incidents about their own slices -------------------------------------------------
 
 
-def _tenant_incidents(request: HttpRequest, *, evidence: bool = False):
+def _tenant_incidents(request: MemberRequest, *, evidence: bool = False) -> QuerySet[Incident]:
     return selectors.incident_list(tenant=request.membership.tenant, evidence=evidence)
 
 
 @member_required
 @require_GET
-def incident_list(request: HttpRequest) -> HttpResponse:
+def incident_list(request: MemberRequest) -> HttpResponse:
     page = paging.incident_page(_tenant_incidents(request), sort="last_seen", params=request.GET)
     tenant_id = request.membership.tenant.pk
-    for incident in page:
+    for incident in page:  # the template's words for each row, set on the row itself
         incident.plain = tenant_text(incident)  # type: ignore[attr-defined]
         incident.headline = tenant_title(incident)  # type: ignore[attr-defined]
         incident.your_slices = tenant_slices(incident, tenant_id)  # type: ignore[attr-defined]
@@ -604,7 +608,7 @@ def incident_list(request: HttpRequest) -> HttpResponse:
 
 @member_required
 @require_GET
-def incident_detail(request: HttpRequest, pk: int) -> HttpResponse:
+def incident_detail(request: MemberRequest, pk: int) -> HttpResponse:
     incident = get_object_or_404(_tenant_incidents(request, evidence=True), pk=pk)
     ev = incident.evidence if isinstance(incident.evidence, dict) else {}
     usage = None

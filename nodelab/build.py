@@ -37,6 +37,14 @@ def build_artifacts(out: Path) -> Path:
     """Compile the emulated driver library, the quota library and the workload, and lay
     out the workload image's build context. Returns the build directory."""
     out.mkdir(parents=True, exist_ok=True)
+    _compile(out)
+    _image_context(out)
+    return out
+
+
+def _compile(out: Path) -> None:
+    """The emulated libcuda, the quota library (and its env-only variant) and the workload,
+    dynamic and static."""
     cc = ["gcc", "-O2", "-Wall", "-Wextra", "-Werror"]
     steps = [
         [*cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(out / "libcuda.so.1"),
@@ -57,9 +65,31 @@ def build_artifacts(out: Path) -> Path:
     (out / "libcuda.so").symlink_to("libcuda.so.1")
     _build([*cc, "-o", str(out / "gpu-workload"), str(NODE_FILES / "workload.c"),
             f"-L{out}", "-lcuda"])  # fmt: skip
+
+
+def _image_context(out: Path) -> None:
+    """The workload images' build context in `out/image`: a root filesystem and the
+    Dockerfiles of the plain, SSH and HTTP images."""
     context = out / "image"
     rootfs = context / "rootfs"
     shutil.rmtree(context, ignore_errors=True)
+    _image_rootfs(rootfs, out)
+    (context / "home" / SSH_USER_IN_IMAGE).mkdir(parents=True)
+    base = "FROM scratch\nCOPY rootfs/ /\nENV PATH=/usr/local/bin:/usr/bin:/bin\n"
+    (context / "Dockerfile").write_text(base + 'CMD ["/usr/bin/gpu-workload"]\n')
+    (context / "Dockerfile.ssh").write_text(
+        base + f"COPY --chown=1000:1000 home/ /home/\nUSER 1000:1000\nEXPOSE {SSH_PORT}\n"
+        'ENTRYPOINT ["/usr/bin/lab-ssh"]\nCMD ["/usr/bin/gpu-workload"]\n'
+    )
+    (context / "Dockerfile.http").write_text(
+        base + f"EXPOSE {HTTP_PORT}\n"
+        'ENTRYPOINT ["/usr/bin/lab-http"]\nCMD ["/usr/bin/gpu-workload"]\n'
+    )
+
+
+def _image_rootfs(rootfs: Path, out: Path) -> None:
+    """busybox, the workloads, the C library they link against, OpenSSH, the start
+    scripts and the users."""
     for d in ("bin", "usr/bin", "usr/lib/x86_64-linux-gnu", "lib64", "lib/x86_64-linux-gnu",
               "etc", "tmp", "root", "dev", "proc", "sys"):  # fmt: skip
         (rootfs / d).mkdir(parents=True, exist_ok=True)
@@ -87,18 +117,6 @@ def build_artifacts(out: Path) -> Path:
         f"{SSH_USER_IN_IMAGE}:x:1000:1000:renter:/home/{SSH_USER_IN_IMAGE}:/bin/sh\n"
     )
     (rootfs / "etc" / "group").write_text(f"root:x:0:\n{SSH_USER_IN_IMAGE}:x:1000:\n")
-    (context / "home" / SSH_USER_IN_IMAGE).mkdir(parents=True)
-    base = "FROM scratch\nCOPY rootfs/ /\nENV PATH=/usr/local/bin:/usr/bin:/bin\n"
-    (context / "Dockerfile").write_text(base + 'CMD ["/usr/bin/gpu-workload"]\n')
-    (context / "Dockerfile.ssh").write_text(
-        base + f"COPY --chown=1000:1000 home/ /home/\nUSER 1000:1000\nEXPOSE {SSH_PORT}\n"
-        'ENTRYPOINT ["/usr/bin/lab-ssh"]\nCMD ["/usr/bin/gpu-workload"]\n'
-    )
-    (context / "Dockerfile.http").write_text(
-        base + f"EXPOSE {HTTP_PORT}\n"
-        'ENTRYPOINT ["/usr/bin/lab-http"]\nCMD ["/usr/bin/gpu-workload"]\n'
-    )
-    return out
 
 
 SSHD_CONFIG = f"""\

@@ -282,78 +282,81 @@ class GpuDaemon:
     # ---------------------------------------------------------------- the control protocol
     def state(self) -> dict[str, Any]:
         now = time.time()
-        gpus = []
-        for gpu in self.gpus:
-            util = None if gpu.mig_enabled else self.gpu_util(gpu, now)
-            total = gpu.model.memory_mb * MIB
-            used = self.gpu_used(gpu)
-            procs = []
-            for ctx in self.contexts:
-                if ctx.device.gpu is not gpu:
-                    continue
-                pu = None if ctx.device.is_mig else self.process_util(ctx, now)
-                procs.append(
-                    {
-                        "pid": ctx.pid,
-                        "used": ctx.used,
-                        "name": ctx.name,
-                        "device": ctx.device.uuid,
-                        "gi_id": ctx.device.gi_id,
-                        "ci_id": ctx.device.ci_id,
-                        "sm": None if pu is None else pu[0],
-                        "mem": None if pu is None else pu[1],
-                        "stuck": ctx.stuck,
-                        "busy_s": round(ctx.busy_s, 3),
-                    }
-                )
-            busy = util[0] if util else 0
-            gpus.append(
-                {
-                    "index": gpu.index,
-                    "uuid": gpu.uuid,
-                    "name": gpu.model.name,
-                    "pci_bus_id": gpu.pci_bus_id,
-                    "total": total,
-                    "reserved": gpu.reserved,
-                    "used": used,
-                    "free": max(0, total - used),
-                    "mig_capable": gpu.model.mig_capable,
-                    "mig_enabled": gpu.mig_enabled,
-                    "max_mig": 7 if gpu.model.mig_capable and gpu.model.memory_mb > 40000 else 4,
-                    "migs": [
-                        {
-                            "uuid": d.uuid,
-                            "slot": int(d.key.split(":")[1]),
-                            "gi_id": d.gi_id,
-                            "ci_id": d.ci_id,
-                            "profile": d.profile,
-                            "total": d.total,
-                            "used": self.device_used(d),
-                        }
-                        for d in gpu.migs
-                    ],
-                    "util": None if util is None else {"gpu": util[0], "memory": util[1]},
-                    "power_mw": int(
-                        (gpu.model.idle_w + (gpu.model.tdp_w - gpu.model.idle_w) * busy / 100)
-                        * 1000
-                    ),
-                    "temperature": 30 + busy * 45 // 100,
-                    "power_limit_w": gpu.model.tdp_w,
-                    "ecc": gpu.model.ecc,
-                    "ecc_uncorrected": gpu.ecc_uncorrected,
-                    "retired_pages_pending": gpu.retired_pages_pending,
-                    "remapped_rows": list(gpu.remapped_rows),
-                    "lost": gpu.lost,
-                    "processes": procs,
-                }
-            )
         return {
             "name": self.name,
             "time": now,
             "driver_version": self.driver_version,
             "cuda_version": self.cuda_version,
-            "gpus": gpus,
+            "gpus": [self._gpu_state(gpu, now) for gpu in self.gpus],
         }
+
+    def _gpu_state(self, gpu: Gpu, now: float) -> dict[str, Any]:
+        """One card as the driver reads it now: memory, MIG devices, load, health, processes."""
+        util = None if gpu.mig_enabled else self.gpu_util(gpu, now)
+        total = gpu.model.memory_mb * MIB
+        used = self.gpu_used(gpu)
+        procs = self._processes_state(gpu, now)
+        busy = util[0] if util else 0
+        return {
+            "index": gpu.index,
+            "uuid": gpu.uuid,
+            "name": gpu.model.name,
+            "pci_bus_id": gpu.pci_bus_id,
+            "total": total,
+            "reserved": gpu.reserved,
+            "used": used,
+            "free": max(0, total - used),
+            "mig_capable": gpu.model.mig_capable,
+            "mig_enabled": gpu.mig_enabled,
+            "max_mig": 7 if gpu.model.mig_capable and gpu.model.memory_mb > 40000 else 4,
+            "migs": [
+                {
+                    "uuid": d.uuid,
+                    "slot": int(d.key.split(":")[1]),
+                    "gi_id": d.gi_id,
+                    "ci_id": d.ci_id,
+                    "profile": d.profile,
+                    "total": d.total,
+                    "used": self.device_used(d),
+                }
+                for d in gpu.migs
+            ],
+            "util": None if util is None else {"gpu": util[0], "memory": util[1]},
+            "power_mw": int(
+                (gpu.model.idle_w + (gpu.model.tdp_w - gpu.model.idle_w) * busy / 100) * 1000
+            ),
+            "temperature": 30 + busy * 45 // 100,
+            "power_limit_w": gpu.model.tdp_w,
+            "ecc": gpu.model.ecc,
+            "ecc_uncorrected": gpu.ecc_uncorrected,
+            "retired_pages_pending": gpu.retired_pages_pending,
+            "remapped_rows": list(gpu.remapped_rows),
+            "lost": gpu.lost,
+            "processes": procs,
+        }
+
+    def _processes_state(self, gpu: Gpu, now: float) -> list[dict[str, Any]]:
+        """The contexts on the card (or its MIG devices), with their memory and load."""
+        procs = []
+        for ctx in self.contexts:
+            if ctx.device.gpu is not gpu:
+                continue
+            pu = None if ctx.device.is_mig else self.process_util(ctx, now)
+            procs.append(
+                {
+                    "pid": ctx.pid,
+                    "used": ctx.used,
+                    "name": ctx.name,
+                    "device": ctx.device.uuid,
+                    "gi_id": ctx.device.gi_id,
+                    "ci_id": ctx.device.ci_id,
+                    "sm": None if pu is None else pu[0],
+                    "mem": None if pu is None else pu[1],
+                    "stuck": ctx.stuck,
+                    "busy_s": round(ctx.busy_s, 3),
+                }
+            )
+        return procs
 
     def kernel_message(self, text: str) -> None:
         stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S,%f+00:00")

@@ -19,6 +19,7 @@ from typing import Any
 from emulator.catalog import GpuSpec
 
 from .build import IMAGES, NODE_FILES
+from .node import gpuctl
 from .prereqs import DOCKERD, NODE_PATH, SSHD, LabUnavailable
 from .processes import (
     descendants,
@@ -110,6 +111,21 @@ class LabNode:
             # read) permission on the way down, for the lab's directory and this node's
             for d in (self.dir.parent, self.dir):
                 os.chmod(d, 0o711)  # noqa: S103 - search only, nothing readable
+        self._install_node_files()
+        self._write_gpu_config()
+        self.kernel_log.touch()
+        self.hook_log.touch()
+        self.set_toolkit_version(self.spec.toolkit_version)
+        self.authorize(authorized_keys)
+        run_checked(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.name,
+              "-f", str(self.host_key_path)])  # fmt: skip
+        self._original_host_key = self.host_key_path.read_text()
+        daemon = {"live-restore": self.spec.live_restore}
+        (self.etc / "daemon.json").write_text(json.dumps(daemon))
+
+    def _install_node_files(self) -> None:
+        """The node's NVIDIA tools, its dmesg, the pynvml its sampler imports, the CUDA
+        library and the quota library, as the node's own files."""
         for name in ("nvidia-smi", "nvidia-container-runtime-hook"):
             shutil.copy2(NODE_FILES / name, self.bin / name)
             os.chmod(self.bin / name, 0o755)  # noqa: S103 - the node's tools, run by its sshd
@@ -130,6 +146,9 @@ class LabNode:
         if self.quota_library:
             build = "libvramquota-env-only.so" if self.spec.quota_env_only else "libvramquota.so"
             shutil.copy2(self.build / build, self.quota_library)
+
+    def _write_gpu_config(self) -> None:
+        """What the emulated GPU's tools read (gpu-emu.json) and its daemon's cards (gpu.json)."""
         (self.etc / "gpu-emu.json").write_text(
             json.dumps(
                 {
@@ -160,15 +179,6 @@ class LabNode:
                 }
             )
         )
-        self.kernel_log.touch()
-        self.hook_log.touch()
-        self.set_toolkit_version(self.spec.toolkit_version)
-        self.authorize(authorized_keys)
-        run_checked(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.name,
-              "-f", str(self.host_key_path)])  # fmt: skip
-        self._original_host_key = self.host_key_path.read_text()
-        daemon = {"live-restore": self.spec.live_restore}
-        (self.etc / "daemon.json").write_text(json.dumps(daemon))
 
     def authorize(self, keys: list[str]) -> None:
         """The public keys that may log in (sshd reads the file at every login)."""
@@ -393,13 +403,7 @@ class LabNode:
         return self.docker("exec", ref, *argv).stdout
 
     def gpu(self, op: str, **fields: object) -> dict[str, Any]:
-        """A request to the emulated GPU's control socket."""
-        sys.path.insert(0, str(NODE_FILES))
-        try:
-            # The node's own client, shipped as a file for the node, not as a module here.
-            import gpuctl  # noqa: PLC0415
-        finally:
-            sys.path.remove(str(NODE_FILES))
+        """A request to the emulated GPU's control socket (through the node's own client)."""
         with gpuctl.Control(str(self.run_dir / "gpu" / "control.sock")) as ctl:
             return ctl.request(op=op, **fields)
 

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .prereqs import LabUnavailable
@@ -35,7 +36,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until(predicate, timeout: float, what: str, alive=None) -> None:
+def wait_until(
+    predicate: Callable[[], object],
+    timeout: float,
+    what: str,
+    alive: Callable[[], object] | None = None,
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

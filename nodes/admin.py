@@ -1,25 +1,29 @@
 from django.contrib import admin
+from django.http import HttpRequest
 
 from .models import Allocation, ContainerEvent, Gpu, GpuSample, Node, ProcessSample
+
+# see GpuAdmin: every change has its own owner, so the inline only shows them
+_GPU_INLINE_FIELDS = (
+    "index",
+    "model",
+    "uuid",
+    "vram_total_mb",
+    "mig_enabled",
+    "overcommit_ratio",
+    "accepting_placements",
+    "present",
+)
 
 
 class GpuInline(admin.TabularInline):
     model = Gpu
     extra = 0
-    fields = [
-        "index",
-        "model",
-        "uuid",
-        "vram_total_mb",
-        "mig_enabled",
-        "overcommit_ratio",
-        "accepting_placements",
-        "present",
-    ]
-    readonly_fields = fields  # see GpuAdmin: every change has its own owner
+    fields = _GPU_INLINE_FIELDS
+    readonly_fields = _GPU_INLINE_FIELDS
     can_delete = False
 
-    def has_add_permission(self, request, obj=None):
+    def has_add_permission(self, request: HttpRequest, obj: Node | None = None) -> bool:
         return False
 
 
@@ -100,10 +104,10 @@ class AllocationAdmin(admin.ModelAdmin):
         "released_at",
     ]
 
-    def has_add_permission(self, request):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: Allocation | None = None) -> bool:
         return False
 
 
@@ -135,5 +139,7 @@ class ContainerEventAdmin(admin.ModelAdmin):
     search_fields = ["container_id", "owner_key", "node__name"]
     list_select_related = ["node"]
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(
+        self, request: HttpRequest, obj: ContainerEvent | None = None
+    ) -> bool:
         return False

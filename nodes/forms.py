@@ -1,8 +1,13 @@
 """Forms for the ops fleet pages; services enforce the rules."""
 
+from typing import Any
+
 from django import forms
 
+from gpuplatform.pages import form_field
+
 from .allowlist import allowlisted_images
+from .models import NodePolicy
 
 
 class NodeForm(forms.Form):
@@ -105,7 +110,7 @@ class NodePolicyForm(forms.Form):
     )
     reason = forms.CharField(max_length=500, help_text="Why: kept with the change.")
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         current = (self.initial or {}).get("probe_image") or ""
         choices = [(i.reference, f"{i.name} ({i.reference})") for i in allowlisted_images()]
@@ -114,16 +119,16 @@ class NodePolicyForm(forms.Form):
         elif current not in dict(choices):
             # kept as it is until ops choose another (saving the rest must not drop it)
             choices.insert(0, (current, f"{current} (no longer on the allowlist)"))
-        self.fields["probe_image"].choices = choices
+        form_field(self, "probe_image", forms.ChoiceField).choices = choices
 
-    def clean(self):
+    def clean(self) -> dict[str, Any] | None:
         data = super().clean()
-        if not data.get("probe_image"):
+        if data is not None and not data.get("probe_image"):
             data.pop("probe_image", None)  # none chosen: the rest of the policy still saves
         return data
 
     @classmethod
-    def initial_from(cls, policy) -> dict:  # type: ignore[no-untyped-def, type-arg]
+    def initial_from(cls, policy: NodePolicy) -> dict[str, object]:
         return {
             "min_toolkit_version": policy.min_toolkit_version,
             "min_runc_version": policy.min_runc_version,
@@ -145,7 +150,7 @@ class NodePolicyForm(forms.Form):
         return [b.strip() for b in text.split(",") if b.strip()]
 
     def clean_known_fixed_builds(self) -> list[dict[str, str]]:
-        out = []
+        out: list[dict[str, str]] = []
         for line in _lines(self.cleaned_data.get("known_fixed_builds", "")):
             parts = line.split(None, 2)
             if len(parts) < 3:
@@ -159,7 +164,7 @@ class NodePolicyForm(forms.Form):
         return _lines(self.cleaned_data.get("probe_command", ""))
 
     def clean_probe_environment(self) -> dict[str, str]:
-        out = {}
+        out: dict[str, str] = {}
         for line in _lines(self.cleaned_data.get("probe_environment", "")):
             name, sep, value = line.partition("=")
             if not sep or not name.strip():

@@ -27,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
+from django.db.backends.utils import CursorWrapper
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +156,7 @@ def _name(series: Series, lower: datetime) -> str:
     return f"{series.table}_p{lower.astimezone(UTC):%Y%m%d%H%M}"
 
 
-def _ddl_preamble(cursor) -> None:
+def _ddl_preamble(cursor: CursorWrapper) -> None:
     cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
     # Foreign-key checks of rows written earlier in the same transaction (deferred, as
     # Django declares them) would forbid altering the table: run them now.

@@ -544,23 +544,9 @@ def _quota(model: str, runs: list[ProbeRun], library: str) -> tuple[str, Check]:
     )
 
 
-def evaluate(
-    *,
-    facts: Mapping[str, str],
-    driver_version: str,
-    policy: Policy,
-    runs: Iterable[ProbeRun],
-    software_models: Iterable[str],
-    quota_library: str,
-    expect: ProbeExpect | None = None,
-    probe_error: str = "",
-    relay_required: bool = False,
-) -> Gate:
-    """The verdict. `software_models`: the models of the node's GPUs that are not
-    MIG-partitioned (their quota is the library's); `probe_error`: why no probe ran;
-    `relay_required`: the node is reached through the SSH gateway (RELAY_FACT_KEYS)."""
-    runs = list(runs)
-    checks = [
+def _components(facts: Mapping[str, str], policy: Policy) -> list[Check]:
+    """The NVIDIA Container Toolkit and runc against the policy's minimums."""
+    return [
         _component(
             "toolkit",
             facts.get("toolkit_version", ""),
@@ -577,26 +563,47 @@ def evaluate(
             path=facts.get("runc_path", ""),
         ),
     ]
+
+
+def _driver(driver_version: str, policy: Policy) -> Check:
+    """The driver's branch (its major version) against the branches the policy lists."""
     branch = (driver_version or "").split(".")[0]
     if not branch:
-        checks.append(Check("driver", False, "the driver's version could not be read"))
-    elif policy.driver_branches and branch not in policy.driver_branches:
-        checks.append(
-            Check(
-                "driver",
-                False,
-                f"driver {driver_version} is on branch {branch}, not one the policy lists "
-                f"({', '.join(policy.driver_branches)})",
-            )
+        return Check("driver", False, "the driver's version could not be read")
+    if policy.driver_branches and branch not in policy.driver_branches:
+        return Check(
+            "driver",
+            False,
+            f"driver {driver_version} is on branch {branch}, not one the policy lists "
+            f"({', '.join(policy.driver_branches)})",
         )
-    else:
-        checks.append(Check("driver", True, f"driver {driver_version} (branch {branch})"))
+    return Check("driver", True, f"driver {driver_version} (branch {branch})")
+
+
+def _docker(facts: Mapping[str, str]) -> Check:
     docker = facts.get("docker_version", "")
-    checks.append(
-        Check("docker", True, f"Docker Engine {docker}")
-        if docker
-        else Check("docker", False, "Docker Engine did not answer `docker version`")
-    )
+    if docker:
+        return Check("docker", True, f"Docker Engine {docker}")
+    return Check("docker", False, "Docker Engine did not answer `docker version`")
+
+
+def evaluate(
+    *,
+    facts: Mapping[str, str],
+    driver_version: str,
+    policy: Policy,
+    runs: Iterable[ProbeRun],
+    software_models: Iterable[str],
+    quota_library: str,
+    expect: ProbeExpect | None = None,
+    probe_error: str = "",
+    relay_required: bool = False,
+) -> Gate:
+    """The verdict. `software_models`: the models of the node's GPUs that are not
+    MIG-partitioned (their quota is the library's); `probe_error`: why no probe ran;
+    `relay_required`: the node is reached through the SSH gateway (RELAY_FACT_KEYS)."""
+    runs = list(runs)
+    checks = [*_components(facts, policy), _driver(driver_version, policy), _docker(facts)]
     if policy.require_userns_remap:
         checks.append(_userns(facts))
     if relay_required:

@@ -28,6 +28,11 @@ import sys
 import tempfile
 from datetime import datetime, timezone
 
+TYPE_CHECKING = False  # typing's, without importing it on the node: mypy reads it as True
+if TYPE_CHECKING:
+    from typing import Any, BinaryIO
+
+    Doc = dict[str, Any]  # a JSON object as the sampler prints it
 SCHEMA = 1
 UNAVAILABLE_EXIT = 3
 MIB = 1024 * 1024
@@ -46,7 +51,7 @@ FRACTION_RE = re.compile(r"[.,]\d+")
 CONTAINER_ID_RE = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
 MIG_PROFILE_RE = re.compile(r"\b(\d+g\.\d+gb(?:\+\w+)?)\b")
 
-nv = None  # the pynvml module, once imported
+nv: Any = None  # the pynvml module, once imported
 # Error codes that mean "this GPU or driver does not have it": the value is null, not an error.
 NOT_SUPPORTED = (3, 13)  # NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND
 NOT_FOUND = 6  # NVML_ERROR_NOT_FOUND
@@ -57,11 +62,13 @@ ERROR_TYPE_UNCORRECTED = 1  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED
 VOLATILE_ECC = 0  # NVML_VOLATILE_ECC
 
 
-def text(value):
+def text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def nvml(errors, what, fn_name, *args, quiet=()):
+def nvml(
+    errors: list[str], what: str, fn_name: str, *args: Any, quiet: tuple[int, ...] = ()
+) -> Any:
     """Call pynvml.<fn_name>; None when unsupported (or quiet), else the error goes in errors."""
     fn = getattr(nv, fn_name, None)
     if fn is None:  # bindings older than the call
@@ -75,22 +82,21 @@ def nvml(errors, what, fn_name, *args, quiet=()):
         return None
 
 
-def container_id(cgroup_text):
+def container_id(cgroup_text: str) -> str | None:
     """The 64-hex container id in /proc/<pid>/cgroup (docker, containerd, cri-o, kubepods;
     cgroup v1 and v2), or None for a process outside a container."""
     found = CONTAINER_ID_RE.findall(cgroup_text)
     return found[-1] if found else None
 
 
-def read_proc(pid, name):
-    try:
-        with open(f"/proc/{pid}/{name}", encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except OSError:
-        return None
+def read_proc(pid: int, name: str) -> str | None:
+    path = f"/proc/{pid}/{name}"
+    with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as fh:
+        return fh.read()
+    return None
 
 
-def process_utilization(errors, what, handle):
+def process_utilization(errors: list[str], what: str, handle: object) -> dict[int, Any] | None:
     """The latest utilisation sample per pid, or None when the device cannot tell (MIG
     devices, old GPUs). NVML returns a sample only for processes that had some
     utilisation in its last sample period, and NOT_FOUND when none had (pynvml may also
@@ -108,13 +114,11 @@ def process_utilization(errors, what, handle):
         if code not in NOT_SUPPORTED:
             errors.append(f"{what}: nvmlDeviceGetProcessUtilization: {exc}")
         return None
-    latest = {}  # the most recent sample per pid
-    for s in sorted(samples or [], key=lambda s: s.timeStamp):
-        latest[s.pid] = s
-    return latest
+    # the most recent sample per pid: in time order, a later one replaces an earlier one
+    return {s.pid: s for s in sorted(samples or [], key=lambda s: s.timeStamp)}
 
 
-def sample_processes(errors, gpu_uuid, handle):
+def sample_processes(errors: list[str], gpu_uuid: str, handle: object) -> list[Doc]:
     call = functools.partial(nvml, errors, gpu_uuid)
     found = call("nvmlDeviceGetComputeRunningProcesses", handle) or []
     latest = process_utilization(errors, gpu_uuid, handle)
@@ -137,7 +141,7 @@ def sample_processes(errors, gpu_uuid, handle):
     return out
 
 
-def ns_pid(pid):
+def ns_pid(pid: int) -> int | None:
     """The PID a host process has inside its own PID namespace (NSpid's last field), as
     a quota library in its container records it; None when unknown."""
     status = read_proc(pid, "status") or ""
@@ -167,7 +171,7 @@ MAX_SLOT_BYTES = 1 << 40  # more than any device holds: a count written over fro
 class UnsupportedRegion(ValueError): ...  # another HAMi-core version: no count, not a wrong one
 
 
-def region_usage(data, pids):
+def region_usage(data: bytes, pids: set[int | None]) -> tuple[int, int]:
     """(bytes the container's `pids` (namespace or host PIDs; None: all) hold, the limit).
     ValueError: books the library cannot have written; UnsupportedRegion: another version."""
     if len(data) < REGION_SIZE:
@@ -193,7 +197,7 @@ def region_usage(data, pids):
     return total, min(limit, MAX_SLOT_BYTES)
 
 
-def read_books(books):
+def read_books(books: str) -> bytes:
     """The region's bytes: no symlink followed, no FIFO waited on, a size cap."""
     fd = os.open(os.path.join(books, REGION_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as fh:
@@ -202,14 +206,14 @@ def read_books(books):
         return fh.read(REGION_SIZE)
 
 
-def quota_usage(errors, processes):
+def quota_usage(errors: list[str], processes: list[Doc]) -> list[Doc] | None:
     """The quota library's count per container with GPU processes (None: no books on the
     node). Missing books or books it cannot have written count 0 (never loaded, or written
     over from inside); another version's are left out (docs/isolation.md)."""
     root = os.environ.get("GPUPLATFORM_VRAM_QUOTA_ACCOUNTING")
     if not root:
         return None
-    live = {}
+    live: dict[str, set[int | None]] = {}
     for p in processes:
         if p["container_id"]:
             pids = live.setdefault(p["container_id"], set())
@@ -233,7 +237,7 @@ def quota_usage(errors, processes):
     return out
 
 
-def sample_mig_devices(errors, what, handle):
+def sample_mig_devices(errors: list[str], what: str, handle: object) -> list[Doc]:
     call = functools.partial(nvml, errors, what)
     devices = []
     for i in range(call("nvmlDeviceGetMaxMigDeviceCount", handle) or 0):
@@ -257,7 +261,7 @@ def sample_mig_devices(errors, what, handle):
     return devices
 
 
-def sample_gpu(errors, index):
+def sample_gpu(errors: list[str], index: int) -> tuple[Doc | None, list[Doc]]:
     """(gpu dict, processes), or (None, []) when the GPU cannot even say what it is."""
     what = f"gpu {index}"
     handle = nvml(errors, what, "nvmlDeviceGetHandleByIndex", index)
@@ -305,7 +309,7 @@ def sample_gpu(errors, index):
     return gpu, processes
 
 
-def read_kernel_log(errors):
+def read_kernel_log(errors: list[str]) -> str:
     try:
         run = subprocess.run(  # noqa: S603
             ["dmesg", "--time-format", "iso"],  # noqa: S607
@@ -329,7 +333,7 @@ def read_kernel_log(errors):
     return ""
 
 
-def new_xid_events(errors):
+def new_xid_events(errors: list[str]) -> list[Doc]:
     """Xid lines not reported by an earlier run: the state file holds the hashes of the Xid lines
     seen last time (timestamps included), so each line is reported once while it is in the log.
     dmesg recomputes wall-clock stamps on every run, so the sub-second digits are left out."""
@@ -369,7 +373,7 @@ def new_xid_events(errors):
     return events
 
 
-def capabilities(errors, gpus):
+def capabilities(errors: list[str], gpus: list[Doc]) -> Doc:
     docker = shutil.which("docker") is not None
     nvidia_runtime = False
     if docker:
@@ -383,14 +387,11 @@ def capabilities(errors, gpus):
             nvidia_runtime = run.returncode == 0 and b"nvidia" in run.stdout
         except (OSError, subprocess.SubprocessError) as exc:
             errors.append(f"capabilities: docker info: {exc}")
-    library = None
     configured = os.environ.get("GPUPLATFORM_VRAM_QUOTA_LIBRARY")
     if configured and not os.path.isfile(configured):
         errors.append(f"capabilities: GPUPLATFORM_VRAM_QUOTA_LIBRARY={configured} does not exist")
-    for path in ([configured] if configured else []) + list(QUOTA_LIBRARY_PATHS):
-        if os.path.isfile(path):
-            library = path
-            break
+    paths = ([configured] if configured else []) + list(QUOTA_LIBRARY_PATHS)
+    library = next((path for path in paths if os.path.isfile(path)), None)
     return {
         "docker": docker,
         "nvidia_runtime": nvidia_runtime,
@@ -409,7 +410,7 @@ TOOLKIT_COMMANDS = (
 )
 
 
-def command_text(errors, argv, what):
+def command_text(errors: list[str], argv: list[str], what: str) -> str:
     """stdout of a short command, "" when it is not installed or fails."""
     if shutil.which(argv[0]) is None:
         return ""
@@ -421,7 +422,7 @@ def command_text(errors, argv, what):
     return text(run.stdout).strip() if run.returncode == 0 else ""
 
 
-def package_build(errors, names):
+def package_build(errors: list[str], names: list[str]) -> str:
     """The distribution's build string of the first installed package of `names`
     (Debian/Ubuntu dpkg, else RPM): distributions backport fixes into old numbers."""
     for name in names:
@@ -438,9 +439,10 @@ def package_build(errors, names):
 RUNC_SHIMS = ("", "io.containerd.runc.v2", "io.containerd.runtime.v1.linux")
 RUNC_LINE_RE = re.compile(r"^runc version:?\s+v?(\S+)", re.IGNORECASE)
 COMMIT_LINE_RE = re.compile(r"^commit:\s*(\S+)", re.IGNORECASE)
+RUNC_FACT_KEYS = ("runc_version", "runc_commit", "runc_path", "runc_build", "runc_package")
 
 
-def json_command(errors, argv, what):
+def json_command(errors: list[str], argv: list[str], what: str) -> Doc:
     out = command_text(errors, argv, what)
     try:
         doc = json.loads(out) if out else {}
@@ -449,23 +451,23 @@ def json_command(errors, argv, what):
     return doc if isinstance(doc, dict) else {}
 
 
-def runtime_binary(info):
+def runtime_binary(info: Doc) -> str:
     """What dockerd runs containers with: its default runtime's program, as `docker info`
     names it (a bare name is looked up on PATH, as dockerd does); "" when that runtime is
     not runc."""
-    runtimes = info.get("Runtimes") if isinstance(info.get("Runtimes"), dict) else {}
+    runtimes = info["Runtimes"] if isinstance(info.get("Runtimes"), dict) else {}
     name = str(info.get("DefaultRuntime") or "runc")
     runtime = runtimes.get(name)
     if not isinstance(runtime, dict):
         return "runc" if name == "runc" else ""
-    options = runtime.get("options") if isinstance(runtime.get("options"), dict) else {}
+    options = runtime["options"] if isinstance(runtime.get("options"), dict) else {}
     path = str(runtime.get("path") or options.get("BinaryName") or "")
     if not path and str(runtime.get("runtimeType") or "") in RUNC_SHIMS:
         path = "runc"
     return path
 
 
-def runc_reading(output):
+def runc_reading(output: str) -> tuple[str, str, bool]:
     """(version, commit, is_runc) from a runtime's `--version`: runc's own first line, or the
     "runc version" section a wrapper (nvidia-container-runtime) prints after its own."""
     lines = [line.strip() for line in output.splitlines()]
@@ -485,7 +487,7 @@ def runc_reading(output):
     return "", "", False
 
 
-def owning_package(errors, path):
+def owning_package(errors: list[str], path: str) -> tuple[str, str]:
     """(package, build) of the distribution package that installed exactly this file
     (dpkg, else RPM); ("", "") when none did, e.g. a binary copied there by hand."""
     real = os.path.realpath(path)
@@ -516,21 +518,20 @@ def owning_package(errors, path):
     return "", ""
 
 
-def runc_facts(errors, info, server):
+def runc_facts(errors: list[str], info: Doc, server: Doc) -> dict[str, str]:
     """The runc dockerd runs containers with, read from that binary itself: its path (the
     default runtime's, from `docker info`), version and commit from `<path> --version`, and
     the distribution's build only from the package that owns that exact file. dockerd's
     own reading of its runtime (`docker version`'s runc component, `docker info`'s
     RuncCommit) must agree, or the binary found is not dockerd's and no build is read."""
-    facts = {"runc_version": "", "runc_commit": "", "runc_path": ""}
-    facts["runc_build"] = facts["runc_package"] = ""
+    facts = dict.fromkeys(RUNC_FACT_KEYS, "")
     dockerd_version = dockerd_commit = ""
     for part in server.get("Components") or []:
         if isinstance(part, dict) and str(part.get("Name", "")).lower() == "runc":
             dockerd_version = str(part.get("Version") or "")
-            details = part.get("Details") if isinstance(part.get("Details"), dict) else {}
+            details = part["Details"] if isinstance(part.get("Details"), dict) else {}
             dockerd_commit = str(details.get("GitCommit") or "")
-    runc_commit = info.get("RuncCommit") if isinstance(info.get("RuncCommit"), dict) else {}
+    runc_commit = info["RuncCommit"] if isinstance(info.get("RuncCommit"), dict) else {}
     dockerd_commit = str(runc_commit.get("ID") or "") or dockerd_commit
     if dockerd_commit in ("N/A", "unknown"):
         dockerd_commit = ""
@@ -540,7 +541,7 @@ def runc_facts(errors, info, server):
     version, commit, is_runc = (
         runc_reading(command_text(errors, [path, "--version"], name)) if path else ("", "", False)
     )
-    if not version:
+    if not version or not path:
         # dockerd's word for the version, but no binary to tie a package build to
         if info:
             runtime = name or f"{info.get('DefaultRuntime')} (not runc)"
@@ -562,7 +563,7 @@ def runc_facts(errors, info, server):
     return facts
 
 
-def userns_remap(info):
+def userns_remap(info: Doc) -> str:
     """Whether dockerd remaps user namespaces (userns-remap): "true" or "false", "" when
     docker did not say."""
     options = info.get("SecurityOptions")
@@ -572,7 +573,7 @@ def userns_remap(info):
     return "true" if "name=userns" in names else "false"
 
 
-def preflight_facts(errors, docker):
+def preflight_facts(errors: list[str], docker: bool) -> dict[str, str]:
     """What the platform's preflight gate judges, as text: OS, kernel, Docker Engine and the
     runc it uses, user-namespace remapping, the NVIDIA Container Toolkit, cgroup version
     ("" where unknown)."""
@@ -591,7 +592,7 @@ def preflight_facts(errors, docker):
     facts["cgroup_version"] = str(info.get("CgroupVersion") or "")
     facts["userns_remap"] = userns_remap(info)
     facts.update(runc_facts(errors, info, server) if docker else {})
-    for key in ("runc_version", "runc_commit", "runc_path", "runc_build", "runc_package"):
+    for key in RUNC_FACT_KEYS:
         facts.setdefault(key, "")
     facts["toolkit_version"] = facts["toolkit_source"] = ""
     for argv in TOOLKIT_COMMANDS:
@@ -603,24 +604,23 @@ def preflight_facts(errors, docker):
         errors, ["nvidia-container-toolkit", "nvidia-container-toolkit-base"]
     )
     if not facts["cgroup_version"]:
-        facts["cgroup_version"] = (
-            "2" if os.path.exists("/sys/fs/cgroup/cgroup.controllers") else "1"
-        )
+        v2 = os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+        facts["cgroup_version"] = "2" if v2 else "1"
     return facts
 
 
-def emit(doc, code):
+def emit(doc: Doc, code: int) -> int:
     sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
     sys.stdout.flush()
     return code
 
 
-def unavailable(error):
+def unavailable(error: str) -> int:
     return emit({"schema": SCHEMA, "source": "unavailable", "error": error}, UNAVAILABLE_EXIT)
 
 
-def sample(discover):
-    errors = []
+def sample(discover: bool) -> Doc:
+    errors: list[str] = []
     count = nv.nvmlDeviceGetCount()  # no count, no sample: the caller falls back to nvidia-smi
     gpus, processes = [], []
     for index in range(count):
@@ -649,7 +649,7 @@ def sample(discover):
     return doc
 
 
-def serve(requests):
+def serve(requests: BinaryIO) -> int:
     """--serve: stay up with NVML initialised and answer one JSON line per request line
     ("sample" or "discover") until stdin closes. Saves a process start and nvmlInit per
     sample; the platform keeps the channel open between samples."""
@@ -672,7 +672,7 @@ def serve(requests):
         emit(doc, 0)
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
     global nv
     try:
         # Here: a node without NVML's Python binding still answers, saying why.

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict
 
 from django.conf import settings
 from django.db import connection
@@ -89,7 +90,15 @@ def gpu_list(*, node_id: int | None = None) -> QuerySet[Gpu]:
     return qs.filter(node_id=node_id) if node_id else qs
 
 
-def interruptible_counts(*, gpu_ids: list[int], now: datetime | None = None) -> dict[int, dict]:
+class InterruptibleCounts(TypedDict):
+    held: int  # interruptible reservations held now
+    preempted_7d: int  # taken back by the watchdog in the last 7 days
+    preempted_30d: int
+
+
+def interruptible_counts(
+    *, gpu_ids: list[int], now: datetime | None = None
+) -> dict[int, InterruptibleCounts]:
     """Per GPU: interruptible reservations held now and how many the watchdog took back
     in the last 7 and 30 days (what the overcommit page shows). One query."""
     now = now or timezone.now()
@@ -104,10 +113,15 @@ def interruptible_counts(*, gpu_ids: list[int], now: datetime | None = None) -> 
             preempted_30d=Count("pk", filter=Q(preempted_at__gte=month)),
         )
     )
-    empty = {"held": 0, "preempted_7d": 0, "preempted_30d": 0}
-    out = {pk: dict(empty) for pk in gpu_ids}
+    out: dict[int, InterruptibleCounts] = {
+        pk: {"held": 0, "preempted_7d": 0, "preempted_30d": 0} for pk in gpu_ids
+    }
     for row in rows:
-        out[row.pop("gpu_id")] = row
+        out[row["gpu_id"]] = {
+            "held": row["held"],
+            "preempted_7d": row["preempted_7d"],
+            "preempted_30d": row["preempted_30d"],
+        }
     return out
 
 
@@ -269,6 +283,7 @@ def latest_processes(*, gpu_ids: list[int]) -> dict[int, list[ProcessSample]]:
         .values_list("container_id", "owner_key")
     )
     for row in rows:
+        # shown beside the sample's own fields (the node page): not a column
         row.owner_key = owners.get(row.container_id, "")  # type: ignore[attr-defined]
         out.setdefault(row.gpu_id, []).append(row)
     return out
@@ -321,12 +336,18 @@ def gpu_series(*, gpu: Gpu, start: datetime, end: datetime, max_points: int = MA
     }
 
 
-def downsample(rows, *, start: datetime, end: datetime, max_points: int) -> list[Point]:
+def downsample(
+    rows: Sequence[tuple[datetime, float, float, float | None]],
+    *,
+    start: datetime,
+    end: datetime,
+    max_points: int,
+) -> list[Point]:
     """Fold (t, mean, max, util) rows into at most max_points equal time buckets."""
     if len(rows) <= max_points:
         return [Point(t, m, mx, u) for t, m, mx, u in rows]
     width = max((end - start).total_seconds() / max_points, 1e-6)
-    buckets: dict[int, list] = {}
+    buckets: dict[int, list[tuple[float, float, float | None]]] = {}
     for t, mean, peak, util in rows:
         index = min(int((t - start).total_seconds() / width), max_points - 1)
         buckets.setdefault(index, []).append((mean, peak, util))

@@ -227,6 +227,10 @@ class _Connection:
         return self.transport.is_active()
 
 
+# A request written to a node's stream and not yet answered (the stream is locked).
+_Sent = tuple[Endpoint, _Connection, str, _Stream]
+
+
 class SSHPool:
     """Open SSH transports keyed by endpoint, shared by the threads of one process."""
 
@@ -390,10 +394,24 @@ class SSHPool:
             if not argv or not all(isinstance(a, str) for a in argv):
                 raise ValueError("argv must be a non-empty list of strings")
         timeout = self.command_timeout if timeout is None else timeout
-        # Connect first where needed, in parallel: handshakes cost CPU and round trips,
-        # and a dead node costs its full connect timeout (then backoff makes it instant).
+        errors = self._connect_missing([e for e, *_ in items], connect_threads)
+        deadline = time.monotonic() + timeout
+        sent = [
+            errors[endpoint.key]
+            if endpoint.key in errors
+            else self._send(endpoint, argv, preamble, request, timeout)
+            for endpoint, argv, preamble, request in items
+        ]
+        return self._answers(sent, deadline)
+
+    def _connect_missing(
+        self, endpoints: list[Endpoint], connect_threads: int
+    ) -> dict[tuple, SSHError]:
+        """Connect first where needed, in parallel: handshakes cost CPU and round trips,
+        and a dead node costs its full connect timeout (then backoff makes it instant).
+        The error of each node that could not be reached, by its key."""
         with self._lock:
-            missing = [e for e, *_ in items if not self._is_open(e)]
+            missing = [e for e in endpoints if not self._is_open(e)]
         errors: dict[tuple, SSHError] = {}
         if missing:
 
@@ -407,60 +425,68 @@ class SSHPool:
 
             with ThreadPoolExecutor(max_workers=min(connect_threads, len(missing))) as ex:
                 list(ex.map(connect, missing))
-        deadline = time.monotonic() + timeout
-        sent: list[tuple[Endpoint, _Connection, str, _Stream] | SSHError | None] = []
-        for endpoint, argv, preamble, request in items:
-            if endpoint.key in errors:
-                sent.append(errors[endpoint.key])
-                continue
-            command = shlex.join(argv)
+        return errors
+
+    def _send(
+        self, endpoint: Endpoint, argv: list[str], preamble: bytes, request: bytes, timeout: float
+    ) -> _Sent | SSHError:
+        """Write one request to its node's stream, which stays locked until it is answered."""
+        command = shlex.join(argv)
+        try:
+            conn = self._connect(endpoint)
+            stream = self._stream(conn, command, preamble, timeout)
+            if not stream.lock.acquire(timeout=timeout):
+                raise CommandTimeout(f"the stream is busy: {command[:80]}")
             try:
-                conn = self._connect(endpoint)
-                stream = self._stream(conn, command, preamble, timeout)
-                if not stream.lock.acquire(timeout=timeout):
-                    raise CommandTimeout(f"the stream is busy: {command[:80]}")
-                try:
-                    stream.channel.sendall(request)
-                except BaseException:
-                    stream.lock.release()
-                    raise
-                sent.append((endpoint, conn, command, stream))
-            except SSHError as exc:
-                sent.append(exc)
-            except (paramiko.SSHException, OSError, EOFError) as exc:
-                self.drop(endpoint)
-                sent.append(SSHError(f"the SSH session broke: {exc}"))
+                stream.channel.sendall(request)
+            except BaseException:
+                stream.lock.release()
+                raise
+            return (endpoint, conn, command, stream)
+        except SSHError as exc:
+            return exc
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            self.drop(endpoint)
+            return SSHError(f"the SSH session broke: {exc}")
+
+    def _answers(self, sent: list[_Sent | SSHError], deadline: float) -> list[bytes | SSHError]:
+        """Read the answers in the order the requests went out."""
         results: list[bytes | SSHError] = []
+        handled = 0  # the entries before this one are answered, or were errors
         try:
             for i, entry in enumerate(sent):
                 if isinstance(entry, SSHError):
                     results.append(entry)
                     continue
-                endpoint, conn, command, stream = entry
-                sent[i] = None  # handled here, whatever happens
-                try:
-                    results.append(self._read_line(stream, command, deadline))
-                except SSHError as exc:
-                    self._close_stream(conn, command, stream)
-                    results.append(exc)
-                except (paramiko.SSHException, OSError, EOFError) as exc:
-                    self._close_stream(conn, command, stream)
-                    self.drop(endpoint)
-                    results.append(SSHError(f"the SSH session broke: {exc}"))
-                except BaseException:
-                    self._close_stream(conn, command, stream)
-                    raise
-                finally:
-                    stream.lock.release()
+                handled = i + 1  # this one is released by _answer, whatever happens
+                results.append(self._answer(entry, deadline))
         finally:
             # Interrupted (e.g. the task's time limit): streams not read are out of step
             # with their requests, so close them; and never leave one locked.
-            for entry in sent:
-                if entry is not None and not isinstance(entry, SSHError):
+            for entry in sent[handled:]:
+                if not isinstance(entry, SSHError):
                     _, conn, command, stream = entry
                     self._close_stream(conn, command, stream)
                     stream.lock.release()
         return results
+
+    def _answer(self, entry: _Sent, deadline: float) -> bytes | SSHError:
+        """One stream's answer line; the stream is closed when it fails, and unlocked."""
+        endpoint, conn, command, stream = entry
+        try:
+            return self._read_line(stream, command, deadline)
+        except SSHError as exc:
+            self._close_stream(conn, command, stream)
+            return exc
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            self._close_stream(conn, command, stream)
+            self.drop(endpoint)
+            return SSHError(f"the SSH session broke: {exc}")
+        except BaseException:
+            self._close_stream(conn, command, stream)
+            raise
+        finally:
+            stream.lock.release()
 
     def _is_open(self, endpoint: Endpoint) -> bool:
         conn = self._connections.get(endpoint.key)

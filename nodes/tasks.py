@@ -27,17 +27,17 @@ def fan_out() -> int:
     cycle_started = timezone.now().timestamp()
     for start in range(0, len(ids), SAMPLE_BATCH_SIZE):
         sample_nodes.apply_async(
-            args=[ids[start : start + SAMPLE_BATCH_SIZE], cycle_started],
+            args=(ids[start : start + SAMPLE_BATCH_SIZE], cycle_started),
             expires=settings.NODES_SAMPLE_INTERVAL,
         )
     unchecked = nodes.filter(gate_status=GateStatus.UNCHECKED).order_by("pk")
     for node_id in unchecked.values_list("pk", flat=True)[:UNCHECKED_PER_FAN_OUT]:
-        discover_node.apply_async(args=[node_id], expires=settings.NODES_SAMPLE_INTERVAL)
+        discover_node.apply_async(args=(node_id,), expires=settings.NODES_SAMPLE_INTERVAL)
     return len(ids)
 
 
 @shared_task(name="telemetry.sample_nodes", soft_time_limit=25, time_limit=40)
-def sample_nodes(node_ids: list[int], cycle_started: float | None = None) -> dict:
+def sample_nodes(node_ids: list[int], cycle_started: float | None = None) -> dict[str, int]:
     if cycle_started is None:  # a message from before cycles were passed along
         return services.nodes_sample(node_ids=node_ids)
     return services.nodes_sample_once(
@@ -83,5 +83,5 @@ def scan_host_key(node_id: int) -> bool:
 
 
 @shared_task(name="telemetry.rollup_and_prune", soft_time_limit=240, time_limit=290)
-def rollup_and_prune() -> dict:
+def rollup_and_prune() -> dict[str, int]:
     return services.samples_rollup_and_prune()

@@ -251,7 +251,7 @@ def _int(
     low: int = 0,
     high: int | None = None,
 ) -> int | None:
-    value = _get(obj, key, path, required=required)
+    value: object = _get(obj, key, path, required=required)  # JSON: narrowed below
     if value is None:
         if required:
             raise _where(path, f"{key} must not be null")

@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import html
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
@@ -15,7 +16,8 @@ from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.cache import cache
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse
+from django.db.models import Model
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -24,6 +26,7 @@ from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_POST
 
 from gpuplatform.errors import ServiceError
+from gpuplatform.http import UserRequest
 from gpuplatform.pages import is_partial, submit
 
 from . import isolation, selectors, services, ssh
@@ -43,7 +46,14 @@ _STATUS_LABELS = dict(Node.Status.choices)
 _GATE_LABELS = dict(Node.GateStatus.choices)
 
 
-def _heat(gpu) -> int:
+def _show(row: Model, **values: object) -> None:
+    """Set what a template shows beside a row's own fields (`gpu.heat`, `node.closed_reason`):
+    values of this page, not columns."""
+    for name, value in values.items():
+        setattr(row, name, value)
+
+
+def _heat(gpu: Gpu) -> int:
     if not gpu.vram_total_mb or gpu.last_memory_used_mb is None:
         return -1
     return round(100 * gpu.last_memory_used_mb / gpu.vram_total_mb)
@@ -125,7 +135,7 @@ class _Heatmap:
     def pks(self) -> tuple[int, ...]:
         return tuple(cell[0] for cell in self.cells)
 
-    def snapshot(self) -> tuple:
+    def snapshot(self) -> tuple[tuple[int, ...], bytes, bytes, bytes]:
         return (self.pks, self.digests, _digest(self.totals), _digest(self.attention))
 
     def html(self, *, changed_since: bytes | None = None) -> list[str]:
@@ -144,7 +154,10 @@ def _digest(text: str) -> bytes:
     return hashlib.blake2b(text.encode(), digest_size=8).digest()
 
 
-def _attention_item(row: selectors.NodeRow, heat: int, reason: str) -> tuple | None:
+_Attention = tuple[tuple[int, int, str], selectors.NodeRow, str]
+
+
+def _attention_item(row: selectors.NodeRow, heat: int, reason: str) -> _Attention | None:
     """(sort key, row, text) when the node needs ops' eyes, else None."""
     said = []
     if reason:
@@ -167,7 +180,8 @@ def _attention_item(row: selectors.NodeRow, heat: int, reason: str) -> tuple | N
 def _heatmap() -> _Heatmap:
     """The fleet as the heatmap draws it. A node costs a few small Python steps on one
     row of aggregates; its HTML is built only when a page needs that cell."""
-    cells, attention = [], []
+    cells: list[_Cell] = []
+    attention: list[_Attention] = []
     for row in selectors.fleet_nodes():
         heat = -1 if row.hottest_pct is None else round(row.hottest_pct)
         reason = _node_closed_reason(row)
@@ -227,7 +241,7 @@ def _snapshot_key(version: str) -> str:
     return f"nodes:fleet:heatmap:{version}"
 
 
-def _heatmap_context(heatmap: _Heatmap) -> dict:
+def _heatmap_context(heatmap: _Heatmap) -> dict[str, object]:
     return {
         "cells": mark_safe("".join(heatmap.html())),  # noqa: S308 - its text escaped
         "dense": len(heatmap.cells) >= DENSE_FROM,
@@ -246,7 +260,7 @@ def _changes(request: HttpRequest) -> HttpResponse:
     if held == heatmap.version:
         return HttpResponse(status=204)
     snapshot = cache.get(_snapshot_key(held)) if held else None
-    context = {"version": heatmap.version}
+    context: dict[str, object] = {"version": heatmap.version}
     if snapshot is None or snapshot[0] != heatmap.pks:  # unknown, or nodes came or went
         context.update(
             _heatmap_context(heatmap),
@@ -274,7 +288,7 @@ def _oob(fragment: str) -> str:
     )
 
 
-def _gpu_table(request: HttpRequest) -> dict:
+def _gpu_table(request: HttpRequest) -> dict[str, object]:
     """One page of the fleet's GPU table, as `filter`, `sort` and `page` ask."""
     gpu_filter = request.GET.get("filter", "")
     gpu_filter = gpu_filter if gpu_filter in selectors.GPU_FILTERS else "all"
@@ -284,10 +298,13 @@ def _gpu_table(request: HttpRequest) -> dict:
     page = Paginator(rows, GPU_PAGE_SIZE).get_page(request.GET.get("page"))
     now = timezone.now()
     for gpu in page:
-        gpu.heat = _heat(gpu)
-        gpu.age_s = (now - gpu.last_sample_at).total_seconds() if gpu.last_sample_at else None
-        gpu.closed_reason = _gpu_closed_reason(gpu)
-        gpu.node_closed_reason = _node_closed_reason(gpu.node)
+        _show(
+            gpu,
+            heat=_heat(gpu),
+            age_s=(now - gpu.last_sample_at).total_seconds() if gpu.last_sample_at else None,
+            closed_reason=_gpu_closed_reason(gpu),
+            node_closed_reason=_node_closed_reason(gpu.node),
+        )
     return {
         "page": page,
         "page_range": page.paginator.get_elided_page_range(page.number, on_each_side=2),
@@ -303,23 +320,26 @@ def _gpu_table(request: HttpRequest) -> dict:
     }
 
 
-def _drill_context(pk: str) -> dict:
+def _drill_context(pk: str) -> dict[str, object]:
     """One node's GPUs, drawn as cells (the heatmap's drill-down). Two queries."""
     node = get_object_or_404(selectors.node_list(), pk=pk)
-    node.closed_reason = _node_closed_reason(node)
+    _show(node, closed_reason=_node_closed_reason(node))
     gpus = list(node.gpus.all())
     for gpu in gpus:
-        gpu.heat = _heat(gpu)
-        gpu.closed_reason = _gpu_closed_reason(gpu)
-        gpu.alloc_pct = (
-            min(100, round(100 * (gpu.allocated_mb or 0) / gpu.vram_total_mb))
-            if gpu.vram_total_mb
-            else 0
+        _show(
+            gpu,
+            heat=_heat(gpu),
+            closed_reason=_gpu_closed_reason(gpu),
+            alloc_pct=(
+                min(100, round(100 * (gpu.allocated_mb or 0) / gpu.vram_total_mb))
+                if gpu.vram_total_mb
+                else 0
+            ),
         )
     return {"node": node, "gpus": gpus, "live_seconds": LIVE_SECONDS}
 
 
-def _drill_or_none(pk: str) -> dict | None:
+def _drill_or_none(pk: str) -> dict[str, object] | None:
     # The whole page with ?node= of a node gone is the page without its drill-down.
     try:
         return _drill_context(pk) if pk.isdigit() else None
@@ -329,7 +349,7 @@ def _drill_or_none(pk: str) -> dict | None:
 
 @staff_member_required
 @require_GET
-def fleet(request: HttpRequest) -> HttpResponse:
+def fleet(request: UserRequest) -> HttpResponse:
     """The fleet: totals, a heatmap of one cell per node with a drill-down to its GPUs,
     the nodes that need attention and a page of the GPU table. Its live parts ask the
     same URL: `?node=` for a node's GPUs, the table (htmx target `fleet-gpus`) for its
@@ -350,12 +370,11 @@ def fleet(request: HttpRequest) -> HttpResponse:
     return render(request, "nodes/fleet.html", context)
 
 
-def _node_context(node: Node) -> dict:
+def _node_context(node: Node) -> dict[str, object]:
     gpus = list(node.gpus.all())
     processes = selectors.latest_processes(gpu_ids=[g.pk for g in gpus])
     for gpu in gpus:
-        gpu.heat = _heat(gpu)
-        gpu.processes = processes.get(gpu.pk, [])
+        _show(gpu, heat=_heat(gpu), processes=processes.get(gpu.pk, []))
     return {
         "node": node,
         "gpus": gpus,
@@ -372,7 +391,7 @@ def _node_context(node: Node) -> dict:
 
 @staff_member_required
 @require_GET
-def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
+def node_detail(request: UserRequest, pk: int) -> HttpResponse:
     node = get_object_or_404(
         selectors.node_list().select_related("watchdog_only_accepted_by"), pk=pk
     )
@@ -381,7 +400,7 @@ def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @staff_member_required
-def node_create(request: HttpRequest) -> HttpResponse:
+def node_create(request: UserRequest) -> HttpResponse:
     form = NodeForm(request.POST or None)
     registered = submit(request, form, lambda data: services.node_register(**data))
     if registered.done:
@@ -399,35 +418,35 @@ def node_create(request: HttpRequest) -> HttpResponse:
     return render(request, "nodes/node_form.html", {"form": form})
 
 
-def _drain(request: HttpRequest, node: Node) -> str:
+def _drain(request: UserRequest, node: Node) -> str:
     form = DrainForm(request.POST)
     services.node_drain(node=node, reason=form.cleaned_data["reason"] if form.is_valid() else "")
     return f"{node.name} is draining: no new placements."
 
 
-def _undrain(request: HttpRequest, node: Node) -> str:
+def _undrain(request: UserRequest, node: Node) -> str:
     services.node_undrain(node=node)
     return f"{node.name} accepts placements again."
 
 
-def _approve(request: HttpRequest, node: Node) -> str:
+def _approve(request: UserRequest, node: Node) -> str:
     form = ApproveForm(request.POST)
     fingerprint = form.cleaned_data["fingerprint"] if form.is_valid() else ""
     services.node_approve_host_key(node=node, fingerprint=fingerprint, actor=request.user)
     return f"Host key {fingerprint} pinned for {node.name}; discovery started."
 
 
-def _rescan(request: HttpRequest, node: Node) -> str:
+def _rescan(request: UserRequest, node: Node) -> str:
     services.node_rescan(node=node)
     return "Reading the node's host key again; approve it when it appears."
 
 
-def _preflight(request: HttpRequest, node: Node) -> str:
+def _preflight(request: UserRequest, node: Node) -> str:
     services.node_preflight_request(node=node)
     return f"Preflight of {node.name} started: the verdict appears here in a few seconds."
 
 
-def _watchdog(request: HttpRequest, node: Node) -> str:
+def _watchdog(request: UserRequest, node: Node) -> str:
     form = WatchdogOnlyForm(request.POST)
     if not form.is_valid():
         raise ServiceError("Say why (it is kept in the policy's history).")
@@ -440,7 +459,7 @@ def _watchdog(request: HttpRequest, node: Node) -> str:
     return f"{node.name}: GPUs without a proven quota are sold whole only again."
 
 
-NODE_ACTIONS = {
+NODE_ACTIONS: dict[str, Callable[[UserRequest, Node], str]] = {
     "drain": _drain,
     "undrain": _undrain,
     "approve": _approve,
@@ -452,7 +471,7 @@ NODE_ACTIONS = {
 
 @staff_member_required
 @require_POST
-def node_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
+def node_action(request: UserRequest, pk: int, action: str) -> HttpResponse:
     """The node page's buttons: one service call each, then back to the page."""
     node = get_object_or_404(Node, pk=pk)
     try:
@@ -479,19 +498,22 @@ class AcceptingForm(forms.Form):
 
 @staff_member_required
 @require_GET
-def policy(request: HttpRequest) -> HttpResponse:
+def policy(request: UserRequest) -> HttpResponse:
     gpus = selectors.gpu_list().filter(present=True)
     page = Paginator(gpus, POLICY_PAGE_SIZE).get_page(request.GET.get("page"))
     windows = services.rollup_windows(gpu_ids=[g.pk for g in page])  # one query per page
     interruptible = selectors.interruptible_counts(gpu_ids=[g.pk for g in page])
     for gpu in page:
-        gpu.recommended = services.gpu_recommended_ratio(gpu=gpu, window=windows.get(gpu.pk))
-        gpu.allocatable_mb = int(gpu.vram_total_mb * gpu.overcommit_ratio)
-        gpu.interruptible = interruptible[gpu.pk]
+        _show(
+            gpu,
+            recommended=services.gpu_recommended_ratio(gpu=gpu, window=windows.get(gpu.pk)),
+            allocatable_mb=int(gpu.vram_total_mb * gpu.overcommit_ratio),
+            interruptible=interruptible[gpu.pk],
+        )
     return render(request, "nodes/policy.html", {"page": page})
 
 
-def _back_to_policy(request: HttpRequest, gpu: Gpu) -> HttpResponse:
+def _back_to_policy(request: HttpRequest, gpu: Gpu) -> HttpResponseRedirect:
     page = request.POST.get("page", "")
     query = f"?page={page}" if page.isdigit() else ""
     return redirect(f"{reverse('nodes:policy')}{query}#gpu-{gpu.pk}")
@@ -503,7 +525,7 @@ def _gpu_name(gpu: Gpu) -> str:
 
 @staff_member_required
 @require_POST
-def policy_ratio(request: HttpRequest, pk: int) -> HttpResponse:
+def policy_ratio(request: UserRequest, pk: int) -> HttpResponse:
     gpu = get_object_or_404(Gpu.objects.select_related("node"), pk=pk)
     form = RatioForm(request.POST)
     if not form.is_valid():
@@ -522,7 +544,7 @@ def policy_ratio(request: HttpRequest, pk: int) -> HttpResponse:
 
 @staff_member_required
 @require_POST
-def policy_accepting(request: HttpRequest, pk: int) -> HttpResponse:
+def policy_accepting(request: UserRequest, pk: int) -> HttpResponse:
     gpu = get_object_or_404(Gpu.objects.select_related("node"), pk=pk)
     form = AcceptingForm(request.POST)
     if not form.is_valid():
@@ -576,7 +598,7 @@ POLICY_HISTORY_PAGE_SIZE = 25
 
 
 @staff_member_required
-def node_policy(request: HttpRequest) -> HttpResponse:
+def node_policy(request: UserRequest) -> HttpResponse:
     """What a node must have to take placements; every change needs a reason and is kept."""
     policy = services.node_policy()
     form = NodePolicyForm(request.POST or None, initial=NodePolicyForm.initial_from(policy))

@@ -1,4 +1,6 @@
 from django.contrib import admin
+from django.db.models import Model
+from django.http import HttpRequest
 
 from .models import (
     ApiToken,
@@ -75,13 +77,13 @@ class SshKeyAdmin(admin.ModelAdmin):
     search_fields = ["name", "fingerprint", "user__email"]
     list_select_related = ["user"]
 
-    def has_add_permission(self, request):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: SshKey | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: SshKey | None = None) -> bool:
         return False
 
 
@@ -111,7 +113,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
         "expires_at",
     ]
 
-    def has_add_permission(self, request):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # tokens are made by their users: the value is shown only to them
 
 
@@ -154,10 +156,10 @@ class PurchaseAdmin(admin.ModelAdmin):
         "created_at",
     ]
 
-    def has_add_permission(self, request):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: Purchase | None = None) -> bool:
         return False
 
 
@@ -165,13 +167,13 @@ class _ReadOnlyAdmin(admin.ModelAdmin):
     """Append-only or written only through the pages and the API (the services keep the
     audit): visible to ops, never added, edited or deleted here."""
 
-    def has_add_permission(self, request):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
 
@@ -189,7 +191,7 @@ class SliceTransitionInline(admin.TabularInline):
     can_delete = False
     readonly_fields = ["from_state", "to_state", "reason", "actor", "at"]
 
-    def has_add_permission(self, request, obj=None):
+    def has_add_permission(self, request: HttpRequest, obj: Slice | None = None) -> bool:
         return False
 
 
@@ -215,10 +217,10 @@ class SliceAdmin(admin.ModelAdmin):
     ]
     inlines = [SliceTransitionInline]
 
-    def has_add_permission(self, request):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: Slice | None = None) -> bool:
         return False  # its allocation would stay live: stop it on /ops/slices/ instead
 
 
@@ -229,7 +231,7 @@ class AuditEventAdmin(admin.ModelAdmin):
     search_fields = ["tenant__name", "summary", "actor__email"]
     list_select_related = ["tenant", "actor"]
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: AuditEvent | None = None) -> bool:
         return False
 
 
@@ -249,10 +251,12 @@ class LaunchTemplateAdmin(admin.ModelAdmin):
     list_filter = ["engine", "is_active"]
     search_fields = ["name", "description"]
 
-    def has_add_permission(self, request):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(
+        self, request: HttpRequest, obj: LaunchTemplate | None = None
+    ) -> bool:
         return False
 
 
@@ -265,13 +269,13 @@ class UsageRecordAdmin(admin.ModelAdmin):
     search_fields = ["tenant__name"]
     list_select_related = ["tenant"]
 
-    def has_add_permission(self, request):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: UsageRecord | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: UsageRecord | None = None) -> bool:
         return False
 
 

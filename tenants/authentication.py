@@ -8,9 +8,13 @@ A live token is then held to its client networks and scopes (gpuplatform/api/sco
 here, the one place every token request passes, whatever permission classes a view lists.
 """
 
+from __future__ import annotations
+
 import ipaddress
 from datetime import timedelta
+from typing import TYPE_CHECKING, TypedDict
 
+from django.contrib.auth.models import User
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 from rest_framework import authentication, exceptions, throttling
@@ -22,6 +26,16 @@ from .models import ApiToken, Membership
 from .tokens import hash_secret
 from .two_factor import require_for_api_token
 
+if TYPE_CHECKING:  # annotations only: DRF loads this module while rest_framework.views loads
+    from django_stubs_ext import WithAnnotations
+    from rest_framework.request import Request
+    from rest_framework.views import APIView
+
+
+class _Role(TypedDict):
+    role: str | None  # the token's user's role in their tenant (None: no tenant)
+
+
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 MALFORMED_HEADER = "Invalid Authorization header: expected 'Bearer <token>'."
@@ -30,28 +44,33 @@ TOKEN_REFUSED = "Invalid, expired or revoked token."  # noqa: S105 - a message, 
 
 class AuthFailureThrottle(throttling.SimpleRateThrottle):
     scope = "auth_failure"
+    # Set by SimpleRateThrottle.__init__ from the rate (its stubs leave them out); read only
+    # when a rate is set.
+    num_requests: int
+    duration: int
 
     def get_rate(self) -> str | None:
-        return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
+        # DRF's rates are "N/period" strings; its stubs type them as numbers.
+        return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)  # type: ignore[return-value]
 
-    def get_cache_key(self, request, view) -> str:
+    def get_cache_key(self, request: Request, view: APIView | None) -> str:
         return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
 
-    def _load(self, request) -> None:
+    def _load(self, request: Request) -> None:
         self.key = self.get_cache_key(request, None)
         self.history = self.cache.get(self.key, [])
         self.now = self.timer()
         while self.history and self.history[-1] <= self.now - self.duration:
             self.history.pop()
 
-    def check(self, request) -> None:
+    def check(self, request: Request) -> None:
         if self.rate is None:
             return
         self._load(request)
         if len(self.history) >= self.num_requests:
             raise exceptions.Throttled(wait=self.wait())
 
-    def record_failure(self, request) -> None:
+    def record_failure(self, request: Request) -> None:
         if self.rate is None:
             return
         self._load(request)
@@ -62,7 +81,7 @@ class AuthFailureThrottle(throttling.SimpleRateThrottle):
 class ApiTokenAuthentication(authentication.BaseAuthentication):
     keywords = ("bearer", "token")
 
-    def authenticate(self, request):
+    def authenticate(self, request: Request) -> tuple[User, ApiToken] | None:
         header = authentication.get_authorization_header(request).split()
         if not header or header[0].lower().decode(errors="replace") not in self.keywords:
             return None
@@ -81,8 +100,8 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         # Checked at use, against the role now: a user demoted since keeps a weaker token.
         allows = role_scopes(is_staff=token.user.is_staff, role=token.role)
         granted = set(token.scopes) & allows
-        token.granted_scopes = frozenset(granted)
         view = (getattr(request, "parser_context", None) or {}).get("view")
+        assert request.method is not None  # a request Django serves always has one
         check_scope(granted=granted, view=view, method=request.method, role_allows=allows)
         return token.user, token
 
@@ -98,7 +117,7 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         if stale or address != token.last_used_address:
             ApiToken.objects.filter(pk=token.pk).update(last_used_at=now, last_used_address=address)
 
-    def _authenticate(self, header: list[bytes]) -> ApiToken:
+    def _authenticate(self, header: list[bytes]) -> WithAnnotations[ApiToken, _Role]:
         # Two answers, never more: a header that is not `Bearer <token>` is malformed; a
         # well-formed token that matches no live token (unknown, expired, revoked, or its
         # member removed) is refused without saying which, so nothing is learnt by trying.
@@ -120,5 +139,5 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed(TOKEN_REFUSED)
         return token
 
-    def authenticate_header(self, request) -> str:
+    def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="api"'

@@ -10,9 +10,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 from django.db.models import DecimalField, ExpressionWrapper, F, Max, Min, Sum
+from django.db.models.expressions import Combinable, CombinedExpression
 from django.db.models.functions import Round
 from django.utils import timezone
 
@@ -125,7 +127,7 @@ class Line:
     cost: Decimal | None = None
     ledger_amount: Decimal | None = None
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -159,14 +161,14 @@ class Summary:
     def ledger_net(self) -> Decimal:
         return self.grants + self.adjustments + self.purchases + self.refunds + self.storage
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Decimal | int]:
         return {**asdict(self), "ledger_net": self.ledger_net}
 
 
 # --- what a purchase's minutes are worth --------------------------------------------------------
 
 
-def _consumed_sql(used):
+def _consumed_sql(used: Combinable) -> Round:
     """The first `used` minutes of a purchase, in credits: price x used / bought, rounded half
     up to the cent (PostgreSQL's ROUND of a positive numeric). Each metering record costs
     the difference between this after it and before it, so a purchase's records add up to
@@ -178,7 +180,7 @@ def _consumed_sql(used):
     return Round(share, 2, output_field=DecimalField(max_digits=14, decimal_places=2))
 
 
-def _record_cost():
+def _record_cost() -> CombinedExpression:
     used_after = F("purchase__minutes_total") - F("minutes_left_after")
     return _consumed_sql(used_after) - _consumed_sql(used_after - F("minutes"))
 
@@ -297,12 +299,13 @@ def _volume_lines(tenant: Tenant, period: Period) -> list[Line]:
         if price > 0:
             group["gb_hours"] += -amount / price
         group["at"].append(at)
+    refs = _volumes_of(tenant, {memo: (g["at"][0], g["at"][-1]) for memo, g in groups.items()})
     lines = []
     for memo, group in groups.items():
         lines.append(
             Line(
                 section="volume",
-                ref=_volume_of(tenant, memo, group["at"][0], group["at"][-1]),
+                ref=refs.get(memo),
                 at=group["at"][-1],
                 description=memo,
                 started=group["at"][0],
@@ -315,19 +318,34 @@ def _volume_lines(tenant: Tenant, period: Period) -> list[Line]:
     return sorted(lines, key=lambda line: (line.started, line.description))
 
 
-def _volume_of(tenant: Tenant, memo: str, first: datetime, last: datetime) -> int | None:
-    """The volume a storage memo names: the one of that name and size that existed then
-    (a name is reused only after its volume is deleted). None when it cannot be told."""
-    match = STORAGE_MEMO.match(memo)
-    if match is None:
-        return None
-    ids = list(
+def _volumes_of(
+    tenant: Tenant, spans: dict[str, tuple[datetime, datetime]]
+) -> dict[str, int | None]:
+    """The volume each storage memo names, given when its entries were first and last
+    written: the one of that name and size that existed then (a name is reused only after
+    its volume is deleted); None when it cannot be told. One query for every memo."""
+    wanted = {}
+    for memo in spans:
+        match = STORAGE_MEMO.match(memo)
+        if match is not None:
+            wanted[memo] = (match["name"], int(match["size"]))
+    candidates = list(
         Volume.objects.for_tenant(tenant)
-        .filter(name=match["name"], size_gb=int(match["size"]), created_at__lte=first)
-        .exclude(deleted_at__lt=last)
-        .values_list("pk", flat=True)[:2]
+        .filter(name__in={name for name, _ in wanted.values()})
+        .values_list("pk", "name", "size_gb", "created_at", "deleted_at")
     )
-    return ids[0] if len(ids) == 1 else None
+    out: dict[str, int | None] = {}
+    for memo, (name, size) in wanted.items():
+        first, last = spans[memo]
+        ids = [
+            pk
+            for pk, v_name, v_size, created, deleted in candidates
+            if (v_name, v_size) == (name, size)
+            and created <= first
+            and not (deleted is not None and deleted < last)
+        ]
+        out[memo] = ids[0] if len(ids) == 1 else None
+    return out
 
 
 def _ledger_lines(tenant: Tenant, period: Period, kinds: Iterable[str]) -> list[Line]:
@@ -384,7 +402,10 @@ def usage_lines(tenant: Tenant, period: Period, *, section: str = "") -> list[Li
     return lines
 
 
-def usage_summary(tenant: Tenant, period: Period) -> Summary:
+def usage_summary(tenant: Tenant, period: Period, *, lines: list[Line] | None = None) -> Summary:
+    """The range's totals and both balance identities. `lines`: the range's slice and
+    volume rows (others are passed over) when the caller has read them already, so they
+    are not read twice."""
     summary = Summary(first=period.first, last=period.last)
     totals = dict(
         LedgerEntry.objects.for_tenant(tenant)
@@ -403,10 +424,13 @@ def usage_summary(tenant: Tenant, period: Period) -> Summary:
     summary.closing_balance = _balance_before(tenant, period.until)
     summary.opening_prepaid = _prepaid_at(tenant, period.since)
     summary.closing_prepaid = _prepaid_at(tenant, period.until)
-    slices = _slice_lines(tenant, period)
+    if lines is None:
+        slices, volumes = _slice_lines(tenant, period), _volume_lines(tenant, period)
+    else:
+        slices = [line for line in lines if line.section == "slice"]
+        volumes = [line for line in lines if line.section == "volume"]
     summary.slices = sum((line.cost or ZERO for line in slices), ZERO)
     summary.slice_minutes = sum(line.minutes or 0 for line in slices)
-    volumes = _volume_lines(tenant, period)
     summary.volumes = sum((line.cost or ZERO for line in volumes), ZERO)
     summary.gb_hours = sum((line.gb_hours or Decimal(0) for line in volumes), Decimal("0.0000"))
     return summary
@@ -444,13 +468,14 @@ SUMMARY_ROWS = [
 
 def csv_rows(tenant: Tenant, period: Period) -> Iterator[list[str]]:
     yield HEADER
-    for line in usage_lines(tenant, period):
+    lines = usage_lines(tenant, period)
+    for line in lines:
         values = line.as_dict()
         yield [csv_cell(values[name]) for name in HEADER]
     yield []
-    summary = usage_summary(tenant, period).as_dict()
+    summary = usage_summary(tenant, period, lines=lines).as_dict()
     for name, text in SUMMARY_ROWS:
-        row = dict.fromkeys(HEADER, "")
+        row: dict[str, object] = dict.fromkeys(HEADER, "")
         row.update(section="summary", ref=name, description=text)
         row["ledger_amount"] = summary[name]
         yield [csv_cell(row[h]) for h in HEADER]

@@ -20,6 +20,7 @@ database's unique constraint, not by a lock).
 from __future__ import annotations
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import User
 
 from .models import (
     ApiToken,
@@ -68,7 +69,7 @@ def invitation_lock(pk: int, *, tenant: Tenant | None = None) -> Invitation:
     )
 
 
-def api_token_lock(pk: int, *, user) -> ApiToken:
+def api_token_lock(pk: int, *, user: User) -> ApiToken:
     """One of `user`'s tokens (another user's: DoesNotExist)."""
     return ApiToken.objects.select_for_update().get(pk=pk, user=user)
 
@@ -107,7 +108,7 @@ def template_lock(pk: int) -> LaunchTemplate:
     return LaunchTemplate.objects.select_for_update().get(pk=pk)
 
 
-def ssh_keys_owner_lock(user_id: int):
+def ssh_keys_owner_lock(user_id: int) -> User:
     """The user's row: adds of their SSH keys serialise, so the cap on how many holds."""
     return get_user_model().objects.select_for_update().get(pk=user_id)
 

@@ -1,12 +1,17 @@
 """Login with a limit on failed attempts per client address and account (the API has its
 own), the two-factor second step, and where each kind of user lands."""
 
+from __future__ import annotations
+
 import hashlib
 import time
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model, login
 from django.contrib.auth import views as auth_views
+from django.contrib.auth.forms import AuthenticationForm
+from django.contrib.auth.models import User
 from django.core.cache import cache
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render, resolve_url
@@ -59,7 +64,7 @@ def failure_record(key: str) -> None:
         cache.set(key, 1, WINDOW_S)
 
 
-def _landing(request: HttpRequest, user, next_url: str) -> str:
+def _landing(request: HttpRequest, user: User, next_url: str) -> str:
     if next_url and url_has_allowed_host_and_scheme(
         next_url, allowed_hosts={request.get_host()}, require_https=request.is_secure()
     ):
@@ -74,7 +79,7 @@ class ThrottledLoginView(auth_views.LoginView):
     account from one address in 15 minutes, further attempts are refused (429) unchecked.
     Someone with two-factor on is not logged in yet: the code step comes first."""
 
-    def post(self, request: HttpRequest, *args, **kwargs) -> HttpResponse:
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if is_locked(failure_key(request, request.POST.get("username", ""))):
             return render(request, "registration/login_locked.html", status=429)
         return super().post(request, *args, **kwargs)
@@ -85,7 +90,7 @@ class ThrottledLoginView(auth_views.LoginView):
             return resolve_url(OPS_LOGIN_REDIRECT_URL)
         return super().get_default_redirect_url()
 
-    def form_valid(self, form):
+    def form_valid(self, form: AuthenticationForm) -> HttpResponse:
         user = form.get_user()
         if not two_factor.has_two_factor(user):
             return super().form_valid(form)
@@ -98,7 +103,7 @@ class ThrottledLoginView(auth_views.LoginView):
         }
         return redirect("login_two_factor")
 
-    def form_invalid(self, form):
+    def form_invalid(self, form: AuthenticationForm) -> HttpResponse:
         failure_record(failure_key(self.request, self.request.POST.get("username", "")))
         return super().form_invalid(form)
 

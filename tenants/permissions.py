@@ -1,33 +1,64 @@
 """Who may use what: the page decorator for tenant members and the API permissions by
 tenant role. Object scoping itself is done by the querysets."""
 
+from __future__ import annotations
+
+from collections.abc import Callable
 from functools import wraps
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, cast
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect
 from rest_framework import permissions
 
 from gpuplatform.api.permissions import IsOps
+from gpuplatform.http import MemberRequest, UserRequest
 
 from .selectors import membership_for_user
 
-__all__ = ["IsOps", "IsTenantMember", "member_required", "redact_for_viewers"]
+if TYPE_CHECKING:
+    from rest_framework.request import Request
+    from rest_framework.views import APIView
+
+    from .models import Membership
+
+P = ParamSpec("P")
+
+__all__ = [
+    "IsOps",
+    "IsTenantMember",
+    "member_required",
+    "redact_for_viewers",
+    "request_membership",
+]
 
 
-def member_required(view):
+def member_required(
+    view: Callable[Concatenate[MemberRequest, P], HttpResponseBase],
+) -> Callable[Concatenate[UserRequest, P], HttpResponseBase]:
     """A page for people in a tenant: signed in and a member; sets request.membership."""
 
     @wraps(view)
     @login_required
-    def wrapper(request, *args, **kwargs):
-        request.membership = membership_for_user(request.user)
-        if request.membership is None:
+    def wrapper(request: UserRequest, /, *args: P.args, **kwargs: P.kwargs) -> HttpResponseBase:
+        membership = membership_for_user(request.user)
+        if membership is None:
             messages.info(request, "Create a tenant (or accept an invitation) first.")
             return redirect("tenants:account")
-        return view(request, *args, **kwargs)
+        member = cast(MemberRequest, request)  # the same request, now with its membership
+        member.membership = membership
+        return view(member, *args, **kwargs)
 
     return wrapper
+
+
+def request_membership(request: Request) -> Membership | None:
+    """The membership IsTenantMember found for an API request (None: the caller has no
+    tenant, or the view does not list IsTenantMember)."""
+    membership: Membership | None = getattr(request, "membership", None)
+    return membership
 
 
 class IsTenantMember(permissions.BasePermission):
@@ -38,9 +69,10 @@ class IsTenantMember(permissions.BasePermission):
 
     message = "Join or create a tenant first."
 
-    def has_permission(self, request, view) -> bool:
+    def has_permission(self, request: Request, view: APIView) -> bool:
         membership = membership_for_user(request.user)
-        request.membership = membership
+        # Kept on the request for the view (request_membership reads it back).
+        request.membership = membership  # type: ignore[attr-defined]  # set on purpose
         if membership is None:
             return False
         if request.method in permissions.SAFE_METHODS:
@@ -54,7 +86,7 @@ class IsTenantMember(permissions.BasePermission):
         return True
 
 
-def redact_for_viewers(data: dict, membership) -> dict:
+def redact_for_viewers(data: dict[str, Any], membership: Membership | None) -> dict[str, Any]:
     """Viewers see a slice, not its keys: the Jupyter token (and URL carrying it) and
     environment values, which often hold secrets, are only for members who can write."""
     if membership is None or membership.can_write:

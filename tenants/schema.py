@@ -1,15 +1,22 @@
 """OpenAPI description of the API-token authentication (loaded by TenantsConfig.ready)."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 
 from gpuplatform.api.scopes import SCOPE_HELP
+
+if TYPE_CHECKING:  # for the annotation only: ready() imports this module, kept light
+    from drf_spectacular.openapi import AutoSchema
 
 
 class ApiTokenScheme(OpenApiAuthenticationExtension):
     target_class = "tenants.authentication.ApiTokenAuthentication"
     name = "apiToken"
 
-    def get_security_definition(self, auto_schema):
+    def get_security_definition(self, auto_schema: AutoSchema) -> dict[str, Any]:
         return {
             "type": "http",
             "scheme": "bearer",

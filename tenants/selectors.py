@@ -1,12 +1,16 @@
 """Reads for views, API and tasks: one query shape each, scoped to a tenant or user."""
 
+from __future__ import annotations
+
 import logging
-from datetime import timedelta
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import paramiko
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import (
     Avg,
     BooleanField,
@@ -46,6 +50,7 @@ from .models import (
     Slice,
     SliceLogLine,
     SliceMount,
+    SliceTransition,
     SshKey,
     Tenant,
     Tier,
@@ -53,6 +58,9 @@ from .models import (
     Volume,
 )
 from .money import Rate
+
+if TYPE_CHECKING:  # the stubs' helper for annotated rows, not needed at run time
+    from django_stubs_ext import WithAnnotations
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +88,7 @@ def credit_request_list_for_ops(*, status: str = "") -> QuerySet[CreditRequest]:
     return qs
 
 
-def membership_for_user(user: AbstractBaseUser) -> Membership | None:
+def membership_for_user(user: User | AnonymousUser) -> Membership | None:
     if not user.is_authenticated:
         return None
     return Membership.objects.select_related("tenant").filter(user=user).first()
@@ -104,21 +112,21 @@ def invitation_pending_list(*, tenant: Tenant | None) -> QuerySet[Invitation]:
     )
 
 
-def api_token_list(*, user: AbstractBaseUser) -> QuerySet[ApiToken]:
+def api_token_list(*, user: User | AnonymousUser) -> QuerySet[ApiToken]:
     """A user's own tokens: tokens are personal, so they are scoped by user, not tenant."""
     if not user.is_authenticated:
         return ApiToken.objects.none()
     return ApiToken.objects.filter(user=user).order_by("-created_at", "-id")
 
 
-def ssh_keys_of(user: AbstractBaseUser) -> QuerySet[SshKey]:
+def ssh_keys_of(user: User | AnonymousUser) -> QuerySet[SshKey]:
     """A user's own SSH keys, newest first: keys are personal, scoped by user like tokens."""
     if not user.is_authenticated:
         return SshKey.objects.none()
     return SshKey.objects.filter(user=user).order_by("-created_at", "-id")
 
 
-def ssh_key_owner(*, fingerprint: str) -> tuple[SshKey, AbstractBaseUser] | None:
+def ssh_key_owner(*, fingerprint: str) -> tuple[SshKey, User] | None:
     """For the gateway: the key with this OpenSSH SHA256 fingerprint and the person it
     signs in, or None (no such key, or the account is deactivated). Which slices they may
     reach is the gateway's call, from their membership."""
@@ -175,7 +183,14 @@ PURCHASE_OPEN = Q(minutes_left__gt=0, refunded_at__isnull=True)
 PURCHASE_USABLE = PURCHASE_OPEN & Q(live_slices=0)
 
 
-def purchase_list(*, tenant: Tenant | None) -> QuerySet[Purchase]:
+class PurchaseUse(TypedDict):
+    """What `purchase_list` annotates on each purchase."""
+
+    live_slices: int
+    usable: bool
+
+
+def purchase_list(*, tenant: Tenant | None) -> QuerySet[WithAnnotations[Purchase, PurchaseUse]]:
     """A tenant's purchases, with whether a slice is using each now and whether a launch
     may use it."""
     return (
@@ -371,15 +386,18 @@ def slices_latest_vram_mb(slices: list[Slice]) -> dict[int, int]:
     """The VRAM each running slice's container held in its latest sample (one query).
 
     Only the last few minutes are scanned: an older reading is not "now"."""
-    running = [
-        s for s in slices if s.state == Slice.State.RUNNING and s.allocation_id and s.container_id
-    ]
+    # each running slice by the (GPU, container) its samples are filed under
+    running = {
+        s.pk: (s.allocation.gpu_id, s.container_id)
+        for s in slices
+        if s.state == Slice.State.RUNNING and s.container_id and s.allocation is not None
+    }
     if not running:
         return {}
     since = timezone.now() - timedelta(minutes=GAUGE_WINDOW_MINUTES)
     cond = Q()
-    for s in running:
-        cond |= Q(gpu_id=s.allocation.gpu_id, container_id=s.container_id)  # type: ignore[union-attr]
+    for gpu_id, container_id in running.values():
+        cond |= Q(gpu_id=gpu_id, container_id=container_id)
     rows = (
         ProcessSample.objects.filter(cond, taken_at__gte=since)
         .values("gpu_id", "container_id", "taken_at")
@@ -389,25 +407,37 @@ def slices_latest_vram_mb(slices: list[Slice]) -> dict[int, int]:
     latest: dict[tuple[int, str], int] = {}
     for row in rows:
         latest.setdefault((row["gpu_id"], row["container_id"]), row["used_mb"])
-    return {
-        s.pk: latest[(s.allocation.gpu_id, s.container_id)]  # type: ignore[union-attr]
-        for s in running
-        if (s.allocation.gpu_id, s.container_id) in latest  # type: ignore[union-attr]
-    }
+    return {pk: latest[where] for pk, where in running.items() if where in latest}
 
 
-def slice_transitions(*, slice: Slice):
+def slice_transitions(*, slice: Slice) -> QuerySet[SliceTransition]:
     return slice.transitions.select_related("actor").order_by("at", "id")
 
 
-def slice_vram_per_sample(*, slice: Slice):
+class VramUsed(TypedDict):
+    """What `slice_vram_per_sample` annotates: the VRAM of one sample's processes."""
+
+    used_mb: int
+
+
+class VramSample(TypedDict):
+    """A row of `slice_vram_per_sample`."""
+
+    taken_at: datetime
+    used_mb: int
+
+
+def slice_vram_per_sample(
+    *, slice: Slice
+) -> QuerySet[WithAnnotations[ProcessSample, VramUsed], VramSample] | None:
     """Per sample, the VRAM the slice's container held (its processes summed): rows of
     taken_at and used_mb; None when it never ran a container."""
-    if slice.allocation_id is None or not slice.container_id:
+    # the container first: without one, the allocation is not even read
+    if not slice.container_id or slice.allocation is None:
         return None
     return (
         ProcessSample.objects.filter(
-            gpu_id=slice.allocation.gpu_id,  # type: ignore[union-attr]
+            gpu_id=slice.allocation.gpu_id,
             container_id=slice.container_id,
             taken_at__gte=slice.started_at or slice.created_at,
         )
@@ -416,7 +446,14 @@ def slice_vram_per_sample(*, slice: Slice):
     )
 
 
-def slice_vram_series(*, slice: Slice, max_points: int = 500) -> list[dict]:
+class VramPoint(TypedDict):
+    """A point of `slice_vram_series`: when (ISO 8601) and the VRAM held."""
+
+    t: str
+    used_mb: int
+
+
+def slice_vram_series(*, slice: Slice, max_points: int = 500) -> list[VramPoint]:
     """The slice's VRAM over time, at most `max_points` (each the highest of its span)."""
     per_sample = slice_vram_per_sample(slice=slice)
     if per_sample is None:
@@ -430,7 +467,19 @@ def slice_vram_series(*, slice: Slice, max_points: int = 500) -> list[dict]:
     return [{"t": r["taken_at"].isoformat(), "used_mb": r["used_mb"]} for r in rows]
 
 
-def calibration_rows(*, limit: int = 200) -> list[dict]:
+class CalibrationRow(TypedDict):
+    """A row of `calibration_rows`: one image and model's estimates against their peaks."""
+
+    image: str
+    model: str
+    slices: int
+    estimate_mean_mb: int
+    peak_mean_mb: int
+    peak_max_mb: int
+    peak_over_estimate: float
+
+
+def calibration_rows(*, limit: int = 200) -> list[CalibrationRow]:
     """Estimated against measured peak VRAM of finished slices, by image and model."""
     qs = (
         Slice.objects.filter(peak_vram_mb__isnull=False, estimate_mb__isnull=False)
@@ -465,7 +514,12 @@ def template_list() -> QuerySet[LaunchTemplate]:
     )
 
 
-def template_sizing(template, *, tiers=None, shapes=None) -> list[dict]:
+def template_sizing(
+    template: LaunchTemplate,
+    *,
+    tiers: Sequence[Tier] | None = None,
+    shapes: list[dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
     """Per tier and card shape in service (and per tier under a quota library, which
     reports the slice as the device): the flag a slice launched from `template` gets at
     start, so a tenant sees the command before launch. [] for an engine not told by a

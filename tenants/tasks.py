@@ -1,6 +1,6 @@
 """Celery tasks for tenants: thin wrappers over services, safe to run twice."""
 
-from celery import shared_task
+from celery import Task, shared_task
 
 from nodes import ssh
 from nodes.errors import ContainerError
@@ -37,7 +37,7 @@ PROVISION_RETRIES = 2
     soft_time_limit=240,
     time_limit=270,
 )
-def provision_slice(self, slice_id: int) -> str:
+def provision_slice(self: Task, slice_id: int) -> str:
     final = self.request.retries >= PROVISION_RETRIES
     try:
         return services.slice_provision(slice_id=slice_id, final_attempt=final)
@@ -52,7 +52,7 @@ def provision_slice(self, slice_id: int) -> str:
     soft_time_limit=90,
     time_limit=120,
 )
-def stop_slice(self, slice_id: int, force: bool = False) -> str:
+def stop_slice(self: Task, slice_id: int, force: bool = False) -> str:
     try:
         return services.slice_finish_stop(slice_id=slice_id, force=force)
     except (ssh.SSHError, ContainerError) as exc:
@@ -83,12 +83,12 @@ def dispatch_queue() -> int:
 
 
 @shared_task(name="provision.reconcile", soft_time_limit=100, time_limit=120)
-def reconcile() -> dict:
+def reconcile() -> dict[str, int]:
     return services.slices_reconcile()
 
 
 @shared_task(name="tenants.meter", soft_time_limit=50, time_limit=60)
-def meter() -> dict:
+def meter() -> dict[str, int]:
     return services.slices_meter()
 
 
@@ -114,7 +114,7 @@ def notify_members(tenant_id: int, subject: str, body: str) -> int:
     soft_time_limit=60,
     time_limit=90,
 )
-def volume_create(self, volume_id: int) -> str:
+def volume_create(self: Task, volume_id: int) -> str:
     try:
         return services.volume_provision(volume_id=volume_id)
     except ssh.SSHError as exc:
@@ -128,7 +128,7 @@ def volume_create(self, volume_id: int) -> str:
     soft_time_limit=60,
     time_limit=90,
 )
-def volume_remove(self, volume_id: int) -> str:
+def volume_remove(self: Task, volume_id: int) -> str:
     try:
         return services.volume_remove(volume_id=volume_id)
     except ssh.SSHError as exc:

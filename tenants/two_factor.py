@@ -12,12 +12,14 @@ from urllib.parse import quote, urlencode
 import segno
 from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth.models import AnonymousUser, User
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from gpuplatform.errors import NotAllowed
+from gpuplatform.http import PageRequest
 
 from .tokens import hash_secret
 
@@ -68,18 +70,18 @@ def looks_like_recovery_code(code: str) -> bool:
     return not code.strip().replace(" ", "").isdigit()
 
 
-def totp_device(user) -> TOTPDevice | None:
+def totp_device(user: User | AnonymousUser) -> TOTPDevice | None:
     """The user's set-up (confirmed) TOTP device, if any."""
     if not getattr(user, "is_authenticated", False):
         return None
     return TOTPDevice.objects.filter(user=user, confirmed=True).first()
 
 
-def has_two_factor(user) -> bool:
+def has_two_factor(user: User | AnonymousUser) -> bool:
     return totp_device(user) is not None
 
 
-def require_for_api_token(user) -> None:
+def require_for_api_token(user: User) -> None:
     """Refuse a staff user's API token until that user has set up two-factor sign-in.
 
     A token is a password's equal: staff tokens would bypass the rule pages enforce."""
@@ -95,16 +97,16 @@ class StaffTwoFactorMiddleware:
     """Staff reach ops pages only from a session verified by a second factor: without a
     device they are sent to set one up, with one (a session from before) to verify."""
 
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
-    def __call__(self, request: HttpRequest) -> HttpResponse:
+    def __call__(self, request: PageRequest) -> HttpResponse:
         user = request.user
         if (
             request.path.startswith(OPS_PREFIXES)
             and user.is_authenticated
             and user.is_staff
-            and not user.is_verified()
+            and not user.is_verified()  # type: ignore[attr-defined]  # set by OTPMiddleware
         ):
             notice = STAFF_VERIFY_MESSAGE if has_two_factor(user) else STAFF_SETUP_MESSAGE
             messages.warning(request, notice)

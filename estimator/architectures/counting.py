@@ -4,20 +4,29 @@ the architecture readers fill module by module as the transformers modeling file
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 from ..model import ParamBreakdown
 
 
 class Reader(Protocol):
-    """What config_json's reader offers: config keys read and checked, by ModelSpec field."""
+    """What config_json's reader offers: config keys read and checked, by ModelSpec field
+    (``keys``: which config key fed which field, for the error a ModelSpec raises)."""
 
     data: Mapping[str, Any]
     field: str
+    keys: dict[str, str]
 
+    @overload
+    def int(self, key: str, spec_field: str, *, maximum: int, minimum: int = 1) -> int: ...
+    @overload
     def int(
-        self, key: str, spec_field: str, *, default: Any = ..., maximum: int, minimum: int = 1
-    ) -> Any: ...
+        self, key: str, spec_field: str, *, default: int, maximum: int, minimum: int = 1
+    ) -> int: ...
+    @overload
+    def int(
+        self, key: str, spec_field: str, *, default: int | None, maximum: int, minimum: int = 1
+    ) -> int | None: ...
 
     def bool(self, key: str, spec_field: str, *, default: bool) -> bool: ...
 

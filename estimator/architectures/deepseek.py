@@ -3,6 +3,7 @@ dense first layers, shared and routed experts; the cached latent per docs/estima
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import EstimatorError
@@ -18,17 +19,79 @@ from ..model import (
 from .counting import Reader, Tally
 
 
+@dataclass(frozen=True)
+class DeepSeekShape:
+    """What a DeepSeek-V2/V3 config says, its config classes' defaults filled in."""
+
+    h: int
+    layers: int
+    heads: int
+    vocab: int
+    inter: int
+    q_rank: int | None  # None: a plain q_proj, no compressed query
+    kv_rank: int
+    nope: int
+    rope: int
+    v_dim: int
+    experts: int
+    shared: int
+    per_token: int
+    e_inter: int
+    dense: int
+    bias: bool
+    mlp_bias: bool
+    tied: bool
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.dense
+
+
 def read_deepseek(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
-    data = r.data
+    s = _read_shape(r, family)
+    _check_layers(r, notes)
+    t = _tally(s)
+    r.keys["num_moe_layers"] = "first_k_dense_replace"
+    return {
+        "hidden_size": s.h,
+        "num_layers": s.layers,
+        "num_heads": s.heads,
+        "num_kv_heads": s.heads,
+        "head_dim": s.nope + s.rope,
+        "intermediate_size": s.inter,
+        "vocab_size": s.vocab,
+        "tie_word_embeddings": s.tied,
+        "num_experts": s.experts,
+        "experts_per_token": s.per_token,
+        "moe_intermediate_size": s.e_inter,
+        "shared_expert_intermediate_size": s.e_inter * s.shared,
+        "num_moe_layers": s.moe_layers,
+        "kv_width": s.kv_rank + s.rope,
+        "exact": t.breakdown(),
+        "read_as": (
+            f"latent attention (kv_lora_rank {s.kv_rank} + rope {s.rope} cached per "
+            f"token), {s.dense} dense + {s.moe_layers} MoE layers of {s.experts} routed + "
+            f"{s.shared} shared experts"
+        ),
+        "max_position_embeddings": r.int(
+            "max_position_embeddings",
+            "max_position_embeddings",
+            default=None,
+            maximum=MAX_POSITIONS,
+        ),
+    }
+
+
+def _read_shape(r: Reader, family: str) -> DeepSeekShape:
+    # The config classes' defaults are DeepSeek-V2's and V3's own shapes.
+    v3 = family == "deepseek_v3"
     h = r.int("hidden_size", "hidden_size", maximum=MAX_HIDDEN)
     layers = r.int("num_hidden_layers", "num_layers", maximum=MAX_LAYERS)
     heads = r.int("num_attention_heads", "num_heads", maximum=MAX_HEADS)
     vocab = r.int("vocab_size", "vocab_size", maximum=MAX_VOCAB)
     inter = r.int("intermediate_size", "intermediate_size", maximum=MAX_INTERMEDIATE)
-    # The config classes' defaults are DeepSeek-V2's and V3's own shapes.
-    v3 = family == "deepseek_v3"
     # q_lora_rank null (DeepSeek-V2-Lite): a plain q_proj, no compressed query
-    uncompressed = "q_lora_rank" in data and data["q_lora_rank"] is None
+    uncompressed = "q_lora_rank" in r.data and r.data["q_lora_rank"] is None
     q_rank = (
         None if uncompressed else r.int("q_lora_rank", "head_dim", default=1536, maximum=MAX_HIDDEN)
     )
@@ -57,7 +120,16 @@ def read_deepseek(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
     bias = r.bool("attention_bias", "attention_bias", default=False)
     mlp_bias = not v3 and r.bool("mlp_bias", "mlp_bias", default=False)
     tied = r.bool("tie_word_embeddings", "tie_word_embeddings", default=False)
-    freq = data.get("moe_layer_freq", 1)
+    return DeepSeekShape(
+        h, layers, heads, vocab, inter, q_rank, kv_rank, nope, rope, v_dim,
+        experts, shared, per_token, e_inter, dense, bias, mlp_bias, tied,
+    )  # fmt: skip
+
+
+def _check_layers(r: Reader, notes: list[str]) -> None:
+    """Experts on every layer past the dense ones, as transformers builds them; the
+    multi-token-prediction layers are not loaded."""
+    freq = r.data.get("moe_layer_freq", 1)
     if freq not in (1, None):
         # transformers builds experts on every layer from first_k_dense_replace on
         raise EstimatorError(
@@ -65,60 +137,37 @@ def read_deepseek(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
             f"experts every {freq!r} layers is not counted exactly; give the safetensors index",
             code="unsupported_architecture",
         )
-    mtp = data.get("num_nextn_predict_layers") or 0
+    mtp = r.data.get("num_nextn_predict_layers") or 0
     if mtp:
         notes.append(
             f"{mtp} multi-token-prediction layer(s) in the checkpoint are not loaded for "
             "inference (transformers and vLLM build the main model only) and are not counted"
         )
 
-    qk_dim = nope + rope
-    moe_layers = layers - dense
+
+def _tally(s: DeepSeekShape) -> Tally:
+    h, layers, heads = s.h, s.layers, s.heads
+    qk_dim = s.nope + s.rope
+    moe_layers = s.moe_layers
     t = Tally()
-    t.add("embeddings", vocab * h)
-    if q_rank is None:
+    t.add("embeddings", s.vocab * h)
+    if s.q_rank is None:
         t.linear("attention", "q_proj", h, heads * qk_dim, layers, bias=False)
     else:
-        t.linear("attention", "q_a_proj", h, q_rank, layers, bias=bias)
-        t.add("norms", layers * q_rank)  # q_a_layernorm
-        t.linear("attention", "q_b_proj", q_rank, heads * qk_dim, layers, bias=False)
-    t.linear("attention", "kv_a_proj_with_mqa", h, kv_rank + rope, layers, bias=bias)
-    t.add("norms", layers * kv_rank)  # kv_a_layernorm
-    t.linear("attention", "kv_b_proj", kv_rank, heads * (nope + v_dim), layers, bias=False)
-    t.linear("attention", "o_proj", heads * v_dim, h, layers, bias=bias)
-    t.gated_mlp("mlp", h, inter, dense, bias=mlp_bias)
-    t.gated_mlp("experts", h, e_inter, experts * moe_layers)
-    t.add("router", moe_layers * experts * h)  # no bias; V3's correction bias is a buffer
-    t.gated_mlp("shared_expert", h, e_inter * shared, moe_layers if shared else 0, bias=mlp_bias)
-    t.inactive = (experts - per_token) * moe_layers * 3 * h * e_inter
+        t.linear("attention", "q_a_proj", h, s.q_rank, layers, bias=s.bias)
+        t.add("norms", layers * s.q_rank)  # q_a_layernorm
+        t.linear("attention", "q_b_proj", s.q_rank, heads * qk_dim, layers, bias=False)
+    t.linear("attention", "kv_a_proj_with_mqa", h, s.kv_rank + s.rope, layers, bias=s.bias)
+    t.add("norms", layers * s.kv_rank)  # kv_a_layernorm
+    t.linear("attention", "kv_b_proj", s.kv_rank, heads * (s.nope + s.v_dim), layers, bias=False)
+    t.linear("attention", "o_proj", heads * s.v_dim, h, layers, bias=s.bias)
+    t.gated_mlp("mlp", h, s.inter, s.dense, bias=s.mlp_bias)
+    t.gated_mlp("experts", h, s.e_inter, s.experts * moe_layers)
+    t.add("router", moe_layers * s.experts * h)  # no bias; V3's correction bias is a buffer
+    t.gated_mlp(
+        "shared_expert", h, s.e_inter * s.shared, moe_layers if s.shared else 0, bias=s.mlp_bias
+    )
+    t.inactive = (s.experts - s.per_token) * moe_layers * 3 * h * s.e_inter
     t.add("norms", layers * 2 * h + h)
-    t.add("lm_head", 0 if tied else vocab * h)
-    r.keys["num_moe_layers"] = "first_k_dense_replace"  # type: ignore[attr-defined]
-    return {
-        "hidden_size": h,
-        "num_layers": layers,
-        "num_heads": heads,
-        "num_kv_heads": heads,
-        "head_dim": qk_dim,
-        "intermediate_size": inter,
-        "vocab_size": vocab,
-        "tie_word_embeddings": tied,
-        "num_experts": experts,
-        "experts_per_token": per_token,
-        "moe_intermediate_size": e_inter,
-        "shared_expert_intermediate_size": e_inter * shared,
-        "num_moe_layers": moe_layers,
-        "kv_width": kv_rank + rope,
-        "exact": t.breakdown(),
-        "read_as": (
-            f"latent attention (kv_lora_rank {kv_rank} + rope {rope} cached per "
-            f"token), {dense} dense + {moe_layers} MoE layers of {experts} routed + {shared} "
-            "shared experts"
-        ),
-        "max_position_embeddings": r.int(
-            "max_position_embeddings",
-            "max_position_embeddings",
-            default=None,
-            maximum=MAX_POSITIONS,
-        ),
-    }
+    t.add("lm_head", 0 if s.tied else s.vocab * h)
+    return t

@@ -120,23 +120,7 @@ def read_jamba(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
     inter = r.int("intermediate_size", "intermediate_size", maximum=MAX_INTERMEDIATE)
     experts = r.int("num_experts", "num_experts", default=16, maximum=MAX_EXPERTS)
     per_token = r.int("num_experts_per_tok", "experts_per_token", default=2, maximum=experts)
-    periods = {}
-    for key, default in (("attn_layer_period", 8), ("attn_layer_offset", 4),
-                         ("expert_layer_period", 2), ("expert_layer_offset", 1)):  # fmt: skip
-        periods[key] = r.int(key, "num_layers", default=default, minimum=0, maximum=MAX_LAYERS)
-    for kind in ("attn", "expert"):
-        if periods[f"{kind}_layer_offset"] >= max(periods[f"{kind}_layer_period"], 1):
-            raise EstimatorError(
-                f"{r.field}.{kind}_layer_offset", f"must be below {kind}_layer_period"
-            )
-    attention = [
-        i for i in range(layers)
-        if i % periods["attn_layer_period"] == periods["attn_layer_offset"]
-    ]  # fmt: skip
-    moe = [
-        i for i in range(layers)
-        if experts > 1 and i % periods["expert_layer_period"] == periods["expert_layer_offset"]
-    ]  # fmt: skip
+    attention, moe = _jamba_layers(r, layers, experts)
     state = r.int("mamba_d_state", "state_elements", default=16, maximum=MAX_HIDDEN)
     conv = r.int("mamba_d_conv", "state_elements", default=4, maximum=64)
     expand = r.int("mamba_expand", "intermediate_size", default=2, maximum=64)
@@ -178,3 +162,29 @@ def read_jamba(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
             f"layers only), {len(moe)} MoE layers of {experts} experts"
         ),
     }
+
+
+def _jamba_layers(r: Reader, layers: int, experts: int) -> tuple[list[int], list[int]]:
+    """The attention layers and the MoE layers: every period-th layer from its offset."""
+    periods = {}
+    for key, default in (("attn_layer_period", 8), ("attn_layer_offset", 4),
+                         ("expert_layer_period", 2), ("expert_layer_offset", 1)):  # fmt: skip
+        periods[key] = r.int(key, "num_layers", default=default, minimum=0, maximum=MAX_LAYERS)
+    for kind in ("attn", "expert"):
+        if periods[f"{kind}_layer_offset"] >= max(periods[f"{kind}_layer_period"], 1):
+            raise EstimatorError(
+                f"{r.field}.{kind}_layer_offset", f"must be below {kind}_layer_period"
+            )
+        if not periods[f"{kind}_layer_period"]:  # a layer's kind is its index modulo the period
+            raise EstimatorError(
+                f"{r.field}.{kind}_layer_period", "must be at least 1", code="min_value"
+            )
+    attention = [
+        i for i in range(layers)
+        if i % periods["attn_layer_period"] == periods["attn_layer_offset"]
+    ]  # fmt: skip
+    moe = [
+        i for i in range(layers)
+        if experts > 1 and i % periods["expert_layer_period"] == periods["expert_layer_offset"]
+    ]  # fmt: skip
+    return attention, moe

@@ -94,8 +94,9 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
     elif isinstance(exc, exceptions.Throttled):
         code = "throttled"
         message = "Too many requests."
-        if exc.wait is not None:
-            message += f" Retry in {int(exc.wait) + 1} seconds."
+        wait = exc.wait  # type: ignore[attr-defined]  # DRF sets it; its stubs omit it
+        if wait is not None:
+            message += f" Retry in {int(wait) + 1} seconds."
     elif isinstance(exc, exceptions.APIException):
         codes = exc.get_codes()
         code = codes if isinstance(codes, str) else "error"

@@ -1,6 +1,8 @@
 """The API's JSON parser: bounded in size and in nesting, so no body can crash a view."""
 
 import io
+from collections.abc import Mapping
+from typing import IO, Any
 
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
@@ -14,7 +16,12 @@ class BoundedJSONParser(JSONParser):
 
     max_bytes = MAX_BODY_BYTES
 
-    def parse(self, stream, media_type=None, parser_context=None):
+    def parse(
+        self,
+        stream: IO[Any] | None,
+        media_type: str | None = None,
+        parser_context: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
         data = stream.read(self.max_bytes + 1) if stream is not None else b""
         if len(data) > self.max_bytes:
             raise ParseError(f"the request body is over {self.max_bytes // 1024} KiB")

@@ -99,15 +99,21 @@ def _nodes(node: ast.AST, method: str | None) -> Iterator[ast.AST]:
     `method` (one view function may answer GET and POST)."""
     yield node
     if isinstance(node, ast.If) and method and (wanted := _method_test(node.test)):
-        branches = node.body if wanted == method else node.orelse
-        for child in branches:
-            yield from _nodes(child, method)
+        branches: list[ast.stmt] = node.body if wanted == method else node.orelse
+        for branch in branches:
+            yield from _nodes(branch, method)
         return
     for child in ast.iter_child_nodes(node):
         yield from _nodes(child, method)
 
 
-def _exception_of(cls: type, call: ast.Call | None, assigned, where: str, out: Refusals) -> None:
+def _exception_of(
+    cls: type,
+    call: ast.Call | None,
+    assigned: dict[str, list[ast.AST]],
+    where: str,
+    out: Refusals,
+) -> None:
     if issubclass(cls, ServiceError) and cls.status_code == 400:
         # the error handler answers any 400 ServiceError as validation_error (its own code
         # goes under `fields`), so which code it carries does not change the answer

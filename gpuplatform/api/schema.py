@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.openapi import AutoSchema
-from drf_spectacular.plumbing import ResolvedComponent
+from drf_spectacular.plumbing import ComponentRegistry, ResolvedComponent
 from rest_framework import permissions
 from rest_framework.authentication import SessionAuthentication
 
@@ -122,7 +122,14 @@ class ErrorAutoSchema(AutoSchema):
         self.registry.register_on_missing(component)
         return component.ref
 
-    def get_operation(self, path, path_regex, path_prefix, method, registry):
+    def get_operation(
+        self,
+        path: str,
+        path_regex: str,
+        path_prefix: str,
+        method: str,
+        registry: ComponentRegistry,
+    ) -> dict[str, Any] | None:
         operation = super().get_operation(path, path_regex, path_prefix, method, registry)
         if operation is None:
             return None

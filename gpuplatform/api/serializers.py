@@ -99,21 +99,25 @@ def _strict_class(cls: type, mixin: type) -> type:
 
 def make_strict(field: serializers.Field, where: str) -> None:
     """Give `field` (and the fields inside it) the strict behaviours, in place."""
+    # A plain `type`: mypy reads the stubs' Field.__hash__ as the class's own and would
+    # call type[IntegerField] unhashable for the cache.
+    kind: type = type(field)
     if isinstance(field, serializers.IntegerField):
         if not isinstance(field, StrictIntegerMixin):
-            field.__class__ = _strict_class(type(field), StrictIntegerMixin)
+            field.__class__ = _strict_class(kind, StrictIntegerMixin)
     elif isinstance(field, serializers.CharField):
         if not isinstance(field, StrictCharMixin):
-            field.__class__ = _strict_class(type(field), StrictCharMixin)
+            field.__class__ = _strict_class(kind, StrictCharMixin)
     elif isinstance(field, serializers.PrimaryKeyRelatedField):
         if not isinstance(field, StrictPrimaryKeyMixin):
-            field.__class__ = _strict_class(type(field), StrictPrimaryKeyMixin)
+            field.__class__ = _strict_class(kind, StrictPrimaryKeyMixin)
     elif isinstance(field, serializers.ManyRelatedField):
         make_strict(field.child_relation, where)
     elif isinstance(
         field, serializers.ListField | serializers.DictField | serializers.ListSerializer
     ):
-        make_strict(field.child, where)
+        if field.child is not None:
+            make_strict(field.child, where)
     elif isinstance(field, serializers.BaseSerializer) and not isinstance(field, StrictFieldsMixin):
         raise TypeError(
             f"{where}: a writable nested serializer must be a StrictSerializer, so that "

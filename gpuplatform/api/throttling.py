@@ -8,7 +8,8 @@ class _LazyRate:
     scope: str
 
     def get_rate(self) -> str | None:
-        return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
+        # DRF's rates are "N/period" strings; its stubs type them as numbers.
+        return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)  # type: ignore[return-value]
 
 
 class AnonThrottle(_LazyRate, throttling.AnonRateThrottle):

@@ -4,11 +4,13 @@ A tenant cannot filter by node, GPU or tenant: the answer would tell where their
 runs and who else is there.
 """
 
+from __future__ import annotations
+
 import django_filters
 from django.db.models import Q
 
 from gpuplatform.datetimes import UtcIsoDateTimeFilter
-from incidents.models import Incident, WebhookEndpoint
+from incidents.models import Incident, IncidentQuerySet, WebhookEndpoint
 
 STATUS_CHOICES = [*Incident.Status.choices, ("unresolved", "not resolved")]
 
@@ -37,7 +39,7 @@ class TenantIncidentFilter(django_filters.FilterSet):
         model = Incident
         fields = ["status", "severity", "root_cause", "slice", "since", "until"]
 
-    def filter_status(self, queryset, name, value):
+    def filter_status(self, queryset: IncidentQuerySet, name: str, value: str) -> IncidentQuerySet:
         return queryset.open() if value == "unresolved" else queryset.filter(status=value)
 
 
@@ -52,7 +54,7 @@ class OpsIncidentFilter(TenantIncidentFilter):
     class Meta(TenantIncidentFilter.Meta):
         fields = [*TenantIncidentFilter.Meta.fields, "rule", "node", "gpu", "tenant"]
 
-    def filter_node(self, queryset, name, value):
+    def filter_node(self, queryset: IncidentQuerySet, name: str, value: str) -> IncidentQuerySet:
         return queryset.filter(Q(node__name=value) | Q(gpu__node__name=value))
 
 

@@ -6,9 +6,13 @@ the plain-words explanation instead. Input serializers (StrictSerializer) check 
 and types only; the rules stay in incidents.services.
 """
 
+from __future__ import annotations
+
 import ipaddress
+from typing import Any
 from urllib.parse import urlsplit
 
+from django.contrib.auth.models import User
 from django.core.validators import URLValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -66,10 +70,12 @@ class OpsIncidentSerializer(serializers.ModelSerializer):
     )
     gpu_uuid = serializers.CharField(source="gpu.uuid", read_only=True, allow_null=True)
     # null until someone acknowledges or resolves it (and again once it is reopened)
-    acknowledged_by = serializers.SlugRelatedField(
+    acknowledged_by: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(
         slug_field="email", read_only=True, allow_null=True
     )
-    resolved_by = serializers.SlugRelatedField(slug_field="email", read_only=True, allow_null=True)
+    resolved_by: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(
+        slug_field="email", read_only=True, allow_null=True
+    )
 
     class Meta:
         model = Incident
@@ -100,9 +106,9 @@ class OpsIncidentSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def get_node_name(self, incident: Incident) -> str | None:
-        if incident.node_id:
+        if incident.node is not None:
             return incident.node.name
-        if incident.gpu_id:
+        if incident.gpu is not None:
             return incident.gpu.node.name
         return None
 
@@ -116,7 +122,7 @@ class IncidentEventSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def get_actor(self, event: IncidentEvent) -> str:
-        return event.actor.email if event.actor_id else "system"
+        return event.actor.email if event.actor is not None else "system"
 
 
 class OpsIncidentDetailSerializer(OpsIncidentSerializer):
@@ -129,9 +135,10 @@ class OpsIncidentDetailSerializer(OpsIncidentSerializer):
         read_only_fields = fields
 
     @extend_schema_field(IncidentEventSerializer(many=True))
-    def get_timeline(self, incident: Incident) -> list:
+    def get_timeline(self, incident: Incident) -> list[dict[str, Any]]:
         events = selectors.incident_timeline(incident=incident)
-        return IncidentEventSerializer(events, many=True).data
+        # many=True makes a ListSerializer, whose data is a list: the stubs type the class
+        return IncidentEventSerializer(events, many=True).data  # type: ignore[return-value]
 
 
 class NoInputSerializer(StrictSerializer):
@@ -192,7 +199,9 @@ PERCENT = {"min_value": 0, "max_value": 100}
 
 
 class ThresholdsSerializer(serializers.ModelSerializer):
-    updated_by = serializers.SlugRelatedField(slug_field="email", read_only=True, allow_null=True)
+    updated_by: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(
+        slug_field="email", read_only=True, allow_null=True
+    )
 
     class Meta:
         model = Thresholds
@@ -265,7 +274,7 @@ class WebhookDeliverySerializer(serializers.ModelSerializer):
     """For a tenant's own endpoint the transport error is reduced to its kind: the
     platform's network must not be mapped through error texts (ops see it all)."""
 
-    def to_representation(self, instance):
+    def to_representation(self, instance: WebhookDelivery) -> dict[str, Any]:
         data = super().to_representation(instance)
         if instance.endpoint.tenant_id is not None and data.get("last_error"):
             data["last_error"] = (

@@ -7,8 +7,9 @@ Every action touches the offender alone; the node work is safe to run twice.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any, TypeGuard
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
@@ -38,57 +39,15 @@ REMOTE_ACTIONS = (rules.STOP_SLICE, rules.END_ORPHAN, rules.THROTTLE, rules.PREE
 def finding_act(incident: Incident | None, f: rules.Finding, now: datetime) -> None:
     """Carry out a finding's action (inside the caller's transaction)."""
     if f.action == rules.CLOSE_GPU and f.gpu_id:
-        gpu = Gpu.objects.get(pk=f.gpu_id)
-        if gpu.accepting_placements:  # closed already (ops, a fault): keep their reason
-            node_services.gpu_set_accepting(
-                gpu=gpu,
-                accepting=False,
-                reason=f"{BREAKER_REASON}: {f.evidence.get('percent')}% used",
-            )
-        GpuWatch.objects.update_or_create(gpu=gpu, defaults={"breaker_open": True})
-        if incident:
-            incident_mitigate(incident, "GPU closed to new placements (running work continues).")
+        _breaker_close(incident, f, f.gpu_id)
     elif f.action == rules.OPEN_GPU and f.gpu_id:
-        watch = GpuWatch.objects.filter(gpu_id=f.gpu_id).first()
-        if watch is not None and watch.breaker_open:
-            watch.breaker_open = False
-            watch.save(update_fields=["breaker_open"])
-            gpu = Gpu.objects.get(pk=f.gpu_id)
-            # Reopen only what the breaker closed: an ops or hardware closure stays.
-            if gpu.not_accepting_reason.startswith(BREAKER_REASON):
-                node_services.gpu_set_accepting(gpu=gpu, accepting=True)
+        _breaker_reopen(f.gpu_id)
     elif f.action == rules.DRAIN_GPU and f.gpu_id:
-        gpu = Gpu.objects.get(pk=f.gpu_id)
-        node_services.gpu_set_accepting(gpu=gpu, accepting=False, reason=f.title)
-        if incident:
-            incident_mitigate(
-                incident, "GPU drained: it takes no new slice; its tenants were told."
-            )
-        _tell_tenants_on(
-            gpu_ids=[gpu.pk],
-            incident=incident,
-            subject="A GPU your slice runs on has a fault",
-            body=TENANT_ADVICE["hardware_fault"],
-        )
+        _drain_faulty_gpu(incident, f, f.gpu_id)
     elif f.action == rules.NOTIFY_TENANTS and f.node_id:
-        ids = list(Gpu.objects.filter(node_id=f.node_id).values_list("pk", flat=True))
-        _tell_tenants_on(
-            gpu_ids=ids,
-            incident=incident,
-            subject="The machine your slice runs on does not answer",
-            body=TENANT_ADVICE["node_unreachable"],
-        )
-        if incident:
-            incident_event(incident, E.ACTION, "Tenants on the node were told.")
+        _tell_node_unreachable(incident, f.node_id)
     elif f.action == rules.WARN_IDLE and f.slice_id:
-        SliceWatch.objects.update_or_create(slice_id=f.slice_id, defaults={"idle_warned_at": now})
-        s = Slice.objects.select_related("tenant").get(pk=f.slice_id)
-        members_notify(tenant=s.tenant, subject=f"Slice {s.pk} is idle", body=f.detail)
-        if incident:
-            incident_event(incident, E.ACTION, "Tenant warned: idle slices are reclaimed.")
-        # the stop when it is due (the minute's sweep would come up to a minute late)
-        due = Thresholds.current().idle_stop_after_s
-        enqueue("incidents.idle_due", f.slice_id, countdown=due)
+        _warn_idle(incident, f, f.slice_id, now)
     elif f.action in REMOTE_ACTIONS and incident is not None:
         if f.action == rules.THROTTLE and f.slice_id:
             SliceWatch.objects.update_or_create(slice_id=f.slice_id, defaults={"throttled_at": now})
@@ -96,6 +55,70 @@ def finding_act(incident: Incident | None, f: rules.Finding, now: datetime) -> N
     elif f.action == rules.UNTHROTTLE and f.slice_id:
         SliceWatch.objects.filter(slice_id=f.slice_id).update(throttled_at=None)
         enqueue("incidents.release_throttle", f.slice_id)
+
+
+def _breaker_close(incident: Incident | None, f: rules.Finding, gpu_id: int) -> None:
+    """The 95% breaker: the card takes no new placement; running work continues."""
+    gpu = Gpu.objects.get(pk=gpu_id)
+    if gpu.accepting_placements:  # closed already (ops, a fault): keep their reason
+        node_services.gpu_set_accepting(
+            gpu=gpu,
+            accepting=False,
+            reason=f"{BREAKER_REASON}: {f.evidence.get('percent')}% used",
+        )
+    GpuWatch.objects.update_or_create(gpu=gpu, defaults={"breaker_open": True})
+    if incident:
+        incident_mitigate(incident, "GPU closed to new placements (running work continues).")
+
+
+def _breaker_reopen(gpu_id: int) -> None:
+    """The card is below the reset line: the breaker's closure lifts."""
+    watch = GpuWatch.objects.filter(gpu_id=gpu_id).first()
+    if watch is not None and watch.breaker_open:
+        watch.breaker_open = False
+        watch.save(update_fields=["breaker_open"])
+        gpu = Gpu.objects.get(pk=gpu_id)
+        # Reopen only what the breaker closed: an ops or hardware closure stays.
+        if gpu.not_accepting_reason.startswith(BREAKER_REASON):
+            node_services.gpu_set_accepting(gpu=gpu, accepting=True)
+
+
+def _drain_faulty_gpu(incident: Incident | None, f: rules.Finding, gpu_id: int) -> None:
+    """A hardware fault: the card takes no new slice, and its tenants are told."""
+    gpu = Gpu.objects.get(pk=gpu_id)
+    node_services.gpu_set_accepting(gpu=gpu, accepting=False, reason=f.title)
+    if incident:
+        incident_mitigate(incident, "GPU drained: it takes no new slice; its tenants were told.")
+    _tell_tenants_on(
+        gpu_ids=[gpu.pk],
+        incident=incident,
+        subject="A GPU your slice runs on has a fault",
+        body=TENANT_ADVICE["hardware_fault"],
+    )
+
+
+def _tell_node_unreachable(incident: Incident | None, node_id: int) -> None:
+    ids = list(Gpu.objects.filter(node_id=node_id).values_list("pk", flat=True))
+    _tell_tenants_on(
+        gpu_ids=ids,
+        incident=incident,
+        subject="The machine your slice runs on does not answer",
+        body=TENANT_ADVICE["node_unreachable"],
+    )
+    if incident:
+        incident_event(incident, E.ACTION, "Tenants on the node were told.")
+
+
+def _warn_idle(incident: Incident | None, f: rules.Finding, slice_id: int, now: datetime) -> None:
+    """An idle slice's tenant is warned, and its stop scheduled for when it is due."""
+    SliceWatch.objects.update_or_create(slice_id=slice_id, defaults={"idle_warned_at": now})
+    s = Slice.objects.select_related("tenant").get(pk=slice_id)
+    members_notify(tenant=s.tenant, subject=f"Slice {s.pk} is idle", body=f.detail)
+    if incident:
+        incident_event(incident, E.ACTION, "Tenant warned: idle slices are reclaimed.")
+    # the stop when it is due (the minute's sweep would come up to a minute late)
+    due = Thresholds.current().idle_stop_after_s
+    enqueue("incidents.idle_due", slice_id, countdown=due)
 
 
 def _tell_tenants_on(
@@ -118,7 +141,7 @@ def _tell_tenants_on(
 
 
 @transaction.atomic
-def incident_confirm_orphan(*, incident: Incident, actor: AbstractBaseUser) -> Incident:
+def incident_confirm_orphan(*, incident: Incident, actor: User) -> Incident:
     """Ops confirm an orphan (a process or container of no slice): it is ended now."""
     require_ops(actor)
     incident = incident_lock(incident.pk)
@@ -148,11 +171,11 @@ def gpu_label(gpu: Gpu) -> str:
 # What the incident page offers and what the services accept: one rule each.
 
 
-def can_stop_slice(slice: Slice | None) -> bool:
+def can_stop_slice(slice: Slice | None) -> TypeGuard[Slice]:
     return slice is not None and not slice.is_final
 
 
-def can_drain_gpu(gpu: Gpu | None) -> bool:
+def can_drain_gpu(gpu: Gpu | None) -> TypeGuard[Gpu]:
     """Open to placements, or closed only by the breaker (which lifts by itself: ops may
     turn it into a drain)."""
     return gpu is not None and (
@@ -160,12 +183,12 @@ def can_drain_gpu(gpu: Gpu | None) -> bool:
     )
 
 
-def can_drain_node(node: Node | None) -> bool:
+def can_drain_node(node: Node | None) -> TypeGuard[Node]:
     return node is not None and node.drained_at is None
 
 
 @transaction.atomic
-def incident_stop_slice(*, incident: Incident, actor: AbstractBaseUser, reason: str) -> Slice:
+def incident_stop_slice(*, incident: Incident, actor: User, reason: str) -> Slice:
     """Ops force-stop the incident's slice (its tenant is told why) and the timeline
     records it; 409 `no_running_slice` when it names none or the slice has ended."""
     require_ops(actor)
@@ -187,12 +210,16 @@ def incident_stop_slice(*, incident: Incident, actor: AbstractBaseUser, reason: 
 
 
 @transaction.atomic
-def incident_drain_gpu(*, incident: Incident, actor: AbstractBaseUser, reason: str) -> Gpu:
+def incident_drain_gpu(*, incident: Incident, actor: User, reason: str) -> Gpu:
     """Ops close the incident's GPU to new placements (running work continues); the
     breaker's own closure may be turned into a drain. 409 `nothing_to_drain` when no GPU
     is named or it already takes no placements for another reason."""
     require_ops(actor)
-    gpu = Gpu.objects.select_related("node").filter(pk=incident.gpu_id).first()
+    gpu = (
+        Gpu.objects.select_related("node").filter(pk=incident.gpu_id).first()
+        if incident.gpu_id is not None
+        else None
+    )
     if not can_drain_gpu(gpu):
         raise Conflict(
             "No GPU to drain: none is named, or it already takes no placements.",
@@ -212,7 +239,7 @@ def incident_drain_gpu(*, incident: Incident, actor: AbstractBaseUser, reason: s
 
 
 @transaction.atomic
-def incident_drain_node(*, incident: Incident, actor: AbstractBaseUser, reason: str) -> Node:
+def incident_drain_node(*, incident: Incident, actor: User, reason: str) -> Node:
     """Ops drain the incident's node: none of its GPUs takes new slices, running ones
     continue. 409 `nothing_to_drain` when no node is named or it is draining already."""
     require_ops(actor)
@@ -237,7 +264,7 @@ def incident_drain_node(*, incident: Incident, actor: AbstractBaseUser, reason: 
 # --- node work, on the incidents queue ---------------------------------------------------------
 
 
-def incident_dispose(*, incident_id: int, action: str, evidence: dict) -> str:
+def incident_dispose(*, incident_id: int, action: str, evidence: dict[str, Any]) -> str:
     """Stop the offending slice's container, end an orphan, or throttle: the offender
     alone. Safe to run twice (a stopped slice is not stopped again)."""
     incident = Incident.objects.select_related("slice", "gpu__node").get(pk=incident_id)
@@ -249,14 +276,16 @@ def incident_dispose(*, incident_id: int, action: str, evidence: dict) -> str:
             node_services.allocation_mark_preempted(allocation_id=s.allocation_id)
         # docker stop with the grace period: the job gets SIGTERM and time to checkpoint
         return _stop_offender(incident, evidence, force=False)
-    if action == rules.END_ORPHAN and incident.gpu_id:
-        return _end_orphan(incident, evidence)
+    if action == rules.END_ORPHAN and incident.gpu is not None:
+        return _end_orphan(incident, incident.gpu.node, evidence)
     if action in (rules.THROTTLE, rules.UNTHROTTLE) and incident.slice_id:
         return throttle_slice(incident=incident, action=action)
     return "nothing to do"
 
 
-def _stop_offender(incident: Incident, evidence: dict | None = None, *, force: bool = True) -> str:
+def _stop_offender(
+    incident: Incident, evidence: dict[str, Any] | None = None, *, force: bool = True
+) -> str:
     s = incident.slice
     if s is None or s.is_final:
         return "already stopped"
@@ -282,7 +311,7 @@ def _stop_offender(incident: Incident, evidence: dict | None = None, *, force: b
     return state
 
 
-def _stop_reason(incident: Incident, evidence: dict) -> str:
+def _stop_reason(incident: Incident, evidence: dict[str, Any]) -> str:
     """Why the watchdog stopped it, from the finding that stopped it (the incident's own
     evidence is what was seen when it opened)."""
     ev = {**incident.evidence, **evidence}
@@ -315,17 +344,18 @@ def _stop_reason(incident: Incident, evidence: dict) -> str:
     return f"Stopped by the watchdog: {incident.title}."
 
 
-def _end_orphan(incident: Incident, evidence: dict) -> str:
+def _end_orphan(incident: Incident, node: Node, evidence: dict[str, Any]) -> str:
     """End an orphan only if it is the platform's own container with no live slice, as
     the node shows it now; anything else (a bare PID, a container ops run themselves) is
     left for ops with the evidence: a PID may have been reused since the sample."""
-    node = incident.gpu.node  # type: ignore[union-attr]
     container = evidence.get("container_id") or ""
     pid = evidence.get("pid")
     info = node_services.container_inspect(node=node, container=container) if container else None
-    ours = info is not None and info.labels.get(runtime.LABEL_MANAGED) == "1"
-    owner_live = ours and owner_is_live(info.owner_key)
-    if not ours or owner_live:
+    if (
+        info is None
+        or info.labels.get(runtime.LABEL_MANAGED) != "1"  # not ours
+        or owner_is_live(info.owner_key)
+    ):
         with transaction.atomic():
             incident_event(
                 incident,

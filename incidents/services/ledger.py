@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any, TypedDict
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -29,13 +30,23 @@ SEVERITY_RANK = {rules.INFO: 0, rules.WARNING: 1, rules.CRITICAL: 2}
 ISO_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}", re.ASCII)
 
 
+class IncidentContext(TypedDict, total=False):
+    """What a new incident is told about where it happened (gathered only when one opens):
+    the names its located step gives, and evidence frozen beside the finding's."""
+
+    gpu_name: str
+    node_name: str
+    tenant_name: str
+    evidence: dict[str, Any]
+
+
 def incident_event(
     incident: Incident,
     kind: str,
     message: str,
     *,
-    actor: AbstractBaseUser | None = None,
-    data: dict | None = None,
+    actor: User | None = None,
+    data: dict[str, Any] | None = None,
 ) -> IncidentEvent:
     return IncidentEvent.objects.create(
         incident=incident,
@@ -46,7 +57,7 @@ def incident_event(
     )
 
 
-def condition_since_of(evidence: dict) -> datetime | None:
+def condition_since_of(evidence: dict[str, Any]) -> datetime | None:
     """When the condition began, read from the evidence as it is frozen (a context may
     add to it): stored beside it, so the KPIs never parse evidence. Migration 0007
     filled the incidents recorded before with the same rule."""
@@ -60,7 +71,7 @@ def condition_since_of(evidence: dict) -> datetime | None:
     return began if began.tzinfo is not None else began.replace(tzinfo=UTC)
 
 
-def _located(f: rules.Finding, context: dict) -> str:
+def _located(f: rules.Finding, context: IncidentContext) -> str:
     parts = []
     ev = f.evidence
     if "pid" in ev:
@@ -79,38 +90,20 @@ def _located(f: rules.Finding, context: dict) -> str:
 
 
 def incident_record(
-    *, finding: rules.Finding, now: datetime, context: dict | Callable[[], dict] | None = None
+    *,
+    finding: rules.Finding,
+    now: datetime,
+    context: IncidentContext | Callable[[], IncidentContext] | None = None,
 ) -> tuple[Incident, bool]:
     """Open an incident for the finding, or count another occurrence of the open one
     (one per rule and target). A new one gets the runbook's first three steps; its
     context (names, frozen evidence) is only gathered then: `context` may be a callable."""
     open_one = incident_open_lock(rule=finding.rule, target=finding.target)
     if open_one is not None:
-        open_one.occurrences += 1
-        open_one.last_seen_at = max(open_one.last_seen_at, now)  # sweeps may overlap
-        fields = ["occurrences", "last_seen_at"]
-        if SEVERITY_RANK[finding.severity] > SEVERITY_RANK.get(open_one.severity, 0):
-            open_one.severity = finding.severity
-            open_one.title = finding.title[:200]
-            fields += ["severity", "title"]
-            incident_event(open_one, E.NOTE, f"Escalated to {finding.severity}: {finding.title}")
-            open_one.save(update_fields=fields)
-            incident_notify(incident=open_one, event="escalated")
-            return open_one, False
-        open_one.save(update_fields=fields)
+        _count_again(open_one, finding, now)
         return open_one, False
     context = (context() if callable(context) else context) or {}
-    since = finding.evidence.get("since_epoch")
-    evidence = {
-        **finding.evidence,
-        "detail": finding.detail,
-        "detected_at": now.isoformat(),
-        # when the condition began, as far as the samples show: time to detect
-        "condition_since": (
-            datetime.fromtimestamp(since, tz=UTC).isoformat() if since else now.isoformat()
-        ),
-        **context.get("evidence", {}),
-    }
+    evidence = _frozen_evidence(finding, now, context)
     try:
         with transaction.atomic():
             incident = Incident.objects.create(
@@ -130,6 +123,45 @@ def incident_record(
             )
     except IntegrityError:  # another worker opened it a moment ago: count this one
         return incident_record(finding=finding, now=now, context=context)
+    _first_steps(incident, finding, context)
+    return incident, True
+
+
+def _count_again(open_one: Incident, finding: rules.Finding, now: datetime) -> None:
+    """Another occurrence of the open incident; a more severe one escalates it."""
+    open_one.occurrences += 1
+    open_one.last_seen_at = max(open_one.last_seen_at, now)  # sweeps may overlap
+    fields = ["occurrences", "last_seen_at"]
+    if SEVERITY_RANK[finding.severity] > SEVERITY_RANK.get(open_one.severity, 0):
+        open_one.severity = finding.severity
+        open_one.title = finding.title[:200]
+        fields += ["severity", "title"]
+        incident_event(open_one, E.NOTE, f"Escalated to {finding.severity}: {finding.title}")
+        open_one.save(update_fields=fields)
+        incident_notify(incident=open_one, event="escalated")
+        return
+    open_one.save(update_fields=fields)
+
+
+def _frozen_evidence(
+    finding: rules.Finding, now: datetime, context: IncidentContext
+) -> dict[str, Any]:
+    """The finding's evidence as the incident keeps it, with when it was detected, when
+    the condition began as far as the samples show (time to detect), and the context's."""
+    since = finding.evidence.get("since_epoch")
+    return {
+        **finding.evidence,
+        "detail": finding.detail,
+        "detected_at": now.isoformat(),
+        "condition_since": (
+            datetime.fromtimestamp(since, tz=UTC).isoformat() if since else now.isoformat()
+        ),
+        **context.get("evidence", {}),
+    }
+
+
+def _first_steps(incident: Incident, finding: rules.Finding, context: IncidentContext) -> None:
+    """The runbook's first three steps on a new incident's timeline."""
     incident_event(incident, E.DETECTED, finding.title, data={"rule": finding.rule})
     incident_event(incident, E.LOCATED, f"Located: {_located(finding, context)}.")
     incident_event(
@@ -138,7 +170,6 @@ def incident_record(
         f"Classified: {Incident.RootCause(finding.root_cause).label}.",
         data={"root_cause": finding.root_cause},
     )
-    return incident, True
 
 
 def incident_clear(*, finding: rules.Finding, now: datetime, note: str = "") -> Incident | None:
@@ -150,7 +181,9 @@ def incident_clear(*, finding: rules.Finding, now: datetime, note: str = "") -> 
     return incident
 
 
-def incident_resolve_locked(incident: Incident, actor, note: str, now: datetime) -> None:
+def incident_resolve_locked(
+    incident: Incident, actor: User | None, note: str, now: datetime
+) -> None:
     """Resolve and archive an incident whose row the caller holds (locked or just made)."""
     incident.status = Incident.Status.RESOLVED
     incident.resolved_at = now
@@ -169,7 +202,7 @@ def _archive_line(incident: Incident) -> str:
     disposed = (
         incident.events.filter(kind=E.DISPOSED).order_by("-at").values_list("message", flat=True)
     ).first()
-    who = incident.tenant.name if incident.tenant_id else "no tenant"
+    who = incident.tenant.name if incident.tenant is not None else "no tenant"
     task = f"slice {incident.slice_id}" if incident.slice_id else incident.target_key
     return (
         f"Archived: {who}; {task}; {incident.first_seen_at:%Y-%m-%d %H:%M:%S} UTC; "
@@ -177,14 +210,14 @@ def _archive_line(incident: Incident) -> str:
     )[:500]
 
 
-def require_ops(actor: AbstractBaseUser) -> None:
+def require_ops(actor: User) -> None:
     """Incidents and the watchdog's thresholds are managed by ops (staff) alone."""
-    if not getattr(actor, "is_staff", False):
+    if not actor.is_staff:
         raise NotAllowed("Only ops manage incidents.")
 
 
 @transaction.atomic
-def incident_acknowledge(*, incident: Incident, actor: AbstractBaseUser) -> Incident:
+def incident_acknowledge(*, incident: Incident, actor: User) -> Incident:
     require_ops(actor)
     incident = incident_lock(incident.pk)
     if incident.status == Incident.Status.RESOLVED:
@@ -198,7 +231,7 @@ def incident_acknowledge(*, incident: Incident, actor: AbstractBaseUser) -> Inci
     return incident
 
 
-def incidents_acknowledge(*, ids: list[int], actor: AbstractBaseUser) -> int:
+def incidents_acknowledge(*, ids: list[int], actor: User) -> int:
     """Bulk acknowledge; resolved ones and ids that do not exist are skipped."""
     require_ops(actor)
     done = 0
@@ -215,7 +248,7 @@ def incidents_acknowledge(*, ids: list[int], actor: AbstractBaseUser) -> int:
 
 
 @transaction.atomic
-def incident_resolve(*, incident: Incident, actor: AbstractBaseUser, note: str) -> Incident:
+def incident_resolve(*, incident: Incident, actor: User, note: str) -> Incident:
     require_ops(actor)
     note = (note or "").strip()
     if not note:
@@ -228,7 +261,7 @@ def incident_resolve(*, incident: Incident, actor: AbstractBaseUser, note: str) 
 
 
 @transaction.atomic
-def incident_reopen(*, incident: Incident, actor: AbstractBaseUser, note: str = "") -> Incident:
+def incident_reopen(*, incident: Incident, actor: User, note: str = "") -> Incident:
     require_ops(actor)
     incident = incident_lock(incident.pk)
     if incident.status != Incident.Status.RESOLVED:
@@ -260,7 +293,12 @@ def incident_reopen(*, incident: Incident, actor: AbstractBaseUser, note: str = 
 
 
 def incident_mitigate(
-    incident: Incident, message: str, *, actor=None, data=None, tell=False
+    incident: Incident,
+    message: str,
+    *,
+    actor: User | None = None,
+    data: dict[str, Any] | None = None,
+    tell: bool = False,
 ) -> None:
     """Record a disposal; `tell`: one done later than the alarm (a stop by the worker),
     which ops are told of as its own event (an action taken as the incident opens is

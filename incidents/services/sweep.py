@@ -54,8 +54,8 @@ def watch_sweep(*, now: datetime | None = None) -> dict[str, int]:
     ).values_list("gpu_id", "taken_at", "container_id", "used_memory_mb"):
         held[gpu_id, t.timestamp(), container] += used
     in_quota: dict[int, dict[float, int]] = defaultdict(lambda: defaultdict(int))
-    for (gpu_id, t, container), used in held.items():
-        in_quota[gpu_id][t] += min(used, quotas[container])
+    for (gpu_id, at, container), used in held.items():
+        in_quota[gpu_id][at] += min(used, quotas[container])
     for gpu_id, points in series.items():
         gpu = gpus.get(gpu_id)
         if gpu is None:
@@ -115,41 +115,10 @@ def _sweep_orphans(gpus: dict[int, Gpu], th: rules.Thresholds) -> list[rules.Fin
     _, _, known = live_slices()
     # A card's latest sample may be older than a slice's end: its processes were the
     # slice's when the sample was taken. Judge each sample against the slices live then.
-    unknown = {cid for _, _, _, cid in latest if cid and cid not in known}
-    ended, lasts = {}, {}
-    for cid, stopped, pk, tenant_id in (
-        Slice.objects.filter(container_id__in=unknown)
-        .order_by("pk")
-        .values_list("container_id", "stopped_at", "pk", "tenant_id")
-        if unknown
-        else []
-    ):
-        lasts[cid] = (pk, tenant_id)
-        if stopped is not None:
-            ended[cid] = stopped
+    ended, lasts = _slices_of({cid for _, _, _, cid in latest if cid and cid not in known})
     watches = {w.gpu_id: w for w in GpuWatch.objects.filter(gpu_id__in=list(gpus))}
     for gpu in gpus.values():
-        if gpu.last_memory_used_mb is None or gpu.node.status != Node.Status.ACTIVE:
-            continue
-        if gpu.node.sample_source != "nvml":
-            continue  # nvidia-smi names no container: every process would look orphaned
-        watch = watches.get(gpu.pk)
-        view = rules.GpuView(
-            gpu_id=gpu.pk,
-            node_id=gpu.node_id,
-            uuid=gpu.uuid,
-            total_mb=gpu.vram_total_mb,
-            used_mb=gpu.last_memory_used_mb,
-        )
-        memory = (watch.orphan_streaks if watch else {}) or {}
-        sample_at = gpu.last_sample_at.isoformat() if gpu.last_sample_at else ""
-        if memory.get("at") == sample_at:
-            continue  # no new sample since the last sweep: nothing new to count
-        streaks = {(gpu.pk, int(pid)): n for pid, n in (memory.get("pids") or {}).items()}
-        taken = gpu.last_sample_at
-        live_then = known | {cid for cid, at in ended.items() if taken and at >= taken}
-        found = rules.orphans(view, procs[gpu.pk], live_then, th, streaks=streaks)
-        _remember_orphans(gpu, watch, found, sample_at)
+        found = _orphans_on(gpu, watches.get(gpu.pk), procs[gpu.pk], known, ended, th)
         # An orphan is an incident once it is confirmed, not at the first sight: memory
         # being freed as its container goes is no orphan.
         out += [
@@ -158,6 +127,59 @@ def _sweep_orphans(gpus: dict[int, Gpu], th: rules.Thresholds) -> list[rules.Fin
             if f.rule != "orphan_process" or f.evidence["seen"] >= th.orphan_confirm_samples
         ]
     return out
+
+
+def _slices_of(
+    containers: set[str],
+) -> tuple[dict[str, datetime], dict[str, tuple[int, int]]]:
+    """Of containers no live slice owns: when the slice each belonged to ended, and that
+    slice's (id, tenant id), the last one where several had it."""
+    ended: dict[str, datetime] = {}
+    lasts: dict[str, tuple[int, int]] = {}
+    for cid, stopped, pk, tenant_id in (
+        Slice.objects.filter(container_id__in=containers)
+        .order_by("pk")
+        .values_list("container_id", "stopped_at", "pk", "tenant_id")
+        if containers
+        else []
+    ):
+        lasts[cid] = (pk, tenant_id)
+        if stopped is not None:
+            ended[cid] = stopped
+    return ended, lasts
+
+
+def _orphans_on(
+    gpu: Gpu,
+    watch: GpuWatch | None,
+    procs: list[rules.ProcessView],
+    known: set[str],
+    ended: dict[str, datetime],
+    th: rules.Thresholds,
+) -> list[rules.Finding]:
+    """The orphans on the card's latest sample, judged once per sample (the streaks are
+    remembered on its watch). Only a live node's cards sampled through NVML are judged."""
+    if gpu.last_memory_used_mb is None or gpu.node.status != Node.Status.ACTIVE:
+        return []
+    if gpu.node.sample_source != "nvml":
+        return []  # nvidia-smi names no container: every process would look orphaned
+    view = rules.GpuView(
+        gpu_id=gpu.pk,
+        node_id=gpu.node_id,
+        uuid=gpu.uuid,
+        total_mb=gpu.vram_total_mb,
+        used_mb=gpu.last_memory_used_mb,
+    )
+    memory = (watch.orphan_streaks if watch else {}) or {}
+    sample_at = gpu.last_sample_at.isoformat() if gpu.last_sample_at else ""
+    if memory.get("at") == sample_at:
+        return []  # no new sample since the last sweep: nothing new to count
+    streaks = {(gpu.pk, int(pid)): n for pid, n in (memory.get("pids") or {}).items()}
+    taken = gpu.last_sample_at
+    live_then = known | {cid for cid, at in ended.items() if taken and at >= taken}
+    found = rules.orphans(view, procs, live_then, th, streaks=streaks)
+    _remember_orphans(gpu, watch, found, sample_at)
+    return found
 
 
 def _remember_orphans(
@@ -222,7 +244,9 @@ def _judged_slices(
     return out
 
 
-def _idle(s: Slice, view: rules.SliceView, now: datetime, th: rules.Thresholds):
+def _idle(
+    s: Slice, view: rules.SliceView, now: datetime, th: rules.Thresholds
+) -> list[rules.Finding]:
     watch = getattr(s, "watch", None)
     last_active = (watch.last_active_at if watch else None) or s.started_at
     idle_for = (now - last_active).total_seconds() if last_active else None

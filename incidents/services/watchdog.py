@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any, TypedDict
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import F, Q, Value
 from django.db.models.functions import Greatest
@@ -33,6 +35,7 @@ from ..notify import incident_notify
 from .dispose import HARDWARE_REASON, finding_act
 from .ledger import (
     SEVERITY_RANK,
+    IncidentContext,
     incident_clear,
     incident_event,
     incident_mitigate,
@@ -50,7 +53,7 @@ ONE_SHOT_ACTIONS = (rules.NOTIFY_TENANTS, rules.DRAIN_GPU, rules.END_ORPHAN, rul
 
 
 @transaction.atomic
-def thresholds_update(*, actor: AbstractBaseUser, **changes: Any) -> Thresholds:
+def thresholds_update(*, actor: User, **changes: Any) -> Thresholds:
     require_ops(actor)
     row = Thresholds.current()
     row = thresholds_lock(row.pk)
@@ -144,7 +147,7 @@ def _processes_by_gpu(
 
 def _slice_rules(
     batch: SampleBatch,
-    slices: list[dict],
+    slices: list[LiveSlice],
     slice_watches: dict[int, SliceWatch],
     procs_by_gpu: dict[int, list[rules.ProcessView]],
     *,
@@ -380,7 +383,8 @@ def _process_rules(
     return out
 
 
-class GpuRow(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class GpuRow:
     """What the per-batch rules need of a GPU (plain rows: no model instances)."""
 
     pk: int
@@ -411,7 +415,23 @@ def _previous_process_readings(containers: set[str], now: datetime) -> dict[tupl
     return out
 
 
-def live_slices(*, node_ids: list[int] | None = None):
+class LiveSlice(TypedDict):
+    """A running slice as the rules read it (a plain row)."""
+
+    pk: int
+    tenant_id: int
+    quota: int  # its VRAM quota, MiB
+    cid: str  # its container
+    gpu_id: int
+    node_id: int
+    mig: bool
+    interruptible: bool
+    started: float  # a timestamp; 0.0 if it never started
+
+
+def live_slices(
+    *, node_ids: list[int] | None = None
+) -> tuple[list[LiveSlice], dict[int, SliceWatch], set[str]]:
     """Running slices on these nodes (all, for None) with their watch rows, and every
     container a live slice owns there (processes in them are nobody's orphans)."""
     live = Slice.objects.filter(state__in=Slice.HOLDS_VRAM_STATES)
@@ -432,7 +452,7 @@ def live_slices(*, node_ids: list[int] | None = None):
         )
     )
     known = {r["container_id"] for r in rows if r["container_id"]}
-    running = [
+    running: list[LiveSlice] = [
         {
             "pk": r["pk"],
             "tenant_id": r["tenant_id"],
@@ -508,7 +528,7 @@ def apply_findings(
     findings: list[rules.Finding],
     *,
     now: datetime,
-    gpus: dict[int, Gpu] | None = None,
+    gpus: Mapping[int, Gpu | GpuRow] | None = None,
     open_keys: dict[tuple[str, str], tuple[int, str]] | None = None,
 ) -> dict[str, int]:
     """Incidents for the findings, then their actions: placement changes inline, node
@@ -545,7 +565,14 @@ def apply_findings(
     return counts
 
 
-def _apply_one(f: rules.Finding, *, now, gpus, open_keys, counts) -> None:
+def _apply_one(
+    f: rules.Finding,
+    *,
+    now: datetime,
+    gpus: Mapping[int, Gpu | GpuRow],
+    open_keys: dict[tuple[str, str], tuple[int, str]],
+    counts: dict[str, int],
+) -> None:
     if f.resolves:
         if f.key not in open_keys and f.action not in (rules.OPEN_GPU, rules.UNTHROTTLE):
             return  # nothing open: the common, healthy case costs no query
@@ -557,9 +584,7 @@ def _apply_one(f: rules.Finding, *, now, gpus, open_keys, counts) -> None:
                 counts["actions"] += 1
         return
     with transaction.atomic():
-        incident, created = incident_record(
-            finding=f, now=now, context=lambda f=f: _context(f, gpus)
-        )
+        incident, created = incident_record(finding=f, now=now, context=lambda: _context(f, gpus))
         counts["opened" if created else "repeated"] += 1
         if f.action and (f.action not in ONE_SHOT_ACTIONS or _first_time(incident, f.action)):
             finding_act(incident, f, now)
@@ -587,13 +612,13 @@ def _first_time(incident: Incident, action: str) -> bool:
     return True
 
 
-def _context(f: rules.Finding, gpus: dict[int, Gpu]) -> dict:
+def _context(f: rules.Finding, gpus: Mapping[int, Gpu | GpuRow]) -> IncidentContext:
     gpu = gpus.get(f.gpu_id) if f.gpu_id else None
     if gpu is None and f.gpu_id:  # a quiet card the batch did not read: read it now
         gpu = _gpu_rows(gpu_ids={f.gpu_id}, node_ids=set()).get(f.gpu_id)
-    out: dict[str, Any] = {}
+    out: IncidentContext = {}
     if gpu is not None:
-        node_name = getattr(gpu, "node_name", None) or gpu.node.name
+        node_name = gpu.node_name if isinstance(gpu, GpuRow) else gpu.node.name
         out["gpu_name"] = f"{node_name} GPU {gpu.index}"
         out["node_name"] = node_name
     if f.slice_id:
@@ -617,7 +642,7 @@ def _context(f: rules.Finding, gpus: dict[int, Gpu]) -> dict:
     return out
 
 
-def _process_list(gpu_id: int | None, container_id: str | None) -> list[dict]:
+def _process_list(gpu_id: int | None, container_id: str | None) -> list[dict[str, Any]]:
     """The processes of the latest sample on the GPU (PID, MiB, container), frozen."""
     if gpu_id is None:
         return []
@@ -636,7 +661,7 @@ def _process_list(gpu_id: int | None, container_id: str | None) -> list[dict]:
     ]
 
 
-def _window(gpu_id: int, minutes: int = 10) -> list[list]:
+def _window(gpu_id: int, minutes: int = 10) -> list[list[str | int]]:
     since = timezone.now() - timedelta(minutes=minutes)
     return [
         [t.isoformat(), used]

@@ -8,8 +8,12 @@ rows). Standard library only; it lives on the lab node's PYTHONPATH."""
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-import gpuctl
+if TYPE_CHECKING:
+    from nodelab.node import gpuctl  # the same file, as the type checker finds it
+else:
+    import gpuctl  # beside this one on the lab node's PYTHONPATH
 
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1

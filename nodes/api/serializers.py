@@ -1,5 +1,8 @@
 """Serializers for the fleet API (ops only)."""
 
+from typing import Any
+
+from django.contrib.auth.models import User
 from rest_framework import serializers
 from rest_framework.exceptions import ErrorDetail
 
@@ -11,7 +14,7 @@ from nodes.models import Gpu, Node, NodePolicy, NodePolicyChange
 
 
 class GpuSerializer(serializers.ModelSerializer):
-    node = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    node = serializers.SlugRelatedField[Node](slug_field="name", read_only=True)
     allocated_mb = serializers.IntegerField(read_only=True, allow_null=True)
 
     class Meta:
@@ -144,7 +147,7 @@ class SeriesQuerySerializer(StrictSerializer):
     max_points = serializers.IntegerField(min_value=10, max_value=500, default=500)
     format = serializers.CharField(required=False)  # DRF's own ?format=
 
-    def validate(self, attrs):
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         for name in ("start", "end"):
             if attrs.get(name) is not None:
                 try:
@@ -214,7 +217,7 @@ class GpuPolicyUpdateSerializer(StrictSerializer):
         help_text="Why the GPU stops taking placements (required when closing it).",
     )
 
-    def validate(self, attrs):
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if "overcommit_ratio" not in attrs and "accepting_placements" not in attrs:
             raise serializers.ValidationError(
                 "Give overcommit_ratio, accepting_placements, or both."
@@ -273,8 +276,8 @@ class NodePolicyUpdateSerializer(StrictSerializer):
 
 
 class NodePolicyChangeSerializer(serializers.ModelSerializer):
-    changed_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    node = serializers.SlugRelatedField(
+    changed_by = serializers.SlugRelatedField[User](slug_field="username", read_only=True)
+    node = serializers.SlugRelatedField[Node](
         slug_field="name", read_only=True, allow_null=True, help_text="null: a fleet-wide change."
     )
 

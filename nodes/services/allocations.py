@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from typing import Literal
 
 from django.db import IntegrityError, connection, models, transaction
 from django.db.models import F, Q, Sum
@@ -16,7 +17,7 @@ from gpuplatform.errors import Conflict, ServiceError
 
 from ..locks import allocation_lock, gpu_lock, gpus_lock
 from ..models import Allocation, GateStatus, Gpu, Node
-from ..placement import Candidate, MigSlot, choose
+from ..placement import Candidate, Choice, MigSlot, choose
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,9 @@ def _placeable_gpus(
     return gpus
 
 
-def _mig_candidates(*, vram_mb: int, guaranteed: bool, node_id: int | None = None) -> list:  # type: ignore[type-arg]
+def _mig_candidates(
+    *, vram_mb: int, guaranteed: bool, node_id: int | None = None
+) -> list[Candidate]:
     """MIG-partitioned GPUs with their free devices (placement.choose picks the device)."""
     with connection.cursor() as cursor:  # most fleets have none: ask cheaply first
         cursor.execute("SELECT 1 FROM nodes_gpu WHERE mig_enabled AND present LIMIT 1")
@@ -104,7 +107,8 @@ def placement_shortfall(*, vram_mb: int, guaranteed: bool = True) -> str:
         .filter(sold_room__gte=vram_mb, last_processes_mb__gt=F("allocated_mb"))
         .values_list("allocated_mb", "last_processes_mb")
     )
-    extra = max((held - sold for sold, held in over), default=0)
+    # `held or 0`: the filter keeps only rows whose processes hold something
+    extra = max(((held or 0) - sold for sold, held in over), default=0)
     if not extra:
         return ""
     return (
@@ -113,7 +117,13 @@ def placement_shortfall(*, vram_mb: int, guaranteed: bool = True) -> str:
     )
 
 
-def _try_gpu(choice, *, vram_mb: int, owner_key: str, guaranteed: bool, skip_locked: bool):
+# A reservation tried on one GPU: made, False when it no longer fits, None when locked.
+Attempt = Allocation | Literal[False] | None
+
+
+def _try_gpu(
+    choice: Choice, *, vram_mb: int, owner_key: str, guaranteed: bool, skip_locked: bool
+) -> Attempt:
     """Lock the chosen GPU's row and reserve on it if it still has room.
 
     Returns the allocation, False when the GPU no longer fits, or None when another
@@ -162,11 +172,29 @@ def allocation_reserve(
         raise ServiceError("A reservation needs some VRAM.", field="vram_mb")
     if interruptible and guaranteed:
         raise ServiceError("An interruptible reservation is not guaranteed.", field="guaranteed")
-    candidates = (
-        []
-        if interruptible
-        else _mig_candidates(vram_mb=vram_mb, guaranteed=guaranteed, node_id=node_id)
+    if not interruptible:
+        allocation = _reserve_mig(vram_mb, owner_key, guaranteed, node_id)
+        if allocation is not None:
+            return allocation
+    result = _reserve_software(
+        vram_mb,
+        owner_key,
+        guaranteed,
+        skip_locked=True,
+        node_id=node_id,
+        interruptible=interruptible,
     )
+    if result is not None:
+        return result
+    return _reserve_software_waiting(vram_mb, owner_key, guaranteed, node_id, interruptible)
+
+
+def _reserve_mig(
+    vram_mb: int, owner_key: str, guaranteed: bool, node_id: int | None
+) -> Allocation | None:
+    """A free MIG device that fits exactly, if placement.choose picks one: the devices no
+    other launch holds first, then, waiting, those that another launch held."""
+    candidates = _mig_candidates(vram_mb=vram_mb, guaranteed=guaranteed, node_id=node_id)
     busy = []
     while candidates:
         choice = choose(candidates, vram_mb)
@@ -182,18 +210,14 @@ def allocation_reserve(
         result = _try_in_savepoint(choice, vram_mb, owner_key, guaranteed, skip_locked=False)
         if result:
             return result
-    result = _reserve_software(
-        vram_mb,
-        owner_key,
-        guaranteed,
-        skip_locked=True,
-        node_id=node_id,
-        interruptible=interruptible,
-    )
-    if result is not None:
-        return result
-    # Everything that fits may be locked by other launches: wait for the best one, a
-    # single row at a time (a scan that waits could hold rows it then skips).
+    return None
+
+
+def _reserve_software_waiting(
+    vram_mb: int, owner_key: str, guaranteed: bool, node_id: int | None, interruptible: bool
+) -> Allocation | None:
+    """Everything that fits may be locked by other launches: wait for the best one, a
+    single row at a time (a scan that waits could hold rows it then skips)."""
     for _ in range(MAX_PLACEMENT_ATTEMPTS):
         fits = _software_fits(vram_mb, guaranteed, node_id=node_id, interruptible=interruptible)
         best = fits.values_list("pk", flat=True).first()
@@ -255,8 +279,15 @@ def _software_fits(
 
 
 def _reserve_software(
-    vram_mb, owner_key, guaranteed, *, skip_locked, pk=None, node_id=None, interruptible=False
-):
+    vram_mb: int,
+    owner_key: str,
+    guaranteed: bool,
+    *,
+    skip_locked: bool,
+    pk: int | None = None,
+    node_id: int | None = None,
+    interruptible: bool = False,
+) -> Allocation | None:
     """Best fit among non-MIG GPUs (or GPU `pk`), chosen and locked by one query. None:
     nothing fits (or, with skip_locked, all that fits is locked by other launches)."""
     if skip_locked:
@@ -316,7 +347,7 @@ def _claim_best_fit(
     if vendor == "postgresql":  # the node's name for the slice's timeline, in one go
         sql += ", (SELECT name FROM nodes_node WHERE nodes_node.id = nodes_gpu.node_id)"
     with connection.cursor() as cursor:
-        params = [vram_mb, Node.Status.ACTIVE, GateStatus.PASSED]
+        params: list[int | str] = [vram_mb, Node.Status.ACTIVE, GateStatus.PASSED]
         params += [node_id] if node_id is not None else []
         cursor.execute(sql, [*params, vram_mb, vram_mb])
         row = cursor.fetchone()
@@ -344,8 +375,15 @@ _CLAIM_FIELDS = (
 
 
 def _create_allocation(
-    gpu, vram_mb, owner_key, guaranteed, *, mig_device_uuid, counted=False, interruptible=False
-):
+    gpu: Gpu,
+    vram_mb: int,
+    owner_key: str,
+    guaranteed: bool,
+    *,
+    mig_device_uuid: str,
+    counted: bool = False,
+    interruptible: bool = False,
+) -> Allocation:
     # Always called inside the caller's savepoint, which an IntegrityError rolls back.
     try:
         allocation = Allocation.objects.create(
@@ -366,7 +404,9 @@ def _create_allocation(
     return allocation
 
 
-def _try_in_savepoint(choice, vram_mb, owner_key, guaranteed, *, skip_locked):
+def _try_in_savepoint(
+    choice: Choice, vram_mb: int, owner_key: str, guaranteed: bool, *, skip_locked: bool
+) -> Attempt:
     # Rolling back the savepoint drops the row lock of a GPU that did not fit, so a
     # reservation holds at most one GPU lock while it waits: no deadlock cycle.
     sid = transaction.savepoint()
@@ -388,7 +428,7 @@ def _try_in_savepoint(choice, vram_mb, owner_key, guaranteed, *, skip_locked):
     return result
 
 
-def _without(candidates: list, choice) -> list:  # type: ignore[no-untyped-def, type-arg]
+def _without(candidates: list[Candidate], choice: Choice) -> list[Candidate]:
     """Drop the chosen GPU (or, for MIG, only the chosen device) from the candidates."""
     out = []
     for c in candidates:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import re
 import time
+from dataclasses import dataclass
+from decimal import Decimal
 
 from django.conf import settings
 
@@ -20,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 def run_on_node(
     node: Node, argv: list[str], pool: ssh.SSHPool | None, timeout: float | None = None
-):
+) -> ssh.CommandResult:
     pool = pool or ssh.get_pool()
     return pool.run(endpoint_for(node), argv, timeout=timeout)
 
@@ -39,7 +41,9 @@ def cli_error_line(data: bytes) -> str:
     return (lines[-1].removeprefix("docker: ") if lines else "")[:400]
 
 
-def container_inspect(*, node: Node, container: str, pool: ssh.SSHPool | None = None):
+def container_inspect(
+    *, node: Node, container: str, pool: ssh.SSHPool | None = None
+) -> runtime.ContainerInfo | None:
     """The container's state, or None when the node has no such container."""
     result = run_on_node(node, runtime.inspect_argv(container), pool)
     if not result.ok:
@@ -86,7 +90,9 @@ def container_logs(
     return sorted(lines, key=lambda line: (line[0], line[1]))
 
 
-def image_inspect(*, node: Node, reference: str, pool: ssh.SSHPool | None = None):
+def image_inspect(
+    *, node: Node, reference: str, pool: ssh.SSHPool | None = None
+) -> runtime.ImageConfig:
     """The image's configuration as the node has it (pulled first when the node lacks it).
     Raises ContainerError (no such image, a pull refused) or ssh.SSHError."""
     argv = runtime.image_inspect_argv(reference)
@@ -110,10 +116,35 @@ def image_inspect(*, node: Node, reference: str, pool: ssh.SSHPool | None = None
         raise ContainerError(str(exc)) from None
 
 
-def image_env_refusal(config) -> str:
+def image_env_refusal(config: runtime.ImageConfig) -> str:
     """Why an image cannot run as a slice, from its own configuration ('' when it can)."""
     bad = isolation.image_env_problems(config.env)
     return "; ".join(f"the image's configuration sets {name}: {why}" for name, why in bad)
+
+
+@dataclass(frozen=True)
+class _Device:
+    """What the container on an allocation sees: the device and its quota layers."""
+
+    uuid: str  # the GPU's, or the MIG device's
+    mb: int  # what CUDA reports there
+    vram_mb: int  # the allocation's VRAM, within the device
+    mig: bool
+    quota_library: str  # the node's quota library ("" under MIG or where it has none)
+
+
+def _device(allocation: Allocation) -> _Device:
+    """The allocation's device, read from its GPU and node (loaded with it)."""
+    gpu, node = allocation.gpu, allocation.gpu.node
+    mig = bool(allocation.mig_device_uuid)
+    device_mb = _device_mb(allocation)
+    return _Device(
+        uuid=allocation.mig_device_uuid or gpu.uuid,
+        mb=device_mb,
+        vram_mb=min(allocation.vram_mb, device_mb),
+        mig=mig,
+        quota_library="" if mig else (node.capabilities or {}).get("vram_quota_library") or "",
+    )
 
 
 def _device_mb(allocation: Allocation) -> int:
@@ -137,16 +168,15 @@ def _device_mb(allocation: Allocation) -> int:
 def engine_args(*, allocation: Allocation, engine: str, budget_mb: int | None) -> list[str]:
     """The arguments that hold `engine` to `budget_mb` on this allocation's device, from
     what CUDA reports there: the MIG device, the quota library's limit, or the whole card
-    (nodes/engines.py). [] for no engine or no budget."""
+    (nodes/engines.py). [] for no engine or no budget. The device is read from the
+    allocation as given, with its GPU and node (the slice's lock loads them together),
+    not loaded again: container_start loads the allocation afresh for the start itself."""
     if not engine or not budget_mb:
         return []
-    allocation = Allocation.objects.select_related("gpu__node").get(pk=allocation.pk)
-    mig = bool(allocation.mig_device_uuid)
-    device_mb = _device_mb(allocation)
-    library = not mig and bool((allocation.gpu.node.capabilities or {}).get("vram_quota_library"))
+    device = _device(allocation)
     total = engines.reported_total_mb(
-        vram_mb=min(allocation.vram_mb, device_mb), device_mb=device_mb,
-        quota_library=library, mig=mig,
+        vram_mb=device.vram_mb, device_mb=device.mb,
+        quota_library=bool(device.quota_library), mig=device.mig,
     )  # fmt: skip
     return engines.engine_flags(
         engine, budget_mb=min(budget_mb, allocation.vram_mb), total_mb=total
@@ -158,7 +188,7 @@ def container_start(
     allocation: Allocation,
     name: str,
     image: str,
-    cpus,
+    cpus: Decimal,
     memory_mb: int,
     pids_limit: int,
     command: list[str],
@@ -166,7 +196,7 @@ def container_start(
     ports: list[int],
     mounts: tuple[tuple[str, str], ...] = (),
     pool: ssh.SSHPool | None = None,
-):
+) -> runtime.ContainerInfo:
     """Start the allocation's container with its VRAM quota by the strongest layer the
     node has, and check it runs. Safe to repeat: a container of this name that already
     carries this owner's label (an earlier attempt) is adopted, not started twice.
@@ -176,16 +206,15 @@ def container_start(
     allocation = Allocation.objects.select_related("gpu__node").get(pk=allocation.pk)
     if allocation.state == Allocation.State.RELEASED:
         raise ContainerError("The VRAM allocation was released before the container started.")
-    gpu, node = allocation.gpu, allocation.gpu.node
-    mig = bool(allocation.mig_device_uuid)
-    device_mb = _device_mb(allocation)
+    node = allocation.gpu.node
+    device = _device(allocation)
     spec = runtime.ContainerSpec(
         name=name,
         image=image,
         owner_key=allocation.owner_key,
-        device=allocation.mig_device_uuid or gpu.uuid,
-        vram_mb=min(allocation.vram_mb, device_mb),
-        gpu_total_mb=device_mb,
+        device=device.uuid,
+        vram_mb=device.vram_mb,
+        gpu_total_mb=device.mb,
         cpus=cpus,
         memory_mb=memory_mb,
         pids_limit=pids_limit,
@@ -193,8 +222,8 @@ def container_start(
         environment=tuple(sorted(environment.items())),
         # behind the gateway nothing is published on the node
         ports=tuple(ports) if node.access == Node.Access.DIRECT else (),
-        mig=mig,
-        quota_library="" if mig else (node.capabilities or {}).get("vram_quota_library") or "",
+        mig=device.mig,
+        quota_library=device.quota_library,
         network=node.container_network,
         mounts=tuple(mounts),
     )
@@ -205,15 +234,29 @@ def container_start(
     refusal = image_env_refusal(image_inspect(node=node, reference=image, pool=pool))
     if refusal:
         raise ContainerError(refusal)
+    container_id = _docker_run(node, argv, name, pool)
+    info = _running(node, container_id, allocation.owner_key, name, pool)
+    _check_isolation(info, spec)
+    return info
+
+
+def _docker_run(node: Node, argv: list[str], name: str, pool: ssh.SSHPool | None) -> str:
+    """The id of the container `docker run` started, or its name when it exists already."""
     result = run_on_node(node, argv, pool, timeout=CONTAINER_START_TIMEOUT)
     if result.ok:
-        container_id = result.stdout.decode().strip().splitlines()[-1].strip()
-    elif b"is already in use" in result.stderr:
-        container_id = name
-    else:
-        raise ContainerError(f"docker run failed: {cli_error_line(result.stderr)}")
+        return result.stdout.decode().strip().splitlines()[-1].strip()
+    if b"is already in use" in result.stderr:
+        return name
+    raise ContainerError(f"docker run failed: {cli_error_line(result.stderr)}")
+
+
+def _running(
+    node: Node, container_id: str, owner_key: str, name: str, pool: ssh.SSHPool | None
+) -> runtime.ContainerInfo:
+    """The owner's container, started if an earlier attempt only created it, and still
+    running once it has had a moment to crash."""
     info = container_inspect(node=node, container=container_id, pool=pool)
-    if info is None or info.owner_key != allocation.owner_key:
+    if info is None or info.owner_key != owner_key:
         raise ContainerError(f"container {name} is not ours or is gone")
     if not info.running and info.status == "created":
         started = run_on_node(node, ["docker", "start", info.id], pool)
@@ -228,8 +271,12 @@ def container_start(
         info = container_inspect(node=node, container=info.id, pool=pool)
     if info is None or not info.running:
         raise ContainerError(container_exit_reason(info), info=info)
-    # What runs must carry the platform's isolation, whatever the image or anything else
-    # set: the quota variables with the platform's values, nothing that switches them off.
+    return info
+
+
+def _check_isolation(info: runtime.ContainerInfo, spec: runtime.ContainerSpec) -> None:
+    """What runs must carry the platform's isolation, whatever the image or anything else
+    set: the quota variables with the platform's values, nothing that switches them off."""
     wrong = isolation.container_env_problems(info.env, dict(runtime.platform_env(spec)))
     if wrong:
         raise ContainerError(
@@ -237,10 +284,9 @@ def container_start(
             + "; ".join(wrong),
             info=info,
         )
-    return info
 
 
-def container_exit_reason(info) -> str:
+def container_exit_reason(info: runtime.ContainerInfo | None) -> str:
     """Why a container is not running, in words."""
     if info is None:
         return "the container disappeared"
@@ -266,7 +312,7 @@ def container_remove(
     raise ContainerError(f"docker rm failed: {cli_error_line(removed.stderr)}")
 
 
-def node_containers(*, node: Node, pool: ssh.SSHPool | None = None) -> list:  # type: ignore[type-arg]
+def node_containers(*, node: Node, pool: ssh.SSHPool | None = None) -> list[runtime.ContainerInfo]:
     """Every platform-labelled container on the node, running or not."""
     result = run_on_node(node, runtime.ps_argv(), pool)
     if not result.ok:

@@ -9,6 +9,7 @@ import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
+from typing import NamedTuple
 
 from django.db import transaction
 from django.utils import timezone
@@ -49,7 +50,16 @@ def _gate_policy(row: NodePolicy) -> preflight.Policy:
     )
 
 
-def _probe_targets(node: Node) -> list[tuple[Gpu, str, int, bool]]:
+class _Target(NamedTuple):
+    """Where a probe runs: a GPU, or one MIG device of it."""
+
+    gpu: Gpu
+    device: str  # the GPU's UUID or the MIG device's
+    device_mb: int
+    mig: bool
+
+
+def _probe_targets(node: Node) -> list[_Target]:
     """One GPU of each model sold through the quota library (the least used one), or,
     on a node with MIG-partitioned GPUs only, one MIG device (for the hardening reading):
     (gpu, device, device MiB, mig)."""
@@ -58,16 +68,16 @@ def _probe_targets(node: Node) -> list[tuple[Gpu, str, int, bool]]:
         Gpu.objects.filter(node=node, present=True),
         key=lambda g: (max(g.allocated_mb, g.last_processes_mb or 0), g.index),
     )
-    targets: dict[str, tuple[Gpu, str, int, bool]] = {}
+    targets: dict[str, _Target] = {}
     for gpu in gpus:
         if not gpu.mig_enabled and gpu.model not in targets:
-            targets[gpu.model] = (gpu, gpu.uuid, gpu.vram_total_mb, False)
+            targets[gpu.model] = _Target(gpu, gpu.uuid, gpu.vram_total_mb, False)
     if targets:
         return list(targets.values())
     for gpu in gpus:
         for mig in gpu.mig_devices or []:
             if mig.get("uuid"):
-                return [(gpu, mig["uuid"], int(mig.get("memory_total_mb") or 0), True)]
+                return [_Target(gpu, mig["uuid"], int(mig.get("memory_total_mb") or 0), True)]
     return []
 
 
@@ -79,7 +89,7 @@ PROBE_LOG_LINES = 400
 
 def _probe_run(
     node: Node,
-    target,
+    target: _Target,
     kind: str,
     row: NodePolicy,
     library: str,
@@ -87,30 +97,13 @@ def _probe_run(
     deadline: float,
 ) -> preflight.ProbeRun:
     """One probe container through the same `docker run` argv as a tenant's slice."""
-    gpu, device, device_mb, mig = target
-    alloc_mb = preflight.probe_alloc_mb(kind)
-    run = preflight.ProbeRun(gpu_model=gpu.model, device=device, kind=kind)
+    run = preflight.ProbeRun(gpu_model=target.gpu.model, device=target.device, kind=kind)
     if time.monotonic() > deadline:
         return dataclasses.replace(run, error="the preflight ran out of time before this probe")
     # fresh for each probe, so no output of another run (or of the command) can pass
     nonce = secrets.token_hex(16)
     try:
-        spec = runtime.ContainerSpec(
-            name=f"gpp-probe-{node.pk}-{gpu.index}-{kind}-{secrets.token_hex(3)}",
-            image=row.probe_image,
-            owner_key=f"{PROBE_OWNER_PREFIX}{node.pk}",
-            device=device,
-            vram_mb=min(preflight.PROBE_QUOTA_MB, device_mb or preflight.PROBE_QUOTA_MB),
-            gpu_total_mb=device_mb or preflight.PROBE_QUOTA_MB,
-            cpus=Decimal(preflight.PROBE_CPUS),
-            memory_mb=preflight.PROBE_MEMORY_MB,
-            pids_limit=preflight.PROBE_PIDS,
-            command=preflight.probe_command(nonce, kind, row.probe_command),
-            environment=preflight.probe_environment(row.probe_environment or {}, alloc_mb),
-            mig=mig,
-            quota_library="" if mig else library,
-            network=node.container_network,
-        )
+        spec = _probe_spec(node, target, kind, row, library, nonce)
         argv = runtime.run_argv(spec)
     except ValueError as exc:
         return dataclasses.replace(run, error=f"the probe settings are not valid: {exc}")
@@ -121,39 +114,78 @@ def _probe_run(
             return dataclasses.replace(
                 run, error=f"docker run failed: {cli_error_line(started.stderr)}"
             )
-        deadline = min(deadline, time.monotonic() + PROBE_WAIT_S)
-        info = container_inspect(node=node, container=name, pool=pool)
-        while info is not None and info.running and time.monotonic() < deadline:
-            time.sleep(0.25)
-            info = container_inspect(node=node, container=name, pool=pool)
+        info = _probe_wait(node, name, pool, min(deadline, time.monotonic() + PROBE_WAIT_S))
         if info is None:
             return dataclasses.replace(run, error="the probe container disappeared")
         # read even from a probe that did not finish: its confinement is printed first
         logs = run_on_node(node, runtime.logs_tail_argv(name, PROBE_LOG_LINES), pool)
         seen = preflight.parse_probe_output(logs.stdout.decode("utf-8", "replace"), nonce)
         run = dataclasses.replace(run, readings=seen.readings, output=seen.output)
-        if seen.problem:
-            return dataclasses.replace(run, error=f"the probe's output: {seen.problem}")
-        if info.running:
-            return dataclasses.replace(
-                run, error=f"the probe did not finish within {PROBE_WAIT_S:.0f} s"
-            )
-        if "alloc_exit" not in seen.readings:
-            return dataclasses.replace(
-                run,
-                error=f"the probe stopped before its allocation ({container_exit_reason(info)})",
-            )
-        if info.exit_code != 0 or info.oom_killed:
-            # the script ends with `exit 0`: anything else is not the script's ending
-            return dataclasses.replace(
-                run, error=f"the probe script did not end itself ({container_exit_reason(info)})"
-            )
-        return run
+        return _probe_verdict(run, seen, info)
     except (ssh.SSHError, ContainerError, runtime.RuntimeParseError) as exc:
         return dataclasses.replace(run, error=str(exc)[:300])
     finally:
         with contextlib.suppress(ssh.SSHError):
             run_on_node(node, runtime.rm_argv(name), pool)
+
+
+def _probe_spec(
+    node: Node, target: _Target, kind: str, row: NodePolicy, library: str, nonce: str
+) -> runtime.ContainerSpec:
+    """The probe's container, held like a slice's: the quota, the caps, the node's network."""
+    gpu, device, device_mb, mig = target
+    return runtime.ContainerSpec(
+        name=f"gpp-probe-{node.pk}-{gpu.index}-{kind}-{secrets.token_hex(3)}",
+        image=row.probe_image,
+        owner_key=f"{PROBE_OWNER_PREFIX}{node.pk}",
+        device=device,
+        vram_mb=min(preflight.PROBE_QUOTA_MB, device_mb or preflight.PROBE_QUOTA_MB),
+        gpu_total_mb=device_mb or preflight.PROBE_QUOTA_MB,
+        cpus=Decimal(preflight.PROBE_CPUS),
+        memory_mb=preflight.PROBE_MEMORY_MB,
+        pids_limit=preflight.PROBE_PIDS,
+        command=preflight.probe_command(nonce, kind, row.probe_command),
+        environment=preflight.probe_environment(
+            row.probe_environment or {}, preflight.probe_alloc_mb(kind)
+        ),
+        mig=mig,
+        quota_library="" if mig else library,
+        network=node.container_network,
+    )
+
+
+def _probe_wait(
+    node: Node, name: str, pool: ssh.SSHPool, deadline: float
+) -> runtime.ContainerInfo | None:
+    """The probe container once it has ended, or at the deadline (None: it is gone)."""
+    info = container_inspect(node=node, container=name, pool=pool)
+    while info is not None and info.running and time.monotonic() < deadline:
+        time.sleep(0.25)
+        info = container_inspect(node=node, container=name, pool=pool)
+    return info
+
+
+def _probe_verdict(
+    run: preflight.ProbeRun, seen: preflight.ProbeOutput, info: runtime.ContainerInfo
+) -> preflight.ProbeRun:
+    """The run, with why it failed when its output or its ending is not the script's."""
+    if seen.problem:
+        return dataclasses.replace(run, error=f"the probe's output: {seen.problem}")
+    if info.running:
+        return dataclasses.replace(
+            run, error=f"the probe did not finish within {PROBE_WAIT_S:.0f} s"
+        )
+    if "alloc_exit" not in seen.readings:
+        return dataclasses.replace(
+            run,
+            error=f"the probe stopped before its allocation ({container_exit_reason(info)})",
+        )
+    if info.exit_code != 0 or info.oom_killed:
+        # the script ends with `exit 0`: anything else is not the script's ending
+        return dataclasses.replace(
+            run, error=f"the probe script did not end itself ({container_exit_reason(info)})"
+        )
+    return run
 
 
 def _remove_stale_probes(node: Node, pool: ssh.SSHPool) -> None:
@@ -168,7 +200,7 @@ def _remove_stale_probes(node: Node, pool: ssh.SSHPool) -> None:
 def relay_facts(node: Node, pool: ssh.SSHPool) -> dict[str, str]:
     """What the SSH gateway's relay needs on the node (preflight.RELAY_FACT_KEYS), each
     read by its own fixed argv: the program's version line, "" when it is not there."""
-    facts = {}
+    facts: dict[str, str] = {}
     for key in preflight.RELAY_FACT_KEYS:
         try:
             result = run_on_node(node, list(preflight.RELAY_PROBES[key]), pool, timeout=15)
@@ -200,7 +232,6 @@ NO_PROBE_IMAGE = f"no probe image set: ops choose one from the allowlist on {PRO
 
 
 def _node_preflight(node: Node, facts: dict[str, str], pool: ssh.SSHPool) -> Node:
-    node_id = node.pk
     judged_key = node.host_key
     row = node_policy()
     library = (node.capabilities or {}).get("vram_quota_library") or ""
@@ -209,25 +240,14 @@ def _node_preflight(node: Node, facts: dict[str, str], pool: ssh.SSHPool) -> Nod
     facts = {**facts, **relay_facts(node, pool)}
     node_images_refresh(node=node, pool=pool)
     targets = _probe_targets(node)
-    # The probe image is checked like any image before it starts (CVE-2025-23266 needs
-    # only an ENV in it), and pulled once here rather than by each probe's `docker run`.
-    image_error = ""
-    if not row.probe_image:
-        image_error = NO_PROBE_IMAGE
-    else:
-        try:
-            image_error = image_env_refusal(
-                image_inspect(node=node, reference=row.probe_image, pool=pool)
-            )
-        except (ContainerError, ssh.SSHError) as exc:
-            image_error = f"the probe image {row.probe_image} is not usable on the node: {exc}"
+    image_error = _probe_image_error(node, row, pool)
     jobs = [
         (target, kind)
         for target in targets
-        for kind in (preflight.PROBE_KINDS if library and not target[3] else ("within",))
+        for kind in (preflight.PROBE_KINDS if library and not target.mig else ("within",))
     ]
     if image_error:
-        runs = [preflight.ProbeRun(t[0].model, t[1], k, error=image_error) for t, k in jobs]
+        runs = [preflight.ProbeRun(t.gpu.model, t.device, k, error=image_error) for t, k in jobs]
     else:
         # side by side (the SSH pool is shared by threads): a node's probes take about as
         # long as one; each waits at most until the deadline
@@ -237,20 +257,45 @@ def _node_preflight(node: Node, facts: dict[str, str], pool: ssh.SSHPool) -> Nod
                 for t, k in jobs
             ]
             runs = [f.result() for f in futures]
-    software = [t[0].model for t in targets if not t[3]]
     gate = preflight.evaluate(
         facts=facts,
         driver_version=node.driver_version,
         policy=_gate_policy(row),
         runs=runs,
-        software_models=software,
+        software_models=[t.gpu.model for t in targets if not t.mig],
         quota_library=library,
         probe_error=image_error if targets else "the node has no GPU to probe",
         relay_required=node.access == Node.Access.GATEWAY,
     )
+    return _verdict_store(node, judged_key, gate, facts, runs, row, library)
+
+
+def _probe_image_error(node: Node, row: NodePolicy, pool: ssh.SSHPool) -> str:
+    """Why the probe image cannot run on the node ("" when it can). It is checked like any
+    image before it starts (CVE-2025-23266 needs only an ENV in it), and pulled once here
+    rather than by each probe's `docker run`."""
+    if not row.probe_image:
+        return NO_PROBE_IMAGE
+    try:
+        return image_env_refusal(image_inspect(node=node, reference=row.probe_image, pool=pool))
+    except (ContainerError, ssh.SSHError) as exc:
+        return f"the probe image {row.probe_image} is not usable on the node: {exc}"
+
+
+def _verdict_store(
+    node: Node,
+    judged_key: str,
+    gate: preflight.Gate,
+    facts: dict[str, str],
+    runs: list[preflight.ProbeRun],
+    row: NodePolicy,
+    library: str,
+) -> Node:
+    """The verdict and its evidence on the node, which opens or closes it to placements;
+    nothing when the node's host key changed meanwhile."""
     now = timezone.now()
     with transaction.atomic():
-        node = node_lock(node_id)
+        node = node_lock(node.pk)
         if node.host_key != judged_key:
             # the key changed while the probes ran: this verdict is about the machine that
             # answered before, and the change queued the judgement of the one there now

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_DOWN, Decimal, InvalidOperation
+from typing import TYPE_CHECKING, TypedDict
 
 from django.db import transaction
 from django.db.models import Count, Max, Min, Q
@@ -18,13 +20,33 @@ from ..locks import gpu_lock, node_lock, node_policy_lock
 from ..models import Allocation, Gpu, GpuDayRollup, Node, NodePolicy, NodePolicyChange
 from .allocations import capacity_mb
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
 # --- GPU placement policy ---------------------------------------------------------------------
 
 MIN_HISTORY_DAYS = 7
 MAX_HISTORY_DAYS = 30
 
 
-def rollup_windows(*, gpu_ids: list[int], now: datetime | None = None) -> dict[int, dict]:
+class RollupWindow(TypedDict):
+    """One GPU's day rollups over the last 30 UTC days."""
+
+    first: datetime | None  # the first bucket
+    peak: int | None  # MiB
+    days: int  # days with samples
+
+
+class RatioAdvice(TypedDict):
+    """The highest overcommit ratio a GPU's history allows, and why."""
+
+    days_of_history: int
+    peak_mb: int | None
+    ratio: Decimal | None  # None: no overcommit (no week of history, or MIG)
+    reason: str
+
+
+def rollup_windows(*, gpu_ids: list[int], now: datetime | None = None) -> dict[int, RollupWindow]:
     """Per GPU, over the last 30 UTC days: the first bucket, the peak, and on how many
     days there are samples at all. Read from the day rollups (30 rows per GPU, where the
     five-minute rollups hold 8,640): one query for a page of GPUs or for the fleet."""
@@ -44,8 +66,8 @@ def rollup_windows(*, gpu_ids: list[int], now: datetime | None = None) -> dict[i
 
 
 def gpu_recommended_ratio(
-    *, gpu: Gpu, now: datetime | None = None, window: dict | None = None
-) -> dict:
+    *, gpu: Gpu, now: datetime | None = None, window: RollupWindow | None = None
+) -> RatioAdvice:
     """The highest overcommit ratio docs/domain.md allows for this GPU: physical VRAM over the
     peak use seen in the last 7-30 days of rollups, rounded down; None unless samples
     cover at least 7 distinct days (two samples a week apart are not a week of history)."""
@@ -54,7 +76,12 @@ def gpu_recommended_ratio(
         window = rollup_windows(gpu_ids=[gpu.pk], now=now).get(gpu.pk)
     window = window or {"first": None, "peak": None, "days": 0}
     covered = int(window["days"] or 0)
-    out = {"days_of_history": covered, "peak_mb": window["peak"], "ratio": None}
+    out: RatioAdvice = {
+        "days_of_history": covered,
+        "peak_mb": window["peak"],
+        "ratio": None,
+        "reason": "",  # said below
+    }
     if gpu.mig_enabled:
         out["reason"] = "MIG partitions and overcommit exclude each other."
     elif covered < MIN_HISTORY_DAYS or not window["peak"]:
@@ -76,7 +103,9 @@ def gpu_recommended_ratio(
 
 
 @transaction.atomic
-def gpu_set_overcommit(*, gpu: Gpu, ratio, now: datetime | None = None) -> Gpu:
+def gpu_set_overcommit(
+    *, gpu: Gpu, ratio: Decimal | float | str, now: datetime | None = None
+) -> Gpu:
     """Set the GPU's overcommit ratio, only where docs/domain.md allows it."""
     try:
         ratio = Decimal(str(ratio))
@@ -181,7 +210,7 @@ def node_policy() -> NodePolicy:
     return policy
 
 
-def sell_whole(node: Node, *, quota) -> None:
+def sell_whole(node: Node, *, quota: Mapping[str, str]) -> None:
     """The one rule for `whole_card_only`: a card that is not MIG-partitioned is sold whole
     unless the quota of its model is proven (`quota`: model -> state) or ops accepted
     watchdog-only enforcement for the node."""
@@ -195,7 +224,7 @@ def sell_whole(node: Node, *, quota) -> None:
     cards.exclude(whole).exclude(whole_card_only=False).update(whole_card_only=False)
 
 
-def _policy_clean(field: str, value):
+def _policy_clean(field: str, value: object) -> object:
     """One policy setting as ops gave it, checked; raises ServiceError naming it."""
     try:
         if field in ("min_toolkit_version", "min_runc_version"):
@@ -207,7 +236,7 @@ def _policy_clean(field: str, value):
         if field == "known_fixed_builds":
             if not isinstance(value, list):
                 raise ValueError("a list of {component, build, reason}")
-            out = []
+            out: list[dict[str, str]] = []
             for item in value:
                 if not isinstance(item, dict) or set(item) - {"component", "build", "reason"}:
                     raise ValueError("each entry is {component, build, reason}")
@@ -272,7 +301,7 @@ def _probe_image_allowlisted(reference: str) -> str:
 
 
 @transaction.atomic
-def node_policy_update(*, actor, reason: str, **changes) -> NodePolicy:
+def node_policy_update(*, actor: User | None, reason: str, **changes: object) -> NodePolicy:
     """Change the node policy; each changed setting is recorded with who, when and why.
     Every node is judged again at its next discovery (a task re-runs them at once)."""
     reason = (reason or "").strip()
@@ -282,12 +311,12 @@ def node_policy_update(*, actor, reason: str, **changes) -> NodePolicy:
         )
     node_policy()
     row = node_policy_lock()
-    changed = []
+    changed: list[NodePolicyChange] = []
     for field, value in changes.items():
         clean = _policy_clean(field, value)
         old = getattr(row, field)
         if field == "probe_image" and clean != old:  # a new choice; the kept one stands
-            clean = _probe_image_allowlisted(clean)
+            clean = _probe_image_allowlisted(str(clean))  # check_image's str
         if old == clean:
             continue
         setattr(row, field, clean)
@@ -304,7 +333,7 @@ def node_policy_update(*, actor, reason: str, **changes) -> NodePolicy:
 
 
 @transaction.atomic
-def node_accept_watchdog_only(*, node: Node, actor, accept: bool, reason: str) -> Node:
+def node_accept_watchdog_only(*, node: Node, actor: User | None, accept: bool, reason: str) -> Node:
     """Ops accept (or withdraw) selling this node's non-MIG GPUs in slices without a
     proven quota library: the watchdog alone then holds each slice to its quota."""
     reason = (reason or "").strip()

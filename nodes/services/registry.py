@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import TYPE_CHECKING
+from datetime import datetime
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -29,7 +30,7 @@ from .rejudge import (
 from .sampling import endpoint_for, read_nodes, record_failure
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser
+    from django.contrib.auth.models import User
 
 HOSTNAME_RE = re.compile(
     r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
@@ -84,7 +85,7 @@ def _clean_access(access: str) -> str:
 
 def _clean_registration(
     *, name: str, address: str, port: int, ssh_user: str, container_network: str
-) -> dict:
+) -> dict[str, str | int]:
     name = (name or "").strip()
     if not NAME_RE.match(name):
         raise ServiceError(
@@ -169,8 +170,20 @@ def node_register(
     return node
 
 
+class NodeChanges(TypedDict, total=False):
+    """What `node_update` may change: where or how the node is reached."""
+
+    name: str
+    address: str
+    port: int
+    ssh_user: str
+    container_network: str
+    access: str
+    host_key: str
+
+
 @transaction.atomic
-def node_update(*, node: Node, actor: AbstractBaseUser | None = None, **changes) -> Node:
+def node_update(*, node: Node, actor: User | None = None, **changes: Unpack[NodeChanges]) -> Node:
     """Change where or how a node is reached. A new address drops the pinned key; a new
     key (or address) puts the gate back to unchecked until a new preflight passes."""
     node = node_lock(node.pk)
@@ -234,9 +247,7 @@ def node_scan_host_key(*, node_id: int) -> Node | None:
 
 
 @transaction.atomic
-def node_approve_host_key(
-    *, node: Node, fingerprint: str, actor: AbstractBaseUser | None = None
-) -> Node:
+def node_approve_host_key(*, node: Node, fingerprint: str, actor: User | None = None) -> Node:
     """Pin the key read from the node. The fingerprint ops saw must match what is pinned,
     so a key that changed between display and approval is never trusted. A key that
     replaces a pinned one puts the gate back to unchecked until a new preflight passes."""
@@ -338,66 +349,78 @@ def node_discover(*, node_id: int, pool: ssh.SSHPool | None = None) -> Node | No
             # judged by the preflight below before it is sold again (its verdict, not the
             # one from before the absence, opens it)
             node_gate_reset(node=node, reason=away, queue=False)
-        seen = {reading.uuid for reading in sample.gpus}
-        # First flag what vanished, so a replacement GPU can take its index.
-        Gpu.objects.filter(node=node, present=True).exclude(uuid__in=seen).update(
-            present=False,
-            accepting_placements=False,
-            not_accepting_reason="no longer found on the node",
-        )
-        # By UUID across the fleet: a GPU moved from another node keeps its history.
-        # Locked, and saved with only the fields discovery owns: placement keeps
-        # allocated_mb (and ops the ratio and the placement mark) on these rows meanwhile.
-        existing = gpus_lock_by_uuid(seen)
-        for reading in sample.gpus:
-            gpu = existing.get(reading.uuid) or Gpu(node=node, uuid=reading.uuid)
-            gpu.node = node
-            gpu.index = reading.index
-            gpu.model = reading.name
-            gpu.vram_total_mb = reading.memory_total_mb
-            gpu.mig_capable = reading.mig_capable
-            gpu.mig_enabled = reading.mig_enabled
-            gpu.pci_bus_id = reading.pci_bus_id or ""
-            gpu.mig_devices = [
-                {
-                    "uuid": m.uuid,
-                    "memory_total_mb": m.memory_total_mb,
-                    "profile": m.profile,
-                    "gi_id": m.gi_id,
-                    "ci_id": m.ci_id,
-                }
-                for m in reading.mig_devices
-            ]
-            fields = DISCOVERED_GPU_FIELDS
-            if gpu.mig_enabled:
-                gpu.overcommit_ratio = 1  # MIG partitions and overcommit exclude each other
-                fields = [*fields, "overcommit_ratio"]
-            gpu.present = True
-            if gpu.pk is None:
-                gpu.save()
-            else:
-                gpu.save(update_fields=fields)
+        _gpus_discovered(node, sample.gpus)
         caps = sample.capabilities or telemetry.Capabilities()
-        # Until this discovery's preflight has judged them, cards are sold in slices only
-        # where the last verdict proved the quota for their model with the same library.
-        last = node.preflight or {}
-        same_library = last.get("quota_library", "") == (caps.vram_quota_library or "")
-        sell_whole(node, quota=(last.get("quota") or {}) if same_library else {})
-        node.capabilities = {
-            "docker": caps.docker,
-            "nvidia_runtime": caps.nvidia_runtime,
-            "mig": caps.mig or any(g.mig_capable for g in sample.gpus),
-            "vram_quota_library": caps.vram_quota_library or "",
-        }
-        node.driver_version = sample.driver_version
-        node.cuda_version = sample.cuda_version
-        node.sample_source = sample.source
-        node.discovered_at = node.last_seen_at = now
-        node.consecutive_failures = 0
-        node.last_error = ""
-        if node.status in (Node.Status.PENDING, Node.Status.UNREACHABLE):
-            node.status = node.reachable_status
-            node.status_reason = ""
-        node.save()
+        _node_discovered(node, sample, caps, now)
     # Outside the inventory's transaction: the probes take seconds.
     return node_preflight(node_id=node.pk, facts=caps.facts, pool=pool)
+
+
+def _gpus_discovered(node: Node, readings: tuple[telemetry.GpuReading, ...]) -> None:
+    """The node's GPU rows as the node reads them now."""
+    seen = {reading.uuid for reading in readings}
+    # First flag what vanished, so a replacement GPU can take its index.
+    Gpu.objects.filter(node=node, present=True).exclude(uuid__in=seen).update(
+        present=False,
+        accepting_placements=False,
+        not_accepting_reason="no longer found on the node",
+    )
+    # By UUID across the fleet: a GPU moved from another node keeps its history.
+    # Locked, and saved with only the fields discovery owns: placement keeps
+    # allocated_mb (and ops the ratio and the placement mark) on these rows meanwhile.
+    existing = gpus_lock_by_uuid(seen)
+    for reading in readings:
+        gpu = existing.get(reading.uuid) or Gpu(node=node, uuid=reading.uuid)
+        gpu.node = node
+        gpu.index = reading.index
+        gpu.model = reading.name
+        gpu.vram_total_mb = reading.memory_total_mb
+        gpu.mig_capable = reading.mig_capable
+        gpu.mig_enabled = reading.mig_enabled
+        gpu.pci_bus_id = reading.pci_bus_id or ""
+        gpu.mig_devices = [
+            {
+                "uuid": m.uuid,
+                "memory_total_mb": m.memory_total_mb,
+                "profile": m.profile,
+                "gi_id": m.gi_id,
+                "ci_id": m.ci_id,
+            }
+            for m in reading.mig_devices
+        ]
+        fields = DISCOVERED_GPU_FIELDS
+        if gpu.mig_enabled:
+            gpu.overcommit_ratio = 1  # MIG partitions and overcommit exclude each other
+            fields = [*fields, "overcommit_ratio"]
+        gpu.present = True
+        if gpu.pk is None:
+            gpu.save()
+        else:
+            gpu.save(update_fields=fields)
+
+
+def _node_discovered(
+    node: Node, sample: telemetry.NodeSample, caps: telemetry.Capabilities, now: datetime
+) -> None:
+    """The node's own row: what it can enforce, its driver, and that it answered."""
+    # Until this discovery's preflight has judged them, cards are sold in slices only
+    # where the last verdict proved the quota for their model with the same library.
+    last = node.preflight or {}
+    same_library = last.get("quota_library", "") == (caps.vram_quota_library or "")
+    sell_whole(node, quota=(last.get("quota") or {}) if same_library else {})
+    node.capabilities = {
+        "docker": caps.docker,
+        "nvidia_runtime": caps.nvidia_runtime,
+        "mig": caps.mig or any(g.mig_capable for g in sample.gpus),
+        "vram_quota_library": caps.vram_quota_library or "",
+    }
+    node.driver_version = sample.driver_version
+    node.cuda_version = sample.cuda_version
+    node.sample_source = sample.source
+    node.discovered_at = node.last_seen_at = now
+    node.consecutive_failures = 0
+    node.last_error = ""
+    if node.status in (Node.Status.PENDING, Node.Status.UNREACHABLE):
+        node.status = node.reachable_status
+        node.status_reason = ""
+    node.save()

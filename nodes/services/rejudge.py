@@ -20,7 +20,7 @@ from ..locks import node_lock
 from ..models import GateStatus, Node, NodePolicyChange
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser
+    from django.contrib.auth.models import User
 
 GATE_RESET_FIELD = "gate_status"  # the NodePolicyChange.field of a node put back to unchecked
 HOST_KEY_CHANGED = "host key changed"
@@ -41,7 +41,7 @@ def absence_reason(node: Node, now: datetime) -> str:
 
 @transaction.atomic
 def node_gate_reset(
-    *, node: Node, reason: str, actor: AbstractBaseUser | None = None, queue: bool = True
+    *, node: Node, reason: str, actor: User | None = None, queue: bool = True
 ) -> Node:
     """Put the node's gate back to unchecked, kept as a NodePolicyChange with `reason` (and
     `actor`, None when the platform saw the change). With `queue` the discovery that runs
@@ -73,7 +73,7 @@ def nodes_gate_reset_after_absence(*, node_ids: list[int], now: datetime) -> lis
     away = Node.objects.filter(
         pk__in=node_ids, status=Node.Status.UNREACHABLE, last_seen_at__lt=limit
     )
-    reset = []
+    reset: list[int] = []
     for pk in away.order_by("pk").values_list("pk", flat=True):
         node = node_lock(pk)
         reason = absence_reason(node, now)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from django.conf import settings
 from django.db import connection, models, transaction
@@ -73,13 +75,15 @@ def read_nodes(
             _NO_NVML_UNTIL[endpoints[i].key] = time.monotonic() + NO_NVML_RETRY_S
         except telemetry.ParseError as exc:
             out[i] = exc
-    for i, endpoint in enumerate(endpoints):
-        if out[i] is None:
+    readings: list[telemetry.NodeSample | Exception] = []
+    for endpoint, reading in zip(endpoints, out, strict=True):
+        if reading is None:
             try:
-                out[i] = _read_nvidia_smi(pool, endpoint)
+                reading = _read_nvidia_smi(pool, endpoint)
             except (ssh.SSHError, telemetry.ParseError) as exc:
-                out[i] = exc
-    return out  # type: ignore[return-value]
+                reading = exc
+        readings.append(reading)
+    return readings
 
 
 def _read_nvidia_smi(pool: ssh.SSHPool, endpoint: ssh.Endpoint) -> telemetry.NodeSample:
@@ -131,6 +135,8 @@ def sampleable_nodes() -> models.QuerySet[Node]:
 
 
 PIPELINE_CHUNK = 100
+Reading = tuple[Node, telemetry.NodeSample]  # a node and what it answered
+Failure = tuple[Node, Exception]  # a node and why it did not answer
 
 
 def nodes_sample(*, node_ids: list[int], pool: ssh.SSHPool | None = None) -> dict[str, int]:
@@ -151,7 +157,7 @@ def nodes_sample(*, node_ids: list[int], pool: ssh.SSHPool | None = None) -> dic
             _add(totals, _store_chunk(*_read_chunk(pool, chunk)))
         return totals
 
-    def store(results, failures):
+    def store(results: list[Reading], failures: list[Failure]) -> dict[str, int]:
         try:
             return _store_chunk(results, failures)
         finally:
@@ -198,9 +204,9 @@ def _add(totals: dict[str, int], part: dict[str, int]) -> None:
         totals[key] += value
 
 
-def _read_chunk(pool: ssh.SSHPool, nodes: list[Node]):
-    results: list[tuple[Node, telemetry.NodeSample]] = []
-    failures: list[tuple[Node, Exception]] = []
+def _read_chunk(pool: ssh.SSHPool, nodes: list[Node]) -> tuple[list[Reading], list[Failure]]:
+    results: list[Reading] = []
+    failures: list[Failure] = []
     readings = read_nodes(pool, [endpoint_for(n) for n in nodes], discover=False)
     for node, reading in zip(nodes, readings, strict=True):
         if isinstance(reading, Exception):
@@ -212,7 +218,7 @@ def _read_chunk(pool: ssh.SSHPool, nodes: list[Node]):
     return results, failures
 
 
-def _store_chunk(results, failures) -> dict[str, int]:
+def _store_chunk(results: list[Reading], failures: list[Failure]) -> dict[str, int]:
     # The answers first: one node's bookkeeping problem must not cost the others' samples.
     batch = samples_ingest(results=results) if results else SampleBatch([], {})
     for node, exc in failures:
@@ -229,112 +235,32 @@ def _store_chunk(results, failures) -> dict[str, int]:
     }
 
 
-def samples_ingest(
-    *, results: list[tuple[Node, telemetry.NodeSample]], received_at: datetime | None = None
-) -> SampleBatch:
+def samples_ingest(*, results: list[Reading], received_at: datetime | None = None) -> SampleBatch:
     """Store a batch of readings: bulk inserts, the GPUs' latest values, node health.
 
     Rows are plain tuples, not model instances: building thousands of model objects
     per batch would cost more than writing them."""
+    # The node's clock may drift; the platform's receive time orders the series.
     now = received_at or timezone.now()
-    node_ids = [n.pk for n, _ in results]
-    gpus: dict[str, tuple[int, int]] = {}  # uuid (GPU or MIG device) -> (gpu id, node id)
-    present = Gpu.objects.filter(node_id__in=node_ids, present=True)
-    for gpu_id, uuid, node_id in present.values_list("id", "uuid", "node_id"):
-        gpus[uuid] = (gpu_id, node_id)
-    # MIG device UUIDs map to their GPU (only MIG GPUs carry a device list to decode).
-    for gpu_id, node_id, mig_devices in present.filter(mig_enabled=True).values_list(
-        "id", "node_id", "mig_devices"
-    ):
-        for mig in mig_devices or []:
-            if mig.get("uuid"):
-                gpus.setdefault(mig["uuid"], (gpu_id, node_id))
-    gpu_rows: list[GpuSampleRow] = []
-    proc_rows: list[ProcessSampleRow] = []
-    rediscover: set[int] = set()
-    for node, sample in results:
-        # The node's clock may drift; the platform's receive time orders the series.
-        for r in sample.gpus:
-            found = gpus.get(r.uuid)
-            if found is None or found[1] != node.pk:
-                rediscover.add(node.pk)
-                continue
-            gpu_rows.append(
-                GpuSampleRow(
-                    found[0],
-                    now,
-                    min(r.memory_used_mb, r.memory_total_mb),
-                    r.memory_total_mb,
-                    r.utilization_gpu,
-                    r.utilization_memory,
-                    r.temperature_c,
-                    r.power_w,
-                )
-            )
-        for p in sample.processes:
-            found = gpus.get(p.gpu_uuid)
-            if found is None or found[1] != node.pk:
-                continue
-            proc_rows.append(
-                ProcessSampleRow(
-                    found[0],
-                    now,
-                    p.pid,
-                    p.used_memory_mb,
-                    p.container_id or "",
-                    p.sm_utilization,
-                    p.memory_utilization,
-                )
-            )
-    held: dict[int, int] = defaultdict(int)  # GPU id -> MiB its processes hold
-    by_container: dict[str, int] = defaultdict(int)
-    for p in proc_rows:
-        held[p.gpu_id] += p.used_memory_mb
-        if p.container_id:
-            by_container[p.container_id] += p.used_memory_mb
+    gpus = _gpus_by_uuid([n.pk for n, _ in results])
+    gpu_rows, rediscover = _gpu_rows(results, gpus, now)
+    proc_rows = _process_rows(results, gpus, now)
+    held, by_container = _process_sums(proc_rows)
     books = {q.container_id: q.used_mb for _, sample in results for q in (sample.quota_usage or ())}
     outermost = not connection.in_atomic_block
     with transaction.atomic():
         if outermost and connection.vendor == "postgresql":
-            # Telemetry is periodic: losing the last fraction of a second of samples in a
-            # database crash is acceptable, waiting for the WAL flush on every batch is
-            # not. Scoped to this transaction; everything else stays durable.
-            with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL synchronous_commit TO OFF")
+            _commit_without_waiting_for_the_wal()
         # The nodes' rows first (nodes.locks' order: a discovery locks the node, then its
-        # GPUs, which the sample rows reference). One UPDATE per telemetry source (almost
-        # always one): the node answered, so it is seen, its failure count resets, and an
-        # unreachable node recovers by itself (to draining if ops drained it meanwhile).
-        recovered = Q(status=Node.Status.UNREACHABLE)
-        # one away too long may be another machine now: judged again before it is sold
-        # (the rows as read before the request say which were away: no query otherwise)
-        away = [n.pk for n, _ in results if n.status == Node.Status.UNREACHABLE]
-        if away:
-            nodes_gate_reset_after_absence(node_ids=away, now=now)
-        sources: dict[str, list[int]] = {}
-        for node, sample in results:
-            sources.setdefault(sample.source, []).append(node.pk)
-        for source, ids in sources.items():
-            Node.objects.filter(pk__in=ids).update(
-                last_seen_at=now,
-                consecutive_failures=0,
-                last_error="",
-                sample_source=source,
-                status=Case(
-                    When(recovered & Q(drained_at__isnull=True), then=Value("active")),
-                    When(recovered, then=Value("draining")),
-                    default=F("status"),
-                ),
-                status_reason=Case(When(recovered, then=Value("")), default=F("status_reason")),
-            )
+        # GPUs, which the sample rows reference).
+        _nodes_answered(results, now)
         _insert_rows(GpuSample, gpu_rows)
         _insert_rows(ProcessSample, proc_rows)
         # Then allocations before GPUs, as allocation_release takes them.
         _count_allocations(gpu_rows, by_container, books, now)
         _update_latest(gpu_rows, held)
-        if rediscover:
-            for node_id in rediscover:
-                enqueue("telemetry.discover_node", node_id)
+        for node_id in rediscover:
+            enqueue("telemetry.discover_node", node_id)
     batch = SampleBatch(
         nodes=[n for n, _ in results],
         samples={n.pk: s for n, s in results},
@@ -349,6 +275,122 @@ def samples_ingest(
     return batch
 
 
+def _gpus_by_uuid(node_ids: list[int]) -> dict[str, tuple[int, int]]:
+    """uuid (GPU or MIG device) -> (gpu id, node id) for the nodes' present GPUs."""
+    gpus: dict[str, tuple[int, int]] = {}
+    present = Gpu.objects.filter(node_id__in=node_ids, present=True)
+    for gpu_id, uuid, node_id in present.values_list("id", "uuid", "node_id"):
+        gpus[uuid] = (gpu_id, node_id)
+    # MIG device UUIDs map to their GPU (only MIG GPUs carry a device list to decode).
+    for gpu_id, node_id, mig_devices in present.filter(mig_enabled=True).values_list(
+        "id", "node_id", "mig_devices"
+    ):
+        for mig in mig_devices or []:
+            if mig.get("uuid"):
+                gpus.setdefault(mig["uuid"], (gpu_id, node_id))
+    return gpus
+
+
+def _gpu_rows(
+    results: list[Reading], gpus: dict[str, tuple[int, int]], now: datetime
+) -> tuple[list[GpuSampleRow], set[int]]:
+    """The GPU sample rows, and the nodes to discover again: those that report a GPU the
+    platform does not know on them."""
+    rows: list[GpuSampleRow] = []
+    rediscover: set[int] = set()
+    for node, sample in results:
+        for r in sample.gpus:
+            found = gpus.get(r.uuid)
+            if found is None or found[1] != node.pk:
+                rediscover.add(node.pk)
+                continue
+            rows.append(
+                GpuSampleRow(
+                    found[0],
+                    now,
+                    min(r.memory_used_mb, r.memory_total_mb),
+                    r.memory_total_mb,
+                    r.utilization_gpu,
+                    r.utilization_memory,
+                    r.temperature_c,
+                    r.power_w,
+                )
+            )
+    return rows, rediscover
+
+
+def _process_rows(
+    results: list[Reading], gpus: dict[str, tuple[int, int]], now: datetime
+) -> list[ProcessSampleRow]:
+    """The process sample rows of the GPUs the platform knows on each node."""
+    rows: list[ProcessSampleRow] = []
+    for node, sample in results:
+        for p in sample.processes:
+            found = gpus.get(p.gpu_uuid)
+            if found is None or found[1] != node.pk:
+                continue
+            rows.append(
+                ProcessSampleRow(
+                    found[0],
+                    now,
+                    p.pid,
+                    p.used_memory_mb,
+                    p.container_id or "",
+                    p.sm_utilization,
+                    p.memory_utilization,
+                )
+            )
+    return rows
+
+
+def _process_sums(rows: list[ProcessSampleRow]) -> tuple[dict[int, int], dict[str, int]]:
+    """MiB the processes hold per GPU id, and per container."""
+    held: dict[int, int] = defaultdict(int)
+    by_container: dict[str, int] = defaultdict(int)
+    for p in rows:
+        held[p.gpu_id] += p.used_memory_mb
+        if p.container_id:
+            by_container[p.container_id] += p.used_memory_mb
+    return held, by_container
+
+
+def _commit_without_waiting_for_the_wal() -> None:
+    """Telemetry is periodic: losing the last fraction of a second of samples in a
+    database crash is acceptable, waiting for the WAL flush on every batch is not. Scoped
+    to the current transaction; everything else stays durable."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL synchronous_commit TO OFF")
+
+
+def _nodes_answered(results: list[Reading], now: datetime) -> None:
+    """One UPDATE per telemetry source (almost always one): the node answered, so it is
+    seen, its failure count resets, and an unreachable node recovers by itself (to
+    draining if ops drained it meanwhile)."""
+    recovered = Q(status=Node.Status.UNREACHABLE)
+    # one away too long may be another machine now: judged again before it is sold
+    # (the rows as read before the request say which were away: no query otherwise)
+    away = [n.pk for n, _ in results if n.status == Node.Status.UNREACHABLE]
+    if away:
+        nodes_gate_reset_after_absence(node_ids=away, now=now)
+    sources: dict[str, list[int]] = {}
+    for node, sample in results:
+        sources.setdefault(sample.source, []).append(node.pk)
+    for source, ids in sources.items():
+        Node.objects.filter(pk__in=ids).update(
+            last_seen_at=now,
+            consecutive_failures=0,
+            last_error="",
+            sample_source=source,
+            status=Case(
+                When(recovered & Q(drained_at__isnull=True), then=Value("active")),
+                When(recovered, then=Value("draining")),
+                default=F("status"),
+            ),
+            status_reason=Case(When(recovered, then=Value("")), default=F("status_reason")),
+        )
+
+
+_Series = TypeVar("_Series", GpuSample, ProcessSample)  # a time-series table
 LATEST_FIELDS = [
     "last_memory_used_mb",
     "last_utilization_gpu",
@@ -360,7 +402,7 @@ LATEST_FIELDS = [
 ]
 
 
-def _insert_rows(model: type[models.Model], rows: list) -> None:
+def _insert_rows(model: type[_Series], rows: Sequence[GpuSampleRow | ProcessSampleRow]) -> None:
     """Insert time-series rows (named tuples whose fields are the columns): COPY on
     PostgreSQL, an order of magnitude cheaper than INSERT; bulk_create elsewhere."""
     if not rows:

@@ -1,6 +1,9 @@
 """Filter sets for the tenants API: accounts, money, images and slices."""
 
+from __future__ import annotations
+
 import django_filters
+from django.db.models import QuerySet
 
 from tenants.models import (
     ApiToken,
@@ -32,7 +35,9 @@ class ApiTokenFilter(django_filters.FilterSet):
         model = ApiToken
         fields = ["live"]
 
-    def filter_live(self, queryset, name, value):
+    def filter_live(
+        self, queryset: QuerySet[ApiToken], name: str, value: bool
+    ) -> QuerySet[ApiToken]:
         live_ids = queryset.model.objects.live().values("pk")
         return queryset.filter(pk__in=live_ids) if value else queryset.exclude(pk__in=live_ids)
 
@@ -67,7 +72,9 @@ class PurchaseFilter(django_filters.FilterSet):
         model = Purchase
         fields = ["tier", "has_minutes_left"]
 
-    def filter_has_minutes_left(self, queryset, name, value):
+    def filter_has_minutes_left(
+        self, queryset: QuerySet[Purchase], name: str, value: bool
+    ) -> QuerySet[Purchase]:
         return queryset.filter(minutes_left__gt=0) if value else queryset.filter(minutes_left=0)
 
 

@@ -3,6 +3,8 @@ tenant status and search."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django import forms
 
 from gpuplatform.api.scopes import SCOPE_HELP, SCOPES
@@ -17,8 +19,9 @@ class NewPasswordForm(forms.Form):
     password = forms.CharField(label="Choose a password", widget=forms.PasswordInput, min_length=8)
     password_confirm = forms.CharField(label="Repeat password", widget=forms.PasswordInput)
 
-    def clean(self):
-        data = super().clean()
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        data = self.cleaned_data  # what Form.clean returns, typed
         if data.get("password") and data.get("password") != data.get("password_confirm"):
             self.add_error("password_confirm", "The two passwords differ.")
         return data
@@ -30,7 +33,7 @@ class SignUpForm(NewPasswordForm):
     tenant_name = forms.CharField(label="Organisation", max_length=100)
     email = forms.EmailField(label="Email", max_length=150)
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["password"].label = "Password"
 
@@ -75,13 +78,14 @@ class ApiTokenForm(forms.Form):
         "Empty: usable from anywhere.",
     )
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         for scope in SCOPES:
             self.fields[f"scope_{scope}"].help_text = SCOPE_HELP[scope]
 
-    def clean(self):
-        data = super().clean()
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        data = self.cleaned_data  # what Form.clean returns, typed
         data["scopes"] = [s for s in SCOPES if data.get(f"scope_{s}")]
         if not data["scopes"]:
             self.add_error("scope_read", "Choose at least one scope.")
@@ -90,7 +94,7 @@ class ApiTokenForm(forms.Form):
 
 
 class SshKeyForm(forms.Form):
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Its own ids: the token form on the same page has a `name` field too.
         kwargs.setdefault("auto_id", "id_ssh_key_%s")
         super().__init__(*args, **kwargs)

@@ -4,8 +4,12 @@ ops' grants and refunds. Services enforce the rules; their messages reach the fo
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 from django import forms
+from django.db.models import QuerySet
+
+from gpuplatform.pages import form_field
 
 from .. import services
 from ..models import Tenant, Tier
@@ -64,10 +68,11 @@ class BuyForm(forms.Form):
     )
     idempotency_token = TokenField()
 
-    def __init__(self, *args, rate: Rate, **kwargs):
+    def __init__(self, *args: Any, rate: Rate, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["tier"].queryset = tier_list()
-        self.fields["tier"].rate = rate
+        tier = form_field(self, "tier", TierChoiceField)
+        tier.queryset = tier_list()
+        tier.rate = rate
         self.fields["idempotency_token"].initial = new_form_token()
 
     def total(self) -> Decimal | None:
@@ -90,10 +95,10 @@ class CreditGrantForm(forms.Form):
     memo = forms.CharField(max_length=200, help_text="What the grant is for (the tenant sees it).")
     idempotency_token = TokenField(required=False)
 
-    def __init__(self, *args, tenants=None, **kwargs):
+    def __init__(self, *args: Any, tenants: QuerySet[Tenant] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["idempotency_token"].initial = new_form_token()  # a double click: once
-        self.fields["tenant"].queryset = (
+        form_field(self, "tenant", TenantChoiceField).queryset = (
             tenants if tenants is not None else Tenant.objects.order_by("name")
         )
 

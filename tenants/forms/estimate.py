@@ -5,12 +5,14 @@ fields they name."""
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 from django import forms
 
 import estimator
 from estimator import request as accepted
 from gpuplatform import pages
+from gpuplatform.pages import form_field
 
 from ..selectors import tier_list
 
@@ -81,15 +83,16 @@ class JobForm(forms.Form):
     )
     enforce_eager = forms.BooleanField(label="vLLM eager mode (no CUDA graphs)", required=False)
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["model"].choices = [(name, name) for name in sorted(estimator.CATALOG)]
-        self.fields["model"].initial = DEFAULT_MODEL
+        model = form_field(self, "model", forms.ChoiceField)
+        model.choices = [(name, name) for name in sorted(estimator.CATALOG)]
+        model.initial = DEFAULT_MODEL
 
-    def job_mapping(self, model: dict) -> dict:
+    def job_mapping(self, model: dict[str, Any]) -> dict[str, Any]:
         """The estimator request for the cleaned job, without any tier."""
         data = self.cleaned_data
-        mapping = {
+        mapping: dict[str, Any] = {
             "model": model,
             "workload": data["workload"],
             "weights_dtype": data["weights_dtype"],
@@ -114,7 +117,7 @@ class JobForm(forms.Form):
         return mapping
 
 
-def _default_job(model: str, tier_mib: int) -> dict:
+def _default_job(model: str, tier_mib: int) -> dict[str, Any]:
     """The job the forms show before anyone changes a field, with this model and tier."""
     fields = JobForm.base_fields
     job = {
@@ -165,15 +168,17 @@ class FitForm(JobForm):
     )
     tier_mib = forms.TypedChoiceField(label="Tier", coerce=int, required=False)
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.tiers = list(tier_list())
-        self.fields["tier_mib"].choices = [(t.vram_mb, t.name) for t in self.tiers]
+        tier = form_field(self, "tier_mib", forms.TypedChoiceField)
+        tier.choices = [(t.vram_mb, t.name) for t in self.tiers]
         if self.tiers:
-            self.fields["tier_mib"].initial = self.tiers[-1].vram_mb
+            tier.initial = self.tiers[-1].vram_mb
 
-    def to_mapping(self) -> dict:
+    def to_mapping(self) -> dict[str, Any]:
         data = self.cleaned_data
+        model: dict[str, Any]
         if data.get("config_json", "").strip():
             model = {"config_json": data["config_json"]}
         else:
@@ -215,6 +220,6 @@ def error_summary(form: forms.Form) -> str:
     for name, errors in form.errors.items():
         label = form.fields[name].label if name in form.fields else ""
         label = label or name.replace("_", " ")
-        text = " ".join(errors)
+        text = " ".join(str(e) for e in errors)  # an ErrorList reads as text
         parts.append(text if name == "__all__" else f"{label}: {text}")
     return "Nothing estimated: " + "; ".join(parts)

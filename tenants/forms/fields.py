@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from typing import Any
 
 from django import forms
 
@@ -13,5 +14,5 @@ def new_form_token() -> str:
 
 
 class TokenField(forms.CharField):
-    def __init__(self, **kwargs):
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(max_length=128, widget=forms.HiddenInput, **kwargs)

@@ -4,15 +4,21 @@ services enforce the rules and their messages reach the form."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from django import forms
+from django.db.models import QuerySet
+from django.forms import BoundField
 
 from gpuplatform.errors import ServiceError
+from gpuplatform.pages import form_field
 from gpuplatform.querystring import is_id
 from nodes import volumes
 from nodes.models import Node
 
 from .. import services
-from ..models import Image, LaunchTemplate, Purchase, Slice, Tenant, Volume
+from ..models import Image, LaunchTemplate, Purchase, Slice, Tenant, Tier, Volume
 from ..selectors import image_list, purchases_usable
 from .estimate import JobForm, model_for_tier
 from .fields import TokenField, new_form_token
@@ -28,8 +34,14 @@ def lines(text: str) -> list[str]:
 
 
 class VolumeChoiceField(forms.ModelChoiceField):
-    def label_from_instance(self, obj) -> str:
+    def label_from_instance(self, obj: Volume) -> str:
         return f"{obj.name} · {obj.size_gb} GB · on {obj.node.name}"
+
+
+class ImageChoiceField(forms.ModelChoiceField):
+    """The launch's image, from the allowlist the form always sets (so typed as set)."""
+
+    queryset: QuerySet[Image]
 
 
 class LaunchForm(JobForm):
@@ -37,7 +49,7 @@ class LaunchForm(JobForm):
     MOUNT_ROWS = volumes.MAX_MOUNTS
 
     purchase = PurchaseChoiceField(queryset=Purchase.objects.none(), empty_label=None)
-    image = forms.ModelChoiceField(queryset=Image.objects.none(), empty_label=None)
+    image = ImageChoiceField(queryset=Image.objects.none(), empty_label=None)
     model = forms.ChoiceField(label="Model")
     command = forms.CharField(
         required=False,
@@ -71,19 +83,18 @@ class LaunchForm(JobForm):
     )
     idempotency_token = TokenField()
 
-    def __init__(self, *args, tenant: Tenant | None = None, **kwargs):
+    def __init__(self, *args: Any, tenant: Tenant | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["template"].queryset = LaunchTemplate.objects.filter(is_active=True)
+        templates = form_field(self, "template", forms.ModelChoiceField)
+        templates.queryset = LaunchTemplate.objects.filter(is_active=True)
         # Any own purchase validates, so a used one gets the service's reason (and a double
         # submit its first slice); only usable ones are offered.
-        self.fields["purchase"].queryset = Purchase.objects.for_tenant(tenant).select_related(
-            "tier"
-        )
+        purchases = form_field(self, "purchase", PurchaseChoiceField)
+        purchases.queryset = Purchase.objects.for_tenant(tenant).select_related("tier")
         self.usable = list(purchases_usable(tenant))
-        field = self.fields["purchase"]
-        field.widget.choices = [(p.pk, field.label_from_instance(p)) for p in self.usable]
+        purchases.widget.choices = [(p.pk, purchases.label_from_instance(p)) for p in self.usable]
         self._preselect()
-        self.fields["image"].queryset = image_list(active_only=True)
+        form_field(self, "image", ImageChoiceField).queryset = image_list(active_only=True)
         self.fields["idempotency_token"].initial = new_form_token()
         # Any of the tenant's volumes validates (a deleted or busy one gets the service's
         # reason); the ready ones are offered.
@@ -106,11 +117,17 @@ class LaunchForm(JobForm):
                 widget=forms.TextInput(attrs={"placeholder": "/data/models"}),
             )
 
-    def mount_rows(self) -> list[tuple]:
+    @property
+    def images(self) -> QuerySet[Image]:
+        """The images offered (and validated against): the image field's own queryset."""
+        return form_field(self, "image", ImageChoiceField).queryset
+
+    def mount_rows(self) -> list[tuple[BoundField, BoundField]]:
         return [(self[f"volume_{n}"], self[f"volume_path_{n}"]) for n in range(self.MOUNT_ROWS)]
 
-    def clean(self):
-        data = super().clean()
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        data = self.cleaned_data  # what Form.clean returns, typed
         mounts = []
         for n in range(self.MOUNT_ROWS):
             volume, path = data.get(f"volume_{n}"), (data.get(f"volume_path_{n}") or "").strip()
@@ -173,7 +190,7 @@ class LaunchForm(JobForm):
         except ServiceError as exc:
             raise forms.ValidationError(exc.message) from exc
 
-    def model_request(self) -> dict:
+    def model_request(self) -> dict[str, Any]:
         """The estimator input without the tier: the purchase supplies it. From a
         template, what its job sets that the page has no field for is kept (the share of
         the slice vLLM reserves among it)."""
@@ -184,10 +201,10 @@ class LaunchForm(JobForm):
         return {**(template.model_request or {}), **job}
 
 
-def template_initial(template: LaunchTemplate) -> dict:
+def template_initial(template: LaunchTemplate) -> dict[str, Any]:
     """The launch form's fields as a template fills them; the tenant adjusts from there."""
     job = template.model_request or {}
-    initial: dict = {
+    initial: dict[str, Any] = {
         "template": template.pk,
         "image": template.image_id,
         "command": "\n".join(template.command or []),
@@ -211,7 +228,13 @@ class LaunchEstimateForm(JobForm):
 
     model = forms.ChoiceField(label="Model")
 
-    def __init__(self, *args, tenant: Tenant | None = None, tiers=(), **kwargs):
+    def __init__(
+        self,
+        *args: Any,
+        tenant: Tenant | None = None,
+        tiers: Iterable[Tier] = (),
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.tiers = list(tiers)
         wanted = str(self.data.get("purchase", ""))
@@ -221,7 +244,7 @@ class LaunchEstimateForm(JobForm):
             else None
         )
 
-    def to_mapping(self) -> dict:
+    def to_mapping(self) -> dict[str, Any]:
         mapping = self.job_mapping({"catalog": self.cleaned_data["model"]})
         if self.tiers:
             mapping["tiers_mib"] = [t.vram_mb for t in self.tiers]
@@ -250,7 +273,7 @@ class SliceFilterForm(forms.Form):
         queryset=Image.objects.order_by("name"), required=False, empty_label="any image"
     )
 
-    def filters(self) -> dict:
+    def filters(self) -> dict[str, Any]:
         """The filters for `selectors.slice_list_for_ops`: none for an invalid form."""
         if not self.is_valid():
             return {}
@@ -316,7 +339,7 @@ class ImageForm(forms.Form):
             raise forms.ValidationError("Ports are whole numbers, e.g. 22, 8888.") from exc
 
     @classmethod
-    def initial_for(cls, image: Image) -> dict:
+    def initial_for(cls, image: Image) -> dict[str, Any]:
         return {
             "name": image.name,
             "reference": image.reference,

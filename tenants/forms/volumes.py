@@ -1,8 +1,17 @@
 """The volume pages' forms: create one, delete one by typing its name; resume a slice on
 a purchase of its tier, terminate one."""
 
+from __future__ import annotations
+
+from typing import Any
+
 from django import forms
 from django.conf import settings
+from django.db.models import QuerySet
+
+from gpuplatform.pages import form_field
+
+from ..models import Purchase
 
 
 class VolumeForm(forms.Form):
@@ -28,20 +37,22 @@ class VolumeDeleteForm(forms.Form):
     )
 
 
+class ResumePurchaseField(forms.ModelChoiceField):
+    def label_from_instance(self, obj: Purchase) -> str:
+        return f"#{obj.pk}: {obj.tier.name}, {obj.minutes_left} of {obj.minutes_total} min left"
+
+
 class ResumeForm(forms.Form):
-    purchase = forms.ModelChoiceField(
+    purchase = ResumePurchaseField(
         label="Pay from",
         queryset=None,
         empty_label=None,
         help_text="A purchase of the slice's tier with minutes left.",
     )
 
-    def __init__(self, *args, purchases, **kwargs):
+    def __init__(self, *args: Any, purchases: QuerySet[Purchase], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["purchase"].queryset = purchases
-        self.fields["purchase"].label_from_instance = lambda p: (
-            f"#{p.pk}: {p.tier.name}, {p.minutes_left} of {p.minutes_total} min left"
-        )
+        form_field(self, "purchase", ResumePurchaseField).queryset = purchases
 
 
 class TerminateForm(forms.Form):

@@ -5,24 +5,28 @@ read through it, so another tenant's object is simply not found (404).
 """
 
 from decimal import Decimal
+from typing import TYPE_CHECKING, Self
 
 from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
+
 
 class TenantScopedQuerySet(models.QuerySet):
     tenant_field = "tenant"
 
-    def for_tenant(self, tenant: "Tenant | None") -> "TenantScopedQuerySet":
+    def for_tenant(self, tenant: "Tenant | None") -> Self:
         if tenant is None:
             return self.none()
         return self.filter(**{self.tenant_field: tenant})
 
 
 class TenantQuerySet(models.QuerySet):
-    def visible_to(self, user) -> "TenantQuerySet":
+    def visible_to(self, user: "User | AnonymousUser") -> Self:
         if not user.is_authenticated:
             return self.none()
         if user.is_staff:
@@ -184,7 +188,7 @@ class Invitation(models.Model):
 
 
 class ApiTokenQuerySet(TenantScopedQuerySet):
-    def live(self) -> "ApiTokenQuerySet":
+    def live(self) -> Self:
         return self.filter(revoked_at__isnull=True).filter(
             Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now())
         )

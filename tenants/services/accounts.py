@@ -1,11 +1,10 @@
 """Every write to tenants, members, invitations and API tokens goes through here."""
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.mail import send_mail
@@ -32,8 +31,6 @@ from ..tokens import API_TOKEN_PREFIX, display_prefix, hash_secret, new_secret
 from .notify import audit_event_record
 from .slices.stop import slice_stop_locked
 
-User = get_user_model()
-
 API_TOKEN_MAX_DAYS = 365
 INVITATION_PURGE_AFTER = timedelta(days=30)
 
@@ -47,14 +44,14 @@ def _unique_slug(name: str) -> str:
     return slug
 
 
-def _check_password(password: str, user: AbstractBaseUser | None = None) -> None:
+def _check_password(password: str, user: User | None = None) -> None:
     try:
         validate_password(password, user)
     except DjangoValidationError as exc:
         raise ServiceError(" ".join(exc.messages), code="weak_password", field="password") from exc
 
 
-def _new_user(*, email: str, password: str):
+def _new_user(*, email: str, password: str) -> User:
     email = User.objects.normalize_email(email).strip().lower()
     if User.objects.filter(username__iexact=email).exists():
         raise Conflict(
@@ -74,7 +71,7 @@ def _new_user(*, email: str, password: str):
 
 
 @transaction.atomic
-def tenant_create(*, owner: AbstractBaseUser, name: str) -> Membership:
+def tenant_create(*, owner: User, name: str) -> Membership:
     """A new tenant with `owner` as its owner. The user must not belong to one already."""
     name = name.strip()
     if not name:
@@ -97,9 +94,7 @@ def tenant_sign_up(*, email: str, password: str, tenant_name: str) -> Membership
 
 
 @transaction.atomic
-def tenant_set_status(
-    *, tenant: Tenant, actor: AbstractBaseUser, status: str, reason: str = ""
-) -> Tenant:
+def tenant_set_status(*, tenant: Tenant, actor: User, status: str, reason: str = "") -> Tenant:
     if not actor.is_staff:
         raise NotAllowed("Only ops can suspend or reactivate a tenant.")
     if status not in Tenant.Status.values:
@@ -123,7 +118,7 @@ def tenant_set_status(
     return tenant
 
 
-def _stop_all_slices(tenant: Tenant, actor: AbstractBaseUser, reason: str) -> None:
+def _stop_all_slices(tenant: Tenant, actor: User, reason: str) -> None:
     """A suspended tenant runs nothing: its slices are stopped (queued ones cancelled),
     their VRAM released and metering stopped; what is left of their purchases stays
     refundable by ops."""
@@ -359,7 +354,7 @@ def invitation_purge_expired() -> int:
 @transaction.atomic
 def api_token_create(
     *,
-    user: AbstractBaseUser,
+    user: User,
     name: str,
     expires_in_days: int | None = None,
     scopes: Sequence[str] | None = None,
@@ -372,30 +367,16 @@ def api_token_create(
     token, `within`, that token's). The new one may not do more than `within`, nor from
     more places.
     """
-    name = name.strip()
-    if not name:
-        raise ServiceError("Give the token a name.", code="required", field="name")
-    if len(name) > 64:
-        raise ServiceError(
-            "Ensure this field has no more than 64 characters.", code="max_length", field="name"
-        )
-    if expires_in_days is not None and not 1 <= expires_in_days <= API_TOKEN_MAX_DAYS:
-        raise ServiceError(
-            f"Choose between 1 and {API_TOKEN_MAX_DAYS} days.",
-            code="min_value" if expires_in_days < 1 else "max_value",
-            field="expires_in_days",
-        )
-    membership = Membership.objects.select_related("tenant").filter(user=user).first()
-    if membership is None and not user.is_staff:
-        raise NotAllowed("Join or create a tenant before making API tokens.", code="no_tenant")
-    if membership is not None and not membership.tenant.is_active:
-        raise NotAllowed("This tenant is suspended: no new API tokens.", code="tenant_suspended")
+    name = _clean_token_name(name)
+    _check_token_days(expires_in_days)
+    membership = _token_membership(user)
     role = membership.role if membership else None
     allowed = role_scopes(is_staff=user.is_staff, role=role)
-    if scopes is None:  # a token's child defaults to its parent's scopes, not the role's
-        scopes = allowed if within is None else [s for s in within.scopes if s in allowed]
+    wanted: Iterable[str] = scopes if scopes is not None else allowed
+    if scopes is None and within is not None:  # a child defaults to its parent's scopes
+        wanted = [s for s in within.scopes if s in allowed]
     granted = clean_scopes(
-        scopes=scopes,
+        scopes=wanted,
         allowed=allowed,
         role="staff" if user.is_staff else str(role),
     )
@@ -425,6 +406,36 @@ def api_token_create(
     return token, value
 
 
+def _clean_token_name(name: str) -> str:
+    name = name.strip()
+    if not name:
+        raise ServiceError("Give the token a name.", code="required", field="name")
+    if len(name) > 64:
+        raise ServiceError(
+            "Ensure this field has no more than 64 characters.", code="max_length", field="name"
+        )
+    return name
+
+
+def _check_token_days(expires_in_days: int | None) -> None:
+    if expires_in_days is not None and not 1 <= expires_in_days <= API_TOKEN_MAX_DAYS:
+        raise ServiceError(
+            f"Choose between 1 and {API_TOKEN_MAX_DAYS} days.",
+            code="min_value" if expires_in_days < 1 else "max_value",
+            field="expires_in_days",
+        )
+
+
+def _token_membership(user: User) -> Membership | None:
+    """The membership a new token of `user` acts under (None for ops), if it may have one."""
+    membership = Membership.objects.select_related("tenant").filter(user=user).first()
+    if membership is None and not user.is_staff:
+        raise NotAllowed("Join or create a tenant before making API tokens.", code="no_tenant")
+    if membership is not None and not membership.tenant.is_active:
+        raise NotAllowed("This tenant is suspended: no new API tokens.", code="tenant_suspended")
+    return membership
+
+
 def _check_within(
     *, token: ApiToken, scopes: list[str], networks: list[str], allowed: frozenset[str]
 ) -> None:
@@ -445,12 +456,12 @@ def _check_within(
 
 
 @transaction.atomic
-def api_token_revoke(*, user: AbstractBaseUser, token: ApiToken) -> ApiToken:
+def api_token_revoke(*, user: User, token: ApiToken) -> ApiToken:
     token = api_token_lock(token.pk, user=user)
     if token.revoked_at is None:
         token.revoked_at = timezone.now()
         token.save(update_fields=["revoked_at"])
-        if token.tenant_id:
+        if token.tenant is not None:  # None without a query when it has no tenant
             audit_event_record(
                 tenant=token.tenant,
                 actor=user,

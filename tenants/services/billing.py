@@ -10,7 +10,7 @@ import math
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -28,8 +28,11 @@ MAX_PURCHASE_HOURS = 720
 MAX_GRANT = Decimal("100000.00")
 CENT = Decimal("0.01")
 
+# An amount of credit as a form or the API hands it over, before `credit_amount` checks it.
+AmountInput = Decimal | int | str
 
-def credit_amount(value, *, field: str) -> Decimal:
+
+def credit_amount(value: object, *, field: str) -> Decimal:
     """An amount of credit as typed or sent: a finite number with at most two decimals."""
     try:
         amount = Decimal(str(value))
@@ -55,7 +58,7 @@ def _ledger(
     tenant: Tenant,
     kind: str,
     amount: Decimal,
-    actor: AbstractBaseUser | None,
+    actor: User | None,
     memo: str = "",
     purchase: Purchase | None = None,
     idempotency_key: str = "",
@@ -84,8 +87,8 @@ def _ledger(
 def credit_grant(
     *,
     tenant: Tenant,
-    amount,
-    actor: AbstractBaseUser,
+    amount: AmountInput,
+    actor: User,
     memo: str = "",
     idempotency_key: str = "",
 ) -> LedgerEntry:
@@ -101,7 +104,7 @@ def credit_grant(
         return existing
 
 
-def _grant_for_key(tenant: Tenant, key: str, amount) -> LedgerEntry | None:
+def _grant_for_key(tenant: Tenant, key: str, amount: AmountInput) -> LedgerEntry | None:
     existing = LedgerEntry.objects.for_tenant(tenant).filter(idempotency_key=key).first()
     if existing is not None and existing.amount != credit_amount(amount, field="amount"):
         raise Conflict(
@@ -116,8 +119,8 @@ def _grant_for_key(tenant: Tenant, key: str, amount) -> LedgerEntry | None:
 def _credit_grant(
     *,
     tenant: Tenant,
-    amount,
-    actor: AbstractBaseUser,
+    amount: AmountInput,
+    actor: User,
     memo: str,
     key: str,
 ) -> LedgerEntry:
@@ -278,8 +281,9 @@ def _purchase_create(
 
 
 @transaction.atomic
-def purchase_refund(*, purchase: Purchase, actor: AbstractBaseUser, memo: str = "") -> LedgerEntry:
-    """Ops return a purchase's unused minutes to credit, pro rata (rounded down)."""
+def purchase_refund(*, purchase: Purchase, actor: User, memo: str = "") -> LedgerEntry | None:
+    """Ops return a purchase's unused minutes to credit, pro rata (rounded down). The
+    ledger entry, or None when the minutes left were worth nothing."""
     if not getattr(actor, "is_staff", False):
         raise NotAllowed("Only ops can refund.")
     tenant = tenant_lock(purchase.tenant_id)
@@ -326,7 +330,7 @@ def purchase_refund(*, purchase: Purchase, actor: AbstractBaseUser, memo: str = 
             + (f"\n\nTheir note: {memo.strip()}" if memo.strip() else "")
         ),
     )
-    return entry  # type: ignore[return-value]
+    return entry
 
 
 # --- metering ---------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from decimal import Decimal, InvalidOperation
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -18,7 +18,7 @@ from ..locks import credit_request_lock
 from ..models import CreditRate, CreditRequest, Membership, Role, Tenant
 from ..money import credits_text, money_text
 from ..selectors import credit_rate_current
-from .billing import MAX_GRANT, credit_amount, credit_grant
+from .billing import MAX_GRANT, AmountInput, credit_amount, credit_grant
 from .notify import audit_event_record, members_notify
 
 # What a credit may be worth: wide enough for any real currency, narrow enough to catch a
@@ -36,7 +36,7 @@ def _require_active(tenant: Tenant) -> None:
         )
 
 
-def _require_staff(actor: AbstractBaseUser, what: str) -> None:
+def _require_staff(actor: User, what: str) -> None:
     if not getattr(actor, "is_staff", False):
         raise NotAllowed(f"Only ops can {what}.")
 
@@ -44,9 +44,9 @@ def _require_staff(actor: AbstractBaseUser, what: str) -> None:
 @transaction.atomic
 def credit_rate_set(
     *,
-    actor: AbstractBaseUser,
+    actor: User,
     currency: str,
-    per_credit,
+    per_credit: Decimal | str,
     reason: str,
 ) -> CreditRate:
     """Ops set what one credit is worth. Every change is a new row: the history is the audit."""
@@ -85,7 +85,7 @@ def credit_rate_set(
 def credit_request_create(
     *,
     membership: Membership,
-    amount,
+    amount: AmountInput,
     note: str = "",
 ) -> CreditRequest:
     """A tenant's owner or member asks ops for credit; one request waits at a time."""
@@ -156,9 +156,7 @@ def credit_request_withdraw(*, membership: Membership, request: CreditRequest) -
 
 
 @transaction.atomic
-def credit_request_grant(
-    *, request: CreditRequest, actor: AbstractBaseUser, note: str = ""
-) -> CreditRequest:
+def credit_request_grant(*, request: CreditRequest, actor: User, note: str = "") -> CreditRequest:
     """Ops grant what was asked: one ledger entry, keyed by the request (granting twice
     cannot add twice), and the tenant's owners and members are told."""
     _require_staff(actor, "grant credit")
@@ -188,9 +186,7 @@ def credit_request_grant(
 
 
 @transaction.atomic
-def credit_request_decline(
-    *, request: CreditRequest, actor: AbstractBaseUser, note: str
-) -> CreditRequest:
+def credit_request_decline(*, request: CreditRequest, actor: User, note: str) -> CreditRequest:
     _require_staff(actor, "decline a credit request")
     note = (note or "").strip()
     if not note:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from datetime import timedelta
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Any, TypedDict
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -40,75 +41,113 @@ def _runtime_accepts(reference: str) -> bool:
     return True
 
 
-def _clean(data: dict) -> dict:  # type: ignore[type-arg]
-    out = dict(data)
+def _clean(data: Mapping[str, object]) -> dict[str, Any]:
+    """An allowlist entry's fields, each checked and normalised (the ones given only),
+    then the ports an entry's way of connecting needs."""
+    out: dict[str, Any] = dict(data)
     if "name" in out:
-        out["name"] = str(out["name"]).strip()
-        if not NAME_RE.match(out["name"]):
-            raise ServiceError(
-                "Name: letters, digits, spaces and . _ ( ) + -, up to 64 characters.", field="name"
-            )
+        out["name"] = _clean_name(out["name"])
     if "reference" in out:
-        out["reference"] = str(out["reference"]).strip()
-        if (
-            len(out["reference"]) > 255
-            or not REFERENCE_RE.match(out["reference"])
-            or not _runtime_accepts(out["reference"])
-        ):
-            raise ServiceError(
-                "Not an image reference: expected e.g. pytorch/pytorch:2.4.0-cuda12.1-runtime.",
-                field="reference",
-            )
+        out["reference"] = _clean_reference(out["reference"])
     if "digest" in out:
-        out["digest"] = str(out["digest"] or "").strip()
-        if out["digest"] and not DIGEST_RE.match(out["digest"]):
-            raise ServiceError("A digest looks like sha256:<64 hex digits>.", field="digest")
+        out["digest"] = _clean_digest(out["digest"])
     if "default_command" in out:
-        try:
-            out["default_command"] = clean_command(out["default_command"])
-        except ServiceError as exc:
-            raise ServiceError(exc.message, code=exc.code, field="default_command") from exc
+        out["default_command"] = _clean_default_command(out["default_command"])
     if "ports" in out:
-        ports = out["ports"] or []
-        whole = isinstance(ports, list) and all(
-            isinstance(p, int) and not isinstance(p, bool) for p in ports
-        )
-        if not whole or len(ports) > MAX_PORTS or not all(1 <= p <= 65535 for p in ports):
-            code = "invalid"  # not a list of whole numbers
-            if whole:
-                code = "max_length" if len(ports) > MAX_PORTS else "min_value"
-                if len(ports) <= MAX_PORTS and max(ports) > 65535:
-                    code = "max_value"
-            raise ServiceError(
-                f"Ports are up to {MAX_PORTS} numbers between 1 and 65535.",
-                code=code,
-                field="ports",
-            )
-        out["ports"] = sorted(set(ports))
+        out["ports"] = _clean_ports(out["ports"])
     if "ssh_user" in out:
-        out["ssh_user"] = out["ssh_user"].strip() if isinstance(out["ssh_user"], str) else None
-        if not out["ssh_user"] or not SSH_USER_RE.match(out["ssh_user"]):
-            raise ServiceError(
-                "SSH user: a user name of up to 32 characters (a-z, 0-9, _ and -, "
-                "starting with a letter or _).",
-                field="ssh_user",
-            )
+        out["ssh_user"] = _clean_ssh_user(out["ssh_user"])
     if "connect" in out and out["connect"] not in Image.Connect.values:
         raise ServiceError("How tenants connect: ssh, jupyter or service.", field="connect")
-    connect = out.get("connect")
-    ports = out.get("ports")
+    _check_connect_ports(connect=out.get("connect"), ports=out.get("ports"))
+    return out
+
+
+def _clean_name(value: object) -> str:
+    name = str(value).strip()
+    if not NAME_RE.match(name):
+        raise ServiceError(
+            "Name: letters, digits, spaces and . _ ( ) + -, up to 64 characters.", field="name"
+        )
+    return name
+
+
+def _clean_reference(value: object) -> str:
+    reference = str(value).strip()
+    if len(reference) > 255 or not REFERENCE_RE.match(reference) or not _runtime_accepts(reference):
+        raise ServiceError(
+            "Not an image reference: expected e.g. pytorch/pytorch:2.4.0-cuda12.1-runtime.",
+            field="reference",
+        )
+    return reference
+
+
+def _clean_digest(value: object) -> str:
+    digest = str(value or "").strip()
+    if digest and not DIGEST_RE.match(digest):
+        raise ServiceError("A digest looks like sha256:<64 hex digits>.", field="digest")
+    return digest
+
+
+def _clean_default_command(value: object) -> list[str]:
+    try:
+        return clean_command(value)
+    except ServiceError as exc:
+        raise ServiceError(exc.message, code=exc.code, field="default_command") from exc
+
+
+def _clean_ports(value: object) -> list[int]:
+    """Up to MAX_PORTS whole numbers from 1 to 65535, sorted, each once."""
+    ports = value or []
+    if not isinstance(ports, list) or not all(
+        isinstance(p, int) and not isinstance(p, bool) for p in ports
+    ):
+        raise _ports_refused("invalid")  # not a list of whole numbers
+    if len(ports) > MAX_PORTS:
+        raise _ports_refused("max_length")
+    if not all(1 <= p <= 65535 for p in ports):
+        raise _ports_refused("max_value" if max(ports) > 65535 else "min_value")
+    return sorted(set(ports))
+
+
+def _ports_refused(code: str) -> ServiceError:
+    return ServiceError(
+        f"Ports are up to {MAX_PORTS} numbers between 1 and 65535.", code=code, field="ports"
+    )
+
+
+def _clean_ssh_user(value: object) -> str:
+    user = value.strip() if isinstance(value, str) else None
+    if not user or not SSH_USER_RE.match(user):
+        raise ServiceError(
+            "SSH user: a user name of up to 32 characters (a-z, 0-9, _ and -, "
+            "starting with a letter or _).",
+            field="ssh_user",
+        )
+    return user
+
+
+def _check_connect_ports(*, connect: object, ports: list[int] | None) -> None:
     if connect == Image.Connect.SSH and ports is not None and 22 not in ports:
         raise ServiceError("An SSH image must expose port 22.", field="ports")
     if connect == Image.Connect.JUPYTER and ports is not None and 8888 not in ports:
         raise ServiceError("A Jupyter image must expose port 8888.", field="ports")
-    return out
 
 
 INSPECT_ON_NODES = 2  # nodes tried, most recently seen first
 INSPECT_SEEN_WITHIN = timedelta(minutes=10)
 
 
-def _inspection(reference: str) -> dict:  # type: ignore[type-arg]
+class Inspection(TypedDict):
+    """What an allowlist entry keeps of its image's inspection on a node."""
+
+    inspected_at: datetime | None
+    inspected_on: str
+    inspected_image_id: str
+    inspection_note: str
+
+
+def _inspection(reference: str) -> Inspection:
     """Inspect the image's configuration on a node that passed the preflight gate: an
     image that sets a variable changing isolation (the NVIDIAScape pattern is `ENV
     LD_PRELOAD` in the image) is refused, naming it. With no node to ask, the entry is
@@ -153,16 +192,16 @@ def _inspection(reference: str) -> dict:  # type: ignore[type-arg]
     }
 
 
-def _pinned(data: dict) -> str:  # type: ignore[type-arg]
+def _pinned(data: Mapping[str, Any]) -> str:
     return f"{data['reference']}@{data['digest']}" if data.get("digest") else data["reference"]
 
 
-def _require_ops(actor: AbstractBaseUser) -> None:
+def _require_ops(actor: User) -> None:
     if not getattr(actor, "is_staff", False):
         raise NotAllowed("Only ops manage the image allowlist.")
 
 
-def image_create(*, actor: AbstractBaseUser, **fields) -> Image:
+def image_create(*, actor: User, **fields: object) -> Image:
     _require_ops(actor)
     fields.setdefault("connect", Image.Connect.SSH)
     fields.setdefault("ports", [22] if fields["connect"] == Image.Connect.SSH else [])
@@ -176,7 +215,7 @@ def image_create(*, actor: AbstractBaseUser, **fields) -> Image:
 
 
 @transaction.atomic
-def _image_save_new(data: dict) -> Image:  # type: ignore[type-arg]
+def _image_save_new(data: dict[str, Any]) -> Image:
     try:
         with transaction.atomic():
             return Image.objects.create(**data)
@@ -186,13 +225,13 @@ def _image_save_new(data: dict) -> Image:  # type: ignore[type-arg]
         ) from exc
 
 
-def image_update(*, actor: AbstractBaseUser, image: Image, **changes) -> Image:
+def image_update(*, actor: User, image: Image, **changes: object) -> Image:
     """Change an allowlist entry; running slices keep the image they started with. A new
     reference or digest is inspected on a node again (a digest-pinned image that changes
     digest is another image)."""
     _require_ops(actor)
     current = Image.objects.get(pk=image.pk)
-    inspected: dict = {}  # type: ignore[type-arg]
+    inspected: Mapping[str, object] = {}
     if "reference" in changes or "digest" in changes:
         data = _clean(
             {
@@ -206,7 +245,9 @@ def image_update(*, actor: AbstractBaseUser, image: Image, **changes) -> Image:
 
 
 @transaction.atomic
-def _image_save_changes(*, image: Image, changes: dict, inspected: dict) -> Image:  # type: ignore[type-arg]
+def _image_save_changes(
+    *, image: Image, changes: Mapping[str, object], inspected: Mapping[str, object]
+) -> Image:
     image = image_lock(image.pk)
     merged = {
         "connect": changes.get("connect", image.connect),
@@ -236,7 +277,15 @@ def images_on_nodes(images: Iterable[Image]) -> dict[int, int]:
     return {i.pk: held[i.pinned_reference] for i in images}
 
 
-def images_needing_pull(images: Iterable[Image]) -> list[dict]:  # type: ignore[type-arg]
+class PullNote(TypedDict):
+    """`images_needing_pull`: an image no node taking placements holds, and what then."""
+
+    image: Image
+    can_pull: str
+    text: str
+
+
+def images_needing_pull(images: Iterable[Image]) -> list[PullNote]:
     """The launch page's note on each image no node taking placements holds: a launch of
     it would need a pull, and whether nodes here can pull when ops said so. Empty while
     no such node's images have been read (nothing is known to say)."""
@@ -245,7 +294,7 @@ def images_needing_pull(images: Iterable[Image]) -> list[dict]:  # type: ignore[
         return []
     on_nodes = images_on_nodes(images)
     can_pull = node_services.nodes_can_pull()
-    notes = []
+    notes: list[PullNote] = []
     for image in images:
         if on_nodes[image.pk]:
             continue

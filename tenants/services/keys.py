@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -80,7 +80,23 @@ def ssh_fingerprint(blob: bytes) -> str:
 def ssh_public_key_parse(text: str) -> ParsedKey:
     """One OpenSSH public key line (`<type> <base64> [comment]`), checked by decoding the
     key itself; a ServiceError on `public_key` naming what is wrong otherwise."""
-    text = text if isinstance(text, str) else ""
+    parts = _one_key_line(text if isinstance(text, str) else "").split()
+    key_type = _accepted_type(parts[0])
+    if len(parts) < 2:
+        raise _refuse("The key itself is missing after its type.")
+    blob = _key_blob(key_type, parts[1])
+    comment = " ".join(parts[2:])[:COMMENT_MAX]
+    return ParsedKey(
+        key_type=key_type,
+        public_key=f"{key_type} {base64.b64encode(blob).decode()}",
+        comment=comment,
+        fingerprint=ssh_fingerprint(blob),
+    )
+
+
+def _one_key_line(text: str) -> str:
+    """The one line of a paste that looks like one public key, refusing anything else
+    (a private key, a whole file, nothing, the SSH2 format, several keys) by name."""
     if "\x00" in text:
         raise _refuse("A public key is text without NUL characters.")
     if any(marker in text for marker in _PRIVATE_MARKERS):
@@ -108,8 +124,12 @@ def ssh_public_key_parse(text: str) -> ParsedKey:
         raise _refuse("That is several keys: add them one at a time.")
     if len(lines) > 1:
         raise _refuse("Paste one line: " + _EXAMPLE + ".")
-    parts = lines[0].split()
-    key_type = parts[0]
+    return lines[0]
+
+
+def _accepted_type(key_type: str) -> str:
+    """The line's key type when it is one accepted here; a key of another kind is told
+    which kinds work."""
     if key_type not in ACCEPTED_TYPES:
         if _KEY_TYPE_SHAPE.fullmatch(key_type):
             raise _refuse(
@@ -120,9 +140,11 @@ def ssh_public_key_parse(text: str) -> ParsedKey:
             "Not an OpenSSH public key: expected one line like " + _EXAMPLE + " "
             "(the contents of your .pub file, with no options in front)."
         )
-    if len(parts) < 2:
-        raise _refuse("The key itself is missing after its type.")
-    encoded = parts[1]
+    return key_type
+
+
+def _key_blob(key_type: str, encoded: str) -> bytes:
+    """The decoded key, when it is whole, of the type its line names, and strong enough."""
     damaged = "The key is damaged or cut short: copy the whole line of the .pub file."
     try:
         blob = base64.b64decode(encoded, validate=True)
@@ -141,13 +163,7 @@ def ssh_public_key_parse(text: str) -> ParsedKey:
             "Better: make an Ed25519 key (ssh-keygen -t ed25519).",
             code="weak_key",
         )
-    comment = " ".join(parts[2:])[:COMMENT_MAX]
-    return ParsedKey(
-        key_type=key_type,
-        public_key=f"{key_type} {base64.b64encode(blob).decode()}",
-        comment=comment,
-        fingerprint=ssh_fingerprint(blob),
-    )
+    return blob
 
 
 def _clean_name(name: str) -> str:
@@ -165,7 +181,7 @@ def _clean_name(name: str) -> str:
     return name
 
 
-def _duplicate(existing: SshKey, user: AbstractBaseUser) -> Conflict:
+def _duplicate(existing: SshKey, user: User) -> Conflict:
     if existing.user_id == user.pk:
         message = f"You already added this key, as {existing.name!r}."
     else:
@@ -177,7 +193,7 @@ def _duplicate(existing: SshKey, user: AbstractBaseUser) -> Conflict:
     return Conflict(message, code="duplicate_key", field="public_key")
 
 
-def _key_summary(key: SshKey) -> dict:
+def _key_summary(key: SshKey) -> dict[str, object]:
     return {
         "ssh_key_id": key.pk,
         "name": key.name,
@@ -187,7 +203,7 @@ def _key_summary(key: SshKey) -> dict:
 
 
 @transaction.atomic
-def ssh_key_add(*, user: AbstractBaseUser, name: str, public_key: str) -> SshKey:
+def ssh_key_add(*, user: User, name: str, public_key: str) -> SshKey:
     """Register a public key on `user`'s account; nothing is stored unless all is well."""
     name = _clean_name(name)
     parsed = ssh_public_key_parse(public_key)
@@ -234,7 +250,7 @@ def ssh_key_add(*, user: AbstractBaseUser, name: str, public_key: str) -> SshKey
 
 
 @transaction.atomic
-def ssh_key_remove(*, user: AbstractBaseUser, key_id: int) -> bool:
+def ssh_key_remove(*, user: User, key_id: int) -> bool:
     """Remove one of `user`'s keys; False when there is none by that id (another user's,
     or already removed: removing twice is harmless)."""
     key = ssh_key_lock(key_id, user_id=user.pk)

@@ -1,8 +1,10 @@
 """What tenants are told and what is kept for them: the audit trail of their account and
 mail to their owners and members. Every other tenants service writes through these two."""
 
+from collections.abc import Mapping
+
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.core.mail import send_mail
 
 from gpuplatform.dispatch import enqueue
@@ -13,10 +15,10 @@ from ..models import AuditEvent, Membership, Role, Tenant
 def audit_event_record(
     *,
     tenant: Tenant,
-    actor: AbstractBaseUser | None,
+    actor: User | AnonymousUser | None,
     action: str,
     summary: str,
-    data: dict | None = None,
+    data: Mapping[str, object] | None = None,
 ) -> AuditEvent:
     return AuditEvent.objects.create(
         tenant=tenant,

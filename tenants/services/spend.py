@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
+from typing import TypedDict
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
@@ -33,7 +34,11 @@ def month_start(now: datetime | None = None) -> datetime:
 
 
 def spent(
-    *, tenant: Tenant, user=None, token: ApiToken | None = None, now: datetime | None = None
+    *,
+    tenant: Tenant,
+    user: User | None = None,
+    token: ApiToken | None = None,
+    now: datetime | None = None,
 ) -> Decimal:
     """Credits charged this month: the tenant's (purchases less refunds, storage), or those
     of the purchases one member or one token made (less their refunds)."""
@@ -48,10 +53,19 @@ def spent(
     return max(Decimal("0.00"), -total)
 
 
-def _limits(tenant: Tenant, membership: Membership | None, token: ApiToken | None) -> list:
+class _Scope(TypedDict, total=False):
+    """Whose spending a limit holds: `spent`'s keywords (none: the whole tenant's)."""
+
+    user: User
+    token: ApiToken
+
+
+def _limits(
+    tenant: Tenant, membership: Membership | None, token: ApiToken | None
+) -> list[tuple[str, Decimal, _Scope]]:
     """(whose, limit, scope) of every limit that applies, read afresh (an owner may have
     just changed one; the objects a request holds can be older)."""
-    out = []
+    out: list[tuple[str, Decimal, _Scope]] = []
     limit = Tenant.objects.filter(pk=tenant.pk).values_list("spend_limit", flat=True).first()
     if limit is not None:
         out.append(("the tenant's", limit, {}))
@@ -125,7 +139,7 @@ def spend_before(
     }
 
 
-def _clean_limit(value) -> Decimal | None:
+def _clean_limit(value: Decimal | str | None) -> Decimal | None:
     if value is None or value == "":
         return None
     try:
@@ -150,9 +164,9 @@ def _clean_limit(value) -> Decimal | None:
 @transaction.atomic
 def spend_limit_set(
     *,
-    actor: AbstractBaseUser,
+    actor: User,
     tenant: Tenant,
-    limit,
+    limit: Decimal | str | None,
     member: Membership | None = None,
     token: ApiToken | None = None,
 ) -> Decimal | None:
@@ -193,7 +207,36 @@ def spend_limit_set(
     return value
 
 
-def spend_summary(*, tenant: Tenant) -> dict:
+class MemberLimit(TypedDict):
+    """A member with a limit of their own (`spend_summary`)."""
+
+    pk: int
+    user__email: str
+    spend_limit: Decimal | None
+
+
+class TokenLimit(TypedDict):
+    """A live token with a limit of its own (`spend_summary`)."""
+
+    pk: int
+    name: str
+    spend_limit: Decimal | None
+
+
+class SpendSummary(TypedDict):
+    """`spend_summary`: what the dashboard and the API show of a tenant's spend."""
+
+    limit: Decimal | None
+    spent: Decimal
+    pct: float | None
+    warning: bool
+    reached: bool
+    since: datetime
+    members: list[MemberLimit]
+    tokens: list[TokenLimit]
+
+
+def spend_summary(*, tenant: Tenant) -> SpendSummary:
     """The tenant's limit, spend this month and share, for the dashboard and the API."""
     used = spent(tenant=tenant)
     limit = tenant.spend_limit
@@ -201,7 +244,7 @@ def spend_summary(*, tenant: Tenant) -> dict:
         "limit": limit,
         "spent": used,
         "pct": None if not limit else float(used * 100 / limit),
-        "warning": bool(limit) and used >= limit * WARN_AT,
+        "warning": limit is not None and limit != 0 and used >= limit * WARN_AT,
         "reached": limit is not None and used >= limit,
         "since": month_start(),
         "members": list(

@@ -3,7 +3,10 @@ flags can follow and a job the estimate can read); tenants launch from them."""
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AbstractBaseUser
+from collections.abc import Mapping
+from typing import TypedDict
+
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
@@ -18,7 +21,19 @@ FIELDS = ("name", "description", "image", "engine", "command", "environment", "m
 _ANY_TIER_MIB = 24 * 1024
 
 
-def _clean(current: dict) -> dict:
+class _TemplateFields(TypedDict):
+    """A template's fields as `_clean` leaves them, ready to save."""
+
+    name: str
+    description: str
+    image: Image
+    engine: str
+    command: list[str]
+    environment: dict[str, str]
+    model_request: object  # the job as given: launch_estimate_input has read it
+
+
+def _clean(current: Mapping[str, object]) -> _TemplateFields:
     name = str(current.get("name") or "").strip()
     if not name:
         raise ServiceError("A template needs a name.", field="name")
@@ -26,7 +41,7 @@ def _clean(current: dict) -> dict:
     if not isinstance(image, Image) or not image.is_active:
         raise ServiceError("An allowlisted image.", field="image")
     engine = current.get("engine") or ""
-    if engine not in engines.ENGINES:
+    if not isinstance(engine, str) or engine not in engines.ENGINES:
         raise ServiceError(
             f"The engine is one of {', '.join(e for e in engines.ENGINES if e)} (or none).",
             field="engine",
@@ -51,13 +66,13 @@ def _clean(current: dict) -> dict:
     }
 
 
-def _require_ops(actor: AbstractBaseUser) -> None:
+def _require_ops(actor: User) -> None:
     if not getattr(actor, "is_staff", False):
         raise NotAllowed("Only ops manage launch templates.")
 
 
 @transaction.atomic
-def template_create(*, actor: AbstractBaseUser, **fields) -> LaunchTemplate:
+def template_create(*, actor: User, **fields: object) -> LaunchTemplate:
     _require_ops(actor)
     data = _clean(fields)
     try:
@@ -70,9 +85,7 @@ def template_create(*, actor: AbstractBaseUser, **fields) -> LaunchTemplate:
 
 
 @transaction.atomic
-def template_update(
-    *, actor: AbstractBaseUser, template: LaunchTemplate, **changes
-) -> LaunchTemplate:
+def template_update(*, actor: User, template: LaunchTemplate, **changes: object) -> LaunchTemplate:
     """Change a template; slices launched from it keep what they started with."""
     _require_ops(actor)
     template = template_lock(template.pk)
@@ -94,7 +107,7 @@ def template_update(
 
 
 @transaction.atomic
-def template_withdraw(*, actor: AbstractBaseUser, template: LaunchTemplate) -> LaunchTemplate:
+def template_withdraw(*, actor: User, template: LaunchTemplate) -> LaunchTemplate:
     """No longer offered; kept on record for the slices launched from it."""
     _require_ops(actor)
     LaunchTemplate.objects.filter(pk=template.pk).update(is_active=False)

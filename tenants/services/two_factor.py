@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from binascii import unhexlify
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 from django_otp.oath import TOTP
@@ -31,7 +31,7 @@ class WrongCode(ServiceError):
 TOLERANCE_STEPS = 1
 
 
-def _audit(*, user: AbstractBaseUser, action: str, summary: str) -> None:
+def _audit(*, user: User, action: str, summary: str) -> None:
     # Staff belong to no tenant: their trail is the security log.
     log.info("two-factor %s: user %s", action, user.pk)
     membership = Membership.objects.filter(user=user).select_related("tenant").first()
@@ -39,7 +39,7 @@ def _audit(*, user: AbstractBaseUser, action: str, summary: str) -> None:
         audit_event_record(tenant=membership.tenant, actor=user, action=action, summary=summary)
 
 
-def _issue_recovery_codes(user: AbstractBaseUser) -> list[str]:
+def _issue_recovery_codes(user: User) -> list[str]:
     RecoveryCode.objects.filter(user=user).delete()
     codes = [two_factor.new_recovery_code() for _ in range(two_factor.RECOVERY_CODE_COUNT)]
     RecoveryCode.objects.bulk_create(
@@ -49,7 +49,7 @@ def _issue_recovery_codes(user: AbstractBaseUser) -> list[str]:
     return codes
 
 
-def _check_totp(*, user: AbstractBaseUser, code: str) -> TOTPDevice:
+def _check_totp(*, user: User, code: str) -> TOTPDevice:
     device = two_factor.totp_device(user)
     if device is None:
         raise Conflict("Two-factor sign-in is not set up.")
@@ -60,7 +60,7 @@ def _check_totp(*, user: AbstractBaseUser, code: str) -> TOTPDevice:
 
 
 @transaction.atomic
-def two_factor_enable(*, user: AbstractBaseUser, key: str, code: str) -> list[str]:
+def two_factor_enable(*, user: User, key: str, code: str) -> list[str]:
     """Confirm the secret shown on the set-up page with one code from the app; returns the
     recovery codes, the only time they are seen in the clear."""
     if two_factor.totp_device(user) is not None:
@@ -79,7 +79,7 @@ def two_factor_enable(*, user: AbstractBaseUser, key: str, code: str) -> list[st
 
 
 @transaction.atomic
-def two_factor_verify(*, user: AbstractBaseUser, code: str) -> TOTPDevice:
+def two_factor_verify(*, user: User, code: str) -> TOTPDevice:
     """The second step of signing in: a code from the app or an unused recovery code.
     Returns the device the session is then verified with."""
     if not two_factor.looks_like_recovery_code(code):
@@ -103,7 +103,7 @@ def two_factor_verify(*, user: AbstractBaseUser, code: str) -> TOTPDevice:
 
 
 @transaction.atomic
-def recovery_codes_regenerate(*, user: AbstractBaseUser, code: str) -> list[str]:
+def recovery_codes_regenerate(*, user: User, code: str) -> list[str]:
     """New recovery codes for a fresh code from the app; the old ones stop working."""
     _check_totp(user=user, code=code)
     codes = _issue_recovery_codes(user)
@@ -116,7 +116,7 @@ def recovery_codes_regenerate(*, user: AbstractBaseUser, code: str) -> list[str]
 
 
 @transaction.atomic
-def two_factor_disable(*, user: AbstractBaseUser, code: str) -> None:
+def two_factor_disable(*, user: User, code: str) -> None:
     """Turn two-factor sign-in off with a fresh code. Staff may not: it is their rule."""
     if user.is_staff:
         raise NotAllowed(

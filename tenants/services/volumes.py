@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from decimal import ROUND_DOWN, Decimal, InvalidOperation
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -44,7 +44,9 @@ def storage_price() -> Decimal:
 
 
 @transaction.atomic
-def storage_price_set(*, actor: AbstractBaseUser, credits_per_gb_hour, reason: str) -> StoragePrice:
+def storage_price_set(
+    *, actor: User, credits_per_gb_hour: Decimal | str, reason: str
+) -> StoragePrice:
     if not actor.is_staff:
         raise NotAllowed("Only ops set the storage price.")
     try:
@@ -68,7 +70,7 @@ def storage_price_set(*, actor: AbstractBaseUser, credits_per_gb_hour, reason: s
     )
 
 
-def _clean_name(name) -> str:
+def _clean_name(name: object) -> str:
     if not isinstance(name, str) or not NAME_RE.fullmatch(name.strip()):
         raise ServiceError(
             "A volume name: up to 63 of a-z, 0-9, '.', '_' and '-', starting with a letter "
@@ -78,7 +80,7 @@ def _clean_name(name) -> str:
     return name.strip()
 
 
-def _clean_size(size_gb) -> int:
+def _clean_size(size_gb: object) -> int:
     top = settings.VOLUME_MAX_GB
     if isinstance(size_gb, bool) or not isinstance(size_gb, int):
         raise ServiceError(f"A size in whole GB, 1 to {top}.", field="size_gb")
@@ -103,7 +105,7 @@ def _node_for_new_volume() -> Node | None:
 
 
 @transaction.atomic
-def volume_create(*, membership: Membership, name, size_gb) -> Volume:
+def volume_create(*, membership: Membership, name: str, size_gb: int) -> Volume:
     """Create a volume (state creating; the node makes it after commit)."""
     if not membership.can_write:
         raise NotAllowed("Viewers cannot create volumes.")
@@ -227,7 +229,7 @@ def volume_delete(*, membership: Membership, volume: Volume, confirm: str) -> Vo
     return volume
 
 
-def volume_discard(volume: Volume, *, actor: AbstractBaseUser | None, why: str) -> None:
+def volume_discard(volume: Volume, *, actor: User | None, why: str) -> None:
     """Mark a locked volume deleting, record it, remove it on its node after commit."""
     volume.state = V.DELETING
     volume.state_reason = why[:500]
@@ -265,7 +267,7 @@ def volume_remove(*, volume_id: int) -> str:
 # --- mounts
 
 
-def mounts_clean(*, tenant: Tenant, mounts) -> list[tuple[Volume, str]]:
+def mounts_clean(*, tenant: Tenant, mounts: object) -> list[tuple[Volume, str]]:
     """A launch's `volumes`: [{"volume": id, "path": "/data/x"}], checked against the
     tenant's own ready volumes. Another tenant's volume reads like one that does not
     exist. All of them must be on one node (the slice runs there)."""

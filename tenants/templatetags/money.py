@@ -4,16 +4,22 @@ The rate comes from the `credit_rate` context processor (read once per request);
 template rendered without a request falls back to reading it here.
 """
 
+from __future__ import annotations
+
+from decimal import Decimal
+
 from django import template
 from django.utils.html import format_html
 
-from ..money import credits_text
+from ..money import Rate, credits_text
 from ..selectors import credit_rate_current
 
 register = template.Library()
 
+Amount = Decimal | int | float | str | None  # what a template passes ("" or None: nothing)
 
-def _rate(context):
+
+def _rate(context: template.Context) -> Rate:
     rate = context.get("credit_rate")
     if rate is None:  # a template rendered outside a request
         rate = credit_rate_current()
@@ -21,7 +27,7 @@ def _rate(context):
 
 
 @register.simple_tag(takes_context=True)
-def money(context, amount, per=""):
+def money(context: template.Context, amount: Amount, per: str = "") -> str:
     """12.50 credits ($12.50); `per="hour"` adds " / hour" to both."""
     if amount is None or amount == "":
         return "—"
@@ -37,7 +43,7 @@ def money(context, amount, per=""):
 
 
 @register.simple_tag(takes_context=True)
-def money_value(context, amount):
+def money_value(context: template.Context, amount: Amount) -> str:
     """Only the money: $12.50."""
     if amount is None or amount == "":
         return "—"

@@ -6,13 +6,17 @@ where the node's sampler reads its per-container accounting and only for a conta
 with GPU processes; a MIG device's slice runs without the library (the device holds the
 quota). So a missing count means different things, and the note says which."""
 
+from __future__ import annotations
+
 from django import template
+
+from nodes.models import Allocation
 
 register = template.Library()
 
 
 @register.filter
-def library_count_note(allocation) -> str:
+def library_count_note(allocation: Allocation | None) -> str:
     if allocation is None:
         return ""
     if allocation.mig_device_uuid:

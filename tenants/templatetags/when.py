@@ -21,7 +21,7 @@ def _zone_name(local: datetime) -> str:
 
 
 @register.filter(is_safe=True)
-def when(moment):
+def when(moment: object) -> str:
     """A <time> element with the moment written as `when_text` writes it; the date and
     the time wrap apart, never inside either. "" for no moment (so `|default:` works)."""
     if not isinstance(moment, datetime):

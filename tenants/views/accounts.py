@@ -7,6 +7,8 @@ every page also works without JavaScript.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth import login
@@ -20,6 +22,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from gpuplatform.errors import ServiceError
+from gpuplatform.http import AccountRequest, MemberRequest, PageRequest, UserRequest
 from gpuplatform.pages import PAGE_SIZE, form_error, is_partial, submit
 
 from .. import selectors, services
@@ -57,7 +60,7 @@ def home(request: HttpRequest) -> HttpResponse:
     return redirect("tenants:catalog")
 
 
-def signup(request: HttpRequest) -> HttpResponse:
+def signup(request: PageRequest) -> HttpResponse:
     if request.user.is_authenticated:
         return redirect("tenants:dashboard")
     form = SignUpForm(request.POST or None)
@@ -121,8 +124,8 @@ def invitation_accept(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _account_context(request: HttpRequest, **extra) -> dict:
-    membership = getattr(request, "membership", None)
+def _account_context(request: AccountRequest | MemberRequest, **extra: Any) -> dict[str, Any]:
+    membership = request.membership
     tenant = membership.tenant if membership else None
     members = list(selectors.member_list(tenant=tenant))
     owners = [m.pk for m in members if m.role == Role.OWNER]
@@ -146,7 +149,7 @@ def _account_context(request: HttpRequest, **extra) -> dict:
 
 
 @login_required
-def account(request: HttpRequest) -> HttpResponse:
+def account(request: AccountRequest) -> HttpResponse:
     request.membership = selectors.membership_for_user(request.user)
     if request.membership is None and not request.user.is_staff:
         form = TenantCreateForm(request.POST or None)
@@ -161,7 +164,7 @@ def account(request: HttpRequest) -> HttpResponse:
     return render(request, "tenants/account.html", _account_context(request))
 
 
-def _tokens_response(request: HttpRequest, **extra) -> HttpResponse:
+def _tokens_response(request: AccountRequest, **extra: Any) -> HttpResponse:
     request.membership = selectors.membership_for_user(request.user)
     context = _account_context(request, **extra)
     template = "tenants/_tokens.html" if is_partial(request) else "tenants/account.html"
@@ -171,7 +174,7 @@ def _tokens_response(request: HttpRequest, **extra) -> HttpResponse:
 
 @login_required
 @require_POST
-def token_create(request: HttpRequest) -> HttpResponse:
+def token_create(request: AccountRequest) -> HttpResponse:
     form = ApiTokenForm(request.POST)
     if not form.is_valid():
         return _tokens_response(request, token_form=form)
@@ -191,7 +194,7 @@ def token_create(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
-def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
+def token_revoke(request: AccountRequest, pk: int) -> HttpResponse:
     token = get_object_or_404(ApiToken.objects.filter(user=request.user), pk=pk)
     services.api_token_revoke(user=request.user, token=token)
     if not is_partial(request):
@@ -200,7 +203,7 @@ def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
     return _tokens_response(request)
 
 
-def _ssh_keys_response(request: HttpRequest, status: int = 200, **extra) -> HttpResponse:
+def _ssh_keys_response(request: AccountRequest, status: int = 200, **extra: Any) -> HttpResponse:
     request.membership = selectors.membership_for_user(request.user)
     # A fragment brings the activity list along (out of band); the whole page has its own.
     context = _account_context(request, oob_activity=is_partial(request), **extra)
@@ -210,7 +213,7 @@ def _ssh_keys_response(request: HttpRequest, status: int = 200, **extra) -> Http
 
 @login_required
 @require_POST
-def ssh_key_add(request: HttpRequest) -> HttpResponse:
+def ssh_key_add(request: AccountRequest) -> HttpResponse:
     form = SshKeyForm(request.POST)
     added = submit(
         request,
@@ -233,7 +236,7 @@ def ssh_key_add(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def ssh_key_remove(request: HttpRequest, pk: int) -> HttpResponse:
+def ssh_key_remove(request: AccountRequest, pk: int) -> HttpResponse:
     """GET asks to confirm; only the confirming POST (`confirm`) removes the key."""
     key = get_object_or_404(selectors.ssh_keys_of(request.user), pk=pk)
     removed = submit(
@@ -253,7 +256,7 @@ def ssh_key_remove(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "tenants/ssh_key_remove.html", {"key": key}, status=removed.status)
 
 
-def _members_response(request: HttpRequest, **extra) -> HttpResponse:
+def _members_response(request: MemberRequest, **extra: Any) -> HttpResponse:
     error = extra.get("member_error")
     if not is_partial(request):
         if error:
@@ -266,11 +269,13 @@ def _members_response(request: HttpRequest, **extra) -> HttpResponse:
 
 @member_required
 @require_POST
-def invitation_create(request: HttpRequest) -> HttpResponse:
+def invitation_create(request: MemberRequest) -> HttpResponse:
     form = InvitationForm(request.POST)
     if not form.is_valid():
         if not is_partial(request):
-            messages.error(request, "; ".join(e for errs in form.errors.values() for e in errs))
+            messages.error(
+                request, "; ".join(str(e) for errs in form.errors.values() for e in errs)
+            )
             return redirect("tenants:account")
         return render(request, "tenants/_members.html", _account_context(request, invite_form=form))
     try:
@@ -289,7 +294,7 @@ def invitation_create(request: HttpRequest) -> HttpResponse:
 
 @member_required
 @require_POST
-def invitation_revoke(request: HttpRequest, pk: int) -> HttpResponse:
+def invitation_revoke(request: MemberRequest, pk: int) -> HttpResponse:
     invitation = get_object_or_404(Invitation.objects.for_tenant(request.membership.tenant), pk=pk)
     try:
         services.invitation_revoke(actor_membership=request.membership, invitation=invitation)
@@ -300,7 +305,7 @@ def invitation_revoke(request: HttpRequest, pk: int) -> HttpResponse:
 
 @member_required
 @require_POST
-def invitation_resend(request: HttpRequest, pk: int) -> HttpResponse:
+def invitation_resend(request: MemberRequest, pk: int) -> HttpResponse:
     invitation = get_object_or_404(Invitation.objects.for_tenant(request.membership.tenant), pk=pk)
     try:
         services.invitation_resend(actor_membership=request.membership, invitation=invitation)
@@ -311,7 +316,7 @@ def invitation_resend(request: HttpRequest, pk: int) -> HttpResponse:
 
 @member_required
 @require_POST
-def member_role(request: HttpRequest, pk: int) -> HttpResponse:
+def member_role(request: MemberRequest, pk: int) -> HttpResponse:
     member = get_object_or_404(Membership.objects.for_tenant(request.membership.tenant), pk=pk)
     form = RoleForm(request.POST)
     if not form.is_valid():
@@ -329,7 +334,7 @@ def member_role(request: HttpRequest, pk: int) -> HttpResponse:
 
 @member_required
 @require_POST
-def member_remove(request: HttpRequest, pk: int) -> HttpResponse:
+def member_remove(request: MemberRequest, pk: int) -> HttpResponse:
     member = get_object_or_404(Membership.objects.for_tenant(request.membership.tenant), pk=pk)
     email = member.user.email
     try:
@@ -346,7 +351,7 @@ def member_remove(request: HttpRequest, pk: int) -> HttpResponse:
 
 @staff_member_required
 @require_GET
-def ops_tenants(request: HttpRequest) -> HttpResponse:
+def ops_tenants(request: UserRequest) -> HttpResponse:
     form = TenantSearchForm(request.GET)
     valid = form.is_valid()
     q = form.cleaned_data.get("q", "") if valid else ""
@@ -366,7 +371,7 @@ def ops_tenants(request: HttpRequest) -> HttpResponse:
 
 @staff_member_required
 @require_POST
-def ops_tenant_status(request: HttpRequest, pk: int) -> HttpResponse:
+def ops_tenant_status(request: UserRequest, pk: int) -> HttpResponse:
     tenant = get_object_or_404(Tenant, pk=pk)
     form = TenantStatusForm(request.POST)
     if not form.is_valid():

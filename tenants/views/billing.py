@@ -6,15 +6,17 @@ from __future__ import annotations
 from decimal import Decimal
 from urllib.parse import urlencode
 
+from django import forms
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
-from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from gpuplatform.errors import ServiceError
-from gpuplatform.pages import form_error, submit
+from gpuplatform.http import MemberRequest, UserRequest
+from gpuplatform.pages import submit
 from gpuplatform.querystring import is_id
 from nodes.placement import can_host
 from nodes.selectors import gpu_shapes_in_service
@@ -29,8 +31,8 @@ from ..forms.billing import (
     CreditRequestForm,
     RefundForm,
 )
-from ..models import CreditRequest
-from ..money import credits_text, money_text
+from ..models import CreditRequest, Purchase
+from ..money import Rate, credits_text, money_text
 from ..permissions import member_required
 
 # The page lists this many slice and volume rows; the CSV and the API have them all.
@@ -70,43 +72,57 @@ def catalog(request: HttpRequest) -> HttpResponse:
 
 @member_required
 @require_http_methods(["GET", "POST"])
-def buy(request: HttpRequest) -> HttpResponse:
+def buy(request: MemberRequest) -> HttpResponse:
     """Choose a tier and hours, confirm the total, buy once (the form's token is the key)."""
-    tenant = request.membership.tenant
     rate = request_credit_rate(request)
     form = BuyForm(request.POST or None, initial=_buy_initial(request), rate=rate)
-    status = 200
-    confirming = False
-    insufficient = False
-    if request.method == "POST" and form.is_valid():
-        if request.POST.get("confirm") != "yes":
-            confirming = True  # step 2: show the total, post again to buy
-        else:
-            try:
-                purchase, created = services.purchase_create(
-                    membership=request.membership,
-                    tier=form.cleaned_data["tier"],
-                    hours=form.cleaned_data["hours"],
-                    interruptible=form.cleaned_data["interruptible"],
-                    idempotency_key=form.cleaned_data["idempotency_token"],
-                )
-            except ServiceError as exc:
-                form_error(form, exc)
-                status = exc.status_code
-                insufficient = exc.code == "insufficient_credit"
-            else:
-                if created:
-                    messages.success(
-                        request,
-                        f"Bought {purchase.tier.name} for {purchase.hours} h"
-                        f"{' (interruptible)' if purchase.interruptible else ''}: "
-                        f"{money_text(purchase.price_paid, rate)}.",
-                    )
-                else:
-                    messages.info(request, "That purchase was already made; nothing was charged.")
-                return redirect("tenants:dashboard")
-    elif request.method == "POST":
-        status = 400
+    if request.method == "POST" and request.POST.get("confirm") != "yes":
+        # step 2: a valid form shows the total; posting it again with `confirm` buys
+        confirming = form.is_valid()
+        status = 200 if confirming else 400
+        return _buy_page(request, form, rate, confirming=confirming, status=status)
+    bought = submit(
+        request,
+        form,
+        lambda data: services.purchase_create(
+            membership=request.membership,
+            tier=data["tier"],
+            hours=data["hours"],
+            interruptible=data["interruptible"],
+            idempotency_key=data["idempotency_token"],
+        ),
+    )
+    if bought.done:
+        purchase, created = bought.result
+        _say_bought(request, purchase, created=created, rate=rate)
+        return redirect("tenants:dashboard")
+    insufficient = bought.error is not None and bought.error.code == "insufficient_credit"
+    return _buy_page(request, form, rate, insufficient=insufficient, status=bought.status)
+
+
+def _say_bought(request: HttpRequest, purchase: Purchase, *, created: bool, rate: Rate) -> None:
+    if created:
+        messages.success(
+            request,
+            f"Bought {purchase.tier.name} for {purchase.hours} h"
+            f"{' (interruptible)' if purchase.interruptible else ''}: "
+            f"{money_text(purchase.price_paid, rate)}.",
+        )
+    else:
+        messages.info(request, "That purchase was already made; nothing was charged.")
+
+
+def _buy_page(
+    request: MemberRequest,
+    form: BuyForm,
+    rate: Rate,
+    *,
+    confirming: bool = False,
+    insufficient: bool = False,
+    status: int,
+) -> HttpResponse:
+    """The buy page: the form, and once it is valid the total and the balance after it."""
+    tenant = request.membership.tenant
     tiers = list(selectors.tier_list())
     total = form.total() if form.is_bound and not form.errors else None
     balance_after = tenant.credit_balance - total if total is not None else None
@@ -141,14 +157,14 @@ def buy(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _buy_initial(request: HttpRequest) -> dict:
+def _buy_initial(request: HttpRequest) -> dict[str, int]:
     tier = request.GET.get("tier", "")
     return {"tier": int(tier)} if is_id(tier) else {}
 
 
 @staff_member_required
 @require_http_methods(["GET", "POST"])
-def ops_credit(request: HttpRequest) -> HttpResponse:
+def ops_credit(request: UserRequest) -> HttpResponse:
     q = request.GET.get("q", "").replace("\x00", "").strip()[:100]
     tenants = selectors.tenant_list_for_ops(search=q)
     form = CreditGrantForm(request.POST or None, tenants=tenants if q else None)
@@ -205,7 +221,7 @@ def ops_credit(request: HttpRequest) -> HttpResponse:
 
 @staff_member_required
 @require_http_methods(["GET", "POST"])
-def ops_refund(request: HttpRequest, pk: int) -> HttpResponse:
+def ops_refund(request: UserRequest, pk: int) -> HttpResponse:
     purchase = get_object_or_404(selectors.purchase_list_for_ops(), pk=pk)
     form = RefundForm(request.POST or None)
     refunded = submit(
@@ -233,16 +249,16 @@ def ops_refund(request: HttpRequest, pk: int) -> HttpResponse:
     )
 
 
-def _first_error(form) -> str:
+def _first_error(form: forms.Form) -> str:
     for name, errors in form.errors.items():
         label = form.fields[name].label if name in form.fields else ""
-        return f"{label}: {errors[0]}" if label else errors[0]
+        return f"{label}: {errors[0]}" if label else str(errors[0])  # an ErrorList reads as text
     return "Check the form."
 
 
 @member_required
 @require_POST
-def credit_request_create(request: HttpRequest) -> HttpResponse:
+def credit_request_create(request: MemberRequest) -> HttpResponse:
     form = CreditRequestForm(request.POST)
     if not form.is_valid():
         messages.error(request, _first_error(form))
@@ -264,7 +280,7 @@ def credit_request_create(request: HttpRequest) -> HttpResponse:
 
 @member_required
 @require_POST
-def credit_request_withdraw(request: HttpRequest, pk: int) -> HttpResponse:
+def credit_request_withdraw(request: MemberRequest, pk: int) -> HttpResponse:
     asked = get_object_or_404(
         selectors.credit_request_list(tenant=request.membership.tenant), pk=pk
     )
@@ -279,7 +295,7 @@ def credit_request_withdraw(request: HttpRequest, pk: int) -> HttpResponse:
 
 @staff_member_required
 @require_POST
-def ops_credit_request_decide(request: HttpRequest, pk: int, decision: str) -> HttpResponse:
+def ops_credit_request_decide(request: UserRequest, pk: int, decision: str) -> HttpResponse:
     asked = get_object_or_404(CreditRequest.objects.select_related("tenant"), pk=pk)
     form = CreditDecisionForm(request.POST)
     back = reverse("tenants:ops_credit") + "#credit-requests"
@@ -303,7 +319,7 @@ def ops_credit_request_decide(request: HttpRequest, pk: int, decision: str) -> H
 
 @staff_member_required
 @require_POST
-def ops_credit_rate(request: HttpRequest) -> HttpResponse:
+def ops_credit_rate(request: UserRequest) -> HttpResponse:
     form = CreditRateForm(request.POST)
     back = reverse("tenants:ops_credit") + "#credit-rate"
     if not form.is_valid():
@@ -320,7 +336,7 @@ def ops_credit_rate(request: HttpRequest) -> HttpResponse:
 
 @member_required
 @require_GET
-def usage(request: HttpRequest) -> HttpResponse:
+def usage(request: MemberRequest) -> HttpResponse:
     """The tenant's usage over a range of days, its totals against the ledger, and the CSV."""
     tenant = request.membership.tenant
     raw_from, raw_to = request.GET.get("from"), request.GET.get("to")
@@ -330,9 +346,10 @@ def usage(request: HttpRequest) -> HttpResponse:
     except ServiceError as exc:
         error, status, period = exc, 400, exports.export_period(None, None)
     else:
-        summary = exports.usage_summary(tenant, period)
-        lines = exports.usage_lines(tenant, period, section="slice")[:USAGE_PAGE_ROWS]
-        lines += exports.usage_lines(tenant, period, section="volume")[:USAGE_PAGE_ROWS]
+        slices = exports.usage_lines(tenant, period, section="slice")
+        volumes = exports.usage_lines(tenant, period, section="volume")
+        summary = exports.usage_summary(tenant, period, lines=slices + volumes)
+        lines = slices[:USAGE_PAGE_ROWS] + volumes[:USAGE_PAGE_ROWS]
     return render(
         request,
         "tenants/usage.html",
@@ -354,7 +371,7 @@ def usage(request: HttpRequest) -> HttpResponse:
 
 @member_required
 @require_GET
-def usage_csv(request: HttpRequest) -> HttpResponse:
+def usage_csv(request: MemberRequest) -> HttpResponseBase:
     """The export as one streamed CSV file (a bad range: back to the page, which says why)."""
     tenant = request.membership.tenant
     try:

@@ -5,19 +5,22 @@ name, and suggestions the form can apply."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from django import forms
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 import estimator
+from gpuplatform.http import PageRequest
 from gpuplatform.pages import is_partial
 
 from ..forms.estimate import FORM_FIELD_FOR, FitForm, add_estimator_error, error_summary
+from ..models import Tier
 
 
-def _fit_result(form) -> dict:
+def _fit_result(form: FitForm) -> dict[str, Any]:
     """The verdict for a valid form, or only its errors: a bad value clears the verdict."""
     if not form.is_valid():
         return {"error": error_summary(form)}
@@ -28,10 +31,10 @@ def _fit_result(form) -> dict:
 
 
 @require_GET
-def fit(request: HttpRequest) -> HttpResponse:
+def fit(request: PageRequest) -> HttpResponse:
     """Public: will a model fit a tier? The breakdown updates live as fields change."""
     form = FitForm(request.GET or None)
-    context = {"form": form}
+    context: dict[str, Any] = {"form": form}
     if request.GET:
         context.update(_fit_result(form))
     else:
@@ -61,7 +64,7 @@ def fit(request: HttpRequest) -> HttpResponse:
     return render(request, template, context)
 
 
-def apply_values(changes: dict, form: forms.Form) -> str | None:
+def apply_values(changes: dict[str, Any], form: forms.Form) -> str | None:
     """The form values that apply a suggestion, as JSON for the page's apply button
     (field name -> value; true/false for a checkbox), or None when one of its changes
     has no field on this form."""
@@ -74,7 +77,9 @@ def apply_values(changes: dict, form: forms.Form) -> str | None:
     return json.dumps(values, sort_keys=True)
 
 
-def present(data: dict, *, tiers: list, form: forms.Form | None = None) -> dict:
+def present(
+    data: dict[str, Any], *, tiers: list[Tier], form: forms.Form | None = None
+) -> dict[str, Any]:
     """What a page shows of an estimate's dict.
 
     - every MiB figure by one rule: `estimator.whole_mib` (rounded up) for the totals,
@@ -84,7 +89,7 @@ def present(data: dict, *, tiers: list, form: forms.Form | None = None) -> dict:
     - each suggestion with the form values that apply it (none without a form: a
       refused slice's page shows what would have fitted, with nothing to apply it to).
     """
-    by_mib = {t.vram_mb: t for t in tiers}
+    by_mib: dict[int | None, Tier] = {t.vram_mb: t for t in tiers}  # None: no tier named
     terms = data.get("terms") or []
     wholes = estimator.whole_terms([t["mib"] for t in terms], data["total_mib"])
     smallest_mib = data.get("smallest_fitting_tier_mib")
@@ -120,7 +125,7 @@ def present(data: dict, *, tiers: list, form: forms.Form | None = None) -> dict:
     }
 
 
-def chart_data(shown: dict) -> dict:
+def chart_data(shown: dict[str, Any]) -> dict[str, Any]:
     """The fit page's stacked bar: the same whole-MiB terms the table shows."""
     return {
         "labels": [t["label"] for t in shown["terms"]],
@@ -130,7 +135,7 @@ def chart_data(shown: dict) -> dict:
     }
 
 
-def estimate_for(form: forms.Form, mapping: dict, *, tiers: list) -> dict:
+def estimate_for(form: forms.Form, mapping: dict[str, Any], *, tiers: list[Tier]) -> dict[str, Any]:
     """Estimate a valid form's job: {"result", "shown"}, or {"error"} with the estimator's
     refusal on the field it names (the previous verdict is never kept)."""
     try:

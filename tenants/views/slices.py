@@ -7,15 +7,20 @@ answers HTTP 286 (htmx: stop polling) once nothing in it can change any more.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse
+from django.forms import BoundField
+from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from gpuplatform.errors import ServiceError
-from gpuplatform.pages import PAGE_SIZE, form_error, is_partial, live_response, submit
+from gpuplatform.http import MemberRequest, UserRequest
+from gpuplatform.pages import PAGE_SIZE, is_partial, live_response, submit
 from gpuplatform.querystring import is_id
 
 from .. import selectors, services
@@ -31,7 +36,7 @@ from ..forms.slices import (
     StopForm,
     template_initial,
 )
-from ..models import Image, Slice, Tenant
+from ..models import Image, LaunchTemplate, Membership, Slice, Tenant, Tier
 from ..permissions import member_required, redact_for_viewers
 from ..services.spend import spend_summary
 from .estimate import estimate_for, present
@@ -40,6 +45,7 @@ LIVE_SECONDS = 3
 
 
 def _with_gauges(slices: list[Slice]) -> list[Slice]:
+    # The gauge rides on each slice for the template (an attribute set on purpose).
     used = selectors.slices_latest_vram_mb(slices)
     for s in slices:
         s.used_mb = used.get(s.pk)  # type: ignore[attr-defined]
@@ -47,7 +53,7 @@ def _with_gauges(slices: list[Slice]) -> list[Slice]:
     return slices
 
 
-def _dashboard_live_context(tenant: Tenant) -> dict:
+def _dashboard_live_context(tenant: Tenant) -> dict[str, Any]:
     slices = _with_gauges(list(selectors.slice_list(tenant=tenant)[:20]))
     purchases = list(selectors.purchase_list(tenant=tenant)[:20])
     any_live = Slice.objects.for_tenant(tenant).filter(state__in=Slice.LIVE_STATES).exists()
@@ -62,7 +68,7 @@ def _dashboard_live_context(tenant: Tenant) -> dict:
 
 @member_required
 @require_GET
-def dashboard(request: HttpRequest) -> HttpResponse:
+def dashboard(request: MemberRequest) -> HttpResponse:
     tenant = request.membership.tenant
     context = _dashboard_live_context(tenant)
     if is_partial(request):
@@ -83,9 +89,10 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     return render(request, "tenants/dashboard.html", context)
 
 
-def _launch_estimate(tenant: Tenant, data, tiers: list) -> dict:
+def _launch_estimate(tenant: Tenant, data: Mapping[str, Any], tiers: list[Tier]) -> dict[str, Any]:
     """The launch page's estimate panel for the job in `data` (its error slots included)."""
     form = LaunchEstimateForm(data, tenant=tenant, tiers=tiers)
+    context: dict[str, Any]
     if form.is_valid():
         context = estimate_for(form, form.to_mapping(), tiers=tiers)
     else:
@@ -93,11 +100,11 @@ def _launch_estimate(tenant: Tenant, data, tiers: list) -> dict:
     return {"estimate_form": form, "error_fields": _job_fields(form), **context}
 
 
-def _job_fields(form):
+def _job_fields(form: JobForm) -> list[BoundField]:
     return [form[name] for name in JobForm.base_fields if name in form.fields]
 
 
-def _launch_initial_job(form: LaunchForm) -> dict:
+def _launch_initial_job(form: LaunchForm) -> dict[str, Any]:
     """The job as the unbound page shows it, for the first estimate."""
     data = {
         name: form[name].value()
@@ -111,7 +118,7 @@ def _launch_initial_job(form: LaunchForm) -> dict:
     return data
 
 
-def _launch_template(request: HttpRequest):
+def _launch_template(request: HttpRequest) -> LaunchTemplate | None:
     """The template the page starts from: ?template= on a GET, the form's on a POST."""
     wanted = (request.POST if request.method == "POST" else request.GET).get("template", "")
     if not is_id(wanted):
@@ -119,7 +126,7 @@ def _launch_template(request: HttpRequest):
     return selectors.template_list().filter(pk=int(wanted)).first()
 
 
-def _sizing_for(template, form: LaunchForm) -> list[dict]:
+def _sizing_for(template: LaunchTemplate | None, form: LaunchForm) -> list[dict[str, Any]]:
     """The engine flag per card for the tier of the purchase the form shows."""
     if template is None:
         return []
@@ -129,7 +136,9 @@ def _sizing_for(template, form: LaunchForm) -> list[dict]:
     return [r for r in rows if tier is None or r["tier_mb"] == tier]
 
 
-def _launch_blocked(membership, form: LaunchForm, has_images: bool, in_use: list) -> str:
+def _launch_blocked(
+    membership: Membership, form: LaunchForm, has_images: bool, in_use: list[Slice]
+) -> str:
     """Why nothing can launch from this page now ("" when something can)."""
     if not membership.tenant.is_active:
         return "This tenant is suspended."
@@ -149,101 +158,105 @@ def _launch_blocked(membership, form: LaunchForm, has_images: bool, in_use: list
 
 @member_required
 @require_http_methods(["GET", "POST"])
-def launch(request: HttpRequest) -> HttpResponse:
+def launch(request: MemberRequest) -> HttpResponse:
     tenant = request.membership.tenant
     tiers = list(selectors.tier_list())
     if request.method == "GET" and "estimate" in request.GET and is_partial(request):
         # The live estimate (launch.js): the panel, and the job fields' error slots.
         context = _launch_estimate(tenant, request.GET, tiers)
         return render(request, "tenants/_launch_estimate.html", {**context, "partial": True})
-    initial = {}
+    chosen = _launch_template(request)
+    form = LaunchForm(request.POST or None, tenant=tenant, initial=_launch_initial(request, chosen))
+    launched = submit(
+        request,
+        form,
+        lambda data: services.slice_launch(
+            membership=request.membership,
+            purchase=data["purchase"],
+            image=data["image"],
+            model_request=form.model_request(),
+            command=data["command"],
+            environment=data["environment"],
+            ssh_public_key=data["ssh_public_key"],
+            guaranteed=data["guaranteed"],
+            volumes=data["volumes"],
+            idempotency_key=data["idempotency_token"],
+            template=data["template"],
+        ),
+        field_for=form.error_field_of,  # a mount's error goes on its row
+    )
+    if launched.done:
+        slice, created = launched.result
+        if not created:
+            messages.info(request, "This launch was already submitted.")
+        return redirect("tenants:slice_detail", pk=slice.pk)
+    refusal = None
+    if isinstance(launched.error, services.ServiceRefusal):
+        exc = launched.error
+        refusal = {"message": exc.message, "estimate": exc.estimate, "slice": exc.slice}
+        # The refused launch is recorded under this key: a corrected form needs a new one.
+        form = LaunchForm(_fresh_token(request.POST), tenant=tenant)
+        form.is_valid()
+    context = _launch_context(request, form, tiers, template=chosen, refusal=refusal)
+    return render(request, "tenants/launch.html", context, status=launched.status)
+
+
+def _launch_initial(request: HttpRequest, template: LaunchTemplate | None) -> dict[str, Any]:
+    """The unbound form's start: the purchase asked for (?purchase=), a GET's template."""
+    initial: dict[str, Any] = {}
     wanted = request.GET.get("purchase", "")
     if is_id(wanted):
         initial["purchase"] = int(wanted)
-    chosen = _launch_template(request)
-    if chosen is not None and request.method == "GET":
-        initial.update(template_initial(chosen))
-    form = LaunchForm(request.POST or None, tenant=tenant, initial=initial)
-    status = 200
-    refusal = None
-    if request.method == "POST":
-        if not form.is_valid():
-            status = 400
-        else:
-            data = form.cleaned_data
-            try:
-                slice, created = services.slice_launch(
-                    membership=request.membership,
-                    purchase=data["purchase"],
-                    image=data["image"],
-                    model_request=form.model_request(),
-                    command=data["command"],
-                    environment=data["environment"],
-                    ssh_public_key=data["ssh_public_key"],
-                    guaranteed=data["guaranteed"],
-                    volumes=data["volumes"],
-                    idempotency_key=data["idempotency_token"],
-                    template=data["template"],
-                )
-            except services.ServiceRefusal as exc:
-                refusal = {"message": exc.message, "estimate": exc.estimate, "slice": exc.slice}
-                status = exc.status_code
-                # The refused launch is recorded under this key: a corrected form needs a new one.
-                form = LaunchForm(_fresh_token(request.POST), tenant=tenant)
-                form.is_valid()
-            except ServiceError as exc:
-                mount = form.error_field_of(exc.field)
-                if mount:
-                    form.add_error(mount, exc.message)
-                else:
-                    form_error(form, exc)
-                status = exc.status_code
-            else:
-                if not created:
-                    messages.info(request, "This launch was already submitted.")
-                return redirect("tenants:slice_detail", pk=slice.pk)
+    if template is not None and request.method == "GET":
+        initial.update(template_initial(template))
+    return initial
+
+
+def _launch_context(
+    request: MemberRequest,
+    form: LaunchForm,
+    tiers: list[Tier],
+    *,
+    template: LaunchTemplate | None,
+    refusal: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The launch page: the form, the estimate of its job, what it can launch from (or why
+    nothing can launch now), the template it started from."""
+    tenant = request.membership.tenant
+    images = form.images
     purchase_tiers = {str(p.pk): p.tier.vram_mb for p in form.usable}
-    has_images = form.fields["image"].queryset.exists()
+    has_images = images.exists()
     in_use = [] if form.usable else selectors.slices_holding_purchases(tenant)
     job = request.POST if request.method == "POST" else _launch_initial_job(form)
-    return render(
-        request,
-        "tenants/launch.html",
-        {
-            **_launch_estimate(tenant, job, tiers),
-            "form": form,
-            "refusal": refusal,
-            "purchase_tiers": purchase_tiers,
-            "has_purchases": bool(purchase_tiers),
-            "in_use": in_use,
-            "launch_blocked": _launch_blocked(request.membership, form, has_images, in_use),
-            "has_images": has_images,
-            # images no node taking slices holds: a launch would need a pull
-            "image_notes": services.images_needing_pull(form.fields["image"].queryset),
-            "templates": selectors.template_list(),
-            "template": chosen,
-            "template_sizing": _sizing_for(chosen, form),
-            "ssh_images": list(
-                form.fields["image"]
-                .queryset.filter(connect=Image.Connect.SSH)
-                .values_list("pk", flat=True)
-            ),
-        },
-        status=status,
-    )
+    return {
+        **_launch_estimate(tenant, job, tiers),
+        "form": form,
+        "refusal": refusal,
+        "purchase_tiers": purchase_tiers,
+        "has_purchases": bool(purchase_tiers),
+        "in_use": in_use,
+        "launch_blocked": _launch_blocked(request.membership, form, has_images, in_use),
+        "has_images": has_images,
+        # images no node taking slices holds: a launch would need a pull
+        "image_notes": services.images_needing_pull(images),
+        "templates": selectors.template_list(),
+        "template": template,
+        "template_sizing": _sizing_for(template, form),
+        "ssh_images": list(images.filter(connect=Image.Connect.SSH).values_list("pk", flat=True)),
+    }
 
 
-def _fresh_token(data):
+def _fresh_token(data: QueryDict) -> QueryDict:
     data = data.copy()
     data["idempotency_token"] = new_form_token()
     return data
 
 
-def _tenant_slice(request: HttpRequest, pk: int) -> Slice:
+def _tenant_slice(request: MemberRequest, pk: int) -> Slice:
     return get_object_or_404(selectors.slice_list(tenant=request.membership.tenant), pk=pk)
 
 
-def _slice_context(slice: Slice, membership=None) -> dict:
+def _slice_context(slice: Slice, membership: Membership | None = None) -> dict[str, Any]:
     # Viewers see the slice, not its keys (the same rule as the API).
     slice.connection = redact_for_viewers(
         {"connection": slice.connection, "environment": slice.environment}, membership
@@ -275,7 +288,7 @@ def _slice_context(slice: Slice, membership=None) -> dict:
 
 @member_required
 @require_GET
-def slice_detail(request: HttpRequest, pk: int) -> HttpResponse:
+def slice_detail(request: MemberRequest, pk: int) -> HttpResponse:
     slice = _tenant_slice(request, pk)
     context = _slice_context(slice, request.membership)
     if is_partial(request):
@@ -288,7 +301,7 @@ def slice_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 @member_required
 @require_http_methods(["GET", "POST"])
-def slice_stop(request: HttpRequest, pk: int) -> HttpResponse:
+def slice_stop(request: MemberRequest, pk: int) -> HttpResponse:
     """GET asks to confirm; only the confirmation form's POST stops (or cancels) it."""
     slice = _tenant_slice(request, pk)
     if slice.is_final:
@@ -310,7 +323,7 @@ def slice_stop(request: HttpRequest, pk: int) -> HttpResponse:
 
 @staff_member_required
 @require_GET
-def ops_slices(request: HttpRequest) -> HttpResponse:
+def ops_slices(request: UserRequest) -> HttpResponse:
     form = SliceFilterForm(request.GET or None)
     page = Paginator(selectors.slice_list_for_ops(**form.filters()), PAGE_SIZE).get_page(
         request.GET.get("page")
@@ -326,7 +339,7 @@ def ops_slices(request: HttpRequest) -> HttpResponse:
 
 @staff_member_required
 @require_http_methods(["GET", "POST"])
-def ops_slice_stop(request: HttpRequest, pk: int) -> HttpResponse:
+def ops_slice_stop(request: UserRequest, pk: int) -> HttpResponse:
     slice = get_object_or_404(selectors.slice_list_for_ops(), pk=pk)
     form = ForceStopForm(request.POST or None)
     stopped = submit(
@@ -351,7 +364,7 @@ def ops_slice_stop(request: HttpRequest, pk: int) -> HttpResponse:
 
 @staff_member_required
 @require_http_methods(["GET", "POST"])
-def ops_images(request: HttpRequest) -> HttpResponse:
+def ops_images(request: UserRequest) -> HttpResponse:
     form = ImageForm(request.POST or None, initial={"connect": Image.Connect.SSH, "ports": "22"})
     added = submit(request, form, lambda data: services.image_create(actor=request.user, **data))
     if added.done:
@@ -368,7 +381,7 @@ def ops_images(request: HttpRequest) -> HttpResponse:
 
 @staff_member_required
 @require_http_methods(["GET", "POST"])
-def ops_image_edit(request: HttpRequest, pk: int) -> HttpResponse:
+def ops_image_edit(request: UserRequest, pk: int) -> HttpResponse:
     image = get_object_or_404(Image, pk=pk)
     form = ImageForm(request.POST or None, initial=ImageForm.initial_for(image))
     saved = submit(
@@ -386,7 +399,7 @@ def ops_image_edit(request: HttpRequest, pk: int) -> HttpResponse:
 
 @staff_member_required
 @require_POST
-def ops_image_active(request: HttpRequest, pk: int) -> HttpResponse:
+def ops_image_active(request: UserRequest, pk: int) -> HttpResponse:
     """Deactivate (no new launches; running slices keep it) or allow again."""
     image = get_object_or_404(Image, pk=pk)
     active = request.POST.get("is_active") == "1"
@@ -406,7 +419,7 @@ def ops_image_active(request: HttpRequest, pk: int) -> HttpResponse:
 
 @staff_member_required
 @require_GET
-def ops_calibration(request: HttpRequest) -> HttpResponse:
+def ops_calibration(request: UserRequest) -> HttpResponse:
     rows = selectors.calibration_rows()
     chart = {
         "points": [
@@ -427,7 +440,7 @@ LOG_LINES_PER_POLL = 500
 
 @member_required
 @require_GET
-def slice_logs(request: HttpRequest, pk: int) -> HttpResponse:
+def slice_logs(request: MemberRequest, pk: int) -> HttpResponse:
     """The lines after `after` (htmx appends them to the page's log box), and the poller
     that asks for the next ones; it stops once the slice is final and nothing is left."""
     slice = _tenant_slice(request, pk)
@@ -447,7 +460,7 @@ def slice_logs(request: HttpRequest, pk: int) -> HttpResponse:
     return live_response(response, done=done)
 
 
-def slice_log_tail(slice: Slice) -> dict:
+def slice_log_tail(slice: Slice) -> dict[str, Any]:
     """The log box as the slice page opens it: the last lines kept and the cursor."""
     lines = list(reversed(list(selectors.slice_log_lines_tail(slice=slice, count=LOG_LINES_SHOWN))))
     return {"log_lines": lines, "log_cursor": lines[-1].seq if lines else 0}

@@ -3,6 +3,9 @@ codes once, regenerate them, verify this session, turn two-factor off (tenants o
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
@@ -11,8 +14,8 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 from django_otp import login as otp_login
 
-from gpuplatform.errors import ServiceError
-from gpuplatform.pages import form_error
+from gpuplatform.http import UserRequest
+from gpuplatform.pages import submit
 
 from .. import services, two_factor
 from ..forms.two_factor import CodeForm
@@ -21,6 +24,8 @@ from ..services.two_factor import WrongCode
 
 SETUP_KEY_SESSION_KEY = "two_factor_setup_key"
 LOCKED = "Too many wrong codes: try again in 15 minutes."
+
+T = TypeVar("T")
 
 
 def _next(request: HttpRequest) -> str:
@@ -31,12 +36,12 @@ def _next(request: HttpRequest) -> str:
     return ""
 
 
-def _page(request: HttpRequest, status: int = 200, **extra) -> HttpResponse:
+def _page(request: UserRequest, status: int = 200, **extra: Any) -> HttpResponse:
     device = two_factor.totp_device(request.user)
     context = {
         "device": device,
         "next": _next(request),
-        "verified": request.user.is_verified(),
+        "verified": request.user.is_verified(),  # type: ignore[attr-defined]  # OTPMiddleware adds it
         "form": extra.pop("form", None) or CodeForm(),
         **extra,
     }
@@ -51,44 +56,49 @@ def _page(request: HttpRequest, status: int = 200, **extra) -> HttpResponse:
     return render(request, "tenants/two_factor.html", context, status=status)
 
 
-def _with_code(request: HttpRequest, action):
-    """Run `action(code)` for a posted code; a wrong one counts as a failed login.
-    Returns (result, None) or (None, the page with the form's error)."""
+def _with_code(request: UserRequest, action: Callable[[str], T]) -> T | HttpResponse:
+    """The POST-and-verify step every code-guarded action takes: `action(code)` (one service
+    call) for a posted code, through the pages' form-POST step; a wrong code counts as a
+    failed login. Returns what `action` returned, or the page again with the form's error
+    (which the caller answers with)."""
     form = CodeForm(request.POST)
     key = failure_key(request, request.user.get_username())
     if is_locked(key):
         form.is_valid()
         form.add_error(None, LOCKED)
-        return None, _page(request, status=429, form=form)
-    if not form.is_valid():
-        return None, _page(request, status=400, form=form)
-    try:
-        return action(form.cleaned_data["code"]), None
-    except ServiceError as exc:
-        if isinstance(exc, WrongCode):
+        return _page(request, status=429, form=form)
+
+    def counted(data: dict[str, Any]) -> T:
+        try:
+            return action(data["code"])
+        except WrongCode:
             failure_record(key)
-        form_error(form, exc)
-        return None, _page(request, status=exc.status_code, form=form)
+            raise
+
+    posted = submit(request, form, counted)
+    if not posted.done:
+        return _page(request, status=posted.status, form=form)
+    return posted.result
 
 
 @login_required
 @require_GET
-def two_factor_page(request: HttpRequest) -> HttpResponse:
+def two_factor_page(request: UserRequest) -> HttpResponse:
     return _page(request)
 
 
 @login_required
 @require_POST
-def two_factor_enable(request: HttpRequest) -> HttpResponse:
+def two_factor_enable(request: UserRequest) -> HttpResponse:
     key = request.session.get(SETUP_KEY_SESSION_KEY)
     if not key:
         return redirect("tenants:two_factor")
-    codes, refused = _with_code(
+    codes = _with_code(
         request,
         lambda code: services.two_factor_enable(user=request.user, key=key, code=code),
     )
-    if refused:
-        return refused
+    if isinstance(codes, HttpResponse):
+        return codes
     request.session.pop(SETUP_KEY_SESSION_KEY, None)
     # The code just typed proves the app: this session counts as verified.
     otp_login(request, two_factor.totp_device(request.user))
@@ -98,12 +108,12 @@ def two_factor_enable(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
-def two_factor_verify(request: HttpRequest) -> HttpResponse:
-    device, refused = _with_code(
+def two_factor_verify(request: UserRequest) -> HttpResponse:
+    device = _with_code(
         request, lambda code: services.two_factor_verify(user=request.user, code=code)
     )
-    if refused:
-        return refused
+    if isinstance(device, HttpResponse):
+        return device
     otp_login(request, device)
     messages.success(request, "This session is verified.")
     return redirect(_next(request) or "tenants:two_factor")
@@ -111,23 +121,23 @@ def two_factor_verify(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
-def recovery_codes_regenerate(request: HttpRequest) -> HttpResponse:
-    codes, refused = _with_code(
+def recovery_codes_regenerate(request: UserRequest) -> HttpResponse:
+    codes = _with_code(
         request, lambda code: services.recovery_codes_regenerate(user=request.user, code=code)
     )
-    if refused:
-        return refused
+    if isinstance(codes, HttpResponse):
+        return codes
     messages.success(request, "New recovery codes: the old ones no longer work.")
     return _page(request, recovery_codes=codes)
 
 
 @login_required
 @require_POST
-def two_factor_disable(request: HttpRequest) -> HttpResponse:
-    _, refused = _with_code(
+def two_factor_disable(request: UserRequest) -> HttpResponse:
+    refused = _with_code(
         request, lambda code: services.two_factor_disable(user=request.user, code=code)
     )
-    if refused:
+    if isinstance(refused, HttpResponse):
         return refused
     messages.success(request, "Two-factor sign-in is off.")
     return redirect("tenants:two_factor")

@@ -5,10 +5,11 @@ worth having: resume a stopped slice, or terminate it for good."""
 from __future__ import annotations
 
 from django.contrib import messages
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods
 
+from gpuplatform.http import MemberRequest
 from gpuplatform.pages import submit
 
 from .. import selectors, services
@@ -19,7 +20,7 @@ from ..permissions import member_required
 
 @member_required
 @require_http_methods(["GET", "POST"])
-def volumes(request: HttpRequest) -> HttpResponse:
+def volumes(request: MemberRequest) -> HttpResponse:
     membership = request.membership
     form = VolumeForm(request.POST or None)
     made = submit(request, form, lambda data: services.volume_create(membership=membership, **data))
@@ -42,7 +43,7 @@ def volumes(request: HttpRequest) -> HttpResponse:
 
 @member_required
 @require_http_methods(["GET", "POST"])
-def volume_delete(request: HttpRequest, pk: int) -> HttpResponse:
+def volume_delete(request: MemberRequest, pk: int) -> HttpResponse:
     membership = request.membership
     volume = get_object_or_404(selectors.volume_list(tenant=membership.tenant), pk=pk)
     form = VolumeDeleteForm(request.POST or None)
@@ -64,13 +65,13 @@ def volume_delete(request: HttpRequest, pk: int) -> HttpResponse:
     )
 
 
-def _own_slice(request: HttpRequest, pk: int) -> Slice:
+def _own_slice(request: MemberRequest, pk: int) -> Slice:
     return get_object_or_404(selectors.slice_list(tenant=request.membership.tenant), pk=pk)
 
 
 @member_required
 @require_http_methods(["GET", "POST"])
-def slice_resume(request: HttpRequest, pk: int) -> HttpResponse:
+def slice_resume(request: MemberRequest, pk: int) -> HttpResponse:
     """GET: pick a purchase of the slice's tier; POST: start it again on it."""
     slice = _own_slice(request, pk)
     purchases = selectors.purchases_for_resume(slice)
@@ -93,7 +94,7 @@ def slice_resume(request: HttpRequest, pk: int) -> HttpResponse:
 
 @member_required
 @require_http_methods(["GET", "POST"])
-def slice_terminate(request: HttpRequest, pk: int) -> HttpResponse:
+def slice_terminate(request: MemberRequest, pk: int) -> HttpResponse:
     """GET asks to confirm (and whether to delete the volumes only it used); POST ends it."""
     slice = _own_slice(request, pk)
     form = TerminateForm(request.POST or None)

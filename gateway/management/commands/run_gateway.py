@@ -4,8 +4,9 @@ worker and beat: `make run` starts it; docker-compose.yml runs it as a service).
 import asyncio
 import logging
 import signal
+from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 
 from gateway import server
 from tenants.selectors import gateway_host_key_fingerprint
@@ -14,10 +15,10 @@ from tenants.selectors import gateway_host_key_fingerprint
 class Command(BaseCommand):
     help = "Run the SSH gateway renters reach their slices through."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--addr", default="", help="host:port (default: the setting)")
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
         logging.getLogger("asyncssh").setLevel(logging.WARNING)
         if options["addr"]:

@@ -15,10 +15,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from gpuplatform.workers import worker_argv
 from nodes import ssh
@@ -26,11 +28,53 @@ from nodes import ssh
 LAB_DIR = settings.VAR_DIR / "lab"
 EMULATOR_DIR = settings.VAR_DIR / "emulator"
 
+Popen = subprocess.Popen[bytes]  # a started process: its output is not read here
+Commands = dict[str, list[str]]  # a process's name -> its argv
+
+
+def _worker_argv() -> list[str]:
+    queues = ",".join(settings.CELERY_QUEUE_NAMES)
+    if settings.CELERY_BROKER_URL.startswith("filesystem"):
+        # The filesystem transport has no fanout: no remote control or gossip.
+        return worker_argv(queues=queues, hostname="worker@%h", pool="solo", without_peers=True)
+    return worker_argv(queues=queues, hostname="worker@%h", concurrency=2)
+
+
+def _fleet_commands(*, count: int, base_port: int) -> Commands:
+    """The node lab's and the emulator's command lines for `count` demo nodes."""
+    key = ssh.load_or_create_platform_key(Path(settings.NODES_SSH_KEY_PATH))
+    python = sys.executable
+    fleet = [
+        "--count",
+        str(count),
+        "--base-port",
+        str(base_port),
+        "--authorized-key",
+        ssh.public_key_line(key),
+    ]
+    return {
+        "lab": [python, "-m", "nodelab", *fleet, "--state-dir", str(LAB_DIR)],
+        "emulator": [python, "-m", "emulator", *fleet, "--state-dir", str(EMULATOR_DIR)],
+    }
+
+
+def _service_commands(addr: str) -> Commands:
+    """Web, worker, beat and the gateway, in the order they start."""
+    python = sys.executable
+    return {
+        "web": [python, "manage.py", "runserver", addr, "--noreload"],
+        "worker": _worker_argv(),
+        # Beat's scheduler (django-celery-beat, in the database) comes from settings.
+        "beat": [python, "-m", "celery", "-A", "gpuplatform", "beat", "--loglevel", "INFO"],
+        # renters reach their slices through it (GPUPLATFORM_GATEWAY_ADDRESS)
+        "gateway": [python, "manage.py", "run_gateway"],
+    }
+
 
 class Command(BaseCommand):
     help = "Start the demo fleet (node lab or emulator), web, a Celery worker, beat, the gateway."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--addr", default=os.environ.get("GPUPLATFORM_ADDR", "127.0.0.1:8000"))
         parser.add_argument(
             "--fleet",
@@ -50,94 +94,73 @@ class Command(BaseCommand):
             default=int(os.environ.get("GPUPLATFORM_DEMO_BASE_PORT", "2201")),
         )
 
-    def handle(self, *args, **options):
-        python = sys.executable
-        queues = ",".join(settings.CELERY_QUEUE_NAMES)
-        if settings.CELERY_BROKER_URL.startswith("filesystem"):
-            # The filesystem transport has no fanout: no remote control or gossip.
-            worker = worker_argv(
-                queues=queues, hostname="worker@%h", pool="solo", without_peers=True
-            )
-        else:
-            worker = worker_argv(queues=queues, hostname="worker@%h", concurrency=2)
-        fleet_commands = {}
-        if options["fleet"] > 0:
-            key = ssh.load_or_create_platform_key(Path(settings.NODES_SSH_KEY_PATH))
-            fleet = [
-                "--count",
-                str(options["fleet"]),
-                "--base-port",
-                str(options["fleet_base_port"]),
-                "--authorized-key",
-                ssh.public_key_line(key),
-            ]
-            fleet_commands["lab"] = [python, "-m", "nodelab", *fleet, "--state-dir", str(LAB_DIR)]
-            fleet_commands["emulator"] = [
-                python,
-                "-m",
-                "emulator",
-                *fleet,
-                "--state-dir",
-                str(EMULATOR_DIR),
-            ]
-        commands = {
-            "web": [python, "manage.py", "runserver", options["addr"], "--noreload"],
-            "worker": worker,
-            # Beat's scheduler (django-celery-beat, in the database) comes from settings.
-            "beat": [python, "-m", "celery", "-A", "gpuplatform", "beat", "--loglevel", "INFO"],
-            # renters reach their slices through it (GPUPLATFORM_GATEWAY_ADDRESS)
-            "gateway": [python, "manage.py", "run_gateway"],
-        }
-        procs: dict[str, subprocess.Popen] = {}
-        stopping = False
-
-        def stop(*_):
-            nonlocal stopping
-            stopping = True
-
-        signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGTERM, stop)
+    def handle(self, *args: Any, **options: Any) -> None:
+        fleet_commands = (
+            _fleet_commands(count=options["fleet"], base_port=options["fleet_base_port"])
+            if options["fleet"] > 0
+            else {}
+        )
+        commands = _service_commands(options["addr"])
+        procs: dict[str, Popen] = {}
+        self._stopping = False
+        signal.signal(signal.SIGINT, self._stop)
+        signal.signal(signal.SIGTERM, self._stop)
         exit_code = 0
         try:
             if fleet_commands:
                 self._start_fleet(procs, fleet_commands, options["far_end"])
-            for name, argv in commands.items():
-                # Own session: the terminal's Ctrl-C reaches us, and we stop children in order.
-                procs[name] = subprocess.Popen(  # noqa: S603 (fixed argv, no shell)
-                    argv, cwd=settings.BASE_DIR, start_new_session=True
-                )
-                self.stdout.write(f"started {name} (pid {procs[name].pid})")
-            self.stdout.write(
-                self.style.SUCCESS(
-                    f"gpuplatform is up at http://{options['addr']}/ "
-                    f"(Ctrl-C stops {', '.join(procs)})"
-                )
-            )
-            while not stopping:
-                for name, proc in procs.items():
-                    if proc.poll() is not None:
-                        self.stderr.write(f"{name} exited with {proc.returncode}; stopping all")
-                        exit_code = proc.returncode or 1
-                        stopping = True
-                        break
-                time.sleep(0.5)
+            self._start_services(procs, commands, options["addr"])
+            exit_code = self._watch(procs)
         finally:
-            for proc in procs.values():
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGTERM)
-            # the lab removes its containers and stops its daemons: give it longer
-            deadline = time.monotonic() + (45 if "lab" in procs else 15)
-            for name, proc in procs.items():
-                try:
-                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                self.stdout.write(f"stopped {name}")
+            self._stop_all(procs)
         if exit_code:
             sys.exit(exit_code)
 
-    def _start_fleet(self, procs: dict, commands: dict, far_end: str) -> None:  # type: ignore[type-arg]
+    def _stop(self, signum: int, frame: FrameType | None) -> None:
+        """SIGINT and SIGTERM: leave the watch loop, which stops every process."""
+        self._stopping = True
+
+    def _start_services(self, procs: dict[str, Popen], commands: Commands, addr: str) -> None:
+        for name, argv in commands.items():
+            # Own session: the terminal's Ctrl-C reaches us, and we stop children in order.
+            procs[name] = subprocess.Popen(  # noqa: S603 (fixed argv, no shell)
+                argv, cwd=settings.BASE_DIR, start_new_session=True
+            )
+            self.stdout.write(f"started {name} (pid {procs[name].pid})")
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"gpuplatform is up at http://{addr}/ (Ctrl-C stops {', '.join(procs)})"
+            )
+        )
+
+    def _watch(self, procs: dict[str, Popen]) -> int:
+        """Until a signal or a process's exit: the exit code the command ends with."""
+        exit_code = 0
+        while not self._stopping:
+            for name, proc in procs.items():
+                if proc.poll() is not None:
+                    self.stderr.write(f"{name} exited with {proc.returncode}; stopping all")
+                    exit_code = proc.returncode or 1
+                    self._stopping = True
+                    break
+            time.sleep(0.5)
+        return exit_code
+
+    def _stop_all(self, procs: dict[str, Popen]) -> None:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        # the lab removes its containers and stops its daemons: give it longer
+        deadline = time.monotonic() + (45 if "lab" in procs else 15)
+        for name, proc in procs.items():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            self.stdout.write(f"stopped {name}")
+
+    def _start_fleet(self, procs: dict[str, Popen], commands: Commands, far_end: str) -> None:
         """Start the lab (or, where it cannot start and none was forced, the emulator),
         register its nodes and say which far end the demo runs against."""
         if far_end in ("auto", "lab"):
@@ -158,7 +181,9 @@ class Command(BaseCommand):
         self._register_fleet(proc, EMULATOR_DIR / "fleet.json", "emulator", required=True)
         self.stdout.write("demo fleet: emulated nodes (the pure-Python node emulator)")
 
-    def _spawn_fleet(self, procs: dict, name: str, argv: list[str], state: Path):  # type: ignore[no-untyped-def, type-arg]
+    def _spawn_fleet(
+        self, procs: dict[str, Popen], name: str, argv: list[str], state: Path
+    ) -> Popen:
         state.mkdir(parents=True, exist_ok=True)
         (state / "fleet.json").unlink(missing_ok=True)
         log = (state / "start.log").open("wb")
@@ -170,7 +195,7 @@ class Command(BaseCommand):
         return procs[name]
 
     def _register_fleet(
-        self, proc: subprocess.Popen, fleet_file: Path, name: str, *, required: bool
+        self, proc: Popen, fleet_file: Path, name: str, *, required: bool
     ) -> str | None:
         """Register the fleet once its file appears; the reason it did not, otherwise."""
         deadline = time.monotonic() + 120

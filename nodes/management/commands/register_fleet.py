@@ -8,8 +8,9 @@ process this machine started.
 
 import json
 from pathlib import Path
+from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from gpuplatform.dispatch import enqueue
@@ -20,10 +21,10 @@ from nodes.models import Node
 class Command(BaseCommand):
     help = "Register the nodes of an emulator fleet file with their host keys pinned."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("fleet_file", type=Path)
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         path: Path = options["fleet_file"]
         try:
             described = json.loads(path.read_text())

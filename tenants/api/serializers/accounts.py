@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import User
 from rest_framework import serializers
 
 from gpuplatform.api.scopes import MAX_NETWORKS, SCOPES
@@ -27,14 +28,15 @@ class MeSerializer(serializers.ModelSerializer):
         fields = ["id", "email", "is_staff", "tenant", "role"]
         read_only_fields = fields
 
-    def _membership(self):
-        return self.context.get("membership")
+    def _membership(self) -> Membership | None:
+        membership: Membership | None = self.context.get("membership")
+        return membership
 
-    def get_tenant(self, user) -> dict | None:
+    def get_tenant(self, user: User) -> dict | None:
         m = self._membership()
         return TenantSerializer(m.tenant).data if m else None
 
-    def get_role(self, user) -> str | None:
+    def get_role(self, user: User) -> str | None:
         m = self._membership()
         return m.role if m else None
 

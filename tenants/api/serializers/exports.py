@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rest_framework import serializers
 
 from tenants.exports import SECTIONS
 
 
-def _money(**kw) -> serializers.DecimalField:
+def _money(**kw: Any) -> serializers.DecimalField:
     return serializers.DecimalField(max_digits=14, decimal_places=2, **kw)
 
 

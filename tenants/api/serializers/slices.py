@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -213,7 +214,7 @@ class SliceDetailSerializer(SliceSerializer):
         return services.queue_position(slice)
 
     @extend_schema_field(SliceTransitionSerializer(many=True))
-    def to_representation(self, instance):
+    def to_representation(self, instance: Slice) -> dict[str, Any]:
         data = super().to_representation(instance)
         request = self.context.get("request")
         user = getattr(request, "user", None)
@@ -222,7 +223,10 @@ class SliceDetailSerializer(SliceSerializer):
         return redact_for_viewers(data, getattr(request, "membership", None))
 
     def get_transitions(self, slice: Slice) -> list[dict]:
-        return SliceTransitionSerializer(selectors.slice_transitions(slice=slice), many=True).data
+        # many=True makes a list serializer, whose data is a list: the stubs type it as one
+        # object's.
+        transitions = SliceTransitionSerializer(selectors.slice_transitions(slice=slice), many=True)
+        return transitions.data  # type: ignore[return-value]
 
     @extend_schema_field(OpenApiTypes.OBJECT)
     def get_estimate(self, slice: Slice) -> dict | None:
@@ -257,7 +261,7 @@ class _TenantPurchaseField(serializers.PrimaryKeyRelatedField):
     """A purchase of the caller's tenant. Another tenant's id reads exactly like one that
     does not exist, so the answer leaks nothing."""
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[Purchase]:
         return Purchase.objects.for_tenant(self.context.get("tenant"))
 
 

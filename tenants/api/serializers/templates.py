@@ -3,12 +3,15 @@ each card in service) and what ops write."""
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from gpuplatform.api.serializers import StrictSerializer
+from nodes.selectors import gpu_shapes_in_service
 from tenants import selectors
-from tenants.models import Image, LaunchTemplate
+from tenants.models import Image, LaunchTemplate, Tier
 
 
 class EngineSizingSerializer(serializers.Serializer):
@@ -45,7 +48,18 @@ class TemplateSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(EngineSizingSerializer(many=True))
     def get_sizing(self, template: LaunchTemplate) -> list[dict]:
-        return selectors.template_sizing(template)
+        tiers, shapes = self._sizing_inputs()
+        return selectors.template_sizing(template, tiers=tiers, shapes=shapes)
+
+    def _sizing_inputs(self) -> tuple[list[Tier], list[dict[str, Any]]]:
+        """The tiers and the card shapes in service, read once per answer: a list's rows
+        share its context, so a page of templates costs two queries, not two a row."""
+        # the root serializer's own dict (DRF types the context as a read-only mapping)
+        context = cast(dict[str, Any], self.context)
+        if "sizing_inputs" not in context:
+            context["sizing_inputs"] = (list(selectors.tier_list()), gpu_shapes_in_service())
+        inputs: tuple[list[Tier], list[dict[str, Any]]] = context["sizing_inputs"]
+        return inputs
 
 
 class OpsTemplateSerializer(TemplateSerializer):

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gpuplatform.api.scopes import ADMIN
+from gpuplatform.http import signed_in
 from tenants import selectors, services
-from tenants.models import ApiToken
-from tenants.permissions import IsOps, IsTenantMember
+from tenants.models import ApiToken, Membership, SshKey, Tenant
+from tenants.permissions import IsOps, IsTenantMember, request_membership
 
 from .. import filters
 from ..serializers import accounts as s
@@ -22,7 +27,7 @@ class MeView(APIView):
     permission_classes = [IsAuthenticated]
 
     @extend_schema(responses=s.MeSerializer)
-    def get(self, request):
+    def get(self, request: Request) -> Response:
         membership = selectors.membership_for_user(request.user)
         data = s.MeSerializer(request.user, context={"membership": membership}).data
         return Response(data)
@@ -43,28 +48,28 @@ class ApiTokenViewSet(
     ordering_fields = ["created_at", "last_used_at", "name"]
     search_fields = ["name", "prefix"]
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[ApiToken]:
         return selectors.api_token_list(user=self.request.user)
 
     @extend_schema(
         request=s.ApiTokenCreateSerializer,
         responses={201: s.ApiTokenCreatedSerializer},
     )
-    def create(self, request, *args, **kwargs):
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         data = s.ApiTokenCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         # A token making a token may not hand out more than it holds itself.
         within = request.auth if isinstance(request.auth, ApiToken) else None
         token, value = services.api_token_create(
-            user=request.user, within=within, **data.validated_data
+            user=signed_in(request), within=within, **data.validated_data
         )
-        token.token = value
+        token.token = value  # type: ignore[attr-defined]  # shown once, by the serializer
         body = s.ApiTokenCreatedSerializer(token).data
         return Response(body, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses={204: None})
-    def destroy(self, request, *args, **kwargs):
-        services.api_token_revoke(user=request.user, token=self.get_object())
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        services.api_token_revoke(user=signed_in(request), token=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -88,19 +93,19 @@ class SshKeyViewSet(
     ordering_fields = ["created_at", "last_used_at", "name"]
     search_fields = ["name", "fingerprint", "comment"]
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[SshKey]:
         return selectors.ssh_keys_of(self.request.user)
 
     @extend_schema(request=s.SshKeyCreateSerializer, responses={201: s.SshKeySerializer})
-    def create(self, request, *args, **kwargs):
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         data = s.SshKeyCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        key = services.ssh_key_add(user=request.user, **data.validated_data)
+        key = services.ssh_key_add(user=signed_in(request), **data.validated_data)
         return Response(s.SshKeySerializer(key).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses={204: None})
-    def destroy(self, request, *args, **kwargs):
-        services.ssh_key_remove(user=request.user, key_id=self.get_object().pk)
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        services.ssh_key_remove(user=signed_in(request), key_id=self.get_object().pk)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -113,8 +118,8 @@ class MemberViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["created_at", "role"]
     search_fields = ["user__email"]
 
-    def get_queryset(self):
-        membership = getattr(self.request, "membership", None)
+    def get_queryset(self) -> QuerySet[Membership]:
+        membership = request_membership(self.request)
         return selectors.member_list(tenant=membership.tenant if membership else None)
 
 
@@ -128,14 +133,14 @@ class OpsTenantViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["name", "created_at", "credit_balance"]
     search_fields = ["name", "slug"]
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[Tenant]:
         return selectors.tenant_list_for_ops()
 
     @extend_schema(request=s.TenantStatusSerializer, responses=s.OpsTenantSerializer)
     @action(detail=True, methods=["post"], url_path="status")
-    def set_status(self, request, pk=None):
+    def set_status(self, request: Request, pk: str | None = None) -> Response:
         tenant = self.get_object()
         data = s.TenantStatusSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        services.tenant_set_status(tenant=tenant, actor=request.user, **data.validated_data)
+        services.tenant_set_status(tenant=tenant, actor=signed_in(request), **data.validated_data)
         return Response(self.get_serializer(self.get_queryset().get(pk=tenant.pk)).data)

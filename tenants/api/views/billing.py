@@ -4,22 +4,41 @@ Each write is one service call."""
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
+from django.contrib.auth.models import User
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import AllowAny, IsAuthenticated
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gpuplatform.api.scopes import ADMIN, BILLING
+from gpuplatform.http import signed_in
 from tenants import selectors, services
-from tenants.models import ApiToken, CreditRate, CreditRequest
-from tenants.permissions import IsOps, IsTenantMember
+from tenants.models import (
+    ApiToken,
+    CreditRate,
+    CreditRequest,
+    LedgerEntry,
+    Purchase,
+    Tier,
+    UsageRecord,
+)
+from tenants.permissions import IsOps, IsTenantMember, request_membership
 
 from .. import filters
 from ..serializers import billing as s
-from .base import IDEMPOTENCY_KEY, TenantResourceMixin, idempotency_key
+from .base import IDEMPOTENCY_KEY, TenantResourceMixin, idempotency_key, membership_of
+
+
+class Decision(Protocol):
+    """What ops decide a credit request with: credit_request_grant or _decline."""
+
+    def __call__(self, *, request: CreditRequest, actor: User, note: str) -> CreditRequest: ...
 
 
 class TierViewSet(viewsets.ReadOnlyModelViewSet):
@@ -31,7 +50,7 @@ class TierViewSet(viewsets.ReadOnlyModelViewSet):
     ordering = ["vram_mb"]
     search_fields = ["name", "description"]
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[Tier]:
         return selectors.tier_list(active_only=False)
 
 
@@ -48,7 +67,7 @@ class PurchaseViewSet(
     filterset_class = filters.PurchaseFilter
     ordering_fields = ["created_at", "minutes_left", "hours"]
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[Purchase]:
         return selectors.purchase_list(tenant=self.tenant)
 
     @extend_schema(
@@ -56,13 +75,13 @@ class PurchaseViewSet(
         request=s.PurchaseCreateSerializer,
         responses={201: s.PurchaseSerializer, 200: s.PurchaseSerializer},
     )
-    def create(self, request):
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Buy a tier for `hours` at its current price (409 `insufficient_credit` when
         the balance does not cover it)."""
         data = s.PurchaseCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         purchase, created = services.purchase_create(
-            membership=request.membership,
+            membership=self.membership,
             idempotency_key=idempotency_key(request),
             api_token=request.auth if isinstance(request.auth, ApiToken) else None,
             **data.validated_data,
@@ -78,7 +97,7 @@ class LedgerViewSet(TenantResourceMixin, viewsets.ReadOnlyModelViewSet):
     filterset_class = filters.LedgerEntryFilter
     ordering_fields = ["created_at", "amount"]
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[LedgerEntry]:
         return selectors.ledger_list(tenant=self.tenant)
 
 
@@ -89,7 +108,7 @@ class UsageViewSet(TenantResourceMixin, viewsets.ReadOnlyModelViewSet):
     filterset_class = filters.UsageRecordFilter
     ordering_fields = ["period_end", "minutes"]
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[UsageRecord]:
         return selectors.usage_list(tenant=self.tenant)
 
 
@@ -101,11 +120,11 @@ class OpsCreditGrantViewSet(viewsets.GenericViewSet):
     serializer_class = s.CreditGrantSerializer
 
     @extend_schema(request=s.CreditGrantSerializer, responses={201: s.OpsLedgerEntrySerializer})
-    def create(self, request):
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         data = s.CreditGrantSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         entry = services.credit_grant(
-            actor=request.user,
+            actor=signed_in(request),
             idempotency_key=idempotency_key(request),
             **data.validated_data,
         )
@@ -122,18 +141,18 @@ class OpsPurchaseViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["created_at", "minutes_left"]
     search_fields = ["tenant__name"]
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[Purchase]:
         return selectors.purchase_list_for_ops()
 
     @extend_schema(request=s.RefundSerializer, responses=s.RefundResultSerializer)
     @action(detail=True, methods=["post"])
-    def refund(self, request, pk=None):
+    def refund(self, request: Request, pk: str | None = None) -> Response:
         """Pay the unused minutes back to credit, pro rata (409 while a slice uses it)."""
         purchase = self.get_object()
         data = s.RefundSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         entry = services.purchase_refund(
-            purchase=purchase, actor=request.user, **data.validated_data
+            purchase=purchase, actor=signed_in(request), **data.validated_data
         )
         body = {
             "purchase": s.OpsPurchaseSerializer(self.get_queryset().get(pk=purchase.pk)).data,
@@ -157,23 +176,25 @@ class CreditRequestViewSet(
     ordering_fields = ["created_at", "amount"]
 
     def get_queryset(self) -> QuerySet[CreditRequest]:
-        membership = getattr(self.request, "membership", None)
+        membership = request_membership(self.request)
         return selectors.credit_request_list(tenant=membership.tenant if membership else None)
 
     @extend_schema(
         request=s.CreditRequestCreateSerializer, responses={201: s.CreditRequestSerializer}
     )
-    def create(self, request):
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         data = s.CreditRequestCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        asked = services.credit_request_create(membership=request.membership, **data.validated_data)
+        asked = services.credit_request_create(
+            membership=membership_of(request), **data.validated_data
+        )
         return Response(s.CreditRequestSerializer(asked).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses={200: s.CreditRequestSerializer})
     @action(detail=True, methods=["post"])
-    def withdraw(self, request, pk=None):
+    def withdraw(self, request: Request, pk: str | None = None) -> Response:
         asked = services.credit_request_withdraw(
-            membership=request.membership, request=self.get_object()
+            membership=membership_of(request), request=self.get_object()
         )
         return Response(s.CreditRequestSerializer(asked).data)
 
@@ -190,24 +211,24 @@ class OpsCreditRequestViewSet(viewsets.ReadOnlyModelViewSet):
     def get_queryset(self) -> QuerySet[CreditRequest]:
         return selectors.credit_request_list_for_ops()
 
-    def _decide(self, request, service):
+    def _decide(self, request: Request, service: Decision) -> Response:
         data = s.CreditDecisionSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        asked = service(request=self.get_object(), actor=request.user, **data.validated_data)
+        asked = service(request=self.get_object(), actor=signed_in(request), **data.validated_data)
         return Response(s.OpsCreditRequestSerializer(asked).data)
 
     @extend_schema(
         request=s.CreditDecisionSerializer, responses={200: s.OpsCreditRequestSerializer}
     )
     @action(detail=True, methods=["post"])
-    def grant(self, request, pk=None):
+    def grant(self, request: Request, pk: str | None = None) -> Response:
         return self._decide(request, services.credit_request_grant)
 
     @extend_schema(
         request=s.CreditDecisionSerializer, responses={200: s.OpsCreditRequestSerializer}
     )
     @action(detail=True, methods=["post"])
-    def decline(self, request, pk=None):
+    def decline(self, request: Request, pk: str | None = None) -> Response:
         return self._decide(request, services.credit_request_decline)
 
 
@@ -222,10 +243,10 @@ class OpsCreditRateViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSe
         return CreditRate.objects.select_related("set_by").order_by("-created_at", "-id")
 
     @extend_schema(request=s.CreditRateCreateSerializer, responses={201: s.CreditRateSerializer})
-    def create(self, request):
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         data = s.CreditRateCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        rate = services.credit_rate_set(actor=request.user, **data.validated_data)
+        rate = services.credit_rate_set(actor=signed_in(request), **data.validated_data)
         return Response(s.CreditRateSerializer(rate).data, status=status.HTTP_201_CREATED)
 
 
@@ -235,7 +256,7 @@ class CreditRateView(APIView):
     permission_classes = [AllowAny]
 
     @extend_schema(responses={200: s.CreditRateNowSerializer})
-    def get(self, request):
+    def get(self, request: Request) -> Response:
         rate = selectors.credit_rate_current()
         return Response(
             s.CreditRateNowSerializer(

@@ -4,6 +4,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, extend_schema
 from rest_framework import status
 from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -49,7 +50,7 @@ class EstimateView(APIView):
             )
         ],
     )
-    def post(self, request):
+    def post(self, request: Request) -> Response:
         if not isinstance(request.data, dict):
             return Response(
                 error_body(
@@ -76,7 +77,7 @@ class CatalogView(APIView):
     permission_classes = [AllowAny]
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
-    def get(self, request):
+    def get(self, request: Request) -> Response:
         rows = [
             {"name": name, "params": estimator.param_count(spec), "source": spec.source}
             for name, spec in sorted(estimator.CATALOG.items())

@@ -3,10 +3,14 @@ as pages of JSON or one streamed CSV (`?format=csv`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -25,7 +29,12 @@ class CSVRenderer(BaseRenderer):
     format = "csv"
     charset = "utf-8"
 
-    def render(self, data, accepted_media_type=None, renderer_context=None):
+    def render(
+        self,
+        data: Any,
+        accepted_media_type: str | None = None,
+        renderer_context: Mapping[str, Any] | None = None,
+    ) -> bytes:
         # Never reached with a body: the export streams, and errors are rendered as JSON.
         return JSONRenderer().render(data)
 
@@ -49,7 +58,7 @@ class UsageExportView(TenantResourceMixin, APIView):
 
     renderer_classes = [JSONRenderer, CSVRenderer]
 
-    def handle_exception(self, exc):
+    def handle_exception(self, exc: Exception) -> Response:
         # A refusal is the API's one JSON error body, whichever format was asked for.
         self.request.accepted_renderer = JSONRenderer()
         self.request.accepted_media_type = JSONRenderer.media_type
@@ -62,7 +71,8 @@ class UsageExportView(TenantResourceMixin, APIView):
             (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="The CSV file."),
         },
     )
-    def get(self, request):
+    def get(self, request: Request) -> Response | StreamingHttpResponse:
+        tenant = self.membership.tenant
         params = request.query_params
         period = exports.export_period(params.get("from"), params.get("to"))
         section = params.get("section", "")
@@ -72,16 +82,18 @@ class UsageExportView(TenantResourceMixin, APIView):
             )
         if request.accepted_renderer.format == "csv":
             response = StreamingHttpResponse(
-                exports.csv_stream(self.tenant, period), content_type="text/csv; charset=utf-8"
+                exports.csv_stream(tenant, period), content_type="text/csv; charset=utf-8"
             )
-            name = exports.csv_filename(self.tenant, period)
+            name = exports.csv_filename(tenant, period)
             response["Content-Disposition"] = f'attachment; filename="{name}"'
             return response
         paginator = PageNumberPagination()
-        lines = exports.usage_lines(self.tenant, period, section=section)
+        lines = exports.usage_lines(tenant, period, section=section)
         page = paginator.paginate_queryset([line.as_dict() for line in lines], request, view=self)
         body = paginator.get_paginated_response(s.UsageLineSerializer(page, many=True).data).data
+        # every section's rows are at hand unless one section was asked for
+        every = None if section else lines
         body["summary"] = s.UsageSummarySerializer(
-            exports.usage_summary(self.tenant, period).as_dict()
+            exports.usage_summary(tenant, period, lines=every).as_dict()
         ).data
         return Response(body)

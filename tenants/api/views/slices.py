@@ -5,17 +5,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.generics import GenericAPIView
+from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.serializers import BaseSerializer
 
 from gpuplatform.api.errors import error_body
 from gpuplatform.api.scopes import ADMIN, LAUNCH
 from gpuplatform.errors import ServiceError
+from gpuplatform.http import signed_in
 from tenants import selectors, services
-from tenants.models import Image, Slice
+from tenants.models import Image, Slice, SliceLogLine
 from tenants.permissions import IsOps
 
 from .. import filters
@@ -56,10 +61,10 @@ class SliceViewSet(
     filterset_class = filters.SliceFilter
     ordering_fields = ["created_at", "state", "started_at", "minutes_used"]
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[Slice]:
         return selectors.slice_list(tenant=self.tenant)
 
-    def get_serializer_class(self):
+    def get_serializer_class(self) -> type[BaseSerializer[Slice]]:
         return s.SliceSerializer if self.action == "list" else s.SliceDetailSerializer
 
     def _out(self, slice: Slice, code: int) -> Response:
@@ -71,7 +76,7 @@ class SliceViewSet(
         request=s.SliceCreateSerializer,
         responses={201: s.SliceDetailSerializer, 200: s.SliceDetailSerializer, 422: REFUSAL},
     )
-    def create(self, request):
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Launch a slice on one of your purchases. The job is checked against the tier's
         VRAM first (422 with the breakdown when it does not fit); then VRAM is reserved
         and the container starts (`provisioning`), or the slice waits (`queued`)."""
@@ -80,7 +85,7 @@ class SliceViewSet(
         values = data.validated_data
         try:
             slice, created = services.slice_launch(
-                membership=request.membership,
+                membership=self.membership,
                 purchase=values["purchase"],
                 image=values["image"],
                 model_request=values["model"],
@@ -101,20 +106,20 @@ class SliceViewSet(
 
     @extend_schema(request=s.SliceStopSerializer, responses={202: s.SliceDetailSerializer})
     @action(detail=True, methods=["post"])
-    def stop(self, request, pk=None):
+    def stop(self, request: Request, pk: str | None = None) -> Response:
         """Stop the slice (a queued one is cancelled); metering ends now. The call is
         the confirmation. Stopping a finished slice changes nothing."""
         slice = self.get_object()
         data = s.SliceStopSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        services.slice_stop(slice=slice, actor=request.user, **data.validated_data)
+        services.slice_stop(slice=slice, actor=signed_in(request), **data.validated_data)
         return self._out(slice, status.HTTP_202_ACCEPTED)
 
     @extend_schema(
         request=vs.SliceResumeSerializer, responses={202: s.SliceDetailSerializer, 422: REFUSAL}
     )
     @action(detail=True, methods=["post"])
-    def resume(self, request, pk=None):
+    def resume(self, request: Request, pk: str | None = None) -> Response:
         """Start a stopped slice again: the same image, command, environment, volumes and
         tier in a new container, paid from `purchase` (of the same tier, with minutes
         left), after the same pre-launch check (422 when it no longer fits)."""
@@ -133,25 +138,25 @@ class SliceViewSet(
                 field="purchase",
             )
         try:
-            services.slice_resume(membership=request.membership, slice=slice, purchase=purchase)
+            services.slice_resume(membership=self.membership, slice=slice, purchase=purchase)
         except services.ServiceRefusal as exc:
             return _refusal(exc.message, exc.estimate, slice.pk)
         return self._out(slice, status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=vs.SliceTerminateSerializer, responses={202: s.SliceDetailSerializer})
     @action(detail=True, methods=["post"])
-    def terminate(self, request, pk=None):
+    def terminate(self, request: Request, pk: str | None = None) -> Response:
         """End the slice for good (stopped first if it runs): it cannot be resumed. With
         `delete_volumes`, the volumes only it used are deleted too."""
         slice = self.get_object()
         data = vs.SliceTerminateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        services.slice_terminate(membership=request.membership, slice=slice, **data.validated_data)
+        services.slice_terminate(membership=self.membership, slice=slice, **data.validated_data)
         return self._out(slice, status.HTTP_202_ACCEPTED)
 
     @extend_schema(parameters=[vs.SliceLogsQuerySerializer], responses=vs.SliceLogsSerializer)
     @action(detail=True, methods=["get"])
-    def logs(self, request, pk=None):
+    def logs(self, request: Request, pk: str | None = None) -> Response:
         """What the slice's container printed (stdout and stderr in time order), oldest
         first, after the cursor `after`; at most `limit` lines and 256 KiB per answer.
         Kept for a while after the slice stops. While it runs, `following` is true and
@@ -163,7 +168,8 @@ class SliceViewSet(
         services.slice_logs_request(slice=slice)
         lines = selectors.slice_log_lines(slice=slice, after=after, limit=limit + 1)
         more = len(lines) > limit
-        kept, size = [], 0
+        kept: list[SliceLogLine] = []
+        size = 0
         for line in lines[:limit]:
             size += len(line.text.encode()) + 1
             if kept and size > LOGS_MAX_BYTES:
@@ -181,7 +187,7 @@ class SliceViewSet(
 
     @extend_schema(responses=s.SliceVramSerializer)
     @action(detail=True, methods=["get"])
-    def vram(self, request, pk=None):
+    def vram(self, request: Request, pk: str | None = None) -> Response:
         """The slice's VRAM over time (its container's processes per sample) with its
         quota."""
         slice = self.get_object()
@@ -194,16 +200,17 @@ class SliceViewSet(
         return Response(s.SliceVramSerializer(body).data)
 
 
-class ImageAvailability:
+# A GenericAPIView only for the type checker: it comes before the view's own bases.
+class ImageAvailability(GenericAPIView[Image]):
     """Counts the nodes holding each image of a page in one query (`on_nodes`)."""
 
-    def get_serializer(self, *args, **kwargs):
+    def get_serializer(self, *args: Any, **kwargs: Any) -> BaseSerializer[Image]:
         if args and args[0] is not None:
             shown = list(args[0]) if kwargs.get("many") else [args[0]]
             if all(isinstance(i, Image) for i in shown):
-                context = kwargs.setdefault("context", self.get_serializer_context())  # type: ignore[attr-defined]
+                context = kwargs.setdefault("context", self.get_serializer_context())
                 context["on_nodes"] = services.images_on_nodes(shown)
-        return super().get_serializer(*args, **kwargs)  # type: ignore[misc]
+        return super().get_serializer(*args, **kwargs)
 
 
 class ImageViewSet(ImageAvailability, viewsets.ReadOnlyModelViewSet):
@@ -215,7 +222,7 @@ class ImageViewSet(ImageAvailability, viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["name"]
     search_fields = ["name", "reference", "description"]
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[Image]:
         return selectors.image_list(active_only=True)
 
 
@@ -230,31 +237,31 @@ class OpsImageViewSet(ImageAvailability, viewsets.ModelViewSet):
     ordering_fields = ["name", "created_at"]
     search_fields = ["name", "reference", "description"]
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[Image]:
         return selectors.image_list(active_only=False)
 
     @extend_schema(request=s.ImageWriteSerializer, responses={201: s.OpsImageSerializer})
-    def create(self, request, *args, **kwargs):
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         data = s.ImageWriteSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        image = services.image_create(actor=request.user, **data.validated_data)
+        image = services.image_create(actor=signed_in(request), **data.validated_data)
         return Response(self.get_serializer(image).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=s.ImageWriteSerializer, responses=s.OpsImageSerializer)
-    def update(self, request, *args, **kwargs):
+    def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         image = self.get_object()
         data = s.ImageWriteSerializer(data=request.data, partial=kwargs.get("partial", False))
         data.is_valid(raise_exception=True)
-        image = services.image_update(actor=request.user, image=image, **data.validated_data)
+        image = services.image_update(actor=signed_in(request), image=image, **data.validated_data)
         return Response(self.get_serializer(image).data)
 
     @extend_schema(request=s.ImageWriteSerializer, responses=s.OpsImageSerializer)
-    def partial_update(self, request, *args, **kwargs):
+    def partial_update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return self.update(request, *args, partial=True, **kwargs)
 
     @extend_schema(responses={204: None})
-    def destroy(self, request, *args, **kwargs):
-        services.image_update(actor=request.user, image=self.get_object(), is_active=False)
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        services.image_update(actor=signed_in(request), image=self.get_object(), is_active=False)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -268,15 +275,15 @@ class OpsSliceViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["created_at", "state", "started_at", "minutes_used"]
     search_fields = ["tenant__name", "image_entry__name"]
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[Slice]:
         return selectors.slice_list_for_ops()
 
     @extend_schema(request=s.OpsSliceStopSerializer, responses={202: s.OpsSliceSerializer})
     @action(detail=True, methods=["post"])
-    def stop(self, request, pk=None):
+    def stop(self, request: Request, pk: str | None = None) -> Response:
         slice = self.get_object()
         data = s.OpsSliceStopSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        services.slice_stop(slice=slice, actor=request.user, **data.validated_data)
+        services.slice_stop(slice=slice, actor=signed_in(request), **data.validated_data)
         fresh = self.get_queryset().get(pk=slice.pk)
         return Response(self.get_serializer(fresh).data, status=status.HTTP_202_ACCEPTED)

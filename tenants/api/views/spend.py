@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gpuplatform.api.scopes import ADMIN
 from gpuplatform.api.serializers import StrictSerializer
 from gpuplatform.errors import ServiceError
+from gpuplatform.http import signed_in
 from tenants.models import ApiToken, Membership
 from tenants.services import spend
 
@@ -41,30 +43,32 @@ class SpendLimitView(TenantResourceMixin, APIView):
     required_scope = ADMIN
 
     @extend_schema(responses=SpendLimitSerializer)
-    def get(self, request):
-        return Response(SpendLimitSerializer(spend.spend_summary(tenant=self.tenant)).data)
+    def get(self, request: Request) -> Response:
+        tenant = self.membership.tenant
+        return Response(SpendLimitSerializer(spend.spend_summary(tenant=tenant)).data)
 
     @extend_schema(request=SpendLimitWriteSerializer, responses=SpendLimitSerializer)
-    def put(self, request):
+    def put(self, request: Request) -> Response:
         """Set (or lift, with null) the tenant's monthly limit, or a member's or a token's
         (`member` / `token`); owners only, recorded in the audit trail."""
+        tenant = self.membership.tenant
         data = SpendLimitWriteSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
         member = token = None
         if "member" in values:
-            member = Membership.objects.filter(tenant=self.tenant, pk=values["member"]).first()
+            member = Membership.objects.filter(tenant=tenant, pk=values["member"]).first()
             if member is None:
                 raise ServiceError("No such member in your tenant.", code="does_not_exist",
                                    field="member")  # fmt: skip
         if "token" in values:
-            token = ApiToken.objects.filter(tenant=self.tenant, pk=values["token"]).first()
+            token = ApiToken.objects.filter(tenant=tenant, pk=values["token"]).first()
             if token is None:
                 raise ServiceError("No such token in your tenant.", code="does_not_exist",
                                    field="token")  # fmt: skip
         spend.spend_limit_set(
-            actor=request.user, tenant=self.tenant, limit=values["limit"], member=member,
+            actor=signed_in(request), tenant=tenant, limit=values["limit"], member=member,
             token=token,
         )  # fmt: skip
-        self.tenant.refresh_from_db()
-        return Response(SpendLimitSerializer(spend.spend_summary(tenant=self.tenant)).data)
+        tenant.refresh_from_db()
+        return Response(SpendLimitSerializer(spend.spend_summary(tenant=tenant)).data)

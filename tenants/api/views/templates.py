@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import status, viewsets
+from rest_framework.request import Request
 from rest_framework.response import Response
 
 from gpuplatform.api.scopes import ADMIN
+from gpuplatform.http import signed_in
 from tenants import selectors, services
 from tenants.models import LaunchTemplate
 from tenants.permissions import IsOps
@@ -23,7 +28,7 @@ class TemplateViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["name"]
     search_fields = ["name", "description"]
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[LaunchTemplate]:
         return selectors.template_list()
 
 
@@ -36,31 +41,31 @@ class OpsTemplateViewSet(viewsets.ModelViewSet):
     ordering_fields = ["name", "created_at"]
     search_fields = ["name", "description"]
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[LaunchTemplate]:
         return LaunchTemplate.objects.select_related("image")
 
     @extend_schema(request=t.TemplateWriteSerializer, responses={201: t.OpsTemplateSerializer})
-    def create(self, request, *args, **kwargs):
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         data = t.TemplateWriteSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        template = services.template_create(actor=request.user, **data.to_service())
+        template = services.template_create(actor=signed_in(request), **data.to_service())
         return Response(self.get_serializer(template).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=t.TemplateWriteSerializer, responses=t.OpsTemplateSerializer)
-    def update(self, request, *args, **kwargs):
+    def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         template = self.get_object()
         data = t.TemplateWriteSerializer(data=request.data, partial=kwargs.get("partial", False))
         data.is_valid(raise_exception=True)
         template = services.template_update(
-            actor=request.user, template=template, **data.to_service()
+            actor=signed_in(request), template=template, **data.to_service()
         )
         return Response(self.get_serializer(template).data)
 
     @extend_schema(request=t.TemplateWriteSerializer, responses=t.OpsTemplateSerializer)
-    def partial_update(self, request, *args, **kwargs):
+    def partial_update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return self.update(request, *args, partial=True, **kwargs)
 
     @extend_schema(responses={204: None})
-    def destroy(self, request, *args, **kwargs):
-        services.template_withdraw(actor=request.user, template=self.get_object())
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        services.template_withdraw(actor=signed_in(request), template=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.request import Request
 from rest_framework.response import Response
 
 from gpuplatform.api.scopes import LAUNCH
 from tenants import selectors, services
+from tenants.models import Volume
 
 from .. import filters
 from ..serializers import volumes as s
@@ -32,26 +37,26 @@ class VolumeViewSet(
     ordering_fields = ["name", "created_at", "size_gb"]
     search_fields = ["name"]
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[Volume]:
         return selectors.volume_list(tenant=self.tenant)
 
     @extend_schema(request=s.VolumeCreateSerializer, responses={201: s.VolumeSerializer})
-    def create(self, request):
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Create a volume (state `creating`; `ready` once its node made it)."""
         data = s.VolumeCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        volume = services.volume_create(membership=request.membership, **data.validated_data)
+        volume = services.volume_create(membership=self.membership, **data.validated_data)
         return Response(s.VolumeSerializer(volume).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=s.VolumeDeleteSerializer, responses={202: s.VolumeSerializer})
     @action(detail=True, methods=["post"])
-    def delete(self, request, pk=None):
+    def delete(self, request: Request, pk: str | None = None) -> Response:
         """Delete the volume and its files (type its name as `confirm`); refused (409)
         while a slice that is not stopped mounts it."""
         volume = self.get_object()
         data = s.VolumeDeleteSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        services.volume_delete(membership=request.membership, volume=volume, **data.validated_data)
+        services.volume_delete(membership=self.membership, volume=volume, **data.validated_data)
         return Response(
             s.VolumeSerializer(self.get_queryset().get(pk=volume.pk)).data,
             status=status.HTTP_202_ACCEPTED,

@@ -25,7 +25,7 @@ from tenants.models import Image, LaunchTemplate, LedgerEntry, Membership
 LAB_IMAGE = "gpuplatform-lab/workload:1"
 LAB_SSH_IMAGE = "gpuplatform-lab/ssh:1"
 LAB_HTTP_IMAGE = "gpuplatform-lab/http:1"
-DEMO_IMAGES = [
+DEMO_IMAGES: list[dict[str, object]] = [
     {
         "name": "GPU workload (lab)",
         "reference": LAB_IMAGE,
@@ -55,7 +55,7 @@ DEMO_IMAGES = [
 ]
 # Templates on the demo's images (an engine template needs its engine's image, which the
 # lab's nodes do not hold: ops add those on real nodes, docs/templates.md).
-DEMO_TEMPLATES = [
+DEMO_TEMPLATES: list[dict[str, object]] = [
     {
         "name": "SSH workspace",
         "image": "SSH (lab)",
@@ -79,7 +79,7 @@ TENANT_NAME = "Demo Lab"
 class Command(BaseCommand):
     help = "Create the demo ops user and demo tenant user if absent; print the logins."
 
-    def handle(self, *args, **options):
+    def handle(self, *args: object, **options: object) -> None:
         path = settings.VAR_DIR / "demo-logins.json"
         logins = json.loads(path.read_text()) if path.exists() else {}
         User = get_user_model()

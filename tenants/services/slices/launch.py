@@ -7,8 +7,9 @@ from __future__ import annotations
 import math
 import re
 import secrets
+from typing import Any, TypedDict
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -19,7 +20,7 @@ from nodes import command_env, engines, isolation
 from nodes import services as node_services
 
 from ...locks import purchase_lock, slice_lock, slice_queue_head_lock
-from ...models import Image, LaunchTemplate, Membership, Purchase, Slice
+from ...models import Image, LaunchTemplate, Membership, Purchase, Slice, Tenant
 from ..billing import clean_idempotency_key
 from ..spend import spend_check
 from ..volumes import mounts_clean, mounts_record, slice_volume_node_id
@@ -59,13 +60,13 @@ class ServiceRefusal(ServiceError):
 
     status_code = 422
 
-    def __init__(self, message: str, *, estimate: dict, slice: Slice):
+    def __init__(self, message: str, *, estimate: dict[str, Any], slice: Slice) -> None:
         super().__init__(message, code="estimate_exceeds_tier", field="model")
         self.estimate = estimate
         self.slice = slice
 
 
-def clean_environment(environment) -> dict[str, str]:
+def clean_environment(environment: object) -> dict[str, str]:
     if environment in (None, ""):
         return {}
     if not isinstance(environment, dict):
@@ -100,7 +101,7 @@ def clean_environment(environment) -> dict[str, str]:
     return out
 
 
-def clean_command(command) -> list[str]:
+def clean_command(command: object) -> list[str]:
     """The launch's argv, checked. One that sets, unsets or clears a reserved variable is
     refused naming it (nodes.command_env: a courtesy, the node is the boundary)."""
     if command in (None, "", []):
@@ -147,7 +148,7 @@ def clean_ssh_key(key: str, *, required: bool) -> str:
     return key
 
 
-def launch_estimate_input(model_request, tier_mib: int) -> estimator.EstimateRequest:
+def launch_estimate_input(model_request: object, tier_mib: int) -> estimator.EstimateRequest:
     if not isinstance(model_request, dict) or not model_request:
         raise ServiceError(
             'Describe the job for the VRAM check, e.g. {"model": {"catalog": '
@@ -174,13 +175,13 @@ def slice_launch(
     membership: Membership,
     purchase: Purchase,
     image: Image,
-    model_request: dict,
+    model_request: dict[str, Any],
     command: list[str] | None = None,
     environment: dict[str, str] | None = None,
     ssh_public_key: str = "",
     guaranteed: bool = True,
     idempotency_key: str = "",
-    volumes: list[dict] | None = None,
+    volumes: list[dict[str, Any]] | None = None,
     template: LaunchTemplate | None = None,
 ) -> tuple[Slice, bool]:
     """Check, place and queue a launch. Returns (slice, created). `volumes` mounts the
@@ -195,7 +196,7 @@ def slice_launch(
     key = clean_idempotency_key(idempotency_key)
     command = clean_command(command)
     environment = clean_environment(environment)
-    same = {
+    same: dict[str, object] = {
         "purchase_id": purchase.pk,
         "image_entry_id": image.pk,
         "command": command,
@@ -222,23 +223,36 @@ def slice_launch(
             template=template,
         )
     except IntegrityError as exc:
-        existing = _slice_for_key(membership, key, same) if key else None
-        if existing is not None:
-            return existing, False
-        busy = Slice.objects.filter(purchase_id=purchase.pk, state__in=Slice.LIVE_STATES)
-        if busy.exists():  # tenants_slice_one_live_per_purchase (any database's wording)
-            raise Conflict(
-                "This purchase already runs a slice; stop it or buy another.",
-                code="purchase_in_use",
-                field="purchase",
-            ) from exc
-        raise
+        return _launch_collided(exc, membership=membership, purchase=purchase, key=key, same=same)
     if slice.state == S.REFUSED and created:
         raise ServiceRefusal(slice.state_reason, estimate=slice.estimate, slice=slice)
     return slice, created
 
 
-def _slice_for_key(membership: Membership, key: str, same: dict) -> Slice | None:
+def _launch_collided(
+    exc: IntegrityError,
+    *,
+    membership: Membership,
+    purchase: Purchase,
+    key: str,
+    same: dict[str, object],
+) -> tuple[Slice, bool]:
+    """A launch the database refused: a concurrent one with the same key made the slice
+    (that one is the answer), or the purchase runs a slice already (a conflict)."""
+    existing = _slice_for_key(membership, key, same) if key else None
+    if existing is not None:
+        return existing, False
+    busy = Slice.objects.filter(purchase_id=purchase.pk, state__in=Slice.LIVE_STATES)
+    if busy.exists():  # tenants_slice_one_live_per_purchase (any database's wording)
+        raise Conflict(
+            "This purchase already runs a slice; stop it or buy another.",
+            code="purchase_in_use",
+            field="purchase",
+        ) from exc
+    raise exc
+
+
+def _slice_for_key(membership: Membership, key: str, same: dict[str, object]) -> Slice | None:
     """The slice a key already made, if the request is the same; a different request
     with a used key is a conflict, never a silent replay of the first one."""
     existing = Slice.objects.for_tenant(membership.tenant).filter(idempotency_key=key).first()
@@ -257,25 +271,20 @@ def _slice_launch(
     membership: Membership,
     purchase: Purchase,
     image: Image,
-    model_request: dict,
-    command,
-    environment,
+    model_request: dict[str, Any],
+    command: list[str],
+    environment: dict[str, str],
     ssh_public_key: str,
     guaranteed: bool,
     key: str,
-    same: dict,
-    volumes: list[dict] | None = None,
+    same: dict[str, object],
+    volumes: list[dict[str, Any]] | None = None,
     template: LaunchTemplate | None = None,
 ) -> tuple[Slice, bool]:
-    if not membership.can_write:
-        raise NotAllowed("Viewers cannot launch slices.")
-    tenant = membership.tenant
-    if not tenant.is_active:
-        raise NotAllowed("This tenant is suspended.")
+    """The launch in its transaction; `command` and `environment` come cleaned."""
+    tenant = _tenant_may_start(membership, doing="launch")
     if not image.is_active:
         raise ServiceError("This image is not on the allowlist.", field="image")
-    command = clean_command(command)
-    environment = clean_environment(environment)
     ssh_public_key = clean_ssh_key(ssh_public_key, required=image.connect == Image.Connect.SSH)
     mounts = mounts_clean(tenant=tenant, mounts=volumes)
     purchase = purchase_lock(purchase.pk, tenant=tenant)
@@ -284,25 +293,98 @@ def _slice_launch(
         existing = _slice_for_key(membership, key, same)
         if existing is not None:
             return existing, False
-    if purchase.minutes_left <= 0:
-        raise Conflict(
-            "This purchase has no minutes left.", code="purchase_used_up", field="purchase"
-        )
+    _check_minutes_left(purchase)
     spend_check(tenant=tenant, membership=membership)  # at 100%: no new launch
     # A purchase runs one slice at a time: the unique constraint
     # tenants_slice_one_live_per_purchase says so at insert (slice_launch turns it into
     # a 409), without a query of its own on every launch.
+    request = launch_estimate_input(model_request, purchase.tier.vram_mb)
+    slice, result = _new_slice(
+        membership=membership,
+        purchase=purchase,
+        image=image,
+        template=template,
+        request=request,
+        guaranteed=guaranteed,
+        asked=_Asked(
+            ssh_public_key=ssh_public_key,
+            model_request=model_request,
+            command=command,
+            environment=environment,
+            idempotency_key=key,
+        ),
+    )
+    mounts_record(slice, mounts)
+    slice_record_requested(slice, membership.user)
+    if not result.fits:
+        _slice_refuse(slice, actor=membership.user)
+        return slice, True
+    _place_or_queue(slice, actor=membership.user)
+    return slice, True
+
+
+def _slice_refuse(slice: Slice, *, actor: User) -> None:
+    """A launch the estimate says will not fit: recorded as refused, nothing reserved."""
+    tier = slice.purchase.tier
+    slice_transition(
+        slice,
+        S.REFUSED,
+        f"The job needs about {slice.estimate_mb} MiB; the {tier.name} tier has "
+        f"{tier.vram_mb} MiB. Nothing was reserved or charged.",
+        actor=actor,
+    )
+
+
+def _tenant_may_start(membership: Membership, *, doing: str) -> Tenant:
+    """The member's tenant, when the member may start slices in it (launch or resume)."""
+    if not membership.can_write:
+        raise NotAllowed(f"Viewers cannot {doing} slices.")
+    tenant = membership.tenant
+    if not tenant.is_active:
+        raise NotAllowed("This tenant is suspended.")
+    return tenant
+
+
+def _check_minutes_left(purchase: Purchase) -> None:
+    if purchase.minutes_left <= 0:
+        raise Conflict(
+            "This purchase has no minutes left.", code="purchase_used_up", field="purchase"
+        )
+
+
+class _Asked(TypedDict):
+    """What a launch asked for that its slice keeps as given (cleaned)."""
+
+    ssh_public_key: str
+    model_request: dict[str, Any]
+    command: list[str]
+    environment: dict[str, str]
+    idempotency_key: str
+
+
+def _new_slice(
+    *,
+    membership: Membership,
+    purchase: Purchase,
+    image: Image,
+    template: LaunchTemplate | None,
+    request: estimator.EstimateRequest,
+    guaranteed: bool,
+    asked: _Asked,
+) -> tuple[Slice, estimator.Estimate]:
+    """The launched slice, saved as requested, and its estimate: its guarantee, how to
+    connect, the engine a template tells its budget, and the estimate (with suggestions
+    when it does not fit)."""
     tier = purchase.tier
-    request = launch_estimate_input(model_request, tier.vram_mb)
     if purchase.interruptible:
         _refuse_training_if_interruptible(request)
         guaranteed = False  # preempted when its card runs short: never a guarantee
     elif request.training:
         guaranteed = True  # docs/domain.md: never overcommit training jobs
-    connection: dict = {"kind": image.connect}
+    connection: dict[str, str] = {"kind": image.connect}
     if image.connect == Image.Connect.JUPYTER:
         connection["token"] = secrets.token_urlsafe(24)
-    engine, budget_mb = _template_engine(template, image, command, request, tier.vram_mb)
+    engine, budget_mb = _template_engine(template, image, asked["command"], request, tier.vram_mb)
     result = estimator.estimate(request, suggestions=False)
     if not result.fits:
         result = estimator.estimate(request, suggestions=True)
@@ -310,39 +392,29 @@ def _slice_launch(
         template=template,
         engine=engine,
         engine_budget_mb=budget_mb,
-        tenant=tenant,
+        tenant=membership.tenant,
         purchase=purchase,
         image=image.pinned_reference,
         image_entry=image,
         vram_mb=tier.vram_mb,
         guaranteed=bool(guaranteed),
-        ssh_public_key=ssh_public_key,
-        model_request=model_request,
-        command=command,
-        environment=environment,
         connection=connection,
-        idempotency_key=key,
         created_by=membership.user,
         estimate=result.to_dict(),
         estimate_mb=math.ceil(result.total_mib),
+        **asked,
     )
     slice.save()
-    mounts_record(slice, mounts)
-    slice_record_requested(slice, membership.user)
-    if not result.fits:
-        slice_transition(
-            slice,
-            S.REFUSED,
-            f"The job needs about {slice.estimate_mb} MiB; the {tier.name} tier has "
-            f"{tier.vram_mb} MiB. Nothing was reserved or charged.",
-            actor=membership.user,
-        )
-        return slice, True
-    _place_or_queue(slice, actor=membership.user)
-    return slice, True
+    return slice, result
 
 
-def _template_engine(template, image, command, request, tier_mb: int):
+def _template_engine(
+    template: LaunchTemplate | None,
+    image: Image,
+    command: list[str],
+    request: estimator.EstimateRequest,
+    tier_mb: int,
+) -> tuple[str, int | None]:
     """(engine, budget MiB) of a launch from `template`: the share of the slice the
     estimate lets the engine reserve (its gpu_memory_utilization, of the tier)."""
     if template is None:
@@ -364,7 +436,7 @@ def _template_engine(template, image, command, request, tier_mb: int):
     return template.engine, int(request.gpu_memory_utilization * tier_mb)
 
 
-def _refuse_training_if_interruptible(request) -> None:
+def _refuse_training_if_interruptible(request: estimator.EstimateRequest) -> None:
     if request.training:
         raise ServiceError(
             "Training needs hours that are not preempted: interruptible hours run inference "
@@ -374,7 +446,7 @@ def _refuse_training_if_interruptible(request) -> None:
         )
 
 
-def _place_or_queue(slice: Slice, *, actor: AbstractBaseUser | None = None) -> bool:
+def _place_or_queue(slice: Slice, *, actor: User | None = None) -> bool:
     """Reserve VRAM for a requested or queued slice: provisioning (after commit) or queued."""
     waiting = slice.state == S.REQUESTED and (
         Slice.objects.filter(state=S.QUEUED, vram_mb=slice.vram_mb).exists()
@@ -432,36 +504,9 @@ def slice_resume(*, membership: Membership, slice: Slice, purchase: Purchase) ->
     volumes and tier, a new container, placed again (on its volumes' node), paid from
     `purchase` (one of the tenant's of that tier with minutes left) and checked by the
     same pre-launch estimate. Its timeline goes on across runs."""
-    if not membership.can_write:
-        raise NotAllowed("Viewers cannot resume slices.")
-    tenant = membership.tenant
-    if not tenant.is_active:
-        raise NotAllowed("This tenant is suspended.")
-    slice = slice_lock(slice.pk)
-    if slice.tenant_id != tenant.pk:
-        raise Slice.DoesNotExist
-    if slice.terminated_at is not None:
-        raise Conflict("This slice was terminated: launch a new one.", code="slice_terminated")
-    if slice.state not in (S.STOPPED, S.FAILED):
-        raise Conflict(f"Only a stopped slice can be resumed; this one is {slice.state}.",
-                       code="invalid_transition", field="state")  # fmt: skip
-    image = slice.image_entry
-    if image is None or not image.is_active:
-        raise ServiceError("This slice's image is no longer on the allowlist.", field="image")
-    purchase = purchase_lock(purchase.pk, tenant=tenant)
-    if purchase.tier.vram_mb != slice.vram_mb:
-        raise ServiceError(
-            f"This slice runs on the {slice.vram_mb // 1024} GB tier: pick a purchase of it.",
-            field="purchase",
-        )
-    if purchase.minutes_left <= 0:
-        raise Conflict(
-            "This purchase has no minutes left.", code="purchase_used_up", field="purchase"
-        )
-    spend_check(tenant=tenant, membership=membership)  # at 100%: no resume either
-    if Slice.objects.filter(purchase=purchase, state__in=Slice.LIVE_STATES).exists():
-        raise Conflict("This purchase already runs a slice; stop it or buy another.",
-                       code="purchase_in_use", field="purchase")  # fmt: skip
+    tenant = _tenant_may_start(membership, doing="resume")
+    slice = _resumable_slice(slice.pk, tenant=tenant)
+    purchase = _resume_purchase(purchase.pk, slice=slice, membership=membership)
     unready = slice.mounts.exclude(volume__state="ready").select_related("volume").first()
     if unready is not None:
         raise Conflict(f"Volume {unready.volume.name} is {unready.volume.state}.",
@@ -477,6 +522,62 @@ def slice_resume(*, membership: Membership, slice: Slice, purchase: Purchase) ->
             estimate=result.to_dict(),
             slice=slice,
         )
+    reset = _slice_reset_for_run(slice, purchase=purchase, request=request, result=result)
+    slice_transition(
+        slice,
+        S.REQUESTED,
+        f"Resumed: run {slice.runs}, paid from purchase {purchase.pk}.",
+        actor=membership.user,
+        fields=reset,
+    )
+    _place_or_queue(slice, actor=membership.user)
+    return slice
+
+
+def _resumable_slice(pk: int, *, tenant: Tenant) -> Slice:
+    """The tenant's slice, locked, when it is stopped (or failed) and its image still
+    allowlisted; another tenant's is DoesNotExist."""
+    slice = slice_lock(pk)
+    if slice.tenant_id != tenant.pk:
+        raise Slice.DoesNotExist
+    if slice.terminated_at is not None:
+        raise Conflict("This slice was terminated: launch a new one.", code="slice_terminated")
+    if slice.state not in (S.STOPPED, S.FAILED):
+        raise Conflict(f"Only a stopped slice can be resumed; this one is {slice.state}.",
+                       code="invalid_transition", field="state")  # fmt: skip
+    image = slice.image_entry
+    if image is None or not image.is_active:
+        raise ServiceError("This slice's image is no longer on the allowlist.", field="image")
+    return slice
+
+
+def _resume_purchase(pk: int, *, slice: Slice, membership: Membership) -> Purchase:
+    """The purchase a resume pays from, locked: the slice's tier, minutes left, within
+    the spend limits and running no other slice."""
+    tenant = membership.tenant
+    purchase = purchase_lock(pk, tenant=tenant)
+    if purchase.tier.vram_mb != slice.vram_mb:
+        raise ServiceError(
+            f"This slice runs on the {slice.vram_mb // 1024} GB tier: pick a purchase of it.",
+            field="purchase",
+        )
+    _check_minutes_left(purchase)
+    spend_check(tenant=tenant, membership=membership)  # at 100%: no resume either
+    if Slice.objects.filter(purchase=purchase, state__in=Slice.LIVE_STATES).exists():
+        raise Conflict("This purchase already runs a slice; stop it or buy another.",
+                       code="purchase_in_use", field="purchase")  # fmt: skip
+    return purchase
+
+
+def _slice_reset_for_run(
+    slice: Slice,
+    *,
+    purchase: Purchase,
+    request: estimator.EstimateRequest,
+    result: estimator.Estimate,
+) -> tuple[str, ...]:
+    """Make the slice a new run on `purchase` (unsaved): what the last run left cleared,
+    its guarantee and estimate anew. Returns the fields changed."""
     slice.runs += 1
     slice.purchase = purchase
     slice.guaranteed = not purchase.interruptible and (request.training or slice.guaranteed)
@@ -488,18 +589,9 @@ def slice_resume(*, membership: Membership, slice: Slice, purchase: Purchase) ->
     slice.queued_at = slice.provision_started_at = None
     slice.provision_attempts = 0
     slice.estimate, slice.estimate_mb = result.to_dict(), math.ceil(result.total_mib)
-    reset = ("runs", "purchase", "guaranteed", "allocation", "container_id", "connection",
-             "exit_code", "started_at", "stopped_at", "last_metered_at", "queued_at",
-             "provision_started_at", "provision_attempts", "estimate", "estimate_mb")  # fmt: skip
-    slice_transition(
-        slice,
-        S.REQUESTED,
-        f"Resumed: run {slice.runs}, paid from purchase {purchase.pk}.",
-        actor=membership.user,
-        fields=reset,
-    )
-    _place_or_queue(slice, actor=membership.user)
-    return slice
+    return ("runs", "purchase", "guaranteed", "allocation", "container_id", "connection",
+            "exit_code", "started_at", "stopped_at", "last_metered_at", "queued_at",
+            "provision_started_at", "provision_attempts", "estimate", "estimate_mb")  # fmt: skip
 
 
 def slices_dispatch_queue(*, limit: int = 200) -> int:

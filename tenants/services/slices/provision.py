@@ -3,6 +3,8 @@ the container's last output); safe to run twice."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -33,8 +35,8 @@ def _container_environment(slice: Slice) -> dict[str, str]:
     return env
 
 
-def _connection_details(slice: Slice, info) -> dict:
-    node = slice.allocation.gpu.node  # type: ignore[union-attr]
+def _connection_details(slice: Slice, info: runtime.ContainerInfo) -> dict[str, Any]:
+    node = slice.allocation.gpu.node  # type: ignore[union-attr]  # a started slice is placed
     host = node.address
     out = dict(slice.connection or {})
     kind = out.get("kind", Image.Connect.SERVICE)
@@ -66,7 +68,7 @@ def _connection_details(slice: Slice, info) -> dict:
 
 def gateway_details(
     slice_id: int, ports: list[int], *, has_sshd: bool, ssh_user: str = "root"
-) -> dict:
+) -> dict[str, Any]:
     """How a renter reaches the slice through the platform's SSH gateway: a forward per
     declared port, `ssh -J` to the container's own sshd where the image has one, an
     ~/.ssh/config snippet, and the gateway's host key to pin."""
@@ -115,7 +117,7 @@ def slice_provision(*, slice_id: int, final_attempt: bool = True) -> str:
     # an engine that sizes itself from the device is told the slice, after the tenant's
     # own arguments (the last one given wins): docs/templates.md
     told = node_services.engine_args(
-        allocation=slice.allocation,  # type: ignore[arg-type]
+        allocation=slice.allocation,
         engine=slice.engine,
         budget_mb=slice.engine_budget_mb,
     )
@@ -123,7 +125,7 @@ def slice_provision(*, slice_id: int, final_attempt: bool = True) -> str:
         Slice.objects.filter(pk=slice.pk).update(engine_args=told)
     try:
         info = node_services.container_start(
-            allocation=slice.allocation,  # type: ignore[arg-type]
+            allocation=slice.allocation,
             name=slice.container_name,
             image=slice.image,
             cpus=tier.cpu_cores,
@@ -145,10 +147,11 @@ def slice_provision(*, slice_id: int, final_attempt: bool = True) -> str:
     return slice_provision_succeeded(slice_id, info)
 
 
-def slice_provision_succeeded(slice_id: int, info) -> str:
+def slice_provision_succeeded(slice_id: int, info: runtime.ContainerInfo) -> str:
     with transaction.atomic():
         slice = slice_lock(slice_id)
         if slice.state == S.PROVISIONING:
+            # a provisioning slice is placed (its allocation is released only as it ends)
             node_services.allocation_activate(allocation=slice.allocation, container_id=info.id)  # type: ignore[arg-type]
             now = timezone.now()
             slice.container_id = info.id
@@ -166,12 +169,14 @@ def slice_provision_succeeded(slice_id: int, info) -> str:
             slice.container_id = info.id
             slice.save(update_fields=["container_id"])
             slice_stop_after_commit(slice)
-        else:
+        elif slice.allocation is not None:
             container_remove_after_commit(slice.allocation, info.id, slice.owner_key)
+        # else: resumed meanwhile and not placed yet, so no node is known here; reconcile
+        # removes the container (labelled, no slice holding VRAM) when it lists the node
         return slice.state
 
 
-def _provision_failed(slice_id: int, reason: str, info) -> str:
+def _provision_failed(slice_id: int, reason: str, info: runtime.ContainerInfo | None) -> str:
     logs = ""
     if info is not None and slice_id:
         slice = Slice.objects.select_related("allocation__gpu__node").get(pk=slice_id)

@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from gpuplatform.dispatch import enqueue
 from gpuplatform.querystring import is_id
+from nodes import runtime, ssh
 from nodes import services as node_services
-from nodes import ssh
 from nodes.models import Node
 
 from ...locks import slice_lock
@@ -56,17 +56,22 @@ def slices_reconcile(*, now: datetime | None = None) -> dict[str, int]:
 
 RECONCILE_PARALLEL = 16
 
+# A node, its labelled containers (or why they could not be listed) and its images (None:
+# not read).
+_Listing = tuple[Node, list[runtime.ContainerInfo] | Exception, list[str] | None]
 
-def _list_containers(nodes: list[Node]):
+
+def _list_containers(nodes: list[Node]) -> list[_Listing]:
     """Each node's labelled containers and the images it holds (None: not read), asked of
     the nodes in parallel (SSH only, no database work in the threads): a few slow nodes
     cost one timeout, not one each."""
 
-    def listing(node: Node):
+    def listing(node: Node) -> _Listing:
         try:
             containers = node_services.node_containers(node=node)
         except (ssh.SSHError, node_services.ContainerError, ValueError) as exc:
             return node, exc, None
+        images: list[str] | None
         try:
             images = node_services.node_images_read(node=node)
         except (ssh.SSHError, node_services.ContainerError) as exc:
@@ -100,10 +105,10 @@ def _abandon_unreachable_stops(now: datetime, timeout: timedelta) -> int:
 
 def _reconcile_node(
     node: Node,
-    containers: list,
+    containers: list[runtime.ContainerInfo],
     now: datetime,
     timeout: timedelta,
-    counts: dict,  # type: ignore[type-arg]
+    counts: dict[str, int],
 ) -> None:
     counts["nodes"] += 1
     by_owner = {c.owner_key: c for c in containers if c.owner_key}
@@ -139,7 +144,7 @@ def owner_is_live(owner_key: str) -> bool:
     return Slice.objects.filter(pk=int(number), state__in=Slice.HOLDS_VRAM_STATES).exists()
 
 
-def _reconcile_dead(slice_id: int, node: Node, container) -> int:
+def _reconcile_dead(slice_id: int, node: Node, container: runtime.ContainerInfo | None) -> int:
     # Ask the node again: the listing may predate a container that started just after.
     slice = Slice.objects.get(pk=slice_id)
     ref = container.id if container is not None else slice.container_id or slice.container_name
@@ -177,7 +182,7 @@ def _reconcile_dead(slice_id: int, node: Node, container) -> int:
 
 
 def _reconcile_provisioning(
-    slice_id: int, container, now: datetime, timeout: timedelta
+    slice_id: int, container: runtime.ContainerInfo | None, now: datetime, timeout: timedelta
 ) -> str | None:
     with transaction.atomic():
         slice = slice_lock(slice_id)
@@ -210,7 +215,7 @@ def _reconcile_stopping(slice_id: int, now: datetime, timeout: timedelta) -> Non
         enqueue("provision.stop_slice", slice_id, False)
 
 
-def _remove_orphan(node: Node, container) -> int:
+def _remove_orphan(node: Node, container: runtime.ContainerInfo) -> int:
     try:
         node_services.container_remove(node=node, container=container.id)
     except (ssh.SSHError, node_services.ContainerError) as exc:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import Max
 from django.utils import timezone
 
 from gpuplatform.dispatch import enqueue
 from gpuplatform.errors import Conflict
 from nodes import services as node_services
+from nodes.models import Allocation
 
 from ...models import Slice, SliceTransition
 from ...selectors import slice_vram_per_sample
@@ -44,7 +45,7 @@ def slice_transition(
     to: str,
     reason: str = "",
     *,
-    actor: AbstractBaseUser | None = None,
+    actor: User | AnonymousUser | None = None,
     fields: tuple[str, ...] = (),
 ) -> None:
     """Move a (locked) slice to `to`, save it with `fields`, and record the change."""
@@ -56,8 +57,9 @@ def slice_transition(
     slice.state = to
     slice.state_reason = reason[:500]
     slice.save(update_fields=["state", "state_reason", *fields])
+    # the first transition waits on the instance for this one (slice_record_requested)
     rows = getattr(slice, "_unsaved_transitions", [])
-    slice._unsaved_transitions = []  # type: ignore[attr-defined]
+    slice._unsaved_transitions = []  # type: ignore[attr-defined]  # not a field: see above
     rows.append(
         SliceTransition(
             slice=slice,
@@ -70,9 +72,9 @@ def slice_transition(
     SliceTransition.objects.bulk_create(rows)
 
 
-def slice_record_requested(slice: Slice, actor: AbstractBaseUser | None) -> None:
+def slice_record_requested(slice: Slice, actor: User | None) -> None:
     """The first transition; written with the next one (a launch always makes two)."""
-    slice._unsaved_transitions = [  # type: ignore[attr-defined]
+    slice._unsaved_transitions = [  # type: ignore[attr-defined]  # kept on the instance only
         SliceTransition(slice=slice, from_state="", to_state=S.REQUESTED, actor=actor)
     ]
 
@@ -83,7 +85,7 @@ def slice_fail(
     *,
     exit_code: int | None = None,
     container: str = "",
-    actor: AbstractBaseUser | None = None,
+    actor: User | None = None,
 ) -> None:
     """On a locked slice: stop metering, release the VRAM, record why. The container, if
     any, is removed after commit."""
@@ -129,7 +131,7 @@ def measured_peak_mb(slice: Slice) -> int | None:
     return peak if peak is not None else slice.peak_vram_mb
 
 
-def container_remove_after_commit(allocation, container: str, owner_key: str) -> None:
+def container_remove_after_commit(allocation: Allocation, container: str, owner_key: str) -> None:
     enqueue("provision.remove_container", allocation.gpu.node_id, container, owner_key)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
@@ -24,7 +24,7 @@ from .state import S, slice_settle, slice_stop_after_commit, slice_transition
 def slice_stop(
     *,
     slice: Slice,
-    actor: AbstractBaseUser | None,
+    actor: User | None,
     reason: str = "",
     force: bool = False,
 ) -> Slice:
@@ -52,7 +52,7 @@ def slice_stop(
 
 
 def slice_stop_locked(
-    slice: Slice, *, actor: AbstractBaseUser | None, reason: str, force: bool = False
+    slice: Slice, *, actor: User | None, reason: str, force: bool = False
 ) -> Slice:
     who = "ops" if getattr(actor, "is_staff", False) else "you"
     reason = reason.strip()[:300]
@@ -92,7 +92,7 @@ def slice_stop_locked(
     return slice
 
 
-def slice_abandon_container(slice: Slice, *, actor: AbstractBaseUser | None, reason: str) -> None:
+def slice_abandon_container(slice: Slice, *, actor: User | None, reason: str) -> None:
     """Finish a stop the node cannot confirm (unreachable): release the VRAM now and
     leave the container to reconcile, which removes labelled containers with no live
     slice once the node answers again."""
