@@ -22,7 +22,7 @@ if not apps.ready:  # a test that loads a benchmark has Django set up already
 
 
 @contextlib.contextmanager
-def throwaway_database(name: str):  # type: ignore[no-untyped-def]
+def throwaway_database(name: str):
     """Create `bench_<name>` next to the configured database, yield, drop it."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.ALLOWED_HOSTS = ["testserver"]

@@ -57,7 +57,7 @@ class PreemptionReport:
         ]
 
 
-def preemption_day(workdir: Path, *, emulated_time, minutes: int = 40) -> PreemptionReport:  # type: ignore[no-untyped-def]
+def preemption_day(workdir: Path, *, emulated_time, minutes: int = 40) -> PreemptionReport:
     """The scenario on the database Django is set up with (empty, migrated)."""
     with ExitStack() as stack:
         settings.NODES_SSH_KEY_PATH = str(workdir / "id_ed25519")
@@ -79,7 +79,7 @@ def preemption_day(workdir: Path, *, emulated_time, minutes: int = 40) -> Preemp
         return _run(fleet, minutes)
 
 
-def _run(fleet, minutes: int) -> PreemptionReport:  # type: ignore[no-untyped-def]
+def _run(fleet, minutes: int) -> PreemptionReport:
     ops = get_user_model().objects.create_user(
         username="ops@pre.test", email="ops@pre.test", password="x" * 20, is_staff=True
     )
@@ -103,7 +103,7 @@ def _run(fleet, minutes: int) -> PreemptionReport:  # type: ignore[no-untyped-de
         members.append(m)
     model = {"model": {"catalog": "Qwen/Qwen2.5-0.5B"}, "context_tokens": 1024}
 
-    def launch(member, *, interruptible: bool, env: dict) -> Slice:  # type: ignore[no-untyped-def]
+    def launch(member, *, interruptible: bool, env: dict) -> Slice:
         purchase, _ = services.purchase_create(
             membership=member, tier=tier, hours=2, interruptible=interruptible
         )

@@ -48,7 +48,7 @@ SIZES_GB = (4, 8, 12, 8)  # the launch mix: mostly 8 GB, as sold
 MODEL = {"model": {"catalog": "Qwen/Qwen2.5-0.5B"}, "context_tokens": 2048}
 
 
-def legacy_allocation_reserve(*, owner_key: str, vram_mb: int, guaranteed: bool = True):  # type: ignore[no-untyped-def]
+def legacy_allocation_reserve(*, owner_key: str, vram_mb: int, guaranteed: bool = True):
     """The placement this issue started from: every choice aggregates all live
     allocations of every GPU; then the chosen GPU is locked and its allocations
     re-counted. Correct, but each admission reads the whole allocation table."""
@@ -93,7 +93,7 @@ def legacy_allocation_reserve(*, owner_key: str, vram_mb: int, guaranteed: bool 
     return None
 
 
-def _client(args) -> tuple[int, int, float, float]:  # type: ignore[no-untyped-def]
+def _client(args) -> tuple[int, int, float, float]:
     """One client process: launch its share of purchases as fast as it can."""
     work, legacy, start_at = args
     connections.close_all()  # never share the parent's socket after fork

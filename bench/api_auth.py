@@ -23,7 +23,7 @@ from django.test import Client
 from tenants import services
 
 
-def _median_ms(fn, n: int) -> float:  # type: ignore[no-untyped-def]
+def _median_ms(fn, n: int) -> float:
     samples = []
     for _ in range(n):
         start = time.perf_counter()

@@ -108,7 +108,7 @@ def _measure(runs: int, log: Path) -> dict[str, list[float]]:
     arrivals: list[tuple[float, list]] = []
     read_nodes = node_services.sampling.read_nodes
 
-    def timed_read(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def timed_read(*args, **kwargs):
         out = read_nodes(*args, **kwargs)
         arrivals.append((time.time(), [getattr(s, "taken_at", None) for s in out]))
         return out
@@ -147,7 +147,7 @@ def _measure(runs: int, log: Path) -> dict[str, list[float]]:
         offender, neighbour_member = members
         tiers = {t.vram_mb: t for t in Tier.objects.all()}
 
-        def launch(member, vram_mb: int, env: dict) -> Slice:  # type: ignore[no-untyped-def]
+        def launch(member, vram_mb: int, env: dict) -> Slice:
             purchase = Purchase.objects.create(
                 tenant=member.tenant,
                 tier=tiers[vram_mb],
@@ -168,7 +168,7 @@ def _measure(runs: int, log: Path) -> dict[str, list[float]]:
             return Slice.objects.get(pk=s.pk)
 
         neighbour = launch(neighbour_member, 4096, NEIGHBOUR_ENV)
-        neighbour_mb = emu.container(neighbour.container_id).used_mb  # type: ignore[union-attr]
+        neighbour_mb = emu.container(neighbour.container_id).used_mb
         grace = Thresholds.current().quota_grace_samples
         out: dict[str, list[float]] = {
             "detection_to_stop": [],

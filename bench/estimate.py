@@ -23,7 +23,7 @@ import estimator  # noqa: E402  (after the path set-up)
 TIERS = (4096, 8192, 12288, 24576)
 
 
-def requests() -> list:  # type: ignore[type-arg]
+def requests() -> list:
     out = []
     settings = itertools.product(
         ("inference", "training"),
@@ -56,7 +56,7 @@ def requests() -> list:  # type: ignore[type-arg]
     return out
 
 
-def rate(fn, items, seconds: float) -> float:  # type: ignore[no-untyped-def]
+def rate(fn, items, seconds: float) -> float:
     done, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         for item in items:

@@ -369,7 +369,7 @@ async def concurrent(
     rtts: list[float] = []
     opening = asyncio.Semaphore(16)
 
-    async def open_one(i: int):  # type: ignore[no-untyped-def]
+    async def open_one(i: int):
         async with opening:
             try:
                 return await asyncio.wait_for(
@@ -386,7 +386,7 @@ async def concurrent(
     at_start = gw.open_streams()
     end = time.monotonic() + hold_s
 
-    async def hold(i: int, reader, writer) -> bool:  # type: ignore[no-untyped-def]
+    async def hold(i: int, reader, writer) -> bool:
         rng = random.Random(i)
         await asyncio.sleep(rng.uniform(0, interval_s))  # spread over the interval
         n = 0

@@ -22,7 +22,7 @@ from nodes.services import PIPELINE_CHUNK
 from nodes.telemetry import GpuReading, NodeSample, ProcessReading
 
 
-def make_samples(nodes, gpus_by_node, *, procs_per_gpu: int):  # type: ignore[no-untyped-def]
+def make_samples(nodes, gpus_by_node, *, procs_per_gpu: int):
     results = []
     for node in nodes:
         readings, procs = [], []

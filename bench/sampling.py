@@ -33,7 +33,7 @@ from nodes.models import Node
 from nodes.tasks import SAMPLE_BATCH_SIZE
 
 
-def start_emulator(state_dir: Path, public_key: str, nodes: int, gpus: int):  # type: ignore[no-untyped-def]
+def start_emulator(state_dir: Path, public_key: str, nodes: int, gpus: int):
     proc = subprocess.Popen(  # noqa: S603 (fixed argv)
         [
             sys.executable,
@@ -70,7 +70,7 @@ class Measured:
         self.pooled, self.baseline = pooled, baseline
 
 
-def measure(described: dict, key, rounds: int, baseline_nodes: int) -> Measured:  # type: ignore[no-untyped-def, type-arg]
+def measure(described: dict, key, rounds: int, baseline_nodes: int) -> Measured:
     """Register the described nodes, then sample them pooled and with a new connection
     per sample, `rounds` times each."""
     nodes = [
@@ -90,7 +90,7 @@ def measure(described: dict, key, rounds: int, baseline_nodes: int) -> Measured:
         services.node_discover(node_id=node.pk, pool=pool)
     ids = [n.pk for n in nodes]
 
-    def sample_all(ids, pool):  # type: ignore[no-untyped-def]
+    def sample_all(ids, pool):
         done = 0
         for start in range(0, len(ids), SAMPLE_BATCH_SIZE):
             result = services.nodes_sample(
@@ -112,7 +112,7 @@ def measure(described: dict, key, rounds: int, baseline_nodes: int) -> Measured:
         """cron + ssh: a new SSH connection per sample, running the one-shot
         sampler (`python3 -` with its source on stdin), then hanging up."""
 
-        def request(self, endpoint, argv, *, preamble, request, timeout=None):  # type: ignore[no-untyped-def]
+        def request(self, endpoint, argv, *, preamble, request, timeout=None):
             one_shot = ["python3", "-"]
             if request == telemetry.SERVE_REQUEST_DISCOVER:
                 one_shot.append("--discover")
@@ -122,9 +122,9 @@ def measure(described: dict, key, rounds: int, baseline_nodes: int) -> Measured:
             finally:
                 self.drop(endpoint)
 
-        def request_many(self, items, *, timeout=None, connect_threads=8):  # type: ignore[no-untyped-def]
+        def request_many(self, items, *, timeout=None, connect_threads=8):
             # cron + `xargs -P 8 ssh`: new connections, eight at a time
-            def one(item):  # type: ignore[no-untyped-def]
+            def one(item):
                 endpoint, argv, preamble, request = item
                 try:
                     return self.request(endpoint, argv, preamble=preamble, request=request)

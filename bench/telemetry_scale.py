@@ -71,7 +71,7 @@ def _sizes(label: str) -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def keys_and_indexes_deferred(tables: tuple[str, ...]):  # type: ignore[no-untyped-def]
+def keys_and_indexes_deferred(tables: tuple[str, ...]):
     """Load history with the tables' keys, foreign keys and indexes off, then build them
     once over the loaded rows (what a bulk load does: several times faster than keeping
     every index up row by row). Not what the platform does: its rows arrive 30 s apart."""
@@ -125,7 +125,7 @@ def generate_history(*, now: datetime, procs: int) -> None:
         _sql(f'ANALYZE "{table}"')
 
 
-def _write_history(*, start, raw_from, now, used, procs) -> None:  # type: ignore[no-untyped-def]
+def _write_history(*, start, raw_from, now, used, procs) -> None:
     day = start
     while day < now:
         end = min(day + timedelta(days=1), now)
@@ -322,7 +322,7 @@ def advisor_before(*, gpu_ids: list[int], now: datetime) -> dict[int, dict]:
     return {row["gpu_id"]: row for row in rows}
 
 
-def _timed(fn, repeat: int = 3) -> float:  # type: ignore[no-untyped-def]
+def _timed(fn, repeat: int = 3) -> float:
     times = []
     for _ in range(repeat):
         began = time.perf_counter()
@@ -331,7 +331,7 @@ def _timed(fn, repeat: int = 3) -> float:  # type: ignore[no-untyped-def]
     return statistics.median(times)
 
 
-def _python_peak(fn) -> float:  # type: ignore[no-untyped-def]
+def _python_peak(fn) -> float:
     """The most memory Python held while `fn` ran, in MiB."""
     tracemalloc.start()
     try:

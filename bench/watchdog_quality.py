@@ -410,7 +410,7 @@ def _p95(values: list[float]) -> float:
 
 
 @contextmanager
-def emulated_time(clock):  # type: ignore[no-untyped-def]
+def emulated_time(clock):
     """The platform's clock is the fleet's: every timezone.now() reads it."""
     real = timezone.now
     timezone.now = lambda: datetime.fromtimestamp(clock.now(), UTC)
@@ -575,7 +575,7 @@ class Day:
             self.at(rng.uniform(0.05, 0.85) * self.day_s, kind)
 
     # -- acting
-    def launch(self, gb: int, env: dict, *, member=None, guaranteed: bool = True, node=None):  # type: ignore[no-untyped-def]
+    def launch(self, gb: int, env: dict, *, member=None, guaranteed: bool = True, node=None):
         member = member or self.rng.choice(self.members[:7])
         if member.tenant.status != "active":
             return None
@@ -589,7 +589,7 @@ class Day:
         )
         return Slice.objects.get(pk=s.pk)
 
-    def fault_slice(self, kind: str, gb: int, env: dict, *, library: bool | None = None):  # type: ignore[no-untyped-def]
+    def fault_slice(self, kind: str, gb: int, env: dict, *, library: bool | None = None):
         """A slice for a fault, on a node with (or without) a quota library, alone on an
         emptyish card where possible. One that finds every card it may use full goes to
         the card kept for the day's faults, rather than queue for any card."""
@@ -611,7 +611,7 @@ class Day:
         self.offenders.add(s.pk)
         return s
 
-    def _steered_launch(self, gb: int, env: dict, library: bool | None):  # type: ignore[no-untyped-def]
+    def _steered_launch(self, gb: int, env: dict, library: bool | None):
         if library is None:
             return self.launch(gb, env, member=self.members[0])
         # steer it: drain the nodes of the other kind for the one launch
@@ -626,7 +626,7 @@ class Day:
                 status="active"
             )
 
-    def emu_of(self, gpu):  # type: ignore[no-untyped-def]
+    def emu_of(self, gpu):
         return self.fleet.node(gpu.node.name)
 
     def do(self, now: float, kind: str, data: dict) -> None:  # noqa: C901 - a script
@@ -829,7 +829,7 @@ class Day:
                     f.at = info.started + f.after_start
                     f.library = info.library
 
-    def _container(self, cid: str):  # type: ignore[no-untyped-def]
+    def _container(self, cid: str):
         for emu in self.fleet.nodes if cid else ():
             info = emu.container(cid)
             if info is not None:

@@ -22,27 +22,27 @@ from tests.lab_support import LabPool
 
 
 @pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):  # type: ignore[no-untyped-def]
+def _fast_password_hashing(settings):
     # PBKDF2 is slow by design; the suite makes many users.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture(autouse=True)
-def _gateway_host_key(settings, tmp_path_factory):  # type: ignore[no-untyped-def]
+def _gateway_host_key(settings, tmp_path_factory):
     # Pages and slices show the gateway's host key, made on first use: one for the
     # session, never the checkout's own var/.
     settings.GATEWAY_HOST_KEY_PATH = str(tmp_path_factory.getbasetemp() / "gateway" / "host_key")
 
 
 @pytest.fixture(autouse=True)
-def _force_login_passes_two_factor(monkeypatch):  # type: ignore[no-untyped-def]
+def _force_login_passes_two_factor(monkeypatch):
     """`client.force_login(staff)` skips the login form, so it skips the code step too: it
     marks the session verified with the user's device, as the code step does. Staff with
     no device stay unverified, so ops pages still turn them away (tests/tenants/
     test_two_factor.py); production code has no such shortcut."""
     original = ClientMixin.force_login
 
-    def force_login(self, user, backend=None):  # type: ignore[no-untyped-def]
+    def force_login(self, user, backend=None):
         original(self, user, backend)
         device = two_factor.totp_device(user)
         if device is not None:
@@ -54,17 +54,17 @@ def _force_login_passes_two_factor(monkeypatch):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def owner_a(db):  # type: ignore[no-untyped-def]
+def owner_a(db):
     return MembershipFactory(tenant__name="Alpha Labs", user__email="alice@alpha.test")
 
 
 @pytest.fixture
-def owner_b(db):  # type: ignore[no-untyped-def]
+def owner_b(db):
     return MembershipFactory(tenant__name="Beta Research", user__email="bob@beta.test")
 
 
 @pytest.fixture
-def ops_user(db):  # type: ignore[no-untyped-def]
+def ops_user(db):
     return UserFactory(email="ops@platform.test", is_staff=True)
 
 
@@ -73,7 +73,7 @@ def anon_api() -> APIClient:
     return APIClient()
 
 
-def _token_client(user) -> APIClient:  # type: ignore[no-untyped-def]
+def _token_client(user) -> APIClient:
     _, value = make_token(user)
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {value}")
@@ -81,22 +81,22 @@ def _token_client(user) -> APIClient:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def api_a(owner_a) -> APIClient:  # type: ignore[no-untyped-def]
+def api_a(owner_a) -> APIClient:
     return _token_client(owner_a.user)
 
 
 @pytest.fixture
-def api_b(owner_b) -> APIClient:  # type: ignore[no-untyped-def]
+def api_b(owner_b) -> APIClient:
     return _token_client(owner_b.user)
 
 
 @pytest.fixture
-def api_ops(ops_user) -> APIClient:  # type: ignore[no-untyped-def]
+def api_ops(ops_user) -> APIClient:
     return _token_client(ops_user)
 
 
 @pytest.fixture
-def token_client():  # type: ignore[no-untyped-def]
+def token_client():
     return _token_client
 
 
@@ -111,7 +111,7 @@ def use_probe_image(reference: str = IMAGE) -> None:
 
 
 @pytest.fixture
-def eager():  # type: ignore[no-untyped-def]
+def eager():
     """Celery tasks run in this process (after commit, as dispatched), errors raised."""
     app.conf.task_always_eager = True
     app.conf.task_eager_propagates = True
@@ -121,7 +121,7 @@ def eager():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def worker_fleet(settings, tmp_path, django_capture_on_commit_callbacks):  # type: ignore[no-untyped-def]
+def worker_fleet(settings, tmp_path, django_capture_on_commit_callbacks):
     """Start emulated nodes authorised for the platform key from settings (the key the
     worker's pool uses), register them with pinned host keys and discover their GPUs.
 
@@ -134,7 +134,7 @@ def worker_fleet(settings, tmp_path, django_capture_on_commit_callbacks):  # typ
     use_probe_image()
     started = []
 
-    def start(specs=None, **kwargs):  # type: ignore[no-untyped-def]
+    def start(specs=None, **kwargs):
         specs = specs or [NodeSpec("gpu-a", (GpuSpec("NVIDIA GeForce RTX 4090"),))]
         public = ssh.public_key_line(ssh.get_pool().private_key)
         fleet = EmulatedFleet.start(
@@ -160,19 +160,19 @@ def worker_fleet(settings, tmp_path, django_capture_on_commit_callbacks):  # typ
 
 
 @pytest.fixture
-def image_ssh(db):  # type: ignore[no-untyped-def]
+def image_ssh(db):
     return Image.objects.create(
         name="CUDA base", reference="nvidia/cuda:12.4.1-base-ubuntu22.04", ports=[22], connect="ssh"
     )
 
 
 @pytest.fixture
-def funded(db, ops_user):  # type: ignore[no-untyped-def]
+def funded(db, ops_user):
     """Grant a tenant credit and buy `hours` of the tier of `vram_gb`: returns the purchase."""
     if not Tier.objects.exists():  # a transactional test's flush emptied the seeded tiers
         importlib.import_module("tenants.migrations.0002_seed_tiers").seed(apps, None)
 
-    def buy(membership, vram_gb: int = 8, hours: int = 2, credit: str = "100.00"):  # type: ignore[no-untyped-def]
+    def buy(membership, vram_gb: int = 8, hours: int = 2, credit: str = "100.00"):
         services.credit_grant(
             tenant=membership.tenant, amount=credit, actor=ops_user, memo="test credit"
         )
@@ -190,7 +190,7 @@ SSH_KEY = (
 SMALL_MODEL = {"model": {"catalog": "Qwen/Qwen2.5-1.5B"}, "context_tokens": 2048}
 
 
-def launch(membership, purchase, image, **kw):  # type: ignore[no-untyped-def]
+def launch(membership, purchase, image, **kw):
     """A launch as a tenant makes it (the small catalog model, an SSH key), re-read."""
     slice, _ = services.slice_launch(
         membership=membership,
@@ -208,7 +208,7 @@ def launch(membership, purchase, image, **kw):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
-def lab_pool():  # type: ignore[no-untyped-def]
+def lab_pool():
     pool = LabPool()
     yield pool
     left = pool.stop()
@@ -216,14 +216,14 @@ def lab_pool():  # type: ignore[no-untyped-def]
 
 
 class LabFleet:
-    def __init__(self, lab, registered):  # type: ignore[no-untyped-def]
+    def __init__(self, lab, registered):
         self.lab = lab
         self.nodes = lab.nodes
         self.registered = registered
 
 
 @pytest.fixture
-def lab_fleet(settings, tmp_path, lab_pool, django_capture_on_commit_callbacks):  # type: ignore[no-untyped-def]
+def lab_fleet(settings, tmp_path, lab_pool, django_capture_on_commit_callbacks):
     """Lab nodes authorised for the platform key from settings (the key a worker's pool
     uses), registered with pinned host keys as ops would (SSH user root, container network
     none) and discovered. Call it with LabNodeSpecs (default: one node with one A30, 24 GB,
@@ -234,7 +234,7 @@ def lab_fleet(settings, tmp_path, lab_pool, django_capture_on_commit_callbacks):
     use_probe_image()
     used = []
 
-    def start(specs=None):  # type: ignore[no-untyped-def]
+    def start(specs=None):
         specs = tuple(specs or [LabNodeSpec("lab-a", (GpuSpec("NVIDIA A30"),))])
         public = ssh.public_key_line(ssh.get_pool().private_key)
         lab = lab_pool.get(specs, [public])
@@ -261,7 +261,7 @@ def lab_fleet(settings, tmp_path, lab_pool, django_capture_on_commit_callbacks):
 
 
 @pytest.fixture
-def lab_image(db):  # type: ignore[no-untyped-def]
+def lab_image(db):
     """The lab's workload image on the allowlist (built on every lab node at start)."""
     return Image.objects.create(name="Lab workload", reference=IMAGE, ports=[22], connect="ssh")
 
@@ -270,7 +270,7 @@ def lab_image(db):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def gateway(settings, tmp_path):  # type: ignore[no-untyped-def]
+def gateway(settings, tmp_path):
     from tests.gateway.support import GatewayThread  # noqa: PLC0415 - asyncssh only here
 
     settings.GATEWAY_HOST_KEY_PATH = str(tmp_path / "gateway" / "host_key")

@@ -24,12 +24,12 @@ class UserFactory(factory.django.DjangoModelFactory):
     password = factory.PostGenerationMethodCall("set_password", PASSWORD)
 
     @factory.post_generation
-    def _save(obj, create, extracted, **kwargs):  # type: ignore[no-untyped-def]
+    def _save(obj, create, extracted, **kwargs):
         if create:
             obj.save()
 
     @factory.post_generation
-    def two_factor(obj, create, extracted, **kwargs):  # type: ignore[no-untyped-def]
+    def two_factor(obj, create, extracted, **kwargs):
         # Staff must have two-factor sign-in to reach ops pages, so staff made here have it
         # (set up through the service, as the set-up page does); `two_factor=False` opts out.
         wanted = obj.is_staff if extracted is None else extracted
@@ -54,7 +54,7 @@ class MembershipFactory(factory.django.DjangoModelFactory):
     role = Role.OWNER
 
 
-def make_token(user):  # type: ignore[no-untyped-def]
+def make_token(user):
     """A live API token for `user`; returns (ApiToken, plain value)."""
     return services.api_token_create(user=user, name="test")
 
@@ -66,7 +66,7 @@ def totp_at(key: str, step: int) -> str:
     return f"{totp.token():06d}"
 
 
-def give_two_factor(user) -> list[str]:  # type: ignore[no-untyped-def]
+def give_two_factor(user) -> list[str]:
     """Turn on TOTP for `user` as the set-up page does; returns the recovery codes. The
     code is the one a step behind (a phone a little slow, which the device accepts), so
     the user's next two sign-ins each have a step of their own without waiting 30 s for
@@ -75,7 +75,7 @@ def give_two_factor(user) -> list[str]:  # type: ignore[no-untyped-def]
     return services.two_factor_enable(user=user, key=key, code=totp_at(key, TOTP(b"").t() - 1))
 
 
-def totp_code(user) -> str:  # type: ignore[no-untyped-def]
+def totp_code(user) -> str:
     """A code for `user`'s device that it has not accepted yet: a used step is refused (no
     replay), so a second sign-in in the same 30 s uses the next step, or waits for one."""
     device = two_factor.totp_device(user)

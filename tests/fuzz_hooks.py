@@ -19,7 +19,7 @@ WRITES = ("POST", "PUT", "PATCH")
 
 
 @schemathesis.hook
-def before_call(context, case, kwargs):  # type: ignore[no-untyped-def]
+def before_call(context, case, kwargs):
     path = case.operation.path
     if not path.startswith(TARGETS) or case.method.upper() not in WRITES:
         return
@@ -34,7 +34,7 @@ def before_call(context, case, kwargs):  # type: ignore[no-untyped-def]
 
 
 @schemathesis.hook
-def after_call(context, case, response):  # type: ignore[no-untyped-def]
+def after_call(context, case, response):
     path = case.operation.path
     if not LOG or not path.startswith(TARGETS) or case.method.upper() not in WRITES:
         return

@@ -45,7 +45,7 @@ NUMBERS = {"num_layers": 24, "hidden_size": 896, "num_heads": 14, "params": 5 * 
 
 
 @pytest.fixture(autouse=True)
-def _fresh_throttles():  # type: ignore[no-untyped-def]
+def _fresh_throttles():
     cache.clear()  # failed token attempts are counted per address
     yield
     cache.clear()
@@ -54,7 +54,7 @@ def _fresh_throttles():  # type: ignore[no-untyped-def]
 # --- helpers ------------------------------------------------------------------------------------
 
 
-def refused(response, status: int = 400) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def refused(response, status: int = 400) -> dict[str, Any]:
     """The error body, after checking its shape and that every code in it is registered."""
     assert response.status_code == status, response.content
     body = response.json()
@@ -71,7 +71,7 @@ def refused(response, status: int = 400) -> dict[str, Any]:  # type: ignore[no-u
     return body
 
 
-def field_code(response, field: str, status: int = 400) -> str:  # type: ignore[no-untyped-def]
+def field_code(response, field: str, status: int = 400) -> str:
     """The code the answer gives `field`; a 400 is always `validation_error` at the top and
     its message names the field by its dotted path."""
     body = refused(response, status)
@@ -87,19 +87,19 @@ def tier(gb: int = 4) -> Tier:
 
 
 @pytest.fixture
-def funded(owner_a, ops_user):  # type: ignore[no-untyped-def]
+def funded(owner_a, ops_user):
     services.credit_grant(tenant=owner_a.tenant, amount="100.00", actor=ops_user, memo="test")
     return owner_a
 
 
 @pytest.fixture
-def purchase(funded):  # type: ignore[no-untyped-def]
+def purchase(funded):
     bought, _ = services.purchase_create(membership=funded, tier=tier(4), hours=2)
     return bought
 
 
 @pytest.fixture
-def image(ops_user):  # type: ignore[no-untyped-def]
+def image(ops_user):
     return services.image_create(
         actor=ops_user,
         name="vllm",
@@ -110,7 +110,7 @@ def image(ops_user):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def gpu(db):  # type: ignore[no-untyped-def]
+def gpu(db):
     node = Node.objects.create(
         gate_status="passed", name="gpu-a", address="10.0.0.5", port=22, status="active"
     )
@@ -119,14 +119,14 @@ def gpu(db):  # type: ignore[no-untyped-def]
     )
 
 
-def launch_body(purchase, image, **changes):  # type: ignore[no-untyped-def]
+def launch_body(purchase, image, **changes):
     return {"purchase": purchase.pk, "image": image.pk, "model": JOB, **changes}
 
 
 # --- 1. unknown fields: `unknown_field` at every depth --------------------------------------------
 
 
-def test_unknown_field_reads_the_same_at_the_top_and_nested_in_estimates(api_a):  # type: ignore[no-untyped-def]
+def test_unknown_field_reads_the_same_at_the_top_and_nested_in_estimates(api_a):
     top = api_a.post("/api/v1/estimates/", {"model": SMALL, "bogus": 1}, format="json")
     nested = api_a.post("/api/v1/estimates/", {"model": {**SMALL, "bogus": 1}}, format="json")
     numbers = NUMBERS
@@ -140,7 +140,7 @@ def test_unknown_field_reads_the_same_at_the_top_and_nested_in_estimates(api_a):
     assert api_a.post("/api/v1/estimates/", {"model": numbers}, format="json").status_code == 200
 
 
-def test_unknown_field_nested_in_a_launch_reads_like_an_unknown_top_level_one(  # type: ignore[no-untyped-def]
+def test_unknown_field_nested_in_a_launch_reads_like_an_unknown_top_level_one(
     api_a, purchase, image
 ):
     top = api_a.post("/api/v1/slices/", launch_body(purchase, image, bogus=1), format="json")
@@ -168,7 +168,7 @@ def test_unknown_field_nested_in_a_launch_reads_like_an_unknown_top_level_one(  
     assert not Slice.objects.exists()
 
 
-def test_unknown_field_in_a_nested_serializer_is_named_by_its_path(api_ops):  # type: ignore[no-untyped-def]
+def test_unknown_field_in_a_nested_serializer_is_named_by_its_path(api_ops):
     build = {"component": "runc", "build": "1.1.12", "reason": "CVE fix"}
     response = api_ops.patch(
         "/api/v1/node-policy/",
@@ -182,7 +182,7 @@ def test_unknown_field_in_a_nested_serializer_is_named_by_its_path(api_ops):  # 
     assert ok.status_code == 200, ok.content
 
 
-def test_a_writable_nested_serializer_must_be_strict():  # type: ignore[no-untyped-def]
+def test_a_writable_nested_serializer_must_be_strict():
     class Loose(serializers.Serializer):
         n = serializers.IntegerField()
 
@@ -278,7 +278,7 @@ RANGE_CASES = [
 ]
 
 
-def _send(kind: str, changes: dict, *, api_a, api_ops, owner_a, purchase, image, gpu):  # type: ignore[no-untyped-def]
+def _send(kind: str, changes: dict, *, api_a, api_ops, owner_a, purchase, image, gpu):
     if kind == "purchase":
         return api_a.post("/api/v1/purchases/", {"tier": tier().pk, "hours": 1, **changes})
     if kind == "estimate":
@@ -309,7 +309,7 @@ def _send(kind: str, changes: dict, *, api_a, api_ops, owner_a, purchase, image,
     [case[1:] for case in RANGE_CASES],
     ids=[case[0] for case in RANGE_CASES],
 )
-def test_range_errors_have_one_code_on_every_endpoint(  # type: ignore[no-untyped-def]
+def test_range_errors_have_one_code_on_every_endpoint(
     request, api_a, api_ops, owner_a, purchase, image, kind, changes, field, code
 ):
     # a GPU (on a node that passed the gate) only where one is needed: with one, allowlisting
@@ -330,7 +330,7 @@ def test_range_errors_have_one_code_on_every_endpoint(  # type: ignore[no-untype
     assert (Purchase.objects.count(), Slice.objects.count(), Image.objects.count()) == before
 
 
-def test_the_range_cases_can_pass(api_a, api_ops, owner_a, purchase, image):  # type: ignore[no-untyped-def]
+def test_the_range_cases_can_pass(api_a, api_ops, owner_a, purchase, image):
     """In-range values go through on the same endpoints: the assertions above bite."""
     sent = {"api_a": api_a, "api_ops": api_ops, "owner_a": owner_a, "purchase": purchase}
     sent |= {"image": image, "gpu": None}
@@ -343,7 +343,7 @@ def test_the_range_cases_can_pass(api_a, api_ops, owner_a, purchase, image):  # 
     assert _send("launch", {"context_tokens": 4096}, **sent).status_code == 201
 
 
-def test_a_time_outside_the_storable_years_is_a_range_error(api_ops, gpu):  # type: ignore[no-untyped-def]
+def test_a_time_outside_the_storable_years_is_a_range_error(api_ops, gpu):
     url = f"/api/v1/gpus/{gpu.pk}/samples/"
     early = api_ops.get(url, {"start": "1999-12-31T00:00:00Z"})
     late = api_ops.get(url, {"end": "9500-01-01T00:00:00Z"})
@@ -352,7 +352,7 @@ def test_a_time_outside_the_storable_years_is_a_range_error(api_ops, gpu):  # ty
     assert api_ops.get(url, {"start": "2024-01-01T00:00:00Z"}).status_code == 200
 
 
-def test_hand_written_range_checks_in_services_use_the_same_codes(owner_a):  # type: ignore[no-untyped-def]
+def test_hand_written_range_checks_in_services_use_the_same_codes(owner_a):
     """Paths the pages reach without a serializer in front."""
     for days, code in ((0, "min_value"), (10**6, "max_value")):
         with pytest.raises(ServiceError) as err:
@@ -402,7 +402,7 @@ NOT_INTEGERS = [
     [case[1:] for case in NOT_INTEGERS],
     ids=[case[0] for case in NOT_INTEGERS],
 )
-def test_integer_fields_refuse_strings_booleans_and_fractions(  # type: ignore[no-untyped-def]
+def test_integer_fields_refuse_strings_booleans_and_fractions(
     api_a, api_ops, owner_a, purchase, image, kind, changes, field
 ):
     if changes.get("tier") == "TIER":
@@ -428,7 +428,7 @@ def test_integer_fields_refuse_strings_booleans_and_fractions(  # type: ignore[n
     assert Thresholds.objects.values().first() == thresholds
 
 
-def test_a_launch_refuses_a_purchase_id_sent_as_text(api_a, purchase, image):  # type: ignore[no-untyped-def]
+def test_a_launch_refuses_a_purchase_id_sent_as_text(api_a, purchase, image):
     response = api_a.post(
         "/api/v1/slices/", {**launch_body(purchase, image), "purchase": str(purchase.pk)}
     )
@@ -438,7 +438,7 @@ def test_a_launch_refuses_a_purchase_id_sent_as_text(api_a, purchase, image):  #
     assert ok.status_code == 201, ok.content
 
 
-def test_a_number_with_a_zero_fraction_is_that_integer(api_a, funded):  # type: ignore[no-untyped-def]
+def test_a_number_with_a_zero_fraction_is_that_integer(api_a, funded):
     """JSON does not tell 2 from 2.0 (nor do many clients): both buy two hours."""
     response = api_a.post("/api/v1/purchases/", {"tier": float(tier().pk), "hours": 2.0})
     assert response.status_code == 201, response.content
@@ -450,7 +450,7 @@ def test_a_number_with_a_zero_fraction_is_that_integer(api_a, funded):  # type: 
     assert estimate.json()["request"]["context_tokens"] == 2048
 
 
-def test_query_string_numbers_are_still_read_from_text(api_a, api_ops, gpu):  # type: ignore[no-untyped-def]
+def test_query_string_numbers_are_still_read_from_text(api_a, api_ops, gpu):
     assert api_a.get("/api/v1/purchases/", {"page": "1", "page_size": "10"}).status_code == 200
     samples = api_ops.get(f"/api/v1/gpus/{gpu.pk}/samples/", {"max_points": "100"})
     assert samples.status_code == 200, samples.content
@@ -467,7 +467,7 @@ def _bearer(value: str) -> APIClient:
     return client
 
 
-def test_a_well_formed_unknown_token_is_invalid_or_expired(db):  # type: ignore[no-untyped-def]
+def test_a_well_formed_unknown_token_is_invalid_or_expired(db):
     for token in ("gpp_" + "x" * 43, "A" * 48, "0123456789abcdef" * 4):
         response = _bearer(f"Bearer {token}").get("/api/v1/me/")
         body = refused(response, 401)
@@ -477,7 +477,7 @@ def test_a_well_formed_unknown_token_is_invalid_or_expired(db):  # type: ignore[
         assert response["WWW-Authenticate"].startswith("Bearer")
 
 
-def test_a_revoked_or_expired_token_reads_exactly_like_an_unknown_one(owner_a):  # type: ignore[no-untyped-def]
+def test_a_revoked_or_expired_token_reads_exactly_like_an_unknown_one(owner_a):
     revoked, revoked_value = make_token(owner_a.user)
     expired, expired_value = make_token(owner_a.user)
     live, live_value = make_token(owner_a.user)
@@ -492,7 +492,7 @@ def test_a_revoked_or_expired_token_reads_exactly_like_an_unknown_one(owner_a): 
 @pytest.mark.parametrize(
     "header", ["Bearer", "Bearer a b", "Bearer \u00e9t\u00e9", "Token"], ids=repr
 )
-def test_only_a_malformed_header_says_invalid_authorization_header(db, header):  # type: ignore[no-untyped-def]
+def test_only_a_malformed_header_says_invalid_authorization_header(db, header):
     body = refused(_bearer(header).get("/api/v1/me/"), 401)
     assert body == {"code": "authentication_failed", "message": MALFORMED_HEADER}
     assert MALFORMED_HEADER.startswith("Invalid Authorization header")
@@ -501,7 +501,7 @@ def test_only_a_malformed_header_says_invalid_authorization_header(db, header): 
 # --- 400s caught by a service read like a serializer's ------------------------------------------
 
 
-def test_bad_input_a_service_catches_is_a_validation_error_with_the_code_in_fields(  # type: ignore[no-untyped-def]
+def test_bad_input_a_service_catches_is_a_validation_error_with_the_code_in_fields(
     api_a, purchase, image
 ):
     response = api_a.post(
@@ -520,7 +520,7 @@ README_TABLE = re.compile(
 ROW = re.compile(r"^\| `(?P<code>[a-z_]+)` \| (?P<status>[0-9, ]+) \| (?P<where>top|field) \| ")
 
 
-def test_the_readme_table_is_the_registry():  # type: ignore[no-untyped-def]
+def test_the_readme_table_is_the_registry():
     match = README_TABLE.search((ROOT / "README.md").read_text())
     assert match, "README.md lost its error-code table markers"
     table = match.group("table")
@@ -597,7 +597,7 @@ def _raised_codes() -> dict[str, set[tuple[str, int | None]]]:
                     )
                     for sub in ast.walk(node):
                         if node.name.endswith("_code") and isinstance(sub, ast.Return):
-                            add(_constants(sub.value), where)  # type: ignore[arg-type]
+                            add(_constants(sub.value), where)
                         if not passes_code or not isinstance(sub, ast.Assign):
                             continue
                         for target in sub.targets:
@@ -610,7 +610,7 @@ def _raised_codes() -> dict[str, set[tuple[str, int | None]]]:
     return found
 
 
-def test_every_code_the_code_base_raises_is_registered_with_its_status():  # type: ignore[no-untyped-def]
+def test_every_code_the_code_base_raises_is_registered_with_its_status():
     found = _raised_codes()
     # the scan sees the codes this issue is about, so it can fail
     assert {"unknown_field", "min_value", "max_value", "validation_error", "throttled"} <= set(
@@ -632,7 +632,7 @@ def test_every_code_the_code_base_raises_is_registered_with_its_status():  # typ
     assert "out_of_range" not in found and "invalid_port" not in found  # the old range codes
 
 
-def test_drf_exceptions_are_registered_with_their_status():  # type: ignore[no-untyped-def]
+def test_drf_exceptions_are_registered_with_their_status():
     def subclasses(cls: type) -> list[type]:
         return [sub for direct in cls.__subclasses__() for sub in [direct, *subclasses(direct)]]
 
@@ -681,7 +681,7 @@ def _field_codes(field: serializers.Field, out: dict[str, set[str]], where: str)
                 _field_codes(child, out, f"{where}.{name}")
 
 
-def test_every_code_an_input_field_can_answer_is_registered_as_a_field_code(db):  # type: ignore[no-untyped-def]
+def test_every_code_an_input_field_can_answer_is_registered_as_a_field_code(db):
     classes = _input_serializers()
     assert len(classes) > 20
     codes: dict[str, set[str]] = {}
@@ -694,7 +694,7 @@ def test_every_code_an_input_field_can_answer_is_registered_as_a_field_code(db):
         assert ERROR_CODES[code].where == "field" and 400 in ERROR_CODES[code].statuses, code
 
 
-def test_every_integer_input_field_is_strict(db):  # type: ignore[no-untyped-def]
+def test_every_integer_input_field_is_strict(db):
     loose: list[str] = []
 
     def walk(field: serializers.Field, where: str) -> None:
@@ -722,7 +722,7 @@ def test_every_integer_input_field_is_strict(db):  # type: ignore[no-untyped-def
     assert not loose, loose
 
 
-def test_every_code_a_filter_can_answer_is_registered(db):  # type: ignore[no-untyped-def]
+def test_every_code_a_filter_can_answer_is_registered(db):
     for app in ("tenants", "nodes", "incidents"):
         importlib.import_module(f"{app}.api.views")
 
@@ -743,7 +743,7 @@ def test_every_code_a_filter_can_answer_is_registered(db):  # type: ignore[no-un
             assert codes <= set(ERROR_CODES), (filterset.__name__, name, codes - set(ERROR_CODES))
 
 
-def test_registry_entries_are_well_formed():  # type: ignore[no-untyped-def]
+def test_registry_entries_are_well_formed():
     for code, entry in ERROR_CODES.items():
         assert re.fullmatch(r"[a-z][a-z_]*", code) and entry.code == code
         assert all(100 <= s < 600 for s in entry.statuses) and entry.meaning.endswith(".")

@@ -93,7 +93,7 @@ def fuzz(url: str, token: str, tmp_path: Path, port: int, name: str) -> tuple[in
     return result.returncode, result.stdout + result.stderr, log
 
 
-def answers_of_every_shape(tenant, ops_user) -> None:  # type: ignore[no-untyped-def]
+def answers_of_every_shape(tenant, ops_user) -> None:
     """Rows whose answers hold what a fresh database has none of, so that the fuzz's first
     reads already meet them: nulls (an incident nobody acknowledged or resolved, one
     reopened, a fleet-wide policy change with no node) and the tenant's own shape of an
@@ -111,7 +111,7 @@ def answers_of_every_shape(tenant, ops_user) -> None:  # type: ignore[no-untyped
     node_services.node_policy_update(actor=ops_user, reason="fleet-wide", require_userns_remap=True)
 
 
-def test_the_api_survives_schema_driven_fuzzing(  # type: ignore[no-untyped-def]
+def test_the_api_survives_schema_driven_fuzzing(
     live_server, eager, settings, tmp_path, owner_a, ops_user
 ):
     settings.NODES_SSH_KEY_PATH = str(tmp_path / "ssh" / "id_ed25519")

@@ -43,7 +43,7 @@ def schema() -> dict:
     return SchemaGenerator().get_schema(request=None, public=True)
 
 
-def operations(schema: dict):  # type: ignore[no-untyped-def]
+def operations(schema: dict):
     for path, item in schema["paths"].items():
         for method, operation in item.items():
             if method in METHODS:
@@ -54,7 +54,7 @@ def documented(operation: dict) -> set[int]:
     return {int(s) for s in operation["responses"]}
 
 
-def test_every_operation_documents_its_errors_with_the_one_error_schema(schema):  # type: ignore[no-untyped-def]
+def test_every_operation_documents_its_errors_with_the_one_error_schema(schema):
     ops = list(operations(schema))
     assert len(ops) > 100
     error = schema["components"]["schemas"]["Error"]
@@ -73,7 +73,7 @@ def test_every_operation_documents_its_errors_with_the_one_error_schema(schema):
                 assert int(status) in ERROR_CODES[code].statuses, (method, path, status, code)
 
 
-def test_every_raise_site_a_view_reaches_has_a_readable_code():  # type: ignore[no-untyped-def]
+def test_every_raise_site_a_view_reaches_has_a_readable_code():
     """The derivation sees every code it meets (an unreadable one would go undocumented)."""
     generator = SchemaGenerator()
     generator._initialise_endpoints()
@@ -84,7 +84,7 @@ def test_every_raise_site_a_view_reaches_has_a_readable_code():  # type: ignore[
     assert not unread, unread
 
 
-def test_every_conflict_and_refusal_code_is_documented_somewhere(schema):  # type: ignore[no-untyped-def]
+def test_every_conflict_and_refusal_code_is_documented_somewhere(schema):
     listed = {
         code
         for _, _, operation in operations(schema)
@@ -100,7 +100,7 @@ def test_every_conflict_and_refusal_code_is_documented_somewhere(schema):  # typ
     assert not PAGE_ONLY & listed, sorted(PAGE_ONLY & listed)  # the list stays honest
 
 
-def test_a_get_and_a_post_on_one_view_are_told_apart(schema):  # type: ignore[no-untyped-def]
+def test_a_get_and_a_post_on_one_view_are_told_apart(schema):
     policy = schema["paths"]["/api/v1/gpus/{id}/policy/"]
     assert "409" in policy["post"]["responses"] and "409" not in policy["get"]["responses"]
     purchase = schema["paths"]["/api/v1/purchases/"]["post"]["responses"]
@@ -117,12 +117,12 @@ def _url(path: str, ids: str = "999999") -> str:
     return path.replace("{id}", ids)
 
 
-def _send(client: APIClient, method: str, url: str, **extra):  # type: ignore[no-untyped-def]
+def _send(client: APIClient, method: str, url: str, **extra):
     return getattr(client, method)(url, **extra)
 
 
 @pytest.mark.django_db
-def test_what_every_operation_answers_to_generic_refusals_is_what_it_documents(  # type: ignore[no-untyped-def]
+def test_what_every_operation_answers_to_generic_refusals_is_what_it_documents(
     schema, owner_a, ops_user, settings
 ):
     """For each operation, the statuses these requests provoke are exactly the ones the
@@ -175,7 +175,7 @@ def test_what_every_operation_answers_to_generic_refusals_is_what_it_documents( 
 
 
 @pytest.mark.django_db
-def test_derived_statuses_follow_the_view_not_a_fixed_list():  # type: ignore[no-untyped-def]
+def test_derived_statuses_follow_the_view_not_a_fixed_list():
     """The derivation can fail: a view that raises nothing of its own gets no 409."""
     from tenants.api.views.billing import CreditRateView  # noqa: PLC0415 - a view under test
 
@@ -194,7 +194,7 @@ def test_derived_statuses_follow_the_view_not_a_fixed_list():  # type: ignore[no
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_generated_client_reads_a_refusal_as_its_typed_error(  # type: ignore[no-untyped-def]
+def test_a_generated_client_reads_a_refusal_as_its_typed_error(
     live_server, schema, owner_a, tmp_path, monkeypatch
 ):
     spec = tmp_path / "openapi.yaml"

@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PRODUCTION = ("gpuplatform", "tenants", "nodes", "incidents", "gateway", "estimator", "cli")
 TEST_EQUIPMENT = ("emulator", "nodelab")
 MAX_MODULE_LINES = 700
+# A function a reader holds in one screen: longer ones are split into named steps.
+MAX_FUNCTION_LINES = 60
 # Modules that run on a GPU node or stand alone, never inside Django (the `gpp` client
 # speaks to the platform through its REST API only).
 PURE = (
@@ -122,7 +124,7 @@ def _top(name: str) -> str:
     return name.split(".")[0]
 
 
-def test_no_import_cycle_among_production_modules():  # type: ignore[no-untyped-def]
+def test_no_import_cycle_among_production_modules():
     # An edge is an import statement at module level (imports for type checkers only do
     # not run). A package's __init__ that re-exports its submodules is not an edge from
     # them: a cycle needs a module importing, directly or through others, itself.
@@ -173,7 +175,7 @@ def _reason_near(module: Module, line: int) -> bool:
 
 
 @pytest.mark.parametrize("packages", [PRODUCTION, TEST_EQUIPMENT, ("tests", "bench")])
-def test_function_local_imports_say_why(packages):  # type: ignore[no-untyped-def]
+def test_function_local_imports_say_why(packages):
     unexplained = [
         f"{m.where}:{i.line} imports {i.target}"
         for m in modules(packages)
@@ -185,7 +187,7 @@ def test_function_local_imports_say_why(packages):  # type: ignore[no-untyped-de
     )
 
 
-def test_no_production_module_outgrows_its_room():  # type: ignore[no-untyped-def]
+def test_no_production_module_outgrows_its_room():
     big = [
         f"{m.where}: {len(m.lines)} lines"
         for m in modules(PRODUCTION + TEST_EQUIPMENT)
@@ -196,7 +198,21 @@ def test_no_production_module_outgrows_its_room():  # type: ignore[no-untyped-de
     )
 
 
-def test_no_private_name_is_imported_across_modules():  # type: ignore[no-untyped-def]
+def test_no_production_function_is_longer_than_a_screen():
+    long = [
+        f"{m.where}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines"
+        for m in modules(PRODUCTION + TEST_EQUIPMENT)
+        for node in ast.walk(m.tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert not long, (
+        f"split these into named steps (at most {MAX_FUNCTION_LINES} lines):\n" + "\n".join(long)
+    )
+
+
+def test_no_private_name_is_imported_across_modules():
     ours = set(PRODUCTION + TEST_EQUIPMENT + ("tests", "bench"))
     crossing = [
         f"{m.where}:{i.line} takes {name} from {i.target}"
@@ -209,7 +225,7 @@ def test_no_private_name_is_imported_across_modules():  # type: ignore[no-untype
     assert not crossing, "a name shared between modules is public:\n" + "\n".join(crossing)
 
 
-def test_production_never_imports_test_equipment_or_tests():  # type: ignore[no-untyped-def]
+def test_production_never_imports_test_equipment_or_tests():
     wrong = [
         f"{m.where}:{i.line} imports {i.target}"
         for m in modules()
@@ -220,7 +236,7 @@ def test_production_never_imports_test_equipment_or_tests():  # type: ignore[no-
 
 
 @pytest.mark.parametrize("pure", PURE)
-def test_pure_modules_import_no_django(pure):  # type: ignore[no-untyped-def]
+def test_pure_modules_import_no_django(pure):
     ours = [m for m in modules() if m.name == pure or m.name.startswith(pure + ".")]
     assert ours, pure
     wrong = [
@@ -237,7 +253,7 @@ def _is_tasks_module(name: str) -> bool:
     return name.endswith(".tasks")
 
 
-def test_only_tasks_modules_import_tasks():  # type: ignore[no-untyped-def]
+def test_only_tasks_modules_import_tasks():
     # Services queue work by the task's name (gpuplatform.dispatch.enqueue), so no
     # service, view or command imports a task object.
     wrong = [
@@ -258,7 +274,7 @@ def _calls(module: Module, function: str) -> Iterator[ast.Call]:
                 yield node
 
 
-def test_every_enqueued_name_is_a_registered_task():  # type: ignore[no-untyped-def]
+def test_every_enqueued_name_is_a_registered_task():
     celery_app.loader.import_default_modules()
     named = {
         (m.where, call.lineno, call.args[0].value)
@@ -284,7 +300,7 @@ def _lock_module(module: Module) -> bool:
     return module.name.endswith(".locks")
 
 
-def test_row_locks_are_taken_in_the_lock_modules():  # type: ignore[no-untyped-def]
+def test_row_locks_are_taken_in_the_lock_modules():
     # Each app's locks.py writes the order once; a lock taken elsewhere could break it.
     # The placement's claim (FOR UPDATE ... SKIP LOCKED in one UPDATE statement) is the
     # one lock written as SQL, documented in nodes/locks.py.
@@ -353,7 +369,7 @@ def _view_modules() -> list[Module]:
     return [m for m in modules() if m.name.split(".")[-1] == "views" or ".views." in m.name]
 
 
-def test_views_neither_open_transactions_nor_write_the_orm():  # type: ignore[no-untyped-def]
+def test_views_neither_open_transactions_nor_write_the_orm():
     views = _view_modules()
     assert len(views) >= 8
     wrong = []
@@ -374,7 +390,7 @@ def test_views_neither_open_transactions_nor_write_the_orm():  # type: ignore[no
     assert not wrong, "a page or the API writes through one service call:\n" + "\n".join(wrong)
 
 
-def _viewsets(patterns) -> Iterator[type]:  # type: ignore[no-untyped-def]
+def _viewsets(patterns) -> Iterator[type]:
     for pattern in patterns:
         if hasattr(pattern, "url_patterns"):
             yield from _viewsets(pattern.url_patterns)
@@ -384,7 +400,7 @@ def _viewsets(patterns) -> Iterator[type]:  # type: ignore[no-untyped-def]
                 yield cls
 
 
-def test_api_writes_are_the_projects_own_not_drf_defaults():  # type: ignore[no-untyped-def]
+def test_api_writes_are_the_projects_own_not_drf_defaults():
     # DRF's create/update/destroy mixins save through the serializer: a write the
     # services never see. Every one the API routes must be overridden to call a service.
     viewsets = set(_viewsets(urlpatterns))

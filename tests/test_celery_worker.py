@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 
-def _wait_for(predicate, timeout: float = 30.0, interval: float = 0.2):  # type: ignore[no-untyped-def]
+def _wait_for(predicate, timeout: float = 30.0, interval: float = 0.2):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -35,7 +35,7 @@ def _wait_for(predicate, timeout: float = 30.0, interval: float = 0.2):  # type:
 
 
 @pytest.fixture
-def worker(tmp_path, django_db_blocker):  # type: ignore[no-untyped-def]
+def worker(tmp_path, django_db_blocker):
     if not settings.CELERY_BROKER_URL.startswith("redis"):
         missing("set REDIS_URL (make test does) to run the worker on Redis")
     db = settings.DATABASES["default"]
@@ -81,11 +81,11 @@ def worker(tmp_path, django_db_blocker):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def published():  # type: ignore[no-untyped-def]
+def published():
     """Every task message this process publishes: (task name, args, in a transaction?)."""
     seen: list[tuple[str, tuple, bool]] = []
 
-    def record(sender=None, headers=None, body=None, **kwargs):  # type: ignore[no-untyped-def]
+    def record(sender=None, headers=None, body=None, **kwargs):
         seen.append((sender, tuple(body[0]) if body else (), connection.in_atomic_block))
 
     before_task_publish.connect(record, weak=False)
@@ -97,7 +97,7 @@ def _mails(mail_dir: Path) -> str:
     return "\n".join(p.read_text() for p in sorted(mail_dir.glob("*.log")))
 
 
-def test_worker_runs_task_dispatched_after_commit(worker, published):  # type: ignore[no-untyped-def]
+def test_worker_runs_task_dispatched_after_commit(worker, published):
     owner = MembershipFactory(tenant__name="Worker Lab")
     invitation = services.invitation_create(
         actor_membership=owner, email="committed@worker.test", role=Role.MEMBER
@@ -109,7 +109,7 @@ def test_worker_runs_task_dispatched_after_commit(worker, published):  # type: i
     assert "tenants.send_invitation" in worker["log"].read_text()
 
 
-def test_task_dispatched_in_rolled_back_transaction_never_runs(worker, published):  # type: ignore[no-untyped-def]
+def test_task_dispatched_in_rolled_back_transaction_never_runs(worker, published):
     owner = MembershipFactory(tenant__name="Rollback Lab")
 
     class Abort(Exception):

@@ -17,12 +17,12 @@ from tenants import tasks as tenant_tasks
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_a_task_is_found_by_the_name_it_is_registered_under():  # type: ignore[no-untyped-def]
+def test_a_task_is_found_by_the_name_it_is_registered_under():
     assert task_named("provision.slice") is tenant_tasks.provision_slice._get_current_object()
     assert task_named("incidents.idle_due").name == "incidents.idle_due"
 
 
-def test_an_unknown_name_fails_in_the_caller_and_queues_nothing(  # type: ignore[no-untyped-def]
+def test_an_unknown_name_fails_in_the_caller_and_queues_nothing(
     db, django_capture_on_commit_callbacks
 ):
     with django_capture_on_commit_callbacks(execute=False) as callbacks, pytest.raises(KeyError):
@@ -30,7 +30,7 @@ def test_an_unknown_name_fails_in_the_caller_and_queues_nothing(  # type: ignore
     assert callbacks == []
 
 
-def test_nothing_leaves_before_commit(db, owner_a, eager, django_capture_on_commit_callbacks):  # type: ignore[no-untyped-def]
+def test_nothing_leaves_before_commit(db, owner_a, eager, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         with transaction.atomic():
             enqueue("tenants.notify_members", owner_a.tenant.pk, "Subject", "Body")
@@ -41,7 +41,7 @@ def test_nothing_leaves_before_commit(db, owner_a, eager, django_capture_on_comm
     assert mail.outbox[0].to == [owner_a.user.email]
 
 
-def test_a_countdown_reaches_the_task_with_its_arguments(  # type: ignore[no-untyped-def]
+def test_a_countdown_reaches_the_task_with_its_arguments(
     db, monkeypatch, django_capture_on_commit_callbacks
 ):
     sent = []
@@ -56,7 +56,7 @@ def test_a_countdown_reaches_the_task_with_its_arguments(  # type: ignore[no-unt
     assert sent == [((42,), 900)]
 
 
-def test_a_process_that_imported_no_tasks_module_finds_the_task(tmp_path):  # type: ignore[no-untyped-def]
+def test_a_process_that_imported_no_tasks_module_finds_the_task(tmp_path):
     # A web process imports views and services only: the first lookup runs autodiscovery.
     code = (
         "import django, sys; django.setup(); "

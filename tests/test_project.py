@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
 
-def _run(args, env=None, **kwargs):  # type: ignore[no-untyped-def]
+def _run(args, env=None, **kwargs):
     return subprocess.run(
         args,
         cwd=ROOT,
@@ -28,14 +28,14 @@ def _run(args, env=None, **kwargs):  # type: ignore[no-untyped-def]
     )
 
 
-def test_import_uuid_works_at_repository_root():  # type: ignore[no-untyped-def]
+def test_import_uuid_works_at_repository_root():
     result = _run([PY, "-c", "import uuid, platform; print(platform.__file__)"])
     assert result.returncode == 0, result.stderr
     assert str(ROOT) not in result.stdout  # the stdlib module, not a local folder
     assert not (ROOT / "platform").exists() and not (ROOT / "platform.py").exists()
 
 
-def test_layout_of_design_md():  # type: ignore[no-untyped-def]
+def test_layout_of_design_md():
     for name in [
         "manage.py",
         "pyproject.toml",
@@ -63,17 +63,17 @@ def test_layout_of_design_md():  # type: ignore[no-untyped-def]
             assert module.exists() or package.exists(), f"{app}/{room}"
 
 
-def test_makemigrations_check_is_clean():  # type: ignore[no-untyped-def]
+def test_makemigrations_check_is_clean():
     result = _run([PY, "manage.py", "makemigrations", "--check", "--dry-run"])
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_ruff_check_is_clean():  # type: ignore[no-untyped-def]
+def test_ruff_check_is_clean():
     result = _run([PY, "-m", "ruff", "check", "."])
     assert result.returncode == 0, result.stdout
 
 
-def test_openapi_schema_is_valid_without_warnings(tmp_path):  # type: ignore[no-untyped-def]
+def test_openapi_schema_is_valid_without_warnings(tmp_path):
     out = tmp_path / "schema.yml"
     result = _run(
         [PY, "manage.py", "spectacular", "--validate", "--fail-on-warn", "--file", str(out)]
@@ -84,7 +84,7 @@ def test_openapi_schema_is_valid_without_warnings(tmp_path):  # type: ignore[no-
         assert path in text
 
 
-def _prod_env(**extra):  # type: ignore[no-untyped-def]
+def _prod_env(**extra):
     return {
         "DJANGO_DEBUG": "false",
         "DJANGO_SECRET_KEY": "s3cr3t-" + "k" * 60 + "-not-the-dev-one",
@@ -93,7 +93,7 @@ def _prod_env(**extra):  # type: ignore[no-untyped-def]
     }
 
 
-def test_production_refuses_the_development_secret():  # type: ignore[no-untyped-def]
+def test_production_refuses_the_development_secret():
     # An unset secret falls back to the development one, which production refuses.
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SECRET_KEY"}
     env.update(_prod_env())
@@ -108,7 +108,7 @@ def test_production_refuses_the_development_secret():  # type: ignore[no-untyped
     assert result.returncode != 0
 
 
-def test_check_deploy_is_clean_in_production_mode():  # type: ignore[no-untyped-def]
+def test_check_deploy_is_clean_in_production_mode():
     result = _run(
         [PY, "manage.py", "check", "--deploy", "--fail-level", "WARNING"], env=_prod_env()
     )
@@ -116,7 +116,7 @@ def test_check_deploy_is_clean_in_production_mode():  # type: ignore[no-untyped-
     assert "no issues" in result.stdout
 
 
-def test_embedded_defaults_need_no_server(tmp_path):  # type: ignore[no-untyped-def]
+def test_embedded_defaults_need_no_server(tmp_path):
     code = (
         "from django.conf import settings as s; "
         "print(s.DATABASES['default']['ENGINE']); print(s.CELERY_BROKER_URL)"
@@ -138,14 +138,14 @@ def test_embedded_defaults_need_no_server(tmp_path):  # type: ignore[no-untyped-
     assert (tmp_path / "celery" / "broker").is_dir()
 
 
-def test_redis_url_makes_redis_the_broker():  # type: ignore[no-untyped-def]
+def test_redis_url_makes_redis_the_broker():
     if not os.environ.get("REDIS_URL"):
         missing("make test sets REDIS_URL")
     assert os.environ["REDIS_URL"] == settings.CELERY_BROKER_URL
     assert settings.CACHES["default"]["BACKEND"].endswith("RedisCache")
 
 
-def test_celery_is_json_only_acks_late_with_time_limits_and_queues():  # type: ignore[no-untyped-def]
+def test_celery_is_json_only_acks_late_with_time_limits_and_queues():
     conf = celery_app.conf
     assert conf.task_serializer == "json" and conf.result_serializer == "json"
     assert list(conf.accept_content) == ["json"]
@@ -156,13 +156,13 @@ def test_celery_is_json_only_acks_late_with_time_limits_and_queues():  # type: i
     assert celery_app.amqp.router.route({}, "provision.start_slice")["queue"].name == "provision"
 
 
-def test_beat_schedule_names_only_registered_tasks():  # type: ignore[no-untyped-def]
+def test_beat_schedule_names_only_registered_tasks():
     celery_app.loader.import_default_modules()
     for entry in settings.CELERY_BEAT_SCHEDULE.values():
         assert entry["task"] in celery_app.tasks, entry["task"]
 
 
-def test_tasks_are_thin_named_and_bounded():  # type: ignore[no-untyped-def]
+def test_tasks_are_thin_named_and_bounded():
     celery_app.loader.import_default_modules()
     ours = {n: t for n, t in celery_app.tasks.items() if not n.startswith("celery.")}
     assert ours
@@ -174,7 +174,7 @@ def test_tasks_are_thin_named_and_bounded():  # type: ignore[no-untyped-def]
         assert task.soft_time_limit < task.time_limit, name
 
 
-def test_access_log_redacts_secret_links():  # type: ignore[no-untyped-def]
+def test_access_log_redacts_secret_links():
     assert redact("GET /invitations/Abc-123_xyz/ HTTP/1.1") == (
         "GET /invitations/[redacted]/ HTTP/1.1"
     )

@@ -73,7 +73,7 @@ def _running(pid: int) -> bool:
 
 
 @pytest.fixture
-def embedded_env(tmp_path):  # type: ignore[no-untyped-def]
+def embedded_env(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env.update(
         GPUPLATFORM_EMULATOR_CONTROL_PORT="0",
@@ -113,7 +113,7 @@ STATE = (
 )
 
 
-def _shell(env: dict, script: str) -> str:  # type: ignore[type-arg]
+def _shell(env: dict, script: str) -> str:
     result = subprocess.run(
         [PY, "manage.py", "shell", "-c", script],
         cwd=ROOT,
@@ -132,7 +132,7 @@ def _shell(env: dict, script: str) -> str:  # type: ignore[type-arg]
 )
 def test_run_stack_serves_runs_tasks_and_stops_everything_on_ctrl_c(
     far_end, embedded_env, tmp_path
-):  # type: ignore[no-untyped-def]
+):
     if far_end == "lab" and problems():
         unavailable(problems()[0])
     port = _free_port()

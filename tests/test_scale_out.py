@@ -40,7 +40,7 @@ SUCCEEDED = re.compile(
 
 
 @pytest.fixture
-def broker():  # type: ignore[no-untyped-def]
+def broker():
     # REDIS_URL's own database, for this process and the workers alike
     if not settings.REDIS_URL:
         missing("set REDIS_URL (make test does) to run the workers on Redis")
@@ -48,7 +48,7 @@ def broker():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def telemetry_workers(broker, tmp_path):  # type: ignore[no-untyped-def]
+def telemetry_workers(broker, tmp_path):
     yield from workers_for(
         broker,
         tmp_path,
@@ -59,7 +59,7 @@ def telemetry_workers(broker, tmp_path):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def fleet(worker_fleet, settings, monkeypatch):  # type: ignore[no-untyped-def]
+def fleet(worker_fleet, settings, monkeypatch):
     """Sixteen emulated nodes of one or two GPUs, registered and discovered; fan-outs in
     this process (as the worker running beat's message does) cut batches of two."""
     settings.NODES_SAMPLE_INTERVAL = INTERVAL
@@ -75,11 +75,11 @@ def fleet(worker_fleet, settings, monkeypatch):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def published():  # type: ignore[no-untyped-def]
+def published():
     """The sampling batches this process publishes: task id -> (node ids, cycle)."""
     seen: dict[str, tuple[list[int], float | None]] = {}
 
-    def record(sender=None, headers=None, body=None, **kwargs):  # type: ignore[no-untyped-def]
+    def record(sender=None, headers=None, body=None, **kwargs):
         if sender == SAMPLE:
             args = body[0]
             seen[headers["id"]] = (list(args[0]), args[1] if len(args) > 1 else None)
@@ -92,7 +92,7 @@ def published():  # type: ignore[no-untyped-def]
 class Workers:
     """The two telemetry workers, told apart by their logs (each its own file and name)."""
 
-    def __init__(self, start) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, start) -> None:
         self.logs: list[Path] = [start()[1], start()[1]]
 
     def runs(self, task: str = "sample_nodes") -> dict[str, list[tuple[int, dict]]]:
@@ -104,7 +104,7 @@ class Workers:
                     out.setdefault(task_id, []).append((worker, ast.literal_eval(result)))
         return out
 
-    def wait(self, task_ids, times: int = 1) -> dict[str, list[tuple[int, dict]]]:  # type: ignore[no-untyped-def]
+    def wait(self, task_ids, times: int = 1) -> dict[str, list[tuple[int, dict]]]:
         done = wait_for(
             lambda: all(len(self.runs().get(t, [])) >= times for t in task_ids), timeout=60
         )
@@ -132,7 +132,7 @@ def one_row_per_gpu(since: datetime, until: datetime | None = None) -> None:
     assert rows_per_gpu(since, until) == Counter(every)
 
 
-def fan_out(published) -> tuple[datetime, list[str]]:  # type: ignore[no-untyped-def]
+def fan_out(published) -> tuple[datetime, list[str]]:
     """One cycle's fan-out, here: it only publishes (beat's worker would do the same)."""
     before, started = set(published), timezone.now()
     assert tasks.fan_out() == NODES
@@ -145,7 +145,7 @@ def next_cycle(started: datetime) -> None:
 
 def test_two_telemetry_workers_split_each_cycle_and_sample_every_node_once(
     fleet, telemetry_workers, published
-):  # type: ignore[no-untyped-def]
+):
     workers = Workers(telemetry_workers)
     nodes = gpus_by_node()
     assert len(nodes) == NODES
@@ -180,7 +180,7 @@ def test_two_telemetry_workers_split_each_cycle_and_sample_every_node_once(
     one_row_per_gpu(started)
 
 
-def test_two_fan_outs_at_once_sample_each_node_once(fleet, telemetry_workers, published):  # type: ignore[no-untyped-def]
+def test_two_fan_outs_at_once_sample_each_node_once(fleet, telemetry_workers, published):
     workers = Workers(telemetry_workers)
     # two beats by mistake: two fan-outs, one right after the other, before any batch ran
     started, first = fan_out(published)
@@ -228,7 +228,7 @@ def test_two_fan_outs_at_once_sample_each_node_once(fleet, telemetry_workers, pu
     one_row_per_gpu(started)
 
 
-def test_a_redelivered_or_late_batch_samples_no_node_twice(fleet, telemetry_workers, published):  # type: ignore[no-untyped-def]
+def test_a_redelivered_or_late_batch_samples_no_node_twice(fleet, telemetry_workers, published):
     workers = Workers(telemetry_workers)
     started, batches = fan_out(published)
     workers.wait(batches)

@@ -5,7 +5,7 @@ import sys
 from gpuplatform.workers import worker_argv
 
 
-def test_worker_argv_adds_only_the_options_asked_for():  # type: ignore[no-untyped-def]
+def test_worker_argv_adds_only_the_options_asked_for():
     base = [sys.executable, "-m", "celery", "-A", "gpuplatform", "worker", "-Q", "a,b"]
     assert worker_argv(queues="a,b", hostname="w@%h", concurrency=2) == [
         *base,

@@ -21,7 +21,7 @@ from tests.ci import missing
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def wait_for(predicate, timeout: float = 30.0, interval: float = 0.1):  # type: ignore[no-untyped-def]
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.1):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -41,7 +41,7 @@ def _reset_producer_pools() -> None:
     app.amqp._producer_pool = None
 
 
-def broker_on(db: int):  # type: ignore[no-untyped-def]
+def broker_on(db: int):
     """A fixture body: this process publishes to Redis database `db`, emptied first."""
     if not settings.CELERY_BROKER_URL.startswith("redis"):
         missing("set REDIS_URL (make test does) to run the worker on Redis")
@@ -73,7 +73,7 @@ def process_database_url() -> str:
     return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
-def workers_for(broker: str, tmp_path: Path, *, queues: str, name: str, env: dict):  # type: ignore[no-untyped-def]
+def workers_for(broker: str, tmp_path: Path, *, queues: str, name: str, env: dict):
     """A fixture body: start() runs a worker process on `queues` with this test's
     database, broker and platform SSH key, returning (process, log path); every worker
     started is stopped at the end. Start it after the fleet, which makes the key."""
@@ -82,7 +82,7 @@ def workers_for(broker: str, tmp_path: Path, *, queues: str, name: str, env: dic
     mail_dir.mkdir(exist_ok=True)
     started: list[subprocess.Popen] = []
 
-    def start():  # type: ignore[no-untyped-def]
+    def start():
         log = tmp_path / f"worker{len(started)}.log"
         proc = subprocess.Popen(  # noqa: S603 - our interpreter, fixed arguments
             worker_argv(

@@ -14,23 +14,23 @@ from tests.factories import MembershipFactory, make_token
 
 
 @pytest.fixture(autouse=True)
-def seeded_tiers(transactional_db):  # type: ignore[no-untyped-def]
+def seeded_tiers(transactional_db):
     """A transactional test's flush empties what the data migration seeded."""
     importlib.import_module("tenants.migrations.0002_seed_tiers").seed(apps, None)
 
 
 @pytest.fixture
-def owner(transactional_db):  # type: ignore[no-untyped-def]
+def owner(transactional_db):
     return MembershipFactory(tenant__name="Kestrel Compute", user__email="kim@kestrel.test")
 
 
 @pytest.fixture
-def token(owner) -> str:  # type: ignore[no-untyped-def]
+def token(owner) -> str:
     return make_token(owner.user)[1]
 
 
 @pytest.fixture
-def gpp(live_server, tmp_path, token) -> Gpp:  # type: ignore[no-untyped-def]
+def gpp(live_server, tmp_path, token) -> Gpp:
     """`gpp` with the owner's token in GPP_TOKEN (login itself is tested without it)."""
     home = tmp_path / "home"
     home.mkdir()

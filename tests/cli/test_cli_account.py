@@ -22,13 +22,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 CONFIGS = Path(__file__).resolve().parent.parent / "tenants" / "fixtures" / "estimator"
 
 
-def grant(owner, ops_user, amount: str = "50.00") -> None:  # type: ignore[no-untyped-def]
+def grant(owner, ops_user, amount: str = "50.00") -> None:
     services.credit_grant(tenant=owner.tenant, amount=amount, actor=ops_user, memo="cli tests")
 
 
-def test_login_checks_the_token_stores_it_0600_and_the_environment_overrides_it(  # type: ignore[no-untyped-def]
-    gpp, owner, token
-):
+def test_login_checks_the_token_stores_it_0600_and_the_environment_overrides_it(gpp, owner, token):
     gpp.token = ""  # as a new user: nothing in the environment
     bad = gpp("login", "--url", gpp.url + "/api/v1/", "--token-stdin", stdin="gpp_wrong\n")
     assert bad.code == 3, bad.stderr
@@ -59,7 +57,7 @@ def test_login_checks_the_token_stores_it_0600_and_the_environment_overrides_it(
     assert after.code == 3 and "not_logged_in" in after.stderr
 
 
-def test_tiers_list_what_is_on_sale(gpp):  # type: ignore[no-untyped-def]
+def test_tiers_list_what_is_on_sale(gpp):
     listed = gpp("tiers", "--json")
     assert listed.code == 0, listed.stderr
     assert [t["vram_gb"] for t in listed.json()] == [4, 8, 12, 24]
@@ -70,7 +68,7 @@ def test_tiers_list_what_is_on_sale(gpp):  # type: ignore[no-untyped-def]
     assert "12 GB" in gpp("tiers", "--all").stdout
 
 
-def test_estimate_gives_the_verdict_per_tier_for_a_catalog_model_and_a_config_json(gpp):  # type: ignore[no-untyped-def]
+def test_estimate_gives_the_verdict_per_tier_for_a_catalog_model_and_a_config_json(gpp):
     big = gpp("estimate", "meta-llama/Llama-3.1-8B", "--json")
     assert big.code == 0, big.stderr
     verdicts = {row["vram_mb"] // 1024: row["fits"] for row in big.json()["tiers"]}
@@ -105,7 +103,7 @@ def test_estimate_gives_the_verdict_per_tier_for_a_catalog_model_and_a_config_js
     assert "weights_dtype" in wrong.error()["fields"]
 
 
-def test_buy_charges_once_per_idempotency_key(gpp, owner, ops_user):  # type: ignore[no-untyped-def]
+def test_buy_charges_once_per_idempotency_key(gpp, owner, ops_user):
     grant(owner, ops_user)
     first = gpp("buy", "8", "--hours", "2", "--yes", "--json", "--idempotency-key", "k-1")
     assert first.code == 0, first.stderr
@@ -127,7 +125,7 @@ def test_buy_charges_once_per_idempotency_key(gpp, owner, ops_user):  # type: ig
     assert Purchase.objects.filter(tenant=owner.tenant).count() == 2
 
 
-def test_a_buy_whose_answer_is_lost_is_retried_with_its_key_and_charged_once(  # type: ignore[no-untyped-def]
+def test_a_buy_whose_answer_is_lost_is_retried_with_its_key_and_charged_once(
     gpp, owner, ops_user, live_server
 ):
     grant(owner, ops_user)
@@ -142,7 +140,7 @@ def test_a_buy_whose_answer_is_lost_is_retried_with_its_key_and_charged_once(  #
     assert LedgerEntry.objects.filter(tenant=owner.tenant, kind="purchase").count() == 1
 
 
-def test_an_api_refusal_exits_1_with_its_code_and_message(gpp, owner):  # type: ignore[no-untyped-def]
+def test_an_api_refusal_exits_1_with_its_code_and_message(gpp, owner):
     poor = gpp("buy", "24", "--hours", "5", "--yes")
     assert poor.code == 1
     assert "insufficient_credit" in poor.stderr
@@ -167,13 +165,13 @@ def test_an_api_refusal_exits_1_with_its_code_and_message(gpp, owner):  # type: 
         ["launch", "--image", "1", "--purchase", "1"],  # no model for the VRAM check
     ],
 )
-def test_usage_errors_exit_2_before_anything_is_sent(gpp, owner, argv):  # type: ignore[no-untyped-def]
+def test_usage_errors_exit_2_before_anything_is_sent(gpp, owner, argv):
     done = gpp(*argv)
     assert done.code == 2, (done.stdout, done.stderr)
     assert not Purchase.objects.exists()
 
 
-def test_a_launch_file_with_an_unknown_key_is_a_usage_error(gpp, tmp_path):  # type: ignore[no-untyped-def]
+def test_a_launch_file_with_an_unknown_key_is_a_usage_error(gpp, tmp_path):
     spec = tmp_path / "job.yaml"
     spec.write_text("image: CUDA base\npurchase: 1\nmodel: Qwen/Qwen2.5-1.5B\ngpus: 8\n")
     done = gpp("launch", str(spec), "--json")
@@ -187,7 +185,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_network_and_auth_failures_exit_3(gpp):  # type: ignore[no-untyped-def]
+def test_network_and_auth_failures_exit_3(gpp):
     refused = gpp("tiers", "--json", GPP_URL=f"http://127.0.0.1:{_closed_port()}")
     assert refused.code == 3
     assert refused.error()["code"] == "connection_failed"

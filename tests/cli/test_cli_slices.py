@@ -28,26 +28,24 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def fleet(eager, worker_fleet, image_ssh):  # type: ignore[no-untyped-def]
+def fleet(eager, worker_fleet, image_ssh):
     """One emulated node with an RTX 4090, and the allowlisted `CUDA base` image (ssh)."""
     return worker_fleet()
 
 
 @pytest.fixture
-def credit(owner, ops_user):  # type: ignore[no-untyped-def]
+def credit(owner, ops_user):
     services.credit_grant(tenant=owner.tenant, amount="50.00", actor=ops_user, memo="cli tests")
 
 
-def _launch(gpp, *extra: str) -> dict:  # type: ignore[no-untyped-def]
+def _launch(gpp, *extra: str) -> dict:
     done = gpp("launch", "--image", "CUDA base", "--model", "Qwen/Qwen2.5-1.5B",
                "--context", "2048", "--ssh-key", SSH_KEY, "--wait", "--json", *extra)  # fmt: skip
     assert done.code == 0, done.stderr
     return done.json()
 
 
-def test_launch_wait_ps_show_logs_stop_resume_and_usage(  # type: ignore[no-untyped-def]
-    gpp, owner, fleet, credit, tmp_path
-):
+def test_launch_wait_ps_show_logs_stop_resume_and_usage(gpp, owner, fleet, credit, tmp_path):
     bought = gpp("buy", "4", "--hours", "1", "--yes", "--json").json()
     spec = tmp_path / "job.toml"
     spec.write_text(
@@ -127,7 +125,7 @@ def test_launch_wait_ps_show_logs_stop_resume_and_usage(  # type: ignore[no-unty
     assert after_end.code == 1 and after_end.error()["code"] == "slice_terminated"
 
 
-def test_logs_follow_prints_new_lines_until_the_slice_stops(gpp, owner, fleet, credit, tmp_path):  # type: ignore[no-untyped-def]
+def test_logs_follow_prints_new_lines_until_the_slice_stops(gpp, owner, fleet, credit, tmp_path):
     gpp("buy", "4", "--hours", "1", "--yes")
     spec = tmp_path / "job.yaml"
     spec.write_text(
@@ -141,7 +139,7 @@ def test_logs_follow_prints_new_lines_until_the_slice_stops(gpp, owner, fleet, c
 
     follower = gpp.popen("logs", "-f", str(ident))
     seen: list[str] = []
-    reader = threading.Thread(target=lambda: seen.extend(follower.stdout), daemon=True)  # type: ignore[arg-type]
+    reader = threading.Thread(target=lambda: seen.extend(follower.stdout), daemon=True)
     reader.start()
     emu = fleet.nodes[0]
     emu.container_print(container, "step 1")
@@ -159,7 +157,7 @@ def test_logs_follow_prints_new_lines_until_the_slice_stops(gpp, owner, fleet, c
     assert seen.count("step 1\n") == 1
 
 
-def test_a_launch_that_does_not_fit_is_refused_with_exit_1_and_the_tier_that_would(  # type: ignore[no-untyped-def]
+def test_a_launch_that_does_not_fit_is_refused_with_exit_1_and_the_tier_that_would(
     gpp, owner, credit, image_ssh
 ):
     bought = gpp("buy", "4", "--hours", "1", "--yes", "--json").json()
@@ -176,7 +174,7 @@ def test_a_launch_that_does_not_fit_is_refused_with_exit_1_and_the_tier_that_wou
     assert unknown.code == 1 and unknown.error()["code"] == "unknown_image"
 
 
-def test_volumes_create_list_show_delete(gpp, owner, fleet):  # type: ignore[no-untyped-def]
+def test_volumes_create_list_show_delete(gpp, owner, fleet):
     made = gpp("volumes", "create", "ckpt", "--size", "10", "--wait", "--json")
     assert made.code == 0, made.stderr
     assert (made.json()["name"], made.json()["state"]) == ("ckpt", "ready")
@@ -191,9 +189,7 @@ def test_volumes_create_list_show_delete(gpp, owner, fleet):  # type: ignore[no-
     assert Volume.objects.get().state in ("deleting", "deleted")
 
 
-def test_a_volume_create_whose_answer_is_lost_is_not_sent_again(  # type: ignore[no-untyped-def]
-    gpp, owner, fleet, live_server
-):
+def test_a_volume_create_whose_answer_is_lost_is_not_sent_again(gpp, owner, fleet, live_server):
     # a create without an idempotency key might be done twice by a retry: gpp says the
     # connection failed (exit 3) and leaves it to the user to look
     with LosingProxy(live_server.url, "POST", "/api/v1/volumes/") as proxy:
@@ -203,7 +199,7 @@ def test_a_volume_create_whose_answer_is_lost_is_not_sent_again(  # type: ignore
     assert Volume.objects.filter(name="data").count() == 1
 
 
-def _stub_ssh(tmp_path, code: int = 0):  # type: ignore[no-untyped-def]
+def _stub_ssh(tmp_path, code: int = 0):
     """An `ssh` that records its argv and exits `code`."""
     record = tmp_path / "ssh-argv.json"
     stub = tmp_path / "bin" / "ssh"
@@ -217,7 +213,7 @@ def _stub_ssh(tmp_path, code: int = 0):  # type: ignore[no-untyped-def]
     return stub, record
 
 
-def test_ssh_and_forward_run_openssh_with_the_gateway_details(  # type: ignore[no-untyped-def]
+def test_ssh_and_forward_run_openssh_with_the_gateway_details(
     gpp, owner, fleet, credit, tmp_path, settings
 ):
     settings.GATEWAY_ADDRESS = "127.0.0.1:2299"
@@ -252,7 +248,7 @@ def test_ssh_and_forward_run_openssh_with_the_gateway_details(  # type: ignore[n
     assert stopped.code == 1 and stopped.error()["code"] == "slice_not_running"
 
 
-def test_gpp_ssh_reaches_the_real_gateway_with_the_users_key(  # type: ignore[no-untyped-def]
+def test_gpp_ssh_reaches_the_real_gateway_with_the_users_key(
     gpp, owner, fleet, credit, gateway, tmp_path, settings
 ):
     # The real OpenSSH client and the real gateway: the key and the pinned host key given

@@ -37,7 +37,7 @@ SCREENSHOT_TIMEOUT_MS = 30_000
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
+def pytest_runtest_makereport(item, call):
     """Keep each phase's report on the item so `page` can tell a failed test at teardown."""
     report = yield
     setattr(item, f"report_{report.when}", report)
@@ -48,7 +48,7 @@ def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
 # DJANGO_ALLOW_ASYNC_UNSAFE end with the package instead of leaking into later tests (a
 # `manage.py check --deploy` subprocess inherits the variable and fails async.E001).
 @pytest.fixture(scope="package")
-def playwright_sync(django_db_setup):  # type: ignore[no-untyped-def]
+def playwright_sync(django_db_setup):
     if not CHROMIUM.exists():
         missing(f"{CHROMIUM} is missing: `make chromium` installs Debian's chromium")
 
@@ -65,7 +65,7 @@ def playwright_sync(django_db_setup):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="package")
-def browser(playwright_sync):  # type: ignore[no-untyped-def]
+def browser(playwright_sync):
     browser = playwright_sync.chromium.launch(
         executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
     )
@@ -74,7 +74,7 @@ def browser(playwright_sync):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(autouse=True)
-def seeded_tiers(transactional_db):  # type: ignore[no-untyped-def]
+def seeded_tiers(transactional_db):
     """Transactional tests end with a flush, which empties the tiers the data migration
     seeded; put them back with that same migration's code before each browser test."""
     migration = importlib.import_module("tenants.migrations.0002_seed_tiers")
@@ -82,13 +82,13 @@ def seeded_tiers(transactional_db):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def page(request, browser, live_server):  # type: ignore[no-untyped-def]
+def page(request, browser, live_server):
     """A page in a fresh context (no cookies) on live_server; screenshot at the end."""
     context = browser.new_context(base_url=live_server.url, viewport={"width": 1280, "height": 900})
     context.set_default_timeout(5_000)
     page = context.new_page()
-    page.js_errors = []  # type: ignore[attr-defined]
-    page.on("pageerror", lambda exc: page.js_errors.append(str(exc)))  # type: ignore[attr-defined]
+    page.js_errors = []
+    page.on("pageerror", lambda exc: page.js_errors.append(str(exc)))
     yield page
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     failed = getattr(request.node, "report_call", None)
@@ -105,14 +105,14 @@ def page(request, browser, live_server):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def api_request(playwright_sync, live_server):  # type: ignore[no-untyped-def]
+def api_request(playwright_sync, live_server):
     """HTTP client on live_server with no cookies: only the Bearer token authenticates."""
     context = playwright_sync.request.new_context(base_url=live_server.url)
     yield context
     context.dispose()
 
 
-def pass_two_factor(page, email: str) -> None:  # type: ignore[no-untyped-def]
+def pass_two_factor(page, email: str) -> None:
     """After the password: when `email` has two-factor on (every staff user the factories
     make does), type the code its authenticator app would show, as a person would."""
     from tests.factories import totp_code  # noqa: PLC0415 - factories need Django set up

@@ -20,11 +20,11 @@ pytestmark = [
 PASSWORD = "violet-Harbour-42-lantern"
 
 
-def expect_path(page, path: str) -> None:  # type: ignore[no-untyped-def]
+def expect_path(page, path: str) -> None:
     page.wait_for_url(re.compile(rf"^https?://[^/]+{re.escape(path)}(\?.*)?$"))
 
 
-def assert_static_served(page) -> None:  # type: ignore[no-untyped-def]
+def assert_static_served(page) -> None:
     """Pico CSS and htmx came from /static/ and were applied/executed."""
     pico_rules = page.evaluate(
         """() => [...document.styleSheets]
@@ -38,7 +38,7 @@ def assert_static_served(page) -> None:  # type: ignore[no-untyped-def]
     assert page.js_errors == []
 
 
-def sign_up(page, *, tenant_name: str, email: str, password: str = PASSWORD) -> None:  # type: ignore[no-untyped-def]
+def sign_up(page, *, tenant_name: str, email: str, password: str = PASSWORD) -> None:
     page.goto("/signup/")
     page.fill("#id_tenant_name", tenant_name)
     page.fill("#id_email", email)
@@ -49,7 +49,7 @@ def sign_up(page, *, tenant_name: str, email: str, password: str = PASSWORD) -> 
     page.goto("/account/")
 
 
-def test_sign_up_through_form_lands_on_account_as_owner_of_new_tenant(page):  # type: ignore[no-untyped-def]
+def test_sign_up_through_form_lands_on_account_as_owner_of_new_tenant(page):
     sign_up(page, tenant_name="Orbital Inference", email="Ada@Orbital.test")
 
     assert_static_served(page)
@@ -67,7 +67,7 @@ def test_sign_up_through_form_lands_on_account_as_owner_of_new_tenant(page):  # 
     assert membership.role == "owner"
 
 
-def test_log_out_then_log_in_through_login_form(page):  # type: ignore[no-untyped-def]
+def test_log_out_then_log_in_through_login_form(page):
     sign_up(page, tenant_name="Lattice Works", email="lin@lattice.test")
 
     page.click("nav button:has-text('Log out')")
@@ -90,7 +90,7 @@ def test_log_out_then_log_in_through_login_form(page):  # type: ignore[no-untype
     assert "lin@lattice.test" in page.inner_text("nav")
 
 
-def test_tier_catalog_shows_four_tiers_and_price_chart(page):  # type: ignore[no-untyped-def]
+def test_tier_catalog_shows_four_tiers_and_price_chart(page):
     page.goto("/tiers/")
 
     assert_static_served(page)
@@ -115,9 +115,7 @@ def test_tier_catalog_shows_four_tiers_and_price_chart(page):  # type: ignore[no
     assert chart["width"] > 0
 
 
-def test_api_token_shown_once_authenticates_me_and_revoking_it_gives_401(  # type: ignore[no-untyped-def]
-    page, api_request
-):
+def test_api_token_shown_once_authenticates_me_and_revoking_it_gives_401(page, api_request):
     sign_up(page, tenant_name="Kestrel Compute", email="kai@kestrel.test")
     assert_static_served(page)
     # Survives only if the form is swapped in by htmx rather than posted as a full page.
@@ -151,7 +149,7 @@ def test_api_token_shown_once_authenticates_me_and_revoking_it_gives_401(  # typ
 
     dialogs: list[str] = []
 
-    def accept(dialog):  # type: ignore[no-untyped-def]
+    def accept(dialog):
         dialogs.append(dialog.message)
         dialog.accept()
 
@@ -170,7 +168,7 @@ def test_api_token_shown_once_authenticates_me_and_revoking_it_gives_401(  # typ
     assert api_request.get("/api/v1/me/", headers=auth).status == 401
 
 
-def test_sign_up_with_mismatched_passwords_shows_field_error_and_creates_no_user(page):  # type: ignore[no-untyped-def]
+def test_sign_up_with_mismatched_passwords_shows_field_error_and_creates_no_user(page):
     page.goto("/signup/")
     page.fill("#id_tenant_name", "Mismatch Labs")
     page.fill("#id_email", "mo@mismatch.test")
@@ -187,7 +185,7 @@ def test_sign_up_with_mismatched_passwords_shows_field_error_and_creates_no_user
     assert not Tenant.objects.filter(name="Mismatch Labs").exists()
 
 
-def test_will_it_fit_updates_live_and_recommends_a_tier(page):  # type: ignore[no-untyped-def]
+def test_will_it_fit_updates_live_and_recommends_a_tier(page):
     page.goto("/fit/")
     page.wait_for_function("typeof htmx === 'object' && typeof Chart === 'function'")
     page.select_option("#id_model", "meta-llama/Llama-3.1-8B")

@@ -44,7 +44,7 @@ CHARTS_JS = """() => [...document.querySelectorAll('canvas')].map(canvas => {
 })"""
 
 
-def open_phone(browser, live_server, email):  # type: ignore[no-untyped-def]
+def open_phone(browser, live_server, email):
     context = browser.new_context(base_url=live_server.url, viewport=PHONE)
     context.set_default_timeout(10_000)
     page = context.new_page()
@@ -55,7 +55,7 @@ def open_phone(browser, live_server, email):  # type: ignore[no-untyped-def]
     return context, page, recorder
 
 
-def check_charts(page, recorder, path: str, expected: set[str], wait_for: str) -> list[dict]:  # type: ignore[no-untyped-def]
+def check_charts(page, recorder, path: str, expected: set[str], wait_for: str) -> list[dict]:
     """Open `path`, wait until `wait_for` (JS) holds, and check every canvas on it."""
     page.goto(path)
     page.wait_for_function(wait_for)
@@ -82,7 +82,7 @@ def check_charts(page, recorder, path: str, expected: set[str], wait_for: str) -
     return charts
 
 
-def test_fit_chart_on_a_phone_and_quick_changes_leave_the_latest_verdict(browser, live_server):  # type: ignore[no-untyped-def]
+def test_fit_chart_on_a_phone_and_quick_changes_leave_the_latest_verdict(browser, live_server):
     """/fit/ queues the latest change behind the one in flight (hx-sync "queue last"): no
     htmx:sendAbort console error, and the verdict shown is the last change's."""
     context, page, recorder = open_phone(browser, live_server, None)
@@ -112,7 +112,7 @@ def test_fit_chart_on_a_phone_and_quick_changes_leave_the_latest_verdict(browser
         context.close()
 
 
-def test_charts_are_tall_enough_on_a_phone(browser, live_server):  # type: ignore[no-untyped-def]
+def test_charts_are_tall_enough_on_a_phone(browser, live_server):
     scene = build_scene()
     now = timezone.now()
     # KPIs with something in every chart: GPU-hours (per 1,000 GPU-hours by node) and a

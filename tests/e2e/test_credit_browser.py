@@ -16,7 +16,7 @@ from tests.factories import MembershipFactory, give_two_factor
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
-def test_ask_for_credit_then_ops_grant_it(page, browser, live_server):  # type: ignore[no-untyped-def]
+def test_ask_for_credit_then_ops_grant_it(page, browser, live_server):
     page.goto("/signup/")
     page.fill("#id_tenant_name", "Heron Vision")
     page.fill("#id_email", "hana@heron.test")
@@ -76,7 +76,7 @@ def test_ask_for_credit_then_ops_grant_it(page, browser, live_server):  # type: 
         ("USD", "3", 24, "700", "700.00 credits ($2,100.00)"),
     ],
 )
-def test_the_live_buy_total_is_written_as_the_server_writes_it(  # type: ignore[no-untyped-def]
+def test_the_live_buy_total_is_written_as_the_server_writes_it(
     page, currency, per_credit, tier_gb, hours, expected
 ):
     ops = get_user_model().objects.create_user("o@x.test", "o@x.test", PASSWORD, is_staff=True)

@@ -39,11 +39,11 @@ UNLABELLED_JS = """() => [...document.querySelectorAll(
   .map(el => el.name || el.id)"""
 
 
-def expect_path(page, path: str) -> None:  # type: ignore[no-untyped-def]
+def expect_path(page, path: str) -> None:
     page.wait_for_url(re.compile(rf"^https?://[^/]+{re.escape(path)}(\?.*)?(#.*)?$"))
 
 
-def log_in(page, email: str, next_url: str) -> None:  # type: ignore[no-untyped-def]
+def log_in(page, email: str, next_url: str) -> None:
     page.goto(f"/accounts/login/?next={next_url}")
     page.fill("#id_username", email)
     page.fill("#id_password", PASSWORD)
@@ -52,7 +52,7 @@ def log_in(page, email: str, next_url: str) -> None:  # type: ignore[no-untyped-
     expect_path(page, next_url)
 
 
-def tenant_with_a_purchase(email: str, gb: int = 8):  # type: ignore[no-untyped-def]
+def tenant_with_a_purchase(email: str, gb: int = 8):
     """A tenant owner with credit from ops, one purchase of `gb` GB, and one allowed image."""
     ops = UserFactory(email=f"ops-{email}", is_staff=True)
     membership = MembershipFactory(tenant__name="Wombat Compute", user__email=email)
@@ -66,7 +66,7 @@ def tenant_with_a_purchase(email: str, gb: int = 8):  # type: ignore[no-untyped-
     return membership, purchase, image
 
 
-def verdict_includes(page, text: str) -> None:  # type: ignore[no-untyped-def]
+def verdict_includes(page, text: str) -> None:
     page.wait_for_function(
         """t => { const v = document.querySelector('#fit-verdict');
                   return v !== null && v.textContent.includes(t); }""",
@@ -74,7 +74,7 @@ def verdict_includes(page, text: str) -> None:  # type: ignore[no-untyped-def]
     )
 
 
-def test_fit_names_the_tier_applies_a_suggestion_and_clears_the_verdict_on_a_bad_value(page):  # type: ignore[no-untyped-def]
+def test_fit_names_the_tier_applies_a_suggestion_and_clears_the_verdict_on_a_bad_value(page):
     page.goto("/fit/")
     page.wait_for_function("typeof htmx === 'object' && typeof Chart === 'function'")
     page.select_option("#id_model", "meta-llama/Llama-3.1-8B")
@@ -126,7 +126,7 @@ def test_fit_names_the_tier_applies_a_suggestion_and_clears_the_verdict_on_a_bad
     assert page.js_errors == []
 
 
-def test_launch_live_estimate_names_the_tier_applies_a_suggestion_and_shows_errors(page):  # type: ignore[no-untyped-def]
+def test_launch_live_estimate_names_the_tier_applies_a_suggestion_and_shows_errors(page):
     membership, purchase, image = tenant_with_a_purchase("wren@wombat.test")
     log_in(page, "wren@wombat.test", "/launch/")
     panel_fits = "document.getElementById('estimate-panel').dataset.fits === '{}'"
@@ -158,7 +158,7 @@ def test_launch_live_estimate_names_the_tier_applies_a_suggestion_and_shows_erro
     assert page.js_errors == []
 
 
-def test_launch_with_the_only_purchase_in_use_says_so_and_disables_launch(page):  # type: ignore[no-untyped-def]
+def test_launch_with_the_only_purchase_in_use_says_so_and_disables_launch(page):
     membership, purchase, image = tenant_with_a_purchase("rook@wombat.test")
     slice, _ = services.slice_launch(  # no GPU registered: it waits in line, on the purchase
         membership=membership,
@@ -179,7 +179,7 @@ def test_launch_with_the_only_purchase_in_use_says_so_and_disables_launch(page):
     assert page.js_errors == []
 
 
-def test_fit_and_launch_on_a_phone_do_not_scroll_sideways_and_label_every_field(  # type: ignore[no-untyped-def]
+def test_fit_and_launch_on_a_phone_do_not_scroll_sideways_and_label_every_field(
     browser, live_server
 ):
     tenant_with_a_purchase("pip@wombat.test")

@@ -49,7 +49,7 @@ XHR_TYPES = {"xhr", "fetch", "eventsource"}
 
 
 @pytest.fixture(autouse=True)
-def eager_celery():  # type: ignore[no-untyped-def]
+def eager_celery():
     """Whatever the scene's services dispatch runs right here (mail to the console)."""
     app.conf.task_always_eager = True
     yield
@@ -361,7 +361,7 @@ UNLABELLED_JS = f"""() => {{
 class Recorder:
     """Console errors, page errors and failed requests, filed under the page being visited."""
 
-    def __init__(self, page) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, page) -> None:
         self.problems: list[str] = []
         self.in_flight: set = set()
         page.on("console", self._console)
@@ -375,12 +375,12 @@ class Recorder:
         problems, self.problems = self.problems, []
         return problems
 
-    def _console(self, message) -> None:  # type: ignore[no-untyped-def]
+    def _console(self, message) -> None:
         if message.type == "error":
             where = message.location.get("url", "") if message.location else ""
             self.problems.append(f"console error: {message.text} {where}".strip())
 
-    def settle(self, page, quiet_ms: int = 150, limit_ms: int = 2_500) -> None:  # type: ignore[no-untyped-def]
+    def settle(self, page, quiet_ms: int = 150, limit_ms: int = 2_500) -> None:
         """Wait until no request has been in flight for `quiet_ms` (htmx `load` triggers,
         the API schema, charts' data), at most `limit_ms`: pages that poll still get checked."""
         quiet = waited = 0
@@ -389,7 +389,7 @@ class Recorder:
             waited += 50
             quiet = quiet + 50 if not self.in_flight else 0
 
-    def _failed(self, request) -> None:  # type: ignore[no-untyped-def]
+    def _failed(self, request) -> None:
         self.in_flight.discard(request)
         failure = request.failure or ""
         # htmx polls cut short by the next navigation are not failures of the page, nor is
@@ -402,7 +402,7 @@ class Recorder:
             return
         self.problems.append(f"request failed: {request.resource_type} {request.url} {failure}")
 
-    def _response(self, response) -> None:  # type: ignore[no-untyped-def]
+    def _response(self, response) -> None:
         request = response.request
         if response.status < 400 or request.resource_type == "document":
             return
@@ -412,7 +412,7 @@ class Recorder:
             )
 
 
-def log_in(page, email: str) -> None:  # type: ignore[no-untyped-def]
+def log_in(page, email: str) -> None:
     page.goto("/accounts/login/?next=/account/")
     page.fill("#id_username", email)
     page.fill("#id_password", PASSWORD)
@@ -421,7 +421,7 @@ def log_in(page, email: str) -> None:  # type: ignore[no-untyped-def]
     page.wait_for_url(re.compile(r"/account/$"))
 
 
-def check_page(page, recorder: Recorder, target: Page, shot: Path) -> list[str]:  # type: ignore[no-untyped-def]
+def check_page(page, recorder: Recorder, target: Page, shot: Path) -> list[str]:
     problems = []
     recorder.in_flight.clear()  # what the last page left running is not this page's
     response = page.goto(target.path, wait_until="load")
@@ -458,7 +458,7 @@ HEADER_JS = """() => {
 }"""
 
 
-def check_header(page, recorder: Recorder, shot: Path) -> list[str]:  # type: ignore[no-untyped-def]
+def check_header(page, recorder: Recorder, shot: Path) -> list[str]:
     """Desktop: every link shown, the signed-in line and Log out on the links' row. Phone:
     the links fold into "Menu", which opens in place and fits the screen."""
     problems = []
@@ -491,7 +491,7 @@ CASES = [(role, viewport) for role in EVERYONE for viewport in VIEWPORTS]
 
 
 @pytest.mark.parametrize(("role", "viewport"), CASES, ids=[f"{r}-{v}" for r, v in CASES])
-def test_every_page(browser, live_server, role, viewport):  # type: ignore[no-untyped-def]
+def test_every_page(browser, live_server, role, viewport):
     scene = build_scene()
     targets = [p for p in pages_of(scene) if role in p.roles]
     PAGES_DIR.mkdir(parents=True, exist_ok=True)
@@ -522,7 +522,7 @@ def test_every_page(browser, live_server, role, viewport):  # type: ignore[no-un
     assert not failures, f"{len(failures)} of {len(targets)} pages, {role} at {viewport}:\n{report}"
 
 
-def test_favicon_is_linked_and_served(page):  # type: ignore[no-untyped-def]
+def test_favicon_is_linked_and_served(page):
     page.goto("/tiers/")
     href = page.get_attribute("link[rel=icon]", "href")
     assert href and href.endswith(".svg")
@@ -551,7 +551,7 @@ def readme_dir() -> Path:
     return path if path.is_absolute() else Path(settings.BASE_DIR) / path
 
 
-def test_readme_screenshots(browser, live_server):  # type: ignore[no-untyped-def]
+def test_readme_screenshots(browser, live_server):
     build_scene()
     out = readme_dir()
     out.mkdir(parents=True, exist_ok=True)

@@ -20,12 +20,12 @@ PASSWORD = "ops-Lantern-77-harbour"
 SEEDED_NODES = 8  # of 8 GPUs each: with the emulated ones, two pages of the GPU table
 
 
-def seed_fleet(**kwargs):  # type: ignore[no-untyped-def]
+def seed_fleet(**kwargs):
     return load_bench("_fleet_seed").seed_fleet(**kwargs)
 
 
 @pytest.fixture
-def sampled_fleet(tmp_path, django_capture_on_commit_callbacks):  # type: ignore[no-untyped-def]
+def sampled_fleet(tmp_path, django_capture_on_commit_callbacks):
     key = generate_ed25519()
     fleet = EmulatedFleet.start(
         count=2, authorized_keys=[public_line(key)], state_dir=tmp_path / "emu"
@@ -49,7 +49,7 @@ def sampled_fleet(tmp_path, django_capture_on_commit_callbacks):  # type: ignore
         fleet.stop()
 
 
-def test_ops_sees_the_fleet_drills_into_a_node_pages_the_table_and_gets_one_cell_live(  # type: ignore[no-untyped-def]
+def test_ops_sees_the_fleet_drills_into_a_node_pages_the_table_and_gets_one_cell_live(
     page, live_server, sampled_fleet
 ):
     fleet, nodes = sampled_fleet

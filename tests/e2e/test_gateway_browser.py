@@ -27,7 +27,7 @@ pytestmark = [
 ]
 
 
-def _copied(page, button: str) -> str:  # type: ignore[no-untyped-def]
+def _copied(page, button: str) -> str:
     """Click a Copy button and read what it put on the clipboard."""
     page.click(button)
     page.wait_for_selector(f"{button}:has-text('Copied')")
@@ -50,7 +50,7 @@ def _fetch(port: int) -> str:
 
 def test_the_commands_copied_from_the_slice_page_reach_the_slice(
     eager, lab_fleet, funded, owner_a, gateway, page, tmp_path
-):  # type: ignore[no-untyped-def]
+):
     lab_fleet()
     user = owner_a.user
     user.set_password(PASSWORD)

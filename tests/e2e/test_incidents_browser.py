@@ -23,11 +23,11 @@ from tests.factories import PASSWORD, MembershipFactory, UserFactory
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
-def expect_path(page, path: str) -> None:  # type: ignore[no-untyped-def]
+def expect_path(page, path: str) -> None:
     page.wait_for_url(re.compile(rf"^https?://[^/]+{re.escape(path)}(\?.*)?(#.*)?$"))
 
 
-def log_in(page, email: str, next_url: str) -> None:  # type: ignore[no-untyped-def]
+def log_in(page, email: str, next_url: str) -> None:
     page.goto(f"/accounts/login/?next={next_url}")
     page.fill("#id_username", email)
     page.fill("#id_password", PASSWORD)
@@ -37,7 +37,7 @@ def log_in(page, email: str, next_url: str) -> None:  # type: ignore[no-untyped-
 
 
 @pytest.fixture
-def scene():  # type: ignore[no-untyped-def]
+def scene():
     """A tenant's 8 GB slice running on a 24 GB GPU, a quota breach recorded about it
     by the watchdog's service, and a fleet-wide VRAM warning on the same GPU."""
     owner = MembershipFactory(tenant__name="Quokka Inference", user__email="quinn@quokka.test")
@@ -117,7 +117,7 @@ def scene():  # type: ignore[no-untyped-def]
     return {"owner": owner, "incident": incident, "other": other, "node": node, "gpu": gpu}
 
 
-def test_ops_filter_acknowledge_and_resolve_then_the_tenant_reads_it_in_plain_words(  # type: ignore[no-untyped-def]
+def test_ops_filter_acknowledge_and_resolve_then_the_tenant_reads_it_in_plain_words(
     page, browser, live_server, scene
 ):
     incident, other = scene["incident"], scene["other"]
@@ -126,8 +126,8 @@ def test_ops_filter_acknowledge_and_resolve_then_the_tenant_reads_it_in_plain_wo
     ops_context = browser.new_context(base_url=live_server.url)
     ops_context.set_default_timeout(5_000)
     ops = ops_context.new_page()
-    ops.js_errors = []  # type: ignore[attr-defined]
-    ops.on("pageerror", lambda exc: ops.js_errors.append(str(exc)))  # type: ignore[attr-defined]
+    ops.js_errors = []
+    ops.on("pageerror", lambda exc: ops.js_errors.append(str(exc)))
     try:
         log_in(ops, "ops@platform.test", "/ops/incidents/")
         ops.wait_for_selector(f"#incident-{incident.pk}")
@@ -209,7 +209,7 @@ def test_ops_filter_acknowledge_and_resolve_then_the_tenant_reads_it_in_plain_wo
                        .map(d => d.data.reduce((a, b) => a + b, 0))"""
         )
         assert per_day == [2]  # both incidents are "no isolation", both today
-        assert ops.js_errors == []  # type: ignore[attr-defined]
+        assert ops.js_errors == []
     finally:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         ops.screenshot(
@@ -234,4 +234,4 @@ def test_ops_filter_acknowledge_and_resolve_then_the_tenant_reads_it_in_plain_wo
     card.locator("a", has_text=f"Incident {incident.pk}").click()
     expect_path(page, f"/incidents/{incident.pk}/")
     assert "9300 MiB used of your 8192 MiB" in page.inner_text("#usage")
-    assert page.js_errors == []  # type: ignore[attr-defined]
+    assert page.js_errors == []

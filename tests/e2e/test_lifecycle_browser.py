@@ -33,7 +33,7 @@ SLOW = 30_000  # ms: requests that provision or stop a container over SSH
 
 
 @pytest.fixture
-def eager_celery(settings):  # type: ignore[no-untyped-def]
+def eager_celery(settings):
     settings.CELERY_TASK_ALWAYS_EAGER = True
     settings.CELERY_TASK_EAGER_PROPAGATES = True
     app.conf.task_always_eager = True
@@ -44,7 +44,7 @@ def eager_celery(settings):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def emulated_node(settings, tmp_path, eager_celery):  # type: ignore[no-untyped-def]
+def emulated_node(settings, tmp_path, eager_celery):
     """One emulated GPU host, registered with its host key pinned and discovered (the
     discovery task runs eagerly through the platform's own per-process SSH pool)."""
     settings.NODES_SSH_KEY_PATH = str(tmp_path / "ssh" / "id_ed25519")
@@ -69,13 +69,13 @@ def emulated_node(settings, tmp_path, eager_celery):  # type: ignore[no-untyped-
         fleet.stop()
 
 
-def expect_path(page, path: str, timeout: int = 5_000) -> None:  # type: ignore[no-untyped-def]
+def expect_path(page, path: str, timeout: int = 5_000) -> None:
     page.wait_for_url(
         re.compile(rf"^https?://[^/]+{re.escape(path)}(\?.*)?(#.*)?$"), timeout=timeout
     )
 
 
-def log_in(page, email: str, password: str, next_url: str) -> None:  # type: ignore[no-untyped-def]
+def log_in(page, email: str, password: str, next_url: str) -> None:
     page.goto(f"/accounts/login/?next={next_url}")
     page.fill("#id_username", email)
     page.fill("#id_password", password)
@@ -84,7 +84,7 @@ def log_in(page, email: str, password: str, next_url: str) -> None:  # type: ign
     expect_path(page, next_url)
 
 
-def test_new_tenant_buys_launches_sees_it_running_with_its_gauge_and_stops_it(  # type: ignore[no-untyped-def]
+def test_new_tenant_buys_launches_sees_it_running_with_its_gauge_and_stops_it(
     page, browser, live_server, emulated_node
 ):
     # 1. A new tenant signs up in the browser.

@@ -22,7 +22,7 @@ NODES, GPUS_PER_NODE = 36, 8  # 288 GPUs
 
 
 @pytest.fixture
-def ops_scene():  # type: ignore[no-untyped-def]
+def ops_scene():
     """A fleet of 288 GPUs (one node drained, one GPU closed by the breaker, one never
     sampled) and a ledger of incidents with long titles and evidence with gaps."""
     owner = MembershipFactory(tenant__name="Quokka Inference and Long-Named Partners Ltd")
@@ -90,7 +90,7 @@ def ops_scene():  # type: ignore[no-untyped-def]
     return {"nodes": nodes, "gpus": gpus, "incidents": incidents}
 
 
-def log_in(page, next_url: str) -> None:  # type: ignore[no-untyped-def]
+def log_in(page, next_url: str) -> None:
     page.goto(f"/accounts/login/?next={next_url}")
     page.fill("#id_username", "ops@platform.test")
     page.fill("#id_password", PASSWORD)
@@ -113,7 +113,7 @@ OVERFLOW = """() => ({
 })"""
 
 
-def check_page(page, path: str, shot: str) -> dict:  # type: ignore[no-untyped-def]
+def check_page(page, path: str, shot: str) -> dict:
     page.goto(path)
     page.wait_for_load_state("load")
     result = page.evaluate(OVERFLOW)
@@ -128,7 +128,7 @@ def check_page(page, path: str, shot: str) -> dict:  # type: ignore[no-untyped-d
 
 
 @pytest.mark.parametrize("size", list(VIEWPORTS))
-def test_ops_pages_fit_the_screen_and_label_every_field(page, ops_scene, size):  # type: ignore[no-untyped-def]
+def test_ops_pages_fit_the_screen_and_label_every_field(page, ops_scene, size):
     width, height = VIEWPORTS[size]
     page.set_viewport_size({"width": width, "height": height})
     log_in(page, "/ops/incidents/")
@@ -177,10 +177,10 @@ def test_ops_pages_fit_the_screen_and_label_every_field(page, ops_scene, size): 
         assert box["text"] and box["th"] <= box["scroll"] + 1, box
     if size == "laptop":  # at 1366 px the ledger fits without scrolling
         assert box["scroll"] <= box["wrapWidth"] + 1, box
-    assert page.js_errors == []  # type: ignore[attr-defined]
+    assert page.js_errors == []
 
 
-def test_fleet_heatmap_has_a_legend_labels_hover_text_and_reasons(page, ops_scene):  # type: ignore[no-untyped-def]
+def test_fleet_heatmap_has_a_legend_labels_hover_text_and_reasons(page, ops_scene):
     page.set_viewport_size({"width": 1366, "height": 900})
     log_in(page, "/ops/fleet/")
     legend = page.locator("#heat-legend")
@@ -241,4 +241,4 @@ def test_fleet_heatmap_has_a_legend_labels_hover_text_and_reasons(page, ops_scen
     page.reload()
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     assert page.locator("#heat-legend").is_visible()
-    assert page.js_errors == []  # type: ignore[attr-defined]
+    assert page.js_errors == []

@@ -48,7 +48,7 @@ TENANT_TABLES = {
 }
 
 
-def check_tables(page, path: str, tables: dict) -> None:  # type: ignore[no-untyped-def]
+def check_tables(page, path: str, tables: dict) -> None:
     page.goto(path)
     page.wait_for_load_state("load")
     for selector, labels in tables.items():
@@ -64,7 +64,7 @@ def check_tables(page, path: str, tables: dict) -> None:  # type: ignore[no-unty
     assert overflow["scrollWidth"] <= overflow["clientWidth"] + 1, (path, overflow)
 
 
-def test_key_columns_are_on_screen_on_a_phone(browser, live_server):  # type: ignore[no-untyped-def]
+def test_key_columns_are_on_screen_on_a_phone(browser, live_server):
     scene = build_scene()
     context, page, _ = open_phone(browser, live_server, OPS_EMAIL)
     try:

@@ -15,13 +15,13 @@ from tests.factories import UserFactory, totp_at, totp_code
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
-def shown_key(page) -> str:  # type: ignore[no-untyped-def]
+def shown_key(page) -> str:
     secret = page.inner_text("#totp-secret").strip()
     assert f"secret={secret}" in page.get_attribute("#otpauth-uri", "href")
     return b32decode(secret + "=" * (-len(secret) % 8)).hex()
 
 
-def test_tenant_turns_on_totp_then_signs_in_with_password_and_code(page):  # type: ignore[no-untyped-def]
+def test_tenant_turns_on_totp_then_signs_in_with_password_and_code(page):
     sign_up(page, tenant_name="Tern Compute", email="tess@tern.test")
     page.click("#two-factor-link")
     expect_path(page, "/account/two-factor/")
@@ -52,7 +52,7 @@ def test_tenant_turns_on_totp_then_signs_in_with_password_and_code(page):  # typ
     assert page.js_errors == []
 
 
-def test_staff_without_two_factor_are_sent_to_set_it_up_then_reach_ops(page):  # type: ignore[no-untyped-def]
+def test_staff_without_two_factor_are_sent_to_set_it_up_then_reach_ops(page):
     UserFactory(email="fresh-ops@platform.test", is_staff=True, two_factor=False)
     page.goto("/accounts/login/?next=/ops/tenants/")
     page.fill("#id_username", "fresh-ops@platform.test")

@@ -23,7 +23,7 @@ RECORD = "sh\n-c\necho run >> /data/work/runs && exec gpu-workload"
 
 def test_create_a_volume_launch_with_it_stop_and_resume_and_the_data_is_kept(
     eager, lab_fleet, funded, owner_a, page
-):  # type: ignore[no-untyped-def]
+):
     fleet = lab_fleet()
     node = fleet.lab.nodes[0]
     Image.objects.create(name="Lab workload", reference=IMAGE, connect=Image.Connect.SERVICE)

@@ -135,7 +135,7 @@ def test_an_unknown_model_type_with_every_llama_field_is_read_as_llama() -> None
         ({"mlp_bias": None}, None),
     ],
 )
-def test_an_unknown_model_type_that_changes_the_layer_shape_is_refused(change, named) -> None:  # type: ignore[no-untyped-def]
+def test_an_unknown_model_type_that_changes_the_layer_shape_is_refused(change, named) -> None:
     config = {**_config("llama-3.1-8b"), "model_type": "my_fork", **change}
     if named is None:
         del config["mlp_bias"]
@@ -175,3 +175,14 @@ def test_a_mamba2_config_as_transformers_writes_it_with_infinity_is_read_as_text
     assert "hidden_size" in str(refused.value.field)
     with pytest.raises(EstimatorError, match="NaN"):
         model_from_config_json(text.replace('"hidden_size": 4096', '"hidden_size": NaN'))
+
+
+@pytest.mark.parametrize("period", ["attn_layer_period", "expert_layer_period"])
+def test_a_hybrid_period_of_zero_is_refused_naming_it_not_a_crash(period: str) -> None:
+    # every layer index modulo 0: with its offset 0 too (an offset past the period is
+    # refused before) it used to raise ZeroDivisionError, a 500 from the API
+    config = _config("jamba-v0-1") | {period: 0, period.replace("period", "offset"): 0}
+    with pytest.raises(EstimatorError) as refused:
+        model_from_config(config)
+    assert refused.value.code == "min_value"
+    assert period in refused.value.field and "at least 1" in str(refused.value)

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.django_db
 JAMBA = (Path(__file__).parent / "fixtures" / "configs" / "jamba-v0-1.json").read_text()
 
 
-def test_the_api_names_the_family_and_the_reading(anon_api) -> None:  # type: ignore[no-untyped-def]
+def test_the_api_names_the_family_and_the_reading(anon_api) -> None:
     body = anon_api.post(
         "/api/v1/estimates/", {"model": {"config_json": JAMBA}}, format="json"
     ).json()
@@ -21,7 +21,7 @@ def test_the_api_names_the_family_and_the_reading(anon_api) -> None:  # type: ig
     assert "catalog" in catalog["model"]["read_as"]
 
 
-def test_the_fit_page_shows_the_family_it_read(client) -> None:  # type: ignore[no-untyped-def]
+def test_the_fit_page_shows_the_family_it_read(client) -> None:
     params = {
         "model": "meta-llama/Llama-3.1-8B", "config_json": JAMBA, "workload": "inference",
         "weights_dtype": "bf16", "kv_cache_dtype": "bf16", "engine": "transformers",

@@ -92,7 +92,7 @@ def ssh_run(config: Path, *argv: str, timeout: float = 60) -> subprocess.Complet
     )
 
 
-def running_slice(funded, member, image, *, public_key: str = "", command=None):  # type: ignore[no-untyped-def]
+def running_slice(funded, member, image, *, public_key: str = "", command=None):
     """A slice of `image` launched as a tenant would (4 GB for 2 h, a small job), running."""
     from tenants import services  # noqa: PLC0415 - Django apps are ready only in tests
     from tenants.models import Slice  # noqa: PLC0415 - as above

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def gateway(settings, tmp_path):  # type: ignore[no-untyped-def]
+def gateway(settings, tmp_path):
     settings.GATEWAY_HOST_KEY_PATH = str(tmp_path / "gateway" / "host_key")
     gw = GatewayThread().start()
     yield gw
@@ -29,7 +29,7 @@ def run(argv: list[str], stdin: bytes = b"") -> subprocess.CompletedProcess[str]
     )
 
 
-def test_a_registered_key_gets_in_but_no_shell_exec_or_remote_forward(gateway, owner_a, tmp_path):  # type: ignore[no-untyped-def]
+def test_a_registered_key_gets_in_but_no_shell_exec_or_remote_forward(gateway, owner_a, tmp_path):
     key, line = client_key(tmp_path)
     added = services.ssh_key_add(user=owner_a.user, name="laptop", public_key=line)
     shell = run(ssh_argv(gateway, key, tmp_path, "-T"), stdin=b"echo hi\n")
@@ -42,7 +42,7 @@ def test_a_registered_key_gets_in_but_no_shell_exec_or_remote_forward(gateway, o
     assert added.last_used_at is not None and added.last_used_address == "127.0.0.1"
 
 
-def test_a_key_nobody_registered_is_refused(gateway, owner_a, tmp_path):  # type: ignore[no-untyped-def]
+def test_a_key_nobody_registered_is_refused(gateway, owner_a, tmp_path):
     key, _ = client_key(tmp_path)
     answer = run(ssh_argv(gateway, key, tmp_path, "-W", "slice-1:22"))
     assert answer.returncode == 255 and "Permission denied (publickey)" in answer.stderr
@@ -55,7 +55,7 @@ def test_a_key_nobody_registered_is_refused(gateway, owner_a, tmp_path):  # type
 )
 def test_destinations_other_than_own_running_slices_are_prohibited_and_audited(
     gateway, owner_a, tmp_path, target
-):  # type: ignore[no-untyped-def]
+):
     key, line = client_key(tmp_path)
     services.ssh_key_add(user=owner_a.user, name="laptop", public_key=line)
     answer = run(ssh_argv(gateway, key, tmp_path, "-W", target))
@@ -66,7 +66,7 @@ def test_destinations_other_than_own_running_slices_are_prohibited_and_audited(
     assert row.refused and row.closed_at is None
 
 
-def test_openssh_at_its_defaults_talks_aes_gcm_to_the_gateway(gateway, owner_a, tmp_path):  # type: ignore[no-untyped-def]
+def test_openssh_at_its_defaults_talks_aes_gcm_to_the_gateway(gateway, owner_a, tmp_path):
     # OpenSSH lists ChaCha20-Poly1305 first; the gateway re-encrypts every byte, and in
     # Python that cipher costs five times AES-GCM's, so it is not offered
     key, line = client_key(tmp_path)

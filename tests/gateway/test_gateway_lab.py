@@ -38,13 +38,13 @@ SERVE = [
 
 
 @pytest.fixture
-def http_image(db):  # type: ignore[no-untyped-def]
+def http_image(db):
     return Image.objects.create(
         name="Lab HTTP", reference=IMAGE, ports=[HTTP_PORT], connect=Image.Connect.SERVICE
     )
 
 
-def serving(funded, image, member) -> Slice:  # type: ignore[no-untyped-def]
+def serving(funded, image, member) -> Slice:
     return running_slice(funded, member, image, public_key=SSH_KEY, command=SERVE)
 
 
@@ -59,7 +59,7 @@ def fetch(port: int) -> str:
         return answer.read().decode()
 
 
-def stdio(gw, key, tmp_path, target: str, timeout: float = 20):  # type: ignore[no-untyped-def]
+def stdio(gw, key, tmp_path, target: str, timeout: float = 20):
     """`ssh -W target`: one stream, its bytes on stdin/stdout; (exit status, stderr)."""
     run = subprocess.run(  # noqa: S603
         ssh_argv(gw, key, tmp_path, "-W", target),
@@ -73,7 +73,7 @@ def stdio(gw, key, tmp_path, target: str, timeout: float = 20):  # type: ignore[
 
 def test_a_forward_reaches_the_slices_declared_port_and_nothing_else_is_reachable(
     eager, lab_fleet, funded, http_image, owner_a, owner_b, gateway, tmp_path
-):  # type: ignore[no-untyped-def]
+):
     fleet = lab_fleet()
     node = fleet.registered[0]
     mine = serving(funded, http_image, owner_a)
@@ -151,7 +151,7 @@ def _answers(port: int) -> bool:
         return False
 
 
-def _held_stream(gw, key, tmp_path, target: str) -> subprocess.Popen:  # type: ignore[no-untyped-def,type-arg]
+def _held_stream(gw, key, tmp_path, target: str) -> subprocess.Popen:
     """`ssh -W` kept open (stdin never closed): a stream that lasts until someone ends it."""
     proc = subprocess.Popen(  # noqa: S603
         ssh_argv(gw, key, tmp_path, "-W", target),
@@ -165,7 +165,7 @@ def _held_stream(gw, key, tmp_path, target: str) -> subprocess.Popen:  # type: i
 
 def test_open_streams_close_within_seconds_when_the_key_goes_or_the_slice_stops(
     eager, lab_fleet, funded, http_image, owner_a, gateway, tmp_path
-):  # type: ignore[no-untyped-def]
+):
     lab_fleet()
     s = serving(funded, http_image, owner_a)
     key, line = client_key(tmp_path)

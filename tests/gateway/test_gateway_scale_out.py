@@ -39,14 +39,14 @@ LISTENING = re.compile(r"SSH gateway on 127\.0\.0\.1:(\d+), host key (SHA256:\S+
 
 @dataclass
 class GatewayProcess:
-    proc: subprocess.Popen  # type: ignore[type-arg]
+    proc: subprocess.Popen
     port: int
     fingerprint: str
     log: Path
 
 
 @pytest.fixture
-def gateways(settings, tmp_path):  # type: ignore[no-untyped-def]
+def gateways(settings, tmp_path):
     """start() runs `manage.py run_gateway` on a free loopback port in its own process,
     on this test's database, with the host key file and platform key of this process
     (start it after the fleet, which makes the platform key); all are stopped at the end."""
@@ -123,13 +123,13 @@ class Balancer:
 
 
 @pytest.fixture
-def http_image(db):  # type: ignore[no-untyped-def]
+def http_image(db):
     return Image.objects.create(
         name="Lab HTTP", reference=IMAGE, ports=[HTTP_PORT], connect=Image.Connect.SERVICE
     )
 
 
-def held_stream(gw, key: Path, tmp_path: Path, target: str) -> subprocess.Popen:  # type: ignore[no-untyped-def,type-arg]
+def held_stream(gw, key: Path, tmp_path: Path, target: str) -> subprocess.Popen:
     """`ssh -W` kept open (stdin never closed), counted open in the audit once it is."""
     opened = GatewayStream.objects.filter(refused="", closed_at__isnull=True)
     before = opened.count()
@@ -145,7 +145,7 @@ def held_stream(gw, key: Path, tmp_path: Path, target: str) -> subprocess.Popen:
 
 def test_either_gateway_serves_any_slice_and_neither_keeps_state_the_other_needs(
     eager, lab_fleet, funded, http_image, owner_a, gateways, tmp_path
-):  # type: ignore[no-untyped-def]
+):
     lab_fleet()
     # the host key made once and given to every gateway as the same file (a shared volume,
     # or copied to each host): renters pin one key whichever gateway answers

@@ -29,7 +29,7 @@ pytestmark = [
 
 
 @pytest.fixture
-def ssh_image(db):  # type: ignore[no-untyped-def]
+def ssh_image(db):
     return Image.objects.create(
         name="SSH (lab)",
         reference=SSH_IMAGE,
@@ -41,7 +41,7 @@ def ssh_image(db):  # type: ignore[no-untyped-def]
 
 def test_ssh_jump_and_the_config_snippet_log_into_the_containers_own_sshd(
     eager, lab_fleet, funded, ssh_image, owner_a, gateway, tmp_path
-):  # type: ignore[no-untyped-def]
+):
     lab_fleet()
     key, line = client_key(tmp_path)
     services.ssh_key_add(user=owner_a.user, name="laptop", public_key=line)
@@ -87,7 +87,7 @@ def test_ssh_jump_and_the_config_snippet_log_into_the_containers_own_sshd(
 
 def test_a_key_the_slice_was_not_launched_with_gets_through_the_gateway_but_not_into_sshd(
     eager, lab_fleet, funded, ssh_image, owner_a, gateway, tmp_path
-):  # type: ignore[no-untyped-def]
+):
     """The gateway decides who reaches the port; the container's own sshd decides who
     logs in (end to end: the gateway holds no key of the container)."""
     lab_fleet()
@@ -136,7 +136,7 @@ class _Sentinel:
 
 def test_refused_destinations_reach_nothing_on_the_far_side(
     eager, lab_fleet, funded, owner_a, owner_b, gateway, tmp_path
-):  # type: ignore[no-untyped-def]
+):
     fleet = lab_fleet()
     node = fleet.lab.nodes[0]
     http = Image.objects.create(

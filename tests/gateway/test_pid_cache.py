@@ -58,7 +58,7 @@ class FakeNode:
         self.inspects.append(argv[-1])
         return Answer(str(self.pids.get(argv[-1], 0)))
 
-    async def open_session(self, command: str, encoding=None):  # type: ignore[no-untyped-def]
+    async def open_session(self, command: str, encoding=None):
         argv = shlex.split(command)
         self.relays.append(argv)
         pid = int(argv[2])
@@ -73,11 +73,11 @@ class FakeNodes:
         self.node = node
         self.taken = 0
 
-    async def acquire(self, endpoint):  # type: ignore[no-untyped-def]
+    async def acquire(self, endpoint):
         self.taken += 1
-        return server.NodeConnection(self.node)  # type: ignore[arg-type]
+        return server.NodeConnection(self.node)
 
-    def release(self, conn) -> None:  # type: ignore[no-untyped-def]
+    def release(self, conn) -> None:
         self.taken -= 1
 
     starting = server.Nodes.starting
@@ -103,23 +103,23 @@ def target(container: str = CONTAINER) -> access.Target:
 
 
 @pytest.fixture
-def gw(settings):  # type: ignore[no-untyped-def]
-    def make(node: FakeNode, ttl_s: float = 30.0):  # type: ignore[no-untyped-def]
+def gw(settings):
+    def make(node: FakeNode, ttl_s: float = 30.0):
         gateway = server.Gateway.__new__(server.Gateway)
-        gateway.nodes = FakeNodes(node)  # type: ignore[assignment]
+        gateway.nodes = FakeNodes(node)
         gateway.nodes._starting = {}
-        gateway.clock = Clock()  # type: ignore[attr-defined]
-        gateway.pids = server.PidCache(ttl_s=ttl_s, clock=gateway.clock)  # type: ignore[attr-defined]
+        gateway.clock = Clock()
+        gateway.pids = server.PidCache(ttl_s=ttl_s, clock=gateway.clock)
         return gateway
 
     return make
 
 
-def open_relay(gateway, t: access.Target | None = None):  # type: ignore[no-untyped-def]
+def open_relay(gateway, t: access.Target | None = None):
     return asyncio.run(gateway._connect_relay(t or target(), 8080))
 
 
-def test_a_second_open_skips_the_pid_lookup(gw) -> None:  # type: ignore[no-untyped-def]
+def test_a_second_open_skips_the_pid_lookup(gw) -> None:
     node = FakeNode(pids={CONTAINER: 4242}, alive={4242})
     gateway = gw(node)
     open_relay(gateway)
@@ -130,7 +130,7 @@ def test_a_second_open_skips_the_pid_lookup(gw) -> None:  # type: ignore[no-unty
     assert gateway.pids.hits == 2 and gateway.nodes.taken == 3  # the relays' sessions
 
 
-def test_the_relay_checks_the_pid_is_still_the_containers(gw) -> None:  # type: ignore[no-untyped-def]
+def test_the_relay_checks_the_pid_is_still_the_containers(gw) -> None:
     node = FakeNode(pids={CONTAINER: 4242}, alive={4242})
     open_relay(gw(node))
     argv = node.relays[0]
@@ -138,7 +138,7 @@ def test_the_relay_checks_the_pid_is_still_the_containers(gw) -> None:  # type: 
     assert argv[-3:] == ["8080", "4242", CONTAINER]
 
 
-def test_a_pid_the_relay_cannot_enter_is_forgotten_and_read_again(gw) -> None:  # type: ignore[no-untyped-def]
+def test_a_pid_the_relay_cannot_enter_is_forgotten_and_read_again(gw) -> None:
     node = FakeNode(pids={CONTAINER: 4242}, alive={4242})
     gateway = gw(node)
     open_relay(gateway)
@@ -151,7 +151,7 @@ def test_a_pid_the_relay_cannot_enter_is_forgotten_and_read_again(gw) -> None:  
     assert gateway.nodes.taken == 3  # the failed relay's session went back
 
 
-def test_a_container_that_is_gone_is_refused_and_not_remembered(gw) -> None:  # type: ignore[no-untyped-def]
+def test_a_container_that_is_gone_is_refused_and_not_remembered(gw) -> None:
     node = FakeNode(pids={CONTAINER: 4242}, alive=set())
     gateway = gw(node)
     with pytest.raises(OSError, match="cannot open /proc/4242/ns/net"):
@@ -162,7 +162,7 @@ def test_a_container_that_is_gone_is_refused_and_not_remembered(gw) -> None:  # 
         open_relay(gateway)
 
 
-def test_a_changed_container_id_and_an_aged_entry_are_read_again(gw) -> None:  # type: ignore[no-untyped-def]
+def test_a_changed_container_id_and_an_aged_entry_are_read_again(gw) -> None:
     node = FakeNode(pids={CONTAINER: 4242, OTHER: 6363}, alive={4242, 6363})
     gateway = gw(node, ttl_s=10.0)
     open_relay(gateway)
@@ -174,7 +174,7 @@ def test_a_changed_container_id_and_an_aged_entry_are_read_again(gw) -> None:  #
     assert node.inspects == [CONTAINER, OTHER, OTHER]
 
 
-def test_no_cache_asks_every_time(gw) -> None:  # type: ignore[no-untyped-def]
+def test_no_cache_asks_every_time(gw) -> None:
     node = FakeNode(pids={CONTAINER: 4242}, alive={4242})
     gateway = gw(node, ttl_s=0)
     open_relay(gateway)
@@ -219,7 +219,7 @@ class SlowNode(FakeNode):
     starting_now: int = 0
     most: int = 0
 
-    async def open_session(self, command: str, encoding=None):  # type: ignore[no-untyped-def]
+    async def open_session(self, command: str, encoding=None):
         node = self
 
         class Slow(Pipe):
@@ -234,7 +234,7 @@ class SlowNode(FakeNode):
         return Pipe(b""), Slow(b""), Pipe(b"")
 
 
-def test_a_burst_of_opens_starts_a_few_relays_on_a_node_at_a_time(gw) -> None:  # type: ignore[no-untyped-def]
+def test_a_burst_of_opens_starts_a_few_relays_on_a_node_at_a_time(gw) -> None:
     node = SlowNode(pids={CONTAINER: 4242}, alive={4242})
     gateway = gw(node)
 

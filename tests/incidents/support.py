@@ -10,7 +10,7 @@ from tenants.models import Image, Purchase, Slice, Tier
 CID = "c" * 64
 
 
-def running_slice(owner, gpu, cid: str = CID, quota_gb: int = 8) -> Slice:  # type: ignore[no-untyped-def]
+def running_slice(owner, gpu, cid: str = CID, quota_gb: int = 8) -> Slice:
     tier = Tier.objects.get(vram_mb=quota_gb * 1024)
     purchase = Purchase.objects.create(
         tenant=owner.tenant, tier=tier, hours=1, price_paid=0, minutes_total=60, minutes_left=60

@@ -30,14 +30,14 @@ CID_B = "b" * 64
 
 
 @pytest.fixture
-def node():  # type: ignore[no-untyped-def]
+def node():
     return Node.objects.create(
         gate_status="passed", name="w1", address="10.8.0.1", status="active", host_key="k"
     )
 
 
 @pytest.fixture
-def gpu(node):  # type: ignore[no-untyped-def]
+def gpu(node):
     return Gpu.objects.create(
         node=node,
         uuid="GPU-w1-0-secret",
@@ -48,7 +48,7 @@ def gpu(node):  # type: ignore[no-untyped-def]
     )
 
 
-def breach(s, gpu, *, pid: int) -> rules.Finding:  # type: ignore[no-untyped-def]
+def breach(s, gpu, *, pid: int) -> rules.Finding:
     return rules.Finding(
         rule="quota_breach",
         target=f"slice:{s.pk}",
@@ -64,12 +64,12 @@ def breach(s, gpu, *, pid: int) -> rules.Finding:  # type: ignore[no-untyped-def
     )
 
 
-def record(findings, gpu, *, now=None):  # type: ignore[no-untyped-def]
+def record(findings, gpu, *, now=None):
     services.apply_findings(findings, now=now or timezone.now(), gpus={gpu.pk: gpu})
 
 
 @pytest.fixture
-def ledger(node, gpu, owner_a, owner_b):  # type: ignore[no-untyped-def]
+def ledger(node, gpu, owner_a, owner_b):
     """Tenant A's and tenant B's quota breaches on one card, a card-wide warning (no
     tenant), and an old hardware fault on another node."""
     slice_a = running_slice(owner_a, gpu, CID_A)
@@ -116,19 +116,19 @@ def ledger(node, gpu, owner_a, owner_b):  # type: ignore[no-untyped-def]
     }
 
 
-def ids(response) -> list[int]:  # type: ignore[no-untyped-def]
+def ids(response) -> list[int]:
     assert response.status_code == 200, response.content
     return [row["id"] for row in response.json()["results"]]
 
 
-def url(incident, action: str = "") -> str:  # type: ignore[no-untyped-def]
+def url(incident, action: str = "") -> str:
     return f"{INCIDENTS}{incident.pk}/{action + '/' if action else ''}"
 
 
 # --- who may read what --------------------------------------------------------------------------
 
 
-def test_anonymous_gets_401_everywhere(ledger, anon_api):  # type: ignore[no-untyped-def]
+def test_anonymous_gets_401_everywhere(ledger, anon_api):
     a = ledger["a"]
     for method, path in [
         ("get", INCIDENTS),
@@ -147,9 +147,7 @@ def test_anonymous_gets_401_everywhere(ledger, anon_api):  # type: ignore[no-unt
         assert response.json()["code"] == "not_authenticated"
 
 
-def test_tenant_sees_only_incidents_about_its_own_slices_in_plain_words(  # type: ignore[no-untyped-def]
-    ledger, api_a, owner_b
-):
+def test_tenant_sees_only_incidents_about_its_own_slices_in_plain_words(ledger, api_a, owner_b):
     a = ledger["a"]
     assert ids(api_a.get(INCIDENTS)) == [a.pk]
     row = api_a.get(url(a)).json()
@@ -177,20 +175,20 @@ def test_tenant_sees_only_incidents_about_its_own_slices_in_plain_words(  # type
 
 
 @pytest.mark.parametrize("other", ["b", "card", "fault"])
-def test_tenant_gets_404_for_any_other_incident(ledger, api_a, other):  # type: ignore[no-untyped-def]
+def test_tenant_gets_404_for_any_other_incident(ledger, api_a, other):
     response = api_a.get(url(ledger[other]))
     assert response.status_code == 404
     assert response.json() == {"code": "not_found", "message": "Not found."}
 
 
-def test_tenant_cannot_filter_by_where_its_slice_runs(ledger, api_a):  # type: ignore[no-untyped-def]
+def test_tenant_cannot_filter_by_where_its_slice_runs(ledger, api_a):
     # node/gpu/tenant are ops filters: for a tenant they are ignored, not answered
     everything = ids(api_a.get(INCIDENTS))
     assert ids(api_a.get(INCIDENTS, {"node": "nowhere"})) == everything
     assert ids(api_a.get(INCIDENTS, {"gpu": "GPU-none"})) == everything
 
 
-def test_a_user_without_tenant_or_staff_gets_403(ledger):  # type: ignore[no-untyped-def]
+def test_a_user_without_tenant_or_staff_gets_403(ledger):
     loner = APIClient()  # no tenant: no API token either, so a browser session
     loner.force_login(UserFactory(email="loner@nowhere.test"))
     assert loner.get(INCIDENTS).status_code == 403
@@ -198,7 +196,7 @@ def test_a_user_without_tenant_or_staff_gets_403(ledger):  # type: ignore[no-unt
     assert loner.get(WEBHOOKS).status_code == 403
 
 
-def test_tenant_cannot_acknowledge_resolve_or_reopen(ledger, api_a):  # type: ignore[no-untyped-def]
+def test_tenant_cannot_acknowledge_resolve_or_reopen(ledger, api_a):
     a = ledger["a"]
     for action, body in [("acknowledge", {}), ("resolve", {"note": "x"}), ("reopen", {})]:
         response = api_a.post(url(a, action), body, format="json")
@@ -214,7 +212,7 @@ def test_tenant_cannot_acknowledge_resolve_or_reopen(ledger, api_a):  # type: ig
 # --- ops work the ledger ------------------------------------------------------------------------
 
 
-def test_ops_see_everything_with_where_and_who(ledger, api_ops, owner_a):  # type: ignore[no-untyped-def]
+def test_ops_see_everything_with_where_and_who(ledger, api_ops, owner_a):
     listed = ids(api_ops.get(INCIDENTS))
     assert set(listed) == {ledger[k].pk for k in ("a", "b", "card", "fault")}
     row = next(r for r in api_ops.get(INCIDENTS).json()["results"] if r["id"] == ledger["a"].pk)
@@ -223,7 +221,7 @@ def test_ops_see_everything_with_where_and_who(ledger, api_ops, owner_a):  # typ
     assert row["rule"] == "quota_breach" and row["occurrences"] == 1
 
 
-def test_ops_detail_has_evidence_and_the_runbook_timeline(ledger, api_ops, owner_a):  # type: ignore[no-untyped-def]
+def test_ops_detail_has_evidence_and_the_runbook_timeline(ledger, api_ops, owner_a):
     body = api_ops.get(url(ledger["a"])).json()
     evidence = body["evidence"]
     assert evidence["pid"] == 4242 and evidence["quota_mb"] == 8192
@@ -236,9 +234,7 @@ def test_ops_detail_has_evidence_and_the_runbook_timeline(ledger, api_ops, owner
     assert "PID 4242" in located and owner_a.tenant.name in located
 
 
-def test_ops_acknowledge_resolve_reopen_are_on_the_timeline_with_who(  # type: ignore[no-untyped-def]
-    ledger, api_ops, ops_user
-):
+def test_ops_acknowledge_resolve_reopen_are_on_the_timeline_with_who(ledger, api_ops, ops_user):
     a = ledger["a"]
     body = api_ops.post(url(a, "acknowledge"), format="json").json()
     assert body["status"] == "acknowledged" and body["acknowledged_by"] == ops_user.email
@@ -272,7 +268,7 @@ def test_ops_acknowledge_resolve_reopen_are_on_the_timeline_with_who(  # type: i
     assert events.count() == 4  # acknowledged, resolved, archived, reopened
 
 
-def test_resolve_without_a_note_is_400_naming_note(ledger, api_ops):  # type: ignore[no-untyped-def]
+def test_resolve_without_a_note_is_400_naming_note(ledger, api_ops):
     a = ledger["a"]
     for body in ({}, {"note": ""}, {"note": "   "}):
         response = api_ops.post(url(a, "resolve"), body, format="json")
@@ -283,7 +279,7 @@ def test_resolve_without_a_note_is_400_naming_note(ledger, api_ops):  # type: ig
     assert a.status == "open" and a.resolved_at is None
 
 
-def test_reopen_is_refused_while_a_newer_incident_is_open(ledger, api_ops, gpu):  # type: ignore[no-untyped-def]
+def test_reopen_is_refused_while_a_newer_incident_is_open(ledger, api_ops, gpu):
     a = ledger["a"]
     api_ops.post(url(a, "resolve"), {"note": "fixed"}, format="json")
     record([breach(ledger["slice_a"], gpu, pid=4242)], gpu)  # the watchdog sees it again
@@ -293,7 +289,7 @@ def test_reopen_is_refused_while_a_newer_incident_is_open(ledger, api_ops, gpu):
     assert response.status_code == 409 and response.json()["code"] == "newer_incident_open"
 
 
-def test_bulk_acknowledge_counts_only_open_ones(ledger, api_ops, ops_user):  # type: ignore[no-untyped-def]
+def test_bulk_acknowledge_counts_only_open_ones(ledger, api_ops, ops_user):
     services.incident_resolve(incident=ledger["fault"], actor=ops_user, note="card replaced")
     wanted = [ledger["a"].pk, ledger["b"].pk, ledger["fault"].pk, 2**31 - 1]
     response = api_ops.post(f"{INCIDENTS}acknowledge/", {"ids": wanted}, format="json")
@@ -319,7 +315,7 @@ def test_bulk_acknowledge_counts_only_open_ones(ledger, api_ops, ops_user):  # t
         {"ids": [1], "status": "resolved"},
     ],
 )
-def test_bulk_acknowledge_refuses_bad_input(ledger, api_ops, body):  # type: ignore[no-untyped-def]
+def test_bulk_acknowledge_refuses_bad_input(ledger, api_ops, body):
     response = api_ops.post(f"{INCIDENTS}acknowledge/", body, format="json")
     assert response.status_code == 400, response.content
     assert response.json()["code"] == "validation_error"
@@ -329,7 +325,7 @@ def test_bulk_acknowledge_refuses_bad_input(ledger, api_ops, body):  # type: ign
 # --- filters, search, ordering, pagination, query count ---------------------------------------
 
 
-def test_ops_filters(ledger, api_ops, ops_user, owner_a):  # type: ignore[no-untyped-def]
+def test_ops_filters(ledger, api_ops, ops_user, owner_a):
     a, b, card, fault = (ledger[k] for k in ("a", "b", "card", "fault"))
     services.incident_resolve(incident=card, actor=ops_user, note="cooled down")
     cases = {
@@ -359,7 +355,7 @@ def test_ops_filters(ledger, api_ops, ops_user, owner_a):  # type: ignore[no-unt
         assert set(ids(api_ops.get(INCIDENTS, query))) == expected, name
 
 
-def test_ordering_by_severity_puts_critical_first(ledger, api_ops):  # type: ignore[no-untyped-def]
+def test_ordering_by_severity_puts_critical_first(ledger, api_ops):
     rows = api_ops.get(INCIDENTS, {"ordering": "severity_rank"}).json()["results"]
     assert [r["severity"] for r in rows] == ["critical", "critical", "critical", "warning"]
     rows = api_ops.get(INCIDENTS, {"ordering": "-severity_rank"}).json()["results"]
@@ -378,7 +374,7 @@ def test_ordering_by_severity_puts_critical_first(ledger, api_ops):  # type: ign
         {"page_size": "lots", "page": "first"},
     ],
 )
-def test_bad_filters_are_400_or_404_never_500(ledger, api_ops, query):  # type: ignore[no-untyped-def]
+def test_bad_filters_are_400_or_404_never_500(ledger, api_ops, query):
     response = api_ops.get(INCIDENTS, query)
     assert response.status_code in (400, 404), response.content
     if response.status_code == 400:
@@ -389,7 +385,7 @@ def test_bad_filters_are_400_or_404_never_500(ledger, api_ops, query):  # type: 
 @pytest.mark.parametrize("field", ["since", "until"])
 def test_a_time_with_any_utc_offset_is_read_in_utc_and_an_impossible_one_names_its_field(
     ledger, api_ops, field
-):  # type: ignore[no-untyped-def]
+):
     # -22:03 is a valid ISO 8601 offset that PostgreSQL refuses: it was a 500
     far = api_ops.get(INCIDENTS, {field: "2026-01-30T08:31:43-22:03"})
     assert far.status_code == 200, far.content
@@ -402,7 +398,7 @@ def test_a_time_with_any_utc_offset_is_read_in_utc_and_an_impossible_one_names_i
         assert "between the years 2000 and 9000" in response.json()["message"]
 
 
-def test_list_is_paginated(ledger, api_ops):  # type: ignore[no-untyped-def]
+def test_list_is_paginated(ledger, api_ops):
     page = api_ops.get(INCIDENTS, {"page_size": 3}).json()
     assert page["count"] == 4 and len(page["results"]) == 3 and page["next"]
     rest = api_ops.get(page["next"]).json()
@@ -411,7 +407,7 @@ def test_list_is_paginated(ledger, api_ops):  # type: ignore[no-untyped-def]
     assert api_ops.get(INCIDENTS, {"page": 99}).status_code == 404
 
 
-def test_list_queries_do_not_grow_with_incidents(  # type: ignore[no-untyped-def]
+def test_list_queries_do_not_grow_with_incidents(
     ledger, api_ops, api_a, ops_user, gpu, django_assert_max_num_queries
 ):
     for n in range(30):
@@ -439,7 +435,7 @@ def test_list_queries_do_not_grow_with_incidents(  # type: ignore[no-untyped-def
 # --- bad input on the incident routes ----------------------------------------------------------
 
 
-def test_bad_input_on_actions_is_4xx_and_changes_nothing(ledger, api_ops):  # type: ignore[no-untyped-def]
+def test_bad_input_on_actions_is_4xx_and_changes_nothing(ledger, api_ops):
     a = ledger["a"]
     cases = [
         (url(a, "acknowledge"), {"note": "unexpected"}, 400, "note"),
@@ -459,14 +455,14 @@ def test_bad_input_on_actions_is_4xx_and_changes_nothing(ledger, api_ops):  # ty
 
 
 @pytest.mark.parametrize("pk", ["99999999999999999999", str(2**31), "0", "abc", "-1", "1.5"])
-def test_unknown_or_absurd_ids_are_404(ledger, api_ops, pk):  # type: ignore[no-untyped-def]
+def test_unknown_or_absurd_ids_are_404(ledger, api_ops, pk):
     assert api_ops.get(f"{INCIDENTS}{pk}/").status_code == 404
     response = api_ops.post(f"{INCIDENTS}{pk}/resolve/", {"note": "x"}, format="json")
     assert response.status_code == 404
     assert api_ops.get(f"{WEBHOOKS}{pk}/").status_code == 404
 
 
-def test_incidents_are_read_only_resources(ledger, api_ops):  # type: ignore[no-untyped-def]
+def test_incidents_are_read_only_resources(ledger, api_ops):
     assert api_ops.post(INCIDENTS, {"title": "x"}, format="json").status_code == 405
     assert api_ops.patch(url(ledger["a"]), {"status": "resolved"}, format="json").status_code == 405
     assert api_ops.delete(url(ledger["a"])).status_code == 405
@@ -475,14 +471,14 @@ def test_incidents_are_read_only_resources(ledger, api_ops):  # type: ignore[no-
 # --- thresholds ---------------------------------------------------------------------------------
 
 
-def test_thresholds_are_ops_only(api_a):  # type: ignore[no-untyped-def]
+def test_thresholds_are_ops_only(api_a):
     assert api_a.get(THRESHOLDS).status_code == 403
     response = api_a.patch(THRESHOLDS, {"vram_warning_pct": 50}, format="json")
     assert response.status_code == 403
     assert Thresholds.current().vram_warning_pct == 85.0
 
 
-def test_thresholds_read_defaults_and_patch_records_who(api_ops, ops_user):  # type: ignore[no-untyped-def]
+def test_thresholds_read_defaults_and_patch_records_who(api_ops, ops_user):
     body = api_ops.get(THRESHOLDS).json()
     assert body["vram_warning_pct"] == 85.0 and body["vram_critical_pct"] == 95.0
     assert body["process_jump_mb"] == 3072 and body["idle_after_s"] == 900
@@ -514,7 +510,7 @@ def test_thresholds_read_defaults_and_patch_records_who(api_ops, ops_user):  # t
         ({"sampling_interval": 5}, "sampling_interval"),
     ],
 )
-def test_thresholds_refuse_bad_orderings_and_input(api_ops, body, field):  # type: ignore[no-untyped-def]
+def test_thresholds_refuse_bad_orderings_and_input(api_ops, body, field):
     response = api_ops.patch(THRESHOLDS, body, format="json")
     assert response.status_code == 400, response.content
     assert field in response.json()["fields"]
@@ -523,7 +519,7 @@ def test_thresholds_refuse_bad_orderings_and_input(api_ops, body, field):  # typ
     assert row.process_jump_mb == 3072 and row.updated_by is None
 
 
-def test_thresholds_take_no_put_or_post(api_ops):  # type: ignore[no-untyped-def]
+def test_thresholds_take_no_put_or_post(api_ops):
     assert api_ops.put(THRESHOLDS, {}, format="json").status_code == 405
     assert api_ops.post(THRESHOLDS, {}, format="json").status_code == 405
 
@@ -531,7 +527,7 @@ def test_thresholds_take_no_put_or_post(api_ops):  # type: ignore[no-untyped-def
 # --- webhooks -----------------------------------------------------------------------------------
 
 
-def test_webhook_secret_is_shown_once_on_create(api_a, owner_a):  # type: ignore[no-untyped-def]
+def test_webhook_secret_is_shown_once_on_create(api_a, owner_a):
     response = api_a.post(WEBHOOKS, {"url": "https://hooks.alpha.example/in"}, format="json")
     assert response.status_code == 201, response.content
     created = response.json()
@@ -547,7 +543,7 @@ def test_webhook_secret_is_shown_once_on_create(api_a, owner_a):  # type: ignore
     assert again["secret"] != created["secret"]  # each endpoint its own secret
 
 
-def test_webhooks_are_isolated_between_tenants(api_a, api_b, owner_a):  # type: ignore[no-untyped-def]
+def test_webhooks_are_isolated_between_tenants(api_a, api_b, owner_a):
     mine = api_a.post(WEBHOOKS, {"url": "https://hooks.alpha.example/in"}, format="json").json()
     path = f"{WEBHOOKS}{mine['id']}/"
     assert api_b.get(path).status_code == 404
@@ -557,7 +553,7 @@ def test_webhooks_are_isolated_between_tenants(api_a, api_b, owner_a):  # type: 
     assert WebhookEndpoint.objects.get(pk=mine["id"]).is_active
 
 
-def test_webhook_delete_deactivates(api_a):  # type: ignore[no-untyped-def]
+def test_webhook_delete_deactivates(api_a):
     mine = api_a.post(WEBHOOKS, {"url": "https://hooks.alpha.example/in"}, format="json").json()
     path = f"{WEBHOOKS}{mine['id']}/"
     assert api_a.delete(path).status_code == 204
@@ -568,7 +564,7 @@ def test_webhook_delete_deactivates(api_a):  # type: ignore[no-untyped-def]
     assert api_a.delete(path).status_code == 204  # deleting twice changes nothing
 
 
-def test_only_the_owner_manages_tenant_webhooks(owner_a, token_client):  # type: ignore[no-untyped-def]
+def test_only_the_owner_manages_tenant_webhooks(owner_a, token_client):
     for role in (Role.MEMBER, Role.VIEWER):
         member = MembershipFactory(tenant=owner_a.tenant, role=role)
         client = token_client(member.user)
@@ -578,7 +574,7 @@ def test_only_the_owner_manages_tenant_webhooks(owner_a, token_client):  # type:
     assert not WebhookEndpoint.objects.exists()
 
 
-def test_ops_manage_ops_endpoints_apart_from_tenants(api_ops, api_a):  # type: ignore[no-untyped-def]
+def test_ops_manage_ops_endpoints_apart_from_tenants(api_ops, api_a):
     tenant_one = api_a.post(WEBHOOKS, {"url": "https://hooks.alpha.example/in"}, format="json")
     # ops endpoints may point inside the network (a pager on the LAN)
     response = api_ops.post(WEBHOOKS, {"url": "http://10.0.0.5:9000/pager"}, format="json")
@@ -607,14 +603,14 @@ def test_ops_manage_ops_endpoints_apart_from_tenants(api_ops, api_a):  # type: i
         ({"url": "https://x.example/in", "tenant": 1}, "tenant"),
     ],
 )
-def test_webhook_create_refuses_bad_input(api_a, body, field):  # type: ignore[no-untyped-def]
+def test_webhook_create_refuses_bad_input(api_a, body, field):
     response = api_a.post(WEBHOOKS, body, format="json")
     assert response.status_code == 400, response.content
     assert field in response.json()["fields"]
     assert not WebhookEndpoint.objects.exists()
 
 
-def test_webhook_endpoints_are_capped(api_a):  # type: ignore[no-untyped-def]
+def test_webhook_endpoints_are_capped(api_a):
     for n in range(5):
         body = {"url": f"https://hooks.alpha.example/{n}"}
         assert api_a.post(WEBHOOKS, body, format="json").status_code == 201
@@ -626,7 +622,7 @@ def test_webhook_endpoints_are_capped(api_a):  # type: ignore[no-untyped-def]
     assert response.status_code == 201
 
 
-def test_webhook_deliveries_list_status_attempts_and_errors(ledger, api_a, owner_a):  # type: ignore[no-untyped-def]
+def test_webhook_deliveries_list_status_attempts_and_errors(ledger, api_a, owner_a):
     mine = api_a.post(WEBHOOKS, {"url": "https://hooks.alpha.example/in"}, format="json").json()
     notify.incident_notify(incident=ledger["a"], event="opened")
     notify.incident_notify(incident=ledger["b"], event="opened")  # tenant B's: not ours
@@ -644,7 +640,7 @@ def test_webhook_deliveries_list_status_attempts_and_errors(ledger, api_a, owner
     assert "500" in row["last_error"] and "payload" not in row
 
 
-def test_schema_lists_the_incident_routes(anon_api):  # type: ignore[no-untyped-def]
+def test_schema_lists_the_incident_routes(anon_api):
     text = APIClient().get("/api/v1/schema/").content.decode()
     for path in (
         "/api/v1/incidents/",
@@ -656,7 +652,7 @@ def test_schema_lists_the_incident_routes(anon_api):  # type: ignore[no-untyped-
         assert path in text, path
 
 
-def test_a_tenant_sees_only_the_kind_of_a_delivery_error(ledger, api_a, owner_a):  # type: ignore[no-untyped-def]
+def test_a_tenant_sees_only_the_kind_of_a_delivery_error(ledger, api_a, owner_a):
     mine = api_a.post(WEBHOOKS, {"url": "https://hooks.alpha.example/x"}, format="json").json()
     notify.incident_notify(incident=ledger["a"], event="opened")
     WebhookDelivery.objects.filter(endpoint_id=mine["id"]).update(

@@ -54,10 +54,10 @@ def wait_state(slice: Slice, *states: str, log: Path, timeout: float = 30) -> Sl
     return slice
 
 
-def launcher(funded, image):  # type: ignore[no-untyped-def]
+def launcher(funded, image):
     """launch(member, gb, **env): a slice of that tier on a fresh purchase, with env."""
 
-    def launch(member, gb: int, **env: str) -> Slice:  # type: ignore[no-untyped-def]
+    def launch(member, gb: int, **env: str) -> Slice:
         s, created = services.slice_launch(
             membership=member,
             purchase=funded(member, vram_gb=gb, hours=2),
@@ -81,7 +81,7 @@ def kinds(incident: Incident) -> list[str]:
 )
 def test_a_leaking_slice_is_stopped_alone_and_its_neighbours_keep_their_memory(
     quota_library, worker_fleet, workers, funded, image_ssh, owner_a, owner_b, ops_user
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet([NodeSpec("chaos-1", (GpuSpec("NVIDIA A30"),), quota_library)])
     emu, node = fleet.nodes[0], fleet.registered[0]
     assert ((node.capabilities or {}).get("vram_quota_library") or None) == quota_library
@@ -113,7 +113,7 @@ def test_a_leaking_slice_is_stopped_alone_and_its_neighbours_keep_their_memory(
     assert {s.allocation.gpu_id for s in slices.values()} == {gpu.pk}  # one card, full
     assert Gpu.objects.get(pk=gpu.pk).allocated_mb == 24576 == gpu.vram_total_mb
 
-    def container(s: Slice):  # type: ignore[no-untyped-def]
+    def container(s: Slice):
         return emu.container(s.container_id)
 
     leak_info = container(leaky)

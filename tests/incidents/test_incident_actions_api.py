@@ -19,7 +19,7 @@ ACTIONS = ("stop-slice", "drain-gpu", "drain-node")
 
 
 @pytest.fixture
-def gpu():  # type: ignore[no-untyped-def]
+def gpu():
     node = Node.objects.create(
         gate_status="passed", name="act1", address="10.7.0.1", status="active", host_key="k"
     )
@@ -28,7 +28,7 @@ def gpu():  # type: ignore[no-untyped-def]
     )
 
 
-def make_incident(**kw) -> Incident:  # type: ignore[no-untyped-def]
+def make_incident(**kw) -> Incident:
     now = timezone.now()
     values = {
         "rule": "quota_breach",
@@ -44,12 +44,12 @@ def make_incident(**kw) -> Incident:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def breach(owner_a, gpu):  # type: ignore[no-untyped-def]
+def breach(owner_a, gpu):
     s = running_slice(owner_a, gpu)
     return make_incident(slice=s, tenant=owner_a.tenant, gpu=gpu, node=gpu.node)
 
 
-def post(client, incident_id: int, action: str, body=None):  # type: ignore[no-untyped-def]
+def post(client, incident_id: int, action: str, body=None):
     return client.post(f"{INCIDENTS}{incident_id}/{action}/", body or {}, format="json")
 
 
@@ -61,7 +61,7 @@ def actions(incident: Incident) -> list[str]:
 # --- the services ------------------------------------------------------------------------------
 
 
-def test_incident_stop_slice_force_stops_it_and_records_the_action(  # type: ignore[no-untyped-def]
+def test_incident_stop_slice_force_stops_it_and_records_the_action(
     breach, ops_user, django_capture_on_commit_callbacks
 ):
     with django_capture_on_commit_callbacks(execute=False):
@@ -76,7 +76,7 @@ def test_incident_stop_slice_force_stops_it_and_records_the_action(  # type: ign
     assert event.message == f"Slice {s.pk} force-stopped by ops ({s.state}): Leaking."
 
 
-def test_incident_stop_slice_refuses_a_tenant_and_an_ended_slice(breach, ops_user, owner_a):  # type: ignore[no-untyped-def]
+def test_incident_stop_slice_refuses_a_tenant_and_an_ended_slice(breach, ops_user, owner_a):
     with pytest.raises(NotAllowed):
         services.incident_stop_slice(incident=breach, actor=owner_a.user, reason="x")
     Slice.objects.filter(pk=breach.slice_id).update(state="stopped")
@@ -86,7 +86,7 @@ def test_incident_stop_slice_refuses_a_tenant_and_an_ended_slice(breach, ops_use
     assert not breach.events.exists()
 
 
-def test_incident_drain_gpu_turns_the_breakers_closure_into_a_drain(breach, ops_user, gpu):  # type: ignore[no-untyped-def]
+def test_incident_drain_gpu_turns_the_breakers_closure_into_a_drain(breach, ops_user, gpu):
     Gpu.objects.filter(pk=gpu.pk).update(
         accepting_placements=False, not_accepting_reason=f"{services.BREAKER_REASON}: 96% used"
     )
@@ -99,7 +99,7 @@ def test_incident_drain_gpu_turns_the_breakers_closure_into_a_drain(breach, ops_
     assert actions(breach) == ["drain_gpu"]
 
 
-def test_incident_drain_node_finds_the_node_through_the_gpu(ops_user, gpu):  # type: ignore[no-untyped-def]
+def test_incident_drain_node_finds_the_node_through_the_gpu(ops_user, gpu):
     incident = make_incident(gpu=gpu)  # names no node of its own
     node = services.incident_drain_node(incident=incident, actor=ops_user, reason="PSU")
     assert node.pk == gpu.node_id and node.drained_at is not None
@@ -110,7 +110,7 @@ def test_incident_drain_node_finds_the_node_through_the_gpu(ops_user, gpu):  # t
     assert actions(incident) == ["drain_node"]
 
 
-def test_webhook_create_caps_each_owner_apart_and_deactivate_is_safe_twice(owner_a):  # type: ignore[no-untyped-def]
+def test_webhook_create_caps_each_owner_apart_and_deactivate_is_safe_twice(owner_a):
     tenant = owner_a.tenant
     made = [
         services.webhook_create(tenant=tenant, url=f"https://h.example/{n}")
@@ -131,7 +131,7 @@ def test_webhook_create_caps_each_owner_apart_and_deactivate_is_safe_twice(owner
 # --- the API -------------------------------------------------------------------------------------
 
 
-def test_ops_stop_the_slice_through_the_api(  # type: ignore[no-untyped-def]
+def test_ops_stop_the_slice_through_the_api(
     api_ops, breach, ops_user, django_capture_on_commit_callbacks
 ):
     with django_capture_on_commit_callbacks(execute=False) as dispatched:
@@ -139,7 +139,7 @@ def test_ops_stop_the_slice_through_the_api(  # type: ignore[no-untyped-def]
     assert response.status_code == 202, response.content
     s = Slice.objects.get(pk=breach.slice_id)
     assert s.state in ("stopping", "stopped") and "Leaking past its quota." in s.state_reason
-    names = sorted(d.func.__self__.name for d in dispatched)  # type: ignore[attr-defined]
+    names = sorted(d.func.__self__.name for d in dispatched)
     assert names == ["provision.stop_slice", "tenants.notify_members"]
     body = response.json()
     assert body["id"] == breach.pk
@@ -147,7 +147,7 @@ def test_ops_stop_the_slice_through_the_api(  # type: ignore[no-untyped-def]
     assert actions(breach) == ["stop_slice"]
 
 
-def test_ops_drain_the_gpu_then_the_node_through_the_api(api_ops, breach, gpu):  # type: ignore[no-untyped-def]
+def test_ops_drain_the_gpu_then_the_node_through_the_api(api_ops, breach, gpu):
     response = post(api_ops, breach.pk, "drain-gpu", {"reason": "ECC storm"})
     assert response.status_code == 200, response.content
     gpu.refresh_from_db()
@@ -163,7 +163,7 @@ def test_ops_drain_the_gpu_then_the_node_through_the_api(api_ops, breach, gpu): 
         assert response.json()["code"] == "nothing_to_drain"
 
 
-def test_an_incident_without_slice_gpu_or_node_refuses_each_action(api_ops):  # type: ignore[no-untyped-def]
+def test_an_incident_without_slice_gpu_or_node_refuses_each_action(api_ops):
     incident = make_incident(rule="vram_high", target_key="nothing:1")
     codes = {}
     for action in ACTIONS:
@@ -179,7 +179,7 @@ def test_an_incident_without_slice_gpu_or_node_refuses_each_action(api_ops):  # 
 
 
 @pytest.mark.parametrize("action", ACTIONS)
-def test_each_action_needs_a_reason_and_takes_no_other_field(api_ops, breach, gpu, action):  # type: ignore[no-untyped-def]
+def test_each_action_needs_a_reason_and_takes_no_other_field(api_ops, breach, gpu, action):
     for body, field, code in (
         ({}, "reason", "required"),
         ({"reason": ""}, "reason", "blank"),
@@ -196,7 +196,7 @@ def test_each_action_needs_a_reason_and_takes_no_other_field(api_ops, breach, gp
 
 
 @pytest.mark.parametrize("action", ACTIONS)
-def test_a_tenant_is_refused_even_on_its_own_incident(api_a, breach, gpu, action):  # type: ignore[no-untyped-def]
+def test_a_tenant_is_refused_even_on_its_own_incident(api_a, breach, gpu, action):
     response = post(api_a, breach.pk, action, {"reason": "x"})
     assert response.status_code == 403
     assert response.json()["code"] == "permission_denied"
@@ -207,7 +207,7 @@ def test_a_tenant_is_refused_even_on_its_own_incident(api_a, breach, gpu, action
 
 
 @pytest.mark.parametrize("action", ACTIONS)
-def test_an_unknown_incident_is_404_and_anonymous_is_401(api_ops, anon_api, breach, action):  # type: ignore[no-untyped-def]
+def test_an_unknown_incident_is_404_and_anonymous_is_401(api_ops, anon_api, breach, action):
     response = post(api_ops, 999999, action, {"reason": "x"})
     assert response.status_code == 404
     assert response.json() == {"code": "not_found", "message": "Not found."}

@@ -15,12 +15,12 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(scope="module")
-def schema(django_db_blocker):  # type: ignore[no-untyped-def]
+def schema(django_db_blocker):
     with django_db_blocker.unblock():
         return SchemaGenerator().get_schema(request=None, public=True)
 
 
-def _incident(tenant) -> Incident:  # type: ignore[no-untyped-def]
+def _incident(tenant) -> Incident:
     """An incident about one of the tenant's (stopped) slices: a tenant sees those."""
     now = timezone.now()
     purchase = Purchase.objects.create(
@@ -37,14 +37,14 @@ def _incident(tenant) -> Incident:  # type: ignore[no-untyped-def]
     )  # fmt: skip
 
 
-def _shape(schema, name: str) -> tuple[set[str], dict]:  # type: ignore[no-untyped-def]
+def _shape(schema, name: str) -> tuple[set[str], dict]:
     component = schema["components"]["schemas"][name]
     return set(component["required"]), component["properties"]
 
 
 def test_an_open_and_a_reopened_incident_answer_null_where_documented_nullable(
     schema, api_ops, ops_user, owner_a
-):  # type: ignore[no-untyped-def]
+):
     incident = _incident(owner_a.tenant)
     [row] = api_ops.get("/api/v1/incidents/").json()["results"]
     services.incident_resolve(incident=incident, actor=ops_user, note="fixed")
@@ -61,7 +61,7 @@ def test_an_open_and_a_reopened_incident_answer_null_where_documented_nullable(
             assert properties[field]["nullable"] is True, (component, field)
 
 
-def test_a_tenant_reads_its_own_documented_shape_and_ops_theirs(schema, api_ops, api_a, owner_a):  # type: ignore[no-untyped-def]
+def test_a_tenant_reads_its_own_documented_shape_and_ops_theirs(schema, api_ops, api_a, owner_a):
     _incident(owner_a.tenant)
     listed = schema["components"]["schemas"]["IncidentForCaller"]["oneOf"]
     detail = schema["components"]["schemas"]["IncidentDetailForCaller"]["oneOf"]

@@ -45,18 +45,18 @@ A30 = (GpuSpec("NVIDIA A30"),)
 pytestmark = [pytest.mark.lab, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 
-def used_mb(node, s: Slice) -> int:  # type: ignore[no-untyped-def]
+def used_mb(node, s: Slice) -> int:
     return sum(p["used"] for p in node.gpu_processes(s.container_id)) >> 20
 
 
-def pids(node, s: Slice) -> list[int]:  # type: ignore[no-untyped-def]
+def pids(node, s: Slice) -> list[int]:
     return [p["pid"] for p in node.gpu_processes(s.container_id)]
 
 
 @pytest.mark.parametrize("quota_library", [True, False], ids=["quota-library", "no-quota-library"])
 def test_a_leaking_slice_is_stopped_alone_and_its_neighbours_keep_their_memory(
     quota_library, lab_fleet, workers, funded, lab_image, owner_a, owner_b, ops_user
-):  # type: ignore[no-untyped-def]
+):
     name = "chaos-q" if quota_library else "chaos-n"
     fleet = lab_fleet([LabNodeSpec(name, A30, quota_library=quota_library)])
     lab, node = fleet.nodes[0], fleet.registered[0]
@@ -176,7 +176,7 @@ def test_a_leaking_slice_is_stopped_alone_and_its_neighbours_keep_their_memory(
 
 def test_a_burst_past_three_gigabytes_is_flagged_and_nothing_is_stopped(
     eager, lab_fleet, funded, lab_image, owner_a, owner_b
-):  # type: ignore[no-untyped-def]
+):
     fleet = lab_fleet()
     lab, node = fleet.nodes[0], fleet.registered[0]
     launch = launcher(funded, lab_image)
@@ -204,7 +204,7 @@ def test_a_burst_past_three_gigabytes_is_flagged_and_nothing_is_stopped(
 
 def test_a_bandwidth_hog_is_paused_and_resumed_for_real_and_alone(
     eager, lab_fleet, funded, lab_image, owner_a, owner_b, monkeypatch
-):  # type: ignore[no-untyped-def]
+):
     monkeypatch.setattr(throttle, "DUTY_PAUSE_S", 0.5)
     monkeypatch.setattr(throttle, "DUTY_RUN_S", 0.5)
     monkeypatch.setattr(throttle, "_cycles", lambda: 3)
@@ -254,7 +254,7 @@ def test_a_bandwidth_hog_is_paused_and_resumed_for_real_and_alone(
 
 def test_an_idle_slice_is_warned_then_its_memory_is_reclaimed_for_real(
     eager, lab_fleet, funded, lab_image, owner_a, owner_b
-):  # type: ignore[no-untyped-def]
+):
     fleet = lab_fleet()
     lab, node = fleet.nodes[0], fleet.registered[0]
     launch = launcher(funded, lab_image)
@@ -289,7 +289,7 @@ def test_an_idle_slice_is_warned_then_its_memory_is_reclaimed_for_real(
 
 def test_xid_79_drains_the_card_and_no_new_slice_lands_there(
     eager, lab_fleet, funded, lab_image, owner_a
-):  # type: ignore[no-untyped-def]
+):
     fleet = lab_fleet([LabNodeSpec("lab-xid", (GpuSpec("NVIDIA A30"), GpuSpec("NVIDIA A30")))])
     lab, node = fleet.nodes[0], fleet.registered[0]
     launch = launcher(funded, lab_image)
@@ -314,7 +314,7 @@ def test_xid_79_drains_the_card_and_no_new_slice_lands_there(
 
 def test_quiet_churn_of_fifty_ordinary_slices_files_no_incident(
     eager, lab_fleet, funded, lab_image, owner_a, settings
-):  # type: ignore[no-untyped-def]
+):
     """Launch, run, stop, fifty times, with the sampler racing the stops from another
     thread and the sweep after each: no incident. (Before, every stop left an orphan:
     the sweep judged a sample taken while the slice ran against slices live after it
@@ -371,7 +371,7 @@ def test_quiet_churn_of_fifty_ordinary_slices_files_no_incident(
 
 def test_two_counts_of_a_slices_memory_agree_with_pools_counted_and_both_are_shown(
     eager, lab_fleet, funded, lab_image, owner_a, owner_b, client, ops_user
-):  # type: ignore[no-untyped-def]
+):
     """NVML's count and the quota library's books (HAMi-core's shared region, read by the
     sampler) for each slice. The supported library counts cuMemCreate too, so a job whose
     NCCL-style pool takes 1500 MiB through the virtual memory API agrees with NVML: no
@@ -386,7 +386,7 @@ def test_two_counts_of_a_slices_memory_agree_with_pools_counted_and_both_are_sho
         assert s.state == Slice.State.RUNNING, s.state_reason
     assert wait_for(lambda: used_mb(lab, honest) == 3000 and used_mb(lab, pooled) == 3500)
 
-    def counts(s):  # type: ignore[no-untyped-def]
+    def counts(s):
         a = Allocation.objects.get(pk=s.allocation_id)
         return a.nvml_mb, a.library_mb
 
@@ -407,7 +407,7 @@ def test_two_counts_of_a_slices_memory_agree_with_pools_counted_and_both_are_sho
 
 def test_placement_counts_memory_a_card_holds_outside_the_platform(
     eager, lab_fleet, funded, lab_image, owner_a
-):  # type: ignore[no-untyped-def]
+):
     fleet = lab_fleet()
     lab, node = fleet.nodes[0], fleet.registered[0]
     gpu = Gpu.objects.get(node=node)
@@ -440,7 +440,7 @@ def test_placement_counts_memory_a_card_holds_outside_the_platform(
 
 def test_memory_that_outlives_its_container_is_an_orphan_once_confirmed(
     eager, lab_fleet, funded, lab_image, owner_a
-):  # type: ignore[no-untyped-def]
+):
     fleet = lab_fleet()
     lab, node = fleet.nodes[0], fleet.registered[0]
     gpu = Gpu.objects.get(node=node)

@@ -49,13 +49,13 @@ EVIDENCE_COLUMN = '"incidents_incident"."evidence"'
 
 
 @pytest.fixture
-def seed_incidents():  # type: ignore[no-untyped-def]
+def seed_incidents():
     """bench/_incident_seed.py's seed_incidents: the ledger the scale measurements use."""
     return load_bench("_incident_seed").seed_incidents
 
 
 @pytest.fixture
-def fleet(owner_a, owner_b):  # type: ignore[no-untyped-def]
+def fleet(owner_a, owner_b):
     """Two nodes of two GPUs, each tenant with slices on them."""
     nodes = [
         Node.objects.create(
@@ -78,7 +78,7 @@ def fleet(owner_a, owner_b):  # type: ignore[no-untyped-def]
     return {"nodes": nodes, "gpus": gpus, "slices": slices}
 
 
-def make_slice(tenant, gpu) -> Slice:  # type: ignore[no-untyped-def]
+def make_slice(tenant, gpu) -> Slice:
     n = Slice.objects.count() + 1
     purchase = Purchase.objects.create(
         tenant=tenant,
@@ -106,7 +106,7 @@ def make_slice(tenant, gpu) -> Slice:  # type: ignore[no-untyped-def]
     )
 
 
-def make_incident(n: int, **kw) -> Incident:  # type: ignore[no-untyped-def]
+def make_incident(n: int, **kw) -> Incident:
     now = timezone.now()
     values = {
         "rule": "vram_high",
@@ -130,7 +130,7 @@ def link(body: str, words: str) -> str | None:
     return found.group(1).replace("&amp;", "&") if found else None
 
 
-def queries(client, url: str) -> list[str]:  # type: ignore[no-untyped-def]
+def queries(client, url: str) -> list[str]:
     with CaptureQueriesContext(connection) as ctx:
         response = client.get(url)
         if getattr(response, "streaming", False):
@@ -142,7 +142,7 @@ def queries(client, url: str) -> list[str]:  # type: ignore[no-untyped-def]
 # --- the seed ---------------------------------------------------------------------------------
 
 
-def test_the_seed_fills_an_empty_fleet_without_links_and_keeps_every_rule(seed_incidents):  # type: ignore[no-untyped-def]
+def test_the_seed_fills_an_empty_fleet_without_links_and_keeps_every_rule(seed_incidents):
     until = datetime(2026, 6, 1, tzinfo=UTC)
     assert seed_incidents(count=2000, days=30, until=until) == 2000
     rows = Incident.objects.all()
@@ -167,7 +167,7 @@ def test_the_seed_fills_an_empty_fleet_without_links_and_keeps_every_rule(seed_i
     ).exists()
 
 
-def test_the_seed_links_incidents_to_the_fleet_as_they_belong(seed_incidents, fleet):  # type: ignore[no-untyped-def]
+def test_the_seed_links_incidents_to_the_fleet_as_they_belong(seed_incidents, fleet):
     seed_incidents(count=1500)
     rows = Incident.objects.select_related("gpu", "slice__allocation")
     with_gpu = rows.filter(gpu__isnull=False)
@@ -183,7 +183,7 @@ def test_the_seed_links_incidents_to_the_fleet_as_they_belong(seed_incidents, fl
 # --- query counts -----------------------------------------------------------------------------
 
 
-def test_ledger_kpi_and_tenant_pages_take_as_many_queries_at_any_size(  # type: ignore[no-untyped-def]
+def test_ledger_kpi_and_tenant_pages_take_as_many_queries_at_any_size(
     client, ops_user, owner_a, fleet, seed_incidents
 ):
     # Small: fewer rows than a page holds, so that a query per row would show; one
@@ -236,7 +236,7 @@ def test_ledger_kpi_and_tenant_pages_take_as_many_queries_at_any_size(  # type: 
 
 
 @pytest.fixture
-def tied_ledger():  # type: ignore[no-untyped-def]
+def tied_ledger():
     """70 incidents on three timestamps, two occurrence counts and three severities: every
     order has long runs of ties that only the id breaks."""
     base = timezone.now().replace(microsecond=0)
@@ -253,7 +253,7 @@ def tied_ledger():  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("sort", list(selectors.SORTS))
-def test_keyset_pages_cover_the_ledger_once_in_order_across_ties(  # type: ignore[no-untyped-def]
+def test_keyset_pages_cover_the_ledger_once_in_order_across_ties(
     client, ops_user, tied_ledger, sort
 ):
     client.force_login(ops_user)
@@ -276,11 +276,11 @@ def test_keyset_pages_cover_the_ledger_once_in_order_across_ties(  # type: ignor
     assert back[::-1] == pages
 
 
-def following_link(client, sort: str) -> str:  # type: ignore[no-untyped-def]
+def following_link(client, sort: str) -> str:
     return link(client.get(f"{LEDGER}?sort={sort}").content.decode(), "next") or ""
 
 
-def test_a_page_asked_for_by_number_is_the_page_its_link_leads_to(client, ops_user, tied_ledger):  # type: ignore[no-untyped-def]
+def test_a_page_asked_for_by_number_is_the_page_its_link_leads_to(client, ops_user, tied_ledger):
     client.force_login(ops_user)
     first = client.get(f"{LEDGER}?status=resolved").content.decode()
     second = client.get(LEDGER + link(first, "next")).content.decode()
@@ -295,7 +295,7 @@ def test_a_page_asked_for_by_number_is_the_page_its_link_leads_to(client, ops_us
     assert client.get(f"{LEDGER}?page=2&after=not-a-keyset!").status_code == 200
 
 
-def test_a_count_past_the_cap_is_said_as_such(client, ops_user, monkeypatch):  # type: ignore[no-untyped-def]
+def test_a_count_past_the_cap_is_said_as_such(client, ops_user, monkeypatch):
     monkeypatch.setattr(paging, "COUNT_CAP", 30)
     for n in range(31):
         make_incident(n)
@@ -311,7 +311,7 @@ def test_a_count_past_the_cap_is_said_as_such(client, ops_user, monkeypatch):  #
 # --- narrow rows ------------------------------------------------------------------------------
 
 
-def test_lists_never_read_the_evidence_and_one_incident_does(  # type: ignore[no-untyped-def]
+def test_lists_never_read_the_evidence_and_one_incident_does(
     client, ops_user, owner_a, fleet, seed_incidents, api_ops, api_a
 ):
     seed_incidents(count=200)
@@ -341,12 +341,12 @@ def test_lists_never_read_the_evidence_and_one_incident_does(  # type: ignore[no
     assert tenant.get(f"/incidents/{incident.pk}/").status_code == 200
 
 
-def test_the_default_ledger_query_reads_its_index(seed_incidents):  # type: ignore[no-untyped-def]
+def test_the_default_ledger_query_reads_its_index(seed_incidents):
     seed_incidents(count=4000)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE incidents_incident")
 
-    def plan(queryset) -> str:  # type: ignore[no-untyped-def]
+    def plan(queryset) -> str:
         sql, params = queryset.query.sql_with_params()
         with connection.cursor() as cursor:
             cursor.execute("EXPLAIN " + sql, params)
@@ -396,7 +396,7 @@ def rules_the_code_files() -> set[str]:
     return found
 
 
-def test_the_rule_filter_offers_the_rules_the_code_files_without_asking_the_ledger(  # type: ignore[no-untyped-def]
+def test_the_rule_filter_offers_the_rules_the_code_files_without_asking_the_ledger(
     client, ops_user
 ):
     assert set(RULES) == rules_the_code_files()
@@ -408,7 +408,7 @@ def test_the_rule_filter_offers_the_rules_the_code_files_without_asking_the_ledg
     assert not [q for q in sqls if "DISTINCT" in q and '"rule"' in q]
 
 
-def test_the_filters_are_typed_so_the_page_does_not_list_the_fleet(  # type: ignore[no-untyped-def]
+def test_the_filters_are_typed_so_the_page_does_not_list_the_fleet(
     client, ops_user, owner_a, owner_b
 ):
     node = Node.objects.create(gate_status="passed", name="far-node", address="10.8.0.1")
@@ -434,7 +434,7 @@ def test_the_filters_are_typed_so_the_page_does_not_list_the_fleet(  # type: ign
         assert row_ids(client.get(LEDGER, nobody).content.decode()) == [], nobody
 
 
-def test_the_kpis_show_the_worst_nodes_not_every_node(client, ops_user):  # type: ignore[no-untyped-def]
+def test_the_kpis_show_the_worst_nodes_not_every_node(client, ops_user):
     an_hour_ago = timezone.now() - timedelta(hours=1)
     nodes = [
         Node.objects.create(gate_status="passed", name=f"k{n:02d}", address=f"10.9.0.{n}")
@@ -462,12 +462,12 @@ def test_the_kpis_show_the_worst_nodes_not_every_node(client, ops_user):  # type
 # --- when the condition began -----------------------------------------------------------------
 
 
-def test_record_stores_when_the_condition_began(fleet):  # type: ignore[no-untyped-def]
+def test_record_stores_when_the_condition_began(fleet):
     gpu = fleet["gpus"][0]
     now = timezone.now().replace(microsecond=0)
     began = now - timedelta(seconds=95, microseconds=250)
 
-    def finding(target: str, **evidence) -> Finding:  # type: ignore[no-untyped-def]
+    def finding(target: str, **evidence) -> Finding:
         return Finding(
             rule="fleet_sweep",
             target=target,
@@ -494,7 +494,7 @@ def test_record_stores_when_the_condition_began(fleet):  # type: ignore[no-untyp
     assert not created and again.condition_since == began
 
 
-def test_the_migration_fills_condition_since_as_the_kpis_read_the_evidence():  # type: ignore[no-untyped-def]
+def test_the_migration_fills_condition_since_as_the_kpis_read_the_evidence():
     migration = importlib.import_module("incidents.migrations.0007_ledger_scale")
     cases = {
         "2024-03-01T10:00:00+00:00": datetime(2024, 3, 1, 10, tzinfo=UTC),
@@ -606,7 +606,7 @@ def same(a: dict, b: dict) -> bool:
     )
 
 
-def test_kpis_are_the_numbers_they_were_when_they_read_the_evidence(seed_incidents, fleet):  # type: ignore[no-untyped-def]
+def test_kpis_are_the_numbers_they_were_when_they_read_the_evidence(seed_incidents, fleet):
     until = timezone.now()
     seed_incidents(count=3000, days=40, until=until)
     gpu, node = fleet["gpus"][3], fleet["nodes"][0]
@@ -656,9 +656,7 @@ def test_kpis_are_the_numbers_they_were_when_they_read_the_evidence(seed_inciden
 
 
 @pytest.mark.parametrize("ordering", ["", "severity_rank", "-occurrences", "first_seen_at"])
-def test_api_pages_past_the_first_are_the_rows_their_number_names(  # type: ignore[no-untyped-def]
-    api_ops, tied_ledger, ordering
-):
+def test_api_pages_past_the_first_are_the_rows_their_number_names(api_ops, tied_ledger, ordering):
     params = {"page_size": 10} | ({"ordering": ordering} if ordering else {})
     every = []
     page = api_ops.get("/api/v1/incidents/", params).json()

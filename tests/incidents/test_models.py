@@ -11,7 +11,7 @@ from incidents.models import Incident, IncidentEvent
 pytestmark = pytest.mark.django_db
 
 
-def _incident(**kw):  # type: ignore[no-untyped-def]
+def _incident(**kw):
     now = timezone.now()
     data = {
         "rule": "vram_warning",
@@ -24,7 +24,7 @@ def _incident(**kw):  # type: ignore[no-untyped-def]
     return Incident.objects.create(**data)
 
 
-def test_one_unresolved_incident_per_rule_and_target():  # type: ignore[no-untyped-def]
+def test_one_unresolved_incident_per_rule_and_target():
     first = _incident()
     with pytest.raises(IntegrityError), transaction.atomic():
         _incident()
@@ -35,7 +35,7 @@ def test_one_unresolved_incident_per_rule_and_target():  # type: ignore[no-untyp
     _incident()  # after resolution the rule may fire again
 
 
-def test_timestamps_and_resolution_are_consistent():  # type: ignore[no-untyped-def]
+def test_timestamps_and_resolution_are_consistent():
     now = timezone.now()
     with pytest.raises(IntegrityError), transaction.atomic():
         _incident(first_seen_at=now, last_seen_at=now - timedelta(seconds=1))
@@ -45,7 +45,7 @@ def test_timestamps_and_resolution_are_consistent():  # type: ignore[no-untyped-
         _incident(occurrences=0)
 
 
-def test_timeline_is_ordered_and_deleted_with_incident():  # type: ignore[no-untyped-def]
+def test_timeline_is_ordered_and_deleted_with_incident():
     incident = _incident()
     for kind in ["detected", "located", "classified"]:
         IncidentEvent.objects.create(incident=incident, kind=kind, message=kind)
@@ -54,14 +54,14 @@ def test_timeline_is_ordered_and_deleted_with_incident():  # type: ignore[no-unt
     assert not IncidentEvent.objects.exists()
 
 
-def test_tenant_scoping_of_incidents(owner_a, owner_b):  # type: ignore[no-untyped-def]
+def test_tenant_scoping_of_incidents(owner_a, owner_b):
     mine = _incident(tenant=owner_a.tenant)
     _incident(tenant=owner_b.tenant, target_key="gpu:GPU-9")
     assert list(Incident.objects.for_tenant(owner_a.tenant)) == [mine]
     assert not Incident.objects.for_tenant(None).exists()
 
 
-def test_ops_only_incidents_are_never_a_tenants(owner_a):  # type: ignore[no-untyped-def]
+def test_ops_only_incidents_are_never_a_tenants(owner_a):
     mine = _incident(tenant=owner_a.tenant)
     _incident(tenant=owner_a.tenant, rule="accounting_drift", target_key="slice:1")
     assert list(Incident.objects.for_tenant(owner_a.tenant)) == [mine]

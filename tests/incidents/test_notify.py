@@ -54,7 +54,7 @@ class Receiver:
                 self.end_headers()
                 self.wfile.write(b"ok")
 
-            def log_message(self, *args) -> None:  # type: ignore[no-untyped-def]
+            def log_message(self, *args) -> None:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -76,7 +76,7 @@ class Receiver:
 
 
 @pytest.fixture
-def receiver(monkeypatch, settings):  # type: ignore[no-untyped-def]
+def receiver(monkeypatch, settings):
     settings.WEBHOOKS_ALLOW_PRIVATE = True  # the receiver is on loopback
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")  # urllib must not go through a proxy
     monkeypatch.setenv("no_proxy", "127.0.0.1")
@@ -86,14 +86,14 @@ def receiver(monkeypatch, settings):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def eager():  # type: ignore[no-untyped-def]
+def eager():
     app.conf.task_always_eager = True
     yield
     app.conf.task_always_eager = False
 
 
 @pytest.fixture
-def gpu():  # type: ignore[no-untyped-def]
+def gpu():
     node = Node.objects.create(
         gate_status="passed", name="w1", address="10.8.0.1", status="active", host_key="k"
     )
@@ -102,7 +102,7 @@ def gpu():  # type: ignore[no-untyped-def]
     )
 
 
-def breach(s, gpu) -> rules.Finding:  # type: ignore[no-untyped-def]
+def breach(s, gpu) -> rules.Finding:
     """The first sample over quota: recorded, no action yet (one sample of grace)."""
     return rules.Finding(
         rule="quota_breach",
@@ -119,8 +119,8 @@ def breach(s, gpu) -> rules.Finding:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def endpoints(receiver, owner_a, owner_b):  # type: ignore[no-untyped-def]
-    def make(tenant, path, *, active=True):  # type: ignore[no-untyped-def]
+def endpoints(receiver, owner_a, owner_b):
+    def make(tenant, path, *, active=True):
         return WebhookEndpoint.objects.create(
             tenant=tenant, url=receiver.url(path), secret=f"secret-{path}", is_active=active
         )
@@ -160,7 +160,7 @@ def verify(request: dict, secret: str) -> dict:
 # --- who is told -------------------------------------------------------------------------------
 
 
-def test_an_incident_about_a_slice_reaches_ops_and_that_tenant_only(  # type: ignore[no-untyped-def]
+def test_an_incident_about_a_slice_reaches_ops_and_that_tenant_only(
     gpu, owner_a, owner_b, ops_user, endpoints, receiver, eager, django_capture_on_commit_callbacks
 ):
     slice_a = running_slice(owner_a, gpu, CID_A)
@@ -200,7 +200,7 @@ def test_an_incident_about_a_slice_reaches_ops_and_that_tenant_only(  # type: ig
     assert "w1" not in to_tenant.body and "GPU-w1-0-where" not in to_tenant.body
 
 
-def test_an_incident_about_no_tenant_reaches_ops_only(  # type: ignore[no-untyped-def]
+def test_an_incident_about_no_tenant_reaches_ops_only(
     gpu, owner_a, ops_user, endpoints, receiver, eager, django_capture_on_commit_callbacks
 ):
     running_slice(owner_a, gpu, CID_A)  # a tenant on the card is not about this incident
@@ -220,7 +220,7 @@ def test_an_incident_about_no_tenant_reaches_ops_only(  # type: ignore[no-untype
     assert [m.to for m in mail.outbox] == [[ops_user.email]]
 
 
-def test_email_send_directly_tells_ops_and_the_tenant_owner_only(  # type: ignore[no-untyped-def]
+def test_email_send_directly_tells_ops_and_the_tenant_owner_only(
     gpu, owner_a, owner_b, ops_user, django_capture_on_commit_callbacks
 ):
     slice_a = running_slice(owner_a, gpu, CID_A)
@@ -238,14 +238,14 @@ def test_email_send_directly_tells_ops_and_the_tenant_owner_only(  # type: ignor
 # --- failures and retries -------------------------------------------------------------------
 
 
-def _one_delivery(gpu, owner_a, endpoints, capture) -> WebhookDelivery:  # type: ignore[no-untyped-def]
+def _one_delivery(gpu, owner_a, endpoints, capture) -> WebhookDelivery:
     slice_a = running_slice(owner_a, gpu, CID_A)
     with capture(execute=False):  # queued, not run: the test runs the deliveries
         services.apply_findings([breach(slice_a, gpu)], now=timezone.now(), gpus={gpu.pk: gpu})
     return WebhookDelivery.objects.get(endpoint=endpoints["a"])
 
 
-def test_a_receiver_error_keeps_the_delivery_pending_then_fails_it_on_the_last_attempt(  # type: ignore[no-untyped-def]
+def test_a_receiver_error_keeps_the_delivery_pending_then_fails_it_on_the_last_attempt(
     gpu, owner_a, endpoints, receiver, django_capture_on_commit_callbacks
 ):
     receiver.answers["/a"] = 500
@@ -267,7 +267,7 @@ def test_a_receiver_error_keeps_the_delivery_pending_then_fails_it_on_the_last_a
         verify(request, "secret-/a")
 
 
-def test_an_unreachable_receiver_is_recorded_as_an_error(  # type: ignore[no-untyped-def]
+def test_an_unreachable_receiver_is_recorded_as_an_error(
     gpu, owner_a, endpoints, receiver, django_capture_on_commit_callbacks
 ):
     delivery = _one_delivery(gpu, owner_a, endpoints, django_capture_on_commit_callbacks)
@@ -279,7 +279,7 @@ def test_an_unreachable_receiver_is_recorded_as_an_error(  # type: ignore[no-unt
     assert delivery.response_status is None and delivery.last_error
 
 
-def test_a_delivered_webhook_is_not_sent_twice(  # type: ignore[no-untyped-def]
+def test_a_delivered_webhook_is_not_sent_twice(
     gpu, owner_a, endpoints, receiver, django_capture_on_commit_callbacks
 ):
     receiver.answers["/a"] = 503
@@ -295,7 +295,7 @@ def test_a_delivered_webhook_is_not_sent_twice(  # type: ignore[no-untyped-def]
     assert delivery.last_error == "" and len(receiver.to("/a")) == 2
 
 
-def test_the_webhook_task_retries_until_its_last_attempt(  # type: ignore[no-untyped-def]
+def test_the_webhook_task_retries_until_its_last_attempt(
     gpu, owner_a, endpoints, receiver, django_capture_on_commit_callbacks
 ):
     receiver.answers["/a"] = 500
@@ -307,7 +307,7 @@ def test_the_webhook_task_retries_until_its_last_attempt(  # type: ignore[no-unt
     assert len(receiver.to("/a")) == attempts
 
 
-def test_a_tenant_webhook_to_a_private_address_is_refused_when_sent(  # type: ignore[no-untyped-def]
+def test_a_tenant_webhook_to_a_private_address_is_refused_when_sent(
     gpu, owner_a, endpoints, receiver, settings, django_capture_on_commit_callbacks
 ):
     settings.WEBHOOKS_ALLOW_PRIVATE = False  # production: the tenant's URL is on loopback
@@ -318,7 +318,7 @@ def test_a_tenant_webhook_to_a_private_address_is_refused_when_sent(  # type: ig
     assert receiver.to("/a") == []  # nothing was sent
 
 
-def test_a_redirect_is_a_failed_delivery_not_followed(  # type: ignore[no-untyped-def]
+def test_a_redirect_is_a_failed_delivery_not_followed(
     gpu, owner_a, endpoints, receiver, django_capture_on_commit_callbacks
 ):
     receiver.answers["/a"] = 302
@@ -330,7 +330,7 @@ def test_a_redirect_is_a_failed_delivery_not_followed(  # type: ignore[no-untype
     assert len(receiver.to("/a")) == 1
 
 
-def test_the_name_is_resolved_once_and_the_checked_address_is_the_one_used(  # type: ignore[no-untyped-def]
+def test_the_name_is_resolved_once_and_the_checked_address_is_the_one_used(
     gpu, owner_a, endpoints, receiver, settings, monkeypatch, django_capture_on_commit_callbacks
 ):
     """DNS rebinding: the address checked is the address connected to. The tenant's
@@ -343,7 +343,7 @@ def test_the_name_is_resolved_once_and_the_checked_address_is_the_one_used(  # t
     real = socket.getaddrinfo
     lookups = []
 
-    def resolve(host, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def resolve(host, *args, **kwargs):
         lookups.append(host)
         if host == "hooks.alpha.test":
             return real("127.0.0.1", *args, **kwargs)
@@ -366,7 +366,7 @@ def test_the_name_is_resolved_once_and_the_checked_address_is_the_one_used(  # t
 # --- what each mail says ---------------------------------------------------------------------
 
 
-def test_each_mail_says_which_event_it_is_and_the_end_of_an_alarm_is_no_second_alarm(  # type: ignore[no-untyped-def]
+def test_each_mail_says_which_event_it_is_and_the_end_of_an_alarm_is_no_second_alarm(
     gpu, owner_a, ops_user, endpoints, receiver, eager, django_capture_on_commit_callbacks
 ):
     card = rules.Finding(
@@ -408,7 +408,7 @@ def test_each_mail_says_which_event_it_is_and_the_end_of_an_alarm_is_no_second_a
     assert "back under 85%" in resolved["incident"]["resolution_note"]
 
 
-def test_a_quota_stop_tells_the_tenant_twice_the_warning_then_the_stop(  # type: ignore[no-untyped-def]
+def test_a_quota_stop_tells_the_tenant_twice_the_warning_then_the_stop(
     gpu, owner_a, ops_user, eager, django_capture_on_commit_callbacks, monkeypatch
 ):
     s = running_slice(owner_a, gpu, CID_A)

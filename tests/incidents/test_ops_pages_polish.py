@@ -38,7 +38,7 @@ def gpu() -> Gpu:
     )
 
 
-def incident(**kw) -> Incident:  # type: ignore[no-untyped-def]
+def incident(**kw) -> Incident:
     now = timezone.now()
     values = {
         "rule": "quota_breach",
@@ -55,7 +55,7 @@ def incident(**kw) -> Incident:  # type: ignore[no-untyped-def]
 # --- tables ------------------------------------------------------------------------------------
 
 
-def test_the_ledger_table_scrolls_in_its_own_box_and_its_dates_wrap_between_day_and_time(  # type: ignore[no-untyped-def]
+def test_the_ledger_table_scrolls_in_its_own_box_and_its_dates_wrap_between_day_and_time(
     client, ops_user, gpu
 ):
     i = incident(gpu=gpu, node=gpu.node, occurrences=12345)
@@ -71,7 +71,7 @@ def test_the_ledger_table_scrolls_in_its_own_box_and_its_dates_wrap_between_day_
     assert re.search(r'<div class="table-scroll">\s*<table id="incident-rows"', partial)
 
 
-def test_every_wide_table_on_the_incident_pages_sits_in_a_scrolling_box(client, ops_user, gpu):  # type: ignore[no-untyped-def]
+def test_every_wide_table_on_the_incident_pages_sits_in_a_scrolling_box(client, ops_user, gpu):
     i = incident(
         gpu=gpu,
         evidence={
@@ -99,7 +99,7 @@ def test_every_wide_table_on_the_incident_pages_sits_in_a_scrolling_box(client, 
 # --- KPI charts --------------------------------------------------------------------------------
 
 
-def test_kpi_charts_say_no_data_yet_on_an_empty_database(client, ops_user):  # type: ignore[no-untyped-def]
+def test_kpi_charts_say_no_data_yet_on_an_empty_database(client, ops_user):
     client.force_login(ops_user)
     response = client.get("/ops/incidents/kpis/")
     body = response.content.decode()
@@ -112,7 +112,7 @@ def test_kpi_charts_say_no_data_yet_on_an_empty_database(client, ops_user):  # t
     assert "js/incident_kpis.js" in body  # the script still loads, and draws nothing
 
 
-def test_kpi_charts_with_points_are_drawn_and_one_of_only_zeros_says_no_data_yet(  # type: ignore[no-untyped-def]
+def test_kpi_charts_with_points_are_drawn_and_one_of_only_zeros_says_no_data_yet(
     client, ops_user, gpu
 ):
     now = timezone.now()
@@ -131,7 +131,7 @@ def test_kpi_charts_with_points_are_drawn_and_one_of_only_zeros_says_no_data_yet
 # --- evidence ----------------------------------------------------------------------------------
 
 
-def test_evidence_with_missing_values_never_prints_a_raw_none(client, ops_user, gpu):  # type: ignore[no-untyped-def]
+def test_evidence_with_missing_values_never_prints_a_raw_none(client, ops_user, gpu):
     now = timezone.now()
     i = incident(
         gpu=gpu,
@@ -184,7 +184,7 @@ def test_evidence_with_missing_values_never_prints_a_raw_none(client, ops_user, 
     assert not RAW.findall(live)
 
 
-def test_the_tenant_incident_page_wraps_its_facts_and_prints_no_none(client, owner_a, gpu):  # type: ignore[no-untyped-def]
+def test_the_tenant_incident_page_wraps_its_facts_and_prints_no_none(client, owner_a, gpu):
     s = running_slice(owner_a, gpu)
     i = incident(
         tenant=owner_a.tenant, slice=s, gpu=gpu, evidence={"used_mb": None, "quota_mb": None}
@@ -209,7 +209,7 @@ class Fields(HTMLParser):
         self.label_for: set[str] = set()
         self.fields: list[tuple[str, dict, bool]] = []
 
-    def handle_starttag(self, tag, attrs):  # type: ignore[no-untyped-def]
+    def handle_starttag(self, tag, attrs):
         a = dict(attrs)
         if tag == "label":
             self.in_label += 1
@@ -218,7 +218,7 @@ class Fields(HTMLParser):
         elif tag in ("input", "select", "textarea") and a.get("type") not in ("hidden", "submit"):
             self.fields.append((tag, a, self.in_label > 0))
 
-    def handle_endtag(self, tag):  # type: ignore[no-untyped-def]
+    def handle_endtag(self, tag):
         if tag == "label":
             self.in_label -= 1
 
@@ -236,7 +236,7 @@ def fields_of(body: str) -> Fields:
     return parser
 
 
-def test_every_form_field_on_the_ops_pages_has_a_label(client, ops_user, gpu):  # type: ignore[no-untyped-def]
+def test_every_form_field_on_the_ops_pages_has_a_label(client, ops_user, gpu):
     i = incident(gpu=gpu, node=gpu.node)
     client.force_login(ops_user)
     urls = [

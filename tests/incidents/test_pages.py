@@ -43,7 +43,7 @@ def n2() -> Node:
     )
 
 
-def make_gpu(node: Node, index: int, **kw) -> Gpu:  # type: ignore[no-untyped-def]
+def make_gpu(node: Node, index: int, **kw) -> Gpu:
     return Gpu.objects.create(
         node=node,
         uuid=kw.pop("uuid", f"GPU-{node.name}-{index}"),
@@ -55,16 +55,16 @@ def make_gpu(node: Node, index: int, **kw) -> Gpu:  # type: ignore[no-untyped-de
 
 
 @pytest.fixture
-def g1(n1) -> Gpu:  # type: ignore[no-untyped-def]
+def g1(n1) -> Gpu:
     return make_gpu(n1, 0)
 
 
 @pytest.fixture
-def g2(n2) -> Gpu:  # type: ignore[no-untyped-def]
+def g2(n2) -> Gpu:
     return make_gpu(n2, 0)
 
 
-def make_slice(tenant, gpu, *, state="running", started=None, stopped=None, vram_mb=8192):  # type: ignore[no-untyped-def]
+def make_slice(tenant, gpu, *, state="running", started=None, stopped=None, vram_mb=8192):
     """A slice placed on `gpu`, written as provisioning and stopping would leave it."""
     n = next(_seq)
     now = timezone.now()
@@ -100,7 +100,7 @@ def make_slice(tenant, gpu, *, state="running", started=None, stopped=None, vram
     )
 
 
-def make_incident(**kw) -> Incident:  # type: ignore[no-untyped-def]
+def make_incident(**kw) -> Incident:
     now = timezone.now()
     values = {
         "rule": "vram_high",
@@ -117,14 +117,14 @@ def make_incident(**kw) -> Incident:  # type: ignore[no-untyped-def]
     return Incident.objects.create(**values)
 
 
-def row_ids(response) -> list[int]:  # type: ignore[no-untyped-def]
+def row_ids(response) -> list[int]:
     return [int(pk) for pk in re.findall(r'<tr id="incident-(\d+)"', response.content.decode())]
 
 
 # --- who may see what ---------------------------------------------------------------------------
 
 
-def test_ops_pages_send_tenants_and_anonymous_users_to_the_admin_login(client, owner_a):  # type: ignore[no-untyped-def]
+def test_ops_pages_send_tenants_and_anonymous_users_to_the_admin_login(client, owner_a):
     incident = make_incident(status="open")
     urls = [
         "/ops/incidents/",
@@ -159,7 +159,7 @@ def test_ops_pages_send_tenants_and_anonymous_users_to_the_admin_login(client, o
 
 
 @pytest.fixture
-def ledger(owner_a, owner_b, n1, n2, g1, g2):  # type: ignore[no-untyped-def]
+def ledger(owner_a, owner_b, n1, n2, g1, g2):
     now = timezone.now()
     slice_a = make_slice(owner_a.tenant, g2)
     return {
@@ -210,7 +210,7 @@ def ledger(owner_a, owner_b, n1, n2, g1, g2):  # type: ignore[no-untyped-def]
     }
 
 
-def test_each_ledger_filter_narrows_the_list(client, ops_user, ledger, owner_a, g1, n2):  # type: ignore[no-untyped-def]
+def test_each_ledger_filter_narrows_the_list(client, ops_user, ledger, owner_a, g1, n2):
     client.force_login(ops_user)
     ids = {k: v.pk for k, v in ledger.items()}
     two_days_ago = (timezone.now() - timedelta(days=2)).strftime("%Y-%m-%dT%H:%M")
@@ -241,7 +241,7 @@ def test_each_ledger_filter_narrows_the_list(client, ops_user, ledger, owner_a, 
     assert "(ignored)" in response.content.decode()
 
 
-def test_ledger_sorts_by_last_seen_first_seen_severity_and_occurrences(client, ops_user, ledger):  # type: ignore[no-untyped-def]
+def test_ledger_sorts_by_last_seen_first_seen_severity_and_occurrences(client, ops_user, ledger):
     client.force_login(ops_user)
     i = {k: v.pk for k, v in ledger.items()}
     expected = {
@@ -256,7 +256,7 @@ def test_ledger_sorts_by_last_seen_first_seen_severity_and_occurrences(client, o
     assert by_severity[2:] == [i["high"], i["jump"]]  # warning, then info
 
 
-def test_ledger_paginates_by_25_and_keeps_the_filters_in_page_links(client, ops_user):  # type: ignore[no-untyped-def]
+def test_ledger_paginates_by_25_and_keeps_the_filters_in_page_links(client, ops_user):
     for _ in range(30):
         make_incident(severity="critical")
     make_incident(severity="info")
@@ -268,7 +268,7 @@ def test_ledger_paginates_by_25_and_keeps_the_filters_in_page_links(client, ops_
     assert len(row_ids(second)) == 5
 
 
-def test_ledger_query_count_does_not_grow_with_its_rows(client, ops_user, owner_a, g1, n1):  # type: ignore[no-untyped-def]
+def test_ledger_query_count_does_not_grow_with_its_rows(client, ops_user, owner_a, g1, n1):
     client.force_login(ops_user)
 
     def queries() -> int:
@@ -283,7 +283,7 @@ def test_ledger_query_count_does_not_grow_with_its_rows(client, ops_user, owner_
     assert queries() == few
 
 
-def test_ledger_live_partial_is_only_the_list(client, ops_user, ledger):  # type: ignore[no-untyped-def]
+def test_ledger_live_partial_is_only_the_list(client, ops_user, ledger):
     client.force_login(ops_user)
     page = client.get("/ops/incidents/", {"status": "unresolved"}).content.decode()
     assert 'hx-trigger="every 10s"' in page and 'id="ledger-poll"' in page
@@ -294,7 +294,7 @@ def test_ledger_live_partial_is_only_the_list(client, ops_user, ledger):  # type
     assert len(row_ids(response)) == 3
 
 
-def test_bulk_acknowledge_acknowledges_only_the_selected_open_ones(client, ops_user):  # type: ignore[no-untyped-def]
+def test_bulk_acknowledge_acknowledges_only_the_selected_open_ones(client, ops_user):
     picked = [make_incident() for _ in range(2)]
     left_alone = make_incident()
     resolved = make_incident(status="resolved")
@@ -325,14 +325,14 @@ def test_bulk_acknowledge_acknowledges_only_the_selected_open_ones(client, ops_u
     assert left_alone.status == "open"
 
 
-def _csv(response) -> list[list[str]]:  # type: ignore[no-untyped-def]
+def _csv(response) -> list[list[str]]:
     assert response["Content-Type"].startswith("text/csv")
     assert "attachment" in response["Content-Disposition"]
     body = b"".join(response.streaming_content).decode()
     return list(csv.reader(io.StringIO(body)))
 
 
-def test_csv_export_has_the_header_and_the_filtered_rows_with_formulas_neutralised(  # type: ignore[no-untyped-def]
+def test_csv_export_has_the_header_and_the_filtered_rows_with_formulas_neutralised(
     client, ops_user, ledger, owner_b, g1
 ):
     evil = make_incident(
@@ -382,7 +382,7 @@ def test_csv_export_has_the_header_and_the_filtered_rows_with_formulas_neutralis
         assert not cell.startswith(("=", "+", "-", "@")), cell
 
 
-def test_the_ledger_and_its_export_read_any_utc_offset_and_refuse_an_impossible_time(  # type: ignore[no-untyped-def]
+def test_the_ledger_and_its_export_read_any_utc_offset_and_refuse_an_impossible_time(
     client, ops_user, ledger
 ):
     client.force_login(ops_user)
@@ -405,7 +405,7 @@ def test_the_ledger_and_its_export_read_any_utc_offset_and_refuse_an_impossible_
 
 
 @pytest.fixture
-def breach(owner_a, n1, g1, ops_user):  # type: ignore[no-untyped-def]
+def breach(owner_a, n1, g1, ops_user):
     """A quota breach recorded the way the watchdog records one (with its first three
     runbook steps), with a frozen window and process list."""
     s = make_slice(owner_a.tenant, g1)
@@ -453,7 +453,7 @@ def breach(owner_a, n1, g1, ops_user):  # type: ignore[no-untyped-def]
     return incident
 
 
-def test_incident_page_shows_the_five_steps_evidence_and_chart_data(client, ops_user, breach):  # type: ignore[no-untyped-def]
+def test_incident_page_shows_the_five_steps_evidence_and_chart_data(client, ops_user, breach):
     client.force_login(ops_user)
     response = client.get(f"/ops/incidents/{breach.pk}/")
     assert response.status_code == 200
@@ -482,7 +482,7 @@ def test_incident_page_shows_the_five_steps_evidence_and_chart_data(client, ops_
 
 def test_incident_without_window_shows_xid_lines_and_falls_back_to_the_gpu_total(
     client, ops_user, g1
-):  # type: ignore[no-untyped-def]
+):
     incident = make_incident(
         rule="hardware_fault",
         gpu=g1,
@@ -499,7 +499,7 @@ def test_incident_without_window_shows_xid_lines_and_falls_back_to_the_gpu_total
     assert response.context["evidence"]["chart"]["limit_mb"] == 24576  # the GPU's total
 
 
-def test_incident_live_part_polls_until_resolved(client, ops_user, breach):  # type: ignore[no-untyped-def]
+def test_incident_live_part_polls_until_resolved(client, ops_user, breach):
     client.force_login(ops_user)
     response = client.get(f"/ops/incidents/{breach.pk}/", **HX)
     assert response.status_code == 200
@@ -509,7 +509,7 @@ def test_incident_live_part_polls_until_resolved(client, ops_user, breach):  # t
     assert "hx-trigger" not in client.get(f"/ops/incidents/{breach.pk}/").content.decode()
 
 
-def test_acknowledge_asks_first_then_acknowledges(client, ops_user, breach):  # type: ignore[no-untyped-def]
+def test_acknowledge_asks_first_then_acknowledges(client, ops_user, breach):
     client.force_login(ops_user)
     url = f"/ops/incidents/{breach.pk}/acknowledge/"
     confirm = client.get(url)
@@ -527,7 +527,7 @@ def test_acknowledge_asks_first_then_acknowledges(client, ops_user, breach):  # 
     assert client.get(url).status_code == 302
 
 
-def test_resolve_needs_a_note_then_resolves_with_the_actor_and_reopen_brings_it_back(  # type: ignore[no-untyped-def]
+def test_resolve_needs_a_note_then_resolves_with_the_actor_and_reopen_brings_it_back(
     client, ops_user, breach
 ):
     client.force_login(ops_user)
@@ -557,7 +557,7 @@ def test_resolve_needs_a_note_then_resolves_with_the_actor_and_reopen_brings_it_
     ).exists()
 
 
-def test_stop_slice_action_stops_it_and_records_an_action_event(  # type: ignore[no-untyped-def]
+def test_stop_slice_action_stops_it_and_records_an_action_event(
     client, ops_user, breach, django_capture_on_commit_callbacks
 ):
     client.force_login(ops_user)
@@ -584,7 +584,7 @@ def test_stop_slice_action_stops_it_and_records_an_action_event(  # type: ignore
     assert f'id="slice-state">{s.state}<' in page
 
 
-def test_drain_gpu_and_node_actions_close_them_and_record_action_events(  # type: ignore[no-untyped-def]
+def test_drain_gpu_and_node_actions_close_them_and_record_action_events(
     client, ops_user, breach, g1, n1
 ):
     client.force_login(ops_user)
@@ -611,7 +611,7 @@ def test_drain_gpu_and_node_actions_close_them_and_record_action_events(  # type
     assert f"({ops_user.email})" in page
 
 
-def test_an_action_the_incident_cannot_take_is_refused_with_a_message(client, ops_user):  # type: ignore[no-untyped-def]
+def test_an_action_the_incident_cannot_take_is_refused_with_a_message(client, ops_user):
     incident = make_incident()  # no slice, GPU or node
     client.force_login(ops_user)
     for action in ("stop-slice", "drain-gpu", "drain-node", "reopen"):
@@ -633,7 +633,7 @@ def hours(h: float) -> datetime:
 
 
 @pytest.fixture
-def kpi_fleet(owner_a, owner_b, n1, n2):  # type: ignore[no-untyped-def]
+def kpi_fleet(owner_a, owner_b, n1, n2):
     """10 GPUs present for the whole day (6 on n1, 4 on n2), one gone, one found late."""
     gpus = [make_gpu(n1, i) for i in range(6)] + [make_gpu(n2, i) for i in range(4)]
     gone = make_gpu(n2, 9, present=False)
@@ -676,7 +676,7 @@ def kpi_fleet(owner_a, owner_b, n1, n2):  # type: ignore[no-untyped-def]
     return {"slices": [s1, s2, s3, s4]}
 
 
-def test_kpis_on_a_fixed_day_are_what_the_definitions_give_by_hand(kpi_fleet):  # type: ignore[no-untyped-def]
+def test_kpis_on_a_fixed_day_are_what_the_definitions_give_by_hand(kpi_fleet):
     k = kpis.compute(since=T0, until=T0 + timedelta(hours=24))
     assert k["gpu_hours"] == 240.0  # 10 present GPUs x 24 h; the gone one is not counted
     assert k["incidents"] == 2 and k["resolved"] == 1
@@ -702,9 +702,7 @@ def test_kpis_on_a_fixed_day_are_what_the_definitions_give_by_hand(kpi_fleet):  
     }
 
 
-def test_a_gpu_found_mid_period_counts_from_then_and_an_open_incident_runs_to_the_end(  # type: ignore[no-untyped-def]
-    owner_a, n1
-):
+def test_a_gpu_found_mid_period_counts_from_then_and_an_open_incident_runs_to_the_end(owner_a, n1):
     early, late = make_gpu(n1, 0), make_gpu(n1, 1)
     Gpu.objects.filter(pk=early.pk).update(discovered_at=T0 - timedelta(days=1))
     Gpu.objects.filter(pk=late.pk).update(discovered_at=hours(18))
@@ -724,7 +722,7 @@ def test_a_gpu_found_mid_period_counts_from_then_and_an_open_incident_runs_to_th
     assert short["per_1000_gpu_hours"] is None
 
 
-def test_kpi_page_shows_the_numbers_definitions_and_chart_data(client, ops_user, n1):  # type: ignore[no-untyped-def]
+def test_kpi_page_shows_the_numbers_definitions_and_chart_data(client, ops_user, n1):
     gpus = [make_gpu(n1, i) for i in range(10)]
     Gpu.objects.filter(pk__in=[g.pk for g in gpus]).update(
         discovered_at=timezone.now() - timedelta(days=100)
@@ -750,7 +748,7 @@ def test_kpi_page_shows_the_numbers_definitions_and_chart_data(client, ops_user,
     assert client.get("/ops/incidents/kpis/", {"days": "13"}).status_code == 200  # -> 7 days
 
 
-def test_kpis_take_a_fixed_number_of_queries(django_assert_max_num_queries, kpi_fleet):  # type: ignore[no-untyped-def]
+def test_kpis_take_a_fixed_number_of_queries(django_assert_max_num_queries, kpi_fleet):
     with django_assert_max_num_queries(7):
         kpis.compute(since=T0, until=T0 + timedelta(hours=24))
 
@@ -758,14 +756,12 @@ def test_kpis_take_a_fixed_number_of_queries(django_assert_max_num_queries, kpi_
 # --- thresholds --------------------------------------------------------------------------------
 
 
-def _threshold_data(**changes) -> dict:  # type: ignore[no-untyped-def]
+def _threshold_data(**changes) -> dict:
     row = Thresholds.current()
     return {name: getattr(row, name) for name in THRESHOLD_FIELDS} | changes
 
 
-def test_thresholds_page_shows_defaults_updates_and_refuses_warning_over_critical(  # type: ignore[no-untyped-def]
-    client, ops_user
-):
+def test_thresholds_page_shows_defaults_updates_and_refuses_warning_over_critical(client, ops_user):
     client.force_login(ops_user)
     page = client.get("/ops/watchdog/").content.decode()
     assert re.search(r'id="threshold-vram_warning_pct">.*?class="muted default">85<', page, re.S)
@@ -787,7 +783,7 @@ def test_thresholds_page_shows_defaults_updates_and_refuses_warning_over_critica
 # --- tenants -----------------------------------------------------------------------------------
 
 
-def test_tenants_see_only_incidents_about_their_own_slices_in_plain_words(  # type: ignore[no-untyped-def]
+def test_tenants_see_only_incidents_about_their_own_slices_in_plain_words(
     client, owner_a, owner_b, g1, n1
 ):
     a_slice = make_slice(owner_a.tenant, g1)
@@ -831,14 +827,14 @@ def test_tenants_see_only_incidents_about_their_own_slices_in_plain_words(  # ty
     assert 'href="/incidents/"' in client.get("/dashboard/").content.decode()  # in the nav
 
 
-def test_tenant_incident_pages_need_a_login(client):  # type: ignore[no-untyped-def]
+def test_tenant_incident_pages_need_a_login(client):
     response = client.get("/incidents/")
     assert response.status_code == 302 and "/accounts/login/" in response["Location"]
 
 
 def test_ops_confirm_an_orphan_from_its_page_and_the_node_is_asked_again(
     client, ops_user, n1, django_capture_on_commit_callbacks, monkeypatch
-):  # type: ignore[no-untyped-def]
+):
     sent = []
     monkeypatch.setattr(incident_tasks.dispose, "delay", lambda *a: sent.append(a))
     gpu = make_gpu(n1, 0)

@@ -60,7 +60,7 @@ def test_the_newest_interruptible_slices_go_first_until_the_card_is_under_the_li
     assert preemption.preemptions(fuller, only_guaranteed, TH) == []
 
 
-def _slice(owner, gpu, n: int, *, interruptible: bool, started):  # type: ignore[no-untyped-def]
+def _slice(owner, gpu, n: int, *, interruptible: bool, started):
     tier = Tier.objects.get(vram_mb=4096)
     purchase = Purchase.objects.create(
         tenant=owner.tenant, tier=tier, hours=1, price_paid=0, minutes_total=60,
@@ -82,7 +82,7 @@ def _slice(owner, gpu, n: int, *, interruptible: bool, started):  # type: ignore
 
 def test_a_card_at_the_warning_line_preempts_its_newest_interruptible_slice_with_grace(
     node, gpu, owner_a, django_capture_on_commit_callbacks, monkeypatch
-):  # type: ignore[no-untyped-def]
+):
     Gpu.objects.filter(pk=gpu.pk).update(overcommit_ratio=Decimal("2.0"))
     now = timezone.now()
     older = _slice(owner_a, gpu, 1, interruptible=True, started=now - timedelta(hours=2))
@@ -111,7 +111,7 @@ def test_a_card_at_the_warning_line_preempts_its_newest_interruptible_slice_with
 
 def test_interruptible_hours_cost_less_run_only_on_overcommitted_cards_and_never_train(
     gpu, owner_a, ops_user
-):  # type: ignore[no-untyped-def]
+):
     tier = Tier.objects.get(vram_mb=4096)
     tenant_services.credit_grant(tenant=owner_a.tenant, amount="50.00", actor=ops_user, memo="t")
     bought, _ = tenant_services.purchase_create(
@@ -146,7 +146,7 @@ def test_interruptible_hours_cost_less_run_only_on_overcommitted_cards_and_never
 
 def test_the_overcommit_page_counts_interruptible_slices_and_their_preemptions(
     client, gpu, owner_a, ops_user
-):  # type: ignore[no-untyped-def]
+):
     Gpu.objects.filter(pk=gpu.pk).update(overcommit_ratio=Decimal("2.0"))
     now = timezone.now()
     running = _slice(owner_a, gpu, 1, interruptible=True, started=now)
@@ -174,7 +174,7 @@ def test_the_overcommit_page_counts_interruptible_slices_and_their_preemptions(
     assert "1 running" in cell.group(2) and "preempted 1 in 7 days, 2 in 30" in cell.group(2)
 
 
-def test_a_reservation_that_is_not_interruptible_is_never_marked_preempted(gpu, owner_a):  # type: ignore[no-untyped-def]
+def test_a_reservation_that_is_not_interruptible_is_never_marked_preempted(gpu, owner_a):
     s = _slice(owner_a, gpu, 1, interruptible=False, started=timezone.now())
     assert not node_services.allocation_mark_preempted(allocation_id=s.allocation_id)
     assert Allocation.objects.get(pk=s.allocation_id).preempted_at is None
@@ -182,7 +182,7 @@ def test_a_reservation_that_is_not_interruptible_is_never_marked_preempted(gpu, 
 
 def test_buying_interruptible_hours_on_the_page_shows_and_charges_the_discount(
     client, owner_a, ops_user
-):  # type: ignore[no-untyped-def]
+):
     tier = Tier.objects.get(vram_mb=8192)
     tenant_services.credit_grant(tenant=owner_a.tenant, amount="50.00", actor=ops_user, memo="t")
     client.force_login(owner_a.user)

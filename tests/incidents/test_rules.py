@@ -14,12 +14,12 @@ from incidents.rules import GpuView, ProcessView, SliceView, Thresholds
 TH = Thresholds()
 
 
-def _gpu(used_mb: int, total_mb: int = 10_000, **kw) -> GpuView:  # type: ignore[no-untyped-def]
+def _gpu(used_mb: int, total_mb: int = 10_000, **kw) -> GpuView:
     data = {"gpu_id": 7, "node_id": 3, "uuid": "GPU-abcdef123456-7890", **kw}
     return GpuView(total_mb=total_mb, used_mb=used_mb, **data)
 
 
-def _slice(**kw) -> SliceView:  # type: ignore[no-untyped-def]
+def _slice(**kw) -> SliceView:
     data = {
         "slice_id": 42,
         "tenant_id": 9,
@@ -32,7 +32,7 @@ def _slice(**kw) -> SliceView:  # type: ignore[no-untyped-def]
     return SliceView(**data)
 
 
-def _proc(**kw) -> ProcessView:  # type: ignore[no-untyped-def]
+def _proc(**kw) -> ProcessView:
     data = {"gpu_id": 7, "pid": 1234, "used_mb": 2000, **kw}
     return ProcessView(**data)
 
@@ -758,12 +758,12 @@ def test_finding_key_is_rule_and_target():
         (3000, 0, True),  # the library counts nothing: not loaded, or failing open
     ],
 )
-def test_accounting_drift_needs_the_larger_of_512_mib_and_10_percent(nvml, library, apart):  # type: ignore[no-untyped-def]
+def test_accounting_drift_needs_the_larger_of_512_mib_and_10_percent(nvml, library, apart):
     [found] = rules.accounting_drift(_slice(), nvml_mb=nvml, library_mb=library, streak=2, th=TH)
     assert (not found.resolves) == apart
 
 
-def test_accounting_drift_opens_on_the_second_sample_with_both_numbers():  # type: ignore[no-untyped-def]
+def test_accounting_drift_opens_on_the_second_sample_with_both_numbers():
     assert rules.accounting_drift(_slice(), nvml_mb=5000, library_mb=3000, streak=1, th=TH) == []
     [finding] = rules.accounting_drift(_slice(), nvml_mb=5000, library_mb=3000, streak=2, th=TH)
     assert finding.rule == "accounting_drift" and not finding.resolves
@@ -779,7 +779,7 @@ def test_accounting_drift_opens_on_the_second_sample_with_both_numbers():  # typ
     assert back.resolves and back.target == finding.target
 
 
-def test_memory_the_quota_library_does_not_see_stops_the_slice_alone():  # type: ignore[no-untyped-def]
+def test_memory_the_quota_library_does_not_see_stops_the_slice_alone():
     """NVML above the library's books: something escaped the library (a static job, raw
     device calls, books written over), so nothing inside holds that memory to the quota."""
     [escaped] = rules.accounting_drift(_slice(), nvml_mb=3000, library_mb=0, streak=2, th=TH)

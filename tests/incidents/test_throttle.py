@@ -15,14 +15,14 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_a_bandwidth_hog_is_paused_and_resumed_alone(
     eager, worker_fleet, owner_a, owner_b, funded, image_ssh, monkeypatch
-):  # type: ignore[no-untyped-def]
+):
     monkeypatch.setattr(throttle, "DUTY_PAUSE_S", 0.05)
     monkeypatch.setattr(throttle, "DUTY_RUN_S", 0.05)
     monkeypatch.setattr(throttle, "_cycles", lambda: 2)
     fleet = worker_fleet()
     emu = fleet.nodes[0]
 
-    def launch(member, env):  # type: ignore[no-untyped-def]
+    def launch(member, env):
         s, _ = services.slice_launch(
             membership=member,
             purchase=funded(member, vram_gb=8),

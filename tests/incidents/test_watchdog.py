@@ -26,7 +26,7 @@ CID = "c" * 64
 
 
 @pytest.fixture
-def node():  # type: ignore[no-untyped-def]
+def node():
     return Node.objects.create(
         gate_status="passed",
         # not a name random text can hold: pages carry a CSRF token ("...Hw1A..." failed)
@@ -39,7 +39,7 @@ def node():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def gpu(node):  # type: ignore[no-untyped-def]
+def gpu(node):
     return Gpu.objects.create(
         node=node,
         uuid="GPU-w1-0",
@@ -50,7 +50,7 @@ def gpu(node):  # type: ignore[no-untyped-def]
     )
 
 
-def sample(node, gpu, used_mb, *, procs=(), xids=(), at=None, source="nvml"):  # type: ignore[no-untyped-def]
+def sample(node, gpu, used_mb, *, procs=(), xids=(), at=None, source="nvml"):
     reading = GpuReading(
         index=0,
         uuid=gpu.uuid,
@@ -77,7 +77,7 @@ def sample(node, gpu, used_mb, *, procs=(), xids=(), at=None, source="nvml"):  #
     )
 
 
-def test_breaker_opens_at_95_and_closes_below_85_only(node, gpu):  # type: ignore[no-untyped-def]
+def test_breaker_opens_at_95_and_closes_below_85_only(node, gpu):
     sample(node, gpu, 23500)  # 95.6%
     gpu.refresh_from_db()
     assert not gpu.accepting_placements and "breaker" in gpu.not_accepting_reason
@@ -109,7 +109,7 @@ def test_breaker_opens_at_95_and_closes_below_85_only(node, gpu):  # type: ignor
 
 def test_slice_over_quota_gets_one_sample_of_grace_then_its_stop_is_dispatched(
     node, gpu, owner_a, django_capture_on_commit_callbacks, monkeypatch
-):  # type: ignore[no-untyped-def]
+):
     sent = []
     monkeypatch.setattr(tasks.dispose, "delay", lambda *a: sent.append(a))
     s = running_slice(owner_a, gpu)
@@ -131,7 +131,7 @@ def test_slice_over_quota_gets_one_sample_of_grace_then_its_stop_is_dispatched(
     assert f"slice {s.pk}" in located and owner_a.tenant.name in located
 
 
-def test_xid_79_drains_the_gpu_so_no_new_slice_lands_there(node, gpu):  # type: ignore[no-untyped-def]
+def test_xid_79_drains_the_gpu_so_no_new_slice_lands_there(node, gpu):
     xid = XidEvent(
         xid=79,
         raw="NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.",
@@ -150,7 +150,7 @@ def test_xid_79_drains_the_gpu_so_no_new_slice_lands_there(node, gpu):  # type: 
 
 def test_a_process_of_no_slice_is_ended_only_when_seen_again(
     node, gpu, django_capture_on_commit_callbacks, monkeypatch
-):  # type: ignore[no-untyped-def]
+):
     sent = []
     monkeypatch.setattr(tasks.dispose, "delay", lambda *a: sent.append(a))
     stray = [ProcessReading(gpu_uuid=gpu.uuid, pid=777, used_memory_mb=3000, container_id="d" * 64)]
@@ -176,7 +176,7 @@ def test_a_process_of_no_slice_is_ended_only_when_seen_again(
     assert len(sent) == 1
 
 
-def _training(node, gpu, owner, *, stray_mb: int = 0):  # type: ignore[no-untyped-def]
+def _training(node, gpu, owner, *, stray_mb: int = 0):
     """A 12 GB slice that trains from 2 GB to 8 GB over five minutes (within its quota),
     beside (with stray_mb) a process of no slice that rises as much again. Returns the
     sweep's fleet_sweep incidents."""
@@ -195,16 +195,16 @@ def _training(node, gpu, owner, *, stray_mb: int = 0):  # type: ignore[no-untype
     return list(Incident.objects.filter(rule="fleet_sweep"))
 
 
-def test_a_card_rising_as_its_slice_trains_within_quota_is_no_sweep_alarm(node, gpu, owner_a):  # type: ignore[no-untyped-def]
+def test_a_card_rising_as_its_slice_trains_within_quota_is_no_sweep_alarm(node, gpu, owner_a):
     assert _training(node, gpu, owner_a) == []  # up 6000 MiB in 5 min, all of it sold
 
 
-def test_a_card_rising_beyond_what_its_slices_hold_is_swept(node, gpu, owner_a):  # type: ignore[no-untyped-def]
+def test_a_card_rising_beyond_what_its_slices_hold_is_swept(node, gpu, owner_a):
     (incident,) = _training(node, gpu, owner_a, stray_mb=5500)
     assert incident.gpu_id == gpu.pk and "up 5500 MiB in 5 min" in incident.title
 
 
-def test_memory_used_with_no_process_is_a_reclaim_failure(node, gpu):  # type: ignore[no-untyped-def]
+def test_memory_used_with_no_process_is_a_reclaim_failure(node, gpu):
     sample(node, gpu, 6000)
     services.watch_sweep()
     incident = Incident.objects.get(rule="unattributed_memory")
@@ -213,14 +213,14 @@ def test_memory_used_with_no_process_is_a_reclaim_failure(node, gpu):  # type: i
 
 def test_idle_slice_is_warned_then_reclaimed_with_time_moved_forward(
     node, gpu, owner_a, django_capture_on_commit_callbacks, monkeypatch
-):  # type: ignore[no-untyped-def]
+):
     sent = []
     monkeypatch.setattr(tasks.dispose, "delay", lambda *a: sent.append(a))
     s = running_slice(owner_a, gpu)
     start = timezone.now()
     Slice.objects.filter(pk=s.pk).update(started_at=start)
 
-    def fresh(at):  # type: ignore[no-untyped-def]
+    def fresh(at):
         Gpu.objects.filter(pk=gpu.pk).update(last_sample_at=at)  # telemetry keeps coming
         return at
 
@@ -235,7 +235,7 @@ def test_idle_slice_is_warned_then_reclaimed_with_time_moved_forward(
     assert [a[1] for a in sent] == ["stop_slice"]
 
 
-def test_a_breach_is_filed_under_the_slices_tenant_only(node, gpu, owner_a, owner_b, monkeypatch):  # type: ignore[no-untyped-def]
+def test_a_breach_is_filed_under_the_slices_tenant_only(node, gpu, owner_a, owner_b, monkeypatch):
     monkeypatch.setattr(tasks.dispose, "delay", lambda *a: None)
     running_slice(owner_a, gpu)
     over = [ProcessReading(gpu_uuid=gpu.uuid, pid=1, used_memory_mb=9000, container_id=CID)]
@@ -244,7 +244,7 @@ def test_a_breach_is_filed_under_the_slices_tenant_only(node, gpu, owner_a, owne
     assert Incident.objects.for_tenant(owner_b.tenant).count() == 0
 
 
-def test_breaker_never_reopens_a_gpu_ops_closed(node, gpu, ops_user):  # type: ignore[no-untyped-def]
+def test_breaker_never_reopens_a_gpu_ops_closed(node, gpu, ops_user):
     sample(node, gpu, 23500)  # breaker closes it
     gpu.refresh_from_db()
     node_services.gpu_set_accepting(gpu=gpu, accepting=False, reason="ops: fan failing")
@@ -253,7 +253,7 @@ def test_breaker_never_reopens_a_gpu_ops_closed(node, gpu, ops_user):  # type: i
     assert not gpu.accepting_placements and gpu.not_accepting_reason == "ops: fan failing"
 
 
-def test_breaker_keeps_the_reason_of_a_gpu_already_closed(node, gpu):  # type: ignore[no-untyped-def]
+def test_breaker_keeps_the_reason_of_a_gpu_already_closed(node, gpu):
     node_services.gpu_set_accepting(gpu=gpu, accepting=False, reason="ops: maintenance")
     sample(node, gpu, 23500)
     gpu.refresh_from_db()
@@ -263,7 +263,7 @@ def test_breaker_keeps_the_reason_of_a_gpu_already_closed(node, gpu):  # type: i
     assert not gpu.accepting_placements
 
 
-def test_time_to_detect_starts_when_the_condition_began(node, gpu):  # type: ignore[no-untyped-def]
+def test_time_to_detect_starts_when_the_condition_began(node, gpu):
     sample(node, gpu, 23500)
     incident = Incident.objects.get(rule="vram_critical")
     assert incident.evidence["condition_since"] == incident.evidence["detected_at"]
@@ -271,7 +271,7 @@ def test_time_to_detect_starts_when_the_condition_began(node, gpu):  # type: ign
 
 def test_an_unreachable_node_is_a_connectivity_incident_until_it_answers(
     node, gpu, owner_a, eager, django_capture_on_commit_callbacks
-):  # type: ignore[no-untyped-def]
+):
     running_slice(owner_a, gpu)
     Node.objects.filter(pk=node.pk).update(status="unreachable", status_reason="timed out")
     with django_capture_on_commit_callbacks(execute=True):
@@ -289,7 +289,7 @@ def test_an_unreachable_node_is_a_connectivity_incident_until_it_answers(
     assert incident.status == "resolved"
 
 
-def test_pci_addresses_compare_with_their_domain():  # type: ignore[no-untyped-def]
+def test_pci_addresses_compare_with_their_domain():
     assert watchdog._bus("00000009:01:00.0") == watchdog._bus("PCI:0009:01:00")
     assert watchdog._bus("00000009:01:00.0") != watchdog._bus("00000019:01:00.0")
     assert watchdog._bus("0000:3b:00") == watchdog._bus("00000000:3B:00.0")
@@ -297,7 +297,7 @@ def test_pci_addresses_compare_with_their_domain():  # type: ignore[no-untyped-d
 
 def test_one_busy_process_throttles_its_slice_without_flapping(
     node, gpu, owner_a, django_capture_on_commit_callbacks, monkeypatch
-):  # type: ignore[no-untyped-def]
+):
     sent = []
     monkeypatch.setattr(tasks.dispose, "delay", lambda *a: sent.append(a[1]))
     monkeypatch.setattr(tasks.release_throttle, "delay", lambda *a: sent.append("release"))
@@ -320,7 +320,7 @@ def test_one_busy_process_throttles_its_slice_without_flapping(
 
 def test_unreachable_node_tells_tenants_once_without_naming_the_node(
     node, gpu, owner_a, eager, django_capture_on_commit_callbacks
-):  # type: ignore[no-untyped-def]
+):
     running_slice(owner_a, gpu)
     Node.objects.filter(pk=node.pk).update(status="unreachable", status_reason="timed out")
     for _ in range(3):
@@ -332,7 +332,7 @@ def test_unreachable_node_tells_tenants_once_without_naming_the_node(
 
 def test_a_node_outage_is_on_the_incident_pages_of_the_tenants_it_touched_only(
     node, gpu, owner_a, owner_b, client, api_a, api_b, eager, django_capture_on_commit_callbacks
-):  # type: ignore[no-untyped-def]
+):
     s = running_slice(owner_a, gpu)
     Node.objects.filter(pk=node.pk).update(status="unreachable", status_reason="timed out")
     with django_capture_on_commit_callbacks(execute=True):
@@ -358,7 +358,7 @@ def test_a_node_outage_is_on_the_incident_pages_of_the_tenants_it_touched_only(
 
 def test_nothing_is_ended_from_a_node_whose_telemetry_names_no_container(
     node, gpu, django_capture_on_commit_callbacks, monkeypatch
-):  # type: ignore[no-untyped-def]
+):
     sent = []
     monkeypatch.setattr(tasks.dispose, "delay", lambda *a: sent.append(a))
     stray = [ProcessReading(gpu_uuid=gpu.uuid, pid=4242, used_memory_mb=6000)]
@@ -371,7 +371,7 @@ def test_nothing_is_ended_from_a_node_whose_telemetry_names_no_container(
 
 def test_unknown_utilisation_and_silent_telemetry_are_not_idleness(
     node, gpu, owner_a, django_capture_on_commit_callbacks, monkeypatch
-):  # type: ignore[no-untyped-def]
+):
     sent = []
     monkeypatch.setattr(tasks.dispose, "delay", lambda *a: sent.append(a))
     s = running_slice(owner_a, gpu)
@@ -386,7 +386,7 @@ def test_unknown_utilisation_and_silent_telemetry_are_not_idleness(
     assert not Incident.objects.filter(rule="idle_slice").exists() and sent == []
 
 
-def test_thresholds_cannot_be_set_to_stop_the_fleet(ops_user):  # type: ignore[no-untyped-def]
+def test_thresholds_cannot_be_set_to_stop_the_fleet(ops_user):
     with pytest.raises(ServiceError):
         services.thresholds_update(actor=ops_user, idle_after_s=0)
     with pytest.raises(ServiceError):
@@ -394,7 +394,7 @@ def test_thresholds_cannot_be_set_to_stop_the_fleet(ops_user):  # type: ignore[n
     assert services.thresholds_update(actor=ops_user, idle_after_s=1200).idle_after_s == 1200
 
 
-def test_incidents_without_a_clear_signal_close_after_30_quiet_minutes(node, gpu):  # type: ignore[no-untyped-def]
+def test_incidents_without_a_clear_signal_close_after_30_quiet_minutes(node, gpu):
     sample(node, gpu, 6000)  # memory with no process
     services.watch_sweep()
     incident = Incident.objects.get(rule="unattributed_memory")
@@ -407,7 +407,7 @@ def test_incidents_without_a_clear_signal_close_after_30_quiet_minutes(node, gpu
 
 def test_a_fleet_of_hot_cards_costs_a_few_queries_per_batch_not_a_few_per_card(
     node, django_assert_max_num_queries
-):  # type: ignore[no-untyped-def]
+):
     """86-90% is where a well-packed fleet runs: every card keeps an open warning, and
     each new sample only counts another occurrence of it."""
     gpus = [
@@ -417,7 +417,7 @@ def test_a_fleet_of_hot_cards_costs_a_few_queries_per_batch_not_a_few_per_card(
         for i in range(24)
     ]
 
-    def hot_batch():  # type: ignore[no-untyped-def]
+    def hot_batch():
         readings = tuple(
             GpuReading(
                 index=g.index,
@@ -441,7 +441,7 @@ def test_a_fleet_of_hot_cards_costs_a_few_queries_per_batch_not_a_few_per_card(
 
 def test_an_idle_slice_gets_one_warning_with_the_time_left_then_one_stop_when_due(
     node, gpu, owner_a, eager, django_capture_on_commit_callbacks, monkeypatch
-):  # type: ignore[no-untyped-def]
+):
     Thresholds.objects.update_or_create(
         pk=Thresholds.current().pk, defaults={"idle_after_s": 300, "idle_stop_after_s": 60}
     )

@@ -17,18 +17,18 @@ from tests.bench_support import load_bench
 
 
 @pytest.fixture
-def wq():  # type: ignore[no-untyped-def]
+def wq():
     return load_bench("watchdog_quality")
 
 
 @pytest.fixture
-def seeded_tiers(db):  # type: ignore[no-untyped-def]
+def seeded_tiers(db):
     if not Tier.objects.exists():  # a transactional test's flush emptied the seeded tiers
         importlib.import_module("tenants.migrations.0002_seed_tiers").seed(apps, None)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_short_day_files_no_false_incident_and_misses_no_fault(settings, seeded_tiers, wq):  # type: ignore[no-untyped-def]
+def test_a_short_day_files_no_false_incident_and_misses_no_fault(settings, seeded_tiers, wq):
     settings.NODES_CONTAINER_SETTLE_S = 0  # every setting the day changes is undone after
 
     report = wq.simulate(slices=40, hours=4, nodes=4, seed=7)
@@ -56,17 +56,17 @@ TH = Thresholds()
 T0 = 1_800_000_000.0
 
 
-def matcher(wq, faults, **kw):  # type: ignore[no-untyped-def]
+def matcher(wq, faults, **kw):
     windows = wq.rule_windows(TH, unreachable_after=3)
     return wq.Matcher(faults, windows=windows, th=TH, **kw)
 
 
-def breach(wq, slice_id: int = 1, at: float = T0):  # type: ignore[no-untyped-def]
+def breach(wq, slice_id: int = 1, at: float = T0):
     return wq.Fault("leak", {"quota_breach": 0, "oom_exit": 0}, "quota_breach", at=at,
                     slice_id=slice_id)  # fmt: skip
 
 
-def filed(wq, rule: str, at: float, pk: int = 1, **where):  # type: ignore[no-untyped-def]
+def filed(wq, rule: str, at: float, pk: int = 1, **where):
     return wq.Filed(pk=pk, rule=rule, at=at, **where)
 
 
@@ -81,13 +81,13 @@ def filed(wq, rule: str, at: float, pk: int = 1, **where):  # type: ignore[no-un
         (73 * 60, False),  # what the old matching (about 73 minutes) took for it
     ],
 )
-def test_an_incident_is_the_faults_only_within_its_rules_window(wq, seconds_after, explained):  # type: ignore[no-untyped-def]
+def test_an_incident_is_the_faults_only_within_its_rules_window(wq, seconds_after, explained):
     f = breach(wq)
     i = filed(wq, "quota_breach", T0 + seconds_after, slice_id=1)
     assert matcher(wq, [f]).explains(f, i) is explained
 
 
-def test_each_rules_window_comes_from_its_own_thresholds(wq):  # type: ignore[no-untyped-def]
+def test_each_rules_window_comes_from_its_own_thresholds(wq):
     windows = wq.rule_windows(TH, unreachable_after=3)
     assert windows["quota_breach"] == 30
     assert windows["accounting_drift"] == TH.drift_samples * 30 == 60
@@ -109,7 +109,7 @@ def test_each_rules_window_comes_from_its_own_thresholds(wq):  # type: ignore[no
     assert not m.explains(static, filed(wq, "quota_breach", T0 + 100, slice_id=4))
 
 
-def test_an_incident_on_another_target_or_by_another_rule_is_false(wq):  # type: ignore[no-untyped-def]
+def test_an_incident_on_another_target_or_by_another_rule_is_false(wq):
     f = breach(wq, slice_id=1)
     card = wq.Fault("xid", {"hardware_fault": 0}, "hardware_fault", at=T0, gpu_id=5)
     node = wq.Fault("down", {"node_unreachable": 0}, "node_unreachable", at=T0, node_id=2)
@@ -128,11 +128,11 @@ def test_an_incident_on_another_target_or_by_another_rule_is_false(wq):  # type:
     assert {k: [i.pk for i in v] for k, v in match.by_fault.items()} == {0: [5], 1: [6], 2: [7]}
 
 
-def card(wq, used: int, fault_used: int, quota: int = 4096, neighbour: int = 9000):  # type: ignore[no-untyped-def]
+def card(wq, used: int, fault_used: int, quota: int = 4096, neighbour: int = 9000):
     return wq.CardSnapshot(24576, used, {1: (fault_used, quota), 2: (neighbour, 12288)})
 
 
-def test_a_card_alarm_is_the_faults_only_when_its_own_memory_took_the_card_over(wq):  # type: ignore[no-untyped-def]
+def test_a_card_alarm_is_the_faults_only_when_its_own_memory_took_the_card_over(wq):
     f = breach(wq, slice_id=1)
     ledger = wq.CardLedger()
     # 85% of 24576 MiB is 20890 MiB
@@ -151,7 +151,7 @@ def test_a_card_alarm_is_the_faults_only_when_its_own_memory_took_the_card_over(
                                                                      gpu_id=7))  # fmt: skip
 
 
-def test_a_sweeps_rise_is_the_faults_when_its_own_memory_rose_that_much(wq):  # type: ignore[no-untyped-def]
+def test_a_sweeps_rise_is_the_faults_when_its_own_memory_rose_that_much(wq):
     f = breach(wq, slice_id=1)
     ledger = wq.CardLedger()
     ledger.record(7, T0, card(wq, used=12000, fault_used=4000))
@@ -166,7 +166,7 @@ def test_a_sweeps_rise_is_the_faults_when_its_own_memory_rose_that_much(wq):  # 
     assert not other.explains(f, filed(wq, "fleet_sweep", T0 + 240, gpu_id=3))
 
 
-def test_an_incident_filed_again_for_one_fault_is_a_duplicate(wq):  # type: ignore[no-untyped-def]
+def test_an_incident_filed_again_for_one_fault_is_a_duplicate(wq):
     f = breach(wq, slice_id=1)
     m = matcher(wq, [f])
     match = m.match(
@@ -182,7 +182,7 @@ def test_an_incident_filed_again_for_one_fault_is_a_duplicate(wq):  # type: igno
     assert [i.pk for i in match.duplicates] == [5, 6]
 
 
-def test_a_strict_fault_is_caught_only_by_its_own_rule(wq):  # type: ignore[no-untyped-def]
+def test_a_strict_fault_is_caught_only_by_its_own_rule(wq):
     static = wq.Fault("static", {"accounting_drift": 0, "quota_breach": 110},
                       "accounting_drift", at=T0, slice_id=4, strict=True)  # fmt: skip
     leak = breach(wq, slice_id=5)
@@ -198,7 +198,7 @@ def test_a_strict_fault_is_caught_only_by_its_own_rule(wq):  # type: ignore[no-u
 @pytest.mark.django_db(transaction=True)
 def test_a_neighbours_burst_is_absorbed_by_preempting_interruptible_slices_only(
     settings, seeded_tiers, wq, tmp_path
-):  # type: ignore[no-untyped-def]
+):
     settings.NODES_CONTAINER_SETTLE_S = 0
     from _preemption import preemption_day  # noqa: PLC0415 - bench/ is on sys.path only now
 

@@ -8,12 +8,12 @@ from nodes import services, ssh
 
 
 @pytest.fixture(scope="module")
-def platform_key():  # type: ignore[no-untyped-def]
+def platform_key():
     return generate_ed25519()
 
 
 @pytest.fixture
-def fleet(platform_key, tmp_path):  # type: ignore[no-untyped-def]
+def fleet(platform_key, tmp_path):
     fleet = EmulatedFleet.start(
         count=2, authorized_keys=[public_line(platform_key)], state_dir=tmp_path / "emu"
     )
@@ -22,17 +22,17 @@ def fleet(platform_key, tmp_path):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def pool(platform_key):  # type: ignore[no-untyped-def]
+def pool(platform_key):
     pool = ssh.SSHPool(private_key=platform_key, connect_timeout=2, command_timeout=5)
     yield pool
     pool.close()
 
 
 @pytest.fixture
-def register(fleet, django_capture_on_commit_callbacks):  # type: ignore[no-untyped-def]
+def register(fleet, django_capture_on_commit_callbacks):
     """Register emulated node i with its host key pinned (as ops pasting known_hosts)."""
 
-    def _register(i: int = 0, **overrides):  # type: ignore[no-untyped-def]
+    def _register(i: int = 0, **overrides):
         emu = fleet.nodes[i]
         data = {
             "name": emu.name,

@@ -154,7 +154,7 @@ ALLOWED = [
 
 
 @pytest.mark.parametrize(("argv", "name", "how"), REFUSED, ids=lambda v: repr(v)[:60])
-def test_a_command_that_sets_unsets_or_clears_a_reserved_variable_is_named(argv, name, how):  # type: ignore[no-untyped-def]
+def test_a_command_that_sets_unsets_or_clears_a_reserved_variable_is_named(argv, name, how):
     found = command_reserved(argv)
     assert found is not None, argv
     assert found.name == name and how in found.how
@@ -165,7 +165,7 @@ def test_a_command_that_sets_unsets_or_clears_a_reserved_variable_is_named(argv,
 
 @pytest.mark.parametrize(("script", "name", "how"), SCRIPTS, ids=lambda v: repr(v)[:60])
 @pytest.mark.parametrize("shell", SHELL_FORMS, ids=lambda v: " ".join(v))
-def test_a_shell_script_in_the_command_is_read_command_by_command(shell, script, name, how):  # type: ignore[no-untyped-def]
+def test_a_shell_script_in_the_command_is_read_command_by_command(shell, script, name, how):
     found = command_reserved([*shell, script, "name", "arg"])
     assert found is not None, script
     assert found.name == name and how in found.how, found
@@ -174,23 +174,23 @@ def test_a_shell_script_in_the_command_is_read_command_by_command(shell, script,
 
 
 @pytest.mark.parametrize("argv", ALLOWED, ids=lambda v: repr(v)[:60])
-def test_ordinary_commands_pass(argv):  # type: ignore[no-untyped-def]
+def test_ordinary_commands_pass(argv):
     assert command_reserved(argv) is None
 
 
-def test_a_name_made_at_run_time_is_only_refused_where_a_shell_makes_it():  # type: ignore[no-untyped-def]
+def test_a_name_made_at_run_time_is_only_refused_where_a_shell_makes_it():
     # without a shell `$N` is the literal name, which nothing reserves
     assert command_reserved(["env", "$N=1", JOB]) is None
     assert command_reserved(["sh", "-c", "env $N=1 ./job"]).name == "$N"
 
 
-def test_a_script_the_shell_reads_from_a_file_or_stdin_is_not_guessed_at():  # type: ignore[no-untyped-def]
+def test_a_script_the_shell_reads_from_a_file_or_stdin_is_not_guessed_at():
     # the check reads what the command says; what an image's file says is the node's
     assert command_reserved(["sh", "/opt/start.sh"]) is None
     assert command_reserved(["bash", "-s", "--", "x"]) is None
 
 
-def test_deep_nesting_and_long_scripts_are_read_to_the_end():  # type: ignore[no-untyped-def]
+def test_deep_nesting_and_long_scripts_are_read_to_the_end():
     nested = "unset LD_PRELOAD"
     for _ in range(6):
         nested = f"sh -c {shlex.quote(nested)}"
@@ -209,5 +209,5 @@ def test_deep_nesting_and_long_scripts_are_read_to_the_end():  # type: ignore[no
     + [["sh", "-c", "read -p"], ["sh", "-c", "printf -v"], ["sh", "-c", "for"], ["", ""]],
     ids=repr,
 )
-def test_a_malformed_command_is_an_answer_not_a_crash(argv):  # type: ignore[no-untyped-def]
+def test_a_malformed_command_is_an_answer_not_a_crash(argv):
     assert command_reserved(argv) is None

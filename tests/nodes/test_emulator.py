@@ -36,7 +36,7 @@ def client_key() -> paramiko.PKey:
 
 
 @pytest.fixture(scope="module")
-def fleet(client_key, tmp_path_factory) -> Iterator[EmulatedFleet]:  # type: ignore[no-untyped-def]
+def fleet(client_key, tmp_path_factory) -> Iterator[EmulatedFleet]:
     # emu-01: 2x A30 (quota library) / emu-02: L4 / emu-03: A100-80GB with MIG on + A100-80GB
     f = EmulatedFleet.start(
         count=3,
@@ -56,7 +56,7 @@ def node(fleet: EmulatedFleet) -> Iterator[EmulatedNode]:
     n.reset()
 
 
-def connect(node: EmulatedNode, key: paramiko.PKey, **kw) -> paramiko.SSHClient:  # type: ignore[no-untyped-def]
+def connect(node: EmulatedNode, key: paramiko.PKey, **kw) -> paramiko.SSHClient:
     """Connect the way the platform does: the host key pinned, unknown keys rejected."""
     client = paramiko.SSHClient()
     entry = paramiko.hostkeys.HostKeyEntry.from_line(node.host_key_line())
@@ -80,7 +80,7 @@ def connect(node: EmulatedNode, key: paramiko.PKey, **kw) -> paramiko.SSHClient:
 def run(
     client: paramiko.SSHClient, command: str, stdin: bytes | None = None
 ) -> tuple[int, str, str]:
-    chan = client.get_transport().open_session(timeout=5)  # type: ignore[union-attr]
+    chan = client.get_transport().open_session(timeout=5)
     chan.settimeout(10)
     chan.exec_command(command)
     if stdin is not None:
@@ -97,7 +97,7 @@ def run(
 
 
 @pytest.fixture
-def ssh(node: EmulatedNode, client_key) -> Iterator[paramiko.SSHClient]:  # type: ignore[no-untyped-def]
+def ssh(node: EmulatedNode, client_key) -> Iterator[paramiko.SSHClient]:
     client = connect(node, client_key)
     yield client
     client.close()
@@ -128,7 +128,7 @@ def proc_mb(doc: dict, container_id: str) -> int:
 # --- the sampler
 
 
-def test_sampler_document_follows_schema_1(ssh, node) -> None:  # type: ignore[no-untyped-def]
+def test_sampler_document_follows_schema_1(ssh, node) -> None:
     gpu = node.gpus[0].uuid
     cid = docker_run(
         ssh, gpu, "GPUPLATFORM_EMULATOR_PROFILE=steady", "GPUPLATFORM_EMULATOR_MB=3000"
@@ -185,7 +185,7 @@ def test_sampler_document_follows_schema_1(ssh, node) -> None:  # type: ignore[n
         assert len(parsed.gpus) == 2 and parsed.processes[0].container_id == cid
 
 
-def test_sampler_on_mig_node_reports_mig_devices(fleet, client_key) -> None:  # type: ignore[no-untyped-def]
+def test_sampler_on_mig_node_reports_mig_devices(fleet, client_key) -> None:
     mig_node = fleet.nodes[2]
     mig_node.reset()
     client = connect(mig_node, client_key)
@@ -215,7 +215,7 @@ def test_sampler_on_mig_node_reports_mig_devices(fleet, client_key) -> None:  # 
         mig_node.reset()
 
 
-def test_sampler_needs_its_marker_and_reports_missing_nvml(ssh, node) -> None:  # type: ignore[no-untyped-def]
+def test_sampler_needs_its_marker_and_reports_missing_nvml(ssh, node) -> None:
     status, _, err = run(ssh, "python3 -", b"print('hello')\n")
     assert status == 1 and "GPUPLATFORM_SAMPLER" in err
 
@@ -238,7 +238,7 @@ def test_sampler_needs_its_marker_and_reports_missing_nvml(ssh, node) -> None:  
 # --- nvidia-smi
 
 
-def test_nvidia_smi_query_gpu_csv(ssh, node, fleet, client_key) -> None:  # type: ignore[no-untyped-def]
+def test_nvidia_smi_query_gpu_csv(ssh, node, fleet, client_key) -> None:
     fields = ",".join(smi.GPU_QUERY_FIELDS)
     status, out, err = run(ssh, f"nvidia-smi --query-gpu={fields} --format=csv,noheader,nounits")
     assert status == 0, err
@@ -280,7 +280,7 @@ def test_nvidia_smi_query_gpu_csv(ssh, node, fleet, client_key) -> None:  # type
         l4.reset()
 
 
-def test_nvidia_smi_compute_apps(ssh, node) -> None:  # type: ignore[no-untyped-def]
+def test_nvidia_smi_compute_apps(ssh, node) -> None:
     fields = ",".join(smi.APP_QUERY_FIELDS)
     query = f"nvidia-smi --query-compute-apps={fields} --format=csv,noheader,nounits"
     assert run(ssh, query) == (0, "", "")  # no processes: no output at all
@@ -288,7 +288,7 @@ def test_nvidia_smi_compute_apps(ssh, node) -> None:  # type: ignore[no-untyped-
     status, out, _ = run(ssh, query)
     uuid, pid, used, name = out.strip().split(", ")
     assert (uuid, used, name) == (node.gpus[1].uuid, "1536", "/usr/bin/python3")
-    assert node.container(cid).pid == int(pid)  # type: ignore[union-attr]
+    assert node.container(cid).pid == int(pid)
     status, out, _ = run(ssh, query.replace(",nounits", "").replace("csv,noheader", "csv"))
     assert out.splitlines()[0] == "gpu_uuid, pid, used_gpu_memory [MiB], process_name"
     assert out.splitlines()[1].endswith(", 1536 MiB, /usr/bin/python3")
@@ -297,7 +297,7 @@ def test_nvidia_smi_compute_apps(ssh, node) -> None:  # type: ignore[no-untyped-
 # --- docker
 
 
-def test_docker_run_inspect_ps_logs_stop_rm(ssh, node) -> None:  # type: ignore[no-untyped-def]
+def test_docker_run_inspect_ps_logs_stop_rm(ssh, node) -> None:
     gpu = node.gpus[0].uuid
     argv = [
         "docker",
@@ -394,7 +394,7 @@ def test_docker_run_inspect_ps_logs_stop_rm(ssh, node) -> None:  # type: ignore[
     assert "nvidia" in json.loads(out)
 
 
-def test_docker_run_errors_like_the_real_cli(ssh, node) -> None:  # type: ignore[no-untyped-def]
+def test_docker_run_errors_like_the_real_cli(ssh, node) -> None:
     status, out, err = run(
         ssh, "docker run -d --gpus device=GPU-00000000-0000-0000-0000-000000000000 img"
     )
@@ -416,7 +416,7 @@ def test_docker_run_errors_like_the_real_cli(ssh, node) -> None:  # type: ignore
 # --- VRAM profiles and quotas
 
 
-def test_container_vram_follows_its_profile(ssh, node, fleet) -> None:  # type: ignore[no-untyped-def]
+def test_container_vram_follows_its_profile(ssh, node, fleet) -> None:
     g0, g1 = node.gpus[0].uuid, node.gpus[1].uuid
     ramp = docker_run(
         ssh,
@@ -469,12 +469,12 @@ def test_container_vram_follows_its_profile(ssh, node, fleet) -> None:  # type: 
     assert proc_mb(doc, capped) == 4096
     assert proc_mb(doc, advisory) >= 15000  # far past its 4096 MiB framework cap
     assert doc["gpus"][0]["memory_used_mb"] == proc_mb(doc, ramp) + proc_mb(doc, leak)
-    assert "refused" in "\n".join(node.container(capped).logs)  # type: ignore[union-attr]
+    assert "refused" in "\n".join(node.container(capped).logs)
     info = node.container(advisory)
     assert info is not None and info.limit_source == "framework" and info.hard_limit_mb is None
 
 
-def test_oom_profile_exits_137_at_the_quota(ssh, node, fleet) -> None:  # type: ignore[no-untyped-def]
+def test_oom_profile_exits_137_at_the_quota(ssh, node, fleet) -> None:
     cid = docker_run(
         ssh,
         node.gpus[0].uuid,
@@ -532,7 +532,7 @@ def inspect_state(client: paramiko.SSHClient, ref: str) -> dict:
     return json.loads(out)
 
 
-def test_leak_under_the_quota_library_dies_alone_with_cuda_oom(ssh, node, fleet) -> None:  # type: ignore[no-untyped-def]
+def test_leak_under_the_quota_library_dies_alone_with_cuda_oom(ssh, node, fleet) -> None:
     g0 = node.gpus[0].uuid
     neighbour = docker_run(ssh, g0, "GPUPLATFORM_EMULATOR_MB=6000")
     leak_env = (
@@ -546,7 +546,7 @@ def test_leak_under_the_quota_library_dies_alone_with_cuda_oom(ssh, node, fleet)
     unloaded = docker_run(ssh, g0, *leak_env)  # the variable alone: no library intercepts
     info = node.container(leak)
     assert info is not None and info.hard_limit_mb == 4096 == info.limit_mb
-    assert node.container(unloaded).hard_limit_mb is None  # type: ignore[union-attr]
+    assert node.container(unloaded).hard_limit_mb is None
     fleet.advance(50)
     assert 3800 <= proc_mb(sample(ssh), leak) < 4096
     fleet.advance(30)  # 3000 MiB + 1000 MiB/min passes 4096 MiB at t=65.8 s
@@ -563,7 +563,7 @@ def test_leak_under_the_quota_library_dies_alone_with_cuda_oom(ssh, node, fleet)
 
 def test_leak_without_a_hard_limit_fills_the_card_and_dies_neighbours_keep_theirs(
     ssh, node, fleet
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     g1 = node.gpus[1].uuid  # an A30: 24576 MiB
     leak = docker_run(
         ssh,
@@ -589,7 +589,7 @@ def test_leak_without_a_hard_limit_fills_the_card_and_dies_neighbours_keep_their
     assert "CUDA out of memory" in err
 
 
-def test_pause_keeps_memory_stops_compute_and_the_workload_clock(ssh, node, fleet) -> None:  # type: ignore[no-untyped-def]
+def test_pause_keeps_memory_stops_compute_and_the_workload_clock(ssh, node, fleet) -> None:
     cid = docker_run(
         ssh,
         node.gpus[0].uuid,
@@ -652,7 +652,7 @@ def test_pause_keeps_memory_stops_compute_and_the_workload_clock(ssh, node, flee
 # --- the shell and its audit log
 
 
-def test_unquoted_input_runs_as_two_commands_quoted_as_one(ssh, node) -> None:  # type: ignore[no-untyped-def]
+def test_unquoted_input_runs_as_two_commands_quoted_as_one(ssh, node) -> None:
     status, out, _ = run(ssh, f"echo a; touch {PWNED}")
     assert status == 0 and out == "a\n"
     assert node.audit_log[-2:] == [["echo", "a"], ["touch", PWNED]]
@@ -700,7 +700,7 @@ def test_shell_parsing_rules() -> None:
     )
 
 
-def test_many_concurrent_channels_on_one_transport(ssh, node) -> None:  # type: ignore[no-untyped-def]
+def test_many_concurrent_channels_on_one_transport(ssh, node) -> None:
     results: list[tuple[int, str, str]] = []
     lock = threading.Lock()
 
@@ -720,7 +720,7 @@ def test_many_concurrent_channels_on_one_transport(ssh, node) -> None:  # type: 
 # --- auth, faults, host keys
 
 
-def test_only_authorized_public_keys_get_in(node) -> None:  # type: ignore[no-untyped-def]
+def test_only_authorized_public_keys_get_in(node) -> None:
     with pytest.raises(paramiko.AuthenticationException):
         connect(node, generate_ed25519())
     with pytest.raises(paramiko.AuthenticationException):
@@ -740,7 +740,7 @@ def test_only_authorized_public_keys_get_in(node) -> None:  # type: ignore[no-un
         )
 
 
-def test_xid_shows_once_in_the_sampler_and_in_dmesg(ssh, node) -> None:  # type: ignore[no-untyped-def]
+def test_xid_shows_once_in_the_sampler_and_in_dmesg(ssh, node) -> None:
     sample(ssh)  # consume anything older
     line = node.inject_xid(gpu=1, code=79)
     doc = sample(ssh)
@@ -769,7 +769,7 @@ def test_xid_shows_once_in_the_sampler_and_in_dmesg(ssh, node) -> None:  # type:
     assert [e["xid"] for e in doc["xid_events"]] == [64]
 
 
-def test_left_behind_memory_and_processes_show_as_a_real_card_would(ssh, node) -> None:  # type: ignore[no-untyped-def]
+def test_left_behind_memory_and_processes_show_as_a_real_card_would(ssh, node) -> None:
     before = sample(ssh)["gpus"][1]["memory_used_mb"]
     node.hold_memory(1, 2000)  # the driver kept it: used, with no process
     doc = sample(ssh)
@@ -796,7 +796,7 @@ def test_idle_window_of_a_workload() -> None:
     assert Workload.from_env({"EMULATOR_IDLE_FROM_S": "10"}).util(10**6) == (0, 0)
 
 
-def test_node_down_refuses_and_comes_back(node, client_key) -> None:  # type: ignore[no-untyped-def]
+def test_node_down_refuses_and_comes_back(node, client_key) -> None:
     client = connect(node, client_key)
     node.set_down(True)
     with pytest.raises((paramiko.SSHException, EOFError, OSError)):
@@ -814,14 +814,14 @@ def test_node_down_refuses_and_comes_back(node, client_key) -> None:  # type: ig
     node.set_down(False)
 
 
-def test_slow_answers(ssh, node) -> None:  # type: ignore[no-untyped-def]
+def test_slow_answers(ssh, node) -> None:
     node.set_delay(0.3)
     t0 = time.monotonic()
     assert run(ssh, "true")[0] == 0
     assert time.monotonic() - t0 >= 0.3
 
 
-def test_host_key_rotation_and_persistence(fleet, client_key) -> None:  # type: ignore[no-untyped-def]
+def test_host_key_rotation_and_persistence(fleet, client_key) -> None:
     node = fleet.nodes[1]
     old_line, old_fp = node.host_key_line(), node.host_key_fingerprint()
     assert old_line.startswith(f"[127.0.0.1]:{node.port} ssh-ed25519 AAAA")
@@ -838,7 +838,7 @@ def test_host_key_rotation_and_persistence(fleet, client_key) -> None:  # type: 
         f"[127.0.0.1]:{node.port}",
         "ssh-ed25519",
         paramiko.hostkeys.HostKeyEntry.from_line(old_line).key,
-    )  # type: ignore[union-attr]
+    )
     stale.set_missing_host_key_policy(paramiko.RejectPolicy())
     with pytest.raises(paramiko.BadHostKeyException):
         stale.connect(
@@ -869,7 +869,7 @@ def test_host_key_rotation_and_persistence(fleet, client_key) -> None:  # type: 
 # --- control API and commands
 
 
-def test_control_api_and_emulator_ctl(fleet, ssh, node) -> None:  # type: ignore[no-untyped-def]
+def test_control_api_and_emulator_ctl(fleet, ssh, node) -> None:
     client = ControlClient(f"http://127.0.0.1:{fleet.control_port}")
     assert [n["name"] for n in client.get("/fleet")["nodes"]] == ["emu-01", "emu-02", "emu-03"]
     sample(ssh)
@@ -888,7 +888,7 @@ def test_control_api_and_emulator_ctl(fleet, ssh, node) -> None:  # type: ignore
     assert ["python3", "-"] in [e["argv"] for e in audit]
 
 
-def test_emulate_nodes_prints_nodes_and_host_keys(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_emulate_nodes_prints_nodes_and_host_keys(tmp_path) -> None:
     out = io.StringIO()
     stop = threading.Event()
     options = {

@@ -82,7 +82,7 @@ def nodes(fleet: EmulatedFleet) -> Iterator[dict[str, EmulatedNode]]:
         n.reset()
 
 
-def run(node: EmulatedNode, *env: str, cmd: tuple[str, ...] = JOB, gpu: int = 0):  # type: ignore[no-untyped-def]
+def run(node: EmulatedNode, *env: str, cmd: tuple[str, ...] = JOB, gpu: int = 0):
     """`docker run` as the platform runs a slice (the tenant's knobs in `env`)."""
     argv = ["docker", "run", "-d", "--gpus", f"device={node.gpus[gpu].uuid}"]
     for e in env:
@@ -95,7 +95,7 @@ def run(node: EmulatedNode, *env: str, cmd: tuple[str, ...] = JOB, gpu: int = 0)
     return info
 
 
-def attempt(node: EmulatedNode, how: str):  # type: ignore[no-untyped-def]
+def attempt(node: EmulatedNode, how: str):
     cmd, knobs = BYPASSES[how]
     return run(node, *SLICE_ENV, *knobs, cmd=cmd)
 
@@ -134,7 +134,7 @@ def nvml(doc: dict, cid: str) -> int | None:
         (["sh", "-c", "echo 'unbalanced"], {"A": "1", "LD_PRELOAD": LIB}),
     ],
 )  # fmt: skip
-def test_the_programs_environment_is_its_configured_one_as_its_command_changes_it(cmd, expected):  # type: ignore[no-untyped-def]
+def test_the_programs_environment_is_its_configured_one_as_its_command_changes_it(cmd, expected):
     assert process_environment(cmd, {"A": "1", "LD_PRELOAD": LIB}) == expected
 
 
@@ -142,7 +142,7 @@ def test_the_programs_environment_is_its_configured_one_as_its_command_changes_i
 
 
 @pytest.mark.parametrize("how", list(BYPASSES))
-def test_where_the_node_gives_the_limits_no_process_lifts_its_own_quota(nodes, fleet, how):  # type: ignore[no-untyped-def]
+def test_where_the_node_gives_the_limits_no_process_lifts_its_own_quota(nodes, fleet, how):
     node = nodes["emu-node"]
     neighbour = run(node, *SLICE_ENV, "EMULATOR_MB=3000")
     job = attempt(node, how)
@@ -174,7 +174,7 @@ def test_where_the_node_gives_the_limits_no_process_lifts_its_own_quota(nodes, f
 )
 def test_a_library_that_obeys_the_process_lets_it_past_its_quota(
     nodes, fleet, how, library, counted
-):  # type: ignore[no-untyped-def]
+):
     node = nodes["emu-envonly"]
     neighbour = run(node, *SLICE_ENV, "EMULATOR_MB=3000")
     job = attempt(node, how)
@@ -189,7 +189,7 @@ def test_a_library_that_obeys_the_process_lets_it_past_its_quota(
     assert nvml(doc, neighbour.id) == 3000 == books(doc)[neighbour.id]
 
 
-def test_a_process_that_changes_nothing_is_held_to_its_quota_on_either_kind_of_node(nodes, fleet):  # type: ignore[no-untyped-def]
+def test_a_process_that_changes_nothing_is_held_to_its_quota_on_either_kind_of_node(nodes, fleet):
     for name in ("emu-node", "emu-envonly"):
         job = run(nodes[name], *SLICE_ENV, *GREEDY)
         fleet.advance(30)
@@ -197,7 +197,7 @@ def test_a_process_that_changes_nothing_is_held_to_its_quota_on_either_kind_of_n
         assert info is not None and info.exit_code == 1 and info.hard_limit_mb == QUOTA_MB
 
 
-def test_the_node_default_is_the_nodes_limits_and_the_config_can_change(nodes, fleet):  # type: ignore[no-untyped-def]
+def test_the_node_default_is_the_nodes_limits_and_the_config_can_change(nodes, fleet):
     node = nodes["emu-node"]
     assert node.describe()["quota_library_config"] == QUOTA_FROM_NODE
     client = ControlClient(f"http://127.0.0.1:{fleet.control_port}")
@@ -218,7 +218,7 @@ def test_the_node_default_is_the_nodes_limits_and_the_config_can_change(nodes, f
 
 
 @pytest.mark.parametrize("name", ["emu-node", "emu-envonly"])
-def test_a_static_job_is_counted_by_nvml_and_missed_by_the_librarys_books(nodes, fleet, name):  # type: ignore[no-untyped-def]
+def test_a_static_job_is_counted_by_nvml_and_missed_by_the_librarys_books(nodes, fleet, name):
     node = nodes[name]
     neighbour = run(node, *SLICE_ENV, "EMULATOR_MB=3000")
     static = run(node, *SLICE_ENV, *GREEDY, "EMULATOR_LINKAGE=static")
@@ -232,7 +232,7 @@ def test_a_static_job_is_counted_by_nvml_and_missed_by_the_librarys_books(nodes,
     assert node.quota_books() == doc["quota_usage"]
 
 
-def test_the_books_cover_only_containers_the_library_was_given(nodes, fleet):  # type: ignore[no-untyped-def]
+def test_the_books_cover_only_containers_the_library_was_given(nodes, fleet):
     node = nodes["emu-node"]
     given = run(node, *SLICE_ENV, "EMULATOR_MB=2000")
     # the platform's variables without LD_PRELOAD: the hook gives this one no library
@@ -255,7 +255,7 @@ def test_the_books_cover_only_containers_the_library_was_given(nodes, fleet):  #
         node.state.quota_library_enforces = True
 
 
-def test_books_moved_by_the_process_are_missed_only_where_it_obeys_the_process(nodes, fleet):  # type: ignore[no-untyped-def]
+def test_books_moved_by_the_process_are_missed_only_where_it_obeys_the_process(nodes, fleet):
     own_books = ("env", "CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/mine.cache", *JOB)
     for name, counted in (("emu-node", True), ("emu-envonly", False)):
         job = run(nodes[name], *SLICE_ENV, "EMULATOR_MB=3000", cmd=own_books)

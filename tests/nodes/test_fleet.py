@@ -14,7 +14,7 @@ from nodes.services import cli_error_line
 pytestmark = pytest.mark.django_db
 
 
-def test_discovery_reads_gpus_driver_and_capabilities(fleet, pool, register):  # type: ignore[no-untyped-def]
+def test_discovery_reads_gpus_driver_and_capabilities(fleet, pool, register):
     node = register(0)
     services.node_discover(node_id=node.pk, pool=pool)
     node.refresh_from_db()
@@ -35,7 +35,7 @@ def test_discovery_reads_gpus_driver_and_capabilities(fleet, pool, register):  #
     assert node.gpus.filter(present=True).count() == len(emu_gpus)
 
 
-def test_sampling_stores_gpu_and_process_rows(fleet, pool, register):  # type: ignore[no-untyped-def]
+def test_sampling_stores_gpu_and_process_rows(fleet, pool, register):
     node = register(0)
     services.node_discover(node_id=node.pk, pool=pool)
     emu = fleet.nodes[0]
@@ -62,7 +62,7 @@ def test_sampling_stores_gpu_and_process_rows(fleet, pool, register):  # type: i
     assert len(seen) == 1 and seen[0].samples[node.pk].gpus
 
 
-def test_container_started_with_docker_shows_up_with_its_id(fleet, pool, register):  # type: ignore[no-untyped-def]
+def test_container_started_with_docker_shows_up_with_its_id(fleet, pool, register):
     node = register(0)
     services.node_discover(node_id=node.pk, pool=pool)
     gpu = node.gpus.get(index=0)
@@ -95,7 +95,7 @@ def test_container_started_with_docker_shows_up_with_its_id(fleet, pool, registe
     assert proc is not None and proc.used_memory_mb > 0
 
 
-def test_nvidia_smi_fallback_when_node_has_no_nvml(fleet, pool, register):  # type: ignore[no-untyped-def]
+def test_nvidia_smi_fallback_when_node_has_no_nvml(fleet, pool, register):
     node = register(1)
     services.node_discover(node_id=node.pk, pool=pool)
     fleet.nodes[1].set_nvml_available(False)
@@ -107,7 +107,7 @@ def test_nvidia_smi_fallback_when_node_has_no_nvml(fleet, pool, register):  # ty
     assert ProcessSample.objects.filter(gpu__node=node, used_memory_mb=1500).exists()
 
 
-def test_unknown_host_key_is_read_then_approved_by_fingerprint(fleet, pool, register):  # type: ignore[no-untyped-def]
+def test_unknown_host_key_is_read_then_approved_by_fingerprint(fleet, pool, register):
     node = register(0, host_key="")
     assert node.status == Node.Status.PENDING and not node.host_key
     services.node_scan_host_key(node_id=node.pk)
@@ -123,7 +123,7 @@ def test_unknown_host_key_is_read_then_approved_by_fingerprint(fleet, pool, regi
     assert node.gpus.count() == len(fleet.nodes[0].gpus)
 
 
-def test_changed_host_key_is_refused_and_nothing_is_sent(fleet, pool, register):  # type: ignore[no-untyped-def]
+def test_changed_host_key_is_refused_and_nothing_is_sent(fleet, pool, register):
     node = register(0)
     services.node_discover(node_id=node.pk, pool=pool)
     emu = fleet.nodes[0]
@@ -140,7 +140,7 @@ def test_changed_host_key_is_refused_and_nothing_is_sent(fleet, pool, register):
         pool.run(services.endpoint_for(node), ["true"])
 
 
-def test_unanswered_node_goes_unreachable_and_recovers(fleet, pool, register, settings):  # type: ignore[no-untyped-def]
+def test_unanswered_node_goes_unreachable_and_recovers(fleet, pool, register, settings):
     node = register(0)
     services.node_discover(node_id=node.pk, pool=pool)
     emu = fleet.nodes[0]
@@ -161,7 +161,7 @@ def test_unanswered_node_goes_unreachable_and_recovers(fleet, pool, register, se
     assert node.status == Node.Status.ACTIVE and node.consecutive_failures == 0
 
 
-def test_reconnect_backs_off_after_a_failure(fleet, pool, register):  # type: ignore[no-untyped-def]
+def test_reconnect_backs_off_after_a_failure(fleet, pool, register):
     node = register(0)
     fleet.nodes[0].set_down(True)
     endpoint = services.endpoint_for(node)
@@ -172,7 +172,7 @@ def test_reconnect_backs_off_after_a_failure(fleet, pool, register):  # type: ig
         pool.run(endpoint, ["true"])  # within the backoff: no new connection attempt
 
 
-def test_slow_node_times_out_instead_of_hanging(fleet, platform_key, register):  # type: ignore[no-untyped-def]
+def test_slow_node_times_out_instead_of_hanging(fleet, platform_key, register):
     node = register(0)
     fleet.nodes[0].set_delay(3)
     quick = ssh.SSHPool(private_key=platform_key, connect_timeout=2, command_timeout=1)
@@ -193,7 +193,7 @@ def test_slow_node_times_out_instead_of_hanging(fleet, platform_key, register): 
         ("address", "a b"),
     ],
 )
-def test_shell_metacharacters_in_registration_are_refused(fleet, field, value):  # type: ignore[no-untyped-def]
+def test_shell_metacharacters_in_registration_are_refused(fleet, field, value):
     data = {
         "name": "ok-node",
         "address": "127.0.0.1",
@@ -207,7 +207,7 @@ def test_shell_metacharacters_in_registration_are_refused(fleet, field, value): 
     assert not Node.objects.exists()
 
 
-def test_crafted_arguments_reach_the_node_as_one_quoted_argument(fleet, pool, register):  # type: ignore[no-untyped-def]
+def test_crafted_arguments_reach_the_node_as_one_quoted_argument(fleet, pool, register):
     node = register(0)
     emu = fleet.nodes[0]
     emu.clear_audit()
@@ -223,7 +223,7 @@ def test_crafted_arguments_reach_the_node_as_one_quoted_argument(fleet, pool, re
     assert ["rm", "-rf", "/"] in emu.audit_log
 
 
-def test_retention_prunes_raw_samples_and_keeps_rollups(register, settings):  # type: ignore[no-untyped-def]
+def test_retention_prunes_raw_samples_and_keeps_rollups(register, settings):
     node = register(0)
     gpu = Gpu.objects.create(
         node=node, uuid="GPU-r", index=0, model="NVIDIA L4", vram_total_mb=23034

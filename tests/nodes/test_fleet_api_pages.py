@@ -1,20 +1,19 @@
 """Fleet API, ops pages and /metrics: ops only, validated input, downsampled series."""
 
 from datetime import timedelta
-from types import SimpleNamespace
 
 import pytest
 from django.utils import timezone
 
 from nodes import services
 from nodes.models import Gpu, GpuSample, Node
-from tests.api_contract import ApiResourceContract
+from tests.api_contract import OpsResourceContract
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def node(db):  # type: ignore[no-untyped-def]
+def node(db):
     node = Node.objects.create(
         gate_status="passed",
         name="n1",
@@ -34,40 +33,11 @@ def node(db):  # type: ignore[no-untyped-def]
     return node
 
 
-class _OpsOnly(ApiResourceContract):
-    tenant_scoped = False
-
-    def test_tenant_users_get_403(self, owner_a, token_client):  # type: ignore[no-untyped-def]
-        obj = self.make(owner_a)
-        client = token_client(owner_a.user)
-        for url in (self.list_url, self.detail_url(obj)):
-            response = client.get(url)
-            assert response.status_code == 403
-            assert response.json()["code"] == "permission_denied"
-
-    # the contract's list checks run as ops here
-    def test_list_is_paginated(self, ops_user, token_client):  # type: ignore[no-untyped-def]
-        super().test_list_is_paginated(self._ops_membership(ops_user), token_client)
-
-    def test_filters(self, ops_user, token_client):  # type: ignore[no-untyped-def]
-        super().test_filters(self._ops_membership(ops_user), token_client)
-
-    def test_list_query_count_does_not_grow_with_rows(self, ops_user, token_client):  # type: ignore[no-untyped-def]
-        super().test_list_query_count_does_not_grow_with_rows(
-            self._ops_membership(ops_user), token_client
-        )
-
-    @staticmethod
-    def _ops_membership(user):  # type: ignore[no-untyped-def]
-        # the contract passes "who acts"; for ops resources that is a staff user
-        return SimpleNamespace(user=user)
-
-
-class TestNodesApi(_OpsOnly):
+class TestNodesApi(OpsResourceContract):
     list_url = "/api/v1/nodes/"
     filters = {"status": ("active", "unreachable")}
 
-    def make(self, membership):  # type: ignore[no-untyped-def]
+    def make(self, membership):
         n = Node.objects.count()
         node = Node.objects.create(
             gate_status="passed",
@@ -82,11 +52,11 @@ class TestNodesApi(_OpsOnly):
         return node
 
 
-class TestGpusApi(_OpsOnly):
+class TestGpusApi(OpsResourceContract):
     list_url = "/api/v1/gpus/"
     filters = {"model": ("NVIDIA H100 80GB HBM3", "NVIDIA L4")}
 
-    def make(self, membership):  # type: ignore[no-untyped-def]
+    def make(self, membership):
         n = Node.objects.count()
         node = Node.objects.create(
             gate_status="passed", name=f"gnode-{n}", address=f"10.8.0.{n + 1}"
@@ -96,7 +66,7 @@ class TestGpusApi(_OpsOnly):
         )
 
 
-def test_register_node_through_api_validates_and_pins(api_ops, django_capture_on_commit_callbacks):  # type: ignore[no-untyped-def]
+def test_register_node_through_api_validates_and_pins(api_ops, django_capture_on_commit_callbacks):
     bad = api_ops.post(
         "/api/v1/nodes/", {"name": "x", "address": "10.0.0.9; reboot"}, format="json"
     )
@@ -122,7 +92,7 @@ def test_register_node_through_api_validates_and_pins(api_ops, django_capture_on
 
 
 @pytest.mark.parametrize("network", ["host", "container:db", "--privileged", "", "a b"])
-def test_a_node_network_that_would_not_isolate_slices_is_refused(api_ops, network):  # type: ignore[no-untyped-def]
+def test_a_node_network_that_would_not_isolate_slices_is_refused(api_ops, network):
     bad = api_ops.post(
         "/api/v1/nodes/",
         {"name": "gpu-8", "address": "10.0.0.8", "container_network": network},
@@ -135,7 +105,7 @@ def test_a_node_network_that_would_not_isolate_slices_is_refused(api_ops, networ
 
 def test_a_node_keeps_its_container_network_and_slices_use_it(
     api_ops, django_capture_on_commit_callbacks
-):  # type: ignore[no-untyped-def]
+):
     with django_capture_on_commit_callbacks():
         made = api_ops.post(
             "/api/v1/nodes/",
@@ -150,7 +120,7 @@ def test_a_node_keeps_its_container_network_and_slices_use_it(
     assert changed.status_code == 200 and changed.json()["container_network"] == "gpu-net"
 
 
-def test_drain_and_undrain_through_api(api_ops, node):  # type: ignore[no-untyped-def]
+def test_drain_and_undrain_through_api(api_ops, node):
     response = api_ops.post(
         f"/api/v1/nodes/{node.pk}/drain/", {"reason": "maintenance"}, format="json"
     )
@@ -160,14 +130,14 @@ def test_drain_and_undrain_through_api(api_ops, node):  # type: ignore[no-untype
     assert response.json()["status"] == "active"
 
 
-def test_approve_without_pending_key_is_409(api_ops, node):  # type: ignore[no-untyped-def]
+def test_approve_without_pending_key_is_409(api_ops, node):
     response = api_ops.post(
         f"/api/v1/nodes/{node.pk}/approve-host-key/", {"fingerprint": "SHA256:x"}, format="json"
     )
     assert response.status_code == 409 and response.json()["code"] == "nothing_pending"
 
 
-def test_gpu_samples_are_downsampled_to_max_points(api_ops, node):  # type: ignore[no-untyped-def]
+def test_gpu_samples_are_downsampled_to_max_points(api_ops, node):
     gpu = node.gpus.get()
     end = timezone.now()
     start = end - timedelta(hours=2)
@@ -197,7 +167,7 @@ def test_gpu_samples_are_downsampled_to_max_points(api_ops, node):  # type: igno
     assert api_ops.get(url, {"max_points": 5000}).status_code == 400
 
 
-def test_metrics_needs_the_token_and_speaks_dcgm(client, node, settings):  # type: ignore[no-untyped-def]
+def test_metrics_needs_the_token_and_speaks_dcgm(client, node, settings):
     settings.METRICS_TOKEN = ""
     assert client.get("/metrics").status_code == 404
     settings.METRICS_TOKEN = "s3cret-metrics-token"
@@ -218,7 +188,7 @@ def test_metrics_needs_the_token_and_speaks_dcgm(client, node, settings):  # typ
     assert "gpuplatform_gpu_sample_age_seconds" in text
 
 
-def test_fleet_pages_are_ops_only_and_live(client, owner_a, ops_user, node):  # type: ignore[no-untyped-def]
+def test_fleet_pages_are_ops_only_and_live(client, owner_a, ops_user, node):
     client.force_login(owner_a.user)
     assert client.get("/ops/fleet/").status_code == 302
     assert client.get(f"/ops/nodes/{node.pk}/").status_code == 302
@@ -235,7 +205,7 @@ def test_fleet_pages_are_ops_only_and_live(client, owner_a, ops_user, node):  # 
     assert f"/api/v1/gpus/{node.gpus.get().pk}/samples/" in detail
 
 
-def test_node_pages_drain_and_register(client, ops_user, node, django_capture_on_commit_callbacks):  # type: ignore[no-untyped-def]
+def test_node_pages_drain_and_register(client, ops_user, node, django_capture_on_commit_callbacks):
     client.force_login(ops_user)
     client.post(f"/ops/nodes/{node.pk}/drain/", {"reason": "swap PSU"})
     node.refresh_from_db()
@@ -257,7 +227,7 @@ def test_node_pages_drain_and_register(client, ops_user, node, django_capture_on
     assert Node.objects.get(name="gpu-9").status == "pending"
 
 
-def test_update_to_a_new_address_drops_the_pinned_key(node, django_capture_on_commit_callbacks):  # type: ignore[no-untyped-def]
+def test_update_to_a_new_address_drops_the_pinned_key(node, django_capture_on_commit_callbacks):
     node.host_key = (
         "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
     )

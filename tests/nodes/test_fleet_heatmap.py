@@ -64,13 +64,13 @@ def attr(anchor: str, name: str) -> str:
     return re.search(rf' {name}="([^"]*)"', anchor, re.S).group(1)
 
 
-def drill(client, node: Node) -> str:  # type: ignore[no-untyped-def]
+def drill(client, node: Node) -> str:
     response = client.get(f"/ops/fleet/?node={node.pk}", HTTP_HX_REQUEST="true")
     assert response.status_code == 200
     return response.content.decode()
 
 
-def test_heatmap_has_a_legend_and_one_labelled_cell_per_node(client, ops_user):  # type: ignore[no-untyped-def]
+def test_heatmap_has_a_legend_and_one_labelled_cell_per_node(client, ops_user):
     a, b = make_fleet(2, 4)
     Gpu.objects.filter(node=b, index=2).update(last_memory_used_mb=36864)  # 90%
     client.force_login(ops_user)
@@ -111,7 +111,7 @@ def test_heatmap_has_a_legend_and_one_labelled_cell_per_node(client, ops_user): 
     assert "n000" not in attention
 
 
-def test_a_node_that_takes_no_slices_is_hatched_with_its_reason_in_words(client, ops_user):  # type: ignore[no-untyped-def]
+def test_a_node_that_takes_no_slices_is_hatched_with_its_reason_in_words(client, ops_user):
     open_node, drained, failed, unreachable = make_fleet(4, 2)
     Gpu.objects.filter(node=open_node, index=1).update(
         accepting_placements=False, not_accepting_reason="Incident #7: ECC errors"
@@ -178,7 +178,7 @@ def test_a_node_that_takes_no_slices_is_hatched_with_its_reason_in_words(client,
     assert "None" not in text.split('id="fleet-live"', 1)[1]
 
 
-def test_a_node_without_samples_or_gpus_says_so(client, ops_user):  # type: ignore[no-untyped-def]
+def test_a_node_without_samples_or_gpus_says_so(client, ops_user):
     (node,) = make_fleet(1, 2)
     empty = Node.objects.create(name="bare", address="10.0.9.9", status="active")
     Gpu.objects.filter(node=node).update(last_memory_used_mb=None, last_sample_at=None)
@@ -192,7 +192,7 @@ def test_a_node_without_samples_or_gpus_says_so(client, ops_user):  # type: igno
     assert "no GPUs discovered" in drill(client, empty)
 
 
-def test_needs_attention_names_a_dozen_nodes_then_links_to_the_filtered_table(client, ops_user):  # type: ignore[no-untyped-def]
+def test_needs_attention_names_a_dozen_nodes_then_links_to_the_filtered_table(client, ops_user):
     nodes = make_fleet(20, 2)
     Node.objects.filter(pk__in=[n.pk for n in nodes[:15]]).update(
         status="draining", drained_at=timezone.now(), drain_reason="rack move"
@@ -217,9 +217,7 @@ def test_needs_attention_names_a_dozen_nodes_then_links_to_the_filtered_table(cl
     assert "30 GPUs: not accepting placements" in closed
 
 
-def test_drill_down_is_a_fragment_of_the_nodes_gpus_and_a_page_without_javascript(  # type: ignore[no-untyped-def]
-    client, ops_user
-):
+def test_drill_down_is_a_fragment_of_the_nodes_gpus_and_a_page_without_javascript(client, ops_user):
     node, other = make_fleet(2, 4)
     client.force_login(ops_user)
     fragment = drill(client, node)
@@ -248,7 +246,7 @@ def test_drill_down_is_a_fragment_of_the_nodes_gpus_and_a_page_without_javascrip
     assert gone.status_code == 200 and 'id="fleet-drill-hint"' in gone.content.decode()
 
 
-def test_a_large_fleet_draws_small_squares_with_the_same_labels(client, ops_user):  # type: ignore[no-untyped-def]
+def test_a_large_fleet_draws_small_squares_with_the_same_labels(client, ops_user):
     make_fleet(149, 1)
     client.force_login(ops_user)
     body = client.get("/ops/fleet/").content.decode()
@@ -259,7 +257,7 @@ def test_a_large_fleet_draws_small_squares_with_the_same_labels(client, ops_user
     assert "n148: hottest GPU 50% VRAM used, mean 50%, 1 GPU; takes new slices" in body
 
 
-def test_the_gpu_table_scrolls_in_its_own_box(client, ops_user):  # type: ignore[no-untyped-def]
+def test_the_gpu_table_scrolls_in_its_own_box(client, ops_user):
     make_fleet(1, 1)
     client.force_login(ops_user)
     body = client.get("/ops/fleet/").content.decode()

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def seed_fleet():  # type: ignore[no-untyped-def]
+def seed_fleet():
     """bench/_fleet_seed.py's seed_fleet: the fleet the scale measurements use."""
     return load_bench("_fleet_seed").seed_fleet
 
@@ -29,12 +29,12 @@ def version_of(body: str) -> str:
     return re.search(r'id="fleet-version" name="v" value="([0-9a-f]+)"', body).group(1)
 
 
-def refresh(client, version: str):  # type: ignore[no-untyped-def]
+def refresh(client, version: str):
     """The page's poll, as htmx sends it: the version it holds, no target of its own."""
     return client.get("/ops/fleet/", {"v": version}, HTTP_HX_REQUEST="true")
 
 
-def test_an_unchanged_fleet_answers_the_refresh_without_a_body(client, ops_user):  # type: ignore[no-untyped-def]
+def test_an_unchanged_fleet_answers_the_refresh_without_a_body(client, ops_user):
     make_fleet(3, 4)
     client.force_login(ops_user)
     version = version_of(client.get("/ops/fleet/").content.decode())
@@ -45,7 +45,7 @@ def test_an_unchanged_fleet_answers_the_refresh_without_a_body(client, ops_user)
     assert refresh(client, version).status_code == 204
 
 
-def test_one_changed_gpu_sends_only_its_nodes_cell(client, ops_user):  # type: ignore[no-untyped-def]
+def test_one_changed_gpu_sends_only_its_nodes_cell(client, ops_user):
     a, b, c = make_fleet(3, 4)
     client.force_login(ops_user)
     version = version_of(client.get("/ops/fleet/").content.decode())
@@ -78,7 +78,7 @@ def test_one_changed_gpu_sends_only_its_nodes_cell(client, ops_user):  # type: i
     assert str(a.pk) not in re.findall(r'id="node-cell-(\d+)"', back)
 
 
-def test_a_version_the_server_does_not_know_gets_the_whole_heatmap(client, ops_user):  # type: ignore[no-untyped-def]
+def test_a_version_the_server_does_not_know_gets_the_whole_heatmap(client, ops_user):
     make_fleet(3, 2)
     client.force_login(ops_user)
     first = client.get("/ops/fleet/", HTTP_HX_REQUEST="true").content.decode()  # no version
@@ -98,7 +98,7 @@ def test_a_version_the_server_does_not_know_gets_the_whole_heatmap(client, ops_u
     assert grown.count('<a id="node-cell-') == 4 and '<div id="heatmap"' in grown
 
 
-def test_the_gpu_table_is_paged_sorted_and_filtered(client, ops_user):  # type: ignore[no-untyped-def]
+def test_the_gpu_table_is_paged_sorted_and_filtered(client, ops_user):
     nodes = make_fleet(8, 8)  # 64 GPUs: two pages of 50
     Gpu.objects.filter(node=nodes[5], index=3).update(last_memory_used_mb=39000)  # 95%
     Gpu.objects.filter(node=nodes[2], index=1).update(last_memory_used_mb=35000)  # 85.4%
@@ -108,7 +108,7 @@ def test_the_gpu_table_is_paged_sorted_and_filtered(client, ops_user):  # type: 
     )
     client.force_login(ops_user)
 
-    def rows(query: str = "", **headers) -> tuple[str, list[tuple[str, str, str]]]:  # type: ignore[no-untyped-def]
+    def rows(query: str = "", **headers) -> tuple[str, list[tuple[str, str, str]]]:
         body = client.get(f"/ops/fleet/{query}", **headers).content.decode()
         table = body.split('id="fleet-gpu-rows"', 1)[1].split("</table>", 1)[0]
         found = re.findall(r'<tr data-node="(\w+)" data-gpu="(\d+)" data-heat="(-?\d+)">', table)
@@ -153,14 +153,14 @@ def test_the_gpu_table_is_paged_sorted_and_filtered(client, ops_user):  # type: 
     assert fragment.count("<tr data-node=") == 14
 
 
-def _queries(client, url: str, **headers) -> int:  # type: ignore[no-untyped-def]
+def _queries(client, url: str, **headers) -> int:
     with CaptureQueriesContext(connection) as ctx:
         response = client.get(url, **headers)
     assert response.status_code in (200, 204), (url, response.status_code)
     return len(ctx.captured_queries)
 
 
-def _every_read(client, node: Node, version: str) -> dict[str, int]:  # type: ignore[no-untyped-def]
+def _every_read(client, node: Node, version: str) -> dict[str, int]:
     return {
         "page": _queries(client, "/ops/fleet/"),
         "page, table page 2 by node": _queries(client, "/ops/fleet/?sort=node&page=2"),
@@ -178,7 +178,7 @@ def _every_read(client, node: Node, version: str) -> dict[str, int]:  # type: ig
     }
 
 
-def test_every_fleet_read_takes_the_same_queries_for_one_gpu_or_four_hundred(  # type: ignore[no-untyped-def]
+def test_every_fleet_read_takes_the_same_queries_for_one_gpu_or_four_hundred(
     client, ops_user, seed_fleet, settings
 ):
     settings.METRICS_TOKEN = "fleet-metrics"
@@ -196,7 +196,7 @@ def test_every_fleet_read_takes_the_same_queries_for_one_gpu_or_four_hundred(  #
     assert "401 GPUs" in body and "page 1 of 9" in body
 
 
-def test_bench_seed_makes_a_fleet_of_real_shapes(seed_fleet):  # type: ignore[no-untyped-def]
+def test_bench_seed_makes_a_fleet_of_real_shapes(seed_fleet):
     ids = seed_fleet(nodes=30, gpus_per_node=4, prefix="t")
     assert len(ids) == 30 and Node.objects.filter(pk__in=ids).count() == 30
     gpus = Gpu.objects.filter(node_id__in=ids)

@@ -61,29 +61,29 @@ APP_FIELDS = "timestamp,gpu_name,gpu_bus_id,gpu_serial,gpu_uuid,pid,process_name
 
 
 @pytest.fixture
-def key(tmp_path):  # type: ignore[no-untyped-def]
+def key(tmp_path):
     return ssh.load_or_create_platform_key(tmp_path / "id_ed25519")
 
 
 @pytest.fixture
-def tools(lab_pool, key):  # type: ignore[no-untyped-def]
+def tools(lab_pool, key):
     lab = lab_pool.get((TOOLS_NODE,), [ssh.public_key_line(key)])
     yield lab.nodes[0]
     lab.nodes[0].reset()
 
 
 @pytest.fixture
-def pool(key):  # type: ignore[no-untyped-def]
+def pool(key):
     pool = ssh.SSHPool(private_key=key, connect_timeout=5, command_timeout=20)
     yield pool
     pool.close()
 
 
-def endpoint(node) -> ssh.Endpoint:  # type: ignore[no-untyped-def]
+def endpoint(node) -> ssh.Endpoint:
     return ssh.Endpoint("127.0.0.1", node.port, "root", node.host_key_line())
 
 
-def run(pool, node, *argv: str) -> subprocess.CompletedProcess:  # type: ignore[no-untyped-def, type-arg]
+def run(pool, node, *argv: str) -> subprocess.CompletedProcess:
     result = pool.run(endpoint(node), list(argv))
     return subprocess.CompletedProcess(
         argv, result.exit_status, result.stdout.decode(), result.stderr.decode()
@@ -115,7 +115,7 @@ def parse_csv(text: str) -> list[list[str]]:
     ]
 
 
-def start_workload(node, device: str, *env: str, command: tuple[str, ...] = ()) -> str:  # type: ignore[no-untyped-def]
+def start_workload(node, device: str, *env: str, command: tuple[str, ...] = ()) -> str:
     args = ["run", "--detach", "--network", "none", "--gpus", f"device={device}"]
     for item in env:
         args += ["--env", item]
@@ -125,7 +125,7 @@ def start_workload(node, device: str, *env: str, command: tuple[str, ...] = ()) 
 # --- nvidia-smi against real captures --------------------------------------------------------
 
 
-def test_nvidia_smi_prints_the_platforms_query_as_real_cards_do(tools, pool):  # type: ignore[no-untyped-def]
+def test_nvidia_smi_prints_the_platforms_query_as_real_cards_do(tools, pool):
     fields = ",".join(SMI_FIELDS)
     with_units = run(pool, tools, "nvidia-smi", f"--query-gpu={fields}", "--format=csv")
     assert with_units.returncode == 0, with_units.stdout + with_units.stderr
@@ -165,7 +165,7 @@ def test_nvidia_smi_prints_the_platforms_query_as_real_cards_do(tools, pool):  #
     ]
 
 
-def test_nvidia_smi_lists_compute_apps_as_real_cards_do(tools, pool):  # type: ignore[no-untyped-def]
+def test_nvidia_smi_lists_compute_apps_as_real_cards_do(tools, pool):
     state = tools.gpu("state")["gpus"]
     h100, h200_mig = state[0], state[3]
     start_workload(tools, h100["uuid"], "WORKLOAD_MB=2566")
@@ -192,7 +192,7 @@ def test_nvidia_smi_lists_compute_apps_as_real_cards_do(tools, pool):  # type: i
     assert by_pid[mig_proc["pid"]][6] == "/usr/bin/gpu-workload"
 
 
-def test_nvidia_smi_refuses_an_unknown_field_and_format_as_the_real_one_does(tools, pool):  # type: ignore[no-untyped-def]
+def test_nvidia_smi_refuses_an_unknown_field_and_format_as_the_real_one_does(tools, pool):
     bad_field = run(pool, tools, "nvidia-smi", "--query-gpu=index,bogus", "--format=csv")
     assert (
         bad_field.returncode == 2
@@ -207,7 +207,7 @@ def test_nvidia_smi_refuses_an_unknown_field_and_format_as_the_real_one_does(too
 # --- NVML, through the platform's own sampler over the real sshd ----------------------------------
 
 
-def test_the_platforms_sampler_reads_the_lab_through_its_nvml(tools, pool):  # type: ignore[no-untyped-def]
+def test_the_platforms_sampler_reads_the_lab_through_its_nvml(tools, pool):
     state = tools.gpu("state")["gpus"]
     busy = start_workload(tools, state[0]["uuid"], "WORKLOAD_MB=3000")
     idle = start_workload(tools, state[4]["uuid"], "WORKLOAD_PROFILE=idle", "WORKLOAD_MB=700")
@@ -249,10 +249,10 @@ def test_the_platforms_sampler_reads_the_lab_through_its_nvml(tools, pool):  # t
     assert caps.docker and caps.mig and caps.vram_quota_library == tools.quota_library
 
 
-def test_an_xid_from_the_emulated_driver_reaches_the_sampler_once(tools, pool):  # type: ignore[no-untyped-def]
+def test_an_xid_from_the_emulated_driver_reaches_the_sampler_once(tools, pool):
     argv, preamble = telemetry.sampler_serve_argv(), telemetry.sampler_serve_preamble()
 
-    def sample():  # type: ignore[no-untyped-def]
+    def sample():
         answer = pool.request(
             endpoint(tools), argv, preamble=preamble, request=telemetry.SERVE_REQUEST_SAMPLE
         )
@@ -268,7 +268,7 @@ def test_an_xid_from_the_emulated_driver_reaches_the_sampler_once(tools, pool): 
 
 
 @pytest.mark.parametrize("cli", ["docker", "/usr/bin/docker"], ids=["node-path", "debian-cli"])
-def test_the_real_clis_ps_and_inspect_parse_as_the_platform_reads_them(tools, pool, cli):  # type: ignore[no-untyped-def]
+def test_the_real_clis_ps_and_inspect_parse_as_the_platform_reads_them(tools, pool, cli):
     if cli != "docker" and not Path(cli).exists():
         missing(f"{cli} is not on this machine")
 
@@ -303,7 +303,7 @@ def test_the_real_clis_ps_and_inspect_parse_as_the_platform_reads_them(tools, po
     assert done.status == "exited" and done.exit_code == 0 and done.finished_at
 
 
-def test_ecc_and_row_remapping_faults_reach_the_sampler(tools, pool):  # type: ignore[no-untyped-def]
+def test_ecc_and_row_remapping_faults_reach_the_sampler(tools, pool):
     tools.gpu("ecc", gpu=0, count=2, remap_failed=True)
     answer = pool.request(
         endpoint(tools),
@@ -318,7 +318,7 @@ def test_ecc_and_row_remapping_faults_reach_the_sampler(tools, pool):  # type: i
 # --- the toolkit hook and the emulated driver ------------------------------------------
 
 
-def test_the_hook_refuses_a_device_the_node_does_not_have(tools):  # type: ignore[no-untyped-def]
+def test_the_hook_refuses_a_device_the_node_does_not_have(tools):
     bogus = "GPU-00000000-0000-0000-0000-00000000dead"
     run_ = tools.docker(
         "run", "--detach", "--network", "none", "--gpus", f"device={bogus}", IMAGE, check=False
@@ -331,7 +331,7 @@ def test_the_hook_refuses_a_device_the_node_does_not_have(tools):  # type: ignor
     assert tools.gpu_processes() == []
 
 
-def test_without_gpus_a_container_has_no_driver(tools):  # type: ignore[no-untyped-def]
+def test_without_gpus_a_container_has_no_driver(tools):
     """No --gpus, no hook: neither the device nor the driver library is mounted, so a job
     linked against libcuda cannot even load (as on a real host)."""
     cid = tools.docker("run", "--detach", "--network", "none", IMAGE).stdout.strip()
@@ -341,7 +341,7 @@ def test_without_gpus_a_container_has_no_driver(tools):  # type: ignore[no-untyp
     assert f"{cid[:12]} no GPU requested" not in tools.hook_log.read_text()  # never called
 
 
-def test_the_hook_never_mounts_through_a_symlink_in_the_image(tools, tmp_path):  # type: ignore[no-untyped-def]
+def test_the_hook_never_mounts_through_a_symlink_in_the_image(tools, tmp_path):
     context = tmp_path / "evil"
     context.mkdir()
     (context / "Dockerfile").write_text(
@@ -362,7 +362,7 @@ def test_the_hook_never_mounts_through_a_symlink_in_the_image(tools, tmp_path): 
         tools.docker("image", "rm", "--force", "lab-test/evil:1", check=False)
 
 
-def test_the_driver_frees_a_process_memory_when_it_dies(tools):  # type: ignore[no-untyped-def]
+def test_the_driver_frees_a_process_memory_when_it_dies(tools):
     gpu = tools.gpu("state")["gpus"][4]
     cid = start_workload(tools, gpu["uuid"], "WORKLOAD_MB=4000")
     assert wait_for(lambda: (tools.gpu_processes(cid) or [{"used": 0}])[0]["used"] >> 20 == 4000)
@@ -373,7 +373,7 @@ def test_the_driver_frees_a_process_memory_when_it_dies(tools):  # type: ignore[
     assert wait_for(lambda: tools.container(cid).exit_code == 137, timeout=10)
 
 
-def test_memory_of_a_stuck_process_outlives_its_container_until_released(tools):  # type: ignore[no-untyped-def]
+def test_memory_of_a_stuck_process_outlives_its_container_until_released(tools):
     gpu = tools.gpu("state")["gpus"][4]
     cid = start_workload(tools, gpu["uuid"], "WORKLOAD_MB=1500")
     assert wait_for(lambda: tools.gpu_processes(cid), timeout=10)
@@ -388,7 +388,7 @@ def test_memory_of_a_stuck_process_outlives_its_container_until_released(tools):
     assert tools.gpu_processes() == []
 
 
-def test_a_mig_device_refuses_allocations_past_its_size(tools):  # type: ignore[no-untyped-def]
+def test_a_mig_device_refuses_allocations_past_its_size(tools):
     mig = tools.gpu("state")["gpus"][6]["migs"][0]  # A30 1g.6gb: 5952 MiB
     cid = start_workload(tools, mig["uuid"], "WORKLOAD_PROFILE=leak", "WORKLOAD_MB=5000",
                          "WORKLOAD_RATE_MB_PER_MIN=60000")  # fmt: skip
@@ -401,7 +401,7 @@ def test_a_mig_device_refuses_allocations_past_its_size(tools):  # type: ignore[
     assert tools.gpu_processes() == []
 
 
-def test_the_quota_library_stops_an_allocation_past_the_limit_inside_the_job(tools):  # type: ignore[no-untyped-def]
+def test_the_quota_library_stops_an_allocation_past_the_limit_inside_the_job(tools):
     gpu = tools.gpu("state")["gpus"][0]["uuid"]
     limit = ["GPUPLATFORM_VRAM_LIMIT_MB=4096", "CUDA_DEVICE_MEMORY_LIMIT=4096m",
              f"LD_PRELOAD={tools.quota_library}", "WORKLOAD_PROFILE=leak", "WORKLOAD_MB=3500",
@@ -456,7 +456,7 @@ def _socket_inodes(pid: int) -> set[int]:
     return inodes
 
 
-def test_nothing_in_the_lab_listens_beyond_loopback_and_containers_have_no_network(tools):  # type: ignore[no-untyped-def]
+def test_nothing_in_the_lab_listens_beyond_loopback_and_containers_have_no_network(tools):
     pids = [int((tools.run_dir / name).read_text()) for name in ("sshd.pid", "docker.pid")]
     ours = set().union(*(_socket_inodes(pid) for pid in pids))
     listening = [(addr, port) for addr, port, inode in _listeners() if inode in ours]
@@ -466,7 +466,7 @@ def test_nothing_in_the_lab_listens_beyond_loopback_and_containers_have_no_netwo
     assert [line.split(":")[0].strip() for line in devices] == ["lo"]
 
 
-def test_a_lab_that_cannot_start_says_why_in_one_line(monkeypatch, tmp_path):  # type: ignore[no-untyped-def]
+def test_a_lab_that_cannot_start_says_why_in_one_line(monkeypatch, tmp_path):
     monkeypatch.setattr(prereqs, "DOCKERD", str(tmp_path / "no-dockerd"))
     started = time.monotonic()
     with pytest.raises(LabUnavailable) as caught:
@@ -475,7 +475,7 @@ def test_a_lab_that_cannot_start_says_why_in_one_line(monkeypatch, tmp_path):  #
     assert time.monotonic() - started < 5
 
 
-def test_a_lab_started_without_root_says_so_before_touching_anything(monkeypatch):  # type: ignore[no-untyped-def]
+def test_a_lab_started_without_root_says_so_before_touching_anything(monkeypatch):
     monkeypatch.setattr(prereqs.os, "geteuid", lambda: 1000)
     with pytest.raises(LabUnavailable) as caught:
         Lab.start([LabNodeSpec("lab-user")], authorized_keys=[])
@@ -489,7 +489,7 @@ def _lab_could_start() -> None:
         unavailable("; ".join(prereqs.problems()))
 
 
-def test_a_lab_whose_port_is_taken_says_so_and_leaves_nothing_behind():  # type: ignore[no-untyped-def]
+def test_a_lab_whose_port_is_taken_says_so_and_leaves_nothing_behind():
     _lab_could_start()
     root = Path(tempfile.mkdtemp(prefix="gpl-"))
     with socket.socket() as held:
@@ -504,13 +504,13 @@ def test_a_lab_whose_port_is_taken_says_so_and_leaves_nothing_behind():  # type:
     root.rmdir()  # all that is left is the directory the test made
 
 
-def test_a_lab_whose_directory_is_too_long_for_unix_sockets_says_so(tmp_path):  # type: ignore[no-untyped-def]
+def test_a_lab_whose_directory_is_too_long_for_unix_sockets_says_so(tmp_path):
     _lab_could_start()
     with pytest.raises(LabUnavailable, match="too long for Unix sockets"):
         Lab.start([LabNodeSpec("lab-deep")], authorized_keys=[], root=tmp_path / ("x" * 80))
 
 
-def test_a_stopped_lab_leaves_no_process_mount_cgroup_or_file(key):  # type: ignore[no-untyped-def]
+def test_a_stopped_lab_leaves_no_process_mount_cgroup_or_file(key):
     lab = Lab.start(
         [LabNodeSpec("lab-gone", (GpuSpec("NVIDIA L4"),))],
         authorized_keys=[ssh.public_key_line(key)],
@@ -535,7 +535,7 @@ def test_a_stopped_lab_leaves_no_process_mount_cgroup_or_file(key):  # type: ign
     assert not list(Path("/sys/fs/cgroup").glob(f"*/{node.cgroup_parent.lstrip('/')}"))
 
 
-def test_the_lab_reaches_a_node_only_with_its_pinned_host_key(tools, key):  # type: ignore[no-untyped-def]
+def test_the_lab_reaches_a_node_only_with_its_pinned_host_key(tools, key):
     pool = ssh.SSHPool(private_key=key, connect_timeout=5)
     try:
         ep = endpoint(tools)

@@ -19,13 +19,13 @@ from tenants.models import Image
 pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 
 
-def reserve(vram_mb: int, key: str = "slice-1"):  # type: ignore[no-untyped-def]
+def reserve(vram_mb: int, key: str = "slice-1"):
     return node_services.allocation_reserve(owner_key=key, vram_mb=vram_mb)
 
 
 def test_a_toolkit_older_than_1_17_8_takes_no_placement_says_why_and_an_upgrade_releases_it(
     lab_fleet,
-):  # type: ignore[no-untyped-def]
+):
     fleet = lab_fleet()
     lab_node, row = fleet.nodes[0], fleet.registered[0]
     assert row.gate_status == GateStatus.PASSED, row.gate_reason
@@ -54,7 +54,7 @@ def test_a_toolkit_older_than_1_17_8_takes_no_placement_says_why_and_an_upgrade_
 
 def test_the_machines_runc_is_judged_by_its_build_and_debians_patched_build_is_accepted(
     lab_fleet, ops_user
-):  # type: ignore[no-untyped-def]
+):
     fleet = lab_fleet()
     row = fleet.registered[0]
     facts = row.preflight["facts"]
@@ -94,7 +94,7 @@ def test_the_machines_runc_is_judged_by_its_build_and_debians_patched_build_is_a
     assert NodePolicyChange.objects.filter(field="known_fixed_builds").count() == 1
 
 
-def test_the_probe_reads_the_hardening_the_platform_asked_for(lab_fleet):  # type: ignore[no-untyped-def]
+def test_the_probe_reads_the_hardening_the_platform_asked_for(lab_fleet):
     row = lab_fleet().registered[0]
     probes = row.preflight["probes"]
     assert {p["kind"] for p in probes} == {"within", "past", "env-set", "env-unset"}
@@ -120,7 +120,7 @@ def test_the_probe_reads_the_hardening_the_platform_asked_for(lab_fleet):  # typ
     assert node_services.node_containers(node=row) == []
 
 
-def test_a_quota_library_the_probe_gets_past_makes_the_node_whole_card_only(lab_fleet, api_ops):  # type: ignore[no-untyped-def]
+def test_a_quota_library_the_probe_gets_past_makes_the_node_whole_card_only(lab_fleet, api_ops):
     fleet = lab_fleet()
     lab_node, row = fleet.nodes[0], fleet.registered[0]
     lab_node.set_quota_library_mounted(False)  # installed and advertised, not loaded
@@ -150,7 +150,7 @@ def test_a_quota_library_the_probe_gets_past_makes_the_node_whole_card_only(lab_
     assert NodePolicyChange.objects.filter(node=node, field="watchdog_only").exists()
 
 
-def test_a_quota_library_configured_only_by_environment_is_found_and_sold_whole(lab_fleet):  # type: ignore[no-untyped-def]
+def test_a_quota_library_configured_only_by_environment_is_found_and_sold_whole(lab_fleet):
     # upstream HAMi-core on the CUDA path: it ignores /overrideEnv and obeys each
     # process's environment (HAMi#723)
     fleet = lab_fleet([LabNodeSpec("lab-env", (GpuSpec("NVIDIA A30"),), quota_env_only=True)])
@@ -165,7 +165,7 @@ def test_a_quota_library_configured_only_by_environment_is_found_and_sold_whole(
     assert reserve(8192) is None
 
 
-def test_an_image_built_with_env_ld_preload_cannot_be_allowlisted(lab_fleet, api_ops):  # type: ignore[no-untyped-def]
+def test_an_image_built_with_env_ld_preload_cannot_be_allowlisted(lab_fleet, api_ops):
     fleet = lab_fleet()
     lab_node = fleet.nodes[0]
     build = lab_node.dir / "evil-image"
@@ -197,7 +197,7 @@ def test_an_image_built_with_env_ld_preload_cannot_be_allowlisted(lab_fleet, api
         lab_node.docker("image", "rm", "--force", "lab/nvidiascape:1", check=False)
 
 
-def test_the_gate_is_shown_on_the_node_page_and_in_the_api(lab_fleet, client, ops_user):  # type: ignore[no-untyped-def]
+def test_the_gate_is_shown_on_the_node_page_and_in_the_api(lab_fleet, client, ops_user):
     row = lab_fleet().registered[0]
     api = APIClient()
     api.force_authenticate(ops_user)

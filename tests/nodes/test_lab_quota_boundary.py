@@ -58,7 +58,7 @@ ATTEMPTS = {
 }
 
 
-def held_mb(lab, s: Slice) -> int:  # type: ignore[no-untyped-def]
+def held_mb(lab, s: Slice) -> int:
     return sum(p["used"] for p in lab.gpu_processes(s.container_id)) >> 20
 
 
@@ -70,7 +70,7 @@ def running(s: Slice) -> Slice:
 
 def test_no_process_inside_a_slice_lifts_its_quota_whatever_its_environment_says(
     eager, lab_fleet, funded, lab_image, owner_a
-):  # type: ignore[no-untyped-def]
+):
     fleet = lab_fleet()
     lab = fleet.nodes[0]
     s = running(
@@ -100,7 +100,7 @@ def test_no_process_inside_a_slice_lifts_its_quota_whatever_its_environment_says
 
 def test_a_first_process_that_sets_its_own_limit_is_held_to_the_nodes(
     eager, lab_fleet, funded, lab_image, owner_a
-):  # type: ignore[no-untyped-def]
+):
     """The slice's own command is the first process: in HAMi-core it writes the limit
     into the container's books for every later process. The launch's courtesy check
     cannot see a variable spelled at run time (`eval` of a value), the node still holds."""
@@ -118,7 +118,7 @@ def test_a_first_process_that_sets_its_own_limit_is_held_to_the_nodes(
     assert held_mb(lab, s) <= QUOTA_MB
 
 
-def launcher_with_command(funded, image, member, command, job):  # type: ignore[no-untyped-def]
+def launcher_with_command(funded, image, member, command, job):
     return services.slice_launch(
         membership=member,
         purchase=funded(member, vram_gb=TIER_GB, hours=2),
@@ -142,7 +142,7 @@ def launcher_with_command(funded, image, member, command, job):  # type: ignore[
 
 def test_a_static_job_is_stopped_by_accounting_drift_within_two_samples_neighbours_untouched(
     eager, lab_fleet, funded, lab_image, owner_a, owner_b
-):  # type: ignore[no-untyped-def]
+):
     fleet = lab_fleet()
     lab, node = fleet.nodes[0], fleet.registered[0]
     launch = launcher(funded, lab_image)
@@ -189,7 +189,7 @@ HARDENED = (LabNodeSpec("lab-a", (GpuSpec("NVIDIA A30"),)),)
 )
 def test_the_labs_library_obeys_its_environment_unless_the_node_gives_its_settings(
     lab_pool, specs, held
-):  # type: ignore[no-untyped-def]
+):
     """The stand-in is as weak as HAMi-core where the platform's defence is proven: with
     the env-only build (upstream's CUDA path) a process's own CUDA_DISABLE_CONTROL wins
     over the node's /overrideEnv; with the node's settings it does not."""
@@ -215,7 +215,7 @@ USERNS = (LabNodeSpec("lab-userns", (GpuSpec("NVIDIA A30"),), userns_remap=True)
 
 def test_a_slice_on_a_node_that_remaps_user_namespaces_works_with_its_quota_and_books(
     eager, lab_fleet, funded, lab_image, owner_a
-):  # type: ignore[no-untyped-def]
+):
     """Root in the container is an unprivileged user on the node, and the slice still has
     its device, its quota library (books the container's root may write, settings it may
     not) and its sampling by host PID."""

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 
 def test_a_host_key_change_then_approval_takes_no_placement_until_the_new_preflight_passes(
     lab_fleet, ops_user, monkeypatch
-):  # type: ignore[no-untyped-def]
+):
     queued = []
     for module in (registry, rejudge):  # the test runs the discovery a worker would
         monkeypatch.setattr(module, "enqueue", lambda name, *args, **kw: queued.append(name))

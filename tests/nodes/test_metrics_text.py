@@ -136,7 +136,7 @@ def awkward_fleet() -> None:
     Gpu.objects.bulk_create(gpus)
 
 
-def test_postgresql_writes_the_metrics_text_python_writes(settings):  # type: ignore[no-untyped-def]
+def test_postgresql_writes_the_metrics_text_python_writes(settings):
     assert connection.vendor == "postgresql"
     awkward_fleet()
     # every sample age above lands on a GPU with a sample somewhere in the fleet
@@ -174,7 +174,7 @@ def test_postgresql_writes_the_metrics_text_python_writes(settings):  # type: ig
     assert "GPU-gone" not in expected
 
 
-def test_metrics_on_postgresql_is_one_query_that_writes_the_text(client, settings):  # type: ignore[no-untyped-def]
+def test_metrics_on_postgresql_is_one_query_that_writes_the_text(client, settings):
     settings.METRICS_TOKEN = "metrics-token"
     awkward_fleet()
     with CaptureQueriesContext(connection) as ctx:
@@ -189,7 +189,7 @@ def test_metrics_on_postgresql_is_one_query_that_writes_the_text(client, setting
     assert text.count("\ngpuplatform_node_status{") == 6 * 4
 
 
-def test_a_float_postgresql_would_write_differently_falls_back_to_python():  # type: ignore[no-untyped-def]
+def test_a_float_postgresql_would_write_differently_falls_back_to_python():
     awkward_fleet()
     # PostgreSQL writes this one as 2.2444778308710312e+16, Python as below: Python writes
     gpu = Gpu.objects.filter(last_sample_at__isnull=False).first()

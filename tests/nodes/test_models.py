@@ -13,7 +13,7 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def gpu(db):  # type: ignore[no-untyped-def]
+def gpu(db):
     node = Node.objects.create(name="node-1", address="10.0.0.5", port=22)
     return Gpu.objects.create(
         node=node,
@@ -25,12 +25,12 @@ def gpu(db):  # type: ignore[no-untyped-def]
     )
 
 
-def _refused(fn):  # type: ignore[no-untyped-def]
+def _refused(fn):
     with pytest.raises(IntegrityError), transaction.atomic():
         fn()
 
 
-def test_one_live_allocation_per_owner(gpu):  # type: ignore[no-untyped-def]
+def test_one_live_allocation_per_owner(gpu):
     Allocation.objects.create(gpu=gpu, vram_mb=4096, owner_key="slice-1")
     _refused(lambda: Allocation.objects.create(gpu=gpu, vram_mb=4096, owner_key="slice-1"))
     Allocation.objects.filter(owner_key="slice-1").update(
@@ -39,12 +39,12 @@ def test_one_live_allocation_per_owner(gpu):  # type: ignore[no-untyped-def]
     Allocation.objects.create(gpu=gpu, vram_mb=4096, owner_key="slice-1")  # a new life
 
 
-def test_allocation_needs_vram_and_consistent_release(gpu):  # type: ignore[no-untyped-def]
+def test_allocation_needs_vram_and_consistent_release(gpu):
     _refused(lambda: Allocation.objects.create(gpu=gpu, vram_mb=0, owner_key="x"))
     _refused(lambda: Allocation.objects.create(gpu=gpu, vram_mb=1, owner_key="y", state="released"))
 
 
-def test_mig_and_overcommit_exclude_each_other(gpu):  # type: ignore[no-untyped-def]
+def test_mig_and_overcommit_exclude_each_other(gpu):
     gpu.mig_enabled = True
     gpu.save()
     gpu.overcommit_ratio = Decimal("1.50")
@@ -53,7 +53,7 @@ def test_mig_and_overcommit_exclude_each_other(gpu):  # type: ignore[no-untyped-
         gpu.full_clean()
 
 
-def test_mig_only_on_capable_gpu_and_ratio_bounds(gpu):  # type: ignore[no-untyped-def]
+def test_mig_only_on_capable_gpu_and_ratio_bounds(gpu):
     other = Gpu(
         node=gpu.node,
         uuid="GPU-bbbb",
@@ -69,7 +69,7 @@ def test_mig_only_on_capable_gpu_and_ratio_bounds(gpu):  # type: ignore[no-untyp
     _refused(other.save)
 
 
-def test_gpu_index_unique_among_present_gpus(gpu):  # type: ignore[no-untyped-def]
+def test_gpu_index_unique_among_present_gpus(gpu):
     _refused(
         lambda: Gpu.objects.create(
             node=gpu.node, uuid="GPU-cccc", index=0, model="x", vram_total_mb=1
@@ -80,12 +80,12 @@ def test_gpu_index_unique_among_present_gpus(gpu):  # type: ignore[no-untyped-de
     Gpu.objects.create(node=gpu.node, uuid="GPU-cccc", index=0, model="x", vram_total_mb=1)
 
 
-def test_node_port_and_endpoint(gpu):  # type: ignore[no-untyped-def]
+def test_node_port_and_endpoint(gpu):
     _refused(lambda: Node.objects.create(name="bad", address="h", port=70000))
     _refused(lambda: Node.objects.create(name="dup", address="10.0.0.5", port=22))
 
 
-def test_sample_used_within_total(gpu):  # type: ignore[no-untyped-def]
+def test_sample_used_within_total(gpu):
     _refused(
         lambda: GpuSample.objects.create(
             gpu=gpu, taken_at=timezone.now(), memory_used_mb=30000, memory_total_mb=24576

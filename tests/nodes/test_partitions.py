@@ -35,7 +35,7 @@ ROLLUPS = partitions.rollup_series()
 
 
 @pytest.fixture
-def gpu():  # type: ignore[no-untyped-def]
+def gpu():
     node = Node.objects.create(gate_status="passed", name="ts", address="10.7.0.1")
     return Gpu.objects.create(node=node, uuid="GPU-ts-0", index=0, model="L4", vram_total_mb=23034)
 
@@ -57,13 +57,13 @@ def _exists(name: str) -> bool:
         return cursor.fetchone()[0]
 
 
-def _sample(gpu, at: datetime, used: int = 1000, util: int | None = 10) -> GpuSample:  # type: ignore[no-untyped-def]
+def _sample(gpu, at: datetime, used: int = 1000, util: int | None = 10) -> GpuSample:
     return GpuSample(
         gpu=gpu, taken_at=at, memory_used_mb=used, memory_total_mb=23034, utilization_gpu=util
     )
 
 
-def test_the_time_series_tables_are_partitioned_with_a_default_partition():  # type: ignore[no-untyped-def]
+def test_the_time_series_tables_are_partitioned_with_a_default_partition():
     assert partitions.partitioned()
     with connection.cursor() as cursor:
         cursor.execute(
@@ -82,7 +82,7 @@ def test_the_time_series_tables_are_partitioned_with_a_default_partition():  # t
     assert not partitions.partitions(partitions.Series("nodes_gpudayrollup", "day", 24))
 
 
-def test_made_ahead_a_sample_lands_in_its_period_not_the_default(gpu):  # type: ignore[no-untyped-def]
+def test_made_ahead_a_sample_lands_in_its_period_not_the_default(gpu):
     now = timezone.now()
     services.samples_rollup_and_prune(now=now)
     start = partitions.period_start(now, RAW.hours)
@@ -96,7 +96,7 @@ def test_made_ahead_a_sample_lands_in_its_period_not_the_default(gpu):  # type: 
     assert partitions.partitions_ensure(start=now, end=now + timedelta(hours=12)) == 0
 
 
-def test_rows_held_by_the_default_partition_move_into_their_period_when_it_is_made(gpu):  # type: ignore[no-untyped-def]
+def test_rows_held_by_the_default_partition_move_into_their_period_when_it_is_made(gpu):
     at = datetime(2020, 1, 1, 7, 30, tzinfo=UTC)  # no partition holds 2020
     GpuSample.objects.bulk_create([_sample(gpu, at), _sample(gpu, at + timedelta(hours=5))])
     assert _holder(RAW.table, RAW.column, at) == RAW.default
@@ -108,7 +108,7 @@ def test_rows_held_by_the_default_partition_move_into_their_period_when_it_is_ma
     assert GpuSample.objects.filter(gpu=gpu).count() == 2
 
 
-def test_a_new_partition_starts_where_an_existing_one_ends_when_the_period_changed(settings):  # type: ignore[no-untyped-def]
+def test_a_new_partition_starts_where_an_existing_one_ends_when_the_period_changed(settings):
     at = datetime(2021, 3, 1, 0, 0, tzinfo=UTC)
     partitions.partitions_ensure(start=at, end=at + timedelta(hours=1))  # 00-06
     settings.NODES_RAW_PARTITION_HOURS = 4
@@ -126,7 +126,7 @@ def test_a_new_partition_starts_where_an_existing_one_ends_when_the_period_chang
 
 def test_retention_drops_whole_partitions_before_the_cutoff_and_keeps_the_straddling_one(
     gpu, settings
-):  # type: ignore[no-untyped-def]
+):
     now = datetime(2022, 6, 10, 13, 0, tzinfo=UTC)
     settings.NODES_RAW_RETENTION_HOURS = 48
     partitions.partitions_ensure(start=now - timedelta(days=4), end=now)
@@ -153,7 +153,7 @@ def test_retention_drops_whole_partitions_before_the_cutoff_and_keeps_the_stradd
     assert GpuSampleRollup.objects.filter(bucket_start=partitions.period_start(old, 1)).exists()
 
 
-def test_raw_rows_not_yet_rolled_up_are_never_dropped(gpu, monkeypatch):  # type: ignore[no-untyped-def]
+def test_raw_rows_not_yet_rolled_up_are_never_dropped(gpu, monkeypatch):
     now = datetime(2022, 7, 10, 13, 0, tzinfo=UTC)
     partitions.partitions_ensure(start=now - timedelta(days=4), end=now)
     old = now - timedelta(hours=60)
@@ -190,7 +190,7 @@ def _python_rollups(rows: list[GpuSample]) -> dict:
     }
 
 
-def test_rollups_computed_in_the_database_equal_the_samples_they_summarise(gpu):  # type: ignore[no-untyped-def]
+def test_rollups_computed_in_the_database_equal_the_samples_they_summarise(gpu):
     other = Gpu.objects.create(
         node=gpu.node, uuid="GPU-ts-1", index=1, model="L4", vram_total_mb=23034
     )
@@ -246,7 +246,7 @@ def test_rollups_computed_in_the_database_equal_the_samples_they_summarise(gpu):
     assert again == {k: v[:2] for k, v in got.items()}
 
 
-def test_a_row_committed_after_its_bucket_was_rolled_is_counted_next_run(gpu):  # type: ignore[no-untyped-def]
+def test_a_row_committed_after_its_bucket_was_rolled_is_counted_next_run(gpu):
     start = datetime(2023, 2, 1, 10, 0, tzinfo=UTC)
     GpuSample.objects.bulk_create([_sample(gpu, start + timedelta(minutes=1), used=100)])
     RollupProgress.objects.create(series=retention.PROGRESS, rolled_through=start)
@@ -259,7 +259,7 @@ def test_a_row_committed_after_its_bucket_was_rolled_is_counted_next_run(gpu):  
     assert GpuDayRollup.objects.get(gpu=gpu).memory_used_max_mb == 900
 
 
-def test_a_run_that_dies_midway_keeps_the_windows_it_finished(gpu, monkeypatch):  # type: ignore[no-untyped-def]
+def test_a_run_that_dies_midway_keeps_the_windows_it_finished(gpu, monkeypatch):
     start = datetime(2023, 3, 1, 0, 0, tzinfo=UTC)
     GpuSample.objects.bulk_create(
         [_sample(gpu, start + timedelta(minutes=30 * i)) for i in range(6)]
@@ -270,7 +270,7 @@ def test_a_run_that_dies_midway_keeps_the_windows_it_finished(gpu, monkeypatch):
     real = retention.rollup_window
     calls = []
 
-    def dies_on_the_second(*, since, until):  # type: ignore[no-untyped-def]
+    def dies_on_the_second(*, since, until):
         calls.append(since)
         if len(calls) == 2:
             raise RuntimeError("worker killed")
@@ -285,7 +285,7 @@ def test_a_run_that_dies_midway_keeps_the_windows_it_finished(gpu, monkeypatch):
     assert not GpuSampleRollup.objects.filter(bucket_start__gte=start + timedelta(hours=1)).exists()
 
 
-def test_day_rollups_keep_the_highest_peak_whatever_order_windows_fold_in(gpu):  # type: ignore[no-untyped-def]
+def test_day_rollups_keep_the_highest_peak_whatever_order_windows_fold_in(gpu):
     day = datetime(2023, 4, 5, tzinfo=UTC)
     for hour, peak in ((20, 5000), (3, 9000), (12, 100)):
         GpuSampleRollup.objects.create(
@@ -305,7 +305,7 @@ def test_day_rollups_keep_the_highest_peak_whatever_order_windows_fold_in(gpu): 
     assert row.last_bucket_start == day + timedelta(hours=20)
 
 
-def test_the_advisor_reads_thirty_days_of_day_rollups(gpu):  # type: ignore[no-untyped-def]
+def test_the_advisor_reads_thirty_days_of_day_rollups(gpu):
     now = datetime(2023, 6, 30, 12, 0, tzinfo=UTC)
     GpuDayRollup.objects.bulk_create(
         GpuDayRollup(
@@ -323,7 +323,7 @@ def test_the_advisor_reads_thirty_days_of_day_rollups(gpu):  # type: ignore[no-u
     assert window["first"] == now - timedelta(days=29)
 
 
-def test_the_migration_moves_rows_into_partitions_and_back(gpu):  # type: ignore[no-untyped-def]
+def test_the_migration_moves_rows_into_partitions_and_back(gpu):
     migration = importlib.import_module("nodes.migrations.0015_partition_telemetry")
     now = timezone.now()
     rows = [_sample(gpu, now - timedelta(hours=h), used=h) for h in range(0, 40, 3)]
@@ -384,7 +384,7 @@ print(json.dumps({
 """
 
 
-def test_sqlite_keeps_plain_tables_rollups_in_sql_and_delete_pruning(tmp_path):  # type: ignore[no-untyped-def]
+def test_sqlite_keeps_plain_tables_rollups_in_sql_and_delete_pruning(tmp_path):
     """The embedded default of `make run`: the same rollups and retention, with DELETE."""
     env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "REDIS_URL": ""}
     manage = [sys.executable, "manage.py"]

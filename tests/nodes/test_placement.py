@@ -15,7 +15,7 @@ from nodes.placement import Candidate, MigSlot, choose, nominal_mb
 from tests.ci import missing
 
 
-def test_best_fit_picks_the_gpu_left_with_least_room():  # type: ignore[no-untyped-def]
+def test_best_fit_picks_the_gpu_left_with_least_room():
     gpus = [Candidate(1, 24576, 0), Candidate(2, 24576, 12288), Candidate(3, 24576, 20480)]
     assert choose(gpus, 4096).gpu_id == 3  # exactly full afterwards
     assert choose(gpus, 8192).gpu_id == 2
@@ -23,7 +23,7 @@ def test_best_fit_picks_the_gpu_left_with_least_room():  # type: ignore[no-untyp
     assert choose(gpus, 24577) is None
 
 
-def test_exact_mig_device_first_then_software_slices():  # type: ignore[no-untyped-def]
+def test_exact_mig_device_first_then_software_slices():
     mig = Candidate(
         1, 24576, 0, mig_enabled=True, free_mig=(MigSlot("MIG-a", 11968), MigSlot("MIG-b", 5952))
     )
@@ -34,7 +34,7 @@ def test_exact_mig_device_first_then_software_slices():  # type: ignore[no-untyp
     assert big.gpu_id == 2 and big.mig_device_uuid == ""  # MIG GPUs take no software slice
 
 
-def test_a_much_larger_mig_device_is_not_the_right_size():  # type: ignore[no-untyped-def]
+def test_a_much_larger_mig_device_is_not_the_right_size():
     """A 4 GB slice must not take a 40 GB MIG device (the tenant would get hardware it
     did not buy, stranded for everyone else): it goes to a software slice instead."""
     mig = Candidate(1, 81920, 0, mig_enabled=True, free_mig=(MigSlot("MIG-40", 40192),))
@@ -44,15 +44,15 @@ def test_a_much_larger_mig_device_is_not_the_right_size():  # type: ignore[no-un
     assert choose([mig, plain], 32768).mig_device_uuid == "MIG-40"  # 1.23x: right size
 
 
-def test_overcommit_ratio_bounds_capacity():  # type: ignore[no-untyped-def]
+def test_overcommit_ratio_bounds_capacity():
     gpu = Candidate(1, 24576, 24576, overcommit_ratio=Decimal("1.50"))
     assert choose([gpu], 12288).gpu_id == 1
     assert choose([gpu], 12289) is None
 
 
 @pytest.mark.django_db
-def test_reserve_skips_draining_unreachable_and_closed_gpus():  # type: ignore[no-untyped-def]
-    def gpu(name, status="active"):  # type: ignore[no-untyped-def]
+def test_reserve_skips_draining_unreachable_and_closed_gpus():
+    def gpu(name, status="active"):
         node = Node.objects.create(
             gate_status="passed",
             name=name,
@@ -79,7 +79,7 @@ def test_reserve_skips_draining_unreachable_and_closed_gpus():  # type: ignore[n
 
 
 @pytest.mark.django_db(transaction=True)
-def test_parallel_reservations_never_over_allocate():  # type: ignore[no-untyped-def]
+def test_parallel_reservations_never_over_allocate():
     if connection.vendor != "postgresql":
         missing("row locks need PostgreSQL")
     node = Node.objects.create(
@@ -127,11 +127,11 @@ def test_parallel_reservations_never_over_allocate():  # type: ignore[no-untyped
         (24600, 24600),  # above the nominal size: as reported, never rounded down
     ],
 )
-def test_nominal_size_is_the_marketed_gib_just_above_what_the_card_reports(reported, nominal):  # type: ignore[no-untyped-def]
+def test_nominal_size_is_the_marketed_gib_just_above_what_the_card_reports(reported, nominal):
     assert nominal_mb(reported) == nominal
 
 
-def test_a_24_gb_card_holds_4_8_and_12_gb_slices():  # type: ignore[no-untyped-def]
+def test_a_24_gb_card_holds_4_8_and_12_gb_slices():
     card = Candidate(1, 24564, 0)  # what an RTX 4090 reports
     for used, size in ((0, 4096), (4096, 8192), (12288, 12288)):
         assert choose([Candidate(1, 24564, used)], size) is not None
@@ -140,7 +140,7 @@ def test_a_24_gb_card_holds_4_8_and_12_gb_slices():  # type: ignore[no-untyped-d
 
 
 @pytest.mark.django_db
-def test_sql_best_fit_matches_the_pure_rule():  # type: ignore[no-untyped-def]
+def test_sql_best_fit_matches_the_pure_rule():
     """allocation_reserve picks software slices in SQL; it must agree with choose()."""
     rng = random.Random(7)
     node = Node.objects.create(gate_status="passed", name="eq", address="10.7.2.1", status="active")
@@ -171,7 +171,7 @@ def test_sql_best_fit_matches_the_pure_rule():  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.django_db
-def test_room_in_sql_is_exactly_the_pure_capacity_rounded_down():  # type: ignore[no-untyped-def]
+def test_room_in_sql_is_exactly_the_pure_capacity_rounded_down():
     node = Node.objects.create(
         gate_status="passed", name="room", address="10.7.3.1", status="active"
     )
@@ -199,7 +199,7 @@ def test_room_in_sql_is_exactly_the_pure_capacity_rounded_down():  # type: ignor
 
 
 @pytest.mark.django_db
-def test_room_index_serves_placement():  # type: ignore[no-untyped-def]
+def test_room_index_serves_placement():
     """The best-fit query must read the fleet through nodes_gpu_room_idx (migration
     0004), whose expression has to stay identical to services.ROOM_SQL."""
     if connection.vendor != "postgresql":

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def gpu():  # type: ignore[no-untyped-def]
+def gpu():
     node = Node.objects.create(
         gate_status="passed", name="pol", address="10.9.0.1", status="active"
     )
@@ -24,7 +24,7 @@ def gpu():  # type: ignore[no-untyped-def]
     )
 
 
-def history(gpu, *, days: int, peak_mb: int, now):  # type: ignore[no-untyped-def]
+def history(gpu, *, days: int, peak_mb: int, now):
     GpuSampleRollup.objects.bulk_create(
         GpuSampleRollup(
             gpu=gpu,
@@ -39,13 +39,13 @@ def history(gpu, *, days: int, peak_mb: int, now):  # type: ignore[no-untyped-de
     fold(now)
 
 
-def fold(now):  # type: ignore[no-untyped-def]
+def fold(now):
     """What the periodic rollup does after writing five-minute rollups: fold them into
     the day rollups the advisor reads."""
     services.rollups_fold_days(since=now - timedelta(days=60), until=now + timedelta(days=1))
 
 
-def test_no_ratio_above_one_without_seven_days_of_history(gpu):  # type: ignore[no-untyped-def]
+def test_no_ratio_above_one_without_seven_days_of_history(gpu):
     now = timezone.now()
     history(gpu, days=3, peak_mb=8192, now=now)
     rec = services.gpu_recommended_ratio(gpu=gpu, now=now)
@@ -57,7 +57,7 @@ def test_no_ratio_above_one_without_seven_days_of_history(gpu):  # type: ignore[
     assert gpu.overcommit_ratio == Decimal("1.00")
 
 
-def test_recommended_ratio_is_physical_over_peak_and_caps_the_setting(gpu):  # type: ignore[no-untyped-def]
+def test_recommended_ratio_is_physical_over_peak_and_caps_the_setting(gpu):
     now = timezone.now()
     history(gpu, days=10, peak_mb=12288, now=now)
     GpuSampleRollup.objects.create(  # older than 30 days: ignored
@@ -77,7 +77,7 @@ def test_recommended_ratio_is_physical_over_peak_and_caps_the_setting(gpu):  # t
     assert gpu.overcommit_ratio == Decimal("1.50")
 
 
-def test_never_on_mig_nor_under_guaranteed_slices(gpu):  # type: ignore[no-untyped-def]
+def test_never_on_mig_nor_under_guaranteed_slices(gpu):
     now = timezone.now()
     history(gpu, days=10, peak_mb=8192, now=now)
     services.allocation_reserve(owner_key="slice-1", vram_mb=8192, guaranteed=True)
@@ -92,7 +92,7 @@ def test_never_on_mig_nor_under_guaranteed_slices(gpu):  # type: ignore[no-untyp
     assert caught.value.code == "mig_enabled"
 
 
-def test_best_effort_slices_use_the_overcommitted_room_guaranteed_ones_do_not(gpu):  # type: ignore[no-untyped-def]
+def test_best_effort_slices_use_the_overcommitted_room_guaranteed_ones_do_not(gpu):
     now = timezone.now()
     history(gpu, days=10, peak_mb=12288, now=now)
     services.gpu_set_overcommit(gpu=gpu, ratio="1.5", now=now)  # 36 GiB sellable
@@ -109,14 +109,14 @@ def test_best_effort_slices_use_the_overcommitted_room_guaranteed_ones_do_not(gp
     assert caught.value.code == "below_allocated"
 
 
-def test_bad_ratio_is_a_clear_error(gpu):  # type: ignore[no-untyped-def]
+def test_bad_ratio_is_a_clear_error(gpu):
     for bad in ("abc", "0.5", "9", "NaN"):
         with pytest.raises(ServiceError) as caught:
             services.gpu_set_overcommit(gpu=gpu, ratio=bad)
         assert caught.value.field == "overcommit_ratio"
 
 
-def test_closed_gpu_takes_no_placement_and_needs_a_reason(gpu):  # type: ignore[no-untyped-def]
+def test_closed_gpu_takes_no_placement_and_needs_a_reason(gpu):
     with pytest.raises(ServiceError):
         services.gpu_set_accepting(gpu=gpu, accepting=False, reason=" ")
     services.gpu_set_accepting(gpu=gpu, accepting=False, reason="fan noise: checking")
@@ -125,7 +125,7 @@ def test_closed_gpu_takes_no_placement_and_needs_a_reason(gpu):  # type: ignore[
     assert services.allocation_reserve(owner_key="x", vram_mb=4096) is not None
 
 
-def test_release_returns_the_vram_and_is_safe_twice(gpu):  # type: ignore[no-untyped-def]
+def test_release_returns_the_vram_and_is_safe_twice(gpu):
     a = services.allocation_reserve(owner_key="r", vram_mb=8192)
     services.allocation_release(allocation=a)
     services.allocation_release(allocation=a)
@@ -137,7 +137,7 @@ def test_release_returns_the_vram_and_is_safe_twice(gpu):  # type: ignore[no-unt
     assert gpu.allocated_mb == 0
 
 
-def test_two_samples_a_week_apart_are_not_a_week_of_history(gpu):  # type: ignore[no-untyped-def]
+def test_two_samples_a_week_apart_are_not_a_week_of_history(gpu):
     now = timezone.now()
     for age in (timedelta(days=8), timedelta(minutes=10)):
         GpuSampleRollup.objects.create(
@@ -153,7 +153,7 @@ def test_two_samples_a_week_apart_are_not_a_week_of_history(gpu):  # type: ignor
     assert rec["ratio"] is None and rec["days_of_history"] == 2
 
 
-def test_gpu_policy_set_changes_both_knobs_or_neither(gpu):  # type: ignore[no-untyped-def]
+def test_gpu_policy_set_changes_both_knobs_or_neither(gpu):
     history(gpu, days=10, peak_mb=12288, now=timezone.now())  # recommends 2.00
     with pytest.raises(ServiceError) as caught:  # closing needs a reason: the ratio stays
         services.gpu_policy_set(

@@ -35,7 +35,7 @@ DEBIAN_RUNC = preflight.KnownBuild("runc", "1.1.5+ds1-1+deb12u1", "DSA-5615-1 ba
 OOM_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB"
 
 
-def runs(  # type: ignore[no-untyped-def]
+def runs(
     model: str = "NVIDIA A30",
     within: str = "0",
     past: str = "1",
@@ -58,7 +58,7 @@ def runs(  # type: ignore[no-untyped-def]
     ]
 
 
-def judge(facts=None, policy=None, probe_runs=None, library="/lib/q.so", driver="550.54.15"):  # type: ignore[no-untyped-def]
+def judge(facts=None, policy=None, probe_runs=None, library="/lib/q.so", driver="550.54.15"):
     return preflight.evaluate(
         facts={**GOOD_FACTS, **(facts or {})},
         driver_version=driver,
@@ -89,7 +89,7 @@ def test_a_good_node_passes_with_its_quota_proven() -> None:
         ({"docker_version": ""}, ["Docker Engine did not answer"]),
     ],
 )
-def test_old_or_unknown_software_fails_the_gate_naming_why(facts, words) -> None:  # type: ignore[no-untyped-def]
+def test_old_or_unknown_software_fails_the_gate_naming_why(facts, words) -> None:
     gate = judge(facts)
     assert not gate.passed
     for word in words:
@@ -124,7 +124,7 @@ def test_a_driver_branch_outside_the_policys_list_fails() -> None:
         ({"cpu.max": "max 100000"}, "cgroup cpu.max max 100000"),
     ],
 )
-def test_hardening_the_probe_did_not_see_fails_the_gate(readings, words) -> None:  # type: ignore[no-untyped-def]
+def test_hardening_the_probe_did_not_see_fails_the_gate(readings, words) -> None:
     gate = judge(probe_runs=runs(**readings))
     assert not gate.passed and words in gate.reason
 
@@ -223,7 +223,7 @@ def test_a_started_containers_environment_must_hold_the_platforms_values() -> No
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_emulated_node_is_held_by_the_gate_and_released_when_it_passes(worker_fleet):  # type: ignore[no-untyped-def]
+def test_an_emulated_node_is_held_by_the_gate_and_released_when_it_passes(worker_fleet):
     fleet = worker_fleet()
     row = fleet.registered[0]
     assert row.gate_status == GateStatus.PASSED
@@ -247,7 +247,7 @@ def test_an_emulated_node_is_held_by_the_gate_and_released_when_it_passes(worker
 @pytest.mark.django_db(transaction=True)
 def test_without_a_quota_library_a_card_is_sold_whole_until_ops_accept_the_watchdog(
     worker_fleet, api_ops
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet([NodeSpec("bare", (GpuSpec("NVIDIA GeForce RTX 4090"),), None)])
     row = fleet.registered[0]
     assert row.gate_status == GateStatus.PASSED
@@ -275,7 +275,7 @@ def test_without_a_quota_library_a_card_is_sold_whole_until_ops_accept_the_watch
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_quota_library_that_does_not_enforce_is_found_by_the_probe(worker_fleet):  # type: ignore[no-untyped-def]
+def test_a_quota_library_that_does_not_enforce_is_found_by_the_probe(worker_fleet):
     fleet = worker_fleet()
     fleet.nodes[0].state.quota_library_enforces = False
     node = node_services.node_discover(node_id=fleet.registered[0].pk)
@@ -301,7 +301,7 @@ def test_a_quota_library_that_does_not_enforce_is_found_by_the_probe(worker_flee
 )
 def test_a_tenant_setting_an_isolation_variable_gets_a_400_naming_it(
     api_a, owner_a, funded, image_ssh, name
-):  # type: ignore[no-untyped-def]
+):
     purchase = funded(owner_a)
     response = api_a.post(
         "/api/v1/slices/",
@@ -324,7 +324,7 @@ def test_a_tenant_setting_an_isolation_variable_gets_a_400_naming_it(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_allowlisting_inspects_the_image_on_a_node(worker_fleet, api_ops):  # type: ignore[no-untyped-def]
+def test_allowlisting_inspects_the_image_on_a_node(worker_fleet, api_ops):
     fleet = worker_fleet()
     state = fleet.nodes[0].state
     state.image_env["evil/image:1"] = ["LD_PRELOAD=/x.so"]
@@ -364,7 +364,7 @@ def test_allowlisting_inspects_the_image_on_a_node(worker_fleet, api_ops):  # ty
 @pytest.mark.django_db(transaction=True)
 def test_an_image_that_changed_after_allowlisting_is_refused_before_it_starts(
     eager, worker_fleet, owner_a, funded, image_ssh
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet()
     fleet.nodes[0].state.image_env[image_ssh.reference] = ["LD_PRELOAD=/x.so"]  # re-pushed tag
     s = launch(owner_a, funded(owner_a), image_ssh)
@@ -377,7 +377,7 @@ def test_an_image_that_changed_after_allowlisting_is_refused_before_it_starts(
 @pytest.mark.django_db(transaction=True)
 def test_a_container_whose_effective_environment_lost_the_quota_fails_and_is_released(
     eager, worker_fleet, owner_a, funded, image_ssh
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet()
     fleet.nodes[0].state.run_env_extra = ["CUDA_DISABLE_CONTROL=true"]
     s = launch(owner_a, funded(owner_a), image_ssh)
@@ -389,8 +389,10 @@ def test_a_container_whose_effective_environment_lost_the_quota_fails_and_is_rel
 
 
 @pytest.mark.django_db
-def test_the_reserved_list_is_one_list_with_reasons(api_a) -> None:  # type: ignore[no-untyped-def]
-    rows = api_a.get("/api/v1/reserved-environment/").json()
+def test_the_reserved_list_is_one_list_with_reasons(api_a) -> None:
+    page = api_a.get("/api/v1/reserved-environment/").json()
+    rows = page["results"]
+    assert page["count"] == len(rows)  # one page holds the whole list
     names = {r["name"]: r for r in rows}
     assert names["CUDA_DISABLE_CONTROL"]["reason"].startswith("it switches the quota library")
     assert names["LD_*"]["kind"] == "prefix"
@@ -402,7 +404,7 @@ def test_the_reserved_list_is_one_list_with_reasons(api_a) -> None:  # type: ign
 
 
 @pytest.mark.django_db
-def test_ops_edit_the_node_policy_on_its_page_with_a_reason_and_it_is_kept(client, ops_user):  # type: ignore[no-untyped-def]
+def test_ops_edit_the_node_policy_on_its_page_with_a_reason_and_it_is_kept(client, ops_user):
     Image.objects.create(name="Probe", reference="gpuplatform-lab/workload:1", connect="service")
     client.force_login(ops_user)
     page = client.get("/ops/fleet/node-policy/").content.decode()
@@ -439,7 +441,7 @@ def test_ops_edit_the_node_policy_on_its_page_with_a_reason_and_it_is_kept(clien
 
 
 @pytest.mark.django_db
-def test_the_node_policy_is_ops_only(client, owner_a, api_a):  # type: ignore[no-untyped-def]
+def test_the_node_policy_is_ops_only(client, owner_a, api_a):
     client.force_login(owner_a.user)
     assert client.get("/ops/fleet/node-policy/").status_code == 302  # to the login
     assert api_a.get("/api/v1/node-policy/").status_code == 403
@@ -447,7 +449,7 @@ def test_the_node_policy_is_ops_only(client, owner_a, api_a):  # type: ignore[no
 
 
 @pytest.mark.django_db
-def test_the_node_policy_api_needs_a_reason_and_names_a_bad_value(api_ops):  # type: ignore[no-untyped-def]
+def test_the_node_policy_api_needs_a_reason_and_names_a_bad_value(api_ops):
     assert api_ops.get("/api/v1/node-policy/").json()["min_runc_version"] == "1.1.12"
     no_reason = api_ops.patch("/api/v1/node-policy/", {"min_runc_version": "1.2.0"}, format="json")
     assert no_reason.status_code == 400 and "reason" in no_reason.json()["fields"]
@@ -474,7 +476,7 @@ def test_the_node_policy_api_needs_a_reason_and_names_a_bad_value(api_ops):  # t
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_node_page_and_fleet_list_show_the_gate(worker_fleet, client, ops_user):  # type: ignore[no-untyped-def]
+def test_the_node_page_and_fleet_list_show_the_gate(worker_fleet, client, ops_user):
     fleet = worker_fleet([NodeSpec("bare", (GpuSpec("NVIDIA GeForce RTX 4090"),), None)])
     row = fleet.registered[0]
     fleet.nodes[0].state.toolkit_version = "1.17.7"
@@ -496,7 +498,7 @@ def test_the_node_page_and_fleet_list_show_the_gate(worker_fleet, client, ops_us
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_new_card_is_sold_whole_until_its_model_is_proven(worker_fleet):  # type: ignore[no-untyped-def]
+def test_a_new_card_is_sold_whole_until_its_model_is_proven(worker_fleet):
     fleet = worker_fleet()
     row = fleet.registered[0]
     assert not Gpu.objects.get(node=row).whole_card_only  # proven at registration
@@ -508,7 +510,7 @@ def test_a_new_card_is_sold_whole_until_its_model_is_proven(worker_fleet):  # ty
     seen = []
     original = node_services.registry.node_preflight  # where node_discover looks it up
 
-    def judged(**kwargs):  # type: ignore[no-untyped-def]
+    def judged(**kwargs):
         seen.append(Gpu.objects.get(node=row).whole_card_only)
         return original(**kwargs)
 
@@ -522,7 +524,7 @@ def test_a_new_card_is_sold_whole_until_its_model_is_proven(worker_fleet):  # ty
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_probe_image_that_sets_a_reserved_variable_is_never_started(worker_fleet, ops_user):  # type: ignore[no-untyped-def]
+def test_a_probe_image_that_sets_a_reserved_variable_is_never_started(worker_fleet, ops_user):
     fleet = worker_fleet()
     state = fleet.nodes[0].state
     state.image_env["bad/probe:1"] = ["LD_PRELOAD=/x.so"]
@@ -536,7 +538,7 @@ def test_a_probe_image_that_sets_a_reserved_variable_is_never_started(worker_fle
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_preflight_already_running_on_a_node_is_not_run_twice(worker_fleet):  # type: ignore[no-untyped-def]
+def test_a_preflight_already_running_on_a_node_is_not_run_twice(worker_fleet):
     fleet = worker_fleet()
     row = fleet.registered[0]
     before = row.gate_checked_at
@@ -552,7 +554,7 @@ def test_a_preflight_already_running_on_a_node_is_not_run_twice(worker_fleet):  
 
 
 @pytest.mark.django_db
-def test_a_preflight_asked_for_before_the_host_key_is_pinned_is_a_409(api_ops, client, ops_user):  # type: ignore[no-untyped-def]
+def test_a_preflight_asked_for_before_the_host_key_is_pinned_is_a_409(api_ops, client, ops_user):
     node = Node.objects.create(name="new", address="10.4.0.1")
     response = api_ops.post(f"/api/v1/nodes/{node.pk}/preflight/")
     assert response.status_code == 409 and response.json()["code"] == "pending_host_key"
@@ -562,7 +564,7 @@ def test_a_preflight_asked_for_before_the_host_key_is_pinned_is_a_409(api_ops, c
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_quota_library_a_process_configures_from_its_environment_is_an_incident(worker_fleet):  # type: ignore[no-untyped-def]
+def test_a_quota_library_a_process_configures_from_its_environment_is_an_incident(worker_fleet):
     fleet = worker_fleet()
     fleet.nodes[0].state.quota_library_config = QUOTA_FROM_ENVIRONMENT
     node = node_services.node_discover(node_id=fleet.registered[0].pk)
@@ -574,7 +576,7 @@ def test_a_quota_library_a_process_configures_from_its_environment_is_an_inciden
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("item", ["$(id)", "`id`", "x$(cat /etc/shadow)"])
-def test_the_probe_command_refuses_shell_syntax_like_every_other_command(api_ops, item):  # type: ignore[no-untyped-def]
+def test_the_probe_command_refuses_shell_syntax_like_every_other_command(api_ops, item):
     """One rule for every argv the platform runs without a shell."""
     before = list(node_services.node_policy().probe_command)
     response = api_ops.patch(
@@ -590,7 +592,7 @@ def test_the_probe_command_refuses_shell_syntax_like_every_other_command(api_ops
 
 
 @pytest.mark.django_db
-def test_a_fleet_wide_policy_change_is_documented_with_a_null_node(api_ops):  # type: ignore[no-untyped-def]
+def test_a_fleet_wide_policy_change_is_documented_with_a_null_node(api_ops):
     from drf_spectacular.generators import SchemaGenerator  # noqa: PLC0415 - schema only here
 
     changed = api_ops.patch(

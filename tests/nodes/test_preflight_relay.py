@@ -15,7 +15,7 @@ from tests.factories import UserFactory
 RELAY_OK = {"relay_nsenter": "nsenter from util-linux 2.38.1", "relay_python3": "Python 3.11.2"}
 
 
-def relay_judge(facts: dict, *, required: bool = True):  # type: ignore[no-untyped-def]
+def relay_judge(facts: dict, *, required: bool = True):
     return preflight.evaluate(
         facts={"toolkit_version": "1.17.8", "runc_version": "1.1.12", **facts},
         driver_version="550.54.15",
@@ -27,7 +27,7 @@ def relay_judge(facts: dict, *, required: bool = True):  # type: ignore[no-untyp
     )
 
 
-def checks(gate):  # type: ignore[no-untyped-def]
+def checks(gate):
     return {c.name: c for c in gate.checks}
 
 
@@ -49,7 +49,7 @@ def test_the_probes_are_fixed_argv_lists_of_the_relays_programs() -> None:
         ("relay_nsenter", 0, b"something else entirely\n", ""),
     ],
 )
-def test_a_relay_fact_is_the_programs_own_version_line(key, status, output, fact) -> None:  # type: ignore[no-untyped-def]
+def test_a_relay_fact_is_the_programs_own_version_line(key, status, output, fact) -> None:
     assert preflight.relay_reading(key, status, output) == fact
 
 
@@ -86,7 +86,7 @@ def test_a_direct_node_does_not_need_the_relay() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_emulated_node_answers_the_probes_as_its_host_would(worker_fleet):  # type: ignore[no-untyped-def]
+def test_an_emulated_node_answers_the_probes_as_its_host_would(worker_fleet):
     fleet = worker_fleet()
     row = fleet.registered[0]
     assert row.access == Node.Access.GATEWAY
@@ -103,7 +103,7 @@ def test_an_emulated_node_answers_the_probes_as_its_host_would(worker_fleet):  #
 @pytest.mark.django_db(transaction=True)
 def test_a_gateway_node_lacking_nsenter_fails_the_gate_and_the_page_says_why(
     worker_fleet, client, django_user_model
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet(
         [
             NodeSpec("gw", (GpuSpec("NVIDIA GeForce RTX 4090"),)),

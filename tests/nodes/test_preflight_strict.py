@@ -27,7 +27,7 @@ def quota_check(gate: preflight.Gate, model: str = "NVIDIA A30") -> preflight.Ch
     return next(c for c in gate.checks if c.name == f"quota:{model}")
 
 
-def with_probe(probes: list[preflight.ProbeRun], kind: str, **changes) -> list:  # type: ignore[no-untyped-def, type-arg]
+def with_probe(probes: list[preflight.ProbeRun], kind: str, **changes) -> list:
     """The probes with `kind`'s replaced: readings merged in, other fields set."""
     out = []
     for run in probes:
@@ -59,7 +59,7 @@ def with_probe(probes: list[preflight.ProbeRun], kind: str, **changes) -> list: 
         ({"cpu.max": "max 100000"}, "cgroup cpu.max max 100000"),
     ],
 )
-def test_any_probe_that_saw_less_hardening_fails_the_gate_naming_it(kind, reading, words) -> None:  # type: ignore[no-untyped-def]
+def test_any_probe_that_saw_less_hardening_fails_the_gate_naming_it(kind, reading, words) -> None:
     gate = judge(probe_runs=with_probe(runs(), kind, readings=reading))
     assert not gate.passed
     assert f"the {kind} probe on NVIDIA A30 (GPU-1) saw {words}" in gate.reason
@@ -132,7 +132,7 @@ def test_a_probe_that_did_not_report_leaves_the_others_judged_and_the_quota_unpr
 )
 def test_the_past_quota_probe_proves_the_quota_only_by_the_out_of_memory_error(
     code, output, state, words
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     probes = with_probe(runs(), "past", readings={"alloc_exit": code}, output=output)
     gate = judge(probe_runs=probes)
     assert gate.passed  # the quota limits sales; it never closes the node
@@ -159,7 +159,7 @@ def test_an_out_of_memory_line_of_a_crash_that_died_of_a_signal_proves_nothing()
 )
 def test_a_library_a_process_can_switch_off_or_leave_out_is_sold_whole(
     env_set, env_unset, words
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     gate = judge(probe_runs=runs(env_set=env_set, env_unset=env_unset))
     assert gate.passed
     assert gate.quota == {"NVIDIA A30": "environment"}
@@ -242,7 +242,7 @@ def test_the_allocation_commands_lines_never_count_as_the_scripts() -> None:
         (frame(f"{NONCE} verdict\tproven"), "unknown line 'verdict'"),
     ],
 )
-def test_output_that_is_not_the_scripts_own_is_not_read_at_all(text, words) -> None:  # type: ignore[no-untyped-def]
+def test_output_that_is_not_the_scripts_own_is_not_read_at_all(text, words) -> None:
     seen = preflight.parse_probe_output(text, NONCE)
     assert words in seen.problem and "not trusted" in seen.problem
     assert seen.readings == {}
@@ -337,7 +337,7 @@ def test_the_script_reports_a_missing_program_and_a_crash_by_their_exit(shell: s
 
 
 @pytest.mark.django_db(transaction=True)
-def test_every_probe_kind_runs_and_is_kept_with_its_readings_and_output(worker_fleet):  # type: ignore[no-untyped-def]
+def test_every_probe_kind_runs_and_is_kept_with_its_readings_and_output(worker_fleet):
     row = worker_fleet().registered[0]
     assert row.gate_status == GateStatus.PASSED, row.gate_reason
     probes = row.preflight["probes"]
@@ -353,7 +353,7 @@ def test_every_probe_kind_runs_and_is_kept_with_its_readings_and_output(worker_f
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_node_whose_library_obeys_the_process_environment_is_sold_whole(worker_fleet):  # type: ignore[no-untyped-def]
+def test_a_node_whose_library_obeys_the_process_environment_is_sold_whole(worker_fleet):
     fleet = worker_fleet()
     fleet.nodes[0].state.quota_library_config = QUOTA_FROM_ENVIRONMENT
     node = node_services.node_discover(node_id=fleet.registered[0].pk)
@@ -373,7 +373,7 @@ def test_a_node_whose_library_obeys_the_process_environment_is_sold_whole(worker
 @pytest.mark.django_db(transaction=True)
 def test_the_policy_can_require_userns_remap_and_a_node_without_it_fails(
     worker_fleet, ops_user, api_ops, client
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet()
     row, state = fleet.registered[0], fleet.nodes[0].state
     assert row.preflight["facts"]["userns_remap"] == "false"
@@ -421,7 +421,7 @@ def test_userns_unknown_fails_only_where_required() -> None:
 
 
 @pytest.mark.django_db
-def test_the_policy_page_edits_the_userns_requirement(client, ops_user) -> None:  # type: ignore[no-untyped-def]
+def test_the_policy_page_edits_the_userns_requirement(client, ops_user) -> None:
     client.force_login(ops_user)
     page = client.get("/ops/fleet/node-policy/").content.decode()
     assert "Require user-namespace remapping" in page
@@ -449,11 +449,11 @@ def test_the_policy_page_edits_the_userns_requirement(client, ops_user) -> None:
 
 
 @pytest.fixture
-def fake_node(tmp_path):  # type: ignore[no-untyped-def]
+def fake_node(tmp_path):
     return FakeNode(tmp_path, sys.executable)
 
 
-def docker_answers(node, *, version: str, info: str) -> None:  # type: ignore[no-untyped-def]
+def docker_answers(node, *, version: str, info: str) -> None:
     (node.bin.parent / "version.json").write_text(version, encoding="utf-8")
     (node.bin.parent / "info.json").write_text(info, encoding="utf-8")
     root = node.bin.parent
@@ -464,13 +464,13 @@ def docker_answers(node, *, version: str, info: str) -> None:  # type: ignore[no
     )
 
 
-def runc_binary(node, path, lines: str) -> None:  # type: ignore[no-untyped-def]
+def runc_binary(node, path, lines: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"#!/bin/sh\nprintf '{lines}'\n", encoding="utf-8")
     path.chmod(0o755)
 
 
-def dpkg_owns(node, owned: dict[str, tuple[str, str]]) -> None:  # type: ignore[no-untyped-def]
+def dpkg_owns(node, owned: dict[str, tuple[str, str]]) -> None:
     """A fake dpkg-query: -S PATH names the owner of each path in `owned`, -W its build."""
     search = " ".join(f'"{p}") echo "{pkg}: {p}";;' for p, (pkg, _) in owned.items())
     builds = " ".join(f'"{pkg}") printf "{b}";;' for pkg, b in owned.values())
@@ -481,7 +481,7 @@ def dpkg_owns(node, owned: dict[str, tuple[str, str]]) -> None:  # type: ignore[
     )
 
 
-def facts_of(node) -> tuple[dict, list]:  # type: ignore[no-untyped-def, type-arg]
+def facts_of(node) -> tuple[dict, list]:
     raw, _ = node.sample("--discover")
     return raw["capabilities"]["preflight"], raw["errors"]
 
@@ -499,7 +499,7 @@ INFO = (
 
 def test_runc_is_read_from_dockerds_runtime_path_and_built_by_the_package_that_owns_it(
     fake_node, tmp_path
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     dockerds = tmp_path / "opt" / "runc" / "runc"
     runc_binary(fake_node, dockerds, "runc version 1.1.12\\ncommit: v1.1.12-0-g51d5e94\\n")
     # another, older runc on PATH, from another package: never paired with dockerd's
@@ -523,7 +523,7 @@ def test_runc_is_read_from_dockerds_runtime_path_and_built_by_the_package_that_o
 
 def test_a_bare_runtime_name_is_found_on_path_and_a_file_no_package_owns_has_no_build(
     fake_node,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     runc_binary(fake_node, fake_node.bin / "runc", "runc version 1.1.12\\ncommit: v1.1.12\\n")
     dpkg_owns(fake_node, {"/usr/sbin/runc": ("runc", "1.1.12-0ubuntu2~22.04.1")})
     docker_answers(
@@ -538,7 +538,7 @@ def test_a_bare_runtime_name_is_found_on_path_and_a_file_no_package_owns_has_no_
 
 def test_a_binary_that_is_not_the_one_dockerd_runs_gives_dockerds_version_and_no_build(
     fake_node,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     runc_binary(
         fake_node, fake_node.bin / "runc", "runc version 1.1.5+ds1\\ncommit: 1.1.5+ds1-1+deb12u1\\n"
     )
@@ -561,7 +561,7 @@ def test_a_binary_that_is_not_the_one_dockerd_runs_gives_dockerds_version_and_no
 
 def test_a_wrapper_default_runtime_gives_the_runc_inside_it_and_no_package_build(
     fake_node,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     runc_binary(
         fake_node,
         fake_node.bin / "nvidia-container-runtime",
@@ -584,7 +584,7 @@ def test_a_wrapper_default_runtime_gives_the_runc_inside_it_and_no_package_build
     assert facts["runc_build"] == ""  # the toolkit's package is not runc's build
 
 
-def test_without_docker_answering_nothing_about_runc_or_userns_is_guessed(fake_node) -> None:  # type: ignore[no-untyped-def]
+def test_without_docker_answering_nothing_about_runc_or_userns_is_guessed(fake_node) -> None:
     runc_binary(fake_node, fake_node.bin / "runc", "runc version 1.1.12\\n")
     fake_node.script("docker", "exit 1")
     facts, _ = facts_of(fake_node)

@@ -29,7 +29,7 @@ MIGRATION = importlib.import_module("nodes.migrations.0009_probe_image_chosen_by
 
 
 @pytest.fixture
-def allowlist(db):  # type: ignore[no-untyped-def]
+def allowlist(db):
     return {
         "cuda": Image.objects.create(
             name="CUDA probe", reference="nvidia/cuda:12.4.1-base-ubuntu22.04", connect="service"
@@ -63,7 +63,7 @@ def test_the_migration_clears_the_lab_name_and_keeps_a_choice_ops_made() -> None
 
 
 @pytest.mark.django_db(transaction=True)
-def test_with_no_probe_image_the_gate_fails_saying_where_to_choose_one(worker_fleet):  # type: ignore[no-untyped-def]
+def test_with_no_probe_image_the_gate_fails_saying_where_to_choose_one(worker_fleet):
     fleet = worker_fleet()
     state = fleet.nodes[0].state
     NodePolicy.objects.filter(pk=1).update(probe_image="")
@@ -83,7 +83,7 @@ def test_with_no_probe_image_the_gate_fails_saying_where_to_choose_one(worker_fl
 
 
 @pytest.mark.django_db
-def test_a_probe_image_off_the_allowlist_is_a_400_naming_the_field(api_ops, allowlist):  # type: ignore[no-untyped-def]
+def test_a_probe_image_off_the_allowlist_is_a_400_naming_the_field(api_ops, allowlist):
     for refused in (LAB_NAME, "acme/old:1", "acme/elsewhere:2"):
         response = api_ops.patch(
             "/api/v1/node-policy/", {"probe_image": refused, "reason": "try"}, format="json"
@@ -105,7 +105,7 @@ def test_a_probe_image_off_the_allowlist_is_a_400_naming_the_field(api_ops, allo
 @pytest.mark.django_db
 def test_ops_choose_the_probe_image_from_the_allowlist_and_it_is_kept(
     api_ops, ops_user, allowlist, django_capture_on_commit_callbacks
-):  # type: ignore[no-untyped-def]
+):
     shown = api_ops.get("/api/v1/node-policy/").json()
     assert shown["probe_image"] == ""
     assert shown["probe_image_choices"] == [
@@ -138,7 +138,7 @@ def test_ops_choose_the_probe_image_from_the_allowlist_and_it_is_kept(
 @pytest.mark.django_db
 def test_a_kept_probe_image_retired_from_the_allowlist_does_not_block_other_changes(
     api_ops, allowlist
-):  # type: ignore[no-untyped-def]
+):
     NodePolicy.objects.update_or_create(pk=1, defaults={"probe_image": "acme/old:1"})
     ok = api_ops.patch(
         "/api/v1/node-policy/",
@@ -150,7 +150,7 @@ def test_a_kept_probe_image_retired_from_the_allowlist_does_not_block_other_chan
 
 
 @pytest.mark.django_db
-def test_without_an_allowlist_to_read_nothing_can_be_chosen(api_ops, allowlist) -> None:  # type: ignore[no-untyped-def]
+def test_without_an_allowlist_to_read_nothing_can_be_chosen(api_ops, allowlist) -> None:
     assert allowlisted("nvidia/cuda:12.4.1-base-ubuntu22.04") is not None
     unregister_allowlist(image_allowlist)  # as if no app kept one: nodes fails closed
     try:
@@ -169,7 +169,7 @@ def test_without_an_allowlist_to_read_nothing_can_be_chosen(api_ops, allowlist) 
 
 
 @pytest.mark.django_db
-def test_ops_choose_the_probe_image_on_the_node_policy_page(client, ops_user, allowlist):  # type: ignore[no-untyped-def]
+def test_ops_choose_the_probe_image_on_the_node_policy_page(client, ops_user, allowlist):
     client.force_login(ops_user)
     page = client.get("/ops/fleet/node-policy/").content.decode()
     assert 'id="no-probe-image"' in page and "/ops/images/" in page
@@ -214,7 +214,7 @@ def test_ops_choose_the_probe_image_on_the_node_policy_page(client, ops_user, al
 
 
 @pytest.mark.django_db
-def test_the_demo_seeding_chooses_the_labs_image_explicitly(settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_demo_seeding_chooses_the_labs_image_explicitly(settings, tmp_path) -> None:
     settings.VAR_DIR = tmp_path
     call_command("seed_demo", stdout=io.StringIO())
     assert node_services.node_policy().probe_image == IMAGE == LAB_NAME

@@ -31,7 +31,7 @@ def region(slots: list[tuple[int, int, int]], *, limit_mb: int = 8192, version=(
     return bytes(data)
 
 
-def test_the_offsets_read_are_the_ones_the_labs_library_asserts_at_compile_time():  # type: ignore[no-untyped-def]
+def test_the_offsets_read_are_the_ones_the_labs_library_asserts_at_compile_time():
     source = VRAMQUOTA_C.read_text()
     pattern = r'_Static_assert\(.*?== (\d+), "([a-z_ ]+)"\)'
     asserted = {what: int(n) for n, what in re.findall(pattern, source)}
@@ -47,7 +47,7 @@ def test_the_offsets_read_are_the_ones_the_labs_library_asserts_at_compile_time(
     assert f"#define REGION_MAGIC {sampler.REGION_MAGIC}" in source
 
 
-def test_a_region_counts_the_live_processes_of_its_container_by_namespace_or_host_pid():  # type: ignore[no-untyped-def]
+def test_a_region_counts_the_live_processes_of_its_container_by_namespace_or_host_pid():
     data = region([(1, 0, 3000 * MIB), (7, 4242, 500 * MIB), (9, 0, 900 * MIB)])
     # pid 1 by its namespace PID, pid 7 by the host PID HAMi-core recorded; 9 has exited
     assert sampler.region_usage(data, {1, 4242}) == (3500 * MIB, 8192 * MIB)
@@ -67,7 +67,7 @@ def test_a_region_counts_the_live_processes_of_its_container_by_namespace_or_hos
     ],
     ids=["empty", "not-yet-initialised", "other-version", "short", "impossible", "too-many"],
 )
-def test_what_is_not_a_region_the_library_wrote_is_an_error(data, why):  # type: ignore[no-untyped-def]
+def test_what_is_not_a_region_the_library_wrote_is_an_error(data, why):
     if why is None:  # the library counts nothing before it initialises its books
         assert sampler.region_usage(data, {1}) == (0, 0)
         return
@@ -82,7 +82,7 @@ def test_what_is_not_a_region_the_library_wrote_is_an_error(data, why):  # type:
         assert not other
 
 
-def test_a_region_claiming_impossible_slots_is_an_error():  # type: ignore[no-untyped-def]
+def test_a_region_claiming_impossible_slots_is_an_error():
     data = bytearray(region([]))
     struct.pack_into("<i", data, sampler.REGION_PROC_NUM_OFFSET, 5000)
     with pytest.raises(ValueError, match="5000 process slots"):
@@ -91,7 +91,7 @@ def test_a_region_claiming_impossible_slots_is_an_error():  # type: ignore[no-un
 
 def test_quota_usage_reads_each_containers_books_and_counts_tampered_ones_as_nothing(
     tmp_path, monkeypatch
-):  # type: ignore[no-untyped-def]
+):
     good, bad, none, fifo, link, newer, forged = (c * 64 for c in "abcdef0")
     for cid in (good, bad, none, fifo, link, newer, forged):
         (tmp_path / cid).mkdir()
@@ -117,6 +117,6 @@ def test_quota_usage_reads_each_containers_books_and_counts_tampered_ones_as_not
     assert f"quota accounting: {bad[:12]}: 19 bytes, not a shared region" in errors
 
 
-def test_a_node_without_books_reports_none(monkeypatch):  # type: ignore[no-untyped-def]
+def test_a_node_without_books_reports_none(monkeypatch):
     monkeypatch.delenv("GPUPLATFORM_VRAM_QUOTA_ACCOUNTING", raising=False)
     assert sampler.quota_usage([], [{"container_id": "a" * 64, "pid": 1}]) is None

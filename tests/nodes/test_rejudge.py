@@ -21,12 +21,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def queued(monkeypatch):  # type: ignore[no-untyped-def]
+def queued(monkeypatch):
     """What the services queue (task name, args), recorded instead of sent: the test runs
     the discovery a worker would."""
-    sent: list[tuple[str, tuple]] = []  # type: ignore[type-arg]
+    sent: list[tuple[str, tuple]] = []
 
-    def record(name, *args, countdown=None):  # type: ignore[no-untyped-def]
+    def record(name, *args, countdown=None):
         sent.append((name, args))
 
     for module in (registry, rejudge, sampling):
@@ -38,7 +38,7 @@ def placeable(node: Node) -> bool:
     return Gpu.objects.taking_placements().filter(node=node).exists()
 
 
-def gate_events(node: Node) -> list[tuple]:  # type: ignore[type-arg]
+def gate_events(node: Node) -> list[tuple]:
     return list(
         NodePolicyChange.objects.filter(node=node, field=node_services.GATE_RESET_FIELD)
         .order_by("pk")
@@ -51,7 +51,7 @@ def forget(node: Node) -> None:
     Node.objects.filter(pk=node.pk).delete()
 
 
-def go_unreachable(emu, node: Node, settings) -> None:  # type: ignore[no-untyped-def]
+def go_unreachable(emu, node: Node, settings) -> None:
     emu.set_down(True)
     ssh.reset_pool()
     for _ in range(settings.NODES_UNREACHABLE_AFTER):
@@ -61,7 +61,7 @@ def go_unreachable(emu, node: Node, settings) -> None:  # type: ignore[no-untype
     assert node.status == Node.Status.UNREACHABLE
 
 
-def back_after(emu, node: Node, minutes: int) -> dict[str, int]:  # type: ignore[no-untyped-def]
+def back_after(emu, node: Node, minutes: int) -> dict[str, int]:
     """The node answers again, `minutes` after it last did."""
     Node.objects.filter(pk=node.pk).update(
         last_seen_at=F("last_seen_at") - timedelta(minutes=minutes)
@@ -76,7 +76,7 @@ def back_after(emu, node: Node, minutes: int) -> dict[str, int]:  # type: ignore
 
 def test_a_host_key_change_then_approval_takes_no_placement_until_the_new_preflight_passes(
     worker_fleet, ops_user, queued, client
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet()
     emu, node = fleet.nodes[0], fleet.registered[0]
     assert node.gate_status == GateStatus.PASSED and placeable(node)
@@ -118,7 +118,7 @@ def test_a_host_key_change_then_approval_takes_no_placement_until_the_new_prefli
     assert node_services.allocation_reserve(owner_key="slice-1", vram_mb=4096) is not None
 
 
-def test_a_first_approval_is_no_change_and_records_none(worker_fleet, queued):  # type: ignore[no-untyped-def]
+def test_a_first_approval_is_no_change_and_records_none(worker_fleet, queued):
     fleet = worker_fleet()
     emu = fleet.nodes[0]
     forget(fleet.registered[0])
@@ -130,12 +130,12 @@ def test_a_first_approval_is_no_change_and_records_none(worker_fleet, queued):  
     assert ("telemetry.discover_node", (node.pk,)) in queued
 
 
-def test_a_verdict_reached_while_the_key_changed_is_not_stored(worker_fleet, monkeypatch):  # type: ignore[no-untyped-def]
+def test_a_verdict_reached_while_the_key_changed_is_not_stored(worker_fleet, monkeypatch):
     fleet = worker_fleet()
     node = fleet.registered[0]
     original = node_services.gate.image_inspect
 
-    def key_changes_meanwhile(**kwargs):  # type: ignore[no-untyped-def]
+    def key_changes_meanwhile(**kwargs):
         # ops approve another key (and reset the gate) while this preflight probes
         Node.objects.filter(pk=node.pk).update(
             host_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOtherMachineOtherMachineOtherMachine12",
@@ -152,7 +152,7 @@ def test_a_verdict_reached_while_the_key_changed_is_not_stored(worker_fleet, mon
 # --- a repin -------------------------------------------------------------------------------------
 
 
-def test_a_repinned_node_is_judged_again_before_it_takes_slices(worker_fleet, api_ops, queued):  # type: ignore[no-untyped-def]
+def test_a_repinned_node_is_judged_again_before_it_takes_slices(worker_fleet, api_ops, queued):
     fleet = worker_fleet()
     emu, node = fleet.nodes[0], fleet.registered[0]
     assert placeable(node)
@@ -175,7 +175,7 @@ def test_a_repinned_node_is_judged_again_before_it_takes_slices(worker_fleet, ap
     assert len(gate_events(node)) == 1
 
 
-def test_a_node_moved_to_another_address_loses_its_verdict(worker_fleet, queued):  # type: ignore[no-untyped-def]
+def test_a_node_moved_to_another_address_loses_its_verdict(worker_fleet, queued):
     fleet = worker_fleet()
     node = fleet.registered[0]
     node = node_services.node_update(node=node, address="10.20.0.7")
@@ -189,7 +189,7 @@ def test_a_node_moved_to_another_address_loses_its_verdict(worker_fleet, queued)
 
 def test_a_node_unreachable_longer_than_the_setting_is_judged_again_when_it_answers(
     worker_fleet, settings, queued
-):  # type: ignore[no-untyped-def]
+):
     settings.NODES_REJUDGE_AFTER_ABSENCE_MINUTES = 10
     fleet = worker_fleet()
     emu, node = fleet.nodes[0], fleet.registered[0]
@@ -208,7 +208,7 @@ def test_a_node_unreachable_longer_than_the_setting_is_judged_again_when_it_answ
     assert node.gate_status == GateStatus.PASSED and placeable(node)
 
 
-def test_a_shorter_absence_keeps_the_verdict(worker_fleet, settings, queued):  # type: ignore[no-untyped-def]
+def test_a_shorter_absence_keeps_the_verdict(worker_fleet, settings, queued):
     settings.NODES_REJUDGE_AFTER_ABSENCE_MINUTES = 10
     fleet = worker_fleet()
     emu, node = fleet.nodes[0], fleet.registered[0]
@@ -222,7 +222,7 @@ def test_a_shorter_absence_keeps_the_verdict(worker_fleet, settings, queued):  #
 
 def test_a_long_absent_node_found_again_by_discovery_is_judged_before_it_is_sold(
     worker_fleet, settings, monkeypatch
-):  # type: ignore[no-untyped-def]
+):
     settings.NODES_REJUDGE_AFTER_ABSENCE_MINUTES = 10
     fleet = worker_fleet()
     emu, node = fleet.nodes[0], fleet.registered[0]
@@ -233,7 +233,7 @@ def test_a_long_absent_node_found_again_by_discovery_is_judged_before_it_is_sold
     seen = []
     original = registry.node_preflight
 
-    def judged(**kwargs):  # type: ignore[no-untyped-def]
+    def judged(**kwargs):
         seen.append((Node.objects.get(pk=node.pk).gate_status, placeable(node)))
         return original(**kwargs)
 
@@ -244,7 +244,7 @@ def test_a_long_absent_node_found_again_by_discovery_is_judged_before_it_is_sold
     assert gate_events(node) == [("passed", "unchecked", "unreachable for 180 minutes")]
 
 
-def test_the_absence_rule_reads_the_setting(settings) -> None:  # type: ignore[no-untyped-def]
+def test_the_absence_rule_reads_the_setting(settings) -> None:
     now = timezone.now()
     node = Node(status=Node.Status.UNREACHABLE, last_seen_at=now - timedelta(minutes=11))
     settings.NODES_REJUDGE_AFTER_ABSENCE_MINUTES = 10
@@ -259,7 +259,7 @@ def test_the_absence_rule_reads_the_setting(settings) -> None:  # type: ignore[n
 # --- discovery of a new node ---------------------------------------------------------------------
 
 
-def test_a_new_node_takes_placements_only_after_its_verdict(worker_fleet, monkeypatch):  # type: ignore[no-untyped-def]
+def test_a_new_node_takes_placements_only_after_its_verdict(worker_fleet, monkeypatch):
     fleet = worker_fleet()
     emu = fleet.nodes[0]
     forget(fleet.registered[0])
@@ -269,7 +269,7 @@ def test_a_new_node_takes_placements_only_after_its_verdict(worker_fleet, monkey
     seen = []
     original = registry.node_preflight
 
-    def judged(**kwargs):  # type: ignore[no-untyped-def]
+    def judged(**kwargs):
         row = Node.objects.get(pk=node.pk)
         reserved = node_services.allocation_reserve(owner_key="early", vram_mb=4096)
         seen.append((row.gate_status, placeable(row), reserved))

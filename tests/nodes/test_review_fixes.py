@@ -11,7 +11,7 @@ from nodes.models import Gpu, GpuSample, GpuSampleRollup, Node
 pytestmark = pytest.mark.django_db
 
 
-def test_a_long_dead_node_does_not_cost_its_neighbours_their_samples(fleet, pool, register):  # type: ignore[no-untyped-def]
+def test_a_long_dead_node_does_not_cost_its_neighbours_their_samples(fleet, pool, register):
     healthy = register(0)
     services.node_discover(node_id=healthy.pk, pool=pool)
     dead = register(1)
@@ -26,7 +26,7 @@ def test_a_long_dead_node_does_not_cost_its_neighbours_their_samples(fleet, pool
     assert dead.consecutive_failures == 32767 and dead.status == Node.Status.UNREACHABLE
 
 
-def test_a_malformed_pinned_key_fails_that_node_only(fleet, pool, register):  # type: ignore[no-untyped-def]
+def test_a_malformed_pinned_key_fails_that_node_only(fleet, pool, register):
     good = register(0)
     services.node_discover(node_id=good.pk, pool=pool)
     bad = register(1)
@@ -38,7 +38,7 @@ def test_a_malformed_pinned_key_fails_that_node_only(fleet, pool, register):  # 
     assert "pinned host key is unusable" in bad.last_error
 
 
-def test_a_gpu_moved_to_another_node_follows_it(fleet, pool, register):  # type: ignore[no-untyped-def]
+def test_a_gpu_moved_to_another_node_follows_it(fleet, pool, register):
     node = register(0)
     other = Node.objects.create(gate_status="passed", name="old-home", address="10.0.0.50")
     uuid = fleet.nodes[0].gpus[0].uuid
@@ -48,7 +48,7 @@ def test_a_gpu_moved_to_another_node_follows_it(fleet, pool, register):  # type:
     assert moved.node_id == node.pk and moved.present and moved.vram_total_mb > 1
 
 
-def test_first_rollup_run_summarises_old_samples_before_pruning(register, settings):  # type: ignore[no-untyped-def]
+def test_first_rollup_run_summarises_old_samples_before_pruning(register, settings):
     node = register(0)
     gpu = Gpu.objects.create(node=node, uuid="GPU-first", index=0, model="L4", vram_total_mb=23034)
     old = timezone.now() - timedelta(hours=settings.NODES_RAW_RETENTION_HOURS + 6)
@@ -60,7 +60,7 @@ def test_first_rollup_run_summarises_old_samples_before_pruning(register, settin
     assert GpuSampleRollup.objects.get(gpu=gpu).memory_used_max_mb == 4321
 
 
-def test_odd_inputs_are_4xx_not_500(client, api_ops, settings):  # type: ignore[no-untyped-def]
+def test_odd_inputs_are_4xx_not_500(client, api_ops, settings):
     node = Node.objects.create(gate_status="passed", name="n", address="10.0.0.9")
     gpu = Gpu.objects.create(node=node, uuid="GPU-x", index=0, model="L4", vram_total_mb=1)
     url = f"/api/v1/gpus/{gpu.pk}/samples/"

@@ -702,7 +702,7 @@ def test_parse_inspect_refuses_malformed_output(text: str, message: str) -> None
 
 
 @pytest.fixture(scope="module")
-def emulated(platform_key: paramiko.PKey, tmp_path_factory) -> Iterator[EmulatedFleet]:  # type: ignore[no-untyped-def]
+def emulated(platform_key: paramiko.PKey, tmp_path_factory) -> Iterator[EmulatedFleet]:
     # emu-01: 2x A30 with the quota library / emu-02: L4 / emu-03: A100-80GB with MIG on
     fleet = EmulatedFleet.start(
         count=3,

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def worker_pool(settings, tmp_path):  # type: ignore[no-untyped-def]
+def worker_pool(settings, tmp_path):
     """The per-process pool as a worker builds it: the platform key from settings."""
     settings.NODES_SSH_KEY_PATH = str(tmp_path / "ssh" / "id_ed25519")
     ssh.reset_pool()
@@ -24,13 +24,13 @@ def worker_pool(settings, tmp_path):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def eager():  # type: ignore[no-untyped-def]
+def eager():
     app.conf.task_always_eager = True
     yield
     app.conf.task_always_eager = False
 
 
-def test_beat_samples_the_fleet_every_interval():  # type: ignore[no-untyped-def]
+def test_beat_samples_the_fleet_every_interval():
     entry = django_settings.CELERY_BEAT_SCHEDULE["sample-fleet"]
     assert entry["task"] == "telemetry.fan_out"
     assert entry["schedule"] == float(django_settings.NODES_SAMPLE_INTERVAL) == 30.0
@@ -40,7 +40,7 @@ def test_beat_samples_the_fleet_every_interval():  # type: ignore[no-untyped-def
 
 def test_fan_out_samples_every_node_in_batches(
     worker_pool, eager, tmp_path, monkeypatch, django_capture_on_commit_callbacks
-):  # type: ignore[no-untyped-def]
+):
     monkeypatch.setattr(tasks, "SAMPLE_BATCH_SIZE", 2)
     public = ssh.public_key_line(worker_pool.private_key)
     fleet = EmulatedFleet.start(count=3, authorized_keys=[public], state_dir=tmp_path / "emu")
@@ -57,7 +57,7 @@ def test_fan_out_samples_every_node_in_batches(
         dispatched = []
         original = tasks.sample_nodes.apply_async
 
-        def record(*args, **kwargs):  # type: ignore[no-untyped-def]
+        def record(*args, **kwargs):
             dispatched.append(kwargs["args"][0])
             return original(*args, **kwargs)
 

@@ -54,7 +54,7 @@ def fixture(name: str) -> str:
     return (FIXTURES / name).read_text(encoding="utf-8")
 
 
-def smi(name: str, **kwargs) -> NodeSample:  # type: ignore[no-untyped-def]
+def smi(name: str, **kwargs) -> NodeSample:
     return parse_nvidia_smi(
         fixture(f"smi/{name}_gpu.csv"), fixture(f"smi/{name}_apps.csv"), **kwargs
     )
@@ -363,16 +363,16 @@ def test_sampler_used_within_one_percent_over_total_is_accepted():
     assert parse_sampler_output(json.dumps(doc)).gpus[0].memory_used_mb == 23258
 
 
-def _broken(mutate) -> str:  # type: ignore[no-untyped-def]
+def _broken(mutate) -> str:
     doc = sampler_doc("normal")
     mutate(doc)
     return json.dumps(doc)
 
 
-def _set(path: str, value):  # type: ignore[no-untyped-def]
+def _set(path: str, value):
     """A mutation that sets doc[a][0][b]... for path "a.0.b"."""
 
-    def mutate(doc):  # type: ignore[no-untyped-def]
+    def mutate(doc):
         keys = [int(k) if k.isdigit() else k for k in path.split(".")]
         target = doc
         for key in keys[:-1]:
@@ -680,7 +680,7 @@ def _version(python: str) -> str:
 
 
 @pytest.fixture(params=_interpreters(), ids=_version)
-def node(request, tmp_path):  # type: ignore[no-untyped-def]
+def node(request, tmp_path):
     return FakeNode(tmp_path, request.param)
 
 
@@ -919,7 +919,7 @@ def test_sampler_exits_3_without_pynvml(node):
     assert done.stdout.count("\n") == 1  # one document, nothing else on stdout
 
 
-def test_sampler_serve_mode_answers_one_line_per_request(node):  # type: ignore[no-untyped-def]
+def test_sampler_serve_mode_answers_one_line_per_request(node):
     """The sampler kept running: bootstrap + source on stdin, then request lines."""
     argv = sampler_serve_argv()
     assert argv[:4] == ["python3", "-u", "-c", argv[3]] and argv[-1] == "--serve"
@@ -945,7 +945,7 @@ def test_sampler_serve_mode_answers_one_line_per_request(node):  # type: ignore[
     assert node.shutdown_mark.exists()  # NVML shut down when stdin closed
 
 
-def test_sampler_serve_mode_without_nvml_says_unavailable(node):  # type: ignore[no-untyped-def]
+def test_sampler_serve_mode_without_nvml_says_unavailable(node):
     done = subprocess.run(
         [node.python, "-S", *sampler_serve_argv()[1:]],
         input=sampler_serve_preamble() + b"sample\n",

@@ -29,7 +29,7 @@ def test_paths_under_data_or_workspace_are_mount_points(path: str) -> None:
 def test_anything_else_is_refused_with_a_reason(path: object) -> None:
     assert volumes.mount_path_refusal(path)
     with pytest.raises(ValueError, match="mount path"):
-        volumes.mount_arg(NAME, path)  # type: ignore[arg-type]
+        volumes.mount_arg(NAME, path)
 
 
 @pytest.mark.parametrize(
@@ -87,6 +87,6 @@ def test_a_slice_gets_one_mount_per_volume_and_never_a_bind() -> None:
         [(NAME, "/data")],
     ],
 )
-def test_run_argv_refuses_a_mount_it_should_not_make(mounts) -> None:  # type: ignore[no-untyped-def]
+def test_run_argv_refuses_a_mount_it_should_not_make(mounts) -> None:
     with pytest.raises(ValueError):
         runtime.run_argv(spec(mounts=mounts))

@@ -9,12 +9,12 @@ WORKER_REDIS_DB = 7
 
 
 @pytest.fixture
-def broker():  # type: ignore[no-untyped-def]
+def broker():
     yield from broker_on(WORKER_REDIS_DB)
 
 
 @pytest.fixture
-def workers(broker, tmp_path):  # type: ignore[no-untyped-def]
+def workers(broker, tmp_path):
     yield from workers_for(
         broker,
         tmp_path,

@@ -22,7 +22,7 @@ def _ssh_string(data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + data
 
 
-def _openssh_line(private) -> str:  # type: ignore[no-untyped-def]
+def _openssh_line(private) -> str:
     return (
         private.public_key()
         .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db
 User = get_user_model()
 
 
-def _signup(client, **overrides):  # type: ignore[no-untyped-def]
+def _signup(client, **overrides):
     data = {
         "tenant_name": "Gamma AI",
         "email": "Carol@Gamma.test",
@@ -29,7 +29,7 @@ def _signup(client, **overrides):  # type: ignore[no-untyped-def]
     return client.post("/signup/", data)
 
 
-def test_signup_creates_tenant_with_owner_and_logs_in(client):  # type: ignore[no-untyped-def]
+def test_signup_creates_tenant_with_owner_and_logs_in(client):
     response = _signup(client)
     assert response.status_code == 302 and response["Location"] == "/dashboard/"
     membership = Membership.objects.get(user__email="carol@gamma.test")
@@ -42,7 +42,7 @@ def test_signup_creates_tenant_with_owner_and_logs_in(client):  # type: ignore[n
     assert AuditEvent.objects.filter(tenant=membership.tenant, action="tenant.created").exists()
 
 
-def test_signup_with_taken_email_changes_nothing(client, owner_a):  # type: ignore[no-untyped-def]
+def test_signup_with_taken_email_changes_nothing(client, owner_a):
     tenants_before = Tenant.objects.count()
     response = _signup(client, email=owner_a.user.email.upper())
     assert response.status_code == 200
@@ -60,9 +60,7 @@ def test_signup_with_taken_email_changes_nothing(client, owner_a):  # type: igno
         ({"tenant_name": "x" * 101}, "at most 100"),
     ],
 )
-def test_signup_rejects_bad_input_without_creating_anything(  # type: ignore[no-untyped-def]
-    client, overrides, message
-):
+def test_signup_rejects_bad_input_without_creating_anything(client, overrides, message):
     response = _signup(client, **overrides)
     assert response.status_code == 200
     assert message in response.content.decode()
@@ -70,13 +68,13 @@ def test_signup_rejects_bad_input_without_creating_anything(  # type: ignore[no-
     assert not Tenant.objects.exists()
 
 
-def test_signup_is_atomic_when_tenant_step_fails():  # type: ignore[no-untyped-def]
+def test_signup_is_atomic_when_tenant_step_fails():
     with pytest.raises(ServiceError):
         services.tenant_sign_up(email="d@d.test", password=PASSWORD, tenant_name="   ")
     assert not User.objects.filter(email="d@d.test").exists()
 
 
-def test_invitation_flow_emails_a_link_that_joins_the_tenant(  # type: ignore[no-untyped-def]
+def test_invitation_flow_emails_a_link_that_joins_the_tenant(
     client, owner_a, django_capture_on_commit_callbacks, settings
 ):
     settings.CELERY_TASK_ALWAYS_EAGER = True
@@ -114,7 +112,7 @@ def test_invitation_flow_emails_a_link_that_joins_the_tenant(  # type: ignore[no
     assert client.get(f"/invitations/{token}/").status_code == 404
 
 
-def test_invitation_task_is_safe_to_run_twice(owner_a):  # type: ignore[no-untyped-def]
+def test_invitation_task_is_safe_to_run_twice(owner_a):
     invitation = services.invitation_create(
         actor_membership=owner_a, email="e@alpha.test", role=Role.MEMBER
     )
@@ -124,7 +122,7 @@ def test_invitation_task_is_safe_to_run_twice(owner_a):  # type: ignore[no-untyp
     assert len(mail.outbox) == 1
 
 
-def test_only_owners_invite_and_duplicates_are_refused(owner_a):  # type: ignore[no-untyped-def]
+def test_only_owners_invite_and_duplicates_are_refused(owner_a):
     member = MembershipFactory(tenant=owner_a.tenant, role=Role.MEMBER)
     with pytest.raises(NotAllowed):
         services.invitation_create(actor_membership=member, email="x@y.test", role="member")
@@ -135,7 +133,7 @@ def test_only_owners_invite_and_duplicates_are_refused(owner_a):  # type: ignore
         services.invitation_create(actor_membership=owner_a, email=member.user.email, role="member")
 
 
-def test_revoked_invitation_link_no_longer_works(client, owner_a):  # type: ignore[no-untyped-def]
+def test_revoked_invitation_link_no_longer_works(client, owner_a):
     invitation = services.invitation_create(
         actor_membership=owner_a, email="f@alpha.test", role=Role.MEMBER
     )
@@ -146,7 +144,7 @@ def test_revoked_invitation_link_no_longer_works(client, owner_a):  # type: igno
     assert client.get("/invitations/known/").status_code == 404
 
 
-def test_last_owner_cannot_be_demoted_or_removed(owner_a):  # type: ignore[no-untyped-def]
+def test_last_owner_cannot_be_demoted_or_removed(owner_a):
     with pytest.raises(Conflict, match="at least one owner"):
         services.membership_change_role(
             actor_membership=owner_a, membership=owner_a, role=Role.MEMBER
@@ -159,7 +157,7 @@ def test_last_owner_cannot_be_demoted_or_removed(owner_a):  # type: ignore[no-un
     assert owner_a.role == Role.MEMBER
 
 
-def test_members_page_actions_via_htmx(client, owner_a):  # type: ignore[no-untyped-def]
+def test_members_page_actions_via_htmx(client, owner_a):
     member = MembershipFactory(tenant=owner_a.tenant, role=Role.MEMBER)
     client.force_login(owner_a.user)
     response = client.post(
@@ -178,7 +176,7 @@ def test_members_page_actions_via_htmx(client, owner_a):  # type: ignore[no-unty
     assert not Membership.objects.filter(pk=member.pk).exists()
 
 
-def test_non_owner_sees_no_member_controls_and_cannot_post(client, owner_a):  # type: ignore[no-untyped-def]
+def test_non_owner_sees_no_member_controls_and_cannot_post(client, owner_a):
     viewer = MembershipFactory(tenant=owner_a.tenant, role=Role.VIEWER)
     client.force_login(viewer.user)
     page = client.get("/account/").content.decode()
@@ -188,7 +186,7 @@ def test_non_owner_sees_no_member_controls_and_cannot_post(client, owner_a):  # 
     assert Membership.objects.filter(pk=owner_a.pk).exists()
 
 
-def test_password_reset_sends_a_working_link(client, owner_a):  # type: ignore[no-untyped-def]
+def test_password_reset_sends_a_working_link(client, owner_a):
     response = client.post("/accounts/password_reset/", {"email": owner_a.user.email})
     assert response.status_code == 302
     assert len(mail.outbox) == 1
@@ -201,7 +199,7 @@ def test_password_reset_sends_a_working_link(client, owner_a):  # type: ignore[n
     assert client.login(username=owner_a.user.username, password=new)
 
 
-def test_password_change_requires_login_and_old_password(client, owner_a):  # type: ignore[no-untyped-def]
+def test_password_change_requires_login_and_old_password(client, owner_a):
     assert client.get("/accounts/password_change/").status_code == 302
     client.force_login(owner_a.user)
     new = "yet-another-passphrase-7"
@@ -225,14 +223,14 @@ def test_password_change_requires_login_and_old_password(client, owner_a):  # ty
     assert response.status_code == 302
 
 
-def test_logout_is_post_only(client, owner_a):  # type: ignore[no-untyped-def]
+def test_logout_is_post_only(client, owner_a):
     client.force_login(owner_a.user)
     assert client.get("/accounts/logout/").status_code == 405
     assert client.post("/accounts/logout/").status_code in (200, 302)
     assert client.get("/account/").status_code == 302
 
 
-def test_user_without_tenant_can_create_one(client):  # type: ignore[no-untyped-def]
+def test_user_without_tenant_can_create_one(client):
     user = UserFactory()
     client.force_login(user)
     assert "not in a tenant" in client.get("/account/").content.decode()
@@ -241,7 +239,7 @@ def test_user_without_tenant_can_create_one(client):  # type: ignore[no-untyped-
     assert Membership.objects.get(user=user).role == Role.OWNER
 
 
-def test_failed_logins_are_limited_per_address(client, owner_a, settings):  # type: ignore[no-untyped-def]
+def test_failed_logins_are_limited_per_address(client, owner_a, settings):
     cache.clear()
     settings.LOGIN_FAILURE_LIMIT = 3
     for _ in range(3):

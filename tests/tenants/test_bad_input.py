@@ -12,7 +12,7 @@ pytestmark = pytest.mark.django_db
 TOKENS = "/api/v1/tokens/"
 
 
-def _post_raw(client, url, body: bytes, content_type="application/json"):  # type: ignore[no-untyped-def]
+def _post_raw(client, url, body: bytes, content_type="application/json"):
     return client.generic("POST", url, body, content_type=content_type)
 
 
@@ -20,7 +20,7 @@ def _post_raw(client, url, body: bytes, content_type="application/json"):  # typ
     "body",
     [b"{", b'{"name": "x",}', b"\xff\xfe", b"[1, 2", b'{"name": "x"} trailing', b"NaNx"],
 )
-def test_malformed_json_is_400_parse_error(api_a, body):  # type: ignore[no-untyped-def]
+def test_malformed_json_is_400_parse_error(api_a, body):
     response = _post_raw(api_a, TOKENS, body)
     assert response.status_code == 400
     data = response.json()
@@ -29,14 +29,14 @@ def test_malformed_json_is_400_parse_error(api_a, body):  # type: ignore[no-unty
     assert not ApiToken.objects.filter(name="x").exists()
 
 
-def test_non_object_json_is_400_naming_the_problem(api_a):  # type: ignore[no-untyped-def]
+def test_non_object_json_is_400_naming_the_problem(api_a):
     response = api_a.post(TOKENS, [1, 2], format="json")
     assert response.status_code == 400
     assert response.json()["code"] == "validation_error"
     assert "dictionary" in response.json()["message"]
 
 
-def test_unknown_fields_are_refused_by_name(api_a):  # type: ignore[no-untyped-def]
+def test_unknown_fields_are_refused_by_name(api_a):
     response = api_a.post(
         TOKENS, {"name": "ok", "expires_in_dayz": 3, "admin": True}, format="json"
     )
@@ -48,13 +48,13 @@ def test_unknown_fields_are_refused_by_name(api_a):  # type: ignore[no-untyped-d
     assert ApiToken.objects.filter(name="ok").count() == 0
 
 
-def test_unknown_and_invalid_fields_are_reported_together(api_a):  # type: ignore[no-untyped-def]
+def test_unknown_and_invalid_fields_are_reported_together(api_a):
     response = api_a.post(TOKENS, {"name": "", "colour": "red"}, format="json")
     assert response.status_code == 400
     assert set(response.json()["fields"]) == {"name", "colour"}
 
 
-def test_over_long_string_names_the_field(api_a):  # type: ignore[no-untyped-def]
+def test_over_long_string_names_the_field(api_a):
     response = api_a.post(TOKENS, {"name": "n" * 65}, format="json")
     assert response.status_code == 400
     data = response.json()
@@ -81,7 +81,7 @@ def test_over_long_string_names_the_field(api_a):  # type: ignore[no-untyped-def
         ({}, "name", "required"),
     ],
 )
-def test_wrong_types_are_400_with_field(api_a, payload, field, code):  # type: ignore[no-untyped-def]
+def test_wrong_types_are_400_with_field(api_a, payload, field, code):
     response = api_a.post(TOKENS, payload, format="json")
     if field is None:
         assert response.status_code == 201
@@ -93,13 +93,13 @@ def test_wrong_types_are_400_with_field(api_a, payload, field, code):  # type: i
     assert data["fields"][field][0]["code"] == code
 
 
-def test_wrong_content_type_is_415(api_a):  # type: ignore[no-untyped-def]
+def test_wrong_content_type_is_415(api_a):
     response = _post_raw(api_a, TOKENS, b"name=x", content_type="application/x-www-form-urlencoded")
     assert response.status_code == 415
     assert response.json()["code"] == "unsupported_media_type"
 
 
-def test_bad_pagination_and_filters_are_4xx(api_a):  # type: ignore[no-untyped-def]
+def test_bad_pagination_and_filters_are_4xx(api_a):
     assert api_a.get(TOKENS, {"page": "abc"}).status_code == 404
     assert api_a.get(TOKENS, {"page_size": "-3"}).status_code == 200
     response = api_a.get("/api/v1/tiers/", {"min_vram_mb": "lots"})
@@ -109,7 +109,7 @@ def test_bad_pagination_and_filters_are_4xx(api_a):  # type: ignore[no-untyped-d
 
 
 @pytest.fixture
-def low_rates(settings):  # type: ignore[no-untyped-def]
+def low_rates(settings):
     cache.clear()
     settings.REST_FRAMEWORK = {
         **settings.REST_FRAMEWORK,
@@ -119,7 +119,7 @@ def low_rates(settings):  # type: ignore[no-untyped-def]
     cache.clear()
 
 
-def test_anonymous_clients_are_throttled(anon_api, low_rates):  # type: ignore[no-untyped-def]
+def test_anonymous_clients_are_throttled(anon_api, low_rates):
     # the credit rate: public, and cheap to answer (the schema takes seconds to write)
     codes = [anon_api.get("/api/v1/credit-rate/").status_code for _ in range(4)]
     assert codes == [200, 200, 200, 429]
@@ -128,14 +128,12 @@ def test_anonymous_clients_are_throttled(anon_api, low_rates):  # type: ignore[n
     assert int(response["Retry-After"]) > 0
 
 
-def test_authenticated_clients_are_throttled(api_a, low_rates):  # type: ignore[no-untyped-def]
+def test_authenticated_clients_are_throttled(api_a, low_rates):
     codes = [api_a.get("/api/v1/me/").status_code for _ in range(5)]
     assert codes == [200, 200, 200, 200, 429]
 
 
-def test_token_guessing_is_throttled_before_tokens_are_checked(  # type: ignore[no-untyped-def]
-    owner_a, low_rates
-):
+def test_token_guessing_is_throttled_before_tokens_are_checked(owner_a, low_rates):
     _, good = make_token(owner_a.user)
     guesser = APIClient()
     codes = []
@@ -148,7 +146,7 @@ def test_token_guessing_is_throttled_before_tokens_are_checked(  # type: ignore[
     assert guesser.get("/api/v1/me/").status_code == 429
 
 
-def test_forged_forwarded_for_does_not_dodge_the_limit(low_rates, settings):  # type: ignore[no-untyped-def]
+def test_forged_forwarded_for_does_not_dodge_the_limit(low_rates, settings):
     settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
     client = APIClient()
     codes = []
@@ -162,7 +160,7 @@ def test_forged_forwarded_for_does_not_dodge_the_limit(low_rates, settings):  # 
     assert codes == [401, 401, 401, 429]
 
 
-def test_oversized_body_is_400_not_read_whole(api_a):  # type: ignore[no-untyped-def]
+def test_oversized_body_is_400_not_read_whole(api_a):
     body = b'{"name": "' + b"x" * (1024 * 1024) + b'"}'
     response = _post_raw(api_a, TOKENS, body)
     assert response.status_code == 400
@@ -170,7 +168,7 @@ def test_oversized_body_is_400_not_read_whole(api_a):  # type: ignore[no-untyped
     assert "1024 KiB" in response.json()["message"]
 
 
-def test_deeply_nested_json_is_400_not_500(api_a):  # type: ignore[no-untyped-def]
+def test_deeply_nested_json_is_400_not_500(api_a):
     body = b'{"name": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     response = _post_raw(api_a, TOKENS, body)
     assert response.status_code == 400
@@ -178,7 +176,7 @@ def test_deeply_nested_json_is_400_not_500(api_a):  # type: ignore[no-untyped-de
 
 
 @pytest.mark.parametrize("value", [0, 1.5, True, -7])
-def test_a_number_in_any_text_field_is_refused_not_stored_as_text(api_a, value):  # type: ignore[no-untyped-def]
+def test_a_number_in_any_text_field_is_refused_not_stored_as_text(api_a, value):
     """Every input serializer's text fields, nested lists too: a JSON number is not text."""
     response = api_a.post(TOKENS, {"name": value}, format="json")
     assert response.status_code == 400, response.content

@@ -32,7 +32,7 @@ LIVE = (Slice.State.PROVISIONING, Slice.State.RUNNING, Slice.State.STOPPING)
 
 
 @pytest.fixture
-def tiers(db):  # type: ignore[no-untyped-def]
+def tiers(db):
     """The seeded tiers (a transactional test's flush empties them)."""
     if not Tier.objects.exists():
         importlib.import_module("tenants.migrations.0002_seed_tiers").seed(apps, None)
@@ -40,13 +40,13 @@ def tiers(db):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def dispatched(monkeypatch):  # type: ignore[no-untyped-def]
+def dispatched(monkeypatch):
     """Record every task the services dispatch instead of sending it to a broker."""
     seen: list[tuple[str, tuple]] = []
     lock = threading.Lock()
 
-    def recorder(name):  # type: ignore[no-untyped-def]
-        def record(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def recorder(name):
+        def record(*args, **kwargs):
             with lock:
                 seen.append((name, args))
 
@@ -65,7 +65,7 @@ def dispatched(monkeypatch):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def gpus(db):  # type: ignore[no-untyped-def]
+def gpus(db):
     """Make `count` 24 GB GPUs on one active node (no emulator: placement only)."""
 
     def make(count: int = 3) -> list[Gpu]:
@@ -92,15 +92,15 @@ def gpus(db):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def ops(db):  # type: ignore[no-untyped-def]
+def ops(db):
     return UserFactory(email="ops-race@platform.test", is_staff=True)
 
 
 @pytest.fixture
-def buyers(db, ops, tiers):  # type: ignore[no-untyped-def]
+def buyers(db, ops, tiers):
     """make(tenants, credit): that many tenants (owner memberships), each granted credit."""
 
-    def make(tenants: int = 4, credit: str = "500.00"):  # type: ignore[no-untyped-def]
+    def make(tenants: int = 4, credit: str = "500.00"):
         members = [
             MembershipFactory(tenant__name=f"Race Lab {i}", user__email=f"race{i}@lab.test")
             for i in range(tenants)
@@ -112,12 +112,12 @@ def buyers(db, ops, tiers):  # type: ignore[no-untyped-def]
     return make
 
 
-def buy(membership, tier: Tier, hours: int = 1) -> Purchase:  # type: ignore[no-untyped-def]
+def buy(membership, tier: Tier, hours: int = 1) -> Purchase:
     purchase, _ = services.purchase_create(membership=membership, tier=tier, hours=hours)
     return purchase
 
 
-def race(n: int, fn):  # type: ignore[no-untyped-def]
+def race(n: int, fn):
     """Run fn(i) on n threads released together; return [(ok, value or exception)]."""
     barrier = threading.Barrier(n)
     results: list = [None] * n
@@ -140,7 +140,7 @@ def race(n: int, fn):  # type: ignore[no-untyped-def]
     return results
 
 
-def unexpected(results, *codes: str) -> list:  # type: ignore[no-untyped-def]
+def unexpected(results, *codes: str) -> list:
     """Failures other than a Conflict with one of `codes` (an IntegrityError, a 500...)."""
     return [
         repr(value)
@@ -150,8 +150,8 @@ def unexpected(results, *codes: str) -> list:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def launch(image_ssh):  # type: ignore[no-untyped-def]
-    def start(membership, purchase, key: str = ""):  # type: ignore[no-untyped-def]
+def launch(image_ssh):
+    def start(membership, purchase, key: str = ""):
         return services.slice_launch(
             membership=membership,
             purchase=purchase,
@@ -208,12 +208,12 @@ def assert_placement_invariants() -> dict[int, int]:
 # --- launches -----------------------------------------------------------------------------------
 
 
-def test_parallel_reservations_never_overallocate_a_gpu(gpus):  # type: ignore[no-untyped-def]
+def test_parallel_reservations_never_overallocate_a_gpu(gpus):
     """The placement core without the launch around it: 24 reservations of 8 GB, each
     holding its GPU row lock a moment as a launch does while it records its slice."""
     gpus(3)
 
-    def reserve(i: int):  # type: ignore[no-untyped-def]
+    def reserve(i: int):
         with transaction.atomic():
             allocation = node_services.allocation_reserve(owner_key=f"race-{i}", vram_mb=8192)
             time.sleep(0.02)
@@ -233,7 +233,7 @@ def test_parallel_reservations_never_overallocate_a_gpu(gpus):  # type: ignore[n
 
 def test_parallel_launches_fill_capacity_exactly_and_queue_the_rest(
     gpus, buyers, tiers, dispatched, launch
-):  # type: ignore[no-untyped-def]
+):
     gpus(3)  # 3 x 24 GB: room for exactly nine 8 GB slices
     members = buyers(tenants=4)
     jobs = [(m, buy(m, tiers[8])) for m in itertools.islice(itertools.cycle(members), 24)]
@@ -256,7 +256,7 @@ def test_parallel_launches_fill_capacity_exactly_and_queue_the_rest(
 
 def test_parallel_launches_of_mixed_sizes_never_overallocate(
     gpus, buyers, tiers, dispatched, launch
-):  # type: ignore[no-untyped-def]
+):
     gpus(3)
     members = buyers(tenants=4)
     sizes = [4, 8, 12, 24] * 7  # 28 launches, 336 GB asked of 72 GB
@@ -280,7 +280,7 @@ def test_parallel_launches_of_mixed_sizes_never_overallocate(
 
 def test_placement_racing_release_on_one_gpu_keeps_the_counter_exact(
     gpus, buyers, tiers, dispatched, launch, monkeypatch
-):  # type: ignore[no-untyped-def]
+):
     monkeypatch.setattr(node_services, "container_remove", lambda **kw: True)
     gpus(1)  # one 24 GB card, full with three 8 GB slices
     members = buyers(tenants=3)
@@ -288,7 +288,7 @@ def test_placement_racing_release_on_one_gpu_keeps_the_counter_exact(
     assert {s.state for s in running} == {Slice.State.PROVISIONING}
     newcomers = [(members[i % 3], buy(members[i % 3], tiers[8])) for i in range(12)]
 
-    def act(i: int):  # type: ignore[no-untyped-def]
+    def act(i: int):
         if i < 3:  # the tenant stops, the stop task removes and releases
             s = services.slice_stop(slice=running[i], actor=members[i].user)
             return services.slice_finish_stop(slice_id=s.pk)
@@ -324,7 +324,7 @@ def _ledger_agrees(tenant: Tenant) -> None:
         assert e.balance_after == running >= 0, "a ledger entry overdrew or skipped one"
 
 
-def test_parallel_purchases_never_overdraw_the_balance(buyers, tiers):  # type: ignore[no-untyped-def]
+def test_parallel_purchases_never_overdraw_the_balance(buyers, tiers):
     (member,) = buyers(tenants=1, credit="10.00")
     tier = tiers[8]
     price = tier.price_per_hour * 10  # 3.80 for ten hours of 8 GB
@@ -344,7 +344,7 @@ def test_parallel_purchases_never_overdraw_the_balance(buyers, tiers):  # type: 
     assert Purchase.objects.filter(tenant=member.tenant).count() == 2
 
 
-def test_parallel_purchases_with_one_idempotency_key_charge_once(buyers, tiers):  # type: ignore[no-untyped-def]
+def test_parallel_purchases_with_one_idempotency_key_charge_once(buyers, tiers):
     (member,) = buyers(tenants=1, credit="10.00")
 
     results = race(
@@ -370,7 +370,7 @@ def test_parallel_purchases_with_one_idempotency_key_charge_once(buyers, tiers):
 
 def test_parallel_launches_with_one_idempotency_key_make_one_slice(
     gpus, buyers, tiers, dispatched, launch
-):  # type: ignore[no-untyped-def]
+):
     gpus(3)
     (member,) = buyers(tenants=1)
     purchase = buy(member, tiers[8])
@@ -386,7 +386,7 @@ def test_parallel_launches_with_one_idempotency_key_make_one_slice(
     assert sum(live.values()) == 8192
 
 
-def test_parallel_launches_on_one_purchase_run_one_slice(gpus, buyers, tiers, dispatched, launch):  # type: ignore[no-untyped-def]
+def test_parallel_launches_on_one_purchase_run_one_slice(gpus, buyers, tiers, dispatched, launch):
     gpus(3)
     (member,) = buyers(tenants=1)
     purchase = buy(member, tiers[8])

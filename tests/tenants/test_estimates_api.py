@@ -9,11 +9,11 @@ URL = "/api/v1/estimates/"
 LLAMA = {"catalog": "meta-llama/Llama-3.1-8B"}
 
 
-def _post(client, payload):  # type: ignore[no-untyped-def]
+def _post(client, payload):
     return client.post(URL, payload, format="json")
 
 
-def test_anonymous_estimate_with_breakdown_and_verdict(anon_api):  # type: ignore[no-untyped-def]
+def test_anonymous_estimate_with_breakdown_and_verdict(anon_api):
     response = _post(
         anon_api,
         {
@@ -37,7 +37,7 @@ def test_anonymous_estimate_with_breakdown_and_verdict(anon_api):  # type: ignor
     )
 
 
-def test_estimate_has_no_side_effects(anon_api, django_assert_max_num_queries):  # type: ignore[no-untyped-def]
+def test_estimate_has_no_side_effects(anon_api, django_assert_max_num_queries):
     with django_assert_max_num_queries(0):
         assert _post(anon_api, {"model": LLAMA}).status_code == 200
 
@@ -72,7 +72,7 @@ def test_estimate_has_no_side_effects(anon_api, django_assert_max_num_queries): 
         ({"model": {"parameters": 10**14}}, "model.parameters"),
     ],
 )
-def test_bad_input_is_400_naming_the_field(anon_api, payload, field):  # type: ignore[no-untyped-def]
+def test_bad_input_is_400_naming_the_field(anon_api, payload, field):
     response = _post(anon_api, payload)
     assert response.status_code == 400, response.content
     body = response.json()
@@ -81,7 +81,7 @@ def test_bad_input_is_400_naming_the_field(anon_api, payload, field):  # type: i
     assert body["message"].startswith(field)
 
 
-def test_non_object_and_oversized_bodies_are_400(anon_api):  # type: ignore[no-untyped-def]
+def test_non_object_and_oversized_bodies_are_400(anon_api):
     assert _post(anon_api, [1, 2]).status_code == 400
     big = {"model": {"config_json": "{" + " " * (1024 * 1024) + "}"}}
     response = _post(anon_api, big)
@@ -89,7 +89,7 @@ def test_non_object_and_oversized_bodies_are_400(anon_api):  # type: ignore[no-u
     assert response.json()["code"] == "parse_error"
 
 
-def test_anonymous_estimates_are_throttled(anon_api, settings):  # type: ignore[no-untyped-def]
+def test_anonymous_estimates_are_throttled(anon_api, settings):
     cache.clear()
     settings.REST_FRAMEWORK = {
         **settings.REST_FRAMEWORK,
@@ -100,7 +100,7 @@ def test_anonymous_estimates_are_throttled(anon_api, settings):  # type: ignore[
     cache.clear()
 
 
-def test_catalog_lists_models_with_sources(anon_api):  # type: ignore[no-untyped-def]
+def test_catalog_lists_models_with_sources(anon_api):
     body = anon_api.get("/api/v1/estimates/models/").json()
     assert body["count"] >= 12
     names = {row["name"] for row in body["results"]}
@@ -108,7 +108,7 @@ def test_catalog_lists_models_with_sources(anon_api):  # type: ignore[no-untyped
     assert all(row["source"].startswith("https://") for row in body["results"])
 
 
-def test_fit_page_shows_verdict_and_updates_with_htmx(client):  # type: ignore[no-untyped-def]
+def test_fit_page_shows_verdict_and_updates_with_htmx(client):
     page = client.get("/fit/").content.decode()
     assert 'id="fit-verdict"' in page and 'id="fit-terms"' in page
     params = {

@@ -46,7 +46,7 @@ def _fixture(name: str) -> str:
 
 def _request(model: str | ModelSpec, **kw: object) -> EstimateRequest:
     spec = model_from_catalog(model) if isinstance(model, str) else model
-    return EstimateRequest(model=spec, **kw)  # type: ignore[arg-type]
+    return EstimateRequest(model=spec, **kw)
 
 
 def _tensors_only(**kw: object) -> dict[str, object]:
@@ -136,8 +136,8 @@ def test_transformers_docs_octocoder_peaks_within_ten_percent(
     assert result.total_mib / 1024 == pytest.approx(measured_gib, rel=0.10)
     # The peak holds the weights: the weights alone must come in under the measurement.
     assert result.mib("weights") / 1024 < measured_gib
-    assert result.term("weights").basis == "derived"  # type: ignore[union-attr]
-    assert result.term("activations").basis == "modelled"  # type: ignore[union-attr]
+    assert result.term("weights").basis == "derived"
+    assert result.term("activations").basis == "modelled"
 
 
 def test_peft_lora_trainable_count_for_llama_8b() -> None:
@@ -575,7 +575,7 @@ def test_safetensors_header_gives_exact_bytes_and_infers_the_architecture() -> N
     assert model.num_layers == 24 and model.kv_dim == 128 and model.tie_word_embeddings
     assert model.kv_bytes_per_token(2) == 12_288
     result = estimate(EstimateRequest(model=model))
-    assert result.term("weights").basis == "exact"  # type: ignore[union-attr]
+    assert result.term("weights").basis == "exact"
     assert result.weights_bytes == 2 * 494_032_768
     # The file's first bytes work too: 8-byte little-endian length, header, then data.
     raw = text.encode()
@@ -594,7 +594,7 @@ def test_safetensors_header_with_config_uses_config_architecture() -> None:
     }
     model = model_from_safetensors_header(json.dumps(header), config_json=config)
     assert model.num_kv_heads == 4 and model.tensor_bytes == 2 * 7_615_616_512
-    assert estimate(EstimateRequest(model=model)).term("weights").basis == "exact"  # type: ignore[union-attr]
+    assert estimate(EstimateRequest(model=model)).term("weights").basis == "exact"
 
 
 def test_safetensors_index_total_size_is_exact_weights() -> None:
@@ -610,10 +610,10 @@ def test_safetensors_index_total_size_is_exact_weights() -> None:
         json.dumps(index), config_json=_fixture("llama-3.1-8b.config.json")
     )
     result = estimate(EstimateRequest(model=model, weights_dtype="bf16"))
-    assert result.term("weights").basis == "exact"  # type: ignore[union-attr]
+    assert result.term("weights").basis == "exact"
     assert result.weights_bytes == 16_060_522_496
     nf4 = estimate(EstimateRequest(model=model, weights_dtype="nf4"))
-    assert nf4.term("weights").basis == "derived"  # type: ignore[union-attr]
+    assert nf4.term("weights").basis == "derived"
     with pytest.raises(EstimatorError) as err:
         model_from_safetensors_index(json.dumps(index))
     assert err.value.field == "config_json"

@@ -52,7 +52,7 @@ SMALL = {**BIG, "model": "Qwen/Qwen2.5-0.5B", "context_tokens": "2048"}
 VOID = {"input", "br", "img", "meta", "link", "hr", "source", "col", "area", "wbr", "base"}
 
 
-def _attrs(attrs) -> dict:  # type: ignore[no-untyped-def]
+def _attrs(attrs) -> dict:
     """Attributes by name; a boolean one (`hidden`, `disabled`) is "" rather than None."""
     return {name: "" if value is None else value for name, value in attrs}
 
@@ -63,22 +63,22 @@ class _Reader(HTMLParser):
         self.stack: list[dict] = []
         self.elements: list[dict] = []
 
-    def handle_starttag(self, tag, attrs):  # type: ignore[no-untyped-def]
+    def handle_starttag(self, tag, attrs):
         element = {"tag": tag, "attrs": _attrs(attrs), "text": []}
         self.elements.append(element)
         if tag not in VOID:
             self.stack.append(element)
 
-    def handle_startendtag(self, tag, attrs):  # type: ignore[no-untyped-def]
+    def handle_startendtag(self, tag, attrs):
         self.elements.append({"tag": tag, "attrs": _attrs(attrs), "text": []})
 
-    def handle_endtag(self, tag):  # type: ignore[no-untyped-def]
+    def handle_endtag(self, tag):
         for i in range(len(self.stack) - 1, -1, -1):
             if self.stack[i]["tag"] == tag:
                 del self.stack[i:]
                 break
 
-    def handle_data(self, data):  # type: ignore[no-untyped-def]
+    def handle_data(self, data):
         for element in self.stack:
             element["text"].append(data)
 
@@ -117,7 +117,7 @@ class Html:
         return [e for e in self.elements if cls in (e["attrs"].get("class") or "").split()]
 
 
-def page(response) -> Html:  # type: ignore[no-untyped-def]
+def page(response) -> Html:
     return Html(response.content.decode())
 
 
@@ -135,25 +135,25 @@ def term_values(html: Html, prefix: str) -> tuple[list[int], int]:
 
 
 @pytest.fixture
-def image(ops_user) -> Image:  # type: ignore[no-untyped-def]
+def image(ops_user) -> Image:
     return services.image_create(
         actor=ops_user, name="torch", reference="pytorch/pytorch:2.4.0", ports=[22]
     )
 
 
 @pytest.fixture
-def funded(owner_a, ops_user):  # type: ignore[no-untyped-def]
+def funded(owner_a, ops_user):
     services.credit_grant(tenant=owner_a.tenant, amount="100.00", actor=ops_user, memo="trial")
     owner_a.tenant.refresh_from_db()
     return owner_a
 
 
 @pytest.fixture
-def purchase(funded) -> Purchase:  # type: ignore[no-untyped-def]
+def purchase(funded) -> Purchase:
     return services.purchase_create(membership=funded, tier=tier(8), hours=2)[0]
 
 
-def estimate_partial(client, purchase, **job) -> Html:  # type: ignore[no-untyped-def]
+def estimate_partial(client, purchase, **job) -> Html:
     params = {"estimate": "1", **BIG, **job}
     if purchase is not None:
         params["purchase"] = purchase.pk
@@ -165,7 +165,7 @@ def estimate_partial(client, purchase, **job) -> Html:  # type: ignore[no-untype
 # --- one rounding rule --------------------------------------------------------------------
 
 
-def test_whole_mib_rounds_up_and_the_dict_total_rounds_to_the_same_whole_number():  # type: ignore[no-untyped-def]
+def test_whole_mib_rounds_up_and_the_dict_total_rounds_to_the_same_whole_number():
     assert whole_mib(16903.0) == 16903
     assert whole_mib(16903.1) == 16904
     assert whole_mib(None) is None
@@ -176,7 +176,7 @@ def test_whole_mib_rounds_up_and_the_dict_total_rounds_to_the_same_whole_number(
         assert whole_mib(up_to_tenth(raw)) == math.ceil(raw), raw
 
 
-def test_whole_terms_add_up_to_the_whole_total_each_within_one_mib():  # type: ignore[no-untyped-def]
+def test_whole_terms_add_up_to_the_whole_total_each_within_one_mib():
     rng = random.Random(7)
     for _ in range(500):
         exact = [rng.uniform(0, 20_000) for _ in range(rng.randint(1, 9))]
@@ -192,7 +192,7 @@ def test_whole_terms_add_up_to_the_whole_total_each_within_one_mib():  # type: i
     "model",
     ["meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-0.5B", "google/gemma-2-9b", "openai-community/gpt2"],
 )
-def test_every_estimate_dict_rounds_to_the_figure_the_launch_check_stores(model):  # type: ignore[no-untyped-def]
+def test_every_estimate_dict_rounds_to_the_figure_the_launch_check_stores(model):
     result = estimator.estimate(
         estimator.EstimateRequest.from_mapping({"model": {"catalog": model}, "tier_mib": 4096})
     )
@@ -202,7 +202,7 @@ def test_every_estimate_dict_rounds_to_the_figure_the_launch_check_stores(model)
         assert whole_mib(shown["total_mib"]) == math.ceil(exact.total_mib)
 
 
-def test_refusal_and_estimate_agree_on_one_figure_and_the_breakdown_appears_once(  # type: ignore[no-untyped-def]
+def test_refusal_and_estimate_agree_on_one_figure_and_the_breakdown_appears_once(
     client, funded, purchase, image
 ):
     client.force_login(funded.user)
@@ -225,7 +225,7 @@ def test_refusal_and_estimate_agree_on_one_figure_and_the_breakdown_appears_once
     assert not html.has("refusal-terms")
 
 
-def test_fit_page_figures_agree_and_terms_add_up(client):  # type: ignore[no-untyped-def]
+def test_fit_page_figures_agree_and_terms_add_up(client):
     html = page(client.get("/fit/", {**BIG, "tier_mib": 8192}))
     terms, total = term_values(html, "fit")
     assert sum(terms) == total
@@ -239,7 +239,7 @@ def test_fit_page_figures_agree_and_terms_add_up(client):  # type: ignore[no-unt
 # --- the smallest tier that fits, by name, with a link to buy it -----------------------------
 
 
-def test_fit_names_the_smallest_fitting_tier_with_a_buy_link(client):  # type: ignore[no-untyped-def]
+def test_fit_names_the_smallest_fitting_tier_with_a_buy_link(client):
     html = page(client.get("/fit/", {**BIG, "tier_mib": 8192}, **HX))
     assert html.text("fit-verdict") == "Does not fit the 8 GB tier"
     assert html.text("fit-smallest") == "24 GB"
@@ -248,7 +248,7 @@ def test_fit_names_the_smallest_fitting_tier_with_a_buy_link(client):  # type: i
     assert "MiB" not in html.text("fit-smallest")  # a tier, not a raw figure
 
 
-def test_refusal_names_the_smallest_tier_with_a_buy_link(client, funded, purchase, image):  # type: ignore[no-untyped-def]
+def test_refusal_names_the_smallest_tier_with_a_buy_link(client, funded, purchase, image):
     client.force_login(funded.user)
     html = page(client.post("/launch/", launch_data(purchase, image, **BIG)))
     advice = html.text("refusal-tier")
@@ -257,7 +257,7 @@ def test_refusal_names_the_smallest_tier_with_a_buy_link(client, funded, purchas
     assert html.text("estimate-smallest") == "24 GB"
 
 
-def test_live_estimate_on_launch_names_the_tier_and_links_to_buy_it(client, funded, purchase):  # type: ignore[no-untyped-def]
+def test_live_estimate_on_launch_names_the_tier_and_links_to_buy_it(client, funded, purchase):
     client.force_login(funded.user)
     html = estimate_partial(client, purchase)
     assert html.attr("estimate-panel", "data-fits") == "false"
@@ -266,14 +266,14 @@ def test_live_estimate_on_launch_names_the_tier_and_links_to_buy_it(client, fund
     assert html.attr("estimate-buy-smallest", "href") == f"/buy/?tier={tier(24).pk}"
 
 
-def test_buy_page_preselects_the_linked_tier(client, funded):  # type: ignore[no-untyped-def]
+def test_buy_page_preselects_the_linked_tier(client, funded):
     client.force_login(funded.user)
     body = client.get(f"/buy/?tier={tier(24).pk}").content.decode()
     select = re.search(r'<select name="tier".*?</select>', body, re.S).group(0)
     assert re.search(rf'value="{tier(24).pk}"[^>]*selected', select)
 
 
-def test_no_tier_holds_it_says_so(client):  # type: ignore[no-untyped-def]
+def test_no_tier_holds_it_says_so(client):
     html = page(
         client.get("/fit/", {**BIG, "model": "meta-llama/Llama-3.1-70B", "tier_mib": 24576})
     )
@@ -284,7 +284,7 @@ def test_no_tier_holds_it_says_so(client):  # type: ignore[no-untyped-def]
 # --- a cheaper tier that would also fit ------------------------------------------------------
 
 
-def test_fit_says_when_a_cheaper_tier_would_also_fit(client):  # type: ignore[no-untyped-def]
+def test_fit_says_when_a_cheaper_tier_would_also_fit(client):
     html = page(client.get("/fit/", {**SMALL, "tier_mib": 24576}))
     assert html.text("fit-verdict") == "Fits the 24 GB tier"
     cheaper = html.text("fit-cheaper")
@@ -297,7 +297,7 @@ def test_fit_says_when_a_cheaper_tier_would_also_fit(client):  # type: ignore[no
     assert not page(client.get("/fit/", {**BIG, "tier_mib": 8192})).has("fit-cheaper")
 
 
-def test_launch_says_when_a_cheaper_tier_than_the_purchase_would_fit(client, funded):  # type: ignore[no-untyped-def]
+def test_launch_says_when_a_cheaper_tier_than_the_purchase_would_fit(client, funded):
     big = services.purchase_create(membership=funded, tier=tier(24), hours=1)[0]
     client.force_login(funded.user)
     html = estimate_partial(client, big, **SMALL)
@@ -310,7 +310,7 @@ def test_launch_says_when_a_cheaper_tier_than_the_purchase_would_fit(client, fun
 # --- suggestions the form can apply ----------------------------------------------------------
 
 
-def test_each_fitting_suggestion_has_an_apply_button_and_applying_it_fits(client):  # type: ignore[no-untyped-def]
+def test_each_fitting_suggestion_has_an_apply_button_and_applying_it_fits(client):
     html = page(client.get("/fit/", {**BIG, "tier_mib": 8192}, **HX))
     buttons = html.with_class("apply-suggestion")
     items = re.findall(r"<li>(.*?)</li>", html.raw[html.raw.index('id="fit-suggestions"') :], re.S)
@@ -333,7 +333,7 @@ def test_each_fitting_suggestion_has_an_apply_button_and_applying_it_fits(client
         assert again.text("fit-verdict") == "Fits the 8 GB tier", values
 
 
-def test_live_estimate_suggestions_apply_to_the_launch_form(client, funded, purchase):  # type: ignore[no-untyped-def]
+def test_live_estimate_suggestions_apply_to_the_launch_form(client, funded, purchase):
     client.force_login(funded.user)
     html = estimate_partial(client, purchase)
     buttons = html.with_class("apply-suggestion")
@@ -343,7 +343,7 @@ def test_live_estimate_suggestions_apply_to_the_launch_form(client, funded, purc
     assert again.attr("estimate-panel", "data-fits") == "true"
 
 
-def test_training_suggestions_map_to_the_job_fields():  # type: ignore[no-untyped-def]
+def test_training_suggestions_map_to_the_job_fields():
     form = FitForm()
     assert json.loads(apply_values({"micro_batch": 1, "seq_len": 1024}, form)) == {
         "batch": "1",
@@ -356,7 +356,7 @@ def test_training_suggestions_map_to_the_job_fields():  # type: ignore[no-untype
     assert apply_values({"fused_attention": True}, form) is None  # no such field: no button
 
 
-def test_training_suggestions_on_the_launch_form_apply_to_its_fields(client, funded, purchase):  # type: ignore[no-untyped-def]
+def test_training_suggestions_on_the_launch_form_apply_to_its_fields(client, funded, purchase):
     client.force_login(funded.user)
     job = {**BIG, "model": "Qwen/Qwen2.5-1.5B", "workload": "training", "method": "full"}
     html = estimate_partial(client, purchase, **job)
@@ -371,7 +371,7 @@ def test_training_suggestions_on_the_launch_form_apply_to_its_fields(client, fun
 
 
 @pytest.fixture(params=["queued", "provisioning", "running"])
-def busy_slice(request, funded, purchase, image, django_capture_on_commit_callbacks):  # type: ignore[no-untyped-def]
+def busy_slice(request, funded, purchase, image, django_capture_on_commit_callbacks):
     """The tenant's only purchase held by a slice waiting in line, placed, or running."""
     if request.param == "queued":
         return queued_slice(funded, purchase, image)
@@ -390,9 +390,7 @@ def busy_slice(request, funded, purchase, image, django_capture_on_commit_callba
     return request.getfixturevalue("running")
 
 
-def test_launch_with_the_only_purchase_in_use_links_to_its_slice(  # type: ignore[no-untyped-def]
-    client, funded, busy_slice
-):
+def test_launch_with_the_only_purchase_in_use_links_to_its_slice(client, funded, busy_slice):
     slice, state = busy_slice, busy_slice.state
     client.force_login(funded.user)
     html = page(client.get("/launch/"))
@@ -405,7 +403,7 @@ def test_launch_with_the_only_purchase_in_use_links_to_its_slice(  # type: ignor
     assert "running a slice" in html.text("launch-blocked")
 
 
-def test_launch_without_any_purchase_or_image_is_disabled_with_reasons(client, funded):  # type: ignore[no-untyped-def]
+def test_launch_without_any_purchase_or_image_is_disabled_with_reasons(client, funded):
     client.force_login(funded.user)
     html = page(client.get("/launch/"))
     assert html.has("no-purchase") and not html.has("purchase-in-use")
@@ -414,7 +412,7 @@ def test_launch_without_any_purchase_or_image_is_disabled_with_reasons(client, f
     assert "No purchase with minutes left" in reason and "No image is on the allowlist" in reason
 
 
-def test_launch_button_is_enabled_when_a_purchase_and_an_image_are_there(  # type: ignore[no-untyped-def]
+def test_launch_button_is_enabled_when_a_purchase_and_an_image_are_there(
     client, funded, purchase, image
 ):
     client.force_login(funded.user)
@@ -423,7 +421,7 @@ def test_launch_button_is_enabled_when_a_purchase_and_an_image_are_there(  # typ
     assert not html.has("purchase-in-use") and not html.has("no-purchase")
 
 
-def test_a_second_free_purchase_means_no_busy_notice(client, funded, purchase, image):  # type: ignore[no-untyped-def]
+def test_a_second_free_purchase_means_no_busy_notice(client, funded, purchase, image):
     queued_slice(funded, purchase, image)
     services.purchase_create(membership=funded, tier=tier(4), hours=1)
     client.force_login(funded.user)
@@ -431,7 +429,7 @@ def test_a_second_free_purchase_means_no_busy_notice(client, funded, purchase, i
     assert not html.has("purchase-in-use") and html.attr("launch-submit", "disabled") is None
 
 
-def test_all_purchases_in_use_lists_each_slice(client, funded, purchase, image):  # type: ignore[no-untyped-def]
+def test_all_purchases_in_use_lists_each_slice(client, funded, purchase, image):
     first = queued_slice(funded, purchase, image)
     other = services.purchase_create(membership=funded, tier=tier(4), hours=1)[0]
     second = queued_slice(funded, other, image)
@@ -443,7 +441,7 @@ def test_all_purchases_in_use_lists_each_slice(client, funded, purchase, image):
     assert {f"/slices/{first.pk}/", f"/slices/{second.pk}/"} <= hrefs
 
 
-def test_a_viewer_sees_the_launch_button_disabled(client, funded, purchase, image):  # type: ignore[no-untyped-def]
+def test_a_viewer_sees_the_launch_button_disabled(client, funded, purchase, image):
     viewer = MembershipFactory(tenant=funded.tenant, role=Role.VIEWER)
     client.force_login(viewer.user)
     html = page(client.get("/launch/"))
@@ -454,7 +452,7 @@ def test_a_viewer_sees_the_launch_button_disabled(client, funded, purchase, imag
 # --- an invalid value: the error next to its field, and no verdict -----------------------------
 
 
-def test_fit_context_minus_five_errors_next_to_the_field_and_clears_the_verdict(client):  # type: ignore[no-untyped-def]
+def test_fit_context_minus_five_errors_next_to_the_field_and_clears_the_verdict(client):
     good = page(client.get("/fit/", {**BIG, "tier_mib": 24576}, **HX))
     assert good.has("fit-verdict")
     assert good.attr("id_context_tokens-error", "hidden") is not None  # the slot, empty
@@ -470,14 +468,14 @@ def test_fit_context_minus_five_errors_next_to_the_field_and_clears_the_verdict(
     assert "greater than or equal to 1" in label and 'id="fit-verdict"' not in full
 
 
-def test_fit_malformed_config_json_errors_next_to_that_field(client):  # type: ignore[no-untyped-def]
+def test_fit_malformed_config_json_errors_next_to_that_field(client):
     bad = page(client.get("/fit/", {**BIG, "config_json": "{broken"}, **HX))
     assert not bad.has("fit-verdict")
     assert bad.text("id_config_json-error"), "the JSON error sits by the config field"
     assert bad.attr("id_model-error", "hidden") is not None
 
 
-def test_fit_estimator_refusal_lands_on_the_field_it_names(client):  # type: ignore[no-untyped-def]
+def test_fit_estimator_refusal_lands_on_the_field_it_names(client):
     job = {**BIG, "workload": "training", "method": "lora", "weights_dtype": "nf4"}
     bad = page(client.get("/fit/", job, **HX))
     assert not bad.has("fit-verdict")
@@ -489,7 +487,7 @@ def test_fit_estimator_refusal_lands_on_the_field_it_names(client):  # type: ign
     assert error_field(form, "cuda_context_mib") is None
 
 
-def test_launch_live_estimate_with_an_invalid_value_shows_the_error_and_no_verdict(  # type: ignore[no-untyped-def]
+def test_launch_live_estimate_with_an_invalid_value_shows_the_error_and_no_verdict(
     client, funded, purchase
 ):
     client.force_login(funded.user)
@@ -502,7 +500,7 @@ def test_launch_live_estimate_with_an_invalid_value_shows_the_error_and_no_verdi
     assert good.attr("id_context_tokens-error", "hidden") is not None
 
 
-def test_launch_post_with_a_bad_value_shows_it_by_the_field_and_no_verdict(  # type: ignore[no-untyped-def]
+def test_launch_post_with_a_bad_value_shows_it_by_the_field_and_no_verdict(
     client, funded, purchase, image
 ):
     client.force_login(funded.user)
@@ -531,7 +529,7 @@ def unlabelled(html: Html) -> list[str]:
     return missing
 
 
-def test_every_field_on_fit_and_launch_has_a_label(client, funded, purchase, image):  # type: ignore[no-untyped-def]
+def test_every_field_on_fit_and_launch_has_a_label(client, funded, purchase, image):
     assert unlabelled(page(client.get("/fit/"))) == []
     client.force_login(funded.user)
     assert unlabelled(page(client.get("/launch/"))) == []
@@ -540,7 +538,7 @@ def test_every_field_on_fit_and_launch_has_a_label(client, funded, purchase, ima
         assert "".join(label["text"]).strip(), label
 
 
-def test_launch_model_request_keeps_its_shape_when_the_new_fields_are_left_alone(  # type: ignore[no-untyped-def]
+def test_launch_model_request_keeps_its_shape_when_the_new_fields_are_left_alone(
     client, funded, purchase, image
 ):
     client.force_login(funded.user)

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def b_objects(owner_b, ops_user):  # type: ignore[no-untyped-def]
+def b_objects(owner_b, ops_user):
     token, _ = services.api_token_create(user=owner_b.user, name="b-token")
     member = MembershipFactory(tenant=owner_b.tenant, role=Role.MEMBER)
     invitation = services.invitation_create(
@@ -165,7 +165,7 @@ OPS_ONLY_PREFIXES = (
 )
 
 
-def _snapshot(objs):  # type: ignore[no-untyped-def]
+def _snapshot(objs):
     return (
         ApiToken.objects.get(pk=objs["token"].pk).revoked_at,
         Invitation.objects.get(pk=objs["invitation"].pk).revoked_at,
@@ -186,9 +186,7 @@ def _snapshot(objs):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize(("method", "url", "key"), PAGE_ROUTES)
-def test_pages_answer_404_for_other_tenants_objects(  # type: ignore[no-untyped-def]
-    client, owner_a, b_objects, method, url, key
-):
+def test_pages_answer_404_for_other_tenants_objects(client, owner_a, b_objects, method, url, key):
     client.force_login(owner_a.user)
     before = _snapshot(b_objects)
     data = {"role": "viewer"} if "role" in url else {"confirm": "yes"} if "remove" in url else {}
@@ -200,9 +198,7 @@ def test_pages_answer_404_for_other_tenants_objects(  # type: ignore[no-untyped-
 
 
 @pytest.mark.parametrize(("method", "url", "key"), API_ROUTES)
-def test_api_answers_404_for_other_tenants_objects(  # type: ignore[no-untyped-def]
-    api_a, b_objects, method, url, key
-):
+def test_api_answers_404_for_other_tenants_objects(api_a, b_objects, method, url, key):
     before = _snapshot(b_objects)
     response = getattr(api_a, method)(url.format(pk=b_objects[key].pk))
     assert response.status_code == 404
@@ -210,7 +206,7 @@ def test_api_answers_404_for_other_tenants_objects(  # type: ignore[no-untyped-d
     assert _snapshot(b_objects) == before
 
 
-def test_lists_never_show_other_tenants_rows(client, api_a, owner_a, b_objects):  # type: ignore[no-untyped-def]
+def test_lists_never_show_other_tenants_rows(client, api_a, owner_a, b_objects):
     for url in ("/api/v1/tokens/", "/api/v1/members/", "/api/v1/ssh-keys/"):
         body = api_a.get(url).content.decode()
         assert "beta.test" not in body and "b-token" not in body and "b-key" not in body
@@ -225,7 +221,7 @@ def test_lists_never_show_other_tenants_rows(client, api_a, owner_a, b_objects):
     assert b_objects["ssh_key"].fingerprint not in page
 
 
-def _routes(resolver=None, prefix="", ns=""):  # type: ignore[no-untyped-def]
+def _routes(resolver=None, prefix="", ns=""):
     resolver = resolver or get_resolver()
     for entry in resolver.url_patterns:
         if isinstance(entry, URLResolver):
@@ -238,7 +234,7 @@ def _routes(resolver=None, prefix="", ns=""):  # type: ignore[no-untyped-def]
             yield full, prefix + str(entry.pattern)
 
 
-def test_every_route_with_an_object_id_has_an_isolation_check():  # type: ignore[no-untyped-def]
+def test_every_route_with_an_object_id_has_an_isolation_check():
     covered = {u.split("{pk}")[0] for _, u, _ in PAGE_ROUTES + API_ROUTES}
     missing = []
     for name, pattern in _routes():
@@ -253,7 +249,7 @@ def test_every_route_with_an_object_id_has_an_isolation_check():  # type: ignore
     assert not missing, f"routes with an id but no isolation test: {missing}"
 
 
-def test_ops_routes_refuse_tenant_members(client, api_a, owner_a):  # type: ignore[no-untyped-def]
+def test_ops_routes_refuse_tenant_members(client, api_a, owner_a):
     client.force_login(owner_a.user)
     checked = 0
     for name, pattern in _routes():

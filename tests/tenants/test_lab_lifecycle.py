@@ -26,7 +26,7 @@ from tests.worker_harness import wait_for
 pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 
 
-def read_limits(node, container_id: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
+def read_limits(node, container_id: str) -> dict[str, str]:
     """What the container's own processes see of their limits (cgroup v1 or v2)."""
     script = (
         "for f in /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/memory.max "
@@ -46,7 +46,7 @@ def read_limits(node, container_id: str) -> dict[str, str]:  # type: ignore[no-u
 
 def test_launch_runs_a_real_container_with_the_tiers_limits_and_stop_releases_it(
     eager, lab_fleet, owner_a, funded, lab_image
-):  # type: ignore[no-untyped-def]
+):
     fleet = lab_fleet()
     node = fleet.nodes[0]
     purchase = funded(owner_a, vram_gb=8, hours=2)
@@ -121,7 +121,7 @@ def test_launch_runs_a_real_container_with_the_tiers_limits_and_stop_releases_it
 
 def test_a_container_killed_by_hand_fails_its_slice_with_the_real_exit_code(
     eager, lab_fleet, owner_a, funded, lab_image
-):  # type: ignore[no-untyped-def]
+):
     fleet = lab_fleet()
     node = fleet.nodes[0]
     s = launch(owner_a, funded(owner_a, vram_gb=4), lab_image, environment={"WORKLOAD_MB": "1000"})
@@ -140,7 +140,7 @@ def test_a_container_killed_by_hand_fails_its_slice_with_the_real_exit_code(
 
 def test_a_workload_past_its_host_ram_is_oom_killed_by_the_kernel_and_reported_so(
     eager, lab_fleet, owner_a, funded, lab_image
-):  # type: ignore[no-untyped-def]
+):
     lab_fleet()
     # a small host-RAM cap for this tier, so the kernel's OOM killer acts quickly
     Tier.objects.filter(vram_mb=4096).update(host_ram_mb=64)
@@ -160,7 +160,7 @@ def test_a_workload_past_its_host_ram_is_oom_killed_by_the_kernel_and_reported_s
 
 def test_a_labelled_container_with_no_slice_is_removed_and_recorded(
     eager, lab_fleet, owner_a, funded, lab_image
-):  # type: ignore[no-untyped-def]
+):
     fleet = lab_fleet()
     node = fleet.nodes[0]
     stray = node.docker(
@@ -182,7 +182,7 @@ def test_a_labelled_container_with_no_slice_is_removed_and_recorded(
 
 def test_dockerd_restarted_while_slices_run_fails_them_with_the_real_exit_reason(
     eager, lab_fleet, owner_a, funded, lab_image
-):  # type: ignore[no-untyped-def]
+):
     fleet = lab_fleet()
     node = fleet.nodes[0]
     slices = [
@@ -207,7 +207,7 @@ def test_dockerd_restarted_while_slices_run_fails_them_with_the_real_exit_reason
     assert again.state == Slice.State.RUNNING, again.state_reason
 
 
-def test_an_ordinary_stop_files_no_incident(eager, lab_fleet, owner_a, funded, lab_image):  # type: ignore[no-untyped-def]
+def test_an_ordinary_stop_files_no_incident(eager, lab_fleet, owner_a, funded, lab_image):
     """The false orphan: a sample taken while the slice ran, judged after it stopped."""
     fleet = lab_fleet()
     node_row = fleet.registered[0]
@@ -225,7 +225,7 @@ def test_an_ordinary_stop_files_no_incident(eager, lab_fleet, owner_a, funded, l
 
 def test_the_launch_of_an_image_the_node_does_not_have_fails_and_says_why(
     eager, lab_fleet, owner_a, funded, image_ssh
-):  # type: ignore[no-untyped-def]
+):
     lab_fleet()
     purchase = funded(owner_a, vram_gb=4)
     s = launch(owner_a, purchase, image_ssh, model_request=SMALL_MODEL)
@@ -244,7 +244,7 @@ def test_the_launch_of_an_image_the_node_does_not_have_fails_and_says_why(
 
 def test_a_stop_the_node_cannot_confirm_finishes_without_it_and_the_container_goes_later(
     eager, lab_fleet, owner_a, funded, lab_image, settings
-):  # type: ignore[no-untyped-def]
+):
     settings.NODES_SSH_CONNECT_TIMEOUT = 2
     fleet = lab_fleet()
     node = fleet.nodes[0]

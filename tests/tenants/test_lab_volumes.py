@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 RECORD = ["sh", "-c", "echo run >> /data/work/runs && exec gpu-workload"]
 
 
-def on_node(node, volume: Volume, *argv: str) -> str:  # type: ignore[no-untyped-def]
+def on_node(node, volume: Volume, *argv: str) -> str:
     """Read the volume on the node with a throwaway container of the lab's image."""
     out = node.docker(
         "run", "--rm", "--network", "none",
@@ -32,7 +32,7 @@ def on_node(node, volume: Volume, *argv: str) -> str:  # type: ignore[no-untyped
 
 def test_a_volume_keeps_what_a_slice_wrote_across_stop_and_resume(
     eager, lab_fleet, funded, owner_a, owner_b
-):  # type: ignore[no-untyped-def]
+):
     fleet = lab_fleet()
     node = fleet.lab.nodes[0]
     image = Image.objects.create(name="Lab", reference=IMAGE, connect=Image.Connect.SERVICE)

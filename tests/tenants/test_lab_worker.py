@@ -25,7 +25,7 @@ from tests.worker_harness import wait_for
 pytestmark = [pytest.mark.lab, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 
-def labelled(node, owner_key: str) -> list:  # type: ignore[no-untyped-def]
+def labelled(node, owner_key: str) -> list:
     """The lab node's containers carrying this owner's label, running or not."""
     out = []
     for cid in node.container_ids():
@@ -38,7 +38,7 @@ def labelled(node, owner_key: str) -> list:  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("moment", ["dockerd hangs", "container starting"])
 def test_worker_killed_mid_provision_leaves_one_container_or_none_after_reconcile(
     moment, lab_fleet, workers, owner_a, funded, lab_image, settings
-):  # type: ignore[no-untyped-def]
+):
     settings.SLICES_PROVISION_TIMEOUT_S = 2
     fleet = lab_fleet()
     node = fleet.nodes[0]
@@ -96,7 +96,7 @@ def test_worker_killed_mid_provision_leaves_one_container_or_none_after_reconcil
     assert_counters_exact()
 
 
-def test_a_node_whose_sshd_stops_is_unreachable_then_recovers(eager, lab_fleet, settings):  # type: ignore[no-untyped-def]
+def test_a_node_whose_sshd_stops_is_unreachable_then_recovers(eager, lab_fleet, settings):
     settings.NODES_SSH_CONNECT_TIMEOUT = 2
     fleet = lab_fleet()
     lab, node = fleet.nodes[0], fleet.registered[0]
@@ -121,7 +121,7 @@ def test_a_node_whose_sshd_stops_is_unreachable_then_recovers(eager, lab_fleet, 
     assert Incident.objects.get(rule="node_unreachable").status == Incident.Status.RESOLVED
 
 
-def test_a_changed_host_key_is_refused_at_once_and_nothing_is_sent(eager, lab_fleet):  # type: ignore[no-untyped-def]
+def test_a_changed_host_key_is_refused_at_once_and_nothing_is_sent(eager, lab_fleet):
     fleet = lab_fleet()
     lab, node = fleet.nodes[0], fleet.registered[0]
     node_services.nodes_sample(node_ids=[node.pk])

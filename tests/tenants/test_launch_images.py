@@ -60,7 +60,7 @@ def test_a_node_holds_a_reference_by_tag_or_digest(reference: str, held: bool) -
 
 
 @pytest.fixture
-def held_and_missing(db):  # type: ignore[no-untyped-def]
+def held_and_missing(db):
     held = Image.objects.create(name="held", reference="acme/held:1", ports=[22], connect="ssh")
     missing = Image.objects.create(
         name="missing", reference="acme/missing:2", ports=[22], connect="ssh"
@@ -71,7 +71,7 @@ def held_and_missing(db):  # type: ignore[no-untyped-def]
 @pytest.mark.django_db(transaction=True)
 def test_reconcile_records_the_images_and_the_launch_page_warns_of_a_pull(
     worker_fleet, owner_a, funded, held_and_missing, client, api_a, settings
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet()
     row = fleet.registered[0]
     assert Node.objects.get(pk=row.pk).images_read_at is not None  # read at the preflight
@@ -132,7 +132,7 @@ def _fits(model: str, tier_mib: int) -> bool:
 @pytest.mark.django_db
 def test_the_launch_page_preselects_a_model_that_fits_the_only_purchase(
     owner_a, funded, image_ssh, client
-):  # type: ignore[no-untyped-def]
+):
     funded(owner_a, vram_gb=4)
     client.force_login(owner_a.user)
     page = client.get("/launch/").content.decode()
@@ -146,7 +146,7 @@ def test_the_launch_page_preselects_a_model_that_fits_the_only_purchase(
 @pytest.mark.django_db
 def test_the_largest_purchase_and_a_model_for_it_are_preselected(
     owner_a, funded, image_ssh, client
-):  # type: ignore[no-untyped-def]
+):
     small = funded(owner_a, vram_gb=4)
     large = funded(owner_a, vram_gb=12)
     client.force_login(owner_a.user)
@@ -162,7 +162,7 @@ def test_the_largest_purchase_and_a_model_for_it_are_preselected(
 @pytest.mark.django_db
 def test_the_default_model_stays_where_it_fits_or_with_no_purchase(
     owner_a, funded, image_ssh, client
-):  # type: ignore[no-untyped-def]
+):
     client.force_login(owner_a.user)
     assert _selected_model(client.get("/launch/").content.decode()) == DEFAULT_MODEL
     funded(owner_a, vram_gb=24)

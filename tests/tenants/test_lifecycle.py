@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_launch_runs_container_with_quota_and_stop_releases_everything(
     eager, worker_fleet, owner_a, funded, image_ssh
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet()
     purchase = funded(owner_a, vram_gb=8, hours=2)
     slice = launch(owner_a, purchase, image_ssh, environment={"HF_HOME": "/data/hf"})
@@ -58,7 +58,7 @@ def test_launch_runs_container_with_quota_and_stop_releases_everything(
     assert UsageRecord.objects.filter(slice=slice).count() == 1
 
 
-def test_launch_refused_when_estimate_exceeds_tier(eager, worker_fleet, owner_a, funded, image_ssh):  # type: ignore[no-untyped-def]
+def test_launch_refused_when_estimate_exceeds_tier(eager, worker_fleet, owner_a, funded, image_ssh):
     worker_fleet()
     purchase = funded(owner_a, vram_gb=4)
     with pytest.raises(services.ServiceRefusal) as caught:
@@ -82,7 +82,7 @@ def test_launch_refused_when_estimate_exceeds_tier(eager, worker_fleet, owner_a,
 
 def test_queue_is_fifo_per_tier_and_places_when_capacity_frees(
     eager, worker_fleet, owner_a, owner_b, funded, image_ssh
-):  # type: ignore[no-untyped-def]
+):
     worker_fleet()  # one 24 GB card
     first = launch(owner_a, funded(owner_a, vram_gb=24), image_ssh)
     assert first.state == Slice.State.RUNNING
@@ -104,7 +104,7 @@ def test_queue_is_fifo_per_tier_and_places_when_capacity_frees(
     assert waiting_b.state == Slice.State.RUNNING and waiting_a.state == Slice.State.RUNNING
 
 
-def test_cancel_a_queued_slice(eager, worker_fleet, owner_a, owner_b, funded, image_ssh):  # type: ignore[no-untyped-def]
+def test_cancel_a_queued_slice(eager, worker_fleet, owner_a, owner_b, funded, image_ssh):
     worker_fleet()
     launch(owner_b, funded(owner_b, vram_gb=24), image_ssh)
     queued = launch(owner_a, funded(owner_a, vram_gb=8), image_ssh)
@@ -114,7 +114,7 @@ def test_cancel_a_queued_slice(eager, worker_fleet, owner_a, owner_b, funded, im
     assert queued.state == Slice.State.STOPPED and queued.allocation is None
 
 
-def test_metering_warns_then_stops_at_zero(eager, worker_fleet, owner_a, funded, image_ssh):  # type: ignore[no-untyped-def]
+def test_metering_warns_then_stops_at_zero(eager, worker_fleet, owner_a, funded, image_ssh):
     worker_fleet()
     purchase = funded(owner_a, vram_gb=8, hours=1)
     slice = launch(owner_a, purchase, image_ssh)
@@ -142,7 +142,7 @@ def test_metering_warns_then_stops_at_zero(eager, worker_fleet, owner_a, funded,
 
 def test_container_that_dies_is_failed_by_reconcile_with_its_exit_reason(
     eager, worker_fleet, owner_a, funded, image_ssh
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet()
     slice = launch(owner_a, funded(owner_a), image_ssh)
     fleet.nodes[0].kill_container(slice.container_id, oom_killed=True)
@@ -158,7 +158,7 @@ def test_container_that_dies_is_failed_by_reconcile_with_its_exit_reason(
 
 def test_labelled_container_without_a_slice_is_removed_and_recorded(
     eager, worker_fleet, owner_a, funded, image_ssh
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet()
     emu = fleet.nodes[0]
     result = emu.execute(
@@ -175,7 +175,7 @@ def test_labelled_container_without_a_slice_is_removed_and_recorded(
 
 def test_stuck_provisioning_is_retried_then_failed_and_released(
     eager, worker_fleet, owner_a, funded, image_ssh, settings
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet()
     fleet.nodes[0].set_images([])  # every docker run fails: image not found
     slice = launch(owner_a, funded(owner_a), image_ssh)
@@ -194,7 +194,7 @@ def test_stuck_provisioning_is_retried_then_failed_and_released(
 
 def test_worker_lost_mid_provision_is_adopted_or_retried_by_reconcile(
     worker_fleet, owner_a, funded, image_ssh, monkeypatch
-):  # type: ignore[no-untyped-def]
+):
     """The provisioning task's worker died: one attempt started the container and was
     lost before recording it. Reconcile, after the timeout, adopts that container
     instead of starting a second one."""
@@ -220,7 +220,7 @@ def test_worker_lost_mid_provision_is_adopted_or_retried_by_reconcile(
 
 def test_provisioning_never_started_is_retried_by_reconcile(
     eager, worker_fleet, owner_a, funded, image_ssh, monkeypatch
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet()
     lost = []
     with monkeypatch.context() as m:
@@ -239,7 +239,7 @@ def test_provisioning_never_started_is_retried_by_reconcile(
 
 def test_mig_device_is_used_exactly_and_ledger_balances(
     eager, worker_fleet, owner_a, funded, image_ssh
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet([NodeSpec("mig-a", (GpuSpec("NVIDIA A30", mig=("2g.12gb",)),), None)])
     slice = launch(owner_a, funded(owner_a, vram_gb=8), image_ssh)
     assert slice.state == Slice.State.RUNNING, slice.state_reason
@@ -254,7 +254,7 @@ def test_mig_device_is_used_exactly_and_ledger_balances(
 
 def test_hostile_environment_and_command_reach_the_node_as_single_arguments(
     eager, worker_fleet, owner_a, funded, image_ssh
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet()
     emu = fleet.nodes[0]
     emu.clear_audit()
@@ -292,7 +292,7 @@ def test_hostile_environment_and_command_reach_the_node_as_single_arguments(
 )
 def test_bad_launch_input_is_refused_with_nothing_reserved_or_charged(
     worker_fleet, owner_a, funded, image_ssh, field, kwargs
-):  # type: ignore[no-untyped-def]
+):
     worker_fleet()
     purchase = funded(owner_a)
     kwargs.setdefault("ssh_public_key", SSH_KEY)
@@ -312,7 +312,7 @@ def test_bad_launch_input_is_refused_with_nothing_reserved_or_charged(
 
 def test_every_lifecycle_task_is_harmless_when_run_twice(
     eager, worker_fleet, owner_a, funded, image_ssh
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet()
     slice = launch(owner_a, funded(owner_a), image_ssh)
     assert services.slice_provision(slice_id=slice.pk) == Slice.State.RUNNING  # again
@@ -329,7 +329,7 @@ def test_every_lifecycle_task_is_harmless_when_run_twice(
 
 def test_a_stopped_slice_keeps_why_it_stopped_and_the_tenant_is_told_of_a_stop_by_ops(
     eager, worker_fleet, owner_a, funded, image_ssh, ops_user, mailoutbox
-):  # type: ignore[no-untyped-def]
+):
     worker_fleet()
     by_ops = launch(owner_a, funded(owner_a), image_ssh)
     mailoutbox.clear()
@@ -351,7 +351,7 @@ def test_a_stopped_slice_keeps_why_it_stopped_and_the_tenant_is_told_of_a_stop_b
 
 def test_the_low_time_warning_names_the_slice_and_the_purchase(
     eager, worker_fleet, owner_a, funded, image_ssh, mailoutbox
-):  # type: ignore[no-untyped-def]
+):
     worker_fleet()
     purchase = funded(owner_a, hours=1)
     s = launch(owner_a, purchase, image_ssh)

@@ -46,17 +46,17 @@ def tier(gb: int = 4) -> Tier:
     return Tier.objects.get(vram_mb=gb * 1024)
 
 
-def grant(membership, ops_user, amount: str = "100.00") -> None:  # type: ignore[no-untyped-def]
+def grant(membership, ops_user, amount: str = "100.00") -> None:
     services.credit_grant(tenant=membership.tenant, amount=amount, actor=ops_user, memo="test")
 
 
-def buy(membership, ops_user, *, gb: int = 4, hours: int = 2) -> Purchase:  # type: ignore[no-untyped-def]
+def buy(membership, ops_user, *, gb: int = 4, hours: int = 2) -> Purchase:
     grant(membership, ops_user)
     purchase, _ = services.purchase_create(membership=membership, tier=tier(gb), hours=hours)
     return purchase
 
 
-def launch(membership, purchase, image, **kwargs) -> Slice:  # type: ignore[no-untyped-def]
+def launch(membership, purchase, image, **kwargs) -> Slice:
     slice, _ = services.slice_launch(
         membership=membership,
         purchase=purchase,
@@ -70,7 +70,7 @@ def launch(membership, purchase, image, **kwargs) -> Slice:  # type: ignore[no-u
 _DROP = object()  # a key body() leaves out
 
 
-def body(purchase, image, /, **changes):  # type: ignore[no-untyped-def]
+def body(purchase, image, /, **changes):
     data = {
         "purchase": purchase.pk,
         "image": image.pk,
@@ -82,13 +82,13 @@ def body(purchase, image, /, **changes):  # type: ignore[no-untyped-def]
     return {k: v for k, v in data.items() if v is not _DROP}
 
 
-def balance(membership) -> Decimal:  # type: ignore[no-untyped-def]
+def balance(membership) -> Decimal:
     membership.tenant.refresh_from_db()
     return membership.tenant.credit_balance
 
 
 @pytest.fixture
-def image(ops_user):  # type: ignore[no-untyped-def]
+def image(ops_user):
     return services.image_create(
         actor=ops_user,
         name="vllm",
@@ -101,27 +101,27 @@ def image(ops_user):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def ssh_image(ops_user):  # type: ignore[no-untyped-def]
+def ssh_image(ops_user):
     return services.image_create(
         actor=ops_user, name="cuda", reference="nvidia/cuda:12.4.1-base-ubuntu22.04"
     )
 
 
 @pytest.fixture
-def retired_image(ops_user):  # type: ignore[no-untyped-def]
+def retired_image(ops_user):
     img = services.image_create(actor=ops_user, name="old", reference="old/image:1", ports=[22])
     return services.image_update(actor=ops_user, image=img, is_active=False)
 
 
 @pytest.fixture
-def node(db):  # type: ignore[no-untyped-def]
+def node(db):
     return Node.objects.create(
         gate_status="passed", name="gpu-a", address="10.0.0.5", port=22, status=Node.Status.ACTIVE
     )
 
 
 @pytest.fixture
-def gpu(node):  # type: ignore[no-untyped-def]
+def gpu(node):
     """An 80 GB GPU with room: a valid launch reserves VRAM on it."""
     return Gpu.objects.create(
         node=node, uuid="GPU-aaaa", index=0, model="NVIDIA H100 80GB HBM3", vram_total_mb=81559
@@ -129,16 +129,16 @@ def gpu(node):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def purchase_a(owner_a, ops_user):  # type: ignore[no-untyped-def]
+def purchase_a(owner_a, ops_user):
     return buy(owner_a, ops_user)
 
 
 @pytest.fixture
-def viewer_a(owner_a):  # type: ignore[no-untyped-def]
+def viewer_a(owner_a):
     return MembershipFactory(tenant=owner_a.tenant, role=Role.VIEWER)
 
 
-def snapshot(membership, purchase=None):  # type: ignore[no-untyped-def]
+def snapshot(membership, purchase=None):
     """What a refused request must not change: money, minutes, reservations, purchases."""
     minutes = None
     if purchase is not None:
@@ -169,13 +169,13 @@ LIST_URLS = [
 
 
 @pytest.mark.parametrize("url", LIST_URLS)
-def test_anonymous_gets_401(anon_api, url):  # type: ignore[no-untyped-def]
+def test_anonymous_gets_401(anon_api, url):
     response = anon_api.get(url)
     assert response.status_code == 401
     assert response.json()["code"] == "not_authenticated"
 
 
-def test_anonymous_cannot_buy_or_launch(anon_api, purchase_a, image, owner_a):  # type: ignore[no-untyped-def]
+def test_anonymous_cannot_buy_or_launch(anon_api, purchase_a, image, owner_a):
     before = snapshot(owner_a, purchase_a)
     assert anon_api.post("/api/v1/purchases/", {"tier": tier().pk, "hours": 1}).status_code == 401
     assert anon_api.post("/api/v1/slices/", body(purchase_a, image)).status_code == 401
@@ -183,9 +183,7 @@ def test_anonymous_cannot_buy_or_launch(anon_api, purchase_a, image, owner_a):  
     assert not Slice.objects.exists()
 
 
-def test_other_tenant_gets_404_on_retrieve_stop_and_vram(  # type: ignore[no-untyped-def]
-    api_b, owner_a, purchase_a, image
-):
+def test_other_tenant_gets_404_on_retrieve_stop_and_vram(api_b, owner_a, purchase_a, image):
     slice = launch(owner_a, purchase_a, image)
     entry = LedgerEntry.objects.filter(tenant=owner_a.tenant).first()
     for url in (
@@ -205,7 +203,7 @@ def test_other_tenant_gets_404_on_retrieve_stop_and_vram(  # type: ignore[no-unt
         assert api_b.get(url).json()["count"] == 0, url
 
 
-def test_tenant_cannot_refund_even_its_own_purchase_and_other_tenant_learns_nothing(  # type: ignore[no-untyped-def]
+def test_tenant_cannot_refund_even_its_own_purchase_and_other_tenant_learns_nothing(
     api_a, api_b, owner_a, purchase_a
 ):
     before = snapshot(owner_a, purchase_a)
@@ -217,7 +215,7 @@ def test_tenant_cannot_refund_even_its_own_purchase_and_other_tenant_learns_noth
     assert snapshot(owner_a, purchase_a) == before
 
 
-def test_viewer_can_read_but_not_buy_launch_or_stop(  # type: ignore[no-untyped-def]
+def test_viewer_can_read_but_not_buy_launch_or_stop(
     token_client, viewer_a, owner_a, ops_user, purchase_a, image
 ):
     slice = launch(owner_a, purchase_a, image)
@@ -238,7 +236,7 @@ def test_viewer_can_read_but_not_buy_launch_or_stop(  # type: ignore[no-untyped-
     assert Slice.objects.count() == 1
 
 
-def test_a_user_without_tenant_is_refused(db):  # type: ignore[no-untyped-def]
+def test_a_user_without_tenant_is_refused(db):
     api = APIClient()  # no tenant, no token: a signed-in browser session
     api.force_login(UserFactory(email="loner@example.com"))
     assert api.get("/api/v1/slices/").status_code == 403
@@ -249,7 +247,7 @@ def test_a_user_without_tenant_is_refused(db):  # type: ignore[no-untyped-def]
 # --- purchases ------------------------------------------------------------------------------------
 
 
-def test_buy_debits_credit_and_answers_with_money_as_strings(api_a, owner_a, ops_user):  # type: ignore[no-untyped-def]
+def test_buy_debits_credit_and_answers_with_money_as_strings(api_a, owner_a, ops_user):
     grant(owner_a, ops_user, "10.00")
     response = api_a.post("/api/v1/purchases/", {"tier": tier(8).pk, "hours": 3})
     assert response.status_code == 201, response.content
@@ -265,7 +263,7 @@ def test_buy_debits_credit_and_answers_with_money_as_strings(api_a, owner_a, ops
     assert api_a.get(f"/api/v1/purchases/{data['id']}/").json() == data
 
 
-def test_idempotent_purchase_charges_once(api_a, owner_a, ops_user):  # type: ignore[no-untyped-def]
+def test_idempotent_purchase_charges_once(api_a, owner_a, ops_user):
     grant(owner_a, ops_user, "10.00")
     payload = {"tier": tier().pk, "hours": 2}
     first = api_a.post("/api/v1/purchases/", payload, HTTP_IDEMPOTENCY_KEY="buy-7f3a")
@@ -289,7 +287,7 @@ def test_idempotent_purchase_charges_once(api_a, owner_a, ops_user):  # type: ig
     assert Purchase.objects.filter(tenant=owner_a.tenant).count() == 2
 
 
-def test_idempotency_keys_are_per_tenant(api_a, api_b, owner_a, owner_b, ops_user):  # type: ignore[no-untyped-def]
+def test_idempotency_keys_are_per_tenant(api_a, api_b, owner_a, owner_b, ops_user):
     grant(owner_a, ops_user)
     grant(owner_b, ops_user)
     payload = {"tier": tier().pk, "hours": 1}
@@ -299,7 +297,7 @@ def test_idempotency_keys_are_per_tenant(api_a, api_b, owner_a, owner_b, ops_use
     assert a.json()["id"] != b.json()["id"]
 
 
-def test_insufficient_credit_is_409_and_changes_nothing(api_a, owner_a, ops_user):  # type: ignore[no-untyped-def]
+def test_insufficient_credit_is_409_and_changes_nothing(api_a, owner_a, ops_user):
     grant(owner_a, ops_user, "1.00")
     before = snapshot(owner_a)
     response = api_a.post("/api/v1/purchases/", {"tier": tier(24).pk, "hours": 2})
@@ -324,7 +322,7 @@ def test_insufficient_credit_is_409_and_changes_nothing(api_a, owner_a, ops_user
         ({"tier": "TIER", "hours": 1, "price_paid": "0.00"}, "price_paid"),
     ],
 )
-def test_bad_purchase_is_400_naming_the_field(api_a, owner_a, ops_user, payload, field):  # type: ignore[no-untyped-def]
+def test_bad_purchase_is_400_naming_the_field(api_a, owner_a, ops_user, payload, field):
     grant(owner_a, ops_user)
     values = {"TIER": tier().pk, "TIER+0.5": tier().pk + 0.5}
     payload = {k: values.get(v, v) if isinstance(v, str) else v for k, v in payload.items()}
@@ -335,7 +333,7 @@ def test_bad_purchase_is_400_naming_the_field(api_a, owner_a, ops_user, payload,
     assert snapshot(owner_a) == before
 
 
-def test_tier_off_sale_cannot_be_bought(api_a, owner_a, ops_user):  # type: ignore[no-untyped-def]
+def test_tier_off_sale_cannot_be_bought(api_a, owner_a, ops_user):
     grant(owner_a, ops_user)
     Tier.objects.filter(pk=tier().pk).update(is_active=False)
     before = snapshot(owner_a)
@@ -345,7 +343,7 @@ def test_tier_off_sale_cannot_be_bought(api_a, owner_a, ops_user):  # type: igno
     assert snapshot(owner_a) == before
 
 
-def test_bad_idempotency_key_is_400(api_a, owner_a, ops_user):  # type: ignore[no-untyped-def]
+def test_bad_idempotency_key_is_400(api_a, owner_a, ops_user):
     grant(owner_a, ops_user)
     response = api_a.post(
         "/api/v1/purchases/", {"tier": tier().pk, "hours": 1}, HTTP_IDEMPOTENCY_KEY="x" * 129
@@ -355,12 +353,12 @@ def test_bad_idempotency_key_is_400(api_a, owner_a, ops_user):  # type: ignore[n
     assert not Purchase.objects.exists()
 
 
-def test_purchase_filters(api_a, owner_a, ops_user):  # type: ignore[no-untyped-def]
+def test_purchase_filters(api_a, owner_a, ops_user):
     small = buy(owner_a, ops_user, gb=4)
     big = buy(owner_a, ops_user, gb=8)
     Purchase.objects.filter(pk=big.pk).update(minutes_left=0)
 
-    def ids(**query):  # type: ignore[no-untyped-def]
+    def ids(**query):
         return [r["id"] for r in api_a.get("/api/v1/purchases/", query).json()["results"]]
 
     assert ids(tier=tier(8).pk) == [big.pk]
@@ -372,9 +370,7 @@ def test_purchase_filters(api_a, owner_a, ops_user):  # type: ignore[no-untyped-
 # --- launching --------------------------------------------------------------------------------
 
 
-def test_launch_without_capacity_is_queued_with_its_position(  # type: ignore[no-untyped-def]
-    api_a, owner_a, purchase_a, image
-):
+def test_launch_without_capacity_is_queued_with_its_position(api_a, owner_a, purchase_a, image):
     response = api_a.post("/api/v1/slices/", body(purchase_a, image))
     assert response.status_code == 201, response.content
     data = response.json()
@@ -394,7 +390,7 @@ def test_launch_without_capacity_is_queued_with_its_position(  # type: ignore[no
     assert Purchase.objects.get(pk=purchase_a.pk).minutes_left == 120
 
 
-def test_launch_with_capacity_reserves_vram_and_is_provisioning(  # type: ignore[no-untyped-def]
+def test_launch_with_capacity_reserves_vram_and_is_provisioning(
     api_a, owner_a, purchase_a, image, gpu
 ):
     response = api_a.post("/api/v1/slices/", body(purchase_a, image))
@@ -409,7 +405,7 @@ def test_launch_with_capacity_reserves_vram_and_is_provisioning(  # type: ignore
     assert gpu.allocated_mb == 4096
 
 
-def test_idempotent_launch_reserves_once(api_a, owner_a, ops_user, purchase_a, image, gpu):  # type: ignore[no-untyped-def]
+def test_idempotent_launch_reserves_once(api_a, owner_a, ops_user, purchase_a, image, gpu):
     first = api_a.post("/api/v1/slices/", body(purchase_a, image), HTTP_IDEMPOTENCY_KEY="l-1")
     second = api_a.post("/api/v1/slices/", body(purchase_a, image), HTTP_IDEMPOTENCY_KEY="l-1")
     assert first.status_code == 201 and second.status_code == 200
@@ -423,7 +419,7 @@ def test_idempotent_launch_reserves_once(api_a, owner_a, ops_user, purchase_a, i
     assert Slice.objects.count() == 1 and Allocation.objects.count() == 1
 
 
-def test_second_launch_on_a_busy_purchase_is_409(api_a, owner_a, purchase_a, image):  # type: ignore[no-untyped-def]
+def test_second_launch_on_a_busy_purchase_is_409(api_a, owner_a, purchase_a, image):
     assert api_a.post("/api/v1/slices/", body(purchase_a, image)).status_code == 201
     response = api_a.post("/api/v1/slices/", body(purchase_a, image))
     assert response.status_code == 409
@@ -431,7 +427,7 @@ def test_second_launch_on_a_busy_purchase_is_409(api_a, owner_a, purchase_a, ima
     assert Slice.objects.count() == 1
 
 
-def test_launch_on_a_used_up_purchase_is_409(api_a, owner_a, purchase_a, image, gpu):  # type: ignore[no-untyped-def]
+def test_launch_on_a_used_up_purchase_is_409(api_a, owner_a, purchase_a, image, gpu):
     Purchase.objects.filter(pk=purchase_a.pk).update(minutes_left=0)
     response = api_a.post("/api/v1/slices/", body(purchase_a, image))
     assert response.status_code == 409
@@ -439,7 +435,7 @@ def test_launch_on_a_used_up_purchase_is_409(api_a, owner_a, purchase_a, image, 
     assert not Slice.objects.exists() and not Allocation.objects.exists()
 
 
-def test_ssh_image_needs_a_public_key(api_a, owner_a, purchase_a, ssh_image, gpu):  # type: ignore[no-untyped-def]
+def test_ssh_image_needs_a_public_key(api_a, owner_a, purchase_a, ssh_image, gpu):
     response = api_a.post("/api/v1/slices/", body(purchase_a, ssh_image))
     assert response.status_code == 400
     assert "ssh_public_key" in response.json()["fields"]
@@ -496,7 +492,7 @@ BAD_LAUNCHES = [
 @pytest.mark.parametrize(
     ("changes", "field"), [c[1:] for c in BAD_LAUNCHES], ids=[c[0] for c in BAD_LAUNCHES]
 )
-def test_bad_launch_is_4xx_naming_the_field_and_reserves_and_charges_nothing(  # type: ignore[no-untyped-def]
+def test_bad_launch_is_4xx_naming_the_field_and_reserves_and_charges_nothing(
     api_a, owner_a, owner_b, ops_user, purchase_a, image, retired_image, gpu, changes, field
 ):
     if changes.get("image") == "RETIRED":
@@ -516,7 +512,7 @@ def test_bad_launch_is_4xx_naming_the_field_and_reserves_and_charges_nothing(  #
     assert not Slice.objects.exists()
 
 
-def test_the_bad_launch_checks_can_fail(api_a, owner_a, purchase_a, image, gpu):  # type: ignore[no-untyped-def]
+def test_the_bad_launch_checks_can_fail(api_a, owner_a, purchase_a, image, gpu):
     """The same setup with a valid body does reserve: the assertions above bite."""
     before = snapshot(owner_a, purchase_a)
     assert api_a.post("/api/v1/slices/", body(purchase_a, image)).status_code == 201
@@ -535,7 +531,7 @@ RESERVED_COMMANDS = [
 
 
 @pytest.mark.parametrize(("command", "name"), RESERVED_COMMANDS, ids=lambda v: repr(v)[:50])
-def test_a_command_setting_or_unsetting_a_reserved_variable_is_a_400_naming_it(  # type: ignore[no-untyped-def]
+def test_a_command_setting_or_unsetting_a_reserved_variable_is_a_400_naming_it(
     api_a, owner_a, purchase_a, image, gpu, command, name
 ):
     before = snapshot(owner_a, purchase_a)
@@ -553,14 +549,14 @@ def test_a_command_setting_or_unsetting_a_reserved_variable_is_a_400_naming_it( 
     assert not Slice.objects.exists()
 
 
-def test_a_command_that_only_reads_a_reserved_variable_launches(api_a, purchase_a, image, gpu):  # type: ignore[no-untyped-def]
+def test_a_command_that_only_reads_a_reserved_variable_launches(api_a, purchase_a, image, gpu):
     command = ["sh", "-c", "echo $CUDA_VISIBLE_DEVICES; printenv LD_PRELOAD; exec python x.py"]
     response = api_a.post("/api/v1/slices/", body(purchase_a, image, command=command))
     assert response.status_code == 201, response.content
     assert Slice.objects.get().command == command
 
 
-def test_an_image_default_command_that_unsets_a_reserved_variable_is_refused(api_ops):  # type: ignore[no-untyped-def]
+def test_an_image_default_command_that_unsets_a_reserved_variable_is_refused(api_ops):
     # the default runs when a launch gives no command: the same check, on its own field
     payload = {"name": "x", "reference": "a/b:1", "default_command": ["env", "-u", "LD_PRELOAD"]}
     response = api_ops.post("/api/v1/ops/images/", payload, format="json")
@@ -570,7 +566,7 @@ def test_an_image_default_command_that_unsets_a_reserved_variable_is_refused(api
     assert not Image.objects.exists()
 
 
-def test_another_tenants_purchase_reads_like_a_missing_one(  # type: ignore[no-untyped-def]
+def test_another_tenants_purchase_reads_like_a_missing_one(
     api_a, owner_a, owner_b, ops_user, purchase_a, image
 ):
     theirs = buy(owner_b, ops_user)
@@ -582,7 +578,7 @@ def test_another_tenants_purchase_reads_like_a_missing_one(  # type: ignore[no-u
     assert snapshot(owner_b, theirs) == b_before
 
 
-def _post_padded(client, purchase, image, size: int):  # type: ignore[no-untyped-def]
+def _post_padded(client, purchase, image, size: int):
     """POST a valid launch padded (in one environment value) to `size` bytes."""
     payload = body(purchase, image, environment={"PAD": ""})
     payload["environment"]["PAD"] = "x" * (size - len(json.dumps(payload)))
@@ -591,7 +587,7 @@ def _post_padded(client, purchase, image, size: int):  # type: ignore[no-untyped
     return client.generic("POST", "/api/v1/slices/", data, content_type="application/json")
 
 
-def test_body_over_one_mib_is_400_parse_error_and_reserves_nothing(  # type: ignore[no-untyped-def]
+def test_body_over_one_mib_is_400_parse_error_and_reserves_nothing(
     api_a, owner_a, purchase_a, image, gpu
 ):
     before = snapshot(owner_a, purchase_a)
@@ -608,9 +604,7 @@ def test_body_over_one_mib_is_400_parse_error_and_reserves_nothing(  # type: ign
     assert under.status_code == 400 and "environment" in under.json()["fields"]
 
 
-def test_ten_mb_body_is_a_json_4xx_and_reserves_nothing(  # type: ignore[no-untyped-def]
-    api_a, owner_a, purchase_a, image, gpu
-):
+def test_ten_mb_body_is_a_json_4xx_and_reserves_nothing(api_a, owner_a, purchase_a, image, gpu):
     """The issue's 10 MB body. Above DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MB) Django raises
     RequestDataTooBig when DRF reads request.body, before BoundedJSONParser runs; the API's
     exception handler does not map it, so the client gets Django's HTML 400 page instead
@@ -624,7 +618,7 @@ def test_ten_mb_body_is_a_json_4xx_and_reserves_nothing(  # type: ignore[no-unty
     assert response.json()["code"] in ("parse_error", "request_too_large")
 
 
-def test_job_that_does_not_fit_is_422_with_breakdown_and_recorded_refused(  # type: ignore[no-untyped-def]
+def test_job_that_does_not_fit_is_422_with_breakdown_and_recorded_refused(
     api_a, owner_a, purchase_a, image, gpu
 ):
     before = snapshot(owner_a, purchase_a)
@@ -650,7 +644,7 @@ def test_job_that_does_not_fit_is_422_with_breakdown_and_recorded_refused(  # ty
     assert api_a.post("/api/v1/slices/", body(purchase_a, image)).status_code == 201
 
 
-def test_repeated_refused_launch_answers_422_again(api_a, owner_a, purchase_a, image):  # type: ignore[no-untyped-def]
+def test_repeated_refused_launch_answers_422_again(api_a, owner_a, purchase_a, image):
     payload = body(purchase_a, image, model=TOO_BIG)
     first = api_a.post("/api/v1/slices/", payload, HTTP_IDEMPOTENCY_KEY="big-1")
     again = api_a.post("/api/v1/slices/", payload, HTTP_IDEMPOTENCY_KEY="big-1")
@@ -662,7 +656,7 @@ def test_repeated_refused_launch_answers_422_again(api_a, owner_a, purchase_a, i
 # --- stop, VRAM, lists ------------------------------------------------------------------------
 
 
-def test_stop_of_a_queued_slice_cancels_it(api_a, owner_a, purchase_a, image):  # type: ignore[no-untyped-def]
+def test_stop_of_a_queued_slice_cancels_it(api_a, owner_a, purchase_a, image):
     slice = launch(owner_a, purchase_a, image)
     assert slice.state == Slice.State.QUEUED
     response = api_a.post(f"/api/v1/slices/{slice.pk}/stop/", {"reason": "changed my mind"})
@@ -677,7 +671,7 @@ def test_stop_of_a_queued_slice_cancels_it(api_a, owner_a, purchase_a, image):  
     assert Purchase.objects.get(pk=purchase_a.pk).minutes_left == 120
 
 
-def test_stop_of_a_placed_slice_is_stopping_and_tenant_cannot_force(  # type: ignore[no-untyped-def]
+def test_stop_of_a_placed_slice_is_stopping_and_tenant_cannot_force(
     api_a, owner_a, purchase_a, image, gpu
 ):
     slice = launch(owner_a, purchase_a, image)
@@ -693,7 +687,7 @@ def test_stop_of_a_placed_slice_is_stopping_and_tenant_cannot_force(  # type: ig
     assert Allocation.objects.get(owner_key=slice.owner_key).state == "released"
 
 
-def test_running_slice_shows_connection_and_vram_series_against_quota(  # type: ignore[no-untyped-def]
+def test_running_slice_shows_connection_and_vram_series_against_quota(
     api_a, owner_a, purchase_a, image, gpu
 ):
     slice = launch(owner_a, purchase_a, image)
@@ -721,13 +715,13 @@ def test_running_slice_shows_connection_and_vram_series_against_quota(  # type: 
     assert [p["used_mb"] for p in vram["points"]] == [1200, 2900, 2500]
 
 
-def test_vram_of_a_queued_slice_is_empty(api_a, owner_a, purchase_a, image):  # type: ignore[no-untyped-def]
+def test_vram_of_a_queued_slice_is_empty(api_a, owner_a, purchase_a, image):
     slice = launch(owner_a, purchase_a, image)
     vram = api_a.get(f"/api/v1/slices/{slice.pk}/vram/").json()
     assert vram == {"slice": slice.pk, "quota_mb": 4096, "peak_mb": None, "points": []}
 
 
-def _many_slices(owner, ops_user, image, n):  # type: ignore[no-untyped-def]
+def _many_slices(owner, ops_user, image, n):
     slices = []
     for _ in range(n):
         slice = launch(owner, buy(owner, ops_user), image)
@@ -735,12 +729,12 @@ def _many_slices(owner, ops_user, image, n):  # type: ignore[no-untyped-def]
     return slices
 
 
-def test_slice_list_filters_order_and_paginates(api_a, owner_a, ops_user, image, ssh_image):  # type: ignore[no-untyped-def]
+def test_slice_list_filters_order_and_paginates(api_a, owner_a, ops_user, image, ssh_image):
     first, second, third = _many_slices(owner_a, ops_user, image, 3)
     services.slice_stop(slice=first, actor=owner_a.user)
     on_ssh = launch(owner_a, buy(owner_a, ops_user), ssh_image, ssh_public_key=KEY)
 
-    def ids(**query):  # type: ignore[no-untyped-def]
+    def ids(**query):
         return [r["id"] for r in api_a.get("/api/v1/slices/", query).json()["results"]]
 
     assert ids(state="stopped") == [first.pk]
@@ -754,7 +748,7 @@ def test_slice_list_filters_order_and_paginates(api_a, owner_a, ops_user, image,
     assert api_a.get("/api/v1/slices/", {"state": "sleeping"}).status_code == 400
 
 
-def test_slice_list_query_count_is_bounded(  # type: ignore[no-untyped-def]
+def test_slice_list_query_count_is_bounded(
     api_a, owner_a, ops_user, image, node, django_assert_max_num_queries
 ):
     for i in range(3):  # some placed (with allocation, GPU and node to show), some queued
@@ -767,7 +761,7 @@ def test_slice_list_query_count_is_bounded(  # type: ignore[no-untyped-def]
     assert response.json()["count"] == 8
 
 
-def test_other_tenants_slices_never_listed(api_b, owner_a, purchase_a, image):  # type: ignore[no-untyped-def]
+def test_other_tenants_slices_never_listed(api_b, owner_a, purchase_a, image):
     launch(owner_a, purchase_a, image)
     body_b = api_b.get("/api/v1/slices/").content.decode()
     assert '"count":0' in body_b.replace(" ", "")
@@ -777,7 +771,7 @@ def test_other_tenants_slices_never_listed(api_b, owner_a, purchase_a, image):  
 # --- ledger and usage ---------------------------------------------------------------------------
 
 
-def test_ledger_lists_grants_and_purchases_with_kind_filter(api_a, owner_a, ops_user):  # type: ignore[no-untyped-def]
+def test_ledger_lists_grants_and_purchases_with_kind_filter(api_a, owner_a, ops_user):
     purchase = buy(owner_a, ops_user)  # a 100.00 grant, then 0.40
     rows = api_a.get("/api/v1/ledger/").json()["results"]
     assert [(r["kind"], r["amount"], r["balance_after"]) for r in rows] == [
@@ -791,7 +785,7 @@ def test_ledger_lists_grants_and_purchases_with_kind_filter(api_a, owner_a, ops_
     assert api_a.post("/api/v1/ledger/", {"kind": "grant", "amount": "5"}).status_code == 405
 
 
-def test_usage_lists_metered_minutes(api_a, owner_a, purchase_a, image, gpu):  # type: ignore[no-untyped-def]
+def test_usage_lists_metered_minutes(api_a, owner_a, purchase_a, image, gpu):
     slice = launch(owner_a, purchase_a, image)
     now = timezone.now()
     Slice.objects.filter(pk=slice.pk).update(
@@ -810,7 +804,7 @@ def test_usage_lists_metered_minutes(api_a, owner_a, purchase_a, image, gpu):  #
 # --- images ---------------------------------------------------------------------------------------
 
 
-def test_tenants_see_only_active_images(api_a, image, retired_image):  # type: ignore[no-untyped-def]
+def test_tenants_see_only_active_images(api_a, image, retired_image):
     rows = api_a.get("/api/v1/images/").json()["results"]
     assert [r["name"] for r in rows] == ["vllm"]
     assert "is_active" not in rows[0]
@@ -820,7 +814,7 @@ def test_tenants_see_only_active_images(api_a, image, retired_image):  # type: i
     assert api_a.post("/api/v1/images/", {"name": "x", "reference": "x/y:1"}).status_code == 405
 
 
-def test_ops_image_crud_and_delete_only_deactivates(api_ops, api_a):  # type: ignore[no-untyped-def]
+def test_ops_image_crud_and_delete_only_deactivates(api_ops, api_a):
     created = api_ops.post(
         "/api/v1/ops/images/",
         {
@@ -869,14 +863,14 @@ def test_ops_image_crud_and_delete_only_deactivates(api_ops, api_a):  # type: ig
         ({"name": "x", "reference": "a/b:1", "privileged": True}, "privileged"),
     ],
 )
-def test_ops_image_bad_input_is_400(api_ops, payload, field):  # type: ignore[no-untyped-def]
+def test_ops_image_bad_input_is_400(api_ops, payload, field):
     response = api_ops.post("/api/v1/ops/images/", payload)
     assert response.status_code == 400, response.content
     assert field in response.json()["fields"]
     assert not Image.objects.exists()
 
 
-def test_ops_image_duplicate_name_is_409(api_ops, image):  # type: ignore[no-untyped-def]
+def test_ops_image_duplicate_name_is_409(api_ops, image):
     response = api_ops.post("/api/v1/ops/images/", {"name": "vllm", "reference": "a/b:1"})
     assert response.status_code == 409
     assert response.json()["code"] == "image_exists"
@@ -885,7 +879,7 @@ def test_ops_image_duplicate_name_is_409(api_ops, image):  # type: ignore[no-unt
 # --- ops: grants, slices, purchases -----------------------------------------------------------
 
 
-def test_ops_grant_raises_balance_and_writes_the_ledger(api_ops, api_a, owner_a, ops_user):  # type: ignore[no-untyped-def]
+def test_ops_grant_raises_balance_and_writes_the_ledger(api_ops, api_a, owner_a, ops_user):
     response = api_ops.post(
         "/api/v1/ops/credit-grants/",
         {"tenant": owner_a.tenant.pk, "amount": "25.50", "memo": "welcome credit"},
@@ -913,7 +907,7 @@ def test_ops_grant_raises_balance_and_writes_the_ledger(api_ops, api_a, owner_a,
         ({"tenant": 999999, "amount": "1.00", "memo": "x"}, "tenant"),
     ],
 )
-def test_ops_grant_bad_input_is_400(api_ops, owner_a, payload, field):  # type: ignore[no-untyped-def]
+def test_ops_grant_bad_input_is_400(api_ops, owner_a, payload, field):
     response = api_ops.post("/api/v1/ops/credit-grants/", {"tenant": owner_a.tenant.pk, **payload})
     assert response.status_code == 400, response.content
     assert field in response.json()["fields"]
@@ -921,7 +915,7 @@ def test_ops_grant_bad_input_is_400(api_ops, owner_a, payload, field):  # type: 
     assert not LedgerEntry.objects.exists()
 
 
-def test_tenant_cannot_call_ops_endpoints(api_a, owner_a, purchase_a, image, gpu):  # type: ignore[no-untyped-def]
+def test_tenant_cannot_call_ops_endpoints(api_a, owner_a, purchase_a, image, gpu):
     slice = launch(owner_a, purchase_a, image)
     before = snapshot(owner_a, purchase_a)
     calls = [
@@ -950,7 +944,7 @@ def test_tenant_cannot_call_ops_endpoints(api_a, owner_a, purchase_a, image, gpu
     assert gpu.overcommit_ratio == Decimal("1.00")
 
 
-def test_ops_slices_list_all_tenants_with_filters_and_force_stop(  # type: ignore[no-untyped-def]
+def test_ops_slices_list_all_tenants_with_filters_and_force_stop(
     api_ops, owner_a, owner_b, ops_user, image, ssh_image, gpu
 ):
     placed = launch(owner_a, buy(owner_a, ops_user), image)
@@ -959,7 +953,7 @@ def test_ops_slices_list_all_tenants_with_filters_and_force_stop(  # type: ignor
     queued_a = launch(owner_a, buy(owner_a, ops_user), image)
     assert placed.state == "provisioning" and queued_a.state == queued_b.state == "queued"
 
-    def ids(**query):  # type: ignore[no-untyped-def]
+    def ids(**query):
         return {r["id"] for r in api_ops.get("/api/v1/ops/slices/", query).json()["results"]}
 
     assert ids() >= {placed.pk, queued_a.pk, queued_b.pk}
@@ -982,7 +976,7 @@ def test_ops_slices_list_all_tenants_with_filters_and_force_stop(  # type: ignor
     assert response.json()["state"] == "stopped"
 
 
-def test_ops_refund_pays_unused_minutes_back_pro_rata(  # type: ignore[no-untyped-def]
+def test_ops_refund_pays_unused_minutes_back_pro_rata(
     api_ops, owner_a, ops_user, token_client, mailoutbox, eager, django_capture_on_commit_callbacks
 ):
     purchase = buy(owner_a, ops_user, gb=24, hours=2)  # 2.00 paid
@@ -1011,7 +1005,7 @@ def test_ops_refund_pays_unused_minutes_back_pro_rata(  # type: ignore[no-untype
     assert balance(owner_a) == before + Decimal("0.75")
 
 
-def test_ops_refund_is_409_while_a_slice_is_live(api_ops, owner_a, purchase_a, image):  # type: ignore[no-untyped-def]
+def test_ops_refund_is_409_while_a_slice_is_live(api_ops, owner_a, purchase_a, image):
     slice = launch(owner_a, purchase_a, image)  # queued counts as live
     before = snapshot(owner_a, purchase_a)
     response = api_ops.post(f"/api/v1/ops/purchases/{purchase_a.pk}/refund/", {})
@@ -1022,12 +1016,12 @@ def test_ops_refund_is_409_while_a_slice_is_live(api_ops, owner_a, purchase_a, i
     assert api_ops.post(f"/api/v1/ops/purchases/{purchase_a.pk}/refund/", {}).status_code == 200
 
 
-def test_ops_purchases_list_filters(api_ops, owner_a, owner_b, ops_user):  # type: ignore[no-untyped-def]
+def test_ops_purchases_list_filters(api_ops, owner_a, owner_b, ops_user):
     a = buy(owner_a, ops_user)
     b = buy(owner_b, ops_user, gb=8)
     services.purchase_refund(purchase=a, actor=ops_user)
 
-    def ids(**query):  # type: ignore[no-untyped-def]
+    def ids(**query):
         return {r["id"] for r in api_ops.get("/api/v1/ops/purchases/", query).json()["results"]}
 
     assert ids() == {a.pk, b.pk}
@@ -1041,7 +1035,7 @@ def test_ops_purchases_list_filters(api_ops, owner_a, owner_b, ops_user):  # typ
 # --- ops: GPU placement policy ------------------------------------------------------------------
 
 
-def _history(gpu, *, days: float, peak_mb: int) -> None:  # type: ignore[no-untyped-def]
+def _history(gpu, *, days: float, peak_mb: int) -> None:
     now = timezone.now()
     start = now - timedelta(days=days)
     GpuSampleRollup.objects.bulk_create(
@@ -1059,7 +1053,7 @@ def _history(gpu, *, days: float, peak_mb: int) -> None:  # type: ignore[no-unty
     node_services.rollups_fold_days(since=start, until=now + timedelta(days=1))
 
 
-def test_gpu_policy_shows_ratio_and_recommendation(api_ops, gpu):  # type: ignore[no-untyped-def]
+def test_gpu_policy_shows_ratio_and_recommendation(api_ops, gpu):
     data = api_ops.get(f"/api/v1/gpus/{gpu.pk}/policy/").json()
     assert data["overcommit_ratio"] == "1.00" and data["accepting_placements"] is True
     assert data["recommended"]["ratio"] is None
@@ -1070,7 +1064,7 @@ def test_gpu_policy_shows_ratio_and_recommendation(api_ops, gpu):  # type: ignor
     assert data["recommended"]["peak_mb"] == 40000
 
 
-def test_gpu_policy_refuses_overcommit_without_a_week_of_history(api_ops, gpu):  # type: ignore[no-untyped-def]
+def test_gpu_policy_refuses_overcommit_without_a_week_of_history(api_ops, gpu):
     _history(gpu, days=3, peak_mb=20000)
     response = api_ops.post(f"/api/v1/gpus/{gpu.pk}/policy/", {"overcommit_ratio": "1.50"})
     assert response.status_code == 409
@@ -1080,7 +1074,7 @@ def test_gpu_policy_refuses_overcommit_without_a_week_of_history(api_ops, gpu): 
     assert gpu.overcommit_ratio == Decimal("1.00")
 
 
-def test_gpu_policy_allows_up_to_the_recommended_ratio(api_ops, gpu):  # type: ignore[no-untyped-def]
+def test_gpu_policy_allows_up_to_the_recommended_ratio(api_ops, gpu):
     _history(gpu, days=8, peak_mb=40000)
     response = api_ops.post(f"/api/v1/gpus/{gpu.pk}/policy/", {"overcommit_ratio": "2.50"})
     assert response.status_code == 409
@@ -1093,7 +1087,7 @@ def test_gpu_policy_allows_up_to_the_recommended_ratio(api_ops, gpu):  # type: i
     assert back.json()["overcommit_ratio"] == "1.00"
 
 
-def test_gpu_policy_refuses_overcommit_on_mig(api_ops, node):  # type: ignore[no-untyped-def]
+def test_gpu_policy_refuses_overcommit_on_mig(api_ops, node):
     mig = Gpu.objects.create(
         node=node,
         uuid="GPU-mig",
@@ -1111,7 +1105,7 @@ def test_gpu_policy_refuses_overcommit_on_mig(api_ops, node):  # type: ignore[no
     assert mig.overcommit_ratio == Decimal("1.00")
 
 
-def test_gpu_policy_refuses_overcommit_under_guaranteed_slices(  # type: ignore[no-untyped-def]
+def test_gpu_policy_refuses_overcommit_under_guaranteed_slices(
     api_ops, owner_a, purchase_a, image, gpu
 ):
     _history(gpu, days=8, peak_mb=40000)
@@ -1121,7 +1115,7 @@ def test_gpu_policy_refuses_overcommit_under_guaranteed_slices(  # type: ignore[
     assert response.json()["code"] == "guaranteed_slices"
 
 
-def test_gpu_policy_accepting_mark_needs_a_reason_and_is_atomic(api_ops, gpu):  # type: ignore[no-untyped-def]
+def test_gpu_policy_accepting_mark_needs_a_reason_and_is_atomic(api_ops, gpu):
     url = f"/api/v1/gpus/{gpu.pk}/policy/"
     response = api_ops.post(url, {"accepting_placements": False})
     assert response.status_code == 400 and "reason" in response.json()["fields"]
@@ -1143,7 +1137,7 @@ def test_gpu_policy_accepting_mark_needs_a_reason_and_is_atomic(api_ops, gpu):  
     assert api_ops.get("/api/v1/gpus/999999/policy/").status_code == 404
 
 
-def test_closed_gpu_takes_no_placements_from_the_api(  # type: ignore[no-untyped-def]
+def test_closed_gpu_takes_no_placements_from_the_api(
     api_ops, api_a, owner_a, purchase_a, image, gpu
 ):
     api_ops.post(
@@ -1154,12 +1148,12 @@ def test_closed_gpu_takes_no_placements_from_the_api(  # type: ignore[no-untyped
     assert not Allocation.objects.exists()
 
 
-def test_anonymous_client_cannot_reach_policy(gpu):  # type: ignore[no-untyped-def]
+def test_anonymous_client_cannot_reach_policy(gpu):
     assert APIClient().get(f"/api/v1/gpus/{gpu.pk}/policy/").status_code == 401
 
 
 @pytest.mark.django_db
-def test_viewers_do_not_see_the_jupyter_token_or_environment_values(owner_a, token_client):  # type: ignore[no-untyped-def]
+def test_viewers_do_not_see_the_jupyter_token_or_environment_values(owner_a, token_client):
     image = Image.objects.create(
         name="jl", reference="jupyter/base:1", ports=[8888], connect="jupyter"
     )
@@ -1190,7 +1184,7 @@ def test_viewers_do_not_see_the_jupyter_token_or_environment_values(owner_a, tok
 @pytest.mark.parametrize(
     "ssh_user", ["", "Root", "root; rm -rf /", "-oProxyCommand=x", "x" * 33, "$(id)", 7]
 )
-def test_an_image_ssh_user_that_is_not_a_user_name_is_a_400_naming_it(api_ops, ssh_user):  # type: ignore[no-untyped-def]
+def test_an_image_ssh_user_that_is_not_a_user_name_is_a_400_naming_it(api_ops, ssh_user):
     payload = {"name": "x", "reference": "a/b:1", "ports": [22], "ssh_user": ssh_user}
     response = api_ops.post("/api/v1/ops/images/", payload, format="json")
     assert response.status_code == 400, response.content
@@ -1198,7 +1192,7 @@ def test_an_image_ssh_user_that_is_not_a_user_name_is_a_400_naming_it(api_ops, s
     assert not Image.objects.exists()
 
 
-def test_the_commands_a_slice_gives_log_in_as_the_images_ssh_user(settings):  # type: ignore[no-untyped-def]
+def test_the_commands_a_slice_gives_log_in_as_the_images_ssh_user(settings):
     from tenants.services.slices.provision import gateway_details  # noqa: PLC0415 - one helper
 
     settings.GATEWAY_ADDRESS = "127.0.0.1:2222"
@@ -1209,7 +1203,7 @@ def test_the_commands_a_slice_gives_log_in_as_the_images_ssh_user(settings):  # 
     assert gateway_details(7, [8000], has_sshd=False)["jump"] == ""
 
 
-def test_an_image_keeps_its_ssh_user_and_the_api_shows_it(api_ops, api_a):  # type: ignore[no-untyped-def]
+def test_an_image_keeps_its_ssh_user_and_the_api_shows_it(api_ops, api_a):
     payload = {"name": "x", "reference": "a/b:1", "ports": [22], "ssh_user": "renter"}
     created = api_ops.post("/api/v1/ops/images/", payload, format="json")
     assert created.status_code == 201, created.content

@@ -21,7 +21,7 @@ from tests.factories import UserFactory
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_rediscovery_keeps_the_allocation_counter(eager, worker_fleet, owner_a, funded, image_ssh):  # type: ignore[no-untyped-def]
+def test_rediscovery_keeps_the_allocation_counter(eager, worker_fleet, owner_a, funded, image_ssh):
     fleet = worker_fleet()
     slice = launch(owner_a, funded(owner_a, vram_gb=24), image_ssh)
     assert slice.state == Slice.State.RUNNING
@@ -33,7 +33,7 @@ def test_rediscovery_keeps_the_allocation_counter(eager, worker_fleet, owner_a, 
 
 def test_stop_on_a_node_that_stopped_answering_finishes_without_it(
     eager, worker_fleet, owner_a, funded, image_ssh, ops_user, settings
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet()
     slice = launch(owner_a, funded(owner_a), image_ssh)
     fleet.nodes[0].set_down(True)
@@ -60,7 +60,7 @@ def test_stop_on_a_node_that_stopped_answering_finishes_without_it(
 
 def test_ops_force_stop_of_a_stuck_stop_releases_at_once(
     worker_fleet, owner_a, funded, image_ssh, ops_user, monkeypatch
-):  # type: ignore[no-untyped-def]
+):
     worker_fleet()
     monkeypatch.setattr(tasks.provision_slice, "delay_on_commit", lambda *a: None)
     monkeypatch.setattr(tasks.stop_slice, "delay_on_commit", lambda *a: None)
@@ -74,7 +74,7 @@ def test_ops_force_stop_of_a_stuck_stop_releases_at_once(
 
 def test_no_minutes_are_charged_while_the_node_is_unreachable(
     eager, worker_fleet, owner_a, funded, image_ssh
-):  # type: ignore[no-untyped-def]
+):
     worker_fleet()
     purchase = funded(owner_a, hours=1)
     slice = launch(owner_a, purchase, image_ssh)
@@ -92,7 +92,7 @@ def test_no_minutes_are_charged_while_the_node_is_unreachable(
 @pytest.mark.parametrize("answers", [True, False], ids=["node-answers", "node-unreachable"])
 def test_the_final_charge_of_a_stop_follows_the_meters_rule(
     answers, eager, worker_fleet, owner_a, funded, image_ssh
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet()
     purchase = funded(owner_a, hours=1)
     slice = launch(owner_a, purchase, image_ssh)
@@ -112,7 +112,7 @@ def test_the_final_charge_of_a_stop_follows_the_meters_rule(
 
 def test_a_new_launch_never_passes_the_line_of_its_tier(
     eager, worker_fleet, owner_a, owner_b, funded, image_ssh, monkeypatch
-):  # type: ignore[no-untyped-def]
+):
     worker_fleet()
     first = launch(owner_a, funded(owner_a, vram_gb=12), image_ssh)
     blocker = launch(owner_b, funded(owner_b, vram_gb=12), image_ssh)
@@ -132,7 +132,7 @@ def test_a_new_launch_never_passes_the_line_of_its_tier(
 
 def test_queued_slices_of_a_suspended_tenant_are_cancelled_not_started(
     eager, worker_fleet, owner_a, owner_b, funded, image_ssh, ops_user
-):  # type: ignore[no-untyped-def]
+):
     worker_fleet()
     big = launch(owner_b, funded(owner_b, vram_gb=24), image_ssh)
     queued = launch(owner_a, funded(owner_a), image_ssh)
@@ -148,7 +148,7 @@ def test_queued_slices_of_a_suspended_tenant_are_cancelled_not_started(
 
 def test_same_key_with_a_different_launch_is_a_conflict(
     eager, worker_fleet, owner_a, funded, image_ssh
-):  # type: ignore[no-untyped-def]
+):
     worker_fleet()
     purchase = funded(owner_a)
     launch(owner_a, purchase, image_ssh, idempotency_key="k-1")
@@ -159,7 +159,7 @@ def test_same_key_with_a_different_launch_is_a_conflict(
     assert caught.value.code == "idempotency_key_reused"
 
 
-def test_training_jobs_are_always_guaranteed(worker_fleet, owner_a, funded, image_ssh, monkeypatch):  # type: ignore[no-untyped-def]
+def test_training_jobs_are_always_guaranteed(worker_fleet, owner_a, funded, image_ssh, monkeypatch):
     worker_fleet()
     monkeypatch.setattr(tasks.provision_slice, "delay_on_commit", lambda *a: None)
     model = {**SMALL_MODEL, "workload": "training", "method": "lora"}
@@ -171,7 +171,7 @@ def test_training_jobs_are_always_guaranteed(worker_fleet, owner_a, funded, imag
 
 def test_placement_starts_the_provisioning_clock(
     worker_fleet, owner_a, funded, image_ssh, monkeypatch
-):  # type: ignore[no-untyped-def]
+):
     worker_fleet()
     monkeypatch.setattr(tasks.provision_slice, "delay_on_commit", lambda *a: None)
     before = timezone.now()
@@ -181,7 +181,7 @@ def test_placement_starts_the_provisioning_clock(
 
 def test_stop_while_a_start_is_under_way_waits_for_it(
     eager, worker_fleet, owner_a, funded, image_ssh, monkeypatch
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet()
     pending = []
     monkeypatch.setattr(tasks.provision_slice, "delay_on_commit", pending.append)
@@ -200,7 +200,7 @@ def test_stop_while_a_start_is_under_way_waits_for_it(
 
 
 @pytest.mark.django_db
-def test_an_image_the_runtime_would_refuse_is_not_allowlisted(ops_user):  # type: ignore[no-untyped-def]
+def test_an_image_the_runtime_would_refuse_is_not_allowlisted(ops_user):
     for bad in ("a..b/x", "reg-.io/x", "a.-b/x:1"):
         with pytest.raises(ServiceError) as caught:
             services.image_create(actor=ops_user, name=f"bad {len(bad)}", reference=bad)
@@ -208,14 +208,14 @@ def test_an_image_the_runtime_would_refuse_is_not_allowlisted(ops_user):  # type
 
 
 @pytest.mark.django_db
-def test_pages_take_only_plain_ids_from_the_query_string(client, owner_a):  # type: ignore[no-untyped-def]
+def test_pages_take_only_plain_ids_from_the_query_string(client, owner_a):
     client.force_login(owner_a.user)
     for url in ("/buy/?tier=²", "/launch/?purchase=²", "/buy/?tier=" + "9" * 5000):
         assert client.get(url).status_code == 200, url
 
 
 @pytest.mark.django_db
-def test_viewers_do_not_see_the_jupyter_token_on_the_slice_page(client, owner_a):  # type: ignore[no-untyped-def]
+def test_viewers_do_not_see_the_jupyter_token_on_the_slice_page(client, owner_a):
     image = Image.objects.create(
         name="jl", reference="jupyter/base:1", ports=[8888], connect="jupyter"
     )
@@ -254,7 +254,7 @@ def test_viewers_do_not_see_the_jupyter_token_on_the_slice_page(client, owner_a)
 
 
 @pytest.mark.django_db
-def test_a_credit_grant_retried_with_its_key_is_written_once(api_ops, owner_a):  # type: ignore[no-untyped-def]
+def test_a_credit_grant_retried_with_its_key_is_written_once(api_ops, owner_a):
     body = {"tenant": owner_a.tenant_id, "amount": "25.00", "memo": "welcome"}
     first = api_ops.post(
         "/api/v1/ops/credit-grants/", body, format="json", HTTP_IDEMPOTENCY_KEY="grant-1"
@@ -277,7 +277,7 @@ def test_a_credit_grant_retried_with_its_key_is_written_once(api_ops, owner_a): 
 
 
 @pytest.mark.django_db
-def test_a_double_click_on_grant_grants_once(client, ops_user, owner_a):  # type: ignore[no-untyped-def]
+def test_a_double_click_on_grant_grants_once(client, ops_user, owner_a):
     client.force_login(ops_user)
     page = client.get("/ops/credit/").content.decode()
     token = re.search(r'name="idempotency_token" value="([^"]+)"', page).group(1)
@@ -294,7 +294,7 @@ def test_a_double_click_on_grant_grants_once(client, ops_user, owner_a):  # type
 
 def test_suspending_a_tenant_stops_its_slices_and_their_metering(
     eager, worker_fleet, owner_a, funded, image_ssh, ops_user
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet()
     running = launch(owner_a, funded(owner_a, vram_gb=12), image_ssh)
     queued = launch(owner_a, funded(owner_a, vram_gb=24), image_ssh)
@@ -310,7 +310,7 @@ def test_suspending_a_tenant_stops_its_slices_and_their_metering(
     assert Gpu.objects.get().allocated_mb == 0
 
 
-def test_reconcile_goes_on_past_a_node_that_does_not_answer(worker_fleet):  # type: ignore[no-untyped-def]
+def test_reconcile_goes_on_past_a_node_that_does_not_answer(worker_fleet):
     fleet = worker_fleet(
         [
             NodeSpec("gpu-up", (GpuSpec("NVIDIA A30"),), None),

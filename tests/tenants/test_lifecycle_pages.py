@@ -37,26 +37,26 @@ def tier8() -> Tier:
 
 
 @pytest.fixture
-def image(ops_user) -> Image:  # type: ignore[no-untyped-def]
+def image(ops_user) -> Image:
     return services.image_create(
         actor=ops_user, name="torch", reference="pytorch/pytorch:2.4.0", ports=[22]
     )
 
 
 @pytest.fixture
-def funded(owner_a, ops_user):  # type: ignore[no-untyped-def]
+def funded(owner_a, ops_user):
     services.credit_grant(tenant=owner_a.tenant, amount="100.00", actor=ops_user, memo="trial")
     owner_a.tenant.refresh_from_db()
     return owner_a
 
 
 @pytest.fixture
-def purchase(funded, tier8) -> Purchase:  # type: ignore[no-untyped-def]
+def purchase(funded, tier8) -> Purchase:
     return services.purchase_create(membership=funded, tier=tier8, hours=2)[0]
 
 
 @pytest.fixture
-def gpu(db) -> Gpu:  # type: ignore[no-untyped-def]
+def gpu(db) -> Gpu:
     node = Node.objects.create(
         gate_status="passed", name="gpu-host-1", address="10.0.0.9", status=Node.Status.ACTIVE
     )
@@ -65,7 +65,7 @@ def gpu(db) -> Gpu:  # type: ignore[no-untyped-def]
     )
 
 
-def launch_data(purchase, image, **overrides) -> dict:  # type: ignore[no-untyped-def]
+def launch_data(purchase, image, **overrides) -> dict:
     return {
         "purchase": purchase.pk,
         "image": image.pk,
@@ -77,7 +77,7 @@ def launch_data(purchase, image, **overrides) -> dict:  # type: ignore[no-untype
     }
 
 
-def queued_slice(membership, purchase, image, key: str = "") -> Slice:  # type: ignore[no-untyped-def]
+def queued_slice(membership, purchase, image, key: str = "") -> Slice:
     """With no GPU registered, a launch waits in the queue."""
     slice, _ = services.slice_launch(
         membership=membership,
@@ -92,7 +92,7 @@ def queued_slice(membership, purchase, image, key: str = "") -> Slice:  # type: 
 
 
 @pytest.fixture
-def running(funded, purchase, image, gpu, django_capture_on_commit_callbacks):  # type: ignore[no-untyped-def]
+def running(funded, purchase, image, gpu, django_capture_on_commit_callbacks):
     """A slice placed on `gpu` and marked running as provisioning would (the container
     itself is the e2e test's business), with two telemetry samples of its container."""
     with django_capture_on_commit_callbacks(execute=False):
@@ -142,7 +142,7 @@ OPS_PAGES = [
 ]
 
 
-def test_tenant_pages_render_for_a_member_and_send_anonymous_to_login(client, owner_a):  # type: ignore[no-untyped-def]
+def test_tenant_pages_render_for_a_member_and_send_anonymous_to_login(client, owner_a):
     for url in TENANT_PAGES:
         response = client.get(url)
         assert response.status_code == 302 and "/accounts/login/" in response["Location"], url
@@ -153,7 +153,7 @@ def test_tenant_pages_render_for_a_member_and_send_anonymous_to_login(client, ow
         assert 'href="/dashboard/"' in response.content.decode()  # the nav links
 
 
-def test_ops_pages_are_staff_only(client, owner_a, ops_user):  # type: ignore[no-untyped-def]
+def test_ops_pages_are_staff_only(client, owner_a, ops_user):
     client.force_login(owner_a.user)
     for url in OPS_PAGES:
         response = client.get(url)
@@ -172,7 +172,7 @@ def test_ops_pages_are_staff_only(client, owner_a, ops_user):  # type: ignore[no
         assert f'href="{url}"' in nav
 
 
-def test_another_tenants_slice_is_404_on_every_page(client, funded, purchase, image, owner_b):  # type: ignore[no-untyped-def]
+def test_another_tenants_slice_is_404_on_every_page(client, funded, purchase, image, owner_b):
     slice = queued_slice(funded, purchase, image)
     client.force_login(owner_b.user)
     assert client.get(f"/slices/{slice.pk}/").status_code == 404
@@ -190,7 +190,7 @@ def test_another_tenants_slice_is_404_on_every_page(client, funded, purchase, im
 # --- dashboard --------------------------------------------------------------------------------
 
 
-def test_dashboard_shows_balance_purchases_slices_ledger_and_gauge(client, funded, running):  # type: ignore[no-untyped-def]
+def test_dashboard_shows_balance_purchases_slices_ledger_and_gauge(client, funded, running):
     client.force_login(funded.user)
     page = client.get("/dashboard/").content.decode()
     assert re.search(
@@ -207,7 +207,7 @@ def test_dashboard_shows_balance_purchases_slices_ledger_and_gauge(client, funde
     assert 'hx-trigger="every 3s"' in page
 
 
-def test_dashboard_offers_launch_for_a_usable_purchase_and_warns_at_ten_minutes(  # type: ignore[no-untyped-def]
+def test_dashboard_offers_launch_for_a_usable_purchase_and_warns_at_ten_minutes(
     client, funded, purchase
 ):
     client.force_login(funded.user)
@@ -220,7 +220,7 @@ def test_dashboard_offers_launch_for_a_usable_purchase_and_warns_at_ten_minutes(
     assert "Only <strong>7 minutes</strong> left" in page
 
 
-def test_dashboard_live_part_polls_while_a_slice_is_live_then_answers_286(  # type: ignore[no-untyped-def]
+def test_dashboard_live_part_polls_while_a_slice_is_live_then_answers_286(
     client, funded, purchase, image
 ):
     client.force_login(funded.user)
@@ -241,7 +241,7 @@ def test_dashboard_live_part_polls_while_a_slice_is_live_then_answers_286(  # ty
 # --- buy --------------------------------------------------------------------------------------
 
 
-def test_buy_shows_the_total_to_confirm_then_a_double_submit_charges_once(client, funded, tier8):  # type: ignore[no-untyped-def]
+def test_buy_shows_the_total_to_confirm_then_a_double_submit_charges_once(client, funded, tier8):
     client.force_login(funded.user)
     form = client.get("/buy/").content.decode()
     token = re.search(r'name="idempotency_token" value="([^"]+)"', form).group(1)
@@ -264,7 +264,7 @@ def test_buy_shows_the_total_to_confirm_then_a_double_submit_charges_once(client
     assert LedgerEntry.objects.filter(tenant=funded.tenant, kind="purchase").count() == 1
 
 
-def test_buy_without_enough_credit_says_so_and_charges_nothing(client, owner_a, tier8):  # type: ignore[no-untyped-def]
+def test_buy_without_enough_credit_says_so_and_charges_nothing(client, owner_a, tier8):
     client.force_login(owner_a.user)
     response = client.post(
         "/buy/", {"tier": tier8.pk, "hours": 3, "idempotency_token": "t-1", "confirm": "yes"}
@@ -276,7 +276,7 @@ def test_buy_without_enough_credit_says_so_and_charges_nothing(client, owner_a, 
     assert not Purchase.objects.exists()
 
 
-def test_the_confirm_step_with_an_empty_balance_says_what_is_missing_and_cannot_pay(  # type: ignore[no-untyped-def]
+def test_the_confirm_step_with_an_empty_balance_says_what_is_missing_and_cannot_pay(
     client, owner_a, tier8
 ):
     client.force_login(owner_a.user)
@@ -299,7 +299,7 @@ def test_the_confirm_step_with_an_empty_balance_says_what_is_missing_and_cannot_
     assert owner_a.tenant.credit_balance == 0
 
 
-def test_buy_refuses_bad_hours_on_the_form(client, funded, tier8):  # type: ignore[no-untyped-def]
+def test_buy_refuses_bad_hours_on_the_form(client, funded, tier8):
     client.force_login(funded.user)
     response = client.post("/buy/", {"tier": tier8.pk, "hours": 0, "idempotency_token": "t"})
     assert response.status_code == 400
@@ -309,7 +309,7 @@ def test_buy_refuses_bad_hours_on_the_form(client, funded, tier8):  # type: igno
 # --- launch -----------------------------------------------------------------------------------
 
 
-def test_launch_offers_only_usable_purchases_and_active_images(  # type: ignore[no-untyped-def]
+def test_launch_offers_only_usable_purchases_and_active_images(
     client, funded, purchase, image, ops_user, tier8
 ):
     used = services.purchase_create(membership=funded, tier=tier8, hours=1)[0]
@@ -327,7 +327,7 @@ def test_launch_offers_only_usable_purchases_and_active_images(  # type: ignore[
     assert 'data-url="/launch/?estimate=1"' in page
 
 
-def test_launch_refused_shows_the_breakdown_with_422_and_reserves_nothing(  # type: ignore[no-untyped-def]
+def test_launch_refused_shows_the_breakdown_with_422_and_reserves_nothing(
     client, funded, purchase, image, gpu
 ):
     client.force_login(funded.user)
@@ -363,7 +363,7 @@ def test_launch_refused_shows_the_breakdown_with_422_and_reserves_nothing(  # ty
     assert launched.state == Slice.State.PROVISIONING and launched.allocation.gpu == gpu
 
 
-def test_launch_without_capacity_queues_and_shows_the_position_with_cancel(  # type: ignore[no-untyped-def]
+def test_launch_without_capacity_queues_and_shows_the_position_with_cancel(
     client, funded, purchase, image
 ):
     client.force_login(funded.user)
@@ -381,7 +381,7 @@ def test_launch_without_capacity_queues_and_shows_the_position_with_cancel(  # t
     assert "tier_mib" not in slice.model_request
 
 
-def test_launch_environment_splits_on_the_first_equals_and_refuses_bad_names(  # type: ignore[no-untyped-def]
+def test_launch_environment_splits_on_the_first_equals_and_refuses_bad_names(
     client, funded, purchase, image
 ):
     client.force_login(funded.user)
@@ -417,7 +417,7 @@ def test_launch_environment_splits_on_the_first_equals_and_refuses_bad_names(  #
     assert slice.command == ["python", "serve.py", "--name", "my model"]
 
 
-def test_launch_page_refuses_a_command_that_sets_or_unsets_a_reserved_variable(  # type: ignore[no-untyped-def]
+def test_launch_page_refuses_a_command_that_sets_or_unsets_a_reserved_variable(
     client, funded, purchase, image
 ):
     client.force_login(funded.user)
@@ -447,7 +447,7 @@ def test_launch_page_refuses_a_command_that_sets_or_unsets_a_reserved_variable( 
     assert Slice.objects.get().command == ["sh", "-c", "echo $CUDA_VISIBLE_DEVICES"]
 
 
-def test_launch_of_an_ssh_image_without_a_key_names_the_field(client, funded, purchase, image):  # type: ignore[no-untyped-def]
+def test_launch_of_an_ssh_image_without_a_key_names_the_field(client, funded, purchase, image):
     client.force_login(funded.user)
     response = client.post("/launch/", launch_data(purchase, image, ssh_public_key=""))
     assert response.status_code == 400
@@ -459,7 +459,7 @@ def test_launch_of_an_ssh_image_without_a_key_names_the_field(client, funded, pu
 # --- slice page and stop ----------------------------------------------------------------------
 
 
-def test_slice_page_shows_connection_gauge_chart_and_progress(client, funded, running):  # type: ignore[no-untyped-def]
+def test_slice_page_shows_connection_gauge_chart_and_progress(client, funded, running):
     client.force_login(funded.user)
     page = client.get(f"/slices/{running.pk}/").content.decode()
     assert 'id="ssh-command" class="secret">ssh -p 40022 root@10.0.0.9<' in page
@@ -476,7 +476,7 @@ def test_slice_page_shows_connection_gauge_chart_and_progress(client, funded, ru
     assert live.content.decode().lstrip().startswith('<div id="slice-live"')
 
 
-def test_stop_asks_for_confirmation_and_only_the_confirmed_post_stops(  # type: ignore[no-untyped-def]
+def test_stop_asks_for_confirmation_and_only_the_confirmed_post_stops(
     client, funded, running, django_capture_on_commit_callbacks
 ):
     client.force_login(funded.user)
@@ -495,7 +495,7 @@ def test_stop_asks_for_confirmation_and_only_the_confirmed_post_stops(  # type: 
     assert len(callbacks) == 1  # the stop task, after commit
 
 
-def test_cancelling_a_queued_slice_then_the_live_part_answers_286(client, funded, purchase, image):  # type: ignore[no-untyped-def]
+def test_cancelling_a_queued_slice_then_the_live_part_answers_286(client, funded, purchase, image):
     slice = queued_slice(funded, purchase, image)
     client.force_login(funded.user)
     assert client.get(f"/slices/{slice.pk}/", **HX).status_code == 200
@@ -512,7 +512,7 @@ def test_cancelling_a_queued_slice_then_the_live_part_answers_286(client, funded
     assert again.status_code == 302  # already final: nothing to confirm
 
 
-def test_a_viewer_cannot_stop(client, funded, purchase, image):  # type: ignore[no-untyped-def]
+def test_a_viewer_cannot_stop(client, funded, purchase, image):
     slice = queued_slice(funded, purchase, image)
     viewer = MembershipFactory(tenant=funded.tenant, role="viewer")
     client.force_login(viewer.user)
@@ -525,7 +525,7 @@ def test_a_viewer_cannot_stop(client, funded, purchase, image):  # type: ignore[
 # --- ops --------------------------------------------------------------------------------------
 
 
-def test_ops_slices_filter_paginate_and_force_stop_with_a_reason(  # type: ignore[no-untyped-def]
+def test_ops_slices_filter_paginate_and_force_stop_with_a_reason(
     client, ops_user, funded, purchase, image, owner_b, tier8
 ):
     a = queued_slice(funded, purchase, image)
@@ -554,7 +554,7 @@ def test_ops_slices_filter_paginate_and_force_stop_with_a_reason(  # type: ignor
     assert a.state_reason == "Force-stopped by ops: abuse report"
 
 
-def test_ops_grant_credit_from_the_page(client, ops_user, owner_a, owner_b):  # type: ignore[no-untyped-def]
+def test_ops_grant_credit_from_the_page(client, ops_user, owner_a, owner_b):
     client.force_login(ops_user)
     found = client.get("/ops/credit/", {"q": "alice@alpha"}).content.decode()
     select = re.search(r'<select name="tenant".*?</select>', found, re.S).group(0)
@@ -578,7 +578,7 @@ def test_ops_grant_credit_from_the_page(client, ops_user, owner_a, owner_b):  # 
     assert (entry.kind, entry.actor, entry.memo) == ("grant", ops_user, "welcome")
 
 
-def test_ops_refund_needs_confirmation_and_is_refused_while_a_slice_is_live(  # type: ignore[no-untyped-def]
+def test_ops_refund_needs_confirmation_and_is_refused_while_a_slice_is_live(
     client, ops_user, funded, purchase, image, tier8
 ):
     live = services.purchase_create(membership=funded, tier=tier8, hours=1)[0]
@@ -598,7 +598,7 @@ def test_ops_refund_needs_confirmation_and_is_refused_while_a_slice_is_live(  # 
     assert purchase.minutes_left == 0 and purchase.refunded_amount == Decimal("0.76")
 
 
-def test_ops_image_add_edit_and_deactivate(client, ops_user, funded, purchase):  # type: ignore[no-untyped-def]
+def test_ops_image_add_edit_and_deactivate(client, ops_user, funded, purchase):
     client.force_login(ops_user)
     bad = client.post(
         "/ops/images/",
@@ -656,7 +656,7 @@ def test_ops_image_add_edit_and_deactivate(client, ops_user, funded, purchase): 
     assert image.is_active
 
 
-def test_policy_page_shows_the_recommendation_and_the_refusals(client, ops_user, gpu):  # type: ignore[no-untyped-def]
+def test_policy_page_shows_the_recommendation_and_the_refusals(client, ops_user, gpu):
     mig = Gpu.objects.create(
         node=gpu.node,
         uuid="GPU-2222",
@@ -701,9 +701,7 @@ def test_policy_page_shows_the_recommendation_and_the_refusals(client, ops_user,
     assert gpu.accepting_placements
 
 
-def test_calibration_page_tables_and_charts_estimate_against_peak(  # type: ignore[no-untyped-def]
-    client, ops_user, running
-):
+def test_calibration_page_tables_and_charts_estimate_against_peak(client, ops_user, running):
     Slice.objects.filter(pk=running.pk).update(
         state=Slice.State.STOPPED, peak_vram_mb=3000, estimate_mb=2000
     )

@@ -27,7 +27,7 @@ OWNER_LABEL = "gpuplatform.owner"
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 
-def launch(membership, purchase, image):  # type: ignore[no-untyped-def]
+def launch(membership, purchase, image):
     slice, created = services.slice_launch(
         membership=membership,
         purchase=purchase,
@@ -50,7 +50,7 @@ def wait_state(slice: Slice, *states: str, log: Path | None = None, timeout: flo
     return slice
 
 
-def labelled(emu, owner_key: str) -> list:  # type: ignore[no-untyped-def]
+def labelled(emu, owner_key: str) -> list:
     """The node's containers carrying this owner's label, running or not."""
     return [c for c in emu.containers if c.labels.get(OWNER_LABEL) == owner_key]
 
@@ -68,7 +68,7 @@ def assert_counters_exact() -> None:
 
 def test_buy_launch_run_see_vram_stop_release_and_meter(
     worker_fleet, workers, owner_a, funded, image_ssh
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet()
     emu, node = fleet.nodes[0], fleet.registered[0]
     _, log = workers()
@@ -124,7 +124,7 @@ def test_buy_launch_run_see_vram_stop_release_and_meter(
 
 def test_container_killed_on_the_node_is_failed_by_reconcile_on_the_worker(
     worker_fleet, workers, owner_a, funded, image_ssh
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet()
     emu = fleet.nodes[0]
     _, log = workers()
@@ -149,7 +149,7 @@ def test_container_killed_on_the_node_is_failed_by_reconcile_on_the_worker(
 @pytest.mark.parametrize("moment", ["during docker run", "after docker run"])
 def test_worker_killed_mid_provision_leaves_nothing_orphaned_after_reconcile(
     moment, worker_fleet, workers, owner_a, funded, image_ssh, settings
-):  # type: ignore[no-untyped-def]
+):
     """Killed while `docker run` waits on the node (no container yet: reconcile retries
     on the new worker), or once the container exists but before the worker recorded it
     (reconcile adopts that container rather than starting a second one)."""

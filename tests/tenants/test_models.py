@@ -11,18 +11,18 @@ from tests.factories import MembershipFactory
 pytestmark = pytest.mark.django_db
 
 
-def _refused(fn):  # type: ignore[no-untyped-def]
+def _refused(fn):
     with pytest.raises(IntegrityError), transaction.atomic():
         fn()
 
 
-def test_balance_never_negative(owner_a):  # type: ignore[no-untyped-def]
+def test_balance_never_negative(owner_a):
     tenant = owner_a.tenant
     tenant.credit_balance = Decimal("-0.01")
     _refused(tenant.save)
 
 
-def test_ledger_sign_matches_kind(owner_a):  # type: ignore[no-untyped-def]
+def test_ledger_sign_matches_kind(owner_a):
     t = owner_a.tenant
     _refused(
         lambda: LedgerEntry.objects.create(
@@ -44,7 +44,7 @@ def test_ledger_sign_matches_kind(owner_a):  # type: ignore[no-untyped-def]
     )
 
 
-def test_purchase_minutes_within_bought(owner_a):  # type: ignore[no-untyped-def]
+def test_purchase_minutes_within_bought(owner_a):
     tier = Tier.objects.get(vram_mb=4096)
     _refused(
         lambda: Purchase.objects.create(
@@ -68,7 +68,7 @@ def test_purchase_minutes_within_bought(owner_a):  # type: ignore[no-untyped-def
     )
 
 
-def test_running_slice_must_hold_an_allocation(owner_a):  # type: ignore[no-untyped-def]
+def test_running_slice_must_hold_an_allocation(owner_a):
     tier = Tier.objects.get(vram_mb=4096)
     purchase = Purchase.objects.create(
         tenant=owner_a.tenant,
@@ -94,19 +94,19 @@ def test_running_slice_must_hold_an_allocation(owner_a):  # type: ignore[no-unty
     assert s.owner_key == f"slice-{s.pk}"
 
 
-def test_one_tenant_per_user_and_known_roles(owner_a, owner_b):  # type: ignore[no-untyped-def]
+def test_one_tenant_per_user_and_known_roles(owner_a, owner_b):
     _refused(lambda: Membership.objects.create(user=owner_a.user, tenant=owner_b.tenant))
     _refused(lambda: MembershipFactory(tenant=owner_a.tenant, role="superuser"))
 
 
-def test_tier_seed_values(db):  # type: ignore[no-untyped-def]
+def test_tier_seed_values(db):
     tiers = list(Tier.objects.order_by("vram_mb"))
     assert [t.vram_gb for t in tiers] == [4, 8, 12, 24]
     prices = [t.price_per_hour / t.vram_gb for t in tiers]
     assert prices == sorted(prices, reverse=True)  # bigger slices cost less per GB
 
 
-def test_slice_state_sets_partition_the_states():  # type: ignore[no-untyped-def]
+def test_slice_state_sets_partition_the_states():
     # A new state must be placed: live (it holds its purchase) or final, never both.
     assert set(Slice.LIVE_STATES) == set(Slice.State) - set(Slice.FINAL_STATES)
     assert set(Slice.MUST_HOLD_ALLOCATION_STATES) < set(Slice.HOLDS_VRAM_STATES)

@@ -70,7 +70,7 @@ def test_ops_set_the_rate_and_each_change_is_an_audit_row(ops_user):
         ("USD", "1", "  ", "reason"),
     ],
 )
-def test_a_bad_rate_is_refused_naming_the_field(ops_user, currency, per_credit, reason, field):  # type: ignore[no-untyped-def]
+def test_a_bad_rate_is_refused_naming_the_field(ops_user, currency, per_credit, reason, field):
     with pytest.raises(ServiceError) as exc:
         services.credit_rate_set(
             actor=ops_user, currency=currency, per_credit=per_credit, reason=reason
@@ -79,12 +79,12 @@ def test_a_bad_rate_is_refused_naming_the_field(ops_user, currency, per_credit, 
     assert not CreditRate.objects.exists()
 
 
-def test_only_ops_set_the_rate(owner_a):  # type: ignore[no-untyped-def]
+def test_only_ops_set_the_rate(owner_a):
     with pytest.raises(NotAllowed):
         services.credit_rate_set(actor=owner_a.user, currency="USD", per_credit="2", reason="x")
 
 
-def test_the_rate_page_form_changes_what_every_price_shows(client, ops_user, owner_a):  # type: ignore[no-untyped-def]
+def test_the_rate_page_form_changes_what_every_price_shows(client, ops_user, owner_a):
     client.force_login(ops_user)
     page = client.get("/ops/credit/").content.decode()
     assert 'id="rate-form"' in page and "1 credit = $1.00" in page
@@ -100,7 +100,7 @@ def test_the_rate_page_form_changes_what_every_price_shows(client, ops_user, own
     assert "Prices in EUR" in catalog
 
 
-def test_a_bad_rate_on_the_page_changes_nothing_and_says_why(client, ops_user):  # type: ignore[no-untyped-def]
+def test_a_bad_rate_on_the_page_changes_nothing_and_says_why(client, ops_user):
     client.force_login(ops_user)
     response = client.post(
         "/ops/credit/rate/", {"currency": "USD", "per_credit": "0", "reason": "x"}, follow=True
@@ -114,7 +114,7 @@ def test_a_bad_rate_on_the_page_changes_nothing_and_says_why(client, ops_user): 
 
 def test_a_member_asks_and_ops_grant_one_ledger_entry(
     owner_a, ops_user, eager, django_capture_on_commit_callbacks
-):  # type: ignore[no-untyped-def]
+):
     asked = services.credit_request_create(membership=owner_a, amount="25", note="first run")
     assert asked.status == CreditRequest.Status.PENDING
     with django_capture_on_commit_callbacks(execute=True):
@@ -135,7 +135,7 @@ def test_a_member_asks_and_ops_grant_one_ledger_entry(
     assert LedgerEntry.objects.filter(tenant=owner_a.tenant).count() == 1
 
 
-def test_one_request_waits_at_a_time(owner_a):  # type: ignore[no-untyped-def]
+def test_one_request_waits_at_a_time(owner_a):
     services.credit_request_create(membership=owner_a, amount="10")
     with pytest.raises(Conflict) as exc:
         services.credit_request_create(membership=owner_a, amount="20")
@@ -143,21 +143,21 @@ def test_one_request_waits_at_a_time(owner_a):  # type: ignore[no-untyped-def]
     assert CreditRequest.objects.count() == 1
 
 
-def test_the_database_keeps_one_pending_request_per_tenant(owner_a):  # type: ignore[no-untyped-def]
+def test_the_database_keeps_one_pending_request_per_tenant(owner_a):
     CreditRequest.objects.create(tenant=owner_a.tenant, amount=Decimal("1"))
     with pytest.raises(IntegrityError):
         CreditRequest.objects.create(tenant=owner_a.tenant, amount=Decimal("2"))
 
 
 @pytest.mark.parametrize("amount", ["0", "-5", "abc", "1.234", "100000.01"])
-def test_a_bad_amount_is_refused(owner_a, amount):  # type: ignore[no-untyped-def]
+def test_a_bad_amount_is_refused(owner_a, amount):
     with pytest.raises(ServiceError) as exc:
         services.credit_request_create(membership=owner_a, amount=amount)
     assert exc.value.field == "amount"
     assert not CreditRequest.objects.exists()
 
 
-def test_viewers_cannot_ask(owner_a):  # type: ignore[no-untyped-def]
+def test_viewers_cannot_ask(owner_a):
     viewer = MembershipFactory(tenant=owner_a.tenant, role=Role.VIEWER)
     with pytest.raises(NotAllowed):
         services.credit_request_create(membership=viewer, amount="5")
@@ -165,7 +165,7 @@ def test_viewers_cannot_ask(owner_a):  # type: ignore[no-untyped-def]
 
 def test_declining_needs_a_note_the_tenant_reads(
     owner_a, ops_user, eager, django_capture_on_commit_callbacks
-):  # type: ignore[no-untyped-def]
+):
     asked = services.credit_request_create(membership=owner_a, amount="50")
     with pytest.raises(ServiceError) as exc:
         services.credit_request_decline(request=asked, actor=ops_user, note=" ")
@@ -181,14 +181,14 @@ def test_declining_needs_a_note_the_tenant_reads(
     assert owner_a.tenant.audit_events.filter(action="credit.request_declined").exists()
 
 
-def test_a_tenant_cannot_grant_itself(owner_a):  # type: ignore[no-untyped-def]
+def test_a_tenant_cannot_grant_itself(owner_a):
     asked = services.credit_request_create(membership=owner_a, amount="50")
     with pytest.raises(NotAllowed):
         services.credit_request_grant(request=asked, actor=owner_a.user)
     assert not LedgerEntry.objects.exists()
 
 
-def test_the_dashboard_asks_and_withdraws(client, owner_a):  # type: ignore[no-untyped-def]
+def test_the_dashboard_asks_and_withdraws(client, owner_a):
     client.force_login(owner_a.user)
     page = client.get("/dashboard/").content.decode()
     assert 'id="credit-request-form"' in page and "How to start" in page
@@ -202,14 +202,14 @@ def test_the_dashboard_asks_and_withdraws(client, owner_a):  # type: ignore[no-u
     assert asked.status == "withdrawn"
 
 
-def test_a_bad_amount_on_the_dashboard_says_why_and_keeps_nothing(client, owner_a):  # type: ignore[no-untyped-def]
+def test_a_bad_amount_on_the_dashboard_says_why_and_keeps_nothing(client, owner_a):
     client.force_login(owner_a.user)
     response = client.post("/credit/requests/", {"amount": "-3"}, follow=True)
     assert "Credits:" in response.content.decode()
     assert not CreditRequest.objects.exists()
 
 
-def test_another_tenants_request_is_not_found(client, owner_a, owner_b):  # type: ignore[no-untyped-def]
+def test_another_tenants_request_is_not_found(client, owner_a, owner_b):
     asked = services.credit_request_create(membership=owner_b, amount="5")
     client.force_login(owner_a.user)
     assert client.post(f"/credit/requests/{asked.pk}/withdraw/").status_code == 404
@@ -217,7 +217,7 @@ def test_another_tenants_request_is_not_found(client, owner_a, owner_b):  # type
     assert asked.status == "pending"
 
 
-def test_ops_decide_on_the_credit_page(client, owner_a, ops_user, eager):  # type: ignore[no-untyped-def]
+def test_ops_decide_on_the_credit_page(client, owner_a, ops_user, eager):
     asked = services.credit_request_create(membership=owner_a, amount="40", note="eval")
     client.force_login(ops_user)
     page = client.get("/ops/credit/").content.decode()
@@ -229,7 +229,7 @@ def test_ops_decide_on_the_credit_page(client, owner_a, ops_user, eager):  # typ
     assert 'id="no-credit-requests"' in page and 'id="credit-decided"' in page
 
 
-def test_tenants_cannot_reach_the_ops_decisions(client, owner_a):  # type: ignore[no-untyped-def]
+def test_tenants_cannot_reach_the_ops_decisions(client, owner_a):
     asked = services.credit_request_create(membership=owner_a, amount="40")
     client.force_login(owner_a.user)
     response = client.post(f"/ops/credit/requests/{asked.pk}/grant/", {"note": ""})
@@ -242,12 +242,12 @@ def test_tenants_cannot_reach_the_ops_decisions(client, owner_a):  # type: ignor
 
 
 @pytest.fixture
-def funded(owner_a, ops_user):  # type: ignore[no-untyped-def]
+def funded(owner_a, ops_user):
     services.credit_grant(tenant=owner_a.tenant, amount="100.00", actor=ops_user, memo="trial")
     return owner_a
 
 
-def test_balance_ledger_and_purchases_show_money(client, funded, ops_user):  # type: ignore[no-untyped-def]
+def test_balance_ledger_and_purchases_show_money(client, funded, ops_user):
     services.credit_rate_set(actor=ops_user, currency="GBP", per_credit="0.8", reason="uk")
     tier = Tier.objects.get(vram_mb=8192)
     services.purchase_create(membership=funded, tier=tier, hours=2)
@@ -264,7 +264,7 @@ def test_balance_ledger_and_purchases_show_money(client, funded, ops_user):  # t
     assert '"currency": "GBP"' in buy
 
 
-def test_the_slice_page_shows_cost_so_far(client, funded):  # type: ignore[no-untyped-def]
+def test_the_slice_page_shows_cost_so_far(client, funded):
     tier = Tier.objects.get(vram_mb=8192)
     purchase = services.purchase_create(membership=funded, tier=tier, hours=2)[0]
     slice = Slice.objects.create(
@@ -306,7 +306,7 @@ def test_can_host_follows_the_placement_rules():
     assert not can_host(4096, total_mb=81920, mig_enabled=True, mig_sizes_mb=(40192,))
 
 
-def test_tiers_page_names_the_cards_in_service_and_prices_per_hour(client):  # type: ignore[no-untyped-def]
+def test_tiers_page_names_the_cards_in_service_and_prices_per_hour(client):
     node = Node.objects.create(
         name="n1", address="10.0.0.1", gate_status="passed", status=Node.Status.ACTIVE
     )
@@ -340,12 +340,12 @@ def test_tiers_page_names_the_cards_in_service_and_prices_per_hour(client):  # t
     assert "/ hour" in by_size["4096"] and "$" in by_size["4096"]
 
 
-def test_tiers_page_with_no_fleet_says_a_purchase_would_wait(client):  # type: ignore[no-untyped-def]
+def test_tiers_page_with_no_fleet_says_a_purchase_would_wait(client):
     page = client.get("/tiers/").content.decode()
     assert "No card in the fleet takes this tier right now" in page
 
 
-def test_tiers_page_queries_do_not_grow_with_the_fleet(client, django_assert_max_num_queries):  # type: ignore[no-untyped-def]
+def test_tiers_page_queries_do_not_grow_with_the_fleet(client, django_assert_max_num_queries):
     node = Node.objects.create(
         name="n1", address="10.0.0.1", gate_status="passed", status=Node.Status.ACTIVE
     )
@@ -360,7 +360,7 @@ def test_tiers_page_queries_do_not_grow_with_the_fleet(client, django_assert_max
 # --- first steps, tokens, owners ------------------------------------------------------------
 
 
-def test_signup_lands_on_the_dashboard_with_how_to_start(client):  # type: ignore[no-untyped-def]
+def test_signup_lands_on_the_dashboard_with_how_to_start(client):
     response = client.post(
         "/signup/",
         {
@@ -376,14 +376,14 @@ def test_signup_lands_on_the_dashboard_with_how_to_start(client):  # type: ignor
     assert "How to start" in page and "Ask ops for credit" in page
 
 
-def test_the_new_token_has_a_copy_button(client, owner_a):  # type: ignore[no-untyped-def]
+def test_the_new_token_has_a_copy_button(client, owner_a):
     client.force_login(owner_a.user)
     form = {"name": "ci", "scope_read": "on"}
     page = client.post("/account/tokens/", form, follow=True).content.decode()
     assert 'data-copy="#new-token-value"' in page and "js/copy.js" in page
 
 
-def test_the_sole_owner_cannot_be_demoted_and_the_page_says_so(client, owner_a):  # type: ignore[no-untyped-def]
+def test_the_sole_owner_cannot_be_demoted_and_the_page_says_so(client, owner_a):
     client.force_login(owner_a.user)
     page = client.get("/account/").content.decode()
     assert 'id="sole-owner-note"' in page
@@ -402,16 +402,14 @@ class TestCreditRequestsApi(ApiResourceContract):
     list_url = "/api/v1/credit-requests/"
     filters = {"status": ("declined", "granted")}
 
-    def make(self, membership):  # type: ignore[no-untyped-def]
+    def make(self, membership):
         # Decided rows: only one request may be pending per tenant.
         return CreditRequest.objects.create(
             tenant=membership.tenant, amount=Decimal("5"), status="declined", note="x"
         )
 
 
-def test_api_ask_then_ops_grant_and_the_tenant_sees_ops_not_the_operator(  # type: ignore[no-untyped-def]
-    api_a, api_ops, owner_a
-):
+def test_api_ask_then_ops_grant_and_the_tenant_sees_ops_not_the_operator(api_a, api_ops, owner_a):
     created = api_a.post(
         "/api/v1/credit-requests/", {"amount": "12.50", "note": "eval"}, format="json"
     )
@@ -433,7 +431,7 @@ def test_api_ask_then_ops_grant_and_the_tenant_sees_ops_not_the_operator(  # typ
     assert twice.status_code == 409 and twice.json()["code"] == "credit_request_decided"
 
 
-def test_api_decline_without_a_note_is_a_400_naming_note(api_a, api_ops):  # type: ignore[no-untyped-def]
+def test_api_decline_without_a_note_is_a_400_naming_note(api_a, api_ops):
     asked = api_a.post("/api/v1/credit-requests/", {"amount": "3"}, format="json").json()
     response = api_ops.post(
         f"/api/v1/ops/credit-requests/{asked['id']}/decline/", {}, format="json"
@@ -442,7 +440,7 @@ def test_api_decline_without_a_note_is_a_400_naming_note(api_a, api_ops):  # typ
     assert CreditRequest.objects.get(pk=asked["id"]).status == "pending"
 
 
-def test_api_tenants_cannot_decide_and_cannot_see_others(api_a, api_b, owner_b):  # type: ignore[no-untyped-def]
+def test_api_tenants_cannot_decide_and_cannot_see_others(api_a, api_b, owner_b):
     asked = services.credit_request_create(membership=owner_b, amount="3")
     assert api_a.post(f"/api/v1/ops/credit-requests/{asked.pk}/grant/").status_code == 403
     assert api_a.post(f"/api/v1/credit-requests/{asked.pk}/withdraw/").status_code == 404
@@ -451,7 +449,7 @@ def test_api_tenants_cannot_decide_and_cannot_see_others(api_a, api_b, owner_b):
     )
 
 
-def test_api_rate_is_public_and_ops_set_it(anon_api, api_ops, api_a):  # type: ignore[no-untyped-def]
+def test_api_rate_is_public_and_ops_set_it(anon_api, api_ops, api_a):
     assert anon_api.get("/api/v1/credit-rate/").json() == {
         "currency": "USD",
         "per_credit": "1.0000",
@@ -477,7 +475,7 @@ def test_api_rate_is_public_and_ops_set_it(anon_api, api_ops, api_a):  # type: i
     assert api_ops.get("/api/v1/ops/credit-rates/").json()["count"] == 1
 
 
-def test_a_suspended_tenant_cannot_ask_or_withdraw_and_the_page_says_so(client, owner_a):  # type: ignore[no-untyped-def]
+def test_a_suspended_tenant_cannot_ask_or_withdraw_and_the_page_says_so(client, owner_a):
     asked = services.credit_request_create(membership=owner_a, amount="5")
     owner_a.tenant.status = "suspended"
     owner_a.tenant.save(update_fields=["status"])
@@ -498,7 +496,7 @@ def test_a_suspended_tenant_cannot_ask_or_withdraw_and_the_page_says_so(client, 
     assert 'id="credit-suspended"' in client.get("/dashboard/").content.decode()
 
 
-def test_api_range_errors_use_the_shared_codes(api_a, api_ops):  # type: ignore[no-untyped-def]
+def test_api_range_errors_use_the_shared_codes(api_a, api_ops):
     for amount in ("100000.01", "1000000000000000000"):
         over = api_a.post("/api/v1/credit-requests/", {"amount": amount}, format="json").json()
         assert over["code"] == "validation_error"
@@ -517,7 +515,7 @@ def test_api_range_errors_use_the_shared_codes(api_a, api_ops):  # type: ignore[
     assert zero["fields"]["per_credit"][0]["code"] == "min_value"
 
 
-def test_a_page_reads_the_rate_once_for_its_view_forms_and_templates(client, funded):  # type: ignore[no-untyped-def]
+def test_a_page_reads_the_rate_once_for_its_view_forms_and_templates(client, funded):
     client.force_login(funded.user)
     for url in ("/buy/", "/tiers/", "/dashboard/"):
         with CaptureQueriesContext(connection) as queries:

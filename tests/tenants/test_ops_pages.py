@@ -10,7 +10,7 @@ from tests.factories import MembershipFactory
 pytestmark = pytest.mark.django_db
 
 
-def test_ops_tenants_page_requires_staff(client, owner_a, ops_user):  # type: ignore[no-untyped-def]
+def test_ops_tenants_page_requires_staff(client, owner_a, ops_user):
     assert client.get("/ops/tenants/").status_code == 302  # anonymous: to login
     client.force_login(owner_a.user)
     response = client.get("/ops/tenants/")
@@ -23,7 +23,7 @@ def test_ops_tenants_page_requires_staff(client, owner_a, ops_user):  # type: ig
     assert owner_a.tenant.status == "active"
 
 
-def test_ops_lists_searches_and_paginates_tenants(client, ops_user, owner_a, owner_b):  # type: ignore[no-untyped-def]
+def test_ops_lists_searches_and_paginates_tenants(client, ops_user, owner_a, owner_b):
     for n in range(30):
         MembershipFactory(tenant__name=f"Bulk {n:02d}")
     client.force_login(ops_user)
@@ -35,7 +35,7 @@ def test_ops_lists_searches_and_paginates_tenants(client, ops_user, owner_a, own
     assert partial.lstrip().startswith('<div id="tenant-rows">') and "<html" not in partial
 
 
-def test_ops_suspend_and_reactivate(client, ops_user, owner_a):  # type: ignore[no-untyped-def]
+def test_ops_suspend_and_reactivate(client, ops_user, owner_a):
     client.force_login(ops_user)
     url = f"/ops/tenants/{owner_a.tenant.pk}/status/"
     client.post(url, {"status": "suspended", "reason": ""})
@@ -52,7 +52,7 @@ def test_ops_suspend_and_reactivate(client, ops_user, owner_a):  # type: ignore[
     assert owner_a.tenant.status == Tenant.Status.ACTIVE
 
 
-def test_suspended_tenant_cannot_write_through_api(api_a, owner_a, ops_user):  # type: ignore[no-untyped-def]
+def test_suspended_tenant_cannot_write_through_api(api_a, owner_a, ops_user):
     services.tenant_set_status(
         tenant=owner_a.tenant, actor=ops_user, status="suspended", reason="review"
     )
@@ -64,19 +64,19 @@ def test_suspended_tenant_cannot_write_through_api(api_a, owner_a, ops_user):  #
     assert not owner_a.user.api_tokens.filter(name="while suspended").exists()
 
 
-def test_nav_shows_ops_links_only_to_staff(client, owner_a, ops_user):  # type: ignore[no-untyped-def]
+def test_nav_shows_ops_links_only_to_staff(client, owner_a, ops_user):
     client.force_login(owner_a.user)
     assert "/ops/tenants/" not in client.get("/tiers/").content.decode()
     client.force_login(ops_user)
     assert "/ops/tenants/" in client.get("/tiers/").content.decode()
 
 
-def test_ops_search_with_a_nul_byte_is_not_a_500(client, ops_user):  # type: ignore[no-untyped-def]
+def test_ops_search_with_a_nul_byte_is_not_a_500(client, ops_user):
     client.force_login(ops_user)
     assert client.get("/ops/tenants/", {"q": "a\x00b"}).status_code == 200
 
 
-def test_suspended_tenant_cannot_change_members_or_make_tokens(owner_a, ops_user):  # type: ignore[no-untyped-def]
+def test_suspended_tenant_cannot_change_members_or_make_tokens(owner_a, ops_user):
     services.tenant_set_status(
         tenant=owner_a.tenant, actor=ops_user, status="suspended", reason="review"
     )

@@ -29,21 +29,21 @@ QWEN = {"model": {"catalog": "Qwen/Qwen2.5-0.5B"}, "context_tokens": 2048}
 
 
 @pytest.fixture
-def funded(owner_a, ops_user):  # type: ignore[no-untyped-def]
+def funded(owner_a, ops_user):
     services.credit_grant(tenant=owner_a.tenant, amount="100.00", actor=ops_user, memo="trial")
     owner_a.tenant.refresh_from_db()
     return owner_a
 
 
 @pytest.fixture
-def image(ops_user) -> Image:  # type: ignore[no-untyped-def]
+def image(ops_user) -> Image:
     return services.image_create(
         actor=ops_user, name="torch", reference="pytorch/pytorch:2.4.0", ports=[22]
     )
 
 
 @pytest.fixture
-def node(db) -> Node:  # type: ignore[no-untyped-def]
+def node(db) -> Node:
     return Node.objects.create(
         gate_status="passed",
         name="gpu-host-1",
@@ -53,7 +53,7 @@ def node(db) -> Node:  # type: ignore[no-untyped-def]
     )
 
 
-def _running(membership, image, node, index: int, samples=(2100, 3000)) -> Slice:  # type: ignore[no-untyped-def]
+def _running(membership, image, node, index: int, samples=(2100, 3000)) -> Slice:
     """A slice placed on `node`'s GPU, marked running, with `samples` of its container
     (MiB, oldest first); each sample is two processes' sum."""
     Gpu.objects.get_or_create(
@@ -92,7 +92,7 @@ def _running(membership, image, node, index: int, samples=(2100, 3000)) -> Slice
 # --- 1. the peak so far, in the API and on the pages -------------------------------------------
 
 
-def test_a_running_slices_peak_so_far_is_in_the_api_and_pages(  # type: ignore[no-untyped-def]
+def test_a_running_slices_peak_so_far_is_in_the_api_and_pages(
     api_a, api_ops, client, ops_user, funded, image, node, django_capture_on_commit_callbacks
 ):
     with django_capture_on_commit_callbacks(execute=False):
@@ -110,7 +110,7 @@ def test_a_running_slices_peak_so_far_is_in_the_api_and_pages(  # type: ignore[n
     assert " / 3000</td>" in row
 
 
-def test_a_stored_peak_wins_and_a_queued_slice_has_none(api_a, funded, image, node):  # type: ignore[no-untyped-def]
+def test_a_stored_peak_wins_and_a_queued_slice_has_none(api_a, funded, image, node):
     slice = _running(funded, image, node, 0)
     Slice.objects.filter(pk=slice.pk).update(state=Slice.State.STOPPED, peak_vram_mb=2900)
     assert api_a.get(f"/api/v1/slices/{slice.pk}/").json()["peak_vram_mb"] == 2900
@@ -118,10 +118,10 @@ def test_a_stored_peak_wins_and_a_queued_slice_has_none(api_a, funded, image, no
     assert api_a.get(f"/api/v1/slices/{slice.pk}/").json()["peak_vram_mb"] is None
 
 
-def test_the_peak_so_far_costs_no_query_per_slice(  # type: ignore[no-untyped-def]
+def test_the_peak_so_far_costs_no_query_per_slice(
     api_a, api_ops, funded, image, node, django_capture_on_commit_callbacks
 ):
-    def counted(api, path):  # type: ignore[no-untyped-def]
+    def counted(api, path):
         api.get(path)  # warm: the first request reads the rate and such once
         with CaptureQueriesContext(connection) as queries:
             body = api.get(path).json()
@@ -172,7 +172,7 @@ def test_no_page_writes_a_time_its_own_way():
     assert not local, local
 
 
-def test_the_slice_page_writes_each_moment_with_its_zone(  # type: ignore[no-untyped-def]
+def test_the_slice_page_writes_each_moment_with_its_zone(
     client, funded, image, node, django_capture_on_commit_callbacks
 ):
     with django_capture_on_commit_callbacks(execute=False):
@@ -196,7 +196,7 @@ def test_the_slice_page_writes_each_moment_with_its_zone(  # type: ignore[no-unt
 # --- 3. the quota library's count, said as it is ---------------------------------------------
 
 
-def test_a_missing_library_count_says_why(  # type: ignore[no-untyped-def]
+def test_a_missing_library_count_says_why(
     client, funded, image, node, django_capture_on_commit_callbacks
 ):
     with django_capture_on_commit_callbacks(execute=False):
@@ -225,7 +225,7 @@ def test_a_missing_library_count_says_why(  # type: ignore[no-untyped-def]
 # --- 4. where ops land after logging in -------------------------------------------------------
 
 
-def test_ops_land_on_the_fleet_and_tenants_on_their_account(client, owner_a):  # type: ignore[no-untyped-def]
+def test_ops_land_on_the_fleet_and_tenants_on_their_account(client, owner_a):
     ops = UserFactory(is_staff=True)  # with two-factor, as staff must have
     answer = client.post("/accounts/login/", {"username": ops.username, "password": PASSWORD})
     assert answer.status_code == 302 and answer["Location"] == "/accounts/login/two-factor/"
@@ -256,7 +256,7 @@ def test_one_rounding_rule_half_up():
     assert Rate().format_value("0.165") == "$0.17"
 
 
-def test_cost_so_far_rounds_half_up_like_every_amount_shown(client, funded):  # type: ignore[no-untyped-def]
+def test_cost_so_far_rounds_half_up_like_every_amount_shown(client, funded):
     tier = Tier.objects.get(vram_mb=8192)
     purchase = services.purchase_create(membership=funded, tier=tier, hours=2)[0]
     assert purchase.price_paid == Decimal("0.76")
@@ -286,7 +286,7 @@ def test_a_refund_still_rounds_down():
 # --- 6. every price with its money value ------------------------------------------------------
 
 
-def test_a_purchase_is_announced_with_its_money_value(client, funded, ops_user):  # type: ignore[no-untyped-def]
+def test_a_purchase_is_announced_with_its_money_value(client, funded, ops_user):
     services.credit_rate_set(actor=ops_user, currency="EUR", per_credit="0.5", reason="test")
     tier = Tier.objects.get(vram_mb=8192)
     client.force_login(funded.user)

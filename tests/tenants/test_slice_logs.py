@@ -17,18 +17,18 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def running(eager, worker_fleet, owner_a, funded, image_ssh):  # type: ignore[no-untyped-def]
+def running(eager, worker_fleet, owner_a, funded, image_ssh):
     fleet = worker_fleet()
     s = launch(owner_a, funded(owner_a, vram_gb=4, hours=1), image_ssh)
     assert s.state == Slice.State.RUNNING
     return fleet.nodes[0], s
 
 
-def _texts(body) -> list[str]:  # type: ignore[no-untyped-def]
+def _texts(body) -> list[str]:
     return [line["text"] for line in body["lines"]]
 
 
-def test_lines_come_through_the_api_once_each_in_order_with_a_cursor(running, api_a):  # type: ignore[no-untyped-def]
+def test_lines_come_through_the_api_once_each_in_order_with_a_cursor(running, api_a):
     emu, s = running
     services.slice_logs_collect(slice_id=s.pk)
     already = SliceLogLine.objects.filter(slice=s).count()  # what the job said at start
@@ -51,7 +51,7 @@ def test_lines_come_through_the_api_once_each_in_order_with_a_cursor(running, ap
     assert seqs == sorted(seqs) and len(seqs) == len(set(seqs))
 
 
-def test_paging_is_bounded_and_says_there_is_more(running, api_a, settings):  # type: ignore[no-untyped-def]
+def test_paging_is_bounded_and_says_there_is_more(running, api_a, settings):
     emu, s = running
     emu.container_print(s.container_id, "\n".join(f"line {n}" for n in range(30)))
     services.slice_logs_collect(slice_id=s.pk)
@@ -72,7 +72,7 @@ def test_paging_is_bounded_and_says_there_is_more(running, api_a, settings):  # 
     [({"after": -1}, "after"), ({"after": "x"}, "after"), ({"limit": 0}, "limit"),
      ({"limit": 1001}, "limit")],
 )  # fmt: skip
-def test_a_bad_cursor_or_limit_is_a_400_naming_it(running, api_a, query, field):  # type: ignore[no-untyped-def]
+def test_a_bad_cursor_or_limit_is_a_400_naming_it(running, api_a, query, field):
     _, s = running
     answer = api_a.get(f"/api/v1/slices/{s.pk}/logs/", query)
     assert answer.status_code == 400 and field in answer.json()["fields"]
@@ -80,7 +80,7 @@ def test_a_bad_cursor_or_limit_is_a_400_naming_it(running, api_a, query, field):
 
 def test_the_output_outlives_the_container_and_is_pruned_after_retention(
     running, api_a, owner_a, settings
-):  # type: ignore[no-untyped-def]
+):
     emu, s = running
     emu.container_print(s.container_id, "saving checkpoint\nbye")
     services.slice_stop(slice=s, actor=owner_a.user)  # the stop reads the last lines
@@ -95,7 +95,7 @@ def test_the_output_outlives_the_container_and_is_pruned_after_retention(
     assert not SliceLogLine.objects.filter(slice=s).exists()
 
 
-def test_who_reads_it_another_tenant_a_viewer_and_nobody(running, api_a, api_b, anon_api, owner_a):  # type: ignore[no-untyped-def]
+def test_who_reads_it_another_tenant_a_viewer_and_nobody(running, api_a, api_b, anon_api, owner_a):
     _, s = running
     assert api_b.get(f"/api/v1/slices/{s.pk}/logs/").status_code == 404
     assert anon_api.get(f"/api/v1/slices/{s.pk}/logs/").status_code == 401
@@ -109,7 +109,7 @@ def test_who_reads_it_another_tenant_a_viewer_and_nobody(running, api_a, api_b, 
     assert client.get(f"/api/v1/slices/{s.pk}/logs/").status_code == 200
 
 
-def test_the_page_shows_escaped_lines_and_polls_until_the_slice_is_done(running, client, owner_a):  # type: ignore[no-untyped-def]
+def test_the_page_shows_escaped_lines_and_polls_until_the_slice_is_done(running, client, owner_a):
     emu, s = running
     emu.container_print(s.container_id, "<script>alert(1)</script>")
     services.slice_logs_collect(slice_id=s.pk)

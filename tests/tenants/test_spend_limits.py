@@ -26,7 +26,7 @@ buyers, ops, tiers = (
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_an_owner_sets_the_tenants_limit_and_others_cannot(api_a, owner_a, token_client):  # type: ignore[no-untyped-def]
+def test_an_owner_sets_the_tenants_limit_and_others_cannot(api_a, owner_a, token_client):
     member = MembershipFactory(tenant=owner_a.tenant, role=Role.MEMBER, user__email="m@a.test")
     as_member = token_client(member.user)
     refused = as_member.put("/api/v1/spend-limit/", {"limit": "5.00"}, format="json")
@@ -45,7 +45,7 @@ def test_an_owner_sets_the_tenants_limit_and_others_cannot(api_a, owner_a, token
     assert AuditEvent.objects.filter(tenant=owner_a.tenant, action="spend.limit").count() == 2
 
 
-def test_purchases_stop_at_the_limit_with_a_warning_at_80_percent(buyers, tiers, settings):  # type: ignore[no-untyped-def]
+def test_purchases_stop_at_the_limit_with_a_warning_at_80_percent(buyers, tiers, settings):
     settings.CELERY_TASK_ALWAYS_EAGER = True
     (owner,) = buyers(tenants=1, credit="100.00")
     spend.spend_limit_set(actor=owner.user, tenant=owner.tenant, limit="2.00")
@@ -67,7 +67,7 @@ def test_purchases_stop_at_the_limit_with_a_warning_at_80_percent(buyers, tiers,
     services.purchase_create(membership=owner, tier=eight, hours=1)
 
 
-def _ops():  # type: ignore[no-untyped-def]
+def _ops():
     from django.contrib.auth import get_user_model  # noqa: PLC0415 - one lookup
 
     return get_user_model().objects.get(is_staff=True)
@@ -75,7 +75,7 @@ def _ops():  # type: ignore[no-untyped-def]
 
 def test_a_reached_limit_refuses_launches_and_resumes_but_not_what_runs(
     eager, worker_fleet, funded, owner_a, image_ssh
-):  # type: ignore[no-untyped-def]
+):
     from tests.conftest import launch  # noqa: PLC0415 - the shared launch helper
 
     worker_fleet()
@@ -96,7 +96,7 @@ def test_a_reached_limit_refuses_launches_and_resumes_but_not_what_runs(
     assert again.value.code == "spend_limit_reached"
 
 
-def test_a_members_and_a_tokens_limits_count_only_their_own_purchases(buyers, tiers):  # type: ignore[no-untyped-def]
+def test_a_members_and_a_tokens_limits_count_only_their_own_purchases(buyers, tiers):
     (owner,) = buyers(tenants=1, credit="100.00")
     member = MembershipFactory(tenant=owner.tenant, role=Role.MEMBER, user__email="mm@a.test")
     spend.spend_limit_set(actor=owner.user, tenant=owner.tenant, limit="0.50", member=member)
@@ -116,7 +116,7 @@ def test_a_members_and_a_tokens_limits_count_only_their_own_purchases(buyers, ti
         spend.spend_limit_set(actor=member.user, tenant=owner.tenant, limit="9.00")
 
 
-def test_parallel_purchases_never_pass_the_tenants_limit(buyers, tiers):  # type: ignore[no-untyped-def]
+def test_parallel_purchases_never_pass_the_tenants_limit(buyers, tiers):
     (owner,) = buyers(tenants=1, credit="100.00")
     spend.spend_limit_set(actor=owner.user, tenant=owner.tenant, limit="4.00")
     tier: Tier = tiers[8]  # 0.38 x 3 h = 1.14 each: three fit in 4.00
@@ -133,7 +133,7 @@ def test_parallel_purchases_never_pass_the_tenants_limit(buyers, tiers):  # type
 
 def test_the_dashboard_warns_at_80_percent_and_says_when_the_limit_is_reached(
     client, buyers, tiers
-):  # type: ignore[no-untyped-def]
+):
     (owner,) = buyers(tenants=1, credit="100.00")
     client.force_login(owner.user)
     assert 'id="spend-this-month"' not in client.get("/dashboard/").content.decode()  # no limit

@@ -33,7 +33,7 @@ ACCEPTED = [
 
 
 @pytest.fixture(autouse=True)
-def _gateway_host_key(settings, tmp_path):  # type: ignore[no-untyped-def]
+def _gateway_host_key(settings, tmp_path):
     settings.GATEWAY_HOST_KEY_PATH = str(tmp_path / "gateway" / "ssh_host_ed25519_key")
 
 
@@ -45,7 +45,7 @@ def _audit(action: str) -> list[AuditEvent]:
 
 
 @pytest.mark.parametrize("key_type", ACCEPTED)
-def test_each_accepted_type_is_stored_normalised_with_its_fingerprint(owner_a, key_type):  # type: ignore[no-untyped-def]
+def test_each_accepted_type_is_stored_normalised_with_its_fingerprint(owner_a, key_type):
     line = public_line(key_type, comment="alice@laptop")
     key = services.ssh_key_add(user=owner_a.user, name="laptop", public_key=f"  {line}\n")
     key.refresh_from_db()
@@ -59,7 +59,7 @@ def test_each_accepted_type_is_stored_normalised_with_its_fingerprint(owner_a, k
     assert key.user == owner_a.user and list(owner_a.user.ssh_keys.all()) == [key]
 
 
-def test_the_fingerprint_is_the_one_ssh_keygen_prints(owner_a, tmp_path):  # type: ignore[no-untyped-def]
+def test_the_fingerprint_is_the_one_ssh_keygen_prints(owner_a, tmp_path):
     if not shutil.which("ssh-keygen"):
         pytest.skip("no ssh-keygen here")
     for key_type in ("ssh-ed25519", "ecdsa-sha2-nistp384", "ssh-rsa"):
@@ -79,14 +79,14 @@ def test_the_fingerprint_is_the_one_ssh_keygen_prints(owner_a, tmp_path):  # typ
     assert ed.fingerprint == node_ssh.fingerprint(ed.public_key)
 
 
-def test_a_line_without_comment_and_a_4096_bit_rsa_key_are_fine(owner_a):  # type: ignore[no-untyped-def]
+def test_a_line_without_comment_and_a_4096_bit_rsa_key_are_fine(owner_a):
     key = services.ssh_key_add(
         user=owner_a.user, name="big", public_key=public_line("ssh-rsa", bits=4096)
     )
     assert key.comment == "" and key.key_type == "ssh-rsa"
 
 
-def test_name_is_trimmed(owner_a):  # type: ignore[no-untyped-def]
+def test_name_is_trimmed(owner_a):
     key = services.ssh_key_add(user=owner_a.user, name="  work pc ", public_key=public_line())
     assert key.name == "work pc"
 
@@ -94,7 +94,7 @@ def test_name_is_trimmed(owner_a):  # type: ignore[no-untyped-def]
 # --- refused input: a 400 naming the field, nothing stored ----------------------------------
 
 
-def _refused(user, *, name="laptop", public_key=None) -> ServiceError:  # type: ignore[no-untyped-def]
+def _refused(user, *, name="laptop", public_key=None) -> ServiceError:
     with pytest.raises(ServiceError) as caught:
         services.ssh_key_add(
             user=user, name=name, public_key=public_line() if public_key is None else public_key
@@ -154,7 +154,7 @@ BAD_KEYS = {
 
 
 @pytest.mark.parametrize("case", list(BAD_KEYS), ids=list(BAD_KEYS))
-def test_a_bad_public_key_is_refused_on_its_field(owner_a, case):  # type: ignore[no-untyped-def]
+def test_a_bad_public_key_is_refused_on_its_field(owner_a, case):
     text, code = BAD_KEYS[case]
     exc = _refused(owner_a.user, public_key=text)
     assert (exc.code, exc.field) == (code, "public_key"), exc.message
@@ -162,13 +162,13 @@ def test_a_bad_public_key_is_refused_on_its_field(owner_a, case):  # type: ignor
         assert "ssh-ed25519" in exc.message
 
 
-def test_several_keys_are_told_apart_from_garbage(owner_a):  # type: ignore[no-untyped-def]
+def test_several_keys_are_told_apart_from_garbage(owner_a):
     exc = _refused(owner_a.user, public_key=public_line() + "\n" + public_line("ssh-rsa"))
     assert "several keys" in exc.message
 
 
 @pytest.mark.parametrize("form", ["openssh", "rsa-pem", "pkcs8", "putty"])
-def test_a_private_key_is_refused_clearly(owner_a, form):  # type: ignore[no-untyped-def]
+def test_a_private_key_is_refused_clearly(owner_a, form):
     exc = _refused(owner_a.user, public_key=private_pastes()[form])
     assert (exc.code, exc.field) == ("private_key", "public_key")
     assert exc.message.startswith("This is a private key; paste the .pub file")
@@ -179,18 +179,18 @@ def test_a_private_key_is_refused_clearly(owner_a, form):  # type: ignore[no-unt
     [("", "required"), ("   ", "required"), ("x" * 10_000, "max_length"), ("x" * 65, "max_length")],
     ids=["empty", "blank", "10000 characters", "65 characters"],
 )
-def test_a_bad_name_is_refused_on_its_field(owner_a, name, code):  # type: ignore[no-untyped-def]
+def test_a_bad_name_is_refused_on_its_field(owner_a, name, code):
     exc = _refused(owner_a.user, name=name)
     assert (exc.code, exc.field) == (code, "name")
 
 
 @pytest.mark.parametrize("name", ["a\nb", "tab\there", "nul\x00"], ids=repr)
-def test_a_name_is_one_line_of_text(owner_a, name):  # type: ignore[no-untyped-def]
+def test_a_name_is_one_line_of_text(owner_a, name):
     exc = _refused(owner_a.user, name=name)
     assert (exc.code, exc.field) == ("invalid", "name")
 
 
-def test_a_64_character_name_is_fine(owner_a):  # type: ignore[no-untyped-def]
+def test_a_64_character_name_is_fine(owner_a):
     key = services.ssh_key_add(user=owner_a.user, name="é" * 64, public_key=public_line())
     assert key.name == "é" * 64
 
@@ -198,7 +198,7 @@ def test_a_64_character_name_is_fine(owner_a):  # type: ignore[no-untyped-def]
 # --- one account per key, at most 50 ------------------------------------------------------
 
 
-def test_the_same_key_twice_on_one_account_is_a_duplicate(owner_a):  # type: ignore[no-untyped-def]
+def test_the_same_key_twice_on_one_account_is_a_duplicate(owner_a):
     line = public_line(comment="first")
     services.ssh_key_add(user=owner_a.user, name="laptop", public_key=line)
     # the comment is not the key: a different one does not make it new
@@ -210,7 +210,7 @@ def test_the_same_key_twice_on_one_account_is_a_duplicate(owner_a):  # type: ign
     assert SshKey.objects.count() == 1 and len(_audit("ssh_key.added")) == 1
 
 
-def test_a_key_of_another_account_is_refused_without_saying_whose(owner_a, owner_b):  # type: ignore[no-untyped-def]
+def test_a_key_of_another_account_is_refused_without_saying_whose(owner_a, owner_b):
     line = public_line()
     services.ssh_key_add(user=owner_a.user, name="alice-secret-box", public_key=line)
     for user in (owner_b.user, MembershipFactory(tenant=owner_a.tenant, role=Role.MEMBER).user):
@@ -223,7 +223,7 @@ def test_a_key_of_another_account_is_refused_without_saying_whose(owner_a, owner
     assert SshKey.objects.get().user == owner_a.user
 
 
-def test_the_database_holds_one_account_per_fingerprint(owner_a, owner_b):  # type: ignore[no-untyped-def]
+def test_the_database_holds_one_account_per_fingerprint(owner_a, owner_b):
     key = services.ssh_key_add(user=owner_a.user, name="a", public_key=public_line())
     with (
         pytest.raises(IntegrityError, match="tenants_sshkey_one_account_per_key"),
@@ -238,7 +238,7 @@ def test_the_database_holds_one_account_per_fingerprint(owner_a, owner_b):  # ty
         )
 
 
-def test_an_account_holds_at_most_50_keys(owner_a):  # type: ignore[no-untyped-def]
+def test_an_account_holds_at_most_50_keys(owner_a):
     SshKey.objects.bulk_create(
         SshKey(
             user=owner_a.user,
@@ -263,20 +263,20 @@ def test_an_account_holds_at_most_50_keys(owner_a):  # type: ignore[no-untyped-d
 
 
 @pytest.mark.parametrize("role", [Role.OWNER, Role.MEMBER, Role.VIEWER])
-def test_every_role_manages_its_own_keys(owner_a, role):  # type: ignore[no-untyped-def]
+def test_every_role_manages_its_own_keys(owner_a, role):
     m = MembershipFactory(tenant=owner_a.tenant, role=role)
     key = services.ssh_key_add(user=m.user, name="mine", public_key=public_line())
     assert services.ssh_key_remove(user=m.user, key_id=key.pk) is True
 
 
-def test_a_user_without_a_tenant_adds_no_key_but_ops_may(ops_user):  # type: ignore[no-untyped-def]
+def test_a_user_without_a_tenant_adds_no_key_but_ops_may(ops_user):
     with pytest.raises(NotAllowed) as caught:
         services.ssh_key_add(user=UserFactory(), name="x", public_key=public_line())
     assert caught.value.code == "no_tenant"
     assert services.ssh_key_add(user=ops_user, name="ops", public_key=public_line()).pk
 
 
-def test_a_suspended_tenant_adds_no_key_but_may_remove_one(owner_a):  # type: ignore[no-untyped-def]
+def test_a_suspended_tenant_adds_no_key_but_may_remove_one(owner_a):
     key = services.ssh_key_add(user=owner_a.user, name="laptop", public_key=public_line())
     Tenant.objects.filter(pk=owner_a.tenant_id).update(status=Tenant.Status.SUSPENDED)
     with pytest.raises(NotAllowed) as caught:
@@ -288,7 +288,7 @@ def test_a_suspended_tenant_adds_no_key_but_may_remove_one(owner_a):  # type: ig
 # --- removal and the audit trail ------------------------------------------------------------
 
 
-def test_add_and_remove_are_audited_like_tokens(owner_a):  # type: ignore[no-untyped-def]
+def test_add_and_remove_are_audited_like_tokens(owner_a):
     key = services.ssh_key_add(user=owner_a.user, name="laptop", public_key=public_line())
     (added,) = _audit("ssh_key.added")
     assert added.tenant == owner_a.tenant and added.actor == owner_a.user
@@ -309,7 +309,7 @@ def test_add_and_remove_are_audited_like_tokens(owner_a):  # type: ignore[no-unt
     assert {"ssh_key.added", "ssh_key.removed"} <= set(actions)
 
 
-def test_nobody_removes_another_users_key_and_twice_is_harmless(owner_a, owner_b):  # type: ignore[no-untyped-def]
+def test_nobody_removes_another_users_key_and_twice_is_harmless(owner_a, owner_b):
     key = services.ssh_key_add(user=owner_a.user, name="laptop", public_key=public_line())
     colleague = MembershipFactory(tenant=owner_a.tenant, role=Role.OWNER)
     for user in (owner_b.user, colleague.user):
@@ -320,7 +320,7 @@ def test_nobody_removes_another_users_key_and_twice_is_harmless(owner_a, owner_b
     assert len(_audit("ssh_key.removed")) == 1
 
 
-def test_a_removed_key_can_be_added_again_even_by_another_account(owner_a, owner_b):  # type: ignore[no-untyped-def]
+def test_a_removed_key_can_be_added_again_even_by_another_account(owner_a, owner_b):
     line = public_line()
     key = services.ssh_key_add(user=owner_a.user, name="laptop", public_key=line)
     services.ssh_key_remove(user=owner_a.user, key_id=key.pk)
@@ -330,7 +330,7 @@ def test_a_removed_key_can_be_added_again_even_by_another_account(owner_a, owner
 # --- what the gateway reads and writes -------------------------------------------------------
 
 
-def test_ssh_key_owner_finds_the_person_by_fingerprint(owner_a):  # type: ignore[no-untyped-def]
+def test_ssh_key_owner_finds_the_person_by_fingerprint(owner_a):
     key = services.ssh_key_add(user=owner_a.user, name="laptop", public_key=public_line())
     found, user = selectors.ssh_key_owner(fingerprint=key.fingerprint)
     assert (found, user) == (key, owner_a.user)
@@ -342,7 +342,7 @@ def test_ssh_key_owner_finds_the_person_by_fingerprint(owner_a):  # type: ignore
     assert selectors.ssh_key_owner(fingerprint=key.fingerprint) is None
 
 
-def test_ssh_key_owner_is_one_query(owner_a, django_assert_num_queries):  # type: ignore[no-untyped-def]
+def test_ssh_key_owner_is_one_query(owner_a, django_assert_num_queries):
     key = services.ssh_key_add(user=owner_a.user, name="laptop", public_key=public_line())
     with django_assert_num_queries(1):
         _, user = selectors.ssh_key_owner(fingerprint=key.fingerprint)
@@ -359,7 +359,7 @@ def test_ssh_key_owner_is_one_query(owner_a, django_assert_num_queries):  # type
         (None, None),
     ],
 )
-def test_ssh_key_touch_notes_the_last_use(owner_a, address, stored):  # type: ignore[no-untyped-def]
+def test_ssh_key_touch_notes_the_last_use(owner_a, address, stored):
     key = services.ssh_key_add(user=owner_a.user, name="laptop", public_key=public_line())
     before = timezone.now()
     assert services.ssh_key_touch(key_id=key.pk, address=address) is True
@@ -367,11 +367,11 @@ def test_ssh_key_touch_notes_the_last_use(owner_a, address, stored):  # type: ig
     assert key.last_used_at >= before and key.last_used_address == stored
 
 
-def test_ssh_key_touch_of_a_removed_key_is_false(owner_a):  # type: ignore[no-untyped-def]
+def test_ssh_key_touch_of_a_removed_key_is_false(owner_a):
     assert services.ssh_key_touch(key_id=987654, address="203.0.113.7") is False
 
 
-def test_ssh_keys_of_lists_only_the_users_own_newest_first(owner_a, owner_b):  # type: ignore[no-untyped-def]
+def test_ssh_keys_of_lists_only_the_users_own_newest_first(owner_a, owner_b):
     first = services.ssh_key_add(user=owner_a.user, name="one", public_key=public_line())
     second = services.ssh_key_add(user=owner_a.user, name="two", public_key=public_line())
     services.ssh_key_add(user=owner_b.user, name="bob", public_key=public_line())
@@ -379,7 +379,7 @@ def test_ssh_keys_of_lists_only_the_users_own_newest_first(owner_a, owner_b):  #
     assert list(selectors.ssh_keys_of(AnonymousUser())) == []
 
 
-def test_the_gateway_host_key_is_made_once_and_kept(settings, tmp_path):  # type: ignore[no-untyped-def]
+def test_the_gateway_host_key_is_made_once_and_kept(settings, tmp_path):
     path = tmp_path / "gateway" / "ssh_host_ed25519_key"
     assert not path.exists()
     fingerprint = selectors.gateway_host_key_fingerprint()
@@ -390,7 +390,7 @@ def test_the_gateway_host_key_is_made_once_and_kept(settings, tmp_path):  # type
     assert selectors.gateway_host_key_fingerprint() == fingerprint
 
 
-def test_an_unusable_gateway_host_key_reads_as_unknown(settings, tmp_path):  # type: ignore[no-untyped-def]
+def test_an_unusable_gateway_host_key_reads_as_unknown(settings, tmp_path):
     broken = tmp_path / "broken_key"
     broken.write_text("not a key")
     settings.GATEWAY_HOST_KEY_PATH = str(broken)
@@ -400,13 +400,13 @@ def test_an_unusable_gateway_host_key_reads_as_unknown(settings, tmp_path):  # t
 # --- races: the database and the owner's row lock hold the rules ---------------------------
 
 
-def _race(calls) -> list:  # type: ignore[no-untyped-def]
+def _race(calls) -> list:
     """Run each call in its own thread and connection, released together; what each
     returned or raised."""
     barrier = threading.Barrier(len(calls))
     results: list = [None] * len(calls)
 
-    def run(i, call):  # type: ignore[no-untyped-def]
+    def run(i, call):
         try:
             barrier.wait()
             results[i] = call()
@@ -424,7 +424,7 @@ def _race(calls) -> list:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.django_db(transaction=True)
-def test_one_key_raced_by_two_accounts_lands_on_one(owner_a, owner_b):  # type: ignore[no-untyped-def]
+def test_one_key_raced_by_two_accounts_lands_on_one(owner_a, owner_b):
     line = public_line()
     results = _race(
         [
@@ -440,7 +440,7 @@ def test_one_key_raced_by_two_accounts_lands_on_one(owner_a, owner_b):  # type: 
 
 
 @pytest.mark.django_db(transaction=True)
-def test_parallel_adds_never_pass_the_cap(owner_a):  # type: ignore[no-untyped-def]
+def test_parallel_adds_never_pass_the_cap(owner_a):
     SshKey.objects.bulk_create(
         SshKey(
             user=owner_a.user,

@@ -20,11 +20,11 @@ MISSING = object()
 
 
 @pytest.fixture(autouse=True)
-def _gateway_host_key(settings, tmp_path):  # type: ignore[no-untyped-def]
+def _gateway_host_key(settings, tmp_path):
     settings.GATEWAY_HOST_KEY_PATH = str(tmp_path / "gateway" / "ssh_host_ed25519_key")
 
 
-def add_key(user, name: str = "laptop", key_type: str = "ssh-ed25519") -> SshKey:  # type: ignore[no-untyped-def]
+def add_key(user, name: str = "laptop", key_type: str = "ssh-ed25519") -> SshKey:
     return services.ssh_key_add(
         user=user, name=name, public_key=public_line(key_type, comment="me@laptop")
     )
@@ -37,14 +37,14 @@ class TestSshKeysApi(ApiResourceContract):
         "search": ("laptop", "zzz-nothing"),
     }
 
-    def make(self, membership):  # type: ignore[no-untyped-def]
+    def make(self, membership):
         return add_key(membership.user)
 
 
 # --- the API's own rules ------------------------------------------------------------------
 
 
-def test_create_answers_201_with_the_key(api_a, owner_a):  # type: ignore[no-untyped-def]
+def test_create_answers_201_with_the_key(api_a, owner_a):
     line = public_line("ecdsa-sha2-nistp256", comment="alice@laptop")
     response = api_a.post(URL, {"name": "laptop", "public_key": line}, format="json")
     assert response.status_code == 201, response.content
@@ -65,7 +65,7 @@ def test_create_answers_201_with_the_key(api_a, owner_a):  # type: ignore[no-unt
     assert api_a.get(f"{URL}{stored.pk}/").json() == body
 
 
-def test_list_and_retrieve_show_only_your_own_keys_even_within_a_tenant(  # type: ignore[no-untyped-def]
+def test_list_and_retrieve_show_only_your_own_keys_even_within_a_tenant(
     api_a, owner_a, token_client
 ):
     mine = add_key(owner_a.user, "mine")
@@ -82,7 +82,7 @@ def test_list_and_retrieve_show_only_your_own_keys_even_within_a_tenant(  # type
     assert [r["id"] for r in api_c.get(URL).json()["results"]] == [theirs.pk]
 
 
-def test_delete_answers_204_then_404(api_a, owner_a):  # type: ignore[no-untyped-def]
+def test_delete_answers_204_then_404(api_a, owner_a):
     key = add_key(owner_a.user)
     assert api_a.delete(f"{URL}{key.pk}/").status_code == 204
     assert not SshKey.objects.filter(pk=key.pk).exists()
@@ -90,7 +90,7 @@ def test_delete_answers_204_then_404(api_a, owner_a):  # type: ignore[no-untyped
     assert api_a.delete(f"{URL}{key.pk}/").status_code == 404
 
 
-def test_anonymous_may_not_add_or_remove(anon_api, owner_a):  # type: ignore[no-untyped-def]
+def test_anonymous_may_not_add_or_remove(anon_api, owner_a):
     key = add_key(owner_a.user)
     created = anon_api.post(URL, {"name": "x", "public_key": public_line()}, format="json")
     assert created.status_code == 401 and created.json()["code"] == "not_authenticated"
@@ -98,7 +98,7 @@ def test_anonymous_may_not_add_or_remove(anon_api, owner_a):  # type: ignore[no-
     assert SshKey.objects.count() == 1
 
 
-def test_a_viewer_manages_their_own_keys(owner_a, token_client):  # type: ignore[no-untyped-def]
+def test_a_viewer_manages_their_own_keys(owner_a, token_client):
     viewer = MembershipFactory(tenant=owner_a.tenant, role=Role.VIEWER)
     api = token_client(viewer.user)
     response = api.post(URL, {"name": "viewer box", "public_key": public_line()}, format="json")
@@ -106,7 +106,7 @@ def test_a_viewer_manages_their_own_keys(owner_a, token_client):  # type: ignore
     assert api.delete(f"{URL}{response.json()['id']}/").status_code == 204
 
 
-def _refused(response, field: str, code: str, status: int = 400) -> dict:  # type: ignore[no-untyped-def]
+def _refused(response, field: str, code: str, status: int = 400) -> dict:
     assert response.status_code == status, response.content
     body = response.json()
     assert body["code"] == ("validation_error" if status == 400 else code), body
@@ -138,7 +138,7 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
-def test_bad_input_is_a_400_naming_the_field_and_stores_nothing(api_a, case):  # type: ignore[no-untyped-def]
+def test_bad_input_is_a_400_naming_the_field_and_stores_nothing(api_a, case):
     change, field, code = BAD[case]
     body = {"name": "laptop", "public_key": public_line(), **change}
     body = {k: v for k, v in body.items() if v is not MISSING}
@@ -147,7 +147,7 @@ def test_bad_input_is_a_400_naming_the_field_and_stores_nothing(api_a, case):  #
     assert not AuditEvent.objects.filter(action__startswith="ssh_key.").exists()
 
 
-def test_a_private_key_says_so(api_a):  # type: ignore[no-untyped-def]
+def test_a_private_key_says_so(api_a):
     response = api_a.post(
         URL, {"name": "oops", "public_key": private_pastes()["rsa-pem"]}, format="json"
     )
@@ -155,7 +155,7 @@ def test_a_private_key_says_so(api_a):  # type: ignore[no-untyped-def]
     assert "this is a private key; paste the .pub file" in body["message"].lower()
 
 
-def test_a_duplicate_is_409_duplicate_key_and_never_says_whose(api_a, api_b, owner_a):  # type: ignore[no-untyped-def]
+def test_a_duplicate_is_409_duplicate_key_and_never_says_whose(api_a, api_b, owner_a):
     line = public_line()
     assert api_a.post(URL, {"name": "a", "public_key": line}, format="json").status_code == 201
     again = api_a.post(URL, {"name": "b", "public_key": line}, format="json")
@@ -166,7 +166,7 @@ def test_a_duplicate_is_409_duplicate_key_and_never_says_whose(api_a, api_b, own
     assert SshKey.objects.count() == 1
 
 
-def test_the_51st_key_is_409_too_many_keys(api_a, owner_a):  # type: ignore[no-untyped-def]
+def test_the_51st_key_is_409_too_many_keys(api_a, owner_a):
     SshKey.objects.bulk_create(
         SshKey(
             user=owner_a.user,
@@ -182,7 +182,7 @@ def test_the_51st_key_is_409_too_many_keys(api_a, owner_a):  # type: ignore[no-u
     assert owner_a.user.ssh_keys.count() == 50
 
 
-def test_the_schema_documents_the_endpoint():  # type: ignore[no-untyped-def]
+def test_the_schema_documents_the_endpoint():
     paths = SchemaGenerator().get_schema(request=None, public=True)["paths"]
     assert set(paths[URL]) >= {"get", "post"}
     assert set(paths[URL + "{id}/"]) >= {"get", "delete"}
@@ -194,7 +194,7 @@ def test_the_schema_documents_the_endpoint():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def page_a(owner_a) -> Client:  # type: ignore[no-untyped-def]
+def page_a(owner_a) -> Client:
     client = Client()
     client.force_login(owner_a.user)
     return client
@@ -212,7 +212,7 @@ def _row(section: str, key: SshKey) -> str:
     return match.group(0)
 
 
-def test_the_account_page_shows_keys_and_the_gateway_host_key(page_a, owner_a, settings):  # type: ignore[no-untyped-def]
+def test_the_account_page_shows_keys_and_the_gateway_host_key(page_a, owner_a, settings):
     key = add_key(owner_a.user, "laptop", "ssh-rsa")
     section = _section(page_a.get("/account/").content.decode())
     host = selectors.gateway_host_key_fingerprint()
@@ -227,7 +227,7 @@ def test_the_account_page_shows_keys_and_the_gateway_host_key(page_a, owner_a, s
     assert "from 203.0.113.9" in row and "never" not in row
 
 
-def test_add_a_key_from_the_page(page_a, owner_a):  # type: ignore[no-untyped-def]
+def test_add_a_key_from_the_page(page_a, owner_a):
     line = public_line(comment="alice@laptop")
     response = page_a.post("/account/ssh-keys/", {"name": "laptop", "public_key": line})
     assert response.status_code == 302 and response["Location"] == "/account/#ssh-keys"
@@ -236,7 +236,7 @@ def test_add_a_key_from_the_page(page_a, owner_a):  # type: ignore[no-untyped-de
     assert key.fingerprint in _section(page) and "added" in page
 
 
-def test_add_a_key_with_htmx_answers_the_section(page_a, owner_a):  # type: ignore[no-untyped-def]
+def test_add_a_key_with_htmx_answers_the_section(page_a, owner_a):
     response = page_a.post(
         "/account/ssh-keys/",
         {"name": "laptop", "public_key": public_line()},
@@ -258,7 +258,7 @@ def test_add_a_key_with_htmx_answers_the_section(page_a, owner_a):  # type: igno
     ],
     ids=["garbage", "10000-character name", "private key"],
 )
-def test_a_refused_key_is_shown_on_the_form_and_nothing_stored(page_a, data, shown):  # type: ignore[no-untyped-def]
+def test_a_refused_key_is_shown_on_the_form_and_nothing_stored(page_a, data, shown):
     response = page_a.post("/account/ssh-keys/", data)
     assert response.status_code == 400
     section = _section(response.content.decode())
@@ -268,7 +268,7 @@ def test_a_refused_key_is_shown_on_the_form_and_nothing_stored(page_a, data, sho
     assert partial.status_code == 200 and shown in partial.content.decode()
 
 
-def test_remove_asks_to_confirm_first(page_a, owner_a):  # type: ignore[no-untyped-def]
+def test_remove_asks_to_confirm_first(page_a, owner_a):
     key = add_key(owner_a.user)
     section = _section(page_a.get("/account/").content.decode())
     assert f'action="/account/ssh-keys/{key.pk}/remove/"' in section
@@ -288,7 +288,7 @@ def test_remove_asks_to_confirm_first(page_a, owner_a):  # type: ignore[no-untyp
     assert page_a.get(f"/account/ssh-keys/{key.pk}/remove/").status_code == 404
 
 
-def test_remove_with_htmx_answers_the_section(page_a, owner_a):  # type: ignore[no-untyped-def]
+def test_remove_with_htmx_answers_the_section(page_a, owner_a):
     key, other = add_key(owner_a.user, "gone"), add_key(owner_a.user, "kept")
     response = page_a.post(
         f"/account/ssh-keys/{key.pk}/remove/", {"confirm": "yes"}, HTTP_HX_REQUEST="true"
@@ -300,7 +300,7 @@ def test_remove_with_htmx_answers_the_section(page_a, owner_a):  # type: ignore[
     assert "removed SSH key" in response.content.decode()  # the activity list, out of band
 
 
-def test_another_users_key_is_404_on_the_page(page_a, owner_a):  # type: ignore[no-untyped-def]
+def test_another_users_key_is_404_on_the_page(page_a, owner_a):
     colleague = MembershipFactory(tenant=owner_a.tenant, role=Role.MEMBER)
     theirs = add_key(colleague.user)
     assert page_a.get(f"/account/ssh-keys/{theirs.pk}/remove/").status_code == 404
@@ -311,7 +311,7 @@ def test_another_users_key_is_404_on_the_page(page_a, owner_a):  # type: ignore[
     assert theirs.fingerprint not in _section(page_a.get("/account/").content.decode())
 
 
-def test_the_forms_need_the_csrf_token(owner_a):  # type: ignore[no-untyped-def]
+def test_the_forms_need_the_csrf_token(owner_a):
     client = Client(enforce_csrf_checks=True)
     client.force_login(owner_a.user)
     key = add_key(owner_a.user)
@@ -327,7 +327,7 @@ def test_the_forms_need_the_csrf_token(owner_a):  # type: ignore[no-untyped-def]
     assert response.status_code == 302 and SshKey.objects.count() == 2
 
 
-def test_a_viewer_sees_the_section_and_adds_a_key(owner_a):  # type: ignore[no-untyped-def]
+def test_a_viewer_sees_the_section_and_adds_a_key(owner_a):
     viewer = MembershipFactory(tenant=owner_a.tenant, role=Role.VIEWER)
     client = Client()
     client.force_login(viewer.user)

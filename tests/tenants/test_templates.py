@@ -69,7 +69,7 @@ def test_what_cuda_reports_is_the_mig_device_the_quota_limit_or_the_card() -> No
 # --- ops write, tenants read
 
 
-def _image(api_ops) -> int:  # type: ignore[no-untyped-def]
+def _image(api_ops) -> int:
     from tenants.models import Image  # noqa: PLC0415 - beside the one test helper that needs it
 
     return Image.objects.create(name="vLLM", reference="vllm/vllm-openai:v0.11.0", ports=[8000],
@@ -78,7 +78,7 @@ def _image(api_ops) -> int:  # type: ignore[no-untyped-def]
 
 def test_only_ops_write_templates_and_bad_ones_are_refused_naming_the_field(
     api_ops, api_a, owner_a
-):  # type: ignore[no-untyped-def]
+):
     image = _image(api_ops)
     refused = api_a.post("/api/v1/ops/templates/", {**VLLM, "image": image}, format="json")
     assert refused.status_code == 403 and not LaunchTemplate.objects.exists()
@@ -112,7 +112,7 @@ def test_only_ops_write_templates_and_bad_ones_are_refused_naming_the_field(
 
 def test_a_launch_from_a_vllm_template_tells_the_engine_the_slice_not_the_card(
     eager, worker_fleet, api_ops, api_a, owner_a, funded
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet()  # one RTX 4090 (24 GB) whose quota library reports the slice
     image = _image(api_ops)
     template = api_ops.post(
@@ -150,7 +150,7 @@ def test_a_launch_from_a_vllm_template_tells_the_engine_the_slice_not_the_card(
 
 def test_a_template_launch_with_its_own_command_keeps_it_and_still_gets_the_flag(
     eager, worker_fleet, api_ops, api_a, owner_a, funded
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet([NodeSpec("gpu-a", (GpuSpec("NVIDIA GeForce RTX 4090"),))])
     image = _image(api_ops)
     template = api_ops.post(
@@ -190,7 +190,7 @@ def _other_image() -> int:
     return Image.objects.create(name="Other", reference="x/other:1", connect="service").pk
 
 
-def test_a_viewer_reads_the_templates(api_ops, owner_a, token_client):  # type: ignore[no-untyped-def]
+def test_a_viewer_reads_the_templates(api_ops, owner_a, token_client):
     image = _image(api_ops)
     api_ops.post("/api/v1/ops/templates/", {**VLLM, "image": image}, format="json")
     viewer = MembershipFactory(tenant=owner_a.tenant, role=Role.VIEWER, user__email="v@a.test")
@@ -200,7 +200,7 @@ def test_a_viewer_reads_the_templates(api_ops, owner_a, token_client):  # type: 
 
 def test_the_launch_page_starts_from_a_template_and_shows_the_command_before_launch(
     eager, worker_fleet, api_ops, client, owner_a, funded
-):  # type: ignore[no-untyped-def]
+):
     from tests.tenants.test_lifecycle_pages import SSH_KEY  # noqa: PLC0415 - its form data
 
     fleet = worker_fleet()

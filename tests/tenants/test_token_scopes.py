@@ -24,13 +24,13 @@ pytestmark = pytest.mark.django_db
 METHODS = ("get", "post", "put", "patch", "delete")
 
 
-def bearer(value: str, **extra) -> APIClient:  # type: ignore[no-untyped-def]
+def bearer(value: str, **extra) -> APIClient:
     client = APIClient(**extra)
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {value}")
     return client
 
 
-def token(user, *scopes: str, networks: tuple[str, ...] = ()) -> str:  # type: ignore[no-untyped-def]
+def token(user, *scopes: str, networks: tuple[str, ...] = ()) -> str:
     _, value = services.api_token_create(
         user=user, name="t", scopes=list(scopes), allowed_networks=list(networks)
     )
@@ -42,7 +42,7 @@ def schema() -> dict:
     return SchemaGenerator().get_schema(request=None, public=True)
 
 
-def operations(schema: dict):  # type: ignore[no-untyped-def]
+def operations(schema: dict):
     for path, item in schema["paths"].items():
         for method, operation in item.items():
             if method in METHODS:
@@ -52,7 +52,7 @@ def operations(schema: dict):  # type: ignore[no-untyped-def]
 # --- every endpoint ---------------------------------------------------------------------------
 
 
-def test_the_schema_names_a_scope_and_its_refusal_on_every_operation(schema):  # type: ignore[no-untyped-def]
+def test_the_schema_names_a_scope_and_its_refusal_on_every_operation(schema):
     ops = list(operations(schema))
     assert len(ops) > 100
     for path, method, operation in ops:
@@ -78,7 +78,7 @@ def test_the_schema_names_a_scope_and_its_refusal_on_every_operation(schema):  #
     assert paths["/api/v1/estimates/"]["post"]["x-required-scope"] == "read"
 
 
-def test_every_operation_refuses_a_token_without_its_scope_and_takes_one_with_it(  # type: ignore[no-untyped-def]
+def test_every_operation_refuses_a_token_without_its_scope_and_takes_one_with_it(
     schema, owner_a, ops_user
 ):
     """The scope the schema names is the one enforced: all the other scopes get 403
@@ -86,7 +86,7 @@ def test_every_operation_refuses_a_token_without_its_scope_and_takes_one_with_it
     cache.clear()
     clients: dict[tuple[str, frozenset], APIClient] = {}
 
-    def client(who, scopes):  # type: ignore[no-untyped-def]
+    def client(who, scopes):
         key = (who.email, frozenset(scopes))
         if key not in clients:
             clients[key] = bearer(token(who, *scopes))
@@ -113,12 +113,12 @@ def test_every_operation_refuses_a_token_without_its_scope_and_takes_one_with_it
     assert not wrong, "\n".join(map(str, wrong))
 
 
-def test_an_undeclared_write_refuses_every_token():  # type: ignore[no-untyped-def]
+def test_an_undeclared_write_refuses_every_token():
     class Undeclared(APIView):
-        def get(self, request):  # type: ignore[no-untyped-def]
+        def get(self, request):
             return Response({"ok": True})
 
-        def post(self, request):  # type: ignore[no-untyped-def]
+        def post(self, request):
             return Response({"ok": True})
 
     owner = MembershipFactory()
@@ -137,7 +137,7 @@ def test_an_undeclared_write_refuses_every_token():  # type: ignore[no-untyped-d
 # --- the role bounds the token, at each use ---------------------------------------------------
 
 
-def test_a_viewer_cannot_ask_for_more_than_read(owner_a):  # type: ignore[no-untyped-def]
+def test_a_viewer_cannot_ask_for_more_than_read(owner_a):
     viewer = MembershipFactory(tenant=owner_a.tenant, role=Role.VIEWER)
     with pytest.raises(ServiceError) as refused:
         services.api_token_create(user=viewer.user, name="v", scopes=["read", "launch"])
@@ -146,7 +146,7 @@ def test_a_viewer_cannot_ask_for_more_than_read(owner_a):  # type: ignore[no-unt
     assert made.scopes == ["read", "admin"]  # admin: their own keys and tokens only
 
 
-def test_a_member_demoted_to_viewer_keeps_only_read(owner_a):  # type: ignore[no-untyped-def]
+def test_a_member_demoted_to_viewer_keeps_only_read(owner_a):
     member = MembershipFactory(tenant=owner_a.tenant, role=Role.MEMBER)
     api = bearer(token(member.user, *SCOPES))
     first = api.post("/api/v1/volumes/", {"name": "data", "size_gb": 1}, format="json")
@@ -159,7 +159,7 @@ def test_a_member_demoted_to_viewer_keeps_only_read(owner_a):  # type: ignore[no
     assert api.get("/api/v1/volumes/").status_code == 200
 
 
-def test_a_session_is_not_limited_by_scopes(owner_a):  # type: ignore[no-untyped-def]
+def test_a_session_is_not_limited_by_scopes(owner_a):
     browser = APIClient()
     browser.force_login(owner_a.user)
     response = browser.post("/api/v1/tokens/", {"name": "from the browser"}, format="json")
@@ -167,7 +167,7 @@ def test_a_session_is_not_limited_by_scopes(owner_a):  # type: ignore[no-untyped
     assert response.json()["scopes"] == list(SCOPES)  # omitted: all the owner's role allows
 
 
-def test_a_token_cannot_make_a_broader_token(owner_a):  # type: ignore[no-untyped-def]
+def test_a_token_cannot_make_a_broader_token(owner_a):
     admin_only = bearer(token(owner_a.user, "read", "admin"))
     refused = admin_only.post(
         "/api/v1/tokens/", {"name": "wider", "scopes": ["launch"]}, format="json"
@@ -196,7 +196,7 @@ def test_a_token_cannot_make_a_broader_token(owner_a):  # type: ignore[no-untype
 # --- client networks --------------------------------------------------------------------------
 
 
-def test_a_token_is_refused_outside_its_networks_and_records_its_address(owner_a):  # type: ignore[no-untyped-def]
+def test_a_token_is_refused_outside_its_networks_and_records_its_address(owner_a):
     value = token(owner_a.user, "read", networks=("10.0.0.0/8", "2001:db8::/32"))
     outside = bearer(value, REMOTE_ADDR="192.0.2.7").get("/api/v1/me/")
     assert outside.status_code == 403
@@ -213,7 +213,7 @@ def test_a_token_is_refused_outside_its_networks_and_records_its_address(owner_a
 
 
 @pytest.mark.parametrize("bad", ["10.0.0.0/33", "not-a-network", "10.0.0.1/8", "::1/129"])
-def test_a_bad_network_is_a_400_naming_the_field(api_a, bad):  # type: ignore[no-untyped-def]
+def test_a_bad_network_is_a_400_naming_the_field(api_a, bad):
     response = api_a.post(
         "/api/v1/tokens/", {"name": "x", "allowed_networks": ["10.0.0.0/8", bad]}, format="json"
     )
@@ -224,7 +224,7 @@ def test_a_bad_network_is_a_400_naming_the_field(api_a, bad):  # type: ignore[no
     assert bad in body["message"]
 
 
-def test_the_api_lists_scopes_networks_and_last_use(owner_a):  # type: ignore[no-untyped-def]
+def test_the_api_lists_scopes_networks_and_last_use(owner_a):
     value = token(owner_a.user, "read", "launch", networks=("127.0.0.1/32",))
     api = bearer(value, REMOTE_ADDR="127.0.0.1")
     row = api.get("/api/v1/tokens/").json()["results"][0]
@@ -233,7 +233,7 @@ def test_the_api_lists_scopes_networks_and_last_use(owner_a):  # type: ignore[no
     assert row["last_used_address"] == "127.0.0.1" and row["last_used_at"]
 
 
-def test_unknown_and_empty_scopes_are_refused(api_a):  # type: ignore[no-untyped-def]
+def test_unknown_and_empty_scopes_are_refused(api_a):
     unknown = api_a.post("/api/v1/tokens/", {"name": "x", "scopes": ["root"]}, format="json")
     assert unknown.status_code == 400
     assert unknown.json()["fields"]["scopes.0"][0]["code"] == "invalid_choice"
@@ -245,7 +245,7 @@ def test_unknown_and_empty_scopes_are_refused(api_a):  # type: ignore[no-untyped
 # --- the page and the migration ---------------------------------------------------------------
 
 
-def test_the_token_page_makes_a_scoped_fenced_token_and_shows_its_use(client, owner_a):  # type: ignore[no-untyped-def]
+def test_the_token_page_makes_a_scoped_fenced_token_and_shows_its_use(client, owner_a):
     client.force_login(owner_a.user)
     page = client.get("/account/").content.decode()
     assert 'name="scope_read"' in page and 'name="allowed_networks"' in page
@@ -272,7 +272,7 @@ def test_the_token_page_makes_a_scoped_fenced_token_and_shows_its_use(client, ow
     assert not ApiToken.objects.filter(name__in=["bad", "none"]).exists()
 
 
-def test_the_migration_gives_existing_tokens_every_scope(owner_a):  # type: ignore[no-untyped-def]
+def test_the_migration_gives_existing_tokens_every_scope(owner_a):
     made, value = services.api_token_create(user=owner_a.user, name="old")
     ApiToken.objects.filter(pk=made.pk).update(scopes=[])  # as the column's default left it
     migration = importlib.import_module("tenants.migrations.0015_api_token_scopes")

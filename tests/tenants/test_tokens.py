@@ -14,7 +14,7 @@ from tests.factories import MembershipFactory
 pytestmark = pytest.mark.django_db
 
 
-def test_token_lifecycle_create_authenticate_revoke(client, owner_a):  # type: ignore[no-untyped-def]
+def test_token_lifecycle_create_authenticate_revoke(client, owner_a):
     client.force_login(owner_a.user)
     created = client.post(
         "/api/v1/tokens/",
@@ -51,7 +51,7 @@ def test_token_lifecycle_create_authenticate_revoke(client, owner_a):  # type: i
     assert client.delete(f"/api/v1/tokens/{stored.pk}/").status_code == 204
 
 
-def test_expired_token_is_refused(api_a, owner_a):  # type: ignore[no-untyped-def]
+def test_expired_token_is_refused(api_a, owner_a):
     value = api_a.post("/api/v1/tokens/", {"name": "short"}, format="json").json()["token"]
     ApiToken.objects.filter(key_hash=hash_secret(value)).update(
         created_at=timezone.now() - timedelta(days=2),
@@ -66,7 +66,7 @@ def test_expired_token_is_refused(api_a, owner_a):  # type: ignore[no-untyped-de
     "header",
     ["Bearer gpp_not-a-real-token", "Bearer", "Bearer a b", "Token gpp_nope", "Bearer \u00e9"],
 )
-def test_bad_tokens_get_401_not_500(header):  # type: ignore[no-untyped-def]
+def test_bad_tokens_get_401_not_500(header):
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=header.encode("utf-8").decode("latin-1"))
     response = client.get("/api/v1/me/")
@@ -74,14 +74,14 @@ def test_bad_tokens_get_401_not_500(header):  # type: ignore[no-untyped-def]
     assert response.json()["code"] in {"authentication_failed", "not_authenticated"}
 
 
-def test_user_cannot_revoke_someone_elses_token(api_a, api_b, owner_b):  # type: ignore[no-untyped-def]
+def test_user_cannot_revoke_someone_elses_token(api_a, api_b, owner_b):
     token = ApiToken.objects.filter(user=owner_b.user).first()
     assert api_a.delete(f"/api/v1/tokens/{token.pk}/").status_code == 404
     token.refresh_from_db()
     assert token.revoked_at is None
 
 
-def test_removed_member_tokens_stop_working(owner_a, token_client):  # type: ignore[no-untyped-def]
+def test_removed_member_tokens_stop_working(owner_a, token_client):
     member = MembershipFactory(tenant=owner_a.tenant, role="member")
     api_member = token_client(member.user)
     assert api_member.get("/api/v1/me/").status_code == 200
@@ -89,7 +89,7 @@ def test_removed_member_tokens_stop_working(owner_a, token_client):  # type: ign
     assert api_member.get("/api/v1/me/").status_code == 401
 
 
-def test_token_pages_create_shows_value_once_then_revoke(client, owner_a):  # type: ignore[no-untyped-def]
+def test_token_pages_create_shows_value_once_then_revoke(client, owner_a):
     client.force_login(owner_a.user)
     response = client.post(
         "/account/tokens/", {"name": "laptop", "scope_read": "on"}, HTTP_HX_REQUEST="true"
@@ -106,7 +106,7 @@ def test_token_pages_create_shows_value_once_then_revoke(client, owner_a):  # ty
     assert token.revoked_at is not None
 
 
-def test_token_page_rejects_bad_input_with_field_error(client, owner_a):  # type: ignore[no-untyped-def]
+def test_token_page_rejects_bad_input_with_field_error(client, owner_a):
     client.force_login(owner_a.user)
     response = client.post("/account/tokens/", {"name": "x" * 65, "expires_in_days": "0"})
     assert response.status_code == 200

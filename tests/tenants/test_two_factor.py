@@ -19,13 +19,13 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
-def _empty_cache():  # type: ignore[no-untyped-def]
+def _empty_cache():
     cache.clear()  # the failure counters live in the cache
     yield
     cache.clear()
 
 
-def log_in_password(client, email: str, next_url: str = ""):  # type: ignore[no-untyped-def]
+def log_in_password(client, email: str, next_url: str = ""):
     data = {"username": email, "password": PASSWORD}
     if next_url:
         data["next"] = next_url
@@ -40,9 +40,7 @@ def key_of(secret: str) -> str:
     return b32decode(secret + "=" * (-len(secret) % 8)).hex()
 
 
-def test_set_up_shows_secret_and_uri_confirms_with_a_code_and_shows_codes_once(  # type: ignore[no-untyped-def]
-    client, owner_a
-):
+def test_set_up_shows_secret_and_uri_confirms_with_a_code_and_shows_codes_once(client, owner_a):
     user = owner_a.user
     client.force_login(user)
     page = client.get("/account/two-factor/").content.decode()
@@ -67,7 +65,7 @@ def test_set_up_shows_secret_and_uri_confirms_with_a_code_and_shows_codes_once( 
     assert AuditEvent.objects.filter(action="two_factor.enabled", actor=user).count() == 1
 
 
-def test_sign_in_needs_the_code_after_the_password(client, owner_a):  # type: ignore[no-untyped-def]
+def test_sign_in_needs_the_code_after_the_password(client, owner_a):
     user = owner_a.user
     give_two_factor(user)
     response = log_in_password(client, user.email, "/account/")
@@ -81,13 +79,13 @@ def test_sign_in_needs_the_code_after_the_password(client, owner_a):  # type: ig
     assert client.get("/account/").status_code == 200
 
 
-def test_the_code_step_needs_a_password_first(client, owner_a):  # type: ignore[no-untyped-def]
+def test_the_code_step_needs_a_password_first(client, owner_a):
     give_two_factor(owner_a.user)
     response = client.post("/accounts/login/two-factor/", {"code": totp_code(owner_a.user)})
     assert response.status_code == 302 and response["Location"] == "/accounts/login/"
 
 
-def test_a_recovery_code_works_once(client, owner_a):  # type: ignore[no-untyped-def]
+def test_a_recovery_code_works_once(client, owner_a):
     user = owner_a.user
     codes = give_two_factor(user)
     log_in_password(client, user.email)
@@ -100,7 +98,7 @@ def test_a_recovery_code_works_once(client, owner_a):  # type: ignore[no-untyped
     assert client.post("/accounts/login/two-factor/", {"code": codes[1]}).status_code == 302
 
 
-def test_wrong_codes_count_toward_the_login_limit(client, owner_a, settings):  # type: ignore[no-untyped-def]
+def test_wrong_codes_count_toward_the_login_limit(client, owner_a, settings):
     settings.LOGIN_FAILURE_LIMIT = 3
     user = owner_a.user
     give_two_factor(user)
@@ -113,7 +111,7 @@ def test_wrong_codes_count_toward_the_login_limit(client, owner_a, settings):  #
     assert log_in_password(client, user.email).status_code == 429
 
 
-def test_a_wrong_password_and_wrong_codes_share_one_counter(client, owner_a, settings):  # type: ignore[no-untyped-def]
+def test_a_wrong_password_and_wrong_codes_share_one_counter(client, owner_a, settings):
     settings.LOGIN_FAILURE_LIMIT = 2
     user = owner_a.user
     give_two_factor(user)
@@ -123,7 +121,7 @@ def test_a_wrong_password_and_wrong_codes_share_one_counter(client, owner_a, set
     assert client.post("/accounts/login/two-factor/", {"code": totp_code(user)}).status_code == 429
 
 
-def test_a_code_is_not_accepted_twice(owner_a):  # type: ignore[no-untyped-def]
+def test_a_code_is_not_accepted_twice(owner_a):
     user = owner_a.user
     give_two_factor(user)
     code = totp_code(user)
@@ -132,7 +130,7 @@ def test_a_code_is_not_accepted_twice(owner_a):  # type: ignore[no-untyped-def]
         services.two_factor_verify(user=user, code=code)
 
 
-def test_regenerating_replaces_the_codes_and_disabling_needs_a_fresh_code(client, owner_a):  # type: ignore[no-untyped-def]
+def test_regenerating_replaces_the_codes_and_disabling_needs_a_fresh_code(client, owner_a):
     user = owner_a.user
     old = give_two_factor(user)
     client.force_login(user)
@@ -151,7 +149,7 @@ def test_regenerating_replaces_the_codes_and_disabling_needs_a_fresh_code(client
     assert {"two_factor.recovery_codes_regenerated", "two_factor.disabled"} <= actions
 
 
-def test_staff_cannot_disable_two_factor(ops_user):  # type: ignore[no-untyped-def]
+def test_staff_cannot_disable_two_factor(ops_user):
     with pytest.raises(NotAllowed) as refused:
         services.two_factor_disable(user=ops_user, code=totp_code(ops_user))
     assert refused.value.code == "two_factor_required"
@@ -159,7 +157,7 @@ def test_staff_cannot_disable_two_factor(ops_user):  # type: ignore[no-untyped-d
 
 
 @pytest.mark.parametrize("path", ["/ops/fleet/", "/ops/tenants/", "/admin/"])
-def test_staff_without_two_factor_are_sent_to_set_it_up(client, path):  # type: ignore[no-untyped-def]
+def test_staff_without_two_factor_are_sent_to_set_it_up(client, path):
     staff = UserFactory(email="new-ops@platform.test", is_staff=True, two_factor=False)
     client.force_login(staff)
     response = client.get(path, follow=True)
@@ -168,7 +166,7 @@ def test_staff_without_two_factor_are_sent_to_set_it_up(client, path):  # type: 
     assert "Ops pages need two-factor sign-in" in page and 'id="totp-secret"' in page
 
 
-def test_staff_set_up_then_reach_ops_pages(client):  # type: ignore[no-untyped-def]
+def test_staff_set_up_then_reach_ops_pages(client):
     staff = UserFactory(email="new-ops@platform.test", is_staff=True, two_factor=False)
     client.force_login(staff)
     secret = secret_shown(client.get("/account/two-factor/?next=/ops/tenants/").content.decode())
@@ -178,7 +176,7 @@ def test_staff_set_up_then_reach_ops_pages(client):  # type: ignore[no-untyped-d
     assert client.get("/ops/tenants/").status_code == 200  # set-up verified this session
 
 
-def test_staff_with_a_device_but_an_unverified_session_verify_it(client, ops_user):  # type: ignore[no-untyped-def]
+def test_staff_with_a_device_but_an_unverified_session_verify_it(client, ops_user):
     # a session that began before the device existed: client.login skips the code step
     client.login(username=ops_user.username, password=PASSWORD)
     response = client.get("/ops/tenants/")
@@ -190,14 +188,14 @@ def test_staff_with_a_device_but_an_unverified_session_verify_it(client, ops_use
     assert client.get("/ops/tenants/").status_code == 200
 
 
-def test_staff_sign_in_with_code_lands_on_ops(client, ops_user):  # type: ignore[no-untyped-def]
+def test_staff_sign_in_with_code_lands_on_ops(client, ops_user):
     assert log_in_password(client, ops_user.email)["Location"] == "/accounts/login/two-factor/"
     landed = client.post("/accounts/login/two-factor/", {"code": totp_code(ops_user)})
     assert landed["Location"] == "/ops/fleet/"
     assert client.get("/ops/tenants/").status_code == 200
 
 
-def test_an_ops_token_is_refused_until_two_factor_is_set_up(token_client):  # type: ignore[no-untyped-def]
+def test_an_ops_token_is_refused_until_two_factor_is_set_up(token_client):
     staff = UserFactory(email="api-ops@platform.test", is_staff=True, two_factor=False)
     api = token_client(staff)
     refused = api.get("/api/v1/me/")
@@ -207,11 +205,11 @@ def test_an_ops_token_is_refused_until_two_factor_is_set_up(token_client):  # ty
     assert api.get("/api/v1/me/").status_code == 200
 
 
-def test_a_tenant_token_needs_no_two_factor(api_a):  # type: ignore[no-untyped-def]
+def test_a_tenant_token_needs_no_two_factor(api_a):
     assert api_a.get("/api/v1/me/").status_code == 200
 
 
-def test_tenant_users_sign_in_with_the_password_alone_until_they_opt_in(client, owner_a):  # type: ignore[no-untyped-def]
+def test_tenant_users_sign_in_with_the_password_alone_until_they_opt_in(client, owner_a):
     response = log_in_password(client, owner_a.user.email)
     assert response["Location"] == "/account/"
     assert make_token(owner_a.user)  # and tokens work without it

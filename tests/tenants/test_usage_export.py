@@ -29,7 +29,7 @@ class Clock:
     """timezone.now() moved to March 2031 and on by hand; real time still flows (the
     emulator's waits end), so every row a service writes is stamped with the month."""
 
-    def __init__(self, start: datetime, real):  # type: ignore[no-untyped-def]
+    def __init__(self, start: datetime, real):
         self.real = real
         self.offset = start - real()
         self.nightly = None  # called at 23:50 of each day the clock passes
@@ -50,7 +50,7 @@ class Clock:
 
 
 @pytest.fixture
-def clock(monkeypatch):  # type: ignore[no-untyped-def]
+def clock(monkeypatch):
     made = Clock(datetime(2031, 3, 1, 8, 0, tzinfo=UTC), timezone.now)
     monkeypatch.setattr(timezone, "now", made)
     return made
@@ -64,7 +64,7 @@ def _tier(gb: int) -> Tier:
     return Tier.objects.get(vram_mb=gb * 1024)
 
 
-def _run(clock, membership, purchase, image, start, stop, *, meter_every=timedelta(hours=1)):  # type: ignore[no-untyped-def]
+def _run(clock, membership, purchase, image, start, stop, *, meter_every=timedelta(hours=1)):
     """A slice on `purchase` from `start` to `stop`, metered on the way, stopped by its owner
     (or by the meter, when the purchase runs out first)."""
     clock.to(start)
@@ -83,7 +83,7 @@ def _run(clock, membership, purchase, image, start, stop, *, meter_every=timedel
     return slice
 
 
-def _month(clock, owner, other, ops_user, image):  # type: ignore[no-untyped-def]
+def _month(clock, owner, other, ops_user, image):
     """March 2031 for `owner`'s tenant, and a little for `other`'s."""
     services.credit_grant(
         tenant=owner.tenant, amount="300.00", actor=ops_user, memo='=HYPERLINK("http://x.test")'
@@ -121,7 +121,7 @@ def _month(clock, owner, other, ops_user, image):  # type: ignore[no-untyped-def
     return volume
 
 
-def _csv(response) -> tuple[list[dict], dict[str, Decimal]]:  # type: ignore[no-untyped-def]
+def _csv(response) -> tuple[list[dict], dict[str, Decimal]]:
     assert response.status_code == 200, response.content
     assert response["Content-Type"].startswith("text/csv")
     text = b"".join(response.streaming_content).decode()
@@ -142,7 +142,7 @@ def _worth(purchase: Purchase, minutes: int) -> Decimal:
     return share.quantize(CENT, rounding="ROUND_HALF_UP")
 
 
-def _api_all(api, **params) -> tuple[list[dict], dict]:  # type: ignore[no-untyped-def]
+def _api_all(api, **params) -> tuple[list[dict], dict]:
     results, page, summary = [], 1, None
     while True:
         got = api.get(EXPORT, {**params, "page": page, "page_size": 4})
@@ -158,7 +158,7 @@ def _api_all(api, **params) -> tuple[list[dict], dict]:  # type: ignore[no-untyp
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_generated_month_equals_the_ledger_to_the_cent(  # type: ignore[no-untyped-def]
+def test_a_generated_month_equals_the_ledger_to_the_cent(
     clock, eager, worker_fleet, owner_a, owner_b, ops_user, image_ssh, api_a, api_b, client
 ):
     worker_fleet()
@@ -263,7 +263,7 @@ def test_a_generated_month_equals_the_ledger_to_the_cent(  # type: ignore[no-unt
     assert page_summary == summary and len(page_lines) == len(lines)
 
 
-def test_ranges_are_checked_and_refusals_name_the_field(api_a, client, owner_a):  # type: ignore[no-untyped-def]
+def test_ranges_are_checked_and_refusals_name_the_field(api_a, client, owner_a):
     cases = [
         ({"from": "2031-02-30"}, "from", "invalid"),
         ({"from": "20310301"}, "from", "invalid"),
@@ -290,7 +290,7 @@ def test_ranges_are_checked_and_refusals_name_the_field(api_a, client, owner_a):
     assert download.status_code == 302 and "from=nope" in download["Location"]
 
 
-def test_pages_of_the_export_and_its_defaults(api_a, owner_a, ops_user):  # type: ignore[no-untyped-def]
+def test_pages_of_the_export_and_its_defaults(api_a, owner_a, ops_user):
     for n in range(7):
         services.credit_grant(
             tenant=owner_a.tenant, amount=f"{n + 1}.25", actor=ops_user, memo=f"grant {n}"
@@ -309,14 +309,14 @@ def test_pages_of_the_export_and_its_defaults(api_a, owner_a, ops_user):  # type
     assert api_a.get(EXPORT, {"page": 9}).status_code == 404
 
 
-def test_an_export_needs_a_member(anon_api, client):  # type: ignore[no-untyped-def]
+def test_an_export_needs_a_member(anon_api, client):
     assert anon_api.get(EXPORT).status_code == 401
     assert anon_api.get(EXPORT, {"format": "csv"}).status_code == 401
     page = client.get(reverse("tenants:usage"))
     assert page.status_code == 302 and "login" in page["Location"]
 
 
-def test_csv_cells_that_a_spreadsheet_would_run_are_kept_as_text():  # type: ignore[no-untyped-def]
+def test_csv_cells_that_a_spreadsheet_would_run_are_kept_as_text():
     for text in ("=1+1", "+1", "-2+3", "@SUM(A1)", "\tx", "\rx"):
         assert exports.csv_cell(text) == "'" + text
     assert exports.csv_cell("Volume ckpt: 40 GB storage") == "Volume ckpt: 40 GB storage"
@@ -326,12 +326,12 @@ def test_csv_cells_that_a_spreadsheet_would_run_are_kept_as_text():  # type: ign
 
 
 @pytest.fixture(autouse=True)
-def _tiers(db):  # type: ignore[no-untyped-def]
+def _tiers(db):
     # A transactional test's flush empties the seeded tiers; `funded` reseeds them so too.
     if not Tier.objects.exists():
         importlib.import_module("tenants.migrations.0002_seed_tiers").seed(apps, None)
 
 
-def test_every_ledger_kind_has_a_place_in_the_export():  # type: ignore[no-untyped-def]
+def test_every_ledger_kind_has_a_place_in_the_export():
     # A new kind of entry left out would break "the ledger_amount column is the ledger".
     assert set(LedgerEntry.Kind.values) == {*exports.LEDGER_SECTIONS, "storage"}

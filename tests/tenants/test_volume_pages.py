@@ -11,7 +11,7 @@ from tests.factories import MembershipFactory
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_create_list_and_delete_a_volume_from_the_pages(eager, worker_fleet, client, owner_a):  # type: ignore[no-untyped-def]
+def test_create_list_and_delete_a_volume_from_the_pages(eager, worker_fleet, client, owner_a):
     fleet = worker_fleet()
     client.force_login(owner_a.user)
     bad = client.post("/volumes/", {"name": "no spaces please", "size_gb": "5"})
@@ -38,7 +38,7 @@ def test_create_list_and_delete_a_volume_from_the_pages(eager, worker_fleet, cli
 
 def test_a_viewer_sees_the_volumes_but_cannot_create_or_delete(
     eager, worker_fleet, client, owner_a
-):  # type: ignore[no-untyped-def]
+):
     worker_fleet()
     client.force_login(owner_a.user)
     client.post("/volumes/", {"name": "ckpt", "size_gb": "5"})
@@ -55,7 +55,7 @@ def test_a_viewer_sees_the_volumes_but_cannot_create_or_delete(
 
 def test_a_stopped_slice_resumes_from_its_page_and_terminates_for_good(
     eager, worker_fleet, client, owner_a, funded, image_ssh
-):  # type: ignore[no-untyped-def]
+):
     from tests.conftest import launch  # noqa: PLC0415 - the shared launch helper
 
     worker_fleet()
@@ -90,7 +90,7 @@ def test_a_stopped_slice_resumes_from_its_page_and_terminates_for_good(
 
 def test_the_launch_form_mounts_a_chosen_volume_and_names_the_row_it_refuses(
     eager, worker_fleet, client, owner_a, owner_b, funded, image_ssh
-):  # type: ignore[no-untyped-def]
+):
     from tenants.models import Slice  # noqa: PLC0415 - beside the models this file reads
     from tests.tenants.test_lifecycle_pages import launch_data  # noqa: PLC0415 - its form data
 

@@ -24,13 +24,13 @@ TWO_NODES = [
 ]
 
 
-def _volume(api, name="ckpt", size_gb=10) -> dict:  # type: ignore[no-untyped-def]
+def _volume(api, name="ckpt", size_gb=10) -> dict:
     made = api.post("/api/v1/volumes/", {"name": name, "size_gb": size_gb}, format="json")
     assert made.status_code == 201, made.content
     return api.get(f"/api/v1/volumes/{made.json()['id']}/").json()
 
 
-def _launch_body(purchase, image, **extra) -> dict:  # type: ignore[no-untyped-def]
+def _launch_body(purchase, image, **extra) -> dict:
     return {
         "purchase": purchase.pk,
         "image": image.pk,
@@ -40,13 +40,13 @@ def _launch_body(purchase, image, **extra) -> dict:  # type: ignore[no-untyped-d
     }
 
 
-def _emu_of(fleet, volume: Volume):  # type: ignore[no-untyped-def]
+def _emu_of(fleet, volume: Volume):
     return next(e for e in fleet.nodes if e.name == volume.node.name)
 
 
 def test_a_volume_is_made_on_a_node_mounted_kept_across_stop_and_resume(
     eager, worker_fleet, owner_a, funded, image_ssh, api_a
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet(TWO_NODES)
     shown = _volume(api_a)
     assert shown["state"] == "ready" and shown["used_gb"] == 0
@@ -107,7 +107,7 @@ def test_a_volume_is_made_on_a_node_mounted_kept_across_stop_and_resume(
     assert AuditEvent.objects.filter(action="slice.terminate", tenant=owner_a.tenant).exists()
 
 
-def test_delete_needs_the_name_typed_and_removes_it_from_its_node(eager, worker_fleet, api_a):  # type: ignore[no-untyped-def]
+def test_delete_needs_the_name_typed_and_removes_it_from_its_node(eager, worker_fleet, api_a):
     fleet = worker_fleet()
     volume = Volume.objects.get(pk=_volume(api_a, "scratch")["id"])
     wrong = api_a.post(f"/api/v1/volumes/{volume.pk}/delete/", {"confirm": "scratc"}, format="json")
@@ -136,7 +136,7 @@ def test_delete_needs_the_name_typed_and_removes_it_from_its_node(eager, worker_
 )
 def test_bad_volume_input_is_a_400_naming_the_field_and_makes_nothing(
     eager, worker_fleet, api_a, body, field
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet()
     answer = api_a.post("/api/v1/volumes/", body, format="json")
     assert answer.status_code == 400, answer.content
@@ -158,7 +158,7 @@ def test_bad_volume_input_is_a_400_naming_the_field_and_makes_nothing(
 )
 def test_a_launch_with_a_bad_mount_is_a_400_naming_it_and_reserves_nothing(
     eager, worker_fleet, owner_a, owner_b, funded, image_ssh, api_a, api_b, mount, field
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet()
     ids = {"mine": _volume(api_a)["id"], "theirs": _volume(api_b, "other")["id"]}
     mount = {**mount, "volume": ids.get(mount["volume"], mount["volume"])}
@@ -172,7 +172,7 @@ def test_a_launch_with_a_bad_mount_is_a_400_naming_it_and_reserves_nothing(
     assert fleet.nodes[0].containers == []
 
 
-def test_viewers_cannot_create_or_delete_volumes(eager, worker_fleet, owner_a, api_a):  # type: ignore[no-untyped-def]
+def test_viewers_cannot_create_or_delete_volumes(eager, worker_fleet, owner_a, api_a):
     worker_fleet()
     volume = _volume(api_a)
     viewer = MembershipFactory(tenant=owner_a.tenant, role=Role.VIEWER, user__email="v@a.test")
@@ -186,7 +186,7 @@ def test_viewers_cannot_create_or_delete_volumes(eager, worker_fleet, owner_a, a
     assert gone.status_code == 403 and Volume.objects.filter(state="ready").count() == 1
 
 
-def test_another_tenants_volume_is_a_404(eager, worker_fleet, api_a, api_b):  # type: ignore[no-untyped-def]
+def test_another_tenants_volume_is_a_404(eager, worker_fleet, api_a, api_b):
     worker_fleet()
     theirs = _volume(api_b, "other")
     assert api_a.get(f"/api/v1/volumes/{theirs['id']}/").status_code == 404
@@ -197,7 +197,7 @@ def test_another_tenants_volume_is_a_404(eager, worker_fleet, api_a, api_b):  # 
 
 def test_storage_is_billed_per_gb_hour_and_an_unpaid_volume_is_deleted_after_grace(
     eager, worker_fleet, owner_a, ops_user, api_a, settings
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet()
     services.credit_grant(tenant=owner_a.tenant, amount="1.00", actor=ops_user, memo="t")
     services.storage_price_set(actor=ops_user, credits_per_gb_hour="0.01", reason="test")
@@ -233,7 +233,7 @@ def test_storage_is_billed_per_gb_hour_and_an_unpaid_volume_is_deleted_after_gra
 
 def test_a_full_volume_stops_the_slices_that_mount_it_and_keeps_its_files(
     eager, worker_fleet, owner_a, funded, image_ssh, api_a
-):  # type: ignore[no-untyped-def]
+):
     fleet = worker_fleet()
     volume = Volume.objects.get(pk=_volume(api_a, size_gb=2)["id"])
     purchase = funded(owner_a, vram_gb=4, hours=1)
@@ -257,7 +257,7 @@ def test_a_full_volume_stops_the_slices_that_mount_it_and_keeps_its_files(
 
 def test_resume_goes_through_the_same_checks(
     eager, worker_fleet, owner_a, funded, image_ssh, api_a
-):  # type: ignore[no-untyped-def]
+):
     worker_fleet()
     purchase = funded(owner_a, vram_gb=4, hours=1)
     made = api_a.post("/api/v1/slices/", _launch_body(purchase, image_ssh), format="json")
