@@ -263,6 +263,12 @@ class Gpu(models.Model):
     def __str__(self) -> str:
         return f"{self.node.name}/gpu{self.index} ({self.model})"
 
+    @property
+    def label(self) -> str:
+        """How pages, incidents and messages name the card: "gpu-host-1 GPU 3" (its node
+        must be loaded with it, or this costs a query)."""
+        return f"{self.node.name} GPU {self.index}"
+
 
 class Allocation(models.Model):
     class State(models.TextChoices):
