@@ -170,6 +170,8 @@ def incident_groups(*, since: datetime, until: datetime) -> list[ClassDayGroup]:
     # PostgreSQL takes a day of first_seen_at to have as many values as first_seen_at
     # itself, so it expects a group per row and sorts them all (on disk past a few days);
     # there are a few hundred groups, which it hashes in memory once told not to sort.
+    if connection.vendor != "postgresql":  # SQLite plans no sort to switch off
+        return cast("list[ClassDayGroup]", list(groups))
     with transaction.atomic(savepoint=False), connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_sort = off")
         rows = list(groups)
@@ -200,11 +202,13 @@ def node_names(*, node_ids: set[int], gpu_ids: set[int]) -> tuple[dict[int, str]
         Node.objects.filter(pk__in=node_ids)
         .annotate(kind=Value(0, output_field=IntegerField()))
         .values_list("kind", "pk", "name")
+        .order_by()  # no ORDER BY inside a UNION's parts (SQLite refuses one)
     )
     gpus = (
         Gpu.objects.filter(pk__in=gpu_ids)
         .annotate(kind=Value(1, output_field=IntegerField()))
         .values_list("kind", "pk", "node__name")
+        .order_by()
     )
     by_node: dict[int, str] = {}
     by_gpu: dict[int, str] = {}

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.contrib.postgres.expressions import ArraySubquery
-from django.db import models
+from django.db import connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Case, F, IntegerField, Lookup, Q, Value, When
 from django.db.models.sql.compiler import SQLCompiler
@@ -52,9 +52,11 @@ class IncidentQuerySet(models.QuerySet["Incident"]):
         if tenant is None:
             return self.none()
         touched = IncidentSlice.objects.filter(tenant=tenant).values("incident_id")
-        return self.filter(Q(tenant=tenant) | Q(AnyOf(F("pk"), ArraySubquery(touched)))).exclude(
-            rule__in=OPS_ONLY
-        )
+        if connections[self.db].vendor == "postgresql":
+            also = Q(AnyOf(F("pk"), ArraySubquery(touched)))
+        else:  # SQLite (the embedded `make run` default) has no arrays: the plain IN
+            also = Q(pk__in=touched)
+        return self.filter(Q(tenant=tenant) | also).exclude(rule__in=OPS_ONLY)
 
     def open(self) -> IncidentQuerySet:
         return self.exclude(status=Incident.Status.RESOLVED)

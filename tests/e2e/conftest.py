@@ -7,6 +7,7 @@ fresh browser context; a screenshot of its last page lands in var/screenshots/.
 import importlib
 import os
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
     "--disable-gpu",
+    "--disable-dev-shm-usage",  # a small /dev/shm (containers, some CI) crashes renderers
     "--disable-quic",
     "--no-first-run",
     "--disable-background-networking",
@@ -64,13 +66,29 @@ def playwright_sync(django_db_setup):
         os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
-@pytest.fixture(scope="package")
-def browser(playwright_sync):
-    browser = playwright_sync.chromium.launch(
+def _launch(playwright_sync):
+    return playwright_sync.chromium.launch(
         executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
     )
-    yield browser
-    browser.close()
+
+
+@pytest.fixture(scope="package")
+def _chromium(playwright_sync):
+    """One browser for the package, in a box so a test can replace it (see `browser`)."""
+    box = {"browser": _launch(playwright_sync)}
+    yield box
+    if box["browser"].is_connected():
+        box["browser"].close()
+
+
+@pytest.fixture
+def browser(_chromium, playwright_sync):
+    """The package's browser; a new one if the last went away. A browser that dies fails
+    the test it died in, never every test after it as well."""
+    if not _chromium["browser"].is_connected():
+        warnings.warn("chromium went away during an earlier test: launched again", stacklevel=1)
+        _chromium["browser"] = _launch(playwright_sync)
+    return _chromium["browser"]
 
 
 @pytest.fixture(autouse=True)
