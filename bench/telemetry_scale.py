@@ -44,7 +44,7 @@ from django.db.models import Avg, Count, DateTimeField, Func, Max, Min
 from django.db.models.functions import TruncDate
 from ingest import make_samples
 
-from incidents.services import watch_batch
+from incidents.hooks import watchdog_sample_hook
 from nodes import partitions, services
 from nodes.hooks import register_sample_hook, unregister_sample_hook
 from nodes.models import Gpu, GpuSample, GpuSampleRollup, Node
@@ -169,11 +169,11 @@ def ingest_rate(*, rounds: int, procs: int) -> float:
     as nodes_sample stores them. Storage alone: the watchdog's rules, which run on each
     batch through the sample hooks, are bench/detection.py's to measure (here they would
     file the first round's incidents in one phase and not the other)."""
-    unregister_sample_hook(watch_batch)
+    unregister_sample_hook(watchdog_sample_hook)
     try:
         return _ingest_rate(rounds=rounds, procs=procs)
     finally:
-        register_sample_hook(watch_batch)
+        register_sample_hook(watchdog_sample_hook)
 
 
 def _ingest_rate(*, rounds: int, procs: int) -> float:

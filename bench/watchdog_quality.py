@@ -446,7 +446,11 @@ class Day:
         app.conf.task_eager_propagates = False
         stack.callback(setattr, app.conf, "task_always_eager", False)
         # throttling pauses for real seconds; the emulated clock does not move meanwhile
-        for name, value in (("DUTY_PAUSE_S", 0.0), ("DUTY_RUN_S", 0.0), ("_cycles", lambda: 1)):
+        for name, value in (
+            ("DUTY_PAUSE_S", 0.0),
+            ("DUTY_RUN_S", 0.0),
+            ("duty_cycles", lambda _interval: 1),
+        ):
             stack.callback(setattr, throttle, name, getattr(throttle, name))
             setattr(throttle, name, value)
         stack.callback(ssh.reset_pool)

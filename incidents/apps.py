@@ -9,8 +9,8 @@ class IncidentsConfig(AppConfig):
         # Here, not at the top: AppConfig modules load before the models they would import.
         from nodes.hooks import register_sample_hook  # noqa: PLC0415
 
-        from .services import watch_batch  # noqa: PLC0415
+        from .hooks import watchdog_sample_hook  # noqa: PLC0415
 
         # The watchdog reads every stored batch in the telemetry worker, right after it
         # commits: detection within one sampling interval.
-        register_sample_hook(watch_batch)
+        register_sample_hook(watchdog_sample_hook)

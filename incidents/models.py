@@ -16,6 +16,7 @@ from .rules import OPS_ONLY
 from .rules import Thresholds as RuleThresholds
 
 if TYPE_CHECKING:  # incidents depend on tenants; only the type is needed here
+    from nodes.models import Node
     from tenants.models import Tenant
 
 # The severity sort: critical first, then warning, then the rest. One expression for the
@@ -218,6 +219,13 @@ class Incident(models.Model):
     def __str__(self) -> str:
         return f"#{self.pk} {self.title}"
 
+    @property
+    def affected_node(self) -> Node | None:
+        """The node an incident is about: its own, else its GPU's."""
+        if self.node is not None:
+            return self.node
+        return self.gpu.node if self.gpu is not None else None
+
 
 class IncidentSlice(models.Model):
     """A slice an incident touched besides its own: the running slices on a node that
@@ -414,6 +422,12 @@ class SliceWatch(models.Model):
 
     def __str__(self) -> str:
         return f"watch of slice {self.slice_id}"
+
+
+# How the watchdog's closures of a GPU begin its `not_accepting_reason`: the breaker's lifts
+# by itself once the card is below the reset line; a hardware fault's stays.
+BREAKER_REASON = "VRAM breaker"
+HARDWARE_REASON = "Hardware fault"
 
 
 class GpuWatch(models.Model):

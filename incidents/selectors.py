@@ -1,15 +1,17 @@
-"""Reads of the incident ledger for pages, API and exports: one query shape each."""
+"""Reads of the incident ledger for pages, API and exports: one query shape each; the
+running slices as the watchdog reads them; and what ops may do from an incident."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TypedDict
+from typing import TypedDict, TypeGuard
 
 from django.db.models import Q, QuerySet
 
-from tenants.models import Tenant
+from nodes.models import Gpu, Node
+from tenants.models import Slice, Tenant
 
-from .models import SEVERITY_RANK, Incident, IncidentEvent, Thresholds
+from .models import BREAKER_REASON, SEVERITY_RANK, Incident, IncidentEvent, Thresholds
 from .notify import TENANT_TITLES
 
 SORTS = {
@@ -131,3 +133,76 @@ def incident_search_for_tenant(queryset: QuerySet[Incident], text: str) -> Query
         Q(slice__isnull=False, title__icontains=text) & ~Q(rule__in=TENANT_TITLES)
         | Q(rule__in=shown)
     )
+
+
+class LiveSlice(TypedDict):
+    """A running slice as the rules read it (a plain row)."""
+
+    pk: int
+    tenant_id: int
+    quota: int  # its VRAM quota, MiB
+    cid: str  # its container
+    gpu_id: int
+    node_id: int
+    mig: bool
+    interruptible: bool
+    started: float  # a timestamp; 0.0 if it never started
+
+
+def live_slices(*, node_ids: list[int] | None = None) -> tuple[list[LiveSlice], set[str]]:
+    """Running slices on these nodes (all, for None), and every container a live slice
+    owns there (processes in them are nobody's orphans)."""
+    live = Slice.objects.filter(state__in=Slice.HOLDS_VRAM_STATES)
+    if node_ids is not None:
+        live = live.filter(allocation__gpu__node_id__in=node_ids)
+    rows = list(
+        live.values(
+            "pk",
+            "state",
+            "tenant_id",
+            "vram_mb",
+            "container_id",
+            "allocation__gpu_id",
+            "allocation__gpu__node_id",
+            "allocation__mig_device_uuid",
+            "purchase__interruptible",
+            "started_at",
+        )
+    )
+    known = {r["container_id"] for r in rows if r["container_id"]}
+    running: list[LiveSlice] = [
+        {
+            "pk": r["pk"],
+            "tenant_id": r["tenant_id"],
+            "quota": r["vram_mb"],
+            "cid": r["container_id"],
+            "gpu_id": r["allocation__gpu_id"],
+            "node_id": r["allocation__gpu__node_id"],
+            "mig": bool(r["allocation__mig_device_uuid"]),
+            "interruptible": bool(r["purchase__interruptible"]),
+            "started": r["started_at"].timestamp() if r["started_at"] else 0.0,
+        }
+        for r in rows
+        if r["state"] == Slice.State.RUNNING and r["container_id"]
+    ]
+    return running, known
+
+
+# What the incident page offers and what the services accept: one rule each, judged on
+# the slice, GPU or node as the caller read it.
+
+
+def can_stop_slice(slice: Slice | None) -> TypeGuard[Slice]:
+    return slice is not None and not slice.is_final
+
+
+def can_drain_gpu(gpu: Gpu | None) -> TypeGuard[Gpu]:
+    """Open to placements, or closed only by the breaker (which lifts by itself: ops may
+    turn it into a drain)."""
+    return gpu is not None and (
+        gpu.accepting_placements or gpu.not_accepting_reason.startswith(BREAKER_REASON)
+    )
+
+
+def can_drain_node(node: Node | None) -> TypeGuard[Node]:
+    return node is not None and node.drained_at is None

@@ -8,7 +8,6 @@ from nodes import ssh
 from nodes.errors import ContainerError
 
 from . import notify, services
-from .throttle import release
 
 
 @shared_task(name="incidents.dispose", bind=True, max_retries=2, soft_time_limit=60, time_limit=90)
@@ -28,7 +27,7 @@ def dispose(self: Task, incident_id: int, action: str, evidence: dict[str, Any])
 )
 def release_throttle(self: Task, slice_id: int) -> str:
     try:
-        return release(slice_id=slice_id)
+        return services.slice_throttle_release(slice_id=slice_id)
     except ssh.SSHError as exc:
         raise self.retry(exc=exc, countdown=2 * (self.request.retries + 1)) from exc
 

@@ -1,70 +1,13 @@
-"""Dynamic limiting (docs/domain.md, layer 2): a slice using more than its share of a card's
-memory bandwidth is slowed by pausing and resuming its container in a duty cycle, the
-strongest means a node without an SM-limit hook offers. Each sample that still shows it
-over starts another cycle (one sampling interval long); when it falls back the
-container is resumed and the throttle released."""
+"""The duty cycle of dynamic limiting (docs/domain.md, layer 2): a throttled slice's
+container is paused this long, then runs this long, for as many cycles as cover one
+sampling interval. The throttling itself is incidents.services.throttle's."""
 
 from __future__ import annotations
-
-import time
-
-from django.conf import settings
-from django.db import transaction
-
-from nodes import services as node_services
-from nodes.models import Node
-from tenants.models import Slice
-
-from .models import Incident, IncidentEvent, SliceWatch
 
 DUTY_PAUSE_S = 1.0  # paused this long ...
 DUTY_RUN_S = 1.0  # ... then running this long: half speed
 
 
-def _cycles() -> int:
-    """Enough pause/resume cycles to cover one sampling interval."""
-    return max(1, int(settings.NODES_SAMPLE_INTERVAL / (DUTY_PAUSE_S + DUTY_RUN_S)))
-
-
-def _docker(node: Node, verb: str, container: str) -> bool:
-    result = node_services.run_on_node(node, ["docker", verb, container], None)
-    return result.ok or b"is not paused" in result.stderr or b"already paused" in result.stderr
-
-
-def throttle_slice(*, incident: Incident, action: str) -> str:
-    s = incident.slice
-    if s is None or s.allocation is None or not s.container_id or s.is_final:
-        return "no container"
-    node = s.allocation.gpu.node
-    cycles = 0
-    for _ in range(_cycles()):
-        watch = SliceWatch.objects.filter(slice_id=s.pk).first()
-        if watch is None or watch.throttled_at is None:
-            break  # released meanwhile
-        if not _docker(node, "pause", s.container_id):
-            break
-        time.sleep(DUTY_PAUSE_S)
-        # Always resume, even if this task is about to end: never leave it paused.
-        if not _docker(node, "unpause", s.container_id):
-            break
-        time.sleep(DUTY_RUN_S)
-        cycles += 1
-    with transaction.atomic():
-        IncidentEvent.objects.create(
-            incident=incident,
-            kind=IncidentEvent.Kind.DISPOSED,
-            message=f"Throttled: {cycles} pause/resume cycles at 50% duty.",
-        )
-        Incident.objects.filter(pk=incident.pk, status__in=["open", "acknowledged"]).update(
-            status=Incident.Status.MITIGATED
-        )
-    return f"{cycles} cycles"
-
-
-def release(*, slice_id: int) -> str:
-    """The slice is back under the limit: make sure its container runs."""
-    s = Slice.objects.select_related("allocation__gpu__node").filter(pk=slice_id).first()
-    if s is None or s.allocation is None or not s.container_id or s.is_final:
-        return "nothing to release"
-    _docker(s.allocation.gpu.node, "unpause", s.container_id)
-    return "released"
+def duty_cycles(interval_s: float) -> int:
+    """Enough pause/resume cycles to cover one sampling interval of `interval_s`."""
+    return max(1, int(interval_s / (DUTY_PAUSE_S + DUTY_RUN_S)))

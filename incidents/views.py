@@ -232,15 +232,15 @@ def _ops_incident(pk: int) -> Incident:
 
 def available_actions(incident: Incident) -> dict[str, bool]:
     resolved = incident.status == Incident.Status.RESOLVED
-    node = services.incident_node(incident)
+    node = incident.affected_node
     return {
         "acknowledge": incident.status == Incident.Status.OPEN,
         "resolve": not resolved,
         "reopen": resolved,
-        "stop_slice": services.can_stop_slice(incident.slice),
-        "drain_gpu": services.can_drain_gpu(incident.gpu),
+        "stop_slice": selectors.can_stop_slice(incident.slice),
+        "drain_gpu": selectors.can_drain_gpu(incident.gpu),
         "end_orphan": incident.rule == "orphan_process" and not resolved,
-        "drain_node": services.can_drain_node(node),
+        "drain_node": selectors.can_drain_node(node),
     }
 
 
@@ -309,7 +309,7 @@ def _incident_context(incident: Incident) -> dict[str, Any]:
     ]
     return {
         "incident": incident,
-        "node": services.incident_node(incident),
+        "node": incident.affected_node,
         "steps": steps,
         "events": events,
         "evidence": evidence_context(incident),
@@ -354,7 +354,7 @@ def _stop_slice(request: UserRequest, incident: Incident, data: dict[str, Any]) 
 
 def _drain_gpu(request: UserRequest, incident: Incident, data: dict[str, Any]) -> str:
     gpu = services.incident_drain_gpu(incident=incident, actor=request.user, reason=data["reason"])
-    return f"{services.gpu_label(gpu)} takes no new placements."
+    return f"{gpu.label} takes no new placements."
 
 
 def _drain_node(request: UserRequest, incident: Incident, data: dict[str, Any]) -> str:
@@ -481,7 +481,7 @@ def ops_incident_action(request: UserRequest, pk: int, action: str) -> HttpRespo
         "incidents/ops_incident_action.html",
         {
             "incident": incident,
-            "node": services.incident_node(incident),
+            "node": incident.affected_node,
             "action": action,
             "spec": spec,
             "form": form,

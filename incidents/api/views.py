@@ -24,6 +24,7 @@ from rest_framework.views import APIView
 
 from gpuplatform.api.permissions import IsOps
 from gpuplatform.api.scopes import ADMIN
+from gpuplatform.ops import is_ops
 from incidents import selectors, services
 from incidents.models import Incident, WebhookEndpoint
 from incidents.paging import IncidentPagination
@@ -32,10 +33,6 @@ from tenants.permissions import IsTenantMember
 
 from . import filters
 from . import serializers as s
-
-
-def _is_ops(request: Request) -> bool:
-    return bool(getattr(request.user, "is_staff", False))
 
 
 def _membership(request: Request) -> Membership | None:
@@ -58,7 +55,7 @@ class IsOpsOrTenantMember(IsTenantMember):
     """Ops read everything; anyone else must belong to a tenant (sets request.membership)."""
 
     def has_permission(self, request: Request, view: APIView) -> bool:
-        if _is_ops(request):
+        if is_ops(request.user):
             request.membership = None  # type: ignore[attr-defined]  # read back by _membership
             return True
         return super().has_permission(request, view)
@@ -112,7 +109,7 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
     @property
     def _ops_view(self) -> bool:
         # The schema is built with the ops filters; its answers name both shapes.
-        return getattr(self, "swagger_fake_view", False) or _is_ops(self.request)
+        return getattr(self, "swagger_fake_view", False) or is_ops(self.request.user)
 
     @property
     def filterset_class(self) -> type[filters.TenantIncidentFilter]:
@@ -128,7 +125,7 @@ class IncidentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
     def get_queryset(self) -> QuerySet[Incident]:
         if getattr(self, "swagger_fake_view", False):
             return Incident.objects.none()
-        if _is_ops(self.request):
+        if is_ops(self.request.user):
             # the list's rows leave the evidence out; one incident (and an action's
             # answer) has it
             incidents = selectors.incident_list(evidence=self.action != "list")
@@ -278,7 +275,7 @@ class WebhookEndpointViewSet(
 
     def get_queryset(self) -> QuerySet[WebhookEndpoint]:
         endpoints = WebhookEndpoint.objects.order_by("-created_at", "-id")
-        if _is_ops(self.request):
+        if is_ops(self.request.user):
             return endpoints.filter(tenant__isnull=True)
         membership = _membership(self.request)
         return endpoints.for_tenant(membership.tenant if membership else None)

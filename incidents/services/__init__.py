@@ -1,60 +1,51 @@
 """Every write about incidents: the ledger, the watchdog (per batch and every minute) and
-the disposal of what it finds. Import from here; the modules below say where each lives.
+the disposal of what it finds. Import the actions from here; the modules below say where
+each lives (their constants, such as `dispose.REMOTE_ACTIONS` or
+`webhooks.MAX_ACTIVE_WEBHOOKS`, are imported from those modules).
 
-- `ledger`: incidents opened once per rule and target, counted, acknowledged, resolved,
-  reopened and archived, with their timeline events.
-- `watchdog`: `watch_batch` on each stored batch of samples, and `apply_findings`, which
-  turns rule findings into incidents and their actions; the thresholds.
+- `ledger`: incidents opened once per rule and target (`incident_record`), counted,
+  acknowledged, resolved (`incident_resolve_locked` under the caller's lock), reopened,
+  mitigated and archived, with their timeline events (`incident_event`).
+- `watchdog`: `watch_batch` on each stored batch of samples (nodes' sample hook, through
+  incidents.hooks), `apply_findings`, which turns rule findings into incidents and their
+  actions, the running slices' watch rows (`slice_watches_ensure`); the thresholds.
 - `sweep`: `watch_sweep` every minute over the recent window, and the idle stop when due.
-- `dispose`: the actions: placement changes inline; stopping a slice, ending an orphan
-  or throttling on the incidents queue after commit, the offender alone; and ops' own
-  actions from an incident (stop its slice, drain its GPU or node).
+- `dispose`: the actions (`finding_act`): placement changes inline; stopping a slice,
+  ending an orphan or throttling on the incidents queue after commit (`incident_dispose`),
+  the offender alone; and ops' own actions from an incident (stop its slice, drain its
+  GPU or node).
+- `throttle`: dynamic limiting, a slice's container paused and resumed in a duty cycle,
+  and the throttle released.
 - `webhooks`: endpoints that receive incident notifications, made and deactivated.
 """
 
 from .dispose import (
-    BREAKER_REASON,
-    HARDWARE_REASON,
-    REMOTE_ACTIONS,
-    can_drain_gpu,
-    can_drain_node,
-    can_stop_slice,
-    gpu_label,
+    finding_act,
     incident_confirm_orphan,
     incident_dispose,
     incident_drain_gpu,
     incident_drain_node,
-    incident_node,
     incident_stop_slice,
 )
 from .ledger import (
-    SEVERITY_RANK,
-    E,
     incident_acknowledge,
     incident_clear,
     incident_event,
+    incident_mitigate,
     incident_record,
     incident_reopen,
     incident_resolve,
+    incident_resolve_locked,
     incidents_acknowledge,
 )
-from .sweep import OOM_LOOKBACK, QUIET_AFTER, QUIET_RULES, slice_idle_due, watch_sweep
-from .watchdog import ONE_SHOT_ACTIONS, GpuRow, apply_findings, thresholds_update, watch_batch
-from .webhooks import MAX_ACTIVE_WEBHOOKS, webhook_create, webhook_deactivate
+from .sweep import slice_idle_due, watch_sweep
+from .throttle import slice_throttle, slice_throttle_release
+from .watchdog import apply_findings, slice_watches_ensure, thresholds_update, watch_batch
+from .webhooks import webhook_create, webhook_deactivate
 
 __all__ = [
-    "BREAKER_REASON",
-    "E",
-    "HARDWARE_REASON",
-    "MAX_ACTIVE_WEBHOOKS",
-    "ONE_SHOT_ACTIONS",
-    "OOM_LOOKBACK",
-    "QUIET_AFTER",
-    "QUIET_RULES",
-    "REMOTE_ACTIONS",
-    "SEVERITY_RANK",
-    "GpuRow",
     "apply_findings",
+    "finding_act",
     "incident_acknowledge",
     "incident_clear",
     "incident_confirm_orphan",
@@ -62,17 +53,17 @@ __all__ = [
     "incident_drain_gpu",
     "incident_drain_node",
     "incident_event",
-    "incident_node",
-    "can_drain_gpu",
-    "can_drain_node",
-    "can_stop_slice",
-    "gpu_label",
+    "incident_mitigate",
     "incident_record",
     "incident_reopen",
     "incident_resolve",
+    "incident_resolve_locked",
     "incident_stop_slice",
     "incidents_acknowledge",
     "slice_idle_due",
+    "slice_throttle",
+    "slice_throttle_release",
+    "slice_watches_ensure",
     "thresholds_update",
     "watch_batch",
     "watch_sweep",

@@ -7,7 +7,7 @@ Every action touches the offender alone; the node work is safe to run twice.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, TypeGuard
+from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import transaction
@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from gpuplatform.dispatch import enqueue
 from gpuplatform.errors import Conflict
+from gpuplatform.ops import require_ops
 from nodes import runtime
 from nodes import services as node_services
 from nodes.models import Gpu, Node
@@ -24,20 +25,28 @@ from tenants.services import members_notify, owner_is_live
 
 from .. import rules
 from ..locks import incident_lock
-from ..models import GpuWatch, Incident, IncidentEvent, IncidentSlice, SliceWatch, Thresholds
+from ..models import (
+    BREAKER_REASON,
+    GpuWatch,
+    Incident,
+    IncidentEvent,
+    IncidentSlice,
+    SliceWatch,
+    Thresholds,
+)
 from ..notify import TENANT_ADVICE
-from ..throttle import throttle_slice
-from .ledger import incident_event, incident_mitigate, incident_resolve_locked, require_ops
+from ..selectors import can_drain_gpu, can_drain_node, can_stop_slice
+from .ledger import incident_event, incident_mitigate, incident_resolve_locked
+from .throttle import slice_throttle
 
 E = IncidentEvent.Kind
-BREAKER_REASON = "VRAM breaker"
-HARDWARE_REASON = "Hardware fault"  # the GPU stays drained while its reason says so
 # Actions that talk to a node: done by a task on the incidents queue.
 REMOTE_ACTIONS = (rules.STOP_SLICE, rules.END_ORPHAN, rules.THROTTLE, rules.PREEMPT)
 
 
-def finding_act(incident: Incident | None, f: rules.Finding, now: datetime) -> None:
+def finding_act(*, finding: rules.Finding, incident: Incident | None, now: datetime) -> None:
     """Carry out a finding's action (inside the caller's transaction)."""
+    f = finding
     if f.action == rules.CLOSE_GPU and f.gpu_id:
         _breaker_close(incident, f, f.gpu_id)
     elif f.action == rules.OPEN_GPU and f.gpu_id:
@@ -68,7 +77,9 @@ def _breaker_close(incident: Incident | None, f: rules.Finding, gpu_id: int) -> 
         )
     GpuWatch.objects.update_or_create(gpu=gpu, defaults={"breaker_open": True})
     if incident:
-        incident_mitigate(incident, "GPU closed to new placements (running work continues).")
+        incident_mitigate(
+            incident=incident, message="GPU closed to new placements (running work continues)."
+        )
 
 
 def _breaker_reopen(gpu_id: int) -> None:
@@ -88,7 +99,10 @@ def _drain_faulty_gpu(incident: Incident | None, f: rules.Finding, gpu_id: int) 
     gpu = Gpu.objects.get(pk=gpu_id)
     node_services.gpu_set_accepting(gpu=gpu, accepting=False, reason=f.title)
     if incident:
-        incident_mitigate(incident, "GPU drained: it takes no new slice; its tenants were told.")
+        incident_mitigate(
+            incident=incident,
+            message="GPU drained: it takes no new slice; its tenants were told.",
+        )
     _tell_tenants_on(
         gpu_ids=[gpu.pk],
         incident=incident,
@@ -106,7 +120,7 @@ def _tell_node_unreachable(incident: Incident | None, node_id: int) -> None:
         body=TENANT_ADVICE["node_unreachable"],
     )
     if incident:
-        incident_event(incident, E.ACTION, "Tenants on the node were told.")
+        incident_event(incident=incident, kind=E.ACTION, message="Tenants on the node were told.")
 
 
 def _warn_idle(incident: Incident | None, f: rules.Finding, slice_id: int, now: datetime) -> None:
@@ -115,7 +129,9 @@ def _warn_idle(incident: Incident | None, f: rules.Finding, slice_id: int, now: 
     s = Slice.objects.select_related("tenant").get(pk=slice_id)
     members_notify(tenant=s.tenant, subject=f"Slice {s.pk} is idle", body=f.detail)
     if incident:
-        incident_event(incident, E.ACTION, "Tenant warned: idle slices are reclaimed.")
+        incident_event(
+            incident=incident, kind=E.ACTION, message="Tenant warned: idle slices are reclaimed."
+        )
     # the stop when it is due (the minute's sweep would come up to a minute late)
     due = Thresholds.current().idle_stop_after_s
     enqueue("incidents.idle_due", slice_id, countdown=due)
@@ -143,13 +159,18 @@ def _tell_tenants_on(
 @transaction.atomic
 def incident_confirm_orphan(*, incident: Incident, actor: User) -> Incident:
     """Ops confirm an orphan (a process or container of no slice): it is ended now."""
-    require_ops(actor)
+    require_ops(actor, what="manage incidents")
     incident = incident_lock(incident.pk)
     if incident.rule != "orphan_process" or incident.gpu_id is None:
         raise Conflict("Only an orphan process can be ended from here.", code="not_an_orphan")
     if incident.status == Incident.Status.RESOLVED:
         raise Conflict("This incident is resolved.", code="resolved")
-    incident_event(incident, E.ACTION, "Ops confirmed the orphan: ending it.", actor=actor)
+    incident_event(
+        incident=incident,
+        kind=E.ACTION,
+        message="Ops confirmed the orphan: ending it.",
+        actor=actor,
+    )
     enqueue("incidents.dispose", incident.pk, rules.END_ORPHAN, incident.evidence)
     return incident
 
@@ -157,41 +178,11 @@ def incident_confirm_orphan(*, incident: Incident, actor: User) -> Incident:
 # --- ops' actions from an incident: stop its slice, drain its GPU or node ------------------------
 
 
-def incident_node(incident: Incident) -> Node | None:
-    """The node an incident is about: its own, else its GPU's."""
-    if incident.node is not None:
-        return incident.node
-    return incident.gpu.node if incident.gpu is not None else None
-
-
-def gpu_label(gpu: Gpu) -> str:
-    return f"{gpu.node.name} GPU {gpu.index}"
-
-
-# What the incident page offers and what the services accept: one rule each.
-
-
-def can_stop_slice(slice: Slice | None) -> TypeGuard[Slice]:
-    return slice is not None and not slice.is_final
-
-
-def can_drain_gpu(gpu: Gpu | None) -> TypeGuard[Gpu]:
-    """Open to placements, or closed only by the breaker (which lifts by itself: ops may
-    turn it into a drain)."""
-    return gpu is not None and (
-        gpu.accepting_placements or gpu.not_accepting_reason.startswith(BREAKER_REASON)
-    )
-
-
-def can_drain_node(node: Node | None) -> TypeGuard[Node]:
-    return node is not None and node.drained_at is None
-
-
 @transaction.atomic
 def incident_stop_slice(*, incident: Incident, actor: User, reason: str) -> Slice:
     """Ops force-stop the incident's slice (its tenant is told why) and the timeline
     records it; 409 `no_running_slice` when it names none or the slice has ended."""
-    require_ops(actor)
+    require_ops(actor, what="manage incidents")
     s = Slice.objects.filter(pk=incident.slice_id).first() if incident.slice_id else None
     if not can_stop_slice(s):
         raise Conflict(
@@ -200,9 +191,9 @@ def incident_stop_slice(*, incident: Incident, actor: User, reason: str) -> Slic
         )
     s = tenant_services.slice_stop(slice=s, actor=actor, reason=reason, force=True)
     incident_event(
-        incident,
-        E.ACTION,
-        f"Slice {s.pk} force-stopped by ops ({s.state}): {reason}",
+        incident=incident,
+        kind=E.ACTION,
+        message=f"Slice {s.pk} force-stopped by ops ({s.state}): {reason}",
         actor=actor,
         data={"action": "stop_slice", "slice_id": s.pk, "slice_state": s.state},
     )
@@ -214,7 +205,7 @@ def incident_drain_gpu(*, incident: Incident, actor: User, reason: str) -> Gpu:
     """Ops close the incident's GPU to new placements (running work continues); the
     breaker's own closure may be turned into a drain. 409 `nothing_to_drain` when no GPU
     is named or it already takes no placements for another reason."""
-    require_ops(actor)
+    require_ops(actor, what="manage incidents")
     gpu = (
         Gpu.objects.select_related("node").filter(pk=incident.gpu_id).first()
         if incident.gpu_id is not None
@@ -229,9 +220,9 @@ def incident_drain_gpu(*, incident: Incident, actor: User, reason: str) -> Gpu:
         gpu=gpu, accepting=False, reason=f"Incident #{incident.pk}: {reason}"
     )
     incident_event(
-        incident,
-        E.ACTION,
-        f"Drained {gpu_label(gpu)}: no new placements, running work continues. {reason}",
+        incident=incident,
+        kind=E.ACTION,
+        message=f"Drained {gpu.label}: no new placements, running work continues. {reason}",
         actor=actor,
         data={"action": "drain_gpu", "gpu_id": gpu.pk},
     )
@@ -242,8 +233,8 @@ def incident_drain_gpu(*, incident: Incident, actor: User, reason: str) -> Gpu:
 def incident_drain_node(*, incident: Incident, actor: User, reason: str) -> Node:
     """Ops drain the incident's node: none of its GPUs takes new slices, running ones
     continue. 409 `nothing_to_drain` when no node is named or it is draining already."""
-    require_ops(actor)
-    node = incident_node(incident)
+    require_ops(actor, what="manage incidents")
+    node = incident.affected_node
     node = Node.objects.filter(pk=node.pk).first() if node is not None else None
     if not can_drain_node(node):
         raise Conflict(
@@ -252,9 +243,9 @@ def incident_drain_node(*, incident: Incident, actor: User, reason: str) -> Node
         )
     node = node_services.node_drain(node=node, reason=f"Incident #{incident.pk}: {reason}")
     incident_event(
-        incident,
-        E.ACTION,
-        f"Drained node {node.name}: no new placements, running work continues. {reason}",
+        incident=incident,
+        kind=E.ACTION,
+        message=f"Drained node {node.name}: no new placements, running work continues. {reason}",
         actor=actor,
         data={"action": "drain_node", "node_id": node.pk},
     )
@@ -279,7 +270,7 @@ def incident_dispose(*, incident_id: int, action: str, evidence: dict[str, Any])
     if action == rules.END_ORPHAN and incident.gpu is not None:
         return _end_orphan(incident, incident.gpu.node, evidence)
     if action in (rules.THROTTLE, rules.UNTHROTTLE) and incident.slice_id:
-        return throttle_slice(incident=incident, action=action)
+        return slice_throttle(incident=incident)
     return "nothing to do"
 
 
@@ -298,14 +289,18 @@ def _stop_offender(
     with transaction.atomic():
         incident = incident_lock(incident.pk)
         incident_mitigate(
-            incident,
-            f"Stopped slice {s.pk}'s container alone and released its VRAM; metering stopped.",
+            incident=incident,
+            message=f"Stopped slice {s.pk}'s container alone and released its VRAM; "
+            "metering stopped.",
             data={"slice_state": state},
             tell=True,
         )
         if state in (Slice.State.STOPPED, Slice.State.FAILED):
             incident_resolve_locked(
-                incident, None, "Disposed: the offending slice was stopped.", timezone.now()
+                incident=incident,
+                actor=None,
+                note="Disposed: the offending slice was stopped.",
+                now=timezone.now(),
             )
     members_notify(tenant=s.tenant, subject=f"Slice {s.pk} was stopped", body=reason)
     return state
@@ -358,10 +353,10 @@ def _end_orphan(incident: Incident, node: Node, evidence: dict[str, Any]) -> str
     ):
         with transaction.atomic():
             incident_event(
-                incident,
-                E.NOTE,
-                "Not ended automatically: it is not a platform container without a live "
-                "slice (or it is gone). Ops decide from the evidence.",
+                incident=incident,
+                kind=E.NOTE,
+                message="Not ended automatically: it is not a platform container without a "
+                "live slice (or it is gone). Ops decide from the evidence.",
                 data={"pid": pid, "container_id": container},
             )
         return "left for ops"
@@ -369,8 +364,16 @@ def _end_orphan(incident: Incident, node: Node, evidence: dict[str, Any]) -> str
     done = f"Removed the platform container {info.id[:12]} holding the memory (no live slice)."
     with transaction.atomic():
         incident = incident_lock(incident.pk)
-        incident_mitigate(incident, done, data={"pid": pid, "container_id": info.id}, tell=True)
+        incident_mitigate(
+            incident=incident,
+            message=done,
+            data={"pid": pid, "container_id": info.id},
+            tell=True,
+        )
         incident_resolve_locked(
-            incident, None, "Disposed: the orphan container was removed.", timezone.now()
+            incident=incident,
+            actor=None,
+            note="Disposed: the orphan container was removed.",
+            now=timezone.now(),
         )
     return done

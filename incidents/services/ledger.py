@@ -8,7 +8,6 @@ resolved (`incident_resolve_locked`). Who was told an incident started is told i
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypedDict
@@ -17,17 +16,17 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from gpuplatform.errors import Conflict, NotAllowed, ServiceError
+from gpuplatform.errors import Conflict, ServiceError
+from gpuplatform.ops import require_ops
 
 from .. import rules
+from ..evidence import condition_since_of
 from ..locks import incident_lock, incident_open_lock
 from ..models import Incident, IncidentEvent
 from ..notify import incident_notify
 
 E = IncidentEvent.Kind
 SEVERITY_RANK = {rules.INFO: 0, rules.WARNING: 1, rules.CRITICAL: 2}
-# When the condition began, as the evidence says it: an ISO time (the KPIs' rule).
-ISO_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}", re.ASCII)
 
 
 class IncidentContext(TypedDict, total=False):
@@ -41,10 +40,10 @@ class IncidentContext(TypedDict, total=False):
 
 
 def incident_event(
+    *,
     incident: Incident,
     kind: str,
     message: str,
-    *,
     actor: User | None = None,
     data: dict[str, Any] | None = None,
 ) -> IncidentEvent:
@@ -55,20 +54,6 @@ def incident_event(
         actor=actor if actor is not None and actor.is_authenticated else None,
         data=data or {},
     )
-
-
-def condition_since_of(evidence: dict[str, Any]) -> datetime | None:
-    """When the condition began, read from the evidence as it is frozen (a context may
-    add to it): stored beside it, so the KPIs never parse evidence. Migration 0007
-    filled the incidents recorded before with the same rule."""
-    value = evidence.get("condition_since")
-    if not isinstance(value, str) or not ISO_TIME.match(value):
-        return None
-    try:
-        began = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return began if began.tzinfo is not None else began.replace(tzinfo=UTC)
 
 
 def _located(f: rules.Finding, context: IncidentContext) -> str:
@@ -136,7 +121,11 @@ def _count_again(open_one: Incident, finding: rules.Finding, now: datetime) -> N
         open_one.severity = finding.severity
         open_one.title = finding.title[:200]
         fields += ["severity", "title"]
-        incident_event(open_one, E.NOTE, f"Escalated to {finding.severity}: {finding.title}")
+        incident_event(
+            incident=open_one,
+            kind=E.NOTE,
+            message=f"Escalated to {finding.severity}: {finding.title}",
+        )
         open_one.save(update_fields=fields)
         incident_notify(incident=open_one, event="escalated")
         return
@@ -162,12 +151,16 @@ def _frozen_evidence(
 
 def _first_steps(incident: Incident, finding: rules.Finding, context: IncidentContext) -> None:
     """The runbook's first three steps on a new incident's timeline."""
-    incident_event(incident, E.DETECTED, finding.title, data={"rule": finding.rule})
-    incident_event(incident, E.LOCATED, f"Located: {_located(finding, context)}.")
     incident_event(
-        incident,
-        E.CLASSIFIED,
-        f"Classified: {Incident.RootCause(finding.root_cause).label}.",
+        incident=incident, kind=E.DETECTED, message=finding.title, data={"rule": finding.rule}
+    )
+    incident_event(
+        incident=incident, kind=E.LOCATED, message=f"Located: {_located(finding, context)}."
+    )
+    incident_event(
+        incident=incident,
+        kind=E.CLASSIFIED,
+        message=f"Classified: {Incident.RootCause(finding.root_cause).label}.",
         data={"root_cause": finding.root_cause},
     )
 
@@ -177,12 +170,17 @@ def incident_clear(*, finding: rules.Finding, now: datetime, note: str = "") -> 
     incident = incident_open_lock(rule=finding.rule, target=finding.target)
     if incident is None:
         return None
-    incident_resolve_locked(incident, None, note or f"Condition cleared: {finding.title}.", now)
+    incident_resolve_locked(
+        incident=incident,
+        actor=None,
+        note=note or f"Condition cleared: {finding.title}.",
+        now=now,
+    )
     return incident
 
 
 def incident_resolve_locked(
-    incident: Incident, actor: User | None, note: str, now: datetime
+    *, incident: Incident, actor: User | None, note: str, now: datetime
 ) -> None:
     """Resolve and archive an incident whose row the caller holds (locked or just made)."""
     incident.status = Incident.Status.RESOLVED
@@ -190,8 +188,8 @@ def incident_resolve_locked(
     incident.resolved_by = actor if actor is not None and actor.is_authenticated else None
     incident.resolution_note = note[:2000]
     incident.save(update_fields=["status", "resolved_at", "resolved_by", "resolution_note"])
-    incident_event(incident, E.STATUS, f"Resolved: {note}"[:500], actor=actor)
-    incident_event(incident, E.ARCHIVED, _archive_line(incident), actor=actor)
+    incident_event(incident=incident, kind=E.STATUS, message=f"Resolved: {note}"[:500], actor=actor)
+    incident_event(incident=incident, kind=E.ARCHIVED, message=_archive_line(incident), actor=actor)
     if actor is not None or incident.severity == Incident.Severity.CRITICAL or incident.slice_id:
         # Who was told it started is told it ended (a warning that clears itself is not).
         incident_notify(incident=incident, event="resolved")
@@ -210,15 +208,9 @@ def _archive_line(incident: Incident) -> str:
     )[:500]
 
 
-def require_ops(actor: User) -> None:
-    """Incidents and the watchdog's thresholds are managed by ops (staff) alone."""
-    if not actor.is_staff:
-        raise NotAllowed("Only ops manage incidents.")
-
-
 @transaction.atomic
 def incident_acknowledge(*, incident: Incident, actor: User) -> Incident:
-    require_ops(actor)
+    require_ops(actor, what="manage incidents")
     incident = incident_lock(incident.pk)
     if incident.status == Incident.Status.RESOLVED:
         raise Conflict("This incident is resolved; reopen it first.", code="resolved")
@@ -227,13 +219,13 @@ def incident_acknowledge(*, incident: Incident, actor: User) -> Incident:
         incident.acknowledged_by = actor
         incident.acknowledged_at = timezone.now()
         incident.save(update_fields=["status", "acknowledged_by", "acknowledged_at"])
-        incident_event(incident, E.STATUS, "Acknowledged.", actor=actor)
+        incident_event(incident=incident, kind=E.STATUS, message="Acknowledged.", actor=actor)
     return incident
 
 
 def incidents_acknowledge(*, ids: list[int], actor: User) -> int:
     """Bulk acknowledge; resolved ones and ids that do not exist are skipped."""
-    require_ops(actor)
+    require_ops(actor, what="manage incidents")
     done = 0
     for pk in Incident.objects.filter(pk__in=ids, status=Incident.Status.OPEN).values_list(
         "pk", flat=True
@@ -249,20 +241,20 @@ def incidents_acknowledge(*, ids: list[int], actor: User) -> int:
 
 @transaction.atomic
 def incident_resolve(*, incident: Incident, actor: User, note: str) -> Incident:
-    require_ops(actor)
+    require_ops(actor, what="manage incidents")
     note = (note or "").strip()
     if not note:
         raise ServiceError("Say how it was resolved.", field="note")
     incident = incident_lock(incident.pk)
     if incident.status == Incident.Status.RESOLVED:
         return incident
-    incident_resolve_locked(incident, actor, note, timezone.now())
+    incident_resolve_locked(incident=incident, actor=actor, note=note, now=timezone.now())
     return incident
 
 
 @transaction.atomic
 def incident_reopen(*, incident: Incident, actor: User, note: str = "") -> Incident:
-    require_ops(actor)
+    require_ops(actor, what="manage incidents")
     incident = incident_lock(incident.pk)
     if incident.status != Incident.Status.RESOLVED:
         return incident
@@ -287,15 +279,17 @@ def incident_reopen(*, incident: Incident, actor: User, note: str = "") -> Incid
             "acknowledged_at",
         ]
     )
-    incident_event(incident, E.STATUS, f"Reopened. {note}".strip(), actor=actor)
+    incident_event(
+        incident=incident, kind=E.STATUS, message=f"Reopened. {note}".strip(), actor=actor
+    )
     incident_notify(incident=incident, event="reopened")
     return incident
 
 
 def incident_mitigate(
+    *,
     incident: Incident,
     message: str,
-    *,
     actor: User | None = None,
     data: dict[str, Any] | None = None,
     tell: bool = False,
@@ -306,6 +300,6 @@ def incident_mitigate(
     if incident.status in (Incident.Status.OPEN, Incident.Status.ACKNOWLEDGED):
         incident.status = Incident.Status.MITIGATED
         incident.save(update_fields=["status"])
-    incident_event(incident, E.DISPOSED, message, actor=actor, data=data)
+    incident_event(incident=incident, kind=E.DISPOSED, message=message, actor=actor, data=data)
     if tell:
         incident_notify(incident=incident, event="action")

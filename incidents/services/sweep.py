@@ -22,8 +22,9 @@ from tenants.models import Slice
 from .. import rules
 from ..locks import incident_lock
 from ..models import GpuWatch, Incident, Thresholds
+from ..selectors import live_slices
 from .ledger import incident_resolve_locked
-from .watchdog import apply_findings, live_slices
+from .watchdog import apply_findings, slice_watches_ensure
 
 
 def watch_sweep(*, now: datetime | None = None) -> dict[str, int]:
@@ -72,7 +73,7 @@ def watch_sweep(*, now: datetime | None = None) -> dict[str, int]:
     findings += _sweep_slices(now, th)
     findings += _sweep_oom(now)
     findings += _sweep_nodes()
-    counts = apply_findings(findings, now=now, gpus=gpus)
+    counts = apply_findings(findings=findings, now=now, gpus=gpus)
     counts["expired"] = _expire_quiet(now)
     return counts
 
@@ -92,7 +93,9 @@ def _expire_quiet(now: datetime) -> int:
             if incident.status == Incident.Status.RESOLVED:
                 continue
             minutes = int(QUIET_AFTER.total_seconds() // 60)
-            incident_resolve_locked(incident, None, f"Not seen for {minutes} minutes.", now)
+            incident_resolve_locked(
+                incident=incident, actor=None, note=f"Not seen for {minutes} minutes.", now=now
+            )
             done += 1
     return done
 
@@ -112,7 +115,8 @@ def _sweep_orphans(gpus: dict[int, Gpu], th: rules.Thresholds) -> list[rules.Fin
         procs[gpu_id].append(
             rules.ProcessView(gpu_id=gpu_id, pid=pid, used_mb=used, container_id=cid)
         )
-    _, _, known = live_slices()
+    running, known = live_slices()
+    slice_watches_ensure(slice_ids=[r["pk"] for r in running])  # as on each batch
     # A card's latest sample may be older than a slice's end: its processes were the
     # slice's when the sample was taken. Judge each sample against the slices live then.
     ended, lasts = _slices_of({cid for _, _, _, cid in latest if cid and cid not in known})
@@ -205,7 +209,7 @@ def _where_orphan(f: rules.Finding, gpu: Gpu, lasts: dict[str, tuple[int, int]])
         return f
     cid = f.evidence.get("container_id") or ""
     last = lasts.get(cid)
-    where = f"node {gpu.node.name} GPU {gpu.index}"
+    where = f"node {gpu.label}"
     title = f"Process {f.evidence['pid']} on {where} holds {f.evidence['used_mb']} MiB"
     title += f" and belongs to no slice (last: slice {last[0]})" if last else " of no slice"
     evidence = {**f.evidence, "node": gpu.node.name, "gpu_index": gpu.index}
@@ -285,7 +289,7 @@ def slice_idle_due(*, slice_id: int, now: datetime | None = None) -> dict[str, i
     findings = [
         f for s, view in _judged_slices(now, slice_ids=[slice_id]) for f in _idle(s, view, now, th)
     ]
-    return apply_findings(findings, now=now) if findings else {}
+    return apply_findings(findings=findings, now=now) if findings else {}
 
 
 OOM_LOOKBACK = timedelta(minutes=30)

@@ -1,9 +1,9 @@
 """The watchdog on each stored batch of samples, and how findings become incidents and
 actions (`apply_findings`, shared with the minute's sweep).
 
-`watch_batch` runs as a nodes sample hook, in the telemetry worker, right after the
-batch commits. Findings (incidents.rules) become deduplicated incidents; their actions
-are carried out by incidents.services.dispose.
+`watch_batch` runs as a nodes sample hook (incidents.hooks), in the telemetry worker,
+right after the batch commits. Findings (incidents.rules) become deduplicated incidents;
+their actions are carried out by incidents.services.dispose.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypedDict
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -23,6 +23,7 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from gpuplatform.errors import ServiceError
+from gpuplatform.ops import require_ops
 from nodes.hooks import GpuSampleRow, SampleBatch
 from nodes.models import Gpu, GpuSample, ProcessSample
 from nodes.telemetry import GpuReading
@@ -30,9 +31,10 @@ from tenants.models import Slice
 
 from .. import preemption, rules
 from ..locks import thresholds_lock
-from ..models import GpuWatch, Incident, IncidentEvent, SliceWatch, Thresholds
+from ..models import HARDWARE_REASON, GpuWatch, Incident, IncidentEvent, SliceWatch, Thresholds
 from ..notify import incident_notify
-from .dispose import HARDWARE_REASON, finding_act
+from ..selectors import LiveSlice, live_slices
+from .dispose import finding_act
 from .ledger import (
     SEVERITY_RANK,
     IncidentContext,
@@ -41,7 +43,6 @@ from .ledger import (
     incident_mitigate,
     incident_record,
     incident_resolve_locked,
-    require_ops,
 )
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ ONE_SHOT_ACTIONS = (rules.NOTIFY_TENANTS, rules.DRAIN_GPU, rules.END_ORPHAN, rul
 
 @transaction.atomic
 def thresholds_update(*, actor: User, **changes: Any) -> Thresholds:
-    require_ops(actor)
+    require_ops(actor, what="manage incidents")
     row = Thresholds.current()
     row = thresholds_lock(row.pk)
     for name, value in changes.items():
@@ -78,7 +79,7 @@ def thresholds_update(*, actor: User, **changes: Any) -> Thresholds:
 # --- the watchdog, per batch ------------------------------------------------------------------
 
 
-def watch_batch(batch: SampleBatch) -> dict[str, int]:
+def watch_batch(*, batch: SampleBatch) -> dict[str, int]:
     """Run the per-sample rules on a stored batch and act on what they find."""
     if not batch.gpu_samples:
         return {}
@@ -89,7 +90,8 @@ def watch_batch(batch: SampleBatch) -> dict[str, int]:
     # lists and plain rows keep the hook a fraction of the ingest it follows.
     node_ids = [n.pk for n in batch.nodes]
     watches = {w.gpu_id: w for w in GpuWatch.objects.filter(gpu__node_id__in=node_ids)}
-    slices, slice_watches, known = live_slices(node_ids=node_ids)
+    slices, _ = live_slices(node_ids=node_ids)
+    slice_watches = slice_watches_ensure(slice_ids=[r["pk"] for r in slices])
     # Jumps are judged for processes of running slices (the rest are the sweep's orphans):
     # the previous readings are fetched for those containers only.
     previous = _previous_process_readings({r["cid"] for r in slices}, now) if slices else {}
@@ -122,7 +124,7 @@ def watch_batch(batch: SampleBatch) -> dict[str, int]:
     findings += _card_rules(loud, gpus, watches, readings, xids, th=th)
     findings += _off_the_bus_rules(batch, gpus, xids)
     findings += _computing_again(active_ids)
-    return apply_findings(findings, now=now, gpus=gpus, open_keys=open_keys)
+    return apply_findings(findings=findings, now=now, gpus=gpus, open_keys=open_keys)
 
 
 def _processes_by_gpu(
@@ -396,6 +398,11 @@ class GpuRow:
     node_name: str
     not_accepting_reason: str
 
+    @property
+    def label(self) -> str:
+        """How the card is named, as Gpu.label names it ("gpu-host-1 GPU 3")."""
+        return f"{self.node_name} GPU {self.index}"
+
 
 def _previous_process_readings(containers: set[str], now: datetime) -> dict[tuple[int, int], int]:
     """Each of these containers' processes' reading one sample before this batch."""
@@ -415,65 +422,13 @@ def _previous_process_readings(containers: set[str], now: datetime) -> dict[tupl
     return out
 
 
-class LiveSlice(TypedDict):
-    """A running slice as the rules read it (a plain row)."""
-
-    pk: int
-    tenant_id: int
-    quota: int  # its VRAM quota, MiB
-    cid: str  # its container
-    gpu_id: int
-    node_id: int
-    mig: bool
-    interruptible: bool
-    started: float  # a timestamp; 0.0 if it never started
-
-
-def live_slices(
-    *, node_ids: list[int] | None = None
-) -> tuple[list[LiveSlice], dict[int, SliceWatch], set[str]]:
-    """Running slices on these nodes (all, for None) with their watch rows, and every
-    container a live slice owns there (processes in them are nobody's orphans)."""
-    live = Slice.objects.filter(state__in=Slice.HOLDS_VRAM_STATES)
-    if node_ids is not None:
-        live = live.filter(allocation__gpu__node_id__in=node_ids)
-    rows = list(
-        live.values(
-            "pk",
-            "state",
-            "tenant_id",
-            "vram_mb",
-            "container_id",
-            "allocation__gpu_id",
-            "allocation__gpu__node_id",
-            "allocation__mig_device_uuid",
-            "purchase__interruptible",
-            "started_at",
-        )
-    )
-    known = {r["container_id"] for r in rows if r["container_id"]}
-    running: list[LiveSlice] = [
-        {
-            "pk": r["pk"],
-            "tenant_id": r["tenant_id"],
-            "quota": r["vram_mb"],
-            "cid": r["container_id"],
-            "gpu_id": r["allocation__gpu_id"],
-            "node_id": r["allocation__gpu__node_id"],
-            "mig": bool(r["allocation__mig_device_uuid"]),
-            "interruptible": bool(r["purchase__interruptible"]),
-            "started": r["started_at"].timestamp() if r["started_at"] else 0.0,
-        }
-        for r in rows
-        if r["state"] == Slice.State.RUNNING and r["container_id"]
-    ]
-    watches = {
-        w.slice_id: w for w in SliceWatch.objects.filter(slice_id__in=[r["pk"] for r in running])
-    }
-    for r in running:
-        if r["pk"] not in watches:
-            watches[r["pk"]] = SliceWatch.objects.get_or_create(slice_id=r["pk"])[0]
-    return running, watches, known
+def slice_watches_ensure(*, slice_ids: list[int]) -> dict[int, SliceWatch]:
+    """The watch rows of these slices, each made where it is missing (by slice id)."""
+    watches = {w.slice_id: w for w in SliceWatch.objects.filter(slice_id__in=slice_ids)}
+    for pk in slice_ids:
+        if pk not in watches:
+            watches[pk] = SliceWatch.objects.get_or_create(slice_id=pk)[0]
+    return watches
 
 
 def _remember_slice(watch: SliceWatch, *, streak: int, drift: int) -> None:
@@ -525,8 +480,8 @@ def _open_keys() -> dict[tuple[str, str], tuple[int, str]]:
 
 
 def apply_findings(
-    findings: list[rules.Finding],
     *,
+    findings: list[rules.Finding],
     now: datetime,
     gpus: Mapping[int, Gpu | GpuRow] | None = None,
     open_keys: dict[tuple[str, str], tuple[int, str]] | None = None,
@@ -580,25 +535,28 @@ def _apply_one(
             if incident_clear(finding=f, now=now):
                 counts["resolved"] += 1
             if f.action:
-                finding_act(None, f, now)
+                finding_act(finding=f, incident=None, now=now)
                 counts["actions"] += 1
         return
     with transaction.atomic():
         incident, created = incident_record(finding=f, now=now, context=lambda: _context(f, gpus))
         counts["opened" if created else "repeated"] += 1
         if f.action and (f.action not in ONE_SHOT_ACTIONS or _first_time(incident, f.action)):
-            finding_act(incident, f, now)
+            finding_act(finding=f, incident=incident, now=now)
             counts["actions"] += 1
         elif created and f.rule == "oom_exit":
             # Reconcile already disposed of it: the slice failed alone, its VRAM was
             # released and metering stopped. The ledger records that, and archives it.
             incident_mitigate(
-                incident,
-                "The container ended alone; reconcile failed its slice, released its "
-                "VRAM and stopped metering. Neighbours were not touched.",
+                incident=incident,
+                message="The container ended alone; reconcile failed its slice, released "
+                "its VRAM and stopped metering. Neighbours were not touched.",
             )
             incident_resolve_locked(
-                incident, None, "Disposed by reconcile: the slice failed alone.", now
+                incident=incident,
+                actor=None,
+                note="Disposed by reconcile: the slice failed alone.",
+                now=now,
             )
         if created:
             incident_notify(incident=incident, event="opened")
@@ -608,7 +566,12 @@ def _first_time(incident: Incident, action: str) -> bool:
     """Record that `action` was taken for this incident; False if it already was."""
     if incident.events.filter(kind=E.ACTION, data__requested=action).exists():
         return False
-    incident_event(incident, E.ACTION, f"Action requested: {action}.", data={"requested": action})
+    incident_event(
+        incident=incident,
+        kind=E.ACTION,
+        message=f"Action requested: {action}.",
+        data={"requested": action},
+    )
     return True
 
 
@@ -618,9 +581,8 @@ def _context(f: rules.Finding, gpus: Mapping[int, Gpu | GpuRow]) -> IncidentCont
         gpu = _gpu_rows(gpu_ids={f.gpu_id}, node_ids=set()).get(f.gpu_id)
     out: IncidentContext = {}
     if gpu is not None:
-        node_name = gpu.node_name if isinstance(gpu, GpuRow) else gpu.node.name
-        out["gpu_name"] = f"{node_name} GPU {gpu.index}"
-        out["node_name"] = node_name
+        out["gpu_name"] = gpu.label
+        out["node_name"] = gpu.node_name if isinstance(gpu, GpuRow) else gpu.node.name
     if f.slice_id:
         s = Slice.objects.filter(pk=f.slice_id).select_related("tenant").first()
         if s is not None:

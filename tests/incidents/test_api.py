@@ -65,7 +65,7 @@ def breach(s, gpu, *, pid: int) -> rules.Finding:
 
 
 def record(findings, gpu, *, now=None):
-    services.apply_findings(findings, now=now or timezone.now(), gpus={gpu.pk: gpu})
+    services.apply_findings(findings=findings, now=now or timezone.now(), gpus={gpu.pk: gpu})
 
 
 @pytest.fixture

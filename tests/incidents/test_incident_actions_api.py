@@ -7,7 +7,8 @@ from django.utils import timezone
 
 from gpuplatform.errors import Conflict, NotAllowed
 from incidents import services
-from incidents.models import Incident, IncidentEvent, WebhookEndpoint
+from incidents.models import BREAKER_REASON, Incident, IncidentEvent, WebhookEndpoint
+from incidents.services.webhooks import MAX_ACTIVE_WEBHOOKS
 from nodes.models import Gpu, Node
 from tenants.models import Slice
 from tests.incidents.support import running_slice
@@ -88,7 +89,7 @@ def test_incident_stop_slice_refuses_a_tenant_and_an_ended_slice(breach, ops_use
 
 def test_incident_drain_gpu_turns_the_breakers_closure_into_a_drain(breach, ops_user, gpu):
     Gpu.objects.filter(pk=gpu.pk).update(
-        accepting_placements=False, not_accepting_reason=f"{services.BREAKER_REASON}: 96% used"
+        accepting_placements=False, not_accepting_reason=f"{BREAKER_REASON}: 96% used"
     )
     drained = services.incident_drain_gpu(incident=breach, actor=ops_user, reason="ECC storm")
     assert drained.not_accepting_reason == f"Incident #{breach.pk}: ECC storm"
@@ -114,7 +115,7 @@ def test_webhook_create_caps_each_owner_apart_and_deactivate_is_safe_twice(owner
     tenant = owner_a.tenant
     made = [
         services.webhook_create(tenant=tenant, url=f"https://h.example/{n}")
-        for n in range(services.MAX_ACTIVE_WEBHOOKS)
+        for n in range(MAX_ACTIVE_WEBHOOKS)
     ]
     assert len({e.secret for e in made}) == len(made) and all(e.is_active for e in made)
     with pytest.raises(Conflict) as caught:

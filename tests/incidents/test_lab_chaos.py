@@ -207,7 +207,7 @@ def test_a_bandwidth_hog_is_paused_and_resumed_for_real_and_alone(
 ):
     monkeypatch.setattr(throttle, "DUTY_PAUSE_S", 0.5)
     monkeypatch.setattr(throttle, "DUTY_RUN_S", 0.5)
-    monkeypatch.setattr(throttle, "_cycles", lambda: 3)
+    monkeypatch.setattr(throttle, "duty_cycles", lambda _interval: 3)
     fleet = lab_fleet()
     lab, node = fleet.nodes[0], fleet.registered[0]
     launch = launcher(funded, lab_image)

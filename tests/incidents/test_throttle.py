@@ -18,7 +18,7 @@ def test_a_bandwidth_hog_is_paused_and_resumed_alone(
 ):
     monkeypatch.setattr(throttle, "DUTY_PAUSE_S", 0.05)
     monkeypatch.setattr(throttle, "DUTY_RUN_S", 0.05)
-    monkeypatch.setattr(throttle, "_cycles", lambda: 2)
+    monkeypatch.setattr(throttle, "duty_cycles", lambda _interval: 2)
     fleet = worker_fleet()
     emu = fleet.nodes[0]
 
