@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from nodes.hooks import SampleBatch
 
-from .services import watch_batch
+from .services import batch_watch
 
 
 def watchdog_sample_hook(batch: SampleBatch) -> dict[str, int]:
     """nodes' sample hook (called with the batch): the watchdog's per-batch rules, in the
     telemetry worker right after the batch commits."""
-    return watch_batch(batch=batch)
+    return batch_watch(batch=batch)

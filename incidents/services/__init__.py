@@ -6,8 +6,8 @@ each lives (their constants, such as `dispose.REMOTE_ACTIONS` or
 - `ledger`: incidents opened once per rule and target (`incident_record`), counted,
   acknowledged, resolved (`incident_resolve_locked` under the caller's lock), reopened,
   mitigated and archived, with their timeline events (`incident_event`).
-- `watchdog`: `watch_batch` on each stored batch of samples (nodes' sample hook, through
-  incidents.hooks), `apply_findings`, which turns rule findings into incidents and their
+- `watchdog`: `batch_watch` on each stored batch of samples (nodes' sample hook, through
+  incidents.hooks), `findings_apply`, which turns rule findings into incidents and their
   actions, the running slices' watch rows (`slice_watches_ensure`); the thresholds.
 - `sweep`: `watch_sweep` every minute over the recent window, and the idle stop when due.
 - `dispose`: the actions (`finding_act`): placement changes inline; stopping a slice,
@@ -40,12 +40,13 @@ from .ledger import (
 )
 from .sweep import slice_idle_due, watch_sweep
 from .throttle import slice_throttle, slice_throttle_release
-from .watchdog import apply_findings, slice_watches_ensure, thresholds_update, watch_batch
+from .watchdog import batch_watch, findings_apply, slice_watches_ensure, thresholds_update
 from .webhooks import webhook_create, webhook_deactivate
 
 __all__ = [
-    "apply_findings",
+    "batch_watch",
     "finding_act",
+    "findings_apply",
     "incident_acknowledge",
     "incident_clear",
     "incident_confirm_orphan",
@@ -65,7 +66,6 @@ __all__ = [
     "slice_throttle_release",
     "slice_watches_ensure",
     "thresholds_update",
-    "watch_batch",
     "watch_sweep",
     "webhook_create",
     "webhook_deactivate",

@@ -1,7 +1,7 @@
 """The watchdog's minute sweep: the rules that need a window of samples or the fleet's
 state (fleet pressure, orphans, slow leaks, idle slices, OOM exits, nodes' gate and reach).
 
-Findings go through the same `apply_findings` as the per-batch rules; rules with no
+Findings go through the same `findings_apply` as the per-batch rules; rules with no
 "back to normal" reading close once they have been quiet for a while.
 """
 
@@ -24,7 +24,7 @@ from ..locks import incident_lock
 from ..models import GpuWatch, Incident, Thresholds
 from ..selectors import live_slices
 from .ledger import incident_resolve_locked
-from .watchdog import apply_findings, slice_watches_ensure
+from .watchdog import findings_apply, slice_watches_ensure
 
 
 def watch_sweep(*, now: datetime | None = None) -> dict[str, int]:
@@ -73,7 +73,7 @@ def watch_sweep(*, now: datetime | None = None) -> dict[str, int]:
     findings += _sweep_slices(now, th)
     findings += _sweep_oom(now)
     findings += _sweep_nodes()
-    counts = apply_findings(findings=findings, now=now, gpus=gpus)
+    counts = findings_apply(findings=findings, now=now, gpus=gpus)
     counts["expired"] = _expire_quiet(now)
     return counts
 
@@ -289,7 +289,7 @@ def slice_idle_due(*, slice_id: int, now: datetime | None = None) -> dict[str, i
     findings = [
         f for s, view in _judged_slices(now, slice_ids=[slice_id]) for f in _idle(s, view, now, th)
     ]
-    return apply_findings(findings=findings, now=now) if findings else {}
+    return findings_apply(findings=findings, now=now) if findings else {}
 
 
 OOM_LOOKBACK = timedelta(minutes=30)

@@ -1,7 +1,7 @@
 """The watchdog on each stored batch of samples, and how findings become incidents and
-actions (`apply_findings`, shared with the minute's sweep).
+actions (`findings_apply`, shared with the minute's sweep).
 
-`watch_batch` runs as a nodes sample hook (incidents.hooks), in the telemetry worker,
+`batch_watch` runs as a nodes sample hook (incidents.hooks), in the telemetry worker,
 right after the batch commits. Findings (incidents.rules) become deduplicated incidents;
 their actions are carried out by incidents.services.dispose.
 """
@@ -79,7 +79,7 @@ def thresholds_update(*, actor: User, **changes: Any) -> Thresholds:
 # --- the watchdog, per batch ------------------------------------------------------------------
 
 
-def watch_batch(*, batch: SampleBatch) -> dict[str, int]:
+def batch_watch(*, batch: SampleBatch) -> dict[str, int]:
     """Run the per-sample rules on a stored batch and act on what they find."""
     if not batch.gpu_samples:
         return {}
@@ -124,7 +124,7 @@ def watch_batch(*, batch: SampleBatch) -> dict[str, int]:
     findings += _card_rules(loud, gpus, watches, readings, xids, th=th)
     findings += _off_the_bus_rules(batch, gpus, xids)
     findings += _computing_again(active_ids)
-    return apply_findings(findings=findings, now=now, gpus=gpus, open_keys=open_keys)
+    return findings_apply(findings=findings, now=now, gpus=gpus, open_keys=open_keys)
 
 
 def _processes_by_gpu(
@@ -479,7 +479,7 @@ def _open_keys() -> dict[tuple[str, str], tuple[int, str]]:
     }
 
 
-def apply_findings(
+def findings_apply(
     *,
     findings: list[rules.Finding],
     now: datetime,

@@ -1,7 +1,7 @@
 """The incidents API: ops work the ledger; a tenant reads only incidents about their own
 slices, in plain words; thresholds are ops'; webhooks are each owner's own.
 
-Incidents are made the way the watchdog makes them (incidents.services.apply_findings
+Incidents are made the way the watchdog makes them (incidents.services.findings_apply
 with rule Findings), so evidence and timelines are the real ones."""
 
 from datetime import timedelta
@@ -65,7 +65,7 @@ def breach(s, gpu, *, pid: int) -> rules.Finding:
 
 
 def record(findings, gpu, *, now=None):
-    services.apply_findings(findings=findings, now=now or timezone.now(), gpus={gpu.pk: gpu})
+    services.findings_apply(findings=findings, now=now or timezone.now(), gpus={gpu.pk: gpu})
 
 
 @pytest.fixture

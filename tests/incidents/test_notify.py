@@ -1,7 +1,7 @@
 """Incident notifications: signed webhooks to a real HTTP receiver on loopback, retries,
 and email to ops and to the tenant whose slice it was, never to a neighbour.
 
-Incidents are recorded the watchdog's way (services.apply_findings with a rules.Finding);
+Incidents are recorded the watchdog's way (services.findings_apply with a rules.Finding);
 notifications are queued after commit and run here by Celery's eager mode, or by calling
 the notify functions the tasks call."""
 
@@ -166,7 +166,7 @@ def test_an_incident_about_a_slice_reaches_ops_and_that_tenant_only(
     slice_a = running_slice(owner_a, gpu, CID_A)
     running_slice(owner_b, gpu, CID_B)  # the neighbour on the same card
     with django_capture_on_commit_callbacks(execute=True):
-        services.apply_findings(
+        services.findings_apply(
             findings=[breach(slice_a, gpu)], now=timezone.now(), gpus={gpu.pk: gpu}
         )
     incident = Incident.objects.get(rule="quota_breach")
@@ -216,7 +216,7 @@ def test_an_incident_about_no_tenant_reaches_ops_only(
         node_id=gpu.node_id,
     )
     with django_capture_on_commit_callbacks(execute=True):
-        services.apply_findings(findings=[card], now=timezone.now(), gpus={gpu.pk: gpu})
+        services.findings_apply(findings=[card], now=timezone.now(), gpus={gpu.pk: gpu})
     assert receiver.paths() == ["/ops"]
     assert verify(receiver.requests[0], "secret-/ops")["incident"]["gpu"] == gpu.pk
     assert [m.to for m in mail.outbox] == [[ops_user.email]]
@@ -227,7 +227,7 @@ def test_email_send_directly_tells_ops_and_the_tenant_owner_only(
 ):
     slice_a = running_slice(owner_a, gpu, CID_A)
     with django_capture_on_commit_callbacks(execute=False) as queued:
-        services.apply_findings(
+        services.findings_apply(
             findings=[breach(slice_a, gpu)], now=timezone.now(), gpus={gpu.pk: gpu}
         )
     assert queued and mail.outbox == []  # nothing sent before commit
@@ -245,7 +245,7 @@ def test_email_send_directly_tells_ops_and_the_tenant_owner_only(
 def _one_delivery(gpu, owner_a, endpoints, capture) -> WebhookDelivery:
     slice_a = running_slice(owner_a, gpu, CID_A)
     with capture(execute=False):  # queued, not run: the test runs the deliveries
-        services.apply_findings(
+        services.findings_apply(
             findings=[breach(slice_a, gpu)], now=timezone.now(), gpus={gpu.pk: gpu}
         )
     return WebhookDelivery.objects.get(endpoint=endpoints["a"])
@@ -395,9 +395,9 @@ def test_each_mail_says_which_event_it_is_and_the_end_of_an_alarm_is_no_second_a
         resolves=True,
     )
     with django_capture_on_commit_callbacks(execute=True):
-        services.apply_findings(findings=[card], now=timezone.now(), gpus={gpu.pk: gpu})
+        services.findings_apply(findings=[card], now=timezone.now(), gpus={gpu.pk: gpu})
     with django_capture_on_commit_callbacks(execute=True):
-        services.apply_findings(findings=[cleared], now=timezone.now(), gpus={gpu.pk: gpu})
+        services.findings_apply(findings=[cleared], now=timezone.now(), gpus={gpu.pk: gpu})
     incident = Incident.objects.get(rule="vram_critical")
     with django_capture_on_commit_callbacks(execute=True):
         services.incident_reopen(incident=incident, actor=ops_user, note="still hot")
@@ -421,7 +421,7 @@ def test_a_quota_stop_tells_the_tenant_twice_the_warning_then_the_stop(
     # the node part of the stop succeeds (the container goes); the ledger part is real
     monkeypatch.setattr(tenant_services, "slice_finish_stop", lambda **kw: "stopped")
     with django_capture_on_commit_callbacks(execute=True):
-        services.apply_findings(findings=[breach(s, gpu)], now=timezone.now(), gpus={gpu.pk: gpu})
+        services.findings_apply(findings=[breach(s, gpu)], now=timezone.now(), gpus={gpu.pk: gpu})
     incident = Incident.objects.get(rule="quota_breach")
     with django_capture_on_commit_callbacks(execute=True):
         services.incident_dispose(
