@@ -27,7 +27,7 @@ def _cycles() -> int:
 
 
 def _docker(node: Node, verb: str, container: str) -> bool:
-    result = node_services.run_on_node(node, ["docker", verb, container], None)
+    result = node_services.node_run(node=node, argv=["docker", verb, container])
     return result.ok or b"is not paused" in result.stderr or b"already paused" in result.stderr
 
 
