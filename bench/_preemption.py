@@ -84,7 +84,7 @@ def _run(fleet, minutes: int) -> PreemptionReport:
         username="ops@pre.test", email="ops@pre.test", password="x" * 20, is_staff=True
     )
     image = Image.objects.create(name="job", reference="x/job:1", ports=[], connect="service")
-    node_services.node_policy_update(actor=ops, reason="probe", probe_image=image.reference)
+    node_services.preflight_policy_update(actor=ops, reason="probe", probe_image=image.reference)
     emu = fleet.nodes[0]
     node = node_services.node_register(
         name=emu.name, address="127.0.0.1", port=emu.port, host_key=emu.host_key_line()

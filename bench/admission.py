@@ -237,7 +237,7 @@ def _latency(runs: int, far_end: str) -> tuple[float, float] | str:
                 username="ops@adm.test", email="ops@adm.test", password="x" * 16, is_staff=True
             )
         )
-        node_services.node_policy_update(
+        node_services.preflight_policy_update(
             actor=ops, reason="the bench's probe image", probe_image=image.reference
         )
         Node.objects.filter(name__startswith="bench-").update(status="draining")

@@ -15,7 +15,7 @@ What is measured, per run (wall clock of this machine; the worker and this proce
 it, and the database rows carry the time they were written):
 - arrival: the sampling task (nodes.services.nodes_sample, run here as the telemetry
   worker runs it) has received the node's sample over SSH: stamped when
-  nodes.services.sampling.read_nodes returns it. The batch is then stored and the watchdog hook
+  nodes.services.sampling.nodes_read returns it. The batch is then stored and the watchdog hook
   runs here: it opens the incident and sends the stop to the worker's incidents queue.
 - stopped: the later of the slice's transition to stopped (its container was removed on
   the node and its VRAM released, written by the worker) and the incident's "disposed"
@@ -106,14 +106,14 @@ def _measure(runs: int, log: Path) -> dict[str, list[float]]:
     )
     worker = _start_worker(log)
     arrivals: list[tuple[float, list]] = []
-    read_nodes = node_services.sampling.read_nodes
+    nodes_read = node_services.sampling.nodes_read
 
     def timed_read(*args, **kwargs):
-        out = read_nodes(*args, **kwargs)
+        out = nodes_read(*args, **kwargs)
         arrivals.append((time.time(), [getattr(s, "taken_at", None) for s in out]))
         return out
 
-    node_services.sampling.read_nodes = timed_read
+    node_services.sampling.nodes_read = timed_read
     try:
         emu = fleet.nodes[0]
         ops = get_user_model().objects.create_user(
@@ -126,7 +126,7 @@ def _measure(runs: int, log: Path) -> dict[str, list[float]]:
             connect="service",
         )
         # the preflight's probe runs an image ops chose from the allowlist
-        node_services.node_policy_update(
+        node_services.preflight_policy_update(
             actor=ops, reason="the bench's probe image", probe_image=image.reference
         )
         node = node_services.node_register(
@@ -219,7 +219,7 @@ def _measure(runs: int, log: Path) -> dict[str, list[float]]:
         )
         return out
     finally:
-        node_services.sampling.read_nodes = read_nodes
+        node_services.sampling.nodes_read = nodes_read
         stop_worker(worker)
         fleet.stop()
 

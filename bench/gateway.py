@@ -157,7 +157,7 @@ def platform(lab: Lab, payload_mib: int, renter_public: str) -> Slice:
         ports=[HTTP_PORT, ECHO_PORT],
         connect=Image.Connect.SERVICE,
     )
-    node_services.node_policy_update(
+    node_services.preflight_policy_update(
         actor=ops, reason="the bench's probe image", probe_image=image.reference
     )
     for far in lab.nodes:

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from nodes import services
 from nodes.models import Gpu, GpuSample, Node, ProcessSample
-from nodes.services import PIPELINE_CHUNK
+from nodes.services.sampling import PIPELINE_CHUNK
 from nodes.telemetry import GpuReading, NodeSample, ProcessReading
 
 

@@ -45,10 +45,11 @@ from django.db.models.functions import TruncDate
 from ingest import make_samples
 
 from incidents.hooks import watchdog_sample_hook
-from nodes import partitions, services
+from nodes import partitions, selectors, services
 from nodes.hooks import register_sample_hook, unregister_sample_hook
 from nodes.models import Gpu, GpuSample, GpuSampleRollup, Node
-from nodes.services import PIPELINE_CHUNK, retention
+from nodes.services import retention
+from nodes.services.sampling import PIPELINE_CHUNK
 
 MONTH = timedelta(days=30)
 
@@ -372,17 +373,19 @@ def main() -> None:
 
         # one hour of the fleet's raw rows, rolled up: the database vs the old way
         hour = partitions.period_start(now - timedelta(hours=3), 1)
-        new_s = _timed(lambda: retention.rollup_window(since=hour, until=hour + timedelta(hours=1)))
+        new_s = _timed(
+            lambda: retention.samples_rollup_window(since=hour, until=hour + timedelta(hours=1))
+        )
         old_s = _timed(lambda: rollup_before(since=hour, until=hour + timedelta(hours=1)))
         new_mib = _python_peak(
-            lambda: retention.rollup_window(since=hour, until=hour + timedelta(hours=1))
+            lambda: retention.samples_rollup_window(since=hour, until=hour + timedelta(hours=1))
         )
         old_mib = _python_peak(lambda: rollup_before(since=hour, until=hour + timedelta(hours=1)))
 
         ids = list(Gpu.objects.values_list("pk", flat=True))
-        advisor_s = _timed(lambda: services.rollup_windows(gpu_ids=ids, now=now))
+        advisor_s = _timed(lambda: selectors.rollup_windows(gpu_ids=ids, now=now))
         advisor_old_s = _timed(lambda: advisor_before(gpu_ids=ids, now=now), repeat=1)
-        new_answer = services.rollup_windows(gpu_ids=ids, now=now)
+        new_answer = selectors.rollup_windows(gpu_ids=ids, now=now)
         assert len(new_answer) == len(ids), "every GPU has a month of history"
 
         before = _sizes("before pruning")

@@ -476,7 +476,7 @@ class Day:
             name="job", reference="x/job:1", ports=[], connect="service"
         )
         # the preflight's probe runs an image ops chose from the allowlist
-        node_services.node_policy_update(
+        node_services.preflight_policy_update(
             actor=self.ops, reason="the day's probe image", probe_image=self.image.reference
         )
         self.nodes = []

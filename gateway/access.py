@@ -17,7 +17,6 @@ from django.utils import timezone
 from rest_framework.request import Request
 
 from nodes import ssh
-from nodes.services import endpoint_for
 from tenants.authentication import AuthFailureThrottle
 from tenants.models import Membership, Role, Slice, Tenant
 from tenants.selectors import ssh_key_owner
@@ -147,7 +146,7 @@ def stream_target(*, identity: Identity, destination: str, port: int) -> Target:
         slice_id=s.pk,
         tenant_id=s.tenant_id,
         container_id=s.container_id,
-        endpoint=endpoint_for(node),
+        endpoint=ssh.endpoint_for(node),
         port=port,
     )
 

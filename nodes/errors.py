@@ -1,5 +1,5 @@
-"""Exceptions of the nodes app that other apps catch (nodes.services re-exports them, so
-`from nodes.services import ContainerError` still works)."""
+"""Exceptions of the nodes app that other apps catch: `from nodes.errors import
+ContainerError`."""
 
 from __future__ import annotations
 

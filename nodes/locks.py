@@ -26,7 +26,7 @@ from .models import Allocation, Gpu, Node, NodePolicy
 
 
 def node_policy_lock() -> NodePolicy:
-    """The one policy row (it exists: `services.node_policy()` makes it)."""
+    """The one policy row (it exists: `selectors.preflight_policy()` makes it)."""
     return NodePolicy.objects.select_for_update().get(pk=1)
 
 

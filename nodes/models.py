@@ -3,11 +3,14 @@
 `nodes` knows nothing of tenants: an allocation carries an opaque owner key.
 """
 
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
+
+from .placement import Candidate
 
 
 class GateStatus(models.TextChoices):
@@ -151,6 +154,16 @@ class Node(models.Model):
         """The status a node returns to once it answers again: ops' drain still holds."""
         return self.Status.DRAINING if self.drained_at else self.Status.ACTIVE
 
+    def absence_reason(self, now: datetime) -> str:
+        """'unreachable for N minutes' for a node unreachable since longer than the setting
+        (away: since it last answered), '' otherwise."""
+        if self.status != self.Status.UNREACHABLE or self.last_seen_at is None:
+            return ""
+        away = now - self.last_seen_at
+        if away <= timedelta(minutes=settings.NODES_REJUDGE_AFTER_ABSENCE_MINUTES):
+            return ""
+        return f"unreachable for {int(away.total_seconds() // 60)} minutes"
+
 
 class GpuQuerySet(models.QuerySet):
     def taking_placements(self) -> "GpuQuerySet":
@@ -268,6 +281,23 @@ class Gpu(models.Model):
         """How pages, incidents and messages name the card: "gpu-host-1 GPU 3" (its node
         must be loaded with it, or this costs a query)."""
         return f"{self.node.name} GPU {self.index}"
+
+    @property
+    def capacity_mb(self) -> int:
+        """What placement may sell on the card: its nominal size times its overcommit ratio
+        (placement.Candidate's rule, for this row)."""
+        return Candidate(
+            gpu_id=self.pk,
+            total_mb=self.vram_total_mb,
+            allocated_mb=self.allocated_mb,
+            overcommit_ratio=self.overcommit_ratio,
+        ).capacity_mb
+
+    @property
+    def held_mb(self) -> int:
+        """What the card holds for placement: what was sold on it, or what its processes hold
+        when that is more (nodes.placement_sql.ROOM_SQL's rule, for one row)."""
+        return max(self.allocated_mb, self.last_processes_mb or 0)
 
 
 class Allocation(models.Model):

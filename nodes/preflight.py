@@ -51,6 +51,18 @@ _RELAY_LINE_RE = {
     "relay_python3": re.compile(r"^Python 3\.[0-9]+(\.[0-9]+)?\S*$"),
 }
 ALL_FACT_KEYS = (*FACT_KEYS, *RELAY_FACT_KEYS)
+PROBE_OWNER_PREFIX = "probe-node-"  # a probe container's owner key: "probe-node-<node id>"
+# The node policy's settings ops may change (NodePolicy's fields; the API's order).
+POLICY_FIELDS = (
+    "min_toolkit_version",
+    "min_runc_version",
+    "driver_branches",
+    "known_fixed_builds",
+    "probe_image",
+    "probe_command",
+    "probe_environment",
+    "require_userns_remap",
+)
 COMPONENTS = ("runc", "toolkit")
 COMPONENT_NAMES = {"runc": "runc", "toolkit": "NVIDIA Container Toolkit"}
 # Why each minimum (docs/domain.md, "What a node must have before it is trusted").

@@ -22,11 +22,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import paramiko
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from django.conf import settings
+
+if TYPE_CHECKING:
+    from .models import Node
 
 DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_COMMAND_TIMEOUT = 15.0
@@ -64,6 +68,11 @@ class Endpoint:
     @property
     def key(self) -> tuple[str, int, str, str]:
         return (self.address, self.port, self.user, self.host_key)
+
+
+def endpoint_for(node: Node) -> Endpoint:
+    """How the platform reaches `node`: its address, port, user and pinned host key."""
+    return Endpoint(node.address, node.port, node.ssh_user, node.host_key)
 
 
 @dataclass(frozen=True)

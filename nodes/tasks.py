@@ -7,7 +7,7 @@ from django.conf import settings
 from django.db import IntegrityError
 from django.utils import timezone
 
-from . import services, ssh, telemetry
+from . import selectors, services, ssh, telemetry
 from .models import GateStatus
 
 # Nodes per sampling task: one task's SSH round trips overlap on threads and its rows
@@ -22,7 +22,7 @@ UNCHECKED_PER_FAN_OUT = 20
 
 @shared_task(name="telemetry.fan_out", soft_time_limit=20, time_limit=30)
 def fan_out() -> int:
-    nodes = services.sampleable_nodes()
+    nodes = selectors.sampleable_nodes()
     ids = list(nodes.order_by("pk").values_list("pk", flat=True))
     cycle_started = timezone.now().timestamp()
     for start in range(0, len(ids), SAMPLE_BATCH_SIZE):
@@ -68,7 +68,7 @@ def discover_node(node_id: int) -> bool:
 def preflight_all() -> int:
     """Every node judged again (daily, and when ops change the policy): a discovery each,
     which runs the preflight."""
-    ids = list(services.sampleable_nodes().order_by("pk").values_list("pk", flat=True))
+    ids = list(selectors.sampleable_nodes().order_by("pk").values_list("pk", flat=True))
     for node_id in ids:
         discover_node.delay(node_id)
     return len(ids)

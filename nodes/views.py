@@ -501,12 +501,12 @@ class AcceptingForm(forms.Form):
 def policy(request: UserRequest) -> HttpResponse:
     gpus = selectors.gpu_list().filter(present=True)
     page = Paginator(gpus, POLICY_PAGE_SIZE).get_page(request.GET.get("page"))
-    windows = services.rollup_windows(gpu_ids=[g.pk for g in page])  # one query per page
+    windows = selectors.rollup_windows(gpu_ids=[g.pk for g in page])  # one query per page
     interruptible = selectors.interruptible_counts(gpu_ids=[g.pk for g in page])
     for gpu in page:
         _show(
             gpu,
-            recommended=services.gpu_recommended_ratio(gpu=gpu, window=windows.get(gpu.pk)),
+            recommended=selectors.gpu_recommended_ratio(gpu=gpu, window=windows.get(gpu.pk)),
             allocatable_mb=int(gpu.vram_total_mb * gpu.overcommit_ratio),
             interruptible=interruptible[gpu.pk],
         )
@@ -519,26 +519,20 @@ def _back_to_policy(request: HttpRequest, gpu: Gpu) -> HttpResponseRedirect:
     return redirect(f"{reverse('nodes:policy')}{query}#gpu-{gpu.pk}")
 
 
-def _gpu_name(gpu: Gpu) -> str:
-    return f"{gpu.node.name} GPU {gpu.index}"
-
-
 @staff_member_required
 @require_POST
 def policy_ratio(request: UserRequest, pk: int) -> HttpResponse:
     gpu = get_object_or_404(Gpu.objects.select_related("node"), pk=pk)
     form = RatioForm(request.POST)
     if not form.is_valid():
-        messages.error(request, f"{_gpu_name(gpu)}: enter a ratio such as 1.25.")
+        messages.error(request, f"{gpu.label}: enter a ratio such as 1.25.")
         return _back_to_policy(request, gpu)
     try:
         gpu = services.gpu_set_overcommit(gpu=gpu, ratio=form.cleaned_data["overcommit_ratio"])
     except ServiceError as exc:
-        messages.error(request, f"{_gpu_name(gpu)}: {exc.message}")
+        messages.error(request, f"{gpu.label}: {exc.message}")
     else:
-        messages.success(
-            request, f"{_gpu_name(gpu)}: overcommit ratio set to {gpu.overcommit_ratio}."
-        )
+        messages.success(request, f"{gpu.label}: overcommit ratio set to {gpu.overcommit_ratio}.")
     return _back_to_policy(request, gpu)
 
 
@@ -548,19 +542,19 @@ def policy_accepting(request: UserRequest, pk: int) -> HttpResponse:
     gpu = get_object_or_404(Gpu.objects.select_related("node"), pk=pk)
     form = AcceptingForm(request.POST)
     if not form.is_valid():
-        messages.error(request, f"{_gpu_name(gpu)}: choose allow or stop.")
+        messages.error(request, f"{gpu.label}: choose allow or stop.")
         return _back_to_policy(request, gpu)
     accepting = bool(form.cleaned_data["accepting"])
     try:
         services.gpu_set_accepting(gpu=gpu, accepting=accepting, reason=form.cleaned_data["reason"])
     except ServiceError as exc:
-        messages.error(request, f"{_gpu_name(gpu)}: {exc.message}")
+        messages.error(request, f"{gpu.label}: {exc.message}")
     else:
         messages.success(
             request,
-            f"{_gpu_name(gpu)} accepts placements again."
+            f"{gpu.label} accepts placements again."
             if accepting
-            else f"{_gpu_name(gpu)} takes no new placements; running slices continue.",
+            else f"{gpu.label} takes no new placements; running slices continue.",
         )
     return _back_to_policy(request, gpu)
 
@@ -600,12 +594,12 @@ POLICY_HISTORY_PAGE_SIZE = 25
 @staff_member_required
 def node_policy(request: UserRequest) -> HttpResponse:
     """What a node must have to take placements; every change needs a reason and is kept."""
-    policy = services.node_policy()
+    policy = selectors.preflight_policy()
     form = NodePolicyForm(request.POST or None, initial=NodePolicyForm.initial_from(policy))
     saved = submit(
         request,
         form,
-        lambda data: services.node_policy_update(actor=request.user, **data),
+        lambda data: services.preflight_policy_update(actor=request.user, **data),
     )
     if saved.done:
         messages.success(request, "Node policy saved; every node is being judged again.")

@@ -108,7 +108,9 @@ def answers_of_every_shape(tenant, ops_user) -> None:
         if status == "resolved":
             incident_services.incident_resolve(incident=incident, actor=ops_user, note="fixed")
             incident_services.incident_reopen(incident=incident, actor=ops_user, note="again")
-    node_services.node_policy_update(actor=ops_user, reason="fleet-wide", require_userns_remap=True)
+    node_services.preflight_policy_update(
+        actor=ops_user, reason="fleet-wide", require_userns_remap=True
+    )
 
 
 def test_the_api_survives_schema_driven_fuzzing(

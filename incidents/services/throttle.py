@@ -22,7 +22,7 @@ from .ledger import incident_event
 
 
 def _docker(node: Node, verb: str, container: str) -> bool:
-    result = node_services.run_on_node(node, ["docker", verb, container], None)
+    result = node_services.node_run(node=node, argv=["docker", verb, container])
     return result.ok or b"is not paused" in result.stderr or b"already paused" in result.stderr
 
 

@@ -8,7 +8,7 @@ from rest_framework.exceptions import ErrorDetail
 
 from gpuplatform.api.serializers import StrictSerializer
 from gpuplatform.datetimes import range_code, to_utc
-from nodes import services, ssh
+from nodes import preflight, ssh
 from nodes.allowlist import allowlisted_images
 from nodes.models import Gpu, Node, NodePolicy, NodePolicyChange
 
@@ -246,7 +246,7 @@ class NodePolicySerializer(serializers.ModelSerializer):
 
     class Meta:
         model = NodePolicy
-        fields = [*services.POLICY_FIELDS, "probe_image_choices", "updated_at"]
+        fields = [*preflight.POLICY_FIELDS, "probe_image_choices", "updated_at"]
         read_only_fields = fields
 
     def get_probe_image_choices(self, policy: NodePolicy) -> list[str]:

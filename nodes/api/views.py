@@ -180,7 +180,7 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet[Gpu]):
     def _policy(self, gpu: Gpu) -> Response:
         gpu = self.get_queryset().get(pk=gpu.pk)
         # read by the serializer beside the row's own fields: not a column
-        gpu.recommended = services.gpu_recommended_ratio(gpu=gpu)  # type: ignore[attr-defined]
+        gpu.recommended = selectors.gpu_recommended_ratio(gpu=gpu)  # type: ignore[attr-defined]
         return Response(serializers.GpuPolicySerializer(gpu).data)
 
     @extend_schema(methods=["GET"], request=None, responses=serializers.GpuPolicySerializer)
@@ -212,7 +212,7 @@ class NodePolicyView(APIView):
 
     @extend_schema(responses=serializers.NodePolicySerializer)
     def get(self, request: Request) -> Response:
-        return Response(serializers.NodePolicySerializer(services.node_policy()).data)
+        return Response(serializers.NodePolicySerializer(selectors.preflight_policy()).data)
 
     @extend_schema(
         request=serializers.NodePolicyUpdateSerializer,
@@ -225,7 +225,7 @@ class NodePolicyView(APIView):
         reason = changes.pop("reason")
         if "known_fixed_builds" in changes:
             changes["known_fixed_builds"] = [dict(k) for k in changes["known_fixed_builds"]]
-        policy = services.node_policy_update(actor=_ops(request), reason=reason, **changes)
+        policy = services.preflight_policy_update(actor=_ops(request), reason=reason, **changes)
         return Response(serializers.NodePolicySerializer(policy).data)
 
 

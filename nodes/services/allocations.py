@@ -18,28 +18,13 @@ from gpuplatform.errors import Conflict, ServiceError
 from ..locks import allocation_lock, gpu_lock, gpus_lock
 from ..models import Allocation, GateStatus, Gpu, Node
 from ..placement import Candidate, Choice, MigSlot, choose
+from ..placement_sql import ROOM_SQL, WHOLE_CARD_SQL
+from ..selectors import placeable_gpus
 
 logger = logging.getLogger(__name__)
 
 
 # --- placement ----------------------------------------------------------------------------
-
-
-def _placeable_gpus(
-    *, guaranteed: bool, node_id: int | None = None, interruptible: bool = False
-) -> models.QuerySet[Gpu]:
-    """GPUs a new reservation may land on (`Gpu.objects.taking_placements`), on one node
-    when `node_id` says (a slice mounting a node-local volume runs where the volume is)."""
-    gpus = Gpu.objects.taking_placements()
-    if node_id is not None:
-        gpus = gpus.filter(node_id=node_id)
-    if interruptible:
-        # only what an overcommitted card sells beyond its memory: preempted when it is short
-        gpus = gpus.filter(overcommit_ratio__gt=1, mig_enabled=False)
-    if guaranteed:
-        # docs/domain.md: no overcommit for work that was sold as guaranteed.
-        gpus = gpus.filter(overcommit_ratio=1)
-    return gpus
 
 
 def _mig_candidates(
@@ -51,7 +36,7 @@ def _mig_candidates(
         if cursor.fetchone() is None:
             return []
     rows = list(
-        _placeable_gpus(guaranteed=guaranteed, node_id=node_id)
+        placeable_gpus(guaranteed=guaranteed, node_id=node_id)
         .filter(mig_enabled=True)
         .values_list(
             "pk", "vram_total_mb", "allocated_mb", "overcommit_ratio", "mig_enabled", "mig_devices"
@@ -81,42 +66,6 @@ def _mig_candidates(
     ]
 
 
-def capacity_mb(gpu: Gpu) -> int:
-    return Candidate(
-        gpu_id=gpu.pk,
-        total_mb=gpu.vram_total_mb,
-        allocated_mb=gpu.allocated_mb,
-        overcommit_ratio=gpu.overcommit_ratio,
-    ).capacity_mb
-
-
-def held_mb(gpu: Gpu) -> int:
-    """What a card holds for placement: what was sold on it, or what its processes hold
-    when that is more (ROOM_SQL's rule, for one row)."""
-    return max(gpu.allocated_mb, gpu.last_processes_mb or 0)
-
-
-def placement_shortfall(*, vram_mb: int, guaranteed: bool = True) -> str:
-    """Why a launch that found no room waits, where the reason is memory the platform did
-    not sell: a card with room by what was sold whose processes hold more. '' otherwise.
-    Names no node or GPU (a tenant reads it)."""
-    over = (
-        _placeable_gpus(guaranteed=guaranteed)
-        .filter(mig_enabled=False)
-        .annotate(sold_room=RawSQL(SOLD_ROOM_SQL[connection.vendor], ()))  # noqa: S611 - constant
-        .filter(sold_room__gte=vram_mb, last_processes_mb__gt=F("allocated_mb"))
-        .values_list("allocated_mb", "last_processes_mb")
-    )
-    # `held or 0`: the filter keeps only rows whose processes hold something
-    extra = max(((held or 0) - sold for sold, held in over), default=0)
-    if not extra:
-        return ""
-    return (
-        f"A GPU with room for it by what was sold on it holds {extra} MiB more than that "
-        "(memory used outside the platform), so nothing more is placed there for now."
-    )
-
-
 # A reservation tried on one GPU: made, False when it no longer fits, None when locked.
 Attempt = Allocation | Literal[False] | None
 
@@ -129,7 +78,7 @@ def _try_gpu(
     Returns the allocation, False when the GPU no longer fits, or None when another
     reservation holds its lock (only with skip_locked)."""
     gpu = gpus_lock(
-        _placeable_gpus(guaranteed=guaranteed).filter(pk=choice.gpu_id), skip_locked=skip_locked
+        placeable_gpus(guaranteed=guaranteed).filter(pk=choice.gpu_id), skip_locked=skip_locked
     ).first()
     if gpu is None:
         if skip_locked and Gpu.objects.filter(pk=choice.gpu_id).exists():
@@ -141,7 +90,7 @@ def _try_gpu(
         )
         if taken.exists():
             return False
-    elif held_mb(gpu) + vram_mb > capacity_mb(gpu):
+    elif gpu.held_mb + vram_mb > gpu.capacity_mb:
         return False
     return _create_allocation(
         gpu, vram_mb, owner_key, guaranteed, mig_device_uuid=choice.mig_device_uuid
@@ -235,40 +184,11 @@ def _reserve_software_waiting(
 MAX_PLACEMENT_ATTEMPTS = 5
 
 
-# placement.nominal_mb and Candidate.capacity_mb in SQL, in integers where possible;
-# capacity is rounded down (FLOOR; SQLite's CAST truncates, the same for positives).
-# The PostgreSQL form is also the expression of the index nodes_gpu_room_idx
-# (migration 0004): change both together (test_room_index_serves_placement).
-_NEAREST = "((vram_total_mb + 512) / 1024 * 1024)"
-_NOMINAL = (
-    f"CASE WHEN {_NEAREST} >= vram_total_mb AND ({_NEAREST} - vram_total_mb) * 50 <= {_NEAREST} "
-    f"THEN {_NEAREST} ELSE vram_total_mb END"
-)
-_CAPACITY = {
-    "postgresql": f"FLOOR(({_NOMINAL}) * overcommit_ratio)::integer",
-    "sqlite": f"CAST(({_NOMINAL}) * overcommit_ratio AS INTEGER)",
-}
-# A card's room counts what it really holds: the larger of what was sold on it and what
-# its processes hold (memory used outside the platform, a library that undercounts).
-_HELD = {
-    "postgresql": "GREATEST(allocated_mb, COALESCE(last_processes_mb, 0))",
-    "sqlite": "MAX(allocated_mb, COALESCE(last_processes_mb, 0))",
-}
-ROOM_SQL = {vendor: f"({cap} - {_HELD[vendor]})" for vendor, cap in _CAPACITY.items()}
-# A card sold whole only (no proven quota library) takes one slice, of the whole card.
-WHOLE_CARD_SQL = {
-    vendor: f"(NOT whole_card_only OR ({held} = 0 AND %s >= {_NOMINAL}))"
-    for vendor, held in _HELD.items()
-}
-# The room by what was sold alone (why a launch waits: placement_shortfall).
-SOLD_ROOM_SQL = {vendor: f"({cap} - allocated_mb)" for vendor, cap in _CAPACITY.items()}
-
-
 def _software_fits(
     vram_mb: int, guaranteed: bool, node_id: int | None = None, interruptible: bool = False
 ) -> models.QuerySet[Gpu]:
     return (
-        _placeable_gpus(guaranteed=guaranteed, node_id=node_id, interruptible=interruptible)
+        placeable_gpus(guaranteed=guaranteed, node_id=node_id, interruptible=interruptible)
         .filter(mig_enabled=False)
         .annotate(room=RawSQL(ROOM_SQL[connection.vendor], ()))  # noqa: S611 - constant
         .filter(room__gte=vram_mb)
@@ -306,7 +226,7 @@ def _reserve_software(
     sid = transaction.savepoint()
     try:
         gpu = gpus.first()
-        if gpu is None or held_mb(gpu) + vram_mb > capacity_mb(gpu):
+        if gpu is None or gpu.held_mb + vram_mb > gpu.capacity_mb:
             transaction.savepoint_rollback(sid)
             return None
         allocation = _create_allocation(

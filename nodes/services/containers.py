@@ -4,48 +4,43 @@ container under its VRAM quota, inspect, logs, stop and remove, the container ev
 from __future__ import annotations
 
 import logging
-import re
 import time
-from dataclasses import dataclass
 from decimal import Decimal
 
 from django.conf import settings
 
-from .. import engines, isolation, runtime, ssh
+from .. import isolation, runtime, ssh
+from ..devices import device_of
+from ..docker_messages import (
+    cli_error_line,
+    container_exit_reason,
+    image_env_refusal,
+    not_pulled_reason,
+)
 from ..errors import ContainerError
 from ..models import Allocation, ContainerEvent, Node
-from .sampling import endpoint_for
 
 CONTAINER_START_TIMEOUT = 120.0  # an image pull on first use can take a while
 logger = logging.getLogger(__name__)
 
 
-def run_on_node(
-    node: Node, argv: list[str], pool: ssh.SSHPool | None, timeout: float | None = None
+def node_run(
+    *,
+    node: Node,
+    argv: list[str],
+    pool: ssh.SSHPool | None = None,
+    timeout: float | None = None,
 ) -> ssh.CommandResult:
+    """Run `argv` on the node over SSH (a command that may change what runs there)."""
     pool = pool or ssh.get_pool()
-    return pool.run(endpoint_for(node), argv, timeout=timeout)
-
-
-_CLI_HINT_RE = re.compile(r"^(?:See|Run) 'docker [a-z ]+--help'")
-
-
-def cli_error_line(data: bytes) -> str:
-    """The error line of a CLI's output: the last line that is not docker's usage hint
-    ("See 'docker run --help'." / "Run 'docker run --help' for more information")."""
-    lines = [
-        ln.strip()
-        for ln in data.decode("utf-8", "replace").strip().splitlines()
-        if ln.strip() and not _CLI_HINT_RE.match(ln.strip())
-    ]
-    return (lines[-1].removeprefix("docker: ") if lines else "")[:400]
+    return pool.run(ssh.endpoint_for(node), argv, timeout=timeout)
 
 
 def container_inspect(
     *, node: Node, container: str, pool: ssh.SSHPool | None = None
 ) -> runtime.ContainerInfo | None:
     """The container's state, or None when the node has no such container."""
-    result = run_on_node(node, runtime.inspect_argv(container), pool)
+    result = node_run(node=node, argv=runtime.inspect_argv(container), pool=pool)
     if not result.ok:
         if b"No such" in result.stderr:
             return None
@@ -58,18 +53,10 @@ def container_logs_tail(
     *, node: Node, container: str, lines: int = 20, pool: ssh.SSHPool | None = None
 ) -> str:
     try:
-        result = run_on_node(node, runtime.logs_tail_argv(container, lines), pool)
+        result = node_run(node=node, argv=runtime.logs_tail_argv(container, lines), pool=pool)
     except ssh.SSHError:
         return ""
     return (result.stdout + result.stderr).decode("utf-8", "replace")[-2000:]
-
-
-def not_pulled_reason(*, node: Node, reference: str, detail: str) -> str:
-    """Why a start on `node` cannot have `reference`: it is not there and its pull failed.
-    Docker's own words (often its resolver's, about a registry the node cannot reach) go
-    to the log, not to the tenant."""
-    logger.warning("%s could not pull %s: %s", node.name, reference, detail)
-    return f"image {reference} is not on node {node.name} and nodes here cannot pull it"
 
 
 def container_logs(
@@ -82,7 +69,9 @@ def container_logs(
 ) -> list[tuple[str, int, str]]:
     """The container's output lines with their times, stdout and stderr merged in time
     order, from `since` on. Raises ContainerError or ssh.SSHError."""
-    result = run_on_node(node, runtime.logs_argv(container, since=since, tail=tail), pool)
+    result = node_run(
+        node=node, argv=runtime.logs_argv(container, since=since, tail=tail), pool=pool
+    )
     if not result.ok:
         raise ContainerError(f"docker logs failed: {cli_error_line(result.stderr)}")
     lines = runtime.parse_log_lines(result.stdout.decode("utf-8", "replace"))
@@ -96,10 +85,10 @@ def image_inspect(
     """The image's configuration as the node has it (pulled first when the node lacks it).
     Raises ContainerError (no such image, a pull refused) or ssh.SSHError."""
     argv = runtime.image_inspect_argv(reference)
-    result = run_on_node(node, argv, pool)
+    result = node_run(node=node, argv=argv, pool=pool)
     if not result.ok and b"No such image" in result.stderr:
-        pulled = run_on_node(
-            node, runtime.pull_argv(reference), pool, timeout=CONTAINER_START_TIMEOUT
+        pulled = node_run(
+            node=node, argv=runtime.pull_argv(reference), pool=pool, timeout=CONTAINER_START_TIMEOUT
         )
         if not pulled.ok:
             raise ContainerError(
@@ -107,80 +96,13 @@ def image_inspect(
                     node=node, reference=reference, detail=cli_error_line(pulled.stderr)
                 )
             )
-        result = run_on_node(node, argv, pool)
+        result = node_run(node=node, argv=argv, pool=pool)
     if not result.ok:
         raise ContainerError(f"docker image inspect failed: {cli_error_line(result.stderr)}")
     try:
         return runtime.parse_image_inspect(result.stdout.decode("utf-8", "replace"))
     except runtime.RuntimeParseError as exc:
         raise ContainerError(str(exc)) from None
-
-
-def image_env_refusal(config: runtime.ImageConfig) -> str:
-    """Why an image cannot run as a slice, from its own configuration ('' when it can)."""
-    bad = isolation.image_env_problems(config.env)
-    return "; ".join(f"the image's configuration sets {name}: {why}" for name, why in bad)
-
-
-@dataclass(frozen=True)
-class _Device:
-    """What the container on an allocation sees: the device and its quota layers."""
-
-    uuid: str  # the GPU's, or the MIG device's
-    mb: int  # what CUDA reports there
-    vram_mb: int  # the allocation's VRAM, within the device
-    mig: bool
-    quota_library: str  # the node's quota library ("" under MIG or where it has none)
-
-
-def _device(allocation: Allocation) -> _Device:
-    """The allocation's device, read from its GPU and node (loaded with it)."""
-    gpu, node = allocation.gpu, allocation.gpu.node
-    mig = bool(allocation.mig_device_uuid)
-    device_mb = _device_mb(allocation)
-    return _Device(
-        uuid=allocation.mig_device_uuid or gpu.uuid,
-        mb=device_mb,
-        vram_mb=min(allocation.vram_mb, device_mb),
-        mig=mig,
-        quota_library="" if mig else (node.capabilities or {}).get("vram_quota_library") or "",
-    )
-
-
-def _device_mb(allocation: Allocation) -> int:
-    """Under MIG, CUDA (and JAX's memory fraction) sees the MIG device, not the whole GPU."""
-    gpu = allocation.gpu
-    if not allocation.mig_device_uuid:
-        return gpu.vram_total_mb
-    return (
-        next(
-            (
-                int(m.get("memory_total_mb") or 0)
-                for m in gpu.mig_devices or []
-                if m.get("uuid") == allocation.mig_device_uuid
-            ),
-            0,
-        )
-        or allocation.vram_mb
-    )
-
-
-def engine_args(*, allocation: Allocation, engine: str, budget_mb: int | None) -> list[str]:
-    """The arguments that hold `engine` to `budget_mb` on this allocation's device, from
-    what CUDA reports there: the MIG device, the quota library's limit, or the whole card
-    (nodes/engines.py). [] for no engine or no budget. The device is read from the
-    allocation as given, with its GPU and node (the slice's lock loads them together),
-    not loaded again: container_start loads the allocation afresh for the start itself."""
-    if not engine or not budget_mb:
-        return []
-    device = _device(allocation)
-    total = engines.reported_total_mb(
-        vram_mb=device.vram_mb, device_mb=device.mb,
-        quota_library=bool(device.quota_library), mig=device.mig,
-    )  # fmt: skip
-    return engines.engine_flags(
-        engine, budget_mb=min(budget_mb, allocation.vram_mb), total_mb=total
-    )
 
 
 def container_start(
@@ -207,7 +129,7 @@ def container_start(
     if allocation.state == Allocation.State.RELEASED:
         raise ContainerError("The VRAM allocation was released before the container started.")
     node = allocation.gpu.node
-    device = _device(allocation)
+    device = device_of(allocation)
     spec = runtime.ContainerSpec(
         name=name,
         image=image,
@@ -242,7 +164,7 @@ def container_start(
 
 def _docker_run(node: Node, argv: list[str], name: str, pool: ssh.SSHPool | None) -> str:
     """The id of the container `docker run` started, or its name when it exists already."""
-    result = run_on_node(node, argv, pool, timeout=CONTAINER_START_TIMEOUT)
+    result = node_run(node=node, argv=argv, pool=pool, timeout=CONTAINER_START_TIMEOUT)
     if result.ok:
         return result.stdout.decode().strip().splitlines()[-1].strip()
     if b"is already in use" in result.stderr:
@@ -259,7 +181,7 @@ def _running(
     if info is None or info.owner_key != owner_key:
         raise ContainerError(f"container {name} is not ours or is gone")
     if not info.running and info.status == "created":
-        started = run_on_node(node, ["docker", "start", info.id], pool)
+        started = node_run(node=node, argv=["docker", "start", info.id], pool=pool)
         if not started.ok:
             raise ContainerError(
                 f"docker start failed: {cli_error_line(started.stderr)}", info=info
@@ -286,25 +208,16 @@ def _check_isolation(info: runtime.ContainerInfo, spec: runtime.ContainerSpec) -
         )
 
 
-def container_exit_reason(info: runtime.ContainerInfo | None) -> str:
-    """Why a container is not running, in words."""
-    if info is None:
-        return "the container disappeared"
-    if info.oom_killed:
-        return f"the container was killed out of memory (exit {info.exit_code})"
-    if info.error:
-        return f"the container failed: {info.error[:300]}"
-    return f"the container exited with code {info.exit_code}"
-
-
 def container_remove(
     *, node: Node, container: str, grace_s: int = 10, pool: ssh.SSHPool | None = None
 ) -> bool:
     """Stop (SIGTERM, then SIGKILL after `grace_s`) and remove a container. True if it existed."""
-    stopped = run_on_node(node, runtime.stop_argv(container, grace_s), pool, timeout=grace_s + 20)
+    stopped = node_run(
+        node=node, argv=runtime.stop_argv(container, grace_s), pool=pool, timeout=grace_s + 20
+    )
     if not stopped.ok and b"No such" not in stopped.stderr:
         raise ContainerError(f"docker stop failed: {cli_error_line(stopped.stderr)}")
-    removed = run_on_node(node, runtime.rm_argv(container), pool)
+    removed = node_run(node=node, argv=runtime.rm_argv(container), pool=pool)
     if removed.ok:
         return True
     if b"No such" in removed.stderr:
@@ -314,7 +227,7 @@ def container_remove(
 
 def node_containers(*, node: Node, pool: ssh.SSHPool | None = None) -> list[runtime.ContainerInfo]:
     """Every platform-labelled container on the node, running or not."""
-    result = run_on_node(node, runtime.ps_argv(), pool)
+    result = node_run(node=node, argv=runtime.ps_argv(), pool=pool)
     if not result.ok:
         raise ContainerError(f"docker ps failed: {cli_error_line(result.stderr)}")
     return runtime.parse_ps(result.stdout.decode("utf-8", "replace"))

@@ -1,5 +1,6 @@
-"""The preflight gate: probe containers on each GPU model, judged with the node policy by
-the pure rules of nodes.preflight; the verdict opens or closes the node to placements."""
+"""The preflight gate: probe containers on each GPU model, judged with the preflight (node)
+policy by the pure rules of nodes.preflight; the verdict opens or closes the node to
+placements."""
 
 from __future__ import annotations
 
@@ -18,22 +19,16 @@ from gpuplatform.dispatch import enqueue
 from gpuplatform.errors import Conflict
 
 from .. import preflight, runtime, ssh
+from ..docker_messages import cli_error_line, container_exit_reason, image_env_refusal
 from ..errors import ContainerError
 from ..locks import node_lock, preflight_claim
 from ..models import GateStatus, Gpu, Node, NodePolicy
-from .containers import (
-    cli_error_line,
-    container_exit_reason,
-    container_inspect,
-    image_env_refusal,
-    image_inspect,
-    node_containers,
-    run_on_node,
-)
+from ..preflight import PROBE_OWNER_PREFIX
+from ..selectors import preflight_policy
+from .containers import container_inspect, image_inspect, node_containers, node_run
 from .images import node_images_refresh
-from .policy import PROBE_IMAGE_PAGE, node_policy, sell_whole
+from .policy import PROBE_IMAGE_PAGE, gpus_set_whole_card
 
-PROBE_OWNER_PREFIX = "probe-node-"  # a probe container's owner key: "probe-node-<node id>"
 PROBE_WAIT_S = 30.0  # a probe that has not finished by then counts as not finished
 
 
@@ -109,7 +104,7 @@ def _probe_run(
         return dataclasses.replace(run, error=f"the probe settings are not valid: {exc}")
     name = spec.name
     try:
-        started = run_on_node(node, argv, pool, timeout=PROBE_WAIT_S)
+        started = node_run(node=node, argv=argv, pool=pool, timeout=PROBE_WAIT_S)
         if not started.ok:
             return dataclasses.replace(
                 run, error=f"docker run failed: {cli_error_line(started.stderr)}"
@@ -118,7 +113,7 @@ def _probe_run(
         if info is None:
             return dataclasses.replace(run, error="the probe container disappeared")
         # read even from a probe that did not finish: its confinement is printed first
-        logs = run_on_node(node, runtime.logs_tail_argv(name, PROBE_LOG_LINES), pool)
+        logs = node_run(node=node, argv=runtime.logs_tail_argv(name, PROBE_LOG_LINES), pool=pool)
         seen = preflight.parse_probe_output(logs.stdout.decode("utf-8", "replace"), nonce)
         run = dataclasses.replace(run, readings=seen.readings, output=seen.output)
         return _probe_verdict(run, seen, info)
@@ -126,7 +121,7 @@ def _probe_run(
         return dataclasses.replace(run, error=str(exc)[:300])
     finally:
         with contextlib.suppress(ssh.SSHError):
-            run_on_node(node, runtime.rm_argv(name), pool)
+            node_run(node=node, argv=runtime.rm_argv(name), pool=pool)
 
 
 def _probe_spec(
@@ -194,16 +189,18 @@ def _remove_stale_probes(node: Node, pool: ssh.SSHPool) -> None:
     with contextlib.suppress(ssh.SSHError, ContainerError, runtime.RuntimeParseError):
         for info in node_containers(node=node, pool=pool):
             if info.owner_key == key:
-                run_on_node(node, runtime.rm_argv(info.id), pool)
+                node_run(node=node, argv=runtime.rm_argv(info.id), pool=pool)
 
 
-def relay_facts(node: Node, pool: ssh.SSHPool) -> dict[str, str]:
+def _relay_facts(node: Node, pool: ssh.SSHPool) -> dict[str, str]:
     """What the SSH gateway's relay needs on the node (preflight.RELAY_FACT_KEYS), each
     read by its own fixed argv: the program's version line, "" when it is not there."""
     facts: dict[str, str] = {}
     for key in preflight.RELAY_FACT_KEYS:
         try:
-            result = run_on_node(node, list(preflight.RELAY_PROBES[key]), pool, timeout=15)
+            result = node_run(
+                node=node, argv=list(preflight.RELAY_PROBES[key]), pool=pool, timeout=15
+            )
         except ssh.SSHError:
             facts[key] = ""
             continue
@@ -233,11 +230,11 @@ NO_PROBE_IMAGE = f"no probe image set: ops choose one from the allowlist on {PRO
 
 def _node_preflight(node: Node, facts: dict[str, str], pool: ssh.SSHPool) -> Node:
     judged_key = node.host_key
-    row = node_policy()
+    row = preflight_policy()
     library = (node.capabilities or {}).get("vram_quota_library") or ""
     deadline = time.monotonic() + PREFLIGHT_DEADLINE_S
     _remove_stale_probes(node, pool)
-    facts = {**facts, **relay_facts(node, pool)}
+    facts = {**facts, **_relay_facts(node, pool)}
     node_images_refresh(node=node, pool=pool)
     targets = _probe_targets(node)
     image_error = _probe_image_error(node, row, pool)
@@ -318,7 +315,7 @@ def _verdict_store(
             "checked_at": now.isoformat(),
         }
         node.save(update_fields=["gate_status", "gate_reason", "gate_checked_at", "preflight"])
-        sell_whole(node, quota=gate.quota)
+        gpus_set_whole_card(node=node, quota=gate.quota)
     return node
 
 

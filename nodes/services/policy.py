@@ -1,15 +1,16 @@
-"""What may be sold and how: a GPU's overcommit ratio and placement mark, the node policy
-(with its history), the whole-card rule and ops' acceptance of watchdog-only slices."""
+"""What may be sold and how: a GPU's overcommit ratio and placement mark, changes to the
+preflight (node) policy (with its history), the whole-card rule and ops' acceptance of
+watchdog-only slices. Their reads (the policy row, the ratio advice) are selectors."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
-from decimal import ROUND_DOWN, Decimal, InvalidOperation
-from typing import TYPE_CHECKING, TypedDict
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING
 
 from django.db import transaction
-from django.db.models import Count, Max, Min, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from gpuplatform.dispatch import enqueue
@@ -17,89 +18,13 @@ from gpuplatform.errors import Conflict, ServiceError
 
 from .. import allowlist, command_env, isolation, preflight, runtime
 from ..locks import gpu_lock, node_lock, node_policy_lock
-from ..models import Allocation, Gpu, GpuDayRollup, Node, NodePolicy, NodePolicyChange
-from .allocations import capacity_mb
+from ..models import Allocation, Gpu, Node, NodePolicy, NodePolicyChange
+from ..selectors import gpu_recommended_ratio, preflight_policy
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
 # --- GPU placement policy ---------------------------------------------------------------------
-
-MIN_HISTORY_DAYS = 7
-MAX_HISTORY_DAYS = 30
-
-
-class RollupWindow(TypedDict):
-    """One GPU's day rollups over the last 30 UTC days."""
-
-    first: datetime | None  # the first bucket
-    peak: int | None  # MiB
-    days: int  # days with samples
-
-
-class RatioAdvice(TypedDict):
-    """The highest overcommit ratio a GPU's history allows, and why."""
-
-    days_of_history: int
-    peak_mb: int | None
-    ratio: Decimal | None  # None: no overcommit (no week of history, or MIG)
-    reason: str
-
-
-def rollup_windows(*, gpu_ids: list[int], now: datetime | None = None) -> dict[int, RollupWindow]:
-    """Per GPU, over the last 30 UTC days: the first bucket, the peak, and on how many
-    days there are samples at all. Read from the day rollups (30 rows per GPU, where the
-    five-minute rollups hold 8,640): one query for a page of GPUs or for the fleet."""
-    now = now or timezone.now()
-    since = (now - timedelta(days=MAX_HISTORY_DAYS)).astimezone(UTC).date()
-    rows = (
-        GpuDayRollup.objects.filter(gpu_id__in=gpu_ids, day__gte=since)
-        .values("gpu_id")
-        .annotate(
-            first=Min("first_bucket_start"),
-            peak=Max("memory_used_max_mb"),
-            days=Count("pk"),
-        )
-        .order_by()
-    )
-    return {row["gpu_id"]: row for row in rows}
-
-
-def gpu_recommended_ratio(
-    *, gpu: Gpu, now: datetime | None = None, window: RollupWindow | None = None
-) -> RatioAdvice:
-    """The highest overcommit ratio docs/domain.md allows for this GPU: physical VRAM over the
-    peak use seen in the last 7-30 days of rollups, rounded down; None unless samples
-    cover at least 7 distinct days (two samples a week apart are not a week of history)."""
-    now = now or timezone.now()
-    if window is None:
-        window = rollup_windows(gpu_ids=[gpu.pk], now=now).get(gpu.pk)
-    window = window or {"first": None, "peak": None, "days": 0}
-    covered = int(window["days"] or 0)
-    out: RatioAdvice = {
-        "days_of_history": covered,
-        "peak_mb": window["peak"],
-        "ratio": None,
-        "reason": "",  # said below
-    }
-    if gpu.mig_enabled:
-        out["reason"] = "MIG partitions and overcommit exclude each other."
-    elif covered < MIN_HISTORY_DAYS or not window["peak"]:
-        out["reason"] = (
-            f"Needs samples on {MIN_HISTORY_DAYS} days; this GPU has {covered}. "
-            "A ratio is never guessed."
-        )
-    else:
-        ratio = Decimal(gpu.vram_total_mb) / Decimal(window["peak"])
-        ratio = min(max(ratio, Decimal("1.00")), Decimal("4.00")).quantize(
-            Decimal("0.01"), rounding=ROUND_DOWN
-        )
-        out["ratio"] = ratio
-        out["reason"] = (
-            f"{gpu.vram_total_mb} MiB physical / {window['peak']} MiB peak over "
-            f"{covered} days with samples."
-        )
-    return out
 
 
 @transaction.atomic
@@ -147,7 +72,7 @@ def gpu_set_overcommit(
                 field="overcommit_ratio",
             )
     gpu.overcommit_ratio = ratio
-    if gpu.allocated_mb > capacity_mb(gpu):
+    if gpu.allocated_mb > gpu.capacity_mb:
         raise Conflict(
             f"{gpu.allocated_mb} MiB is allocated on this GPU; the ratio cannot go below "
             "what is already placed.",
@@ -188,29 +113,10 @@ def gpu_policy_set(
     return gpu
 
 
-# --- the node policy ---------------------------------------------------------------------
-
-POLICY_FIELDS = (
-    "min_toolkit_version",
-    "min_runc_version",
-    "driver_branches",
-    "known_fixed_builds",
-    "probe_image",
-    "probe_command",
-    "probe_environment",
-    "require_userns_remap",
-)
+# --- the preflight (node) policy -------------------------------------------------------------
 
 
-def node_policy() -> NodePolicy:
-    """The one policy row (made with the defaults on first use)."""
-    policy = NodePolicy.objects.filter(pk=1).first()
-    if policy is None:
-        policy, _ = NodePolicy.objects.get_or_create(pk=1)
-    return policy
-
-
-def sell_whole(node: Node, *, quota: Mapping[str, str]) -> None:
+def gpus_set_whole_card(*, node: Node, quota: Mapping[str, str]) -> None:
     """The one rule for `whole_card_only`: a card that is not MIG-partitioned is sold whole
     unless the quota of its model is proven (`quota`: model -> state) or ops accepted
     watchdog-only enforcement for the node."""
@@ -301,7 +207,7 @@ def _probe_image_allowlisted(reference: str) -> str:
 
 
 @transaction.atomic
-def node_policy_update(*, actor: User | None, reason: str, **changes: object) -> NodePolicy:
+def preflight_policy_update(*, actor: User | None, reason: str, **changes: object) -> NodePolicy:
     """Change the node policy; each changed setting is recorded with who, when and why.
     Every node is judged again at its next discovery (a task re-runs them at once)."""
     reason = (reason or "").strip()
@@ -309,7 +215,7 @@ def node_policy_update(*, actor: User | None, reason: str, **changes: object) ->
         raise ServiceError(
             "Say why the policy changes (it is kept with the change).", field="reason"
         )
-    node_policy()
+    preflight_policy()
     row = node_policy_lock()
     changed: list[NodePolicyChange] = []
     for field, value in changes.items():
@@ -359,5 +265,5 @@ def node_accept_watchdog_only(*, node: Node, actor: User | None, accept: bool, r
         new_value=accept,
         reason=reason[:500],
     )
-    sell_whole(node, quota=(node.preflight or {}).get("quota") or {})
+    gpus_set_whole_card(node=node, quota=(node.preflight or {}).get("quota") or {})
     return node

@@ -19,15 +19,9 @@ from .. import ssh, telemetry
 from ..locks import gpus_lock_by_uuid, node_lock
 from ..models import Gpu, Node
 from .gate import node_preflight
-from .policy import sell_whole
-from .rejudge import (
-    ADDRESS_CHANGED,
-    HOST_KEY_CHANGED,
-    REPINNED,
-    absence_reason,
-    node_gate_reset,
-)
-from .sampling import endpoint_for, read_nodes, record_failure
+from .policy import gpus_set_whole_card
+from .rejudge import ADDRESS_CHANGED, HOST_KEY_CHANGED, REPINNED, node_gate_reset
+from .sampling import node_record_failure, nodes_read
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -338,14 +332,14 @@ def node_discover(*, node_id: int, pool: ssh.SSHPool | None = None) -> Node | No
     if node is None or not node.host_key:
         return node
     pool = pool or ssh.get_pool()
-    [sample] = read_nodes(pool, [endpoint_for(node)], discover=True)
+    [sample] = nodes_read(pool=pool, endpoints=[ssh.endpoint_for(node)], discover=True)
     if isinstance(sample, Exception):
-        record_failure(node, sample)
+        node_record_failure(node=node, exc=sample)
         raise sample
     now = timezone.now()
     with transaction.atomic():
         node = node_lock(node_id)
-        if away := absence_reason(node, now):
+        if away := node.absence_reason(now):
             # judged by the preflight below before it is sold again (its verdict, not the
             # one from before the absence, opens it)
             node_gate_reset(node=node, reason=away, queue=False)
@@ -407,7 +401,7 @@ def _node_discovered(
     # where the last verdict proved the quota for their model with the same library.
     last = node.preflight or {}
     same_library = last.get("quota_library", "") == (caps.vram_quota_library or "")
-    sell_whole(node, quota=(last.get("quota") or {}) if same_library else {})
+    gpus_set_whole_card(node=node, quota=(last.get("quota") or {}) if same_library else {})
     node.capabilities = {
         "docker": caps.docker,
         "nvidia_runtime": caps.nvidia_runtime,

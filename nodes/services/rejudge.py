@@ -3,8 +3,8 @@ an absence longer than NODES_REJUDGE_AFTER_ABSENCE_MINUTES, puts the node's gate
 unchecked. It takes no new placements (running slices stay) until a new preflight passes;
 a verdict about the machine that answered before never sells the one there now.
 
-Apart from `gate` (which imports the container services, and through them sampling):
-sampling calls this when a node answers again."""
+Apart from `gate`, so that sampling, which calls this when a node answers again, need not
+import the probes."""
 
 from __future__ import annotations
 
@@ -26,17 +26,6 @@ GATE_RESET_FIELD = "gate_status"  # the NodePolicyChange.field of a node put bac
 HOST_KEY_CHANGED = "host key changed"
 REPINNED = "repinned"
 ADDRESS_CHANGED = "address changed"
-
-
-def absence_reason(node: Node, now: datetime) -> str:
-    """'unreachable for N minutes' for a node unreachable since longer than the setting
-    (away: since it last answered), '' otherwise."""
-    if node.status != Node.Status.UNREACHABLE or node.last_seen_at is None:
-        return ""
-    away = now - node.last_seen_at
-    if away <= timedelta(minutes=settings.NODES_REJUDGE_AFTER_ABSENCE_MINUTES):
-        return ""
-    return f"unreachable for {int(away.total_seconds() // 60)} minutes"
 
 
 @transaction.atomic
@@ -76,7 +65,7 @@ def nodes_gate_reset_after_absence(*, node_ids: list[int], now: datetime) -> lis
     reset: list[int] = []
     for pk in away.order_by("pk").values_list("pk", flat=True):
         node = node_lock(pk)
-        reason = absence_reason(node, now)
+        reason = node.absence_reason(now)
         if reason:
             node_gate_reset(node=node, reason=reason)
             reset.append(pk)

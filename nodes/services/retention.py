@@ -68,7 +68,7 @@ def _floor(moment: datetime) -> datetime:
     return moment - timedelta(seconds=moment.timestamp() % BUCKET.total_seconds())
 
 
-def rollup_window(*, since: datetime, until: datetime) -> int:
+def samples_rollup_window(*, since: datetime, until: datetime) -> int:
     """Roll the raw GPU samples of [since, until) (five-minute aligned) into their
     buckets and fold those buckets into days; returns the buckets written."""
     raw, rollups = GpuSample._meta.db_table, GpuSampleRollup._meta.db_table
@@ -144,7 +144,7 @@ def samples_rollup(*, until: datetime, budget_s: float | None = None) -> RollupR
     while since < complete_before and time.monotonic() < deadline:
         end = min(since + ROLLUP_WINDOW, complete_before)
         with transaction.atomic():
-            run.buckets += rollup_window(since=since, until=end)
+            run.buckets += samples_rollup_window(since=since, until=end)
             RollupProgress.objects.update_or_create(
                 series=PROGRESS, defaults={"rolled_through": end}
             )

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import TypeVar
 
 from django.conf import settings
-from django.db import connection, models, transaction
+from django.db import connection, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
@@ -30,17 +30,13 @@ logger = logging.getLogger(__name__)
 # --- talking to the node -------------------------------------------------------------------
 
 
-def endpoint_for(node: Node) -> ssh.Endpoint:
-    return ssh.Endpoint(node.address, node.port, node.ssh_user, node.host_key)
-
-
 # Nodes whose sampler said NVML is unavailable: nvidia-smi until this monotonic time.
 _NO_NVML_UNTIL: dict[tuple, float] = {}
 NO_NVML_RETRY_S = 300.0
 
 
-def read_nodes(
-    pool: ssh.SSHPool, endpoints: list[ssh.Endpoint], *, discover: bool
+def nodes_read(
+    *, pool: ssh.SSHPool, endpoints: list[ssh.Endpoint], discover: bool
 ) -> list[telemetry.NodeSample | Exception]:
     """One reading per node, in order (an exception in a node's place when it failed).
 
@@ -101,7 +97,7 @@ def _read_nvidia_smi(pool: ssh.SSHPool, endpoint: ssh.Endpoint) -> telemetry.Nod
     )
 
 
-def record_failure(node: Node, exc: Exception) -> None:
+def node_record_failure(*, node: Node, exc: Exception) -> None:
     """Count a failed contact; at the threshold (or at once for a changed key) the node is
     unreachable, with the reason."""
     now = timezone.now()
@@ -128,10 +124,6 @@ def node_note_error(*, node_id: int, message: str) -> None:
 
 
 # --- sampling and ingest --------------------------------------------------------------------
-
-
-def sampleable_nodes() -> models.QuerySet[Node]:
-    return Node.objects.exclude(host_key="").exclude(status=Node.Status.PENDING)
 
 
 PIPELINE_CHUNK = 100
@@ -207,11 +199,11 @@ def _add(totals: dict[str, int], part: dict[str, int]) -> None:
 def _read_chunk(pool: ssh.SSHPool, nodes: list[Node]) -> tuple[list[Reading], list[Failure]]:
     results: list[Reading] = []
     failures: list[Failure] = []
-    readings = read_nodes(pool, [endpoint_for(n) for n in nodes], discover=False)
+    readings = nodes_read(pool=pool, endpoints=[ssh.endpoint_for(n) for n in nodes], discover=False)
     for node, reading in zip(nodes, readings, strict=True):
         if isinstance(reading, Exception):
             if isinstance(reading, ssh.HostKeyMismatch):
-                pool.drop(endpoint_for(node))
+                pool.drop(ssh.endpoint_for(node))
             failures.append((node, reading))
         else:
             results.append((node, reading))
@@ -223,7 +215,7 @@ def _store_chunk(results: list[Reading], failures: list[Failure]) -> dict[str, i
     batch = samples_ingest(results=results) if results else SampleBatch([], {})
     for node, exc in failures:
         try:
-            record_failure(node, exc)
+            node_record_failure(node=node, exc=exc)
         except Exception:
             logger.exception("could not record the failure of node %s", node.pk)
     return {

@@ -13,7 +13,10 @@ from django.utils import timezone
 
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
 from nodes import runtime, ssh
+from nodes import selectors as node_selectors
 from nodes import services as node_services
+from nodes.docker_messages import image_env_refusal
+from nodes.errors import ContainerError
 from nodes.models import GateStatus, Node
 
 from ..locks import image_lock
@@ -168,10 +171,10 @@ def _inspection(reference: str) -> Inspection:
         except ssh.SSHError:
             why = f"node {node.name} did not answer"
             continue
-        except node_services.ContainerError as exc:
+        except ContainerError as exc:
             why = f"node {node.name}: {exc}"
             continue
-        refusal = node_services.image_env_refusal(config)
+        refusal = image_env_refusal(config)
         if refusal:
             raise ServiceError(
                 f"This image cannot be allowlisted: {refusal}.",
@@ -273,7 +276,7 @@ def images_on_nodes(images: Iterable[Image]) -> dict[int, int]:
     """For each image (by pk), how many nodes taking placements now hold what its launch
     runs (its pinned reference), by each node's last listing of its images."""
     images = list(images)
-    held = node_services.images_on_placement_nodes({i.pinned_reference for i in images})
+    held = node_selectors.images_on_placement_nodes({i.pinned_reference for i in images})
     return {i.pk: held[i.pinned_reference] for i in images}
 
 
@@ -290,10 +293,10 @@ def images_needing_pull(images: Iterable[Image]) -> list[PullNote]:
     it would need a pull, and whether nodes here can pull when ops said so. Empty while
     no such node's images have been read (nothing is known to say)."""
     images = list(images)
-    if not node_services.placement_nodes_with_images():
+    if not node_selectors.placement_nodes_with_images():
         return []
     on_nodes = images_on_nodes(images)
-    can_pull = node_services.nodes_can_pull()
+    can_pull = node_selectors.nodes_can_pull()
     notes: list[PullNote] = []
     for image in images:
         if on_nodes[image.pk]:

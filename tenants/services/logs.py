@@ -22,6 +22,7 @@ from django.utils import timezone
 from gpuplatform.dispatch import enqueue
 from nodes import services as node_services
 from nodes import ssh
+from nodes.errors import ContainerError
 
 from ..models import Slice, SliceLogLine
 
@@ -92,7 +93,7 @@ def slice_logs_collect(*, slice_id: int) -> int:
 def slice_logs_final(*, slice: Slice) -> None:
     """The last lines of a slice about to lose its container: best effort (a node that
     does not answer leaves what was already kept)."""
-    with contextlib.suppress(ssh.SSHError, node_services.ContainerError):
+    with contextlib.suppress(ssh.SSHError, ContainerError):
         slice_logs_collect(slice_id=slice.pk)
 
 

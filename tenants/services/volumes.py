@@ -21,6 +21,7 @@ from gpuplatform.dispatch import enqueue
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
 from nodes import services as node_services
 from nodes import ssh, volumes
+from nodes.errors import ContainerError
 from nodes.models import GateStatus, Gpu, Node
 
 from ..locks import tenant_lock, volume_lock
@@ -170,7 +171,7 @@ def volume_provision(*, volume_id: int) -> str:
         node_services.volume_create(
             node=volume.node, name=volume.docker_name, owner_key=volume.owner_key
         )
-    except node_services.ContainerError as exc:
+    except ContainerError as exc:
         with transaction.atomic():
             locked = volume_lock(volume_id)
             if locked.state == V.CREATING:
@@ -253,7 +254,7 @@ def volume_remove(*, volume_id: int) -> str:
     if not volume.docker_name.startswith("pending-"):
         try:
             node_services.volume_remove(node=volume.node, name=volume.docker_name)
-        except node_services.ContainerError as exc:
+        except ContainerError as exc:
             Volume.objects.filter(pk=volume_id).update(state_reason=f"Not removed yet: {exc}"[:500])
             raise ssh.SSHError(str(exc)) from exc  # the task retries: a container may linger
     with transaction.atomic():
@@ -347,7 +348,7 @@ def volumes_measure(*, node_id: int) -> int:
     for volume in Volume.objects.filter(node=node, state=V.READY).select_related("tenant"):
         try:
             used = node_services.volume_usage_bytes(node=node, name=volume.docker_name)
-        except node_services.ContainerError:
+        except ContainerError:
             continue
         if used is None:
             continue

@@ -20,7 +20,7 @@ class TestNodePolicyChangesApi(OpsResourceContract):
     def make(self, membership):
         # ops raise the minimum runc with a reason: one change, kept with who and why
         n = NodePolicyChange.objects.count()
-        services.node_policy_update(
+        services.preflight_policy_update(
             actor=ops_actor(), reason="CVE-2024-21626", min_runc_version=f"1.2.{n}"
         )
         return NodePolicyChange.objects.latest("pk")

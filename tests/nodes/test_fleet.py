@@ -8,8 +8,8 @@ from django.utils import timezone
 
 from gpuplatform.errors import ServiceError
 from nodes import hooks, services, ssh
+from nodes.docker_messages import cli_error_line
 from nodes.models import Gpu, GpuSample, GpuSampleRollup, Node, ProcessSample, RollupProgress
-from nodes.services import cli_error_line
 
 pytestmark = pytest.mark.django_db
 
@@ -66,7 +66,7 @@ def test_container_started_with_docker_shows_up_with_its_id(fleet, pool, registe
     node = register(0)
     services.node_discover(node_id=node.pk, pool=pool)
     gpu = node.gpus.get(index=0)
-    endpoint = services.endpoint_for(node)
+    endpoint = ssh.endpoint_for(node)
     run = pool.run(
         endpoint,
         [
@@ -137,7 +137,7 @@ def test_changed_host_key_is_refused_and_nothing_is_sent(fleet, pool, register):
     assert "host key changed" in node.status_reason
     assert emu.audit_log == []
     with pytest.raises(ssh.HostKeyMismatch):
-        pool.run(services.endpoint_for(node), ["true"])
+        pool.run(ssh.endpoint_for(node), ["true"])
 
 
 def test_unanswered_node_goes_unreachable_and_recovers(fleet, pool, register, settings):
@@ -164,7 +164,7 @@ def test_unanswered_node_goes_unreachable_and_recovers(fleet, pool, register, se
 def test_reconnect_backs_off_after_a_failure(fleet, pool, register):
     node = register(0)
     fleet.nodes[0].set_down(True)
-    endpoint = services.endpoint_for(node)
+    endpoint = ssh.endpoint_for(node)
     with pytest.raises(ssh.SSHError, match="cannot connect|handshake"):
         pool.run(endpoint, ["true"])
     fleet.nodes[0].set_down(False)
@@ -178,7 +178,7 @@ def test_slow_node_times_out_instead_of_hanging(fleet, platform_key, register):
     quick = ssh.SSHPool(private_key=platform_key, connect_timeout=2, command_timeout=1)
     try:
         with pytest.raises(ssh.CommandTimeout):
-            quick.run(services.endpoint_for(node), ["nvidia-smi", "-L"])
+            quick.run(ssh.endpoint_for(node), ["nvidia-smi", "-L"])
     finally:
         quick.close()
 
@@ -212,7 +212,7 @@ def test_crafted_arguments_reach_the_node_as_one_quoted_argument(fleet, pool, re
     emu = fleet.nodes[0]
     emu.clear_audit()
     crafted = "x; touch /tmp/pwned && echo $(id) `id` | sh\nrm -rf /"
-    result = pool.run(services.endpoint_for(node), ["echo", crafted])
+    result = pool.run(ssh.endpoint_for(node), ["echo", crafted])
     assert result.ok
     assert result.stdout.decode() == crafted + "\n"
     assert emu.audit_log == [["echo", crafted]]

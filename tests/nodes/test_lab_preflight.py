@@ -12,6 +12,7 @@ from incidents import services as incident_services
 from incidents.models import Incident
 from nodelab import IMAGE, LabNodeSpec
 from nodes import services as node_services
+from nodes.image_refs import node_holds
 from nodes.models import GateStatus, Gpu, Node, NodePolicyChange
 from nodes.preflight import version_tuple
 from tenants.models import Image
@@ -72,7 +73,7 @@ def test_the_machines_runc_is_judged_by_its_build_and_debians_patched_build_is_a
     # and the images its Docker Engine holds, the lab's workload image among them
     node = Node.objects.get(pk=row.pk)
     assert node.images_read_at is not None
-    assert node_services.node_holds(node.images, IMAGE), node.images
+    assert node_holds(node.images, IMAGE), node.images
     if facts["runc_build"]:
         assert facts["runc_package"], facts
 
@@ -85,7 +86,7 @@ def test_the_machines_runc_is_judged_by_its_build_and_debians_patched_build_is_a
     assert runc["ok"] and "known-fixed build" in runc["detail"], runc
     assert row.gate_status == GateStatus.PASSED
     # without that entry the same node fails on runc, naming the CVE
-    node_services.node_policy_update(
+    node_services.preflight_policy_update(
         actor=ops_user, reason="test: no backports trusted", known_fixed_builds=[]
     )
     node = node_services.node_discover(node_id=row.pk)

@@ -16,7 +16,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from nodes import partitions, services
+from nodes import partitions, selectors, services
 from nodes.models import (
     Gpu,
     GpuDayRollup,
@@ -267,7 +267,7 @@ def test_a_run_that_dies_midway_keeps_the_windows_it_finished(gpu, monkeypatch):
     RollupProgress.objects.create(
         series=retention.PROGRESS, rolled_through=start + retention.LATE_ROWS
     )
-    real = retention.rollup_window
+    real = retention.samples_rollup_window
     calls = []
 
     def dies_on_the_second(*, since, until):
@@ -276,7 +276,7 @@ def test_a_run_that_dies_midway_keeps_the_windows_it_finished(gpu, monkeypatch):
             raise RuntimeError("worker killed")
         return real(since=since, until=until)
 
-    monkeypatch.setattr(retention, "rollup_window", dies_on_the_second)
+    monkeypatch.setattr(retention, "samples_rollup_window", dies_on_the_second)
     with pytest.raises(RuntimeError):
         retention.samples_rollup(until=start + timedelta(hours=3))
     progress = RollupProgress.objects.get(series=retention.PROGRESS)
@@ -318,7 +318,7 @@ def test_the_advisor_reads_thirty_days_of_day_rollups(gpu):
         )
         for d in (0, 3, 10, 29, 45)
     )
-    window = services.rollup_windows(gpu_ids=[gpu.pk], now=now)[gpu.pk]
+    window = selectors.rollup_windows(gpu_ids=[gpu.pk], now=now)[gpu.pk]
     assert (window["days"], window["peak"]) == (4, 1029)
     assert window["first"] == now - timedelta(days=29)
 

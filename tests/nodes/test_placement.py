@@ -9,7 +9,7 @@ from django.db import connection, connections, transaction
 from django.db.models import Sum
 from django.db.models.expressions import RawSQL
 
-from nodes import services
+from nodes import placement_sql, services
 from nodes.models import Allocation, Gpu, Node
 from nodes.placement import Candidate, MigSlot, choose, nominal_mb
 from tests.ci import missing
@@ -191,7 +191,7 @@ def test_room_in_sql_is_exactly_the_pure_capacity_rounded_down():
             allocated_mb=7,
         )
     rooms = Gpu.objects.filter(node=node).annotate(
-        room=RawSQL(services.ROOM_SQL[connection.vendor], ())  # noqa: S611
+        room=RawSQL(placement_sql.ROOM_SQL[connection.vendor], ())  # noqa: S611
     )
     for g in rooms:
         expected = Candidate(g.pk, g.vram_total_mb, 7, g.overcommit_ratio).room_mb
@@ -201,7 +201,7 @@ def test_room_in_sql_is_exactly_the_pure_capacity_rounded_down():
 @pytest.mark.django_db
 def test_room_index_serves_placement():
     """The best-fit query must read the fleet through nodes_gpu_room_idx (migration
-    0004), whose expression has to stay identical to services.ROOM_SQL."""
+    0004), whose expression has to stay identical to placement_sql.ROOM_SQL."""
     if connection.vendor != "postgresql":
         missing("the index is PostgreSQL's")
 

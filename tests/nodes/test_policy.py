@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from gpuplatform.errors import Conflict, ServiceError
-from nodes import services
+from nodes import selectors, services
 from nodes.models import Gpu, GpuSampleRollup, Node
 
 pytestmark = pytest.mark.django_db
@@ -48,7 +48,7 @@ def fold(now):
 def test_no_ratio_above_one_without_seven_days_of_history(gpu):
     now = timezone.now()
     history(gpu, days=3, peak_mb=8192, now=now)
-    rec = services.gpu_recommended_ratio(gpu=gpu, now=now)
+    rec = selectors.gpu_recommended_ratio(gpu=gpu, now=now)
     assert rec["ratio"] is None and "7 days" in rec["reason"]
     with pytest.raises(Conflict) as caught:
         services.gpu_set_overcommit(gpu=gpu, ratio="1.2", now=now)
@@ -69,7 +69,7 @@ def test_recommended_ratio_is_physical_over_peak_and_caps_the_setting(gpu):
         memory_used_mean_mb=24000,
     )
     fold(now)
-    rec = services.gpu_recommended_ratio(gpu=gpu, now=now)
+    rec = selectors.gpu_recommended_ratio(gpu=gpu, now=now)
     assert rec["ratio"] == Decimal("2.00") and rec["peak_mb"] == 12288
     with pytest.raises(Conflict):
         services.gpu_set_overcommit(gpu=gpu, ratio="2.01", now=now)
@@ -149,7 +149,7 @@ def test_two_samples_a_week_apart_are_not_a_week_of_history(gpu):
             memory_used_mean_mb=4096,
         )
     fold(now)
-    rec = services.gpu_recommended_ratio(gpu=gpu, now=now)
+    rec = selectors.gpu_recommended_ratio(gpu=gpu, now=now)
     assert rec["ratio"] is None and rec["days_of_history"] == 2
 
 

@@ -9,7 +9,7 @@ from django.db import connections
 from emulator.catalog import QUOTA_FROM_ENVIRONMENT, GpuSpec, NodeSpec
 from incidents import services as incident_services
 from incidents.models import Incident
-from nodes import isolation, preflight, runtime
+from nodes import isolation, preflight, runtime, selectors
 from nodes import services as node_services
 from nodes.locks import PREFLIGHT_LOCK_SPACE
 from nodes.models import GateStatus, Gpu, Node, NodePolicyChange
@@ -421,7 +421,7 @@ def test_ops_edit_the_node_policy_on_its_page_with_a_reason_and_it_is_kept(clien
     }
     missing = client.post("/ops/fleet/node-policy/", form)
     assert missing.status_code == 200 and "This field is required" in missing.content.decode()
-    assert node_services.node_policy().min_toolkit_version == "1.17.8"
+    assert selectors.preflight_policy().min_toolkit_version == "1.17.8"
     bad = client.post(
         "/ops/fleet/node-policy/",
         {**form, "probe_environment": "LD_PRELOAD=/x.so", "reason": "try"},
@@ -430,7 +430,7 @@ def test_ops_edit_the_node_policy_on_its_page_with_a_reason_and_it_is_kept(clien
     assert not NodePolicyChange.objects.exists()
     saved = client.post("/ops/fleet/node-policy/", {**form, "reason": "NVIDIA bulletin"})
     assert saved.status_code == 302
-    policy = node_services.node_policy()
+    policy = selectors.preflight_policy()
     assert policy.min_toolkit_version == "1.17.9" and policy.driver_branches == ["550", "570"]
     fields = set(NodePolicyChange.objects.values_list("field", flat=True))
     # what did not change (the command) is not a change
@@ -530,7 +530,7 @@ def test_a_probe_image_that_sets_a_reserved_variable_is_never_started(worker_fle
     state.image_env["bad/probe:1"] = ["LD_PRELOAD=/x.so"]
     # allowlisted before any node could inspect it (the probe image is an allowlisted one)
     Image.objects.create(name="Bad probe", reference="bad/probe:1", connect="service")
-    node_services.node_policy_update(actor=ops_user, reason="test", probe_image="bad/probe:1")
+    node_services.preflight_policy_update(actor=ops_user, reason="test", probe_image="bad/probe:1")
     node = node_services.node_discover(node_id=fleet.registered[0].pk)
     assert node.gate_status == GateStatus.FAILED
     assert "the image's configuration sets LD_PRELOAD" in node.gate_reason
@@ -578,7 +578,7 @@ def test_a_quota_library_a_process_configures_from_its_environment_is_an_inciden
 @pytest.mark.parametrize("item", ["$(id)", "`id`", "x$(cat /etc/shadow)"])
 def test_the_probe_command_refuses_shell_syntax_like_every_other_command(api_ops, item):
     """One rule for every argv the platform runs without a shell."""
-    before = list(node_services.node_policy().probe_command)
+    before = list(selectors.preflight_policy().probe_command)
     response = api_ops.patch(
         "/api/v1/node-policy/",
         {"probe_command": ["/usr/bin/gpu-workload", item], "reason": "try"},
@@ -587,7 +587,7 @@ def test_the_probe_command_refuses_shell_syntax_like_every_other_command(api_ops
     assert response.status_code == 400, response.content
     [error] = response.json()["fields"]["probe_command"]
     assert "without a shell" in error["message"]
-    assert node_services.node_policy().probe_command == before
+    assert selectors.preflight_policy().probe_command == before
     assert not NodePolicyChange.objects.exists()
 
 

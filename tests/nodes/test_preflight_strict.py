@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from emulator.catalog import QUOTA_FROM_ENVIRONMENT
-from nodes import preflight
+from nodes import preflight, selectors
 from nodes import services as node_services
 from nodes.models import GateStatus, Gpu, NodePolicyChange
 from tests.nodes.test_preflight import GOOD_FACTS, HARDENED, OOM_LINE, judge, runs
@@ -425,7 +425,7 @@ def test_the_policy_page_edits_the_userns_requirement(client, ops_user) -> None:
     client.force_login(ops_user)
     page = client.get("/ops/fleet/node-policy/").content.decode()
     assert "Require user-namespace remapping" in page
-    policy = node_services.node_policy()
+    policy = selectors.preflight_policy()
     form = {
         "min_toolkit_version": policy.min_toolkit_version,
         "min_runc_version": policy.min_runc_version,
@@ -441,7 +441,7 @@ def test_the_policy_page_edits_the_userns_requirement(client, ops_user) -> None:
     }
     saved = client.post("/ops/fleet/node-policy/", form)
     assert saved.status_code == 302, saved.content.decode()[:2000]
-    assert node_services.node_policy().require_userns_remap is True
+    assert selectors.preflight_policy().require_userns_remap is True
     assert set(NodePolicyChange.objects.values_list("field", flat=True)) == {"require_userns_remap"}
 
 

@@ -12,6 +12,7 @@ from django.apps import apps
 from django.core.management import call_command
 
 from nodelab import IMAGE
+from nodes import selectors
 from nodes import services as node_services
 from nodes.allowlist import (
     allowlisted,
@@ -49,7 +50,7 @@ def allowlist(db):
 @pytest.mark.django_db
 def test_the_production_policy_has_no_probe_image() -> None:
     assert NodePolicy().probe_image == ""
-    assert node_services.node_policy().probe_image == ""
+    assert selectors.preflight_policy().probe_image == ""
 
 
 @pytest.mark.django_db
@@ -98,7 +99,7 @@ def test_a_probe_image_off_the_allowlist_is_a_400_naming_the_field(api_ops, allo
         "/api/v1/node-policy/", {"probe_image": "", "reason": "try"}, format="json"
     )
     assert blank.status_code == 400 and "probe_image" in blank.json()["fields"]
-    assert node_services.node_policy().probe_image == ""
+    assert selectors.preflight_policy().probe_image == ""
     assert not NodePolicyChange.objects.exists()
 
 
@@ -189,12 +190,12 @@ def test_ops_choose_the_probe_image_on_the_node_policy_page(client, ops_user, al
     refused = client.post("/ops/fleet/node-policy/", {**form, "probe_image": LAB_NAME})
     assert refused.status_code == 200
     assert "Select a valid choice" in refused.content.decode()
-    assert node_services.node_policy().probe_image == ""
+    assert selectors.preflight_policy().probe_image == ""
     saved = client.post(
         "/ops/fleet/node-policy/", {**form, "probe_image": "nvidia/cuda:12.4.1-base-ubuntu22.04"}
     )
     assert saved.status_code == 302
-    assert node_services.node_policy().probe_image == "nvidia/cuda:12.4.1-base-ubuntu22.04"
+    assert selectors.preflight_policy().probe_image == "nvidia/cuda:12.4.1-base-ubuntu22.04"
     [change] = NodePolicyChange.objects.all()
     assert (change.field, change.old_value, change.new_value, change.changed_by) == (
         "probe_image",
@@ -207,7 +208,7 @@ def test_ops_choose_the_probe_image_on_the_node_policy_page(client, ops_user, al
     assert "choose the probe" in page  # the history
     # saving the rest without a choice keeps the one made
     client.post("/ops/fleet/node-policy/", {**form, "min_runc_version": "1.2.0"})
-    assert node_services.node_policy().probe_image == "nvidia/cuda:12.4.1-base-ubuntu22.04"
+    assert selectors.preflight_policy().probe_image == "nvidia/cuda:12.4.1-base-ubuntu22.04"
 
 
 # --- the demo -------------------------------------------------------------------------------------
@@ -217,7 +218,7 @@ def test_ops_choose_the_probe_image_on_the_node_policy_page(client, ops_user, al
 def test_the_demo_seeding_chooses_the_labs_image_explicitly(settings, tmp_path) -> None:
     settings.VAR_DIR = tmp_path
     call_command("seed_demo", stdout=io.StringIO())
-    assert node_services.node_policy().probe_image == IMAGE == LAB_NAME
+    assert selectors.preflight_policy().probe_image == IMAGE == LAB_NAME
     change = NodePolicyChange.objects.get(field="probe_image")
     assert change.changed_by.username == "ops@example.com" and "demo" in change.reason
     call_command("seed_demo", stdout=io.StringIO())

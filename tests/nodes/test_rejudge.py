@@ -40,7 +40,7 @@ def placeable(node: Node) -> bool:
 
 def gate_events(node: Node) -> list[tuple]:
     return list(
-        NodePolicyChange.objects.filter(node=node, field=node_services.GATE_RESET_FIELD)
+        NodePolicyChange.objects.filter(node=node, field=rejudge.GATE_RESET_FIELD)
         .order_by("pk")
         .values_list("old_value", "new_value", "reason")
     )
@@ -248,12 +248,12 @@ def test_the_absence_rule_reads_the_setting(settings) -> None:
     now = timezone.now()
     node = Node(status=Node.Status.UNREACHABLE, last_seen_at=now - timedelta(minutes=11))
     settings.NODES_REJUDGE_AFTER_ABSENCE_MINUTES = 10
-    assert node_services.absence_reason(node, now) == "unreachable for 11 minutes"
+    assert node.absence_reason(now) == "unreachable for 11 minutes"
     settings.NODES_REJUDGE_AFTER_ABSENCE_MINUTES = 15
-    assert node_services.absence_reason(node, now) == ""
+    assert node.absence_reason(now) == ""
     node.status = Node.Status.ACTIVE  # not seen for a while, but never found unreachable
     settings.NODES_REJUDGE_AFTER_ABSENCE_MINUTES = 10
-    assert node_services.absence_reason(node, now) == ""
+    assert node.absence_reason(now) == ""
 
 
 # --- discovery of a new node ---------------------------------------------------------------------

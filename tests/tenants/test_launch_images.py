@@ -10,6 +10,7 @@ import pytest
 
 import estimator
 from nodes import services as node_services
+from nodes.image_refs import node_holds, parse_image_ls
 from nodes.models import Node
 from tenants import services
 from tenants.forms.estimate import DEFAULT_MODEL, model_for_tier
@@ -32,7 +33,7 @@ IMAGE_LS = "\n".join(
 
 
 def test_the_listing_is_parsed_into_references() -> None:
-    assert node_services.parse_image_ls(IMAGE_LS) == [
+    assert parse_image_ls(IMAGE_LS) == [
         "busybox:1.36",
         "busybox@sha256:" + "a" * 64,
         "ghcr.io/acme/train@sha256:" + "b" * 64,
@@ -53,7 +54,7 @@ def test_the_listing_is_parsed_into_references() -> None:
     ],
 )
 def test_a_node_holds_a_reference_by_tag_or_digest(reference: str, held: bool) -> None:
-    assert node_services.node_holds(node_services.parse_image_ls(IMAGE_LS), reference) is held
+    assert node_holds(parse_image_ls(IMAGE_LS), reference) is held
 
 
 # --- the fleet's images on the launch page and in the API ----------------------------------

@@ -12,6 +12,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from nodes import selectors as node_selectors
 from nodes import services as node_services
 from nodes.allowlist import allowlisted
 from tenants import services
@@ -110,8 +111,8 @@ class Command(BaseCommand):
                     services.template_create(actor=ops, **{**spec, "image": image})
             # The production policy has no probe image; the demo's nodes run the lab's
             # (its command and environment defaults are that image's knobs).
-            if not node_services.node_policy().probe_image and allowlisted(LAB_IMAGE):
-                node_services.node_policy_update(
+            if not node_selectors.preflight_policy().probe_image and allowlisted(LAB_IMAGE):
+                node_services.preflight_policy_update(
                     actor=ops,
                     reason="demo: the lab's workload image probes the demo nodes",
                     probe_image=LAB_IMAGE,

@@ -17,6 +17,7 @@ import estimator
 from gpuplatform.dispatch import enqueue
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
 from nodes import command_env, engines, isolation
+from nodes import selectors as node_selectors
 from nodes import services as node_services
 
 from ...locks import purchase_lock, slice_lock, slice_queue_head_lock
@@ -469,7 +470,7 @@ def _place_or_queue(slice: Slice, *, actor: User | None = None) -> bool:
             why = (
                 ""
                 if waiting
-                else node_services.placement_shortfall(
+                else node_selectors.placement_shortfall(
                     vram_mb=slice.vram_mb, guaranteed=slice.guaranteed
                 )
             )

@@ -11,6 +11,8 @@ from django.utils import timezone
 
 from nodes import runtime, ssh
 from nodes import services as node_services
+from nodes.devices import engine_args
+from nodes.errors import ContainerError
 
 from ...locks import slice_lock
 from ...models import Image, Slice
@@ -116,7 +118,7 @@ def slice_provision(*, slice_id: int, final_attempt: bool = True) -> str:
     command = list(slice.command or (image.default_command if image else []))
     # an engine that sizes itself from the device is told the slice, after the tenant's
     # own arguments (the last one given wins): docs/templates.md
-    told = node_services.engine_args(
+    told = engine_args(
         allocation=slice.allocation,
         engine=slice.engine,
         budget_mb=slice.engine_budget_mb,
@@ -136,7 +138,7 @@ def slice_provision(*, slice_id: int, final_attempt: bool = True) -> str:
             ports=[int(p) for p in (image.ports if image else [])],
             mounts=slice_mount_args(slice),
         )
-    except node_services.ContainerError as exc:
+    except ContainerError as exc:
         return _provision_failed(slice_id, str(exc), exc.info)
     except ssh.SSHError as exc:
         if not final_attempt:

@@ -16,7 +16,10 @@ from gpuplatform.dispatch import enqueue
 from gpuplatform.querystring import is_id
 from nodes import runtime, ssh
 from nodes import services as node_services
+from nodes.docker_messages import container_exit_reason
+from nodes.errors import ContainerError
 from nodes.models import Node
+from nodes.preflight import PROBE_OWNER_PREFIX
 
 from ...locks import slice_lock
 from ...models import Slice
@@ -69,12 +72,12 @@ def _list_containers(nodes: list[Node]) -> list[_Listing]:
     def listing(node: Node) -> _Listing:
         try:
             containers = node_services.node_containers(node=node)
-        except (ssh.SSHError, node_services.ContainerError, ValueError) as exc:
+        except (ssh.SSHError, ContainerError, ValueError) as exc:
             return node, exc, None
         images: list[str] | None
         try:
             images = node_services.node_images_read(node=node)
-        except (ssh.SSHError, node_services.ContainerError) as exc:
+        except (ssh.SSHError, ContainerError) as exc:
             logger.info("reconcile: cannot list images on %s: %s", node.name, exc)
             images = None
         return node, containers, images
@@ -129,7 +132,7 @@ def _reconcile_node(
         elif state == S.STOPPING:
             _reconcile_stopping(pk, now, timeout)
     for container in containers:
-        if container.owner_key.startswith(node_services.PROBE_OWNER_PREFIX):
+        if container.owner_key.startswith(PROBE_OWNER_PREFIX):
             continue  # the preflight's probe, removed by the preflight itself
         # not expected, yet live: its slice started after the node was listed
         if container.owner_key not in expected and not owner_is_live(container.owner_key):
@@ -150,7 +153,7 @@ def _reconcile_dead(slice_id: int, node: Node, container: runtime.ContainerInfo 
     ref = container.id if container is not None else slice.container_id or slice.container_name
     try:
         info = node_services.container_inspect(node=node, container=ref)
-    except (ssh.SSHError, node_services.ContainerError):
+    except (ssh.SSHError, ContainerError):
         return 0  # cannot tell now; the next round will
     if info is not None and info.running:
         return 0
@@ -164,7 +167,7 @@ def _reconcile_dead(slice_id: int, node: Node, container: runtime.ContainerInfo 
         if info is None:
             reason = "The container is gone from the node."
         else:
-            reason = node_services.container_exit_reason(info).capitalize() + "."
+            reason = container_exit_reason(info).capitalize() + "."
             if "CUDA out of memory" in logs or "OutOfMemoryError" in logs:
                 reason += (
                     " It ran out of GPU memory: lower the batch or context, quantize, "
@@ -218,7 +221,7 @@ def _reconcile_stopping(slice_id: int, now: datetime, timeout: timedelta) -> Non
 def _remove_orphan(node: Node, container: runtime.ContainerInfo) -> int:
     try:
         node_services.container_remove(node=node, container=container.id)
-    except (ssh.SSHError, node_services.ContainerError) as exc:
+    except (ssh.SSHError, ContainerError) as exc:
         logger.warning("reconcile: could not remove orphan %s on %s: %s", container.id, node, exc)
         return 0
     node_services.container_event_record(

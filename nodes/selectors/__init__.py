@@ -1,9 +1,10 @@
-"""Reads of the fleet for pages, API and /metrics: one query shape each."""
+"""Reads of the fleet for pages, API and /metrics: one query shape each. The two policies'
+reads (the preflight policy row, the overcommit advice) are in `policies`, named here too."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import NamedTuple, TypedDict
@@ -22,12 +23,13 @@ from django.db.models import (
     QuerySet,
     Sum,
 )
-from django.db.models.expressions import CombinedExpression
+from django.db.models.expressions import CombinedExpression, RawSQL
 from django.db.models.functions import Cast, Coalesce
 from django.db.models.lookups import GreaterThanOrEqual
 from django.utils import timezone
 
-from .models import (
+from ..image_refs import node_holds
+from ..models import (
     Allocation,
     GateStatus,
     Gpu,
@@ -37,13 +39,12 @@ from .models import (
     NodePolicyChange,
     ProcessSample,
 )
+from ..placement_sql import SOLD_ROOM_SQL
+from .policies import gpu_recommended_ratio as gpu_recommended_ratio
+from .policies import preflight_policy as preflight_policy
+from .policies import rollup_windows as rollup_windows
 
 MAX_POINTS = 500
-
-
-def gpus_with_allocation() -> QuerySet[Gpu]:
-    # `allocated_mb` is a counter kept on the row by placement: no aggregate needed.
-    return Gpu.objects.all()
 
 
 def gpu_shapes_in_service() -> list[dict]:
@@ -75,7 +76,7 @@ def gpu_shapes_in_service() -> list[dict]:
 
 def node_list() -> QuerySet[Node]:
     return Node.objects.prefetch_related(
-        Prefetch("gpus", queryset=gpus_with_allocation().filter(present=True).order_by("index"))
+        Prefetch("gpus", queryset=Gpu.objects.filter(present=True).order_by("index"))
     ).order_by("name")
 
 
@@ -86,7 +87,7 @@ def node_policy_changes() -> QuerySet[NodePolicyChange]:
 
 
 def gpu_list(*, node_id: int | None = None) -> QuerySet[Gpu]:
-    qs = gpus_with_allocation().select_related("node").order_by("node__name", "index")
+    qs = Gpu.objects.select_related("node").order_by("node__name", "index")
     return qs.filter(node_id=node_id) if node_id else qs
 
 
@@ -585,3 +586,74 @@ def _metrics_text_sql(*, now: datetime) -> str | None:
         *([statuses] if statuses else []),
     ]
     return "\n".join(out) + "\n"
+
+
+# --- sampling and images on the fleet -------------------------------------------------------
+
+
+def sampleable_nodes() -> QuerySet[Node]:
+    return Node.objects.exclude(host_key="").exclude(status=Node.Status.PENDING)
+
+
+def nodes_can_pull() -> str:
+    """Whether nodes can pull: "yes", "no" or "" (not known), as ops set it
+    (GPUPLATFORM_NODES_CAN_PULL)."""
+    return settings.NODES_CAN_PULL
+
+
+def placement_nodes_with_images() -> int:
+    """How many nodes taking placements now have had their images read."""
+    node_ids = Gpu.objects.taking_placements().values_list("node_id", flat=True).distinct()
+    return Node.objects.filter(pk__in=node_ids, images_read_at__isnull=False).count()
+
+
+def images_on_placement_nodes(references: Iterable[str]) -> dict[str, int]:
+    """For each reference, how many nodes that take placements now (a GPU of theirs does)
+    hold it, by their last listing."""
+    node_ids = Gpu.objects.taking_placements().values_list("node_id", flat=True).distinct()
+    held = [
+        set(images or ())
+        for images in Node.objects.filter(pk__in=node_ids).values_list("images", flat=True)
+    ]
+    return {ref: sum(1 for h in held if node_holds(h, ref)) for ref in references}
+
+
+# --- placement ------------------------------------------------------------------------------
+
+
+def placeable_gpus(
+    *, guaranteed: bool, node_id: int | None = None, interruptible: bool = False
+) -> QuerySet[Gpu]:
+    """GPUs a new reservation may land on (`Gpu.objects.taking_placements`), on one node
+    when `node_id` says (a slice mounting a node-local volume runs where the volume is)."""
+    gpus = Gpu.objects.taking_placements()
+    if node_id is not None:
+        gpus = gpus.filter(node_id=node_id)
+    if interruptible:
+        # only what an overcommitted card sells beyond its memory: preempted when it is short
+        gpus = gpus.filter(overcommit_ratio__gt=1, mig_enabled=False)
+    if guaranteed:
+        # docs/domain.md: no overcommit for work that was sold as guaranteed.
+        gpus = gpus.filter(overcommit_ratio=1)
+    return gpus
+
+
+def placement_shortfall(*, vram_mb: int, guaranteed: bool = True) -> str:
+    """Why a launch that found no room waits, where the reason is memory the platform did
+    not sell: a card with room by what was sold whose processes hold more. '' otherwise.
+    Names no node or GPU (a tenant reads it)."""
+    over = (
+        placeable_gpus(guaranteed=guaranteed)
+        .filter(mig_enabled=False)
+        .annotate(sold_room=RawSQL(SOLD_ROOM_SQL[connection.vendor], ()))  # noqa: S611 - constant
+        .filter(sold_room__gte=vram_mb, last_processes_mb__gt=F("allocated_mb"))
+        .values_list("allocated_mb", "last_processes_mb")
+    )
+    # `held or 0`: the filter keeps only rows whose processes hold something
+    extra = max(((held or 0) - sold for sold, held in over), default=0)
+    if not extra:
+        return ""
+    return (
+        f"A GPU with room for it by what was sold on it holds {extra} MiB more than that "
+        "(memory used outside the platform), so nothing more is placed there for now."
+    )
