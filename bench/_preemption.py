@@ -154,7 +154,7 @@ def _run(fleet, minutes: int) -> PreemptionReport:
         if step % 2 == 1:
             services.slices_reconcile()
             incident_services.watch_sweep()
-            services.slices_meter()
+            services.running_slices_meter()
     ids = {s.pk for s in full} | {s.pk for s in interruptible}
     preempted = (
         Incident.objects.filter(rule="slice_preempted", slice_id__in=ids)

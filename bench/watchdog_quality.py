@@ -799,7 +799,7 @@ class Day:
             if step % 2 == 0:  # every minute: the sweep, reconcile, metering, the queue
                 services.slices_reconcile()
                 incident_services.watch_sweep()
-                services.slices_meter()
+                services.running_slices_meter()
                 services.slices_dispatch_queue()
         return self.score()
 

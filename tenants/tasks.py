@@ -5,7 +5,7 @@ from celery import Task, shared_task
 from nodes import ssh
 from nodes.errors import ContainerError
 
-from . import services
+from . import selectors, services
 
 
 @shared_task(
@@ -89,7 +89,7 @@ def reconcile() -> dict[str, int]:
 
 @shared_task(name="tenants.meter", soft_time_limit=50, time_limit=60)
 def meter() -> dict[str, int]:
-    return services.slices_meter()
+    return services.running_slices_meter()
 
 
 @shared_task(
@@ -138,7 +138,7 @@ def volume_remove(self: Task, volume_id: int) -> str:
 @shared_task(name="telemetry.volumes_measure_all", soft_time_limit=30, time_limit=45)
 def volumes_measure_all() -> int:
     """One measuring task per node that holds ready volumes."""
-    nodes = services.volume_nodes()
+    nodes = selectors.volume_nodes()
     for node_id in nodes:
         volumes_measure.delay(node_id)
     return len(nodes)

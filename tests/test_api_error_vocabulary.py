@@ -33,9 +33,9 @@ from gpuplatform.errors import ERROR_CODES, ServiceError, error_code_table
 from incidents.models import Thresholds
 from nodes.models import Gpu, Node
 from tenants import services
+from tenants.amounts import MAX_GRANT
 from tenants.authentication import MALFORMED_HEADER, TOKEN_REFUSED
 from tenants.models import ApiToken, Image, Purchase, Slice, Tier
-from tenants.services.billing import MAX_GRANT
 from tests.factories import make_token
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,7 +21,8 @@ from nodes import services as node_services
 from nodes.models import Gpu, Node
 from tenants import services as tenant_services
 from tenants.models import Slice
-from tenants.services import members_notify, owner_is_live
+from tenants.selectors import owner_is_live
+from tenants.services import members_notify
 
 from .. import rules
 from ..locks import incident_lock

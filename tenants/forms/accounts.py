@@ -10,7 +10,9 @@ from django import forms
 from gpuplatform.api.scopes import SCOPE_HELP, SCOPES
 
 from ..models import Role, Tenant
-from ..services import API_TOKEN_MAX_DAYS, SSH_KEY_NAME_MAX, SSH_PUBLIC_KEY_MAX_CHARS
+from ..services.accounts import API_TOKEN_MAX_DAYS
+from ..services.keys import SSH_KEY_NAME_MAX
+from ..ssh_keys import SSH_PUBLIC_KEY_MAX_CHARS
 
 
 class NewPasswordForm(forms.Form):

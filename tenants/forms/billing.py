@@ -11,10 +11,10 @@ from django.db.models import QuerySet
 
 from gpuplatform.pages import form_field
 
-from .. import services
 from ..models import Tenant, Tier
 from ..money import Rate
 from ..selectors import tier_list
+from ..services.billing import MAX_PURCHASE_HOURS
 from .fields import TokenField, new_form_token
 
 
@@ -58,7 +58,7 @@ class TierChoiceField(forms.ModelChoiceField):
 
 class BuyForm(forms.Form):
     tier = TierChoiceField(queryset=Tier.objects.none(), empty_label=None)
-    hours = forms.IntegerField(min_value=1, max_value=services.MAX_PURCHASE_HOURS, initial=1)
+    hours = forms.IntegerField(min_value=1, max_value=MAX_PURCHASE_HOURS, initial=1)
     interruptible = forms.BooleanField(
         label="Interruptible, at the tier's discount",
         required=False,

@@ -17,7 +17,7 @@ from gpuplatform.querystring import is_id
 from nodes import volumes
 from nodes.models import Node
 
-from .. import services
+from ..launch_input import clean_command, clean_environment
 from ..models import Image, LaunchTemplate, Purchase, Slice, Tenant, Tier, Volume
 from ..selectors import image_list, purchases_usable
 from .estimate import JobForm, model_for_tier
@@ -169,7 +169,7 @@ class LaunchForm(JobForm):
     def clean_command(self) -> list[str]:
         argv = [item for item in lines(self.cleaned_data.get("command", "")) if item.strip()]
         try:
-            return services.clean_command(argv)
+            return clean_command(argv)
         except ServiceError as exc:
             raise forms.ValidationError(exc.message) from exc
 
@@ -186,7 +186,7 @@ class LaunchForm(JobForm):
                 raise forms.ValidationError(f"{name} is set twice.")
             env[name] = value
         try:
-            return services.clean_environment(env)
+            return clean_environment(env)
         except ServiceError as exc:
             raise forms.ValidationError(exc.message) from exc
 

@@ -7,6 +7,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from nodes.models import Node
+
 from ..money import round_half_up
 from .accounts import TenantScopedQuerySet
 
@@ -248,6 +250,12 @@ class Slice(models.Model):
     @property
     def container_name(self) -> str:
         return f"gpp-slice-{self.pk}"
+
+    @property
+    def node_answers(self) -> bool:
+        """False while the slice's node is unreachable (its minutes are not charged)."""
+        allocation = self.allocation
+        return allocation is None or allocation.gpu.node.status != Node.Status.UNREACHABLE
 
     @property
     def peak_mb(self) -> int | None:

@@ -1,14 +1,21 @@
-"""Every write to tenants, by sub-domain: accounts (members, invitations, tokens), keys (the
-SSH keys people sign in to the gateway with), billing (purchases, credit, metering one
-slice), images and slices (`slices/`: the lifecycle).
-The names below are the app's write API for views, the API and tasks."""
+"""Every write to tenants, by sub-domain: accounts (tenants, members, invitations, tokens),
+keys (the SSH keys people sign in to the gateway with), two_factor (TOTP and recovery
+codes), billing (credit grants, purchases, refunds, metering one slice, volume storage
+charged), credit (credit requests, the credit rate), spend (spend limits and the 80%
+warning), audit (the audit trail and mail to a tenant's members), images (the allowlist),
+templates (launch templates), logs (a slice's output kept), volumes, and `slices/` (the
+lifecycle: launch, provision, stop and the minute meter, reconcile, terminate, and the
+state machine every change goes through).
+
+The names below are the app's write API for views, the API and tasks: actions only. Reads
+are `tenants.selectors`; a launch's fields are checked by `tenants.launch_input`, a pasted
+SSH key read by `tenants.ssh_keys`, an amount of credit by `tenants.amounts`; constants and
+errors (ServiceRefusal, WrongCode) are imported from the module that defines them."""
 
 from .accounts import (
-    API_TOKEN_MAX_DAYS,
     api_token_create,
     api_token_revoke,
     invitation_accept,
-    invitation_by_token,
     invitation_create,
     invitation_purge_expired,
     invitation_resend,
@@ -20,8 +27,8 @@ from .accounts import (
     tenant_set_status,
     tenant_sign_up,
 )
+from .audit import audit_event_record, members_notify, members_notify_send
 from .billing import (
-    MAX_PURCHASE_HOURS,
     credit_grant,
     purchase_create,
     purchase_refund,
@@ -35,32 +42,15 @@ from .credit import (
     credit_request_grant,
     credit_request_withdraw,
 )
-from .images import image_create, image_update, images_needing_pull, images_on_nodes
-from .keys import (
-    MAX_SSH_KEYS_PER_USER,
-    SSH_KEY_NAME_MAX,
-    SSH_PUBLIC_KEY_MAX_CHARS,
-    ssh_key_add,
-    ssh_key_remove,
-    ssh_key_touch,
-    ssh_public_key_parse,
-)
+from .images import image_create, image_update
+from .keys import ssh_key_add, ssh_key_remove, ssh_key_touch
 from .logs import slice_logs_collect, slice_logs_prune, slice_logs_request
-from .notify import audit_event_record, members_notify, members_notify_send
-from .slices.launch import (
-    ServiceRefusal,
-    clean_command,
-    clean_environment,
-    queue_position,
-    slice_launch,
-    slice_resume,
-    slices_dispatch_queue,
-)
+from .slices.launch import slice_launch, slice_resume, slices_dispatch_queue
 from .slices.provision import slice_provision
-from .slices.reconcile import container_remove_quietly, owner_is_live, slices_reconcile
-from .slices.state import ALLOWED, measured_peak_mb
-from .slices.stop import slice_finish_stop, slice_stop, slices_meter
+from .slices.reconcile import container_remove_quietly, slices_reconcile
+from .slices.stop import running_slices_meter, slice_finish_stop, slice_stop
 from .slices.terminate import slice_terminate
+from .spend import spend_limit_set
 from .templates import template_create, template_update, template_withdraw
 from .two_factor import (
     recovery_codes_regenerate,
@@ -69,12 +59,10 @@ from .two_factor import (
     two_factor_verify,
 )
 from .volumes import (
-    storage_price,
     storage_price_set,
     volume_create,
     volume_delete,
     volume_meter,
-    volume_nodes,
     volume_provision,
     volume_remove,
     volumes_measure,
@@ -82,18 +70,9 @@ from .volumes import (
 )
 
 __all__ = [
-    "ALLOWED",
-    "API_TOKEN_MAX_DAYS",
-    "MAX_PURCHASE_HOURS",
-    "MAX_SSH_KEYS_PER_USER",
-    "SSH_KEY_NAME_MAX",
-    "SSH_PUBLIC_KEY_MAX_CHARS",
-    "ServiceRefusal",
     "api_token_create",
     "api_token_revoke",
     "audit_event_record",
-    "clean_command",
-    "clean_environment",
     "container_remove_quietly",
     "credit_grant",
     "credit_rate_set",
@@ -103,32 +82,21 @@ __all__ = [
     "credit_request_withdraw",
     "image_create",
     "image_update",
-    "images_needing_pull",
-    "template_create",
-    "template_update",
-    "template_withdraw",
-    "two_factor_disable",
-    "two_factor_enable",
-    "two_factor_verify",
-    "images_on_nodes",
     "invitation_accept",
-    "invitation_by_token",
     "invitation_create",
     "invitation_purge_expired",
     "invitation_resend",
     "invitation_revoke",
     "invitation_send",
-    "measured_peak_mb",
     "members_notify",
     "members_notify_send",
     "membership_change_role",
     "membership_remove",
-    "owner_is_live",
     "purchase_create",
     "purchase_refund",
     "purchase_warn_if_low",
     "recovery_codes_regenerate",
-    "queue_position",
+    "running_slices_meter",
     "slice_finish_stop",
     "slice_launch",
     "slice_logs_collect",
@@ -140,21 +108,24 @@ __all__ = [
     "slice_stop",
     "slice_terminate",
     "slices_dispatch_queue",
-    "slices_meter",
     "slices_reconcile",
+    "spend_limit_set",
     "ssh_key_add",
     "ssh_key_remove",
     "ssh_key_touch",
-    "ssh_public_key_parse",
+    "storage_price_set",
+    "template_create",
+    "template_update",
+    "template_withdraw",
     "tenant_create",
     "tenant_set_status",
-    "storage_price",
-    "storage_price_set",
     "tenant_sign_up",
+    "two_factor_disable",
+    "two_factor_enable",
+    "two_factor_verify",
     "volume_create",
     "volume_delete",
     "volume_meter",
-    "volume_nodes",
     "volume_provision",
     "volume_remove",
     "volumes_measure",

@@ -17,6 +17,7 @@ from django.utils.text import slugify
 from gpuplatform.api.scopes import clean_networks, clean_scopes, role_scopes, within_networks
 from gpuplatform.dispatch import enqueue
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
+from gpuplatform.ops import is_ops, require_ops
 
 from ..locks import (
     api_token_lock,
@@ -27,8 +28,9 @@ from ..locks import (
     tenant_lock,
 )
 from ..models import ApiToken, Invitation, Membership, Role, Slice, Tenant
+from ..selectors import invitation_by_token
 from ..tokens import API_TOKEN_PREFIX, display_prefix, hash_secret, new_secret
-from .notify import audit_event_record
+from .audit import audit_event_record
 from .slices.stop import slice_stop_locked
 
 API_TOKEN_MAX_DAYS = 365
@@ -95,8 +97,7 @@ def tenant_sign_up(*, email: str, password: str, tenant_name: str) -> Membership
 
 @transaction.atomic
 def tenant_set_status(*, tenant: Tenant, actor: User, status: str, reason: str = "") -> Tenant:
-    if not actor.is_staff:
-        raise NotAllowed("Only ops can suspend or reactivate a tenant.")
+    require_ops(actor, what="can suspend or reactivate a tenant")
     if status not in Tenant.Status.values:
         raise ServiceError(f"Unknown status {status!r}.", field="status")
     tenant = tenant_lock(tenant.pk)
@@ -114,11 +115,11 @@ def tenant_set_status(*, tenant: Tenant, actor: User, status: str, reason: str =
         summary=f"Tenant {status} by ops" + (f": {reason.strip()}" if reason.strip() else ""),
     )
     if status == Tenant.Status.SUSPENDED:
-        _stop_all_slices(tenant, actor, reason.strip())
+        _stop_all_slices(tenant=tenant, actor=actor, reason=reason.strip())
     return tenant
 
 
-def _stop_all_slices(tenant: Tenant, actor: User, reason: str) -> None:
+def _stop_all_slices(*, tenant: Tenant, actor: User, reason: str) -> None:
     """A suspended tenant runs nothing: its slices are stopped (queued ones cancelled),
     their VRAM released and metering stopped; what is left of their purchases stays
     refundable by ops."""
@@ -126,7 +127,10 @@ def _stop_all_slices(tenant: Tenant, actor: User, reason: str) -> None:
         "pk", flat=True
     ):
         slice_stop_locked(
-            slice_lock(pk), actor=actor, reason=f"The tenant was suspended: {reason}", force=True
+            slice=slice_lock(pk),
+            actor=actor,
+            reason=f"The tenant was suspended: {reason}",
+            force=True,
         )
 
 
@@ -297,20 +301,6 @@ def invitation_send(*, invitation_id: int) -> bool:
     return True
 
 
-def invitation_by_token(token: str) -> Invitation | None:
-    """The pending, unexpired invitation this link's token opens, or None."""
-    return (
-        Invitation.objects.select_related("tenant")
-        .filter(
-            token_hash=hash_secret(token),
-            accepted_at__isnull=True,
-            revoked_at__isnull=True,
-            expires_at__gt=timezone.now(),
-        )
-        .first()
-    )
-
-
 @transaction.atomic
 def invitation_accept(*, token: str, password: str) -> Membership:
     """A new account for the invited address, joined to the inviting tenant."""
@@ -429,7 +419,7 @@ def _check_token_days(expires_in_days: int | None) -> None:
 def _token_membership(user: User) -> Membership | None:
     """The membership a new token of `user` acts under (None for ops), if it may have one."""
     membership = Membership.objects.select_related("tenant").filter(user=user).first()
-    if membership is None and not user.is_staff:
+    if membership is None and not is_ops(user):
         raise NotAllowed("Join or create a tenant before making API tokens.", code="no_tenant")
     if membership is not None and not membership.tenant.is_active:
         raise NotAllowed("This tenant is suspended: no new API tokens.", code="tenant_suspended")

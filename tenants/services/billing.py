@@ -8,49 +8,25 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
-from nodes.models import Node
+from gpuplatform.ops import require_ops
 
+from ..amounts import MAX_GRANT, AmountInput, credit_amount
+from ..idempotency import clean_idempotency_key
 from ..locks import purchase_lock, tenant_lock
 from ..models import ApiToken, LedgerEntry, Membership, Purchase, Slice, Tenant, Tier, UsageRecord
-from ..money import money_text
-from ..selectors import credit_rate_current
-from .notify import audit_event_record, members_notify
-from .spend import spend_before, spend_check, spend_warn
+from ..money import CENT, money_text
+from ..selectors import credit_rate_current, spend_before, spend_check
+from .audit import audit_event_record, members_notify
+from .spend import spend_warn
 
 MAX_PURCHASE_HOURS = 720
-MAX_GRANT = Decimal("100000.00")
-CENT = Decimal("0.01")
-
-# An amount of credit as a form or the API hands it over, before `credit_amount` checks it.
-AmountInput = Decimal | int | str
-
-
-def credit_amount(value: object, *, field: str) -> Decimal:
-    """An amount of credit as typed or sent: a finite number with at most two decimals."""
-    try:
-        amount = Decimal(str(value))
-        if not amount.is_finite() or abs(amount) > MAX_GRANT:
-            code = "invalid"
-            if amount.is_finite():
-                code = "max_value" if amount > 0 else "min_value"
-            raise ServiceError(
-                f"Enter an amount of credit up to {MAX_GRANT}, e.g. 25.00.", code=code, field=field
-            )
-        exact = amount == amount.quantize(CENT)
-    except (InvalidOperation, ValueError) as exc:
-        raise ServiceError("Enter an amount of credit, e.g. 25.00.", field=field) from exc
-    if not exact:
-        raise ServiceError(
-            "Credit has at most two decimal places.", code="max_decimal_places", field=field
-        )
-    return amount
 
 
 def _ledger(
@@ -124,8 +100,7 @@ def _credit_grant(
     memo: str,
     key: str,
 ) -> LedgerEntry:
-    if not getattr(actor, "is_staff", False):
-        raise NotAllowed("Only ops can grant credit.")
+    require_ops(actor, what="can grant credit")
     amount = credit_amount(amount, field="amount")
     if amount <= 0:
         raise ServiceError("A grant must add some credit.", code="min_value", field="amount")
@@ -157,16 +132,6 @@ def _credit_grant(
         data={"ledger_entry": entry.pk},
     )
     return entry
-
-
-def clean_idempotency_key(key: str) -> str:
-    key = (key or "").strip()
-    if len(key) > 128 or any(ord(c) < 33 or ord(c) > 126 for c in key):
-        raise ServiceError(
-            "The Idempotency-Key must be 1 to 128 printable ASCII characters without spaces.",
-            field="idempotency_key",
-        )
-    return key
 
 
 def purchase_create(
@@ -284,8 +249,7 @@ def _purchase_create(
 def purchase_refund(*, purchase: Purchase, actor: User, memo: str = "") -> LedgerEntry | None:
     """Ops return a purchase's unused minutes to credit, pro rata (rounded down). The
     ledger entry, or None when the minutes left were worth nothing."""
-    if not getattr(actor, "is_staff", False):
-        raise NotAllowed("Only ops can refund.")
+    require_ops(actor, what="can refund")
     tenant = tenant_lock(purchase.tenant_id)
     purchase = purchase_lock(purchase.pk)
     if purchase.slices.filter(state__in=Slice.LIVE_STATES).exists():
@@ -336,12 +300,6 @@ def purchase_refund(*, purchase: Purchase, actor: User, memo: str = "") -> Ledge
 # --- metering ---------------------------------------------------------------------------------
 
 
-def node_answers(slice: Slice) -> bool:
-    """False while the slice's node is unreachable (its minutes are not charged)."""
-    allocation = slice.allocation
-    return allocation is None or allocation.gpu.node.status != Node.Status.UNREACHABLE
-
-
 def slice_meter(*, slice: Slice, now: datetime, final: bool = False) -> int:
     """Charge the whole minutes a running slice used since it was last metered.
 
@@ -350,7 +308,7 @@ def slice_meter(*, slice: Slice, now: datetime, final: bool = False) -> int:
     minutes charged; stops nothing itself."""
     if slice.last_metered_at is None:
         return 0
-    if not node_answers(slice):
+    if not slice.node_answers:
         # Nobody can use a slice on a node that does not answer: not charged, on the
         # minute's tick and on the final charge alike.
         slice.last_metered_at = now

@@ -13,13 +13,15 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
+from gpuplatform.ops import require_ops
 
+from ..amounts import MAX_GRANT, AmountInput, credit_amount
 from ..locks import credit_request_lock
 from ..models import CreditRate, CreditRequest, Membership, Role, Tenant
 from ..money import credits_text, money_text
 from ..selectors import credit_rate_current
-from .billing import MAX_GRANT, AmountInput, credit_amount, credit_grant
-from .notify import audit_event_record, members_notify
+from .audit import audit_event_record, members_notify
+from .billing import credit_grant
 
 # What a credit may be worth: wide enough for any real currency, narrow enough to catch a
 # slip of the decimal point (1 credit = 1000 USD is a typo, not a price).
@@ -36,11 +38,6 @@ def _require_active(tenant: Tenant) -> None:
         )
 
 
-def _require_staff(actor: User, what: str) -> None:
-    if not getattr(actor, "is_staff", False):
-        raise NotAllowed(f"Only ops can {what}.")
-
-
 @transaction.atomic
 def credit_rate_set(
     *,
@@ -50,7 +47,7 @@ def credit_rate_set(
     reason: str,
 ) -> CreditRate:
     """Ops set what one credit is worth. Every change is a new row: the history is the audit."""
-    _require_staff(actor, "set the credit rate")
+    require_ops(actor, what="can set the credit rate")
     code = (currency or "").strip().upper()
     if len(code) != 3 or not code.isascii() or not code.isalpha():
         raise ServiceError(
@@ -159,7 +156,7 @@ def credit_request_withdraw(*, membership: Membership, request: CreditRequest) -
 def credit_request_grant(*, request: CreditRequest, actor: User, note: str = "") -> CreditRequest:
     """Ops grant what was asked: one ledger entry, keyed by the request (granting twice
     cannot add twice), and the tenant's owners and members are told."""
-    _require_staff(actor, "grant credit")
+    require_ops(actor, what="can grant credit")
     request = _lock_pending(request)
     note = (note or "").strip()[:NOTE_MAX]
     memo = f"credit request #{request.pk}" + (f": {note}" if note else "")
@@ -187,7 +184,7 @@ def credit_request_grant(*, request: CreditRequest, actor: User, note: str = "")
 
 @transaction.atomic
 def credit_request_decline(*, request: CreditRequest, actor: User, note: str) -> CreditRequest:
-    _require_staff(actor, "decline a credit request")
+    require_ops(actor, what="can decline a credit request")
     note = (note or "").strip()
     if not note:
         raise ServiceError("Tell the tenant why the request is declined.", field="note")

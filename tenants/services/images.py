@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
@@ -11,17 +11,17 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from gpuplatform.errors import Conflict, NotAllowed, ServiceError
+from gpuplatform.errors import Conflict, ServiceError
+from gpuplatform.ops import require_ops
 from nodes import runtime, ssh
-from nodes import selectors as node_selectors
 from nodes import services as node_services
 from nodes.docker_messages import image_env_refusal
 from nodes.errors import ContainerError
 from nodes.models import GateStatus, Node
 
+from ..launch_input import clean_command
 from ..locks import image_lock
 from ..models import Image
-from .slices.launch import clean_command
 
 # Docker's reference grammar, simplified: [registry[:port]/]path[:tag]
 REFERENCE_RE = re.compile(
@@ -199,13 +199,8 @@ def _pinned(data: Mapping[str, Any]) -> str:
     return f"{data['reference']}@{data['digest']}" if data.get("digest") else data["reference"]
 
 
-def _require_ops(actor: User) -> None:
-    if not getattr(actor, "is_staff", False):
-        raise NotAllowed("Only ops manage the image allowlist.")
-
-
 def image_create(*, actor: User, **fields: object) -> Image:
-    _require_ops(actor)
+    require_ops(actor, what="manage the image allowlist")
     fields.setdefault("connect", Image.Connect.SSH)
     fields.setdefault("ports", [22] if fields["connect"] == Image.Connect.SSH else [])
     data = _clean(fields)
@@ -232,7 +227,7 @@ def image_update(*, actor: User, image: Image, **changes: object) -> Image:
     """Change an allowlist entry; running slices keep the image they started with. A new
     reference or digest is inspected on a node again (a digest-pinned image that changes
     digest is another image)."""
-    _require_ops(actor)
+    require_ops(actor, what="manage the image allowlist")
     current = Image.objects.get(pk=image.pk)
     inspected: Mapping[str, object] = {}
     if "reference" in changes or "digest" in changes:
@@ -270,49 +265,3 @@ def _image_save_changes(
             "An image with this name exists.", code="image_exists", field="name"
         ) from exc
     return image
-
-
-def images_on_nodes(images: Iterable[Image]) -> dict[int, int]:
-    """For each image (by pk), how many nodes taking placements now hold what its launch
-    runs (its pinned reference), by each node's last listing of its images."""
-    images = list(images)
-    held = node_selectors.images_on_placement_nodes({i.pinned_reference for i in images})
-    return {i.pk: held[i.pinned_reference] for i in images}
-
-
-class PullNote(TypedDict):
-    """`images_needing_pull`: an image no node taking placements holds, and what then."""
-
-    image: Image
-    can_pull: str
-    text: str
-
-
-def images_needing_pull(images: Iterable[Image]) -> list[PullNote]:
-    """The launch page's note on each image no node taking placements holds: a launch of
-    it would need a pull, and whether nodes here can pull when ops said so. Empty while
-    no such node's images have been read (nothing is known to say)."""
-    images = list(images)
-    if not node_selectors.placement_nodes_with_images():
-        return []
-    on_nodes = images_on_nodes(images)
-    can_pull = node_selectors.nodes_can_pull()
-    notes: list[PullNote] = []
-    for image in images:
-        if on_nodes[image.pk]:
-            continue
-        if can_pull == "yes":
-            then = "a launch pulls it first, which can take a while"
-        elif can_pull == "no":
-            then = "nodes here cannot pull images, so a launch of it would fail: ask ops to load it"
-        else:
-            then = "a launch would need a pull, and whether nodes here can pull is not known"
-        notes.append(
-            {
-                "image": image,
-                "can_pull": can_pull,
-                "text": f"{image.name} ({image.pinned_reference}) is on no node that takes "
-                f"slices now: {then}.",
-            }
-        )
-    return notes

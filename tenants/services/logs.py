@@ -10,7 +10,6 @@ twice and nothing between two reads is lost."""
 from __future__ import annotations
 
 import contextlib
-import re
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
@@ -24,20 +23,12 @@ from nodes import services as node_services
 from nodes import ssh
 from nodes.errors import ContainerError
 
+from ..log_lines import clean_line
 from ..models import Slice, SliceLogLine
 
-LINE_MAX = 2000  # characters kept of one line
 READ_TAIL = 2000  # lines asked of docker at most per read
 DEBOUNCE_S = 2  # a running slice's log is read at most this often on demand
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-_]")
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 COLLECTING = (Slice.State.RUNNING, Slice.State.STOPPING)
-
-
-def clean_line(text: str) -> str:
-    """A line as a page may show it: no terminal escapes or control characters, capped."""
-    text = _CONTROL.sub("", _ANSI.sub("", text.replace("\r", "")))
-    return text[:LINE_MAX]
 
 
 def slice_logs_request(*, slice: Slice) -> None:

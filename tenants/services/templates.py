@@ -9,12 +9,13 @@ from typing import TypedDict
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
-from gpuplatform.errors import Conflict, NotAllowed, ServiceError
+from gpuplatform.errors import Conflict, ServiceError
+from gpuplatform.ops import require_ops
 from nodes import engines
 
+from ..launch_input import clean_command, clean_environment, launch_estimate_input
 from ..locks import template_lock
 from ..models import Image, LaunchTemplate
-from .slices.launch import clean_command, clean_environment, launch_estimate_input
 
 FIELDS = ("name", "description", "image", "engine", "command", "environment", "model_request")
 # the largest tier is as good as any for checking that a template's job can be read
@@ -66,14 +67,9 @@ def _clean(current: Mapping[str, object]) -> _TemplateFields:
     }
 
 
-def _require_ops(actor: User) -> None:
-    if not getattr(actor, "is_staff", False):
-        raise NotAllowed("Only ops manage launch templates.")
-
-
 @transaction.atomic
 def template_create(*, actor: User, **fields: object) -> LaunchTemplate:
-    _require_ops(actor)
+    require_ops(actor, what="manage launch templates")
     data = _clean(fields)
     try:
         with transaction.atomic():
@@ -87,7 +83,7 @@ def template_create(*, actor: User, **fields: object) -> LaunchTemplate:
 @transaction.atomic
 def template_update(*, actor: User, template: LaunchTemplate, **changes: object) -> LaunchTemplate:
     """Change a template; slices launched from it keep what they started with."""
-    _require_ops(actor)
+    require_ops(actor, what="manage launch templates")
     template = template_lock(template.pk)
     current = {f: getattr(template, f) for f in FIELDS}
     current.update({k: v for k, v in changes.items() if k in FIELDS})
@@ -109,7 +105,7 @@ def template_update(*, actor: User, template: LaunchTemplate, **changes: object)
 @transaction.atomic
 def template_withdraw(*, actor: User, template: LaunchTemplate) -> LaunchTemplate:
     """No longer offered; kept on record for the slices launched from it."""
-    _require_ops(actor)
+    require_ops(actor, what="manage launch templates")
     LaunchTemplate.objects.filter(pk=template.pk).update(is_active=False)
     template.refresh_from_db()
     return template

@@ -13,10 +13,11 @@ from django_otp.oath import TOTP
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
+from gpuplatform.ops import is_ops
 
 from .. import two_factor
 from ..models import Membership, RecoveryCode
-from .notify import audit_event_record
+from .audit import audit_event_record
 
 log = logging.getLogger("gpuplatform.security")
 
@@ -118,7 +119,7 @@ def recovery_codes_regenerate(*, user: User, code: str) -> list[str]:
 @transaction.atomic
 def two_factor_disable(*, user: User, code: str) -> None:
     """Turn two-factor sign-in off with a fresh code. Staff may not: it is their rule."""
-    if user.is_staff:
+    if is_ops(user):
         raise NotAllowed(
             "Ops accounts must keep two-factor sign-in on.", code="two_factor_required"
         )

@@ -19,16 +19,18 @@ from django.utils import timezone
 
 from gpuplatform.dispatch import enqueue
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
+from gpuplatform.ops import require_ops
 from nodes import services as node_services
-from nodes import ssh, volumes
+from nodes import ssh
 from nodes.errors import ContainerError
 from nodes.models import GateStatus, Gpu, Node
 
 from ..locks import tenant_lock, volume_lock
-from ..models import Membership, Slice, SliceMount, StoragePrice, Tenant, Volume
+from ..models import Membership, Slice, SliceMount, StoragePrice, Volume
 from ..models.volumes import NAME_PATTERN
+from ..selectors import storage_price
+from .audit import audit_event_record, members_notify
 from .billing import storage_charge
-from .notify import audit_event_record, members_notify
 from .slices.stop import slice_stop
 
 NAME_RE = re.compile(NAME_PATTERN)
@@ -36,20 +38,11 @@ MIB_PER_GB = 1000**3 / 2**20  # a volume's GB are decimal, as disks are sold
 V = Volume.State
 
 
-def storage_price() -> Decimal:
-    """Credits per GB-hour: the newest price ops set, else the default setting."""
-    latest = StoragePrice.objects.order_by("-created_at", "-id").first()
-    if latest is not None:
-        return latest.credits_per_gb_hour
-    return Decimal(str(settings.VOLUME_PRICE_GB_HOUR))
-
-
 @transaction.atomic
 def storage_price_set(
     *, actor: User, credits_per_gb_hour: Decimal | str, reason: str
 ) -> StoragePrice:
-    if not actor.is_staff:
-        raise NotAllowed("Only ops set the storage price.")
+    require_ops(actor, what="set the storage price")
     try:
         price = Decimal(str(credits_per_gb_hour))
     except (InvalidOperation, ValueError):
@@ -226,11 +219,11 @@ def volume_delete(*, membership: Membership, volume: Volume, confirm: str) -> Vo
             f"Slice {live.pk} ({live.state}) mounts this volume: stop it first.",
             code="volume_in_use",
         )
-    volume_discard(volume, actor=membership.user, why="deleted by its tenant")
+    volume_discard(volume=volume, actor=membership.user, why="deleted by its tenant")
     return volume
 
 
-def volume_discard(volume: Volume, *, actor: User | None, why: str) -> None:
+def volume_discard(*, volume: Volume, actor: User | None, why: str) -> None:
     """Mark a locked volume deleting, record it, remove it on its node after commit."""
     volume.state = V.DELETING
     volume.state_reason = why[:500]
@@ -268,76 +261,12 @@ def volume_remove(*, volume_id: int) -> str:
 # --- mounts
 
 
-def mounts_clean(*, tenant: Tenant, mounts: object) -> list[tuple[Volume, str]]:
-    """A launch's `volumes`: [{"volume": id, "path": "/data/x"}], checked against the
-    tenant's own ready volumes. Another tenant's volume reads like one that does not
-    exist. All of them must be on one node (the slice runs there)."""
-    if mounts in (None, []):
-        return []
-    if not isinstance(mounts, list) or len(mounts) > volumes.MAX_MOUNTS:
-        raise ServiceError(
-            f'At most {volumes.MAX_MOUNTS} volumes, e.g. [{{"volume": 3, "path": "/data"}}].',
-            field="volumes",
-        )
-    out: list[tuple[Volume, str]] = []
-    for n, item in enumerate(mounts):
-        where = f"volumes.{n}"
-        if not isinstance(item, dict) or set(item) != {"volume", "path"}:
-            raise ServiceError('Each is {"volume": <id>, "path": "/data/..."}.', field=where)
-        pk, path = item["volume"], item["path"]
-        if isinstance(pk, bool) or not isinstance(pk, int):
-            raise ServiceError("A volume id.", field=f"{where}.volume")
-        volume = Volume.objects.for_tenant(tenant).filter(pk=pk).select_related("node").first()
-        if volume is None or volume.state in (V.DELETED, V.DELETING):
-            raise ServiceError(
-                f"No volume {pk} of yours.", code="does_not_exist", field=f"{where}.volume"
-            )
-        if volume.state != V.READY:
-            raise Conflict(
-                f"Volume {volume.name} is {volume.state}.",
-                code="volume_not_ready",
-                field=f"{where}.volume",
-            )
-        refusal = volumes.mount_path_refusal(path)
-        if refusal:
-            raise ServiceError(f"The mount path: {refusal}.", field=f"{where}.path")
-        out.append((volume, path))
-    if len({v.pk for v, _ in out}) != len(out):
-        raise ServiceError("A volume is mounted once per slice.", field="volumes")
-    paths = [p for _, p in out]
-    for p in paths:
-        if any(q != p and (q.startswith(p + "/")) for q in paths) or paths.count(p) > 1:
-            raise ServiceError("Two volumes cannot share a path or nest.", field="volumes")
-    if len({v.node_id for v, _ in out}) > 1:
-        raise ServiceError(
-            "These volumes are on different nodes; a slice runs on one node.", field="volumes"
-        )
-    return out
-
-
-def mounts_record(slice: Slice, mounts: list[tuple[Volume, str]]) -> None:
+def mounts_record(*, slice: Slice, mounts: list[tuple[Volume, str]]) -> None:
+    """The volumes a launched slice mounts, and where (checked by `selectors.mounts_clean`)."""
     SliceMount.objects.bulk_create([SliceMount(slice=slice, volume=v, path=p) for v, p in mounts])
 
 
-def slice_volume_node_id(slice: Slice) -> int | None:
-    """The node a slice must run on: its volumes' (None when it mounts none)."""
-    return SliceMount.objects.filter(slice=slice).values_list("volume__node_id", flat=True).first()
-
-
-def slice_mount_args(slice: Slice) -> tuple[tuple[str, str], ...]:
-    return tuple(
-        SliceMount.objects.filter(slice=slice)
-        .order_by("path")
-        .values_list("volume__docker_name", "path")
-    )
-
-
 # --- usage and billing
-
-
-def volume_nodes() -> list[int]:
-    """Nodes that hold a ready volume (each is measured on its own)."""
-    return sorted(set(Volume.objects.filter(state=V.READY).values_list("node_id", flat=True)))
 
 
 def volumes_measure(*, node_id: int) -> int:
@@ -433,7 +362,7 @@ def volumes_meter(*, now: datetime | None = None) -> int:
             if _mounted_by_live(volume) is not None:
                 continue  # a running slice is paid from its purchase; its volume waits
             volume_discard(
-                volume,
+                volume=volume,
                 actor=None,
                 why=f"deleted: unpaid for {settings.VOLUME_UNPAID_GRACE_DAYS} days",
             )

@@ -46,6 +46,7 @@ from ..models import (
     Tenant,
 )
 from ..permissions import member_required
+from ..services.keys import MAX_SSH_KEYS_PER_USER
 
 
 @require_GET
@@ -86,7 +87,7 @@ def invitation_link(request: HttpRequest, token: str) -> HttpResponse:
     """The emailed link. The token moves into the session and the browser goes on to a
     URL without it, so it does not linger in history, Referer headers or later logs
     (Django's password reset does the same)."""
-    if services.invitation_by_token(token) is None:
+    if selectors.invitation_by_token(token) is None:
         return render(request, "tenants/invitation_invalid.html", status=404)
     request.session[INVITATION_SESSION_KEY] = token
     return redirect("invitation_accept")
@@ -94,7 +95,7 @@ def invitation_link(request: HttpRequest, token: str) -> HttpResponse:
 
 def invitation_accept(request: HttpRequest) -> HttpResponse:
     token = request.session.get(INVITATION_SESSION_KEY, "")
-    invitation = services.invitation_by_token(token) if token else None
+    invitation = selectors.invitation_by_token(token) if token else None
     if invitation is None:
         return render(request, "tenants/invitation_invalid.html", status=404)
     if request.user.is_authenticated:
@@ -138,7 +139,7 @@ def _account_context(request: AccountRequest | MemberRequest, **extra: Any) -> d
         "tokens": selectors.api_token_list(user=request.user)[:50],
         "events": selectors.audit_event_list(tenant=tenant),
         "token_form": extra.pop("token_form", None) or ApiTokenForm(),
-        "ssh_keys": selectors.ssh_keys_of(request.user)[: services.MAX_SSH_KEYS_PER_USER],
+        "ssh_keys": selectors.ssh_keys_of(request.user)[:MAX_SSH_KEYS_PER_USER],
         "ssh_key_form": extra.pop("ssh_key_form", None) or SshKeyForm(),
         # called by the template, so only pages that show it read the key file
         "gateway_fingerprint": selectors.gateway_host_key_fingerprint,

@@ -38,7 +38,7 @@ from ..forms.slices import (
 )
 from ..models import Image, LaunchTemplate, Membership, Slice, Tenant, Tier
 from ..permissions import member_required, redact_for_viewers
-from ..services.spend import spend_summary
+from ..services.slices.launch import ServiceRefusal
 from .estimate import estimate_for, present
 
 LIVE_SECONDS = 3
@@ -84,7 +84,7 @@ def dashboard(request: MemberRequest) -> HttpResponse:
         credit_form=CreditRequestForm(),
         # The first steps stay on the page until the tenant has launched something.
         getting_started=not context["slices"],
-        spend=spend_summary(tenant=tenant),
+        spend=selectors.spend_summary(tenant=tenant),
     )
     return render(request, "tenants/dashboard.html", context)
 
@@ -191,7 +191,7 @@ def launch(request: MemberRequest) -> HttpResponse:
             messages.info(request, "This launch was already submitted.")
         return redirect("tenants:slice_detail", pk=slice.pk)
     refusal = None
-    if isinstance(launched.error, services.ServiceRefusal):
+    if isinstance(launched.error, ServiceRefusal):
         exc = launched.error
         refusal = {"message": exc.message, "estimate": exc.estimate, "slice": exc.slice}
         # The refused launch is recorded under this key: a corrected form needs a new one.
@@ -238,7 +238,7 @@ def _launch_context(
         "launch_blocked": _launch_blocked(request.membership, form, has_images, in_use),
         "has_images": has_images,
         # images no node taking slices holds: a launch would need a pull
-        "image_notes": services.images_needing_pull(images),
+        "image_notes": selectors.images_needing_pull(images),
         "templates": selectors.template_list(),
         "template": template,
         "template_sizing": _sizing_for(template, form),
@@ -267,7 +267,7 @@ def _slice_context(slice: Slice, membership: Membership | None = None) -> dict[s
     return {
         "slice": slice,
         "transitions": list(selectors.slice_transitions(slice=slice)),
-        "queue_position": services.queue_position(slice),
+        "queue_position": selectors.queue_position(slice),
         "series": series,
         "chart": {
             "labels": [p["t"] for p in series],

@@ -34,7 +34,7 @@ def volumes(request: MemberRequest) -> HttpResponse:
         {
             "form": form,
             "volumes": rows,
-            "price": services.storage_price(),
+            "price": selectors.storage_price(),
             "can_write": membership.can_write,
         },
         status=made.status,

@@ -86,7 +86,7 @@ def test_launch_wait_ps_show_logs_stop_resume_and_usage(gpp, owner, fleet, credi
         "epoch 2 loss 0.7"
     ]  # fmt: skip
 
-    services.slices_meter(now=timezone.now() + timedelta(minutes=5))
+    services.running_slices_meter(now=timezone.now() + timedelta(minutes=5))
     stopped = gpp("stop", str(ident), "--yes", "--json", "--wait")
     assert stopped.code == 0, stopped.stderr
     assert stopped.json()["state"] == "stopped"

@@ -203,7 +203,7 @@ def test_a_leaking_slice_is_stopped_alone_and_its_neighbours_keep_their_memory(
     leaky.refresh_from_db()
     minutes, records = leaky.minutes_used, UsageRecord.objects.filter(slice=leaky).count()
     assert leaky.last_metered_at is None and leaky.stopped_at is not None
-    services.slices_meter(now=timezone.now() + timedelta(minutes=5))
+    services.running_slices_meter(now=timezone.now() + timedelta(minutes=5))
     leaky.refresh_from_db()
     assert (leaky.minutes_used, UsageRecord.objects.filter(slice=leaky).count()) == (
         minutes,

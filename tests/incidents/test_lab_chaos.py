@@ -165,7 +165,7 @@ def test_a_leaking_slice_is_stopped_alone_and_its_neighbours_keep_their_memory(
     # metering stopped for it, and only for it
     leaky.refresh_from_db()
     minutes, records = leaky.minutes_used, UsageRecord.objects.filter(slice=leaky).count()
-    services.slices_meter(now=timezone.now() + timedelta(minutes=5))
+    services.running_slices_meter(now=timezone.now() + timedelta(minutes=5))
     leaky.refresh_from_db()
     assert (leaky.minutes_used, UsageRecord.objects.filter(slice=leaky).count()) == (
         minutes,

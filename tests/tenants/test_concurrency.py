@@ -20,7 +20,7 @@ from django.db.models import Sum
 from gpuplatform.errors import Conflict
 from nodes import services as node_services
 from nodes.models import Allocation, Gpu, Node
-from tenants import services, tasks
+from tenants import selectors, services, tasks
 from tenants.models import LedgerEntry, Purchase, Slice, Tenant, Tier
 from tests.conftest import SMALL_MODEL, SSH_KEY
 from tests.factories import MembershipFactory, UserFactory
@@ -251,7 +251,7 @@ def test_parallel_launches_fill_capacity_exactly_and_queue_the_rest(
     )
     assert provisioned == placed  # provisioning queued once per placed slice, after commit
     queued = Slice.objects.filter(state=Slice.State.QUEUED)
-    assert sorted(services.queue_position(s) for s in queued) == list(range(1, 16))
+    assert sorted(selectors.queue_position(s) for s in queued) == list(range(1, 16))
 
 
 def test_parallel_launches_of_mixed_sizes_never_overallocate(

@@ -114,7 +114,7 @@ def test_launch_runs_a_real_container_with_the_tiers_limits_and_stop_releases_it
     purchase.refresh_from_db()
     assert purchase.minutes_left == 119 and s.minutes_used == 1
     assert UsageRecord.objects.filter(slice=s).count() == 1
-    services.slices_meter(now=timezone.now() + timedelta(minutes=5))
+    services.running_slices_meter(now=timezone.now() + timedelta(minutes=5))
     s.refresh_from_db()
     assert s.minutes_used == 1  # metering stopped with the slice
 

@@ -11,8 +11,9 @@ from django.utils import timezone
 from emulator.catalog import GpuSpec, NodeSpec
 from gpuplatform.errors import ServiceError
 from nodes.models import Allocation, ContainerEvent, Gpu
-from tenants import services, tasks
+from tenants import selectors, services, tasks
 from tenants.models import LedgerEntry, Slice, Tier, UsageRecord
+from tenants.services.slices.launch import ServiceRefusal
 from tests.conftest import SMALL_MODEL, SSH_KEY, launch
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -61,7 +62,7 @@ def test_launch_runs_container_with_quota_and_stop_releases_everything(
 def test_launch_refused_when_estimate_exceeds_tier(eager, worker_fleet, owner_a, funded, image_ssh):
     worker_fleet()
     purchase = funded(owner_a, vram_gb=4)
-    with pytest.raises(services.ServiceRefusal) as caught:
+    with pytest.raises(ServiceRefusal) as caught:
         launch(
             owner_a,
             purchase,
@@ -93,7 +94,7 @@ def test_queue_is_fifo_per_tier_and_places_when_capacity_frees(
     )
     waiting_a = launch(owner_a, p2, image_ssh)
     assert waiting_b.state == waiting_a.state == Slice.State.QUEUED
-    assert services.queue_position(waiting_b) == 1 and services.queue_position(waiting_a) == 2
+    assert selectors.queue_position(waiting_b) == 1 and selectors.queue_position(waiting_a) == 2
     purchase_b = waiting_b.purchase
     purchase_b.refresh_from_db()
     assert purchase_b.minutes_left == purchase_b.minutes_total  # queued consumes nothing
@@ -119,7 +120,7 @@ def test_metering_warns_then_stops_at_zero(eager, worker_fleet, owner_a, funded,
     purchase = funded(owner_a, vram_gb=8, hours=1)
     slice = launch(owner_a, purchase, image_ssh)
     start = slice.last_metered_at
-    counts = services.slices_meter(now=start + timedelta(minutes=50, seconds=30))
+    counts = services.running_slices_meter(now=start + timedelta(minutes=50, seconds=30))
     assert counts["minutes"] == 50 and counts["warned"] == 1
     purchase.refresh_from_db()
     assert purchase.minutes_left == 10 and purchase.low_warning_at is not None
@@ -127,10 +128,10 @@ def test_metering_warns_then_stops_at_zero(eager, worker_fleet, owner_a, funded,
     assert [m.to for m in mail.outbox if "minutes of time left" in m.subject] == [
         [owner_a.user.email]
     ]
-    services.slices_meter(now=start + timedelta(minutes=55))
+    services.running_slices_meter(now=start + timedelta(minutes=55))
     assert owner_a.tenant.audit_events.filter(action="purchase.low").count() == 1  # once
 
-    counts = services.slices_meter(now=start + timedelta(minutes=61))
+    counts = services.running_slices_meter(now=start + timedelta(minutes=61))
     assert counts["stopped"] == 1
     slice.refresh_from_db()
     purchase.refresh_from_db()
@@ -356,7 +357,7 @@ def test_the_low_time_warning_names_the_slice_and_the_purchase(
     purchase = funded(owner_a, hours=1)
     s = launch(owner_a, purchase, image_ssh)
     mailoutbox.clear()
-    services.slices_meter(now=s.last_metered_at + timedelta(minutes=51))
+    services.running_slices_meter(now=s.last_metered_at + timedelta(minutes=51))
     [mail] = [m for m in mailoutbox if "time left" in m.subject]
     assert mail.subject == f"[gpuplatform] Slice {s.pk}: 10 minutes of time left"
     assert f"slice {s.pk}" in mail.body and f"purchase {purchase.pk}" in mail.body

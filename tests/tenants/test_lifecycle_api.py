@@ -791,7 +791,7 @@ def test_usage_lists_metered_minutes(api_a, owner_a, purchase_a, image, gpu):
     Slice.objects.filter(pk=slice.pk).update(
         state=Slice.State.RUNNING, started_at=now, last_metered_at=now - timedelta(minutes=3)
     )
-    services.slices_meter(now=now)
+    services.running_slices_meter(now=now)
     rows = api_a.get("/api/v1/usage/").json()["results"]
     assert [(r["slice"], r["minutes"], r["minutes_left_after"]) for r in rows] == [
         (slice.pk, 3, 117)
@@ -1193,7 +1193,7 @@ def test_an_image_ssh_user_that_is_not_a_user_name_is_a_400_naming_it(api_ops, s
 
 
 def test_the_commands_a_slice_gives_log_in_as_the_images_ssh_user(settings):
-    from tenants.services.slices.provision import gateway_details  # noqa: PLC0415 - one helper
+    from tenants.selectors import gateway_details  # noqa: PLC0415 - one helper
 
     settings.GATEWAY_ADDRESS = "127.0.0.1:2222"
     details = gateway_details(7, [22], has_sshd=True, ssh_user="renter")

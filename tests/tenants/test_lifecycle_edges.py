@@ -80,11 +80,11 @@ def test_no_minutes_are_charged_while_the_node_is_unreachable(
     slice = launch(owner_a, purchase, image_ssh)
     start = slice.last_metered_at
     Node.objects.update(status=Node.Status.UNREACHABLE)
-    services.slices_meter(now=start + timedelta(minutes=30))
+    services.running_slices_meter(now=start + timedelta(minutes=30))
     purchase.refresh_from_db()
     assert purchase.minutes_left == 60
     Node.objects.update(status=Node.Status.ACTIVE)
-    services.slices_meter(now=start + timedelta(minutes=35))
+    services.running_slices_meter(now=start + timedelta(minutes=35))
     purchase.refresh_from_db()
     assert purchase.minutes_left == 55  # only the minutes since it answered again
 

@@ -10,7 +10,7 @@ import pytest
 from django.core import mail
 
 from gpuplatform.errors import Conflict, NotAllowed
-from tenants import services
+from tenants import selectors, services
 from tenants.models import AuditEvent, LedgerEntry, Purchase, Role, Tier
 from tenants.services import spend
 from tests.factories import MembershipFactory
@@ -63,7 +63,7 @@ def test_purchases_stop_at_the_limit_with_a_warning_at_80_percent(buyers, tiers,
     assert owner.tenant.credit_balance == Decimal("100.00") - Decimal("1.90")
     # a refund gives its credits back to this month's budget
     services.purchase_refund(purchase=first, actor=_ops(), memo="unused")
-    assert spend.spent(tenant=owner.tenant) < Decimal("1.90")
+    assert selectors.spent(tenant=owner.tenant) < Decimal("1.90")
     services.purchase_create(membership=owner, tier=eight, hours=1)
 
 
@@ -83,7 +83,7 @@ def test_a_reached_limit_refuses_launches_and_resumes_but_not_what_runs(
     spare = funded(owner_a, vram_gb=4, hours=1)
     s = launch(owner_a, running_on, image_ssh)
     assert s.state == "running"
-    spent = spend.spent(tenant=owner_a.tenant)
+    spent = selectors.spent(tenant=owner_a.tenant)
     spend.spend_limit_set(actor=owner_a.user, tenant=owner_a.tenant, limit=spent)  # at 100%
     with pytest.raises(Conflict) as refused:
         launch(owner_a, spare, image_ssh)

@@ -16,6 +16,7 @@ from gpuplatform.errors import ERROR_CODES, Conflict, NotAllowed, ServiceError
 from nodes import ssh as node_ssh
 from tenants import selectors, services
 from tenants.models import AuditEvent, Role, SshKey, Tenant
+from tenants.services.keys import MAX_SSH_KEYS_PER_USER
 from tests.factories import MembershipFactory, UserFactory
 from tests.tenants.ssh_material import ecdsa_compressed_line, private_pastes, public_line
 
@@ -247,7 +248,7 @@ def test_an_account_holds_at_most_50_keys(owner_a):
             public_key=f"ssh-ed25519 fake{i}",
             fingerprint=f"SHA256:fake{i}",
         )
-        for i in range(services.MAX_SSH_KEYS_PER_USER - 1)
+        for i in range(MAX_SSH_KEYS_PER_USER - 1)
     )
     services.ssh_key_add(user=owner_a.user, name="the 50th", public_key=public_line())
     with pytest.raises(Conflict) as caught:
@@ -449,7 +450,7 @@ def test_parallel_adds_never_pass_the_cap(owner_a):
             public_key=f"ssh-ed25519 fake{i}",
             fingerprint=f"SHA256:fake{i}",
         )
-        for i in range(services.MAX_SSH_KEYS_PER_USER - 2)
+        for i in range(MAX_SSH_KEYS_PER_USER - 2)
     )
     lines = [public_line() for _ in range(4)]
     results = _race(
@@ -460,4 +461,4 @@ def test_parallel_adds_never_pass_the_cap(owner_a):
     )
     assert sum(isinstance(r, SshKey) for r in results) == 2, results
     assert all(r.code == "too_many_keys" for r in results if isinstance(r, Conflict))
-    assert owner_a.user.ssh_keys.count() == services.MAX_SSH_KEYS_PER_USER
+    assert owner_a.user.ssh_keys.count() == MAX_SSH_KEYS_PER_USER

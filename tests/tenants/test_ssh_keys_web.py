@@ -9,6 +9,7 @@ from drf_spectacular.generators import SchemaGenerator
 
 from tenants import selectors, services
 from tenants.models import AuditEvent, Role, SshKey
+from tenants.services.keys import MAX_SSH_KEYS_PER_USER
 from tests.api_contract import ApiResourceContract
 from tests.factories import MembershipFactory
 from tests.tenants.ssh_material import private_pastes, public_line
@@ -175,7 +176,7 @@ def test_the_51st_key_is_409_too_many_keys(api_a, owner_a):
             public_key=f"ssh-ed25519 fake{i}",
             fingerprint=f"SHA256:fake{i}",
         )
-        for i in range(services.MAX_SSH_KEYS_PER_USER)
+        for i in range(MAX_SSH_KEYS_PER_USER)
     )
     response = api_a.post(URL, {"name": "one more", "public_key": public_line()}, format="json")
     assert response.status_code == 409 and response.json()["code"] == "too_many_keys"

@@ -73,7 +73,7 @@ def _run(clock, membership, purchase, image, start, stop, *, meter_every=timedel
     now = start
     while now + meter_every < stop:
         now += meter_every
-        services.slices_meter(now=clock.to(now))
+        services.running_slices_meter(now=clock.to(now))
         slice.refresh_from_db()
         if slice.state != "running":
             return slice

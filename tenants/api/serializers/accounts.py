@@ -9,7 +9,9 @@ from rest_framework import serializers
 from gpuplatform.api.scopes import MAX_NETWORKS, SCOPES
 from gpuplatform.api.serializers import StrictModelSerializer, StrictSerializer
 from tenants.models import ApiToken, Membership, SshKey, Tenant
-from tenants.services import API_TOKEN_MAX_DAYS, SSH_KEY_NAME_MAX, SSH_PUBLIC_KEY_MAX_CHARS
+from tenants.services.accounts import API_TOKEN_MAX_DAYS
+from tenants.services.keys import SSH_KEY_NAME_MAX
+from tenants.ssh_keys import SSH_PUBLIC_KEY_MAX_CHARS
 
 
 class TenantSerializer(serializers.ModelSerializer):

@@ -12,7 +12,7 @@ from decimal import Decimal
 from rest_framework import serializers
 
 from gpuplatform.api.serializers import StrictSerializer
-from tenants import services
+from tenants.amounts import MAX_GRANT
 from tenants.models import (
     CreditRate,
     CreditRequest,
@@ -22,7 +22,7 @@ from tenants.models import (
     Tier,
     UsageRecord,
 )
-from tenants.services.billing import MAX_GRANT
+from tenants.services.billing import MAX_PURCHASE_HOURS
 from tenants.services.credit import MAX_PER_CREDIT, MIN_PER_CREDIT
 
 
@@ -97,7 +97,7 @@ class OpsPurchaseSerializer(PurchaseSerializer):
 
 class PurchaseCreateSerializer(StrictSerializer):
     tier = serializers.PrimaryKeyRelatedField(queryset=Tier.objects.all())
-    hours = serializers.IntegerField(min_value=1, max_value=services.MAX_PURCHASE_HOURS)
+    hours = serializers.IntegerField(min_value=1, max_value=MAX_PURCHASE_HOURS)
     interruptible = serializers.BooleanField(
         required=False,
         default=False,

@@ -13,7 +13,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from gpuplatform.api.serializers import StrictSerializer
-from tenants import selectors, services
+from tenants import selectors
 from tenants.models import (
     Image,
     LaunchTemplate,
@@ -42,7 +42,7 @@ class ImageSerializer(serializers.ModelSerializer):
         # the view counts a page of images at once; one image alone is counted here
         counted = self.context.get("on_nodes")
         if counted is None or image.pk not in counted:
-            counted = services.images_on_nodes([image])
+            counted = selectors.images_on_nodes([image])
         return counted[image.pk]
 
     @extend_schema_field(OpenApiTypes.INT)
@@ -211,7 +211,7 @@ class SliceDetailSerializer(SliceSerializer):
         read_only_fields = fields
 
     def get_queue_position(self, slice: Slice) -> int | None:
-        return services.queue_position(slice)
+        return selectors.queue_position(slice)
 
     @extend_schema_field(SliceTransitionSerializer(many=True))
     def to_representation(self, instance: Slice) -> dict[str, Any]:

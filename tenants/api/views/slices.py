@@ -22,6 +22,7 @@ from gpuplatform.http import signed_in
 from tenants import selectors, services
 from tenants.models import Image, Slice, SliceLogLine
 from tenants.permissions import IsOps
+from tenants.services.slices.launch import ServiceRefusal
 
 from .. import filters
 from ..serializers import slices as s
@@ -97,7 +98,7 @@ class SliceViewSet(
                 volumes=[dict(m) for m in values["volumes"]],
                 template=values["template"],
             )
-        except services.ServiceRefusal as exc:
+        except ServiceRefusal as exc:
             return _refusal(exc.message, exc.estimate, exc.slice.pk)
         if not created and slice.state == Slice.State.REFUSED:
             # A repeated key answers as the first request did.
@@ -139,7 +140,7 @@ class SliceViewSet(
             )
         try:
             services.slice_resume(membership=self.membership, slice=slice, purchase=purchase)
-        except services.ServiceRefusal as exc:
+        except ServiceRefusal as exc:
             return _refusal(exc.message, exc.estimate, slice.pk)
         return self._out(slice, status.HTTP_202_ACCEPTED)
 
@@ -209,7 +210,7 @@ class ImageAvailability(GenericAPIView[Image]):
             shown = list(args[0]) if kwargs.get("many") else [args[0]]
             if all(isinstance(i, Image) for i in shown):
                 context = kwargs.setdefault("context", self.get_serializer_context())
-                context["on_nodes"] = services.images_on_nodes(shown)
+                context["on_nodes"] = selectors.images_on_nodes(shown)
         return super().get_serializer(*args, **kwargs)
 
 

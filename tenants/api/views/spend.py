@@ -13,8 +13,8 @@ from gpuplatform.api.scopes import ADMIN
 from gpuplatform.api.serializers import StrictSerializer
 from gpuplatform.errors import ServiceError
 from gpuplatform.http import signed_in
+from tenants import selectors, services
 from tenants.models import ApiToken, Membership
-from tenants.services import spend
 
 from .base import TenantResourceMixin
 
@@ -45,7 +45,7 @@ class SpendLimitView(TenantResourceMixin, APIView):
     @extend_schema(responses=SpendLimitSerializer)
     def get(self, request: Request) -> Response:
         tenant = self.membership.tenant
-        return Response(SpendLimitSerializer(spend.spend_summary(tenant=tenant)).data)
+        return Response(SpendLimitSerializer(selectors.spend_summary(tenant=tenant)).data)
 
     @extend_schema(request=SpendLimitWriteSerializer, responses=SpendLimitSerializer)
     def put(self, request: Request) -> Response:
@@ -66,9 +66,9 @@ class SpendLimitView(TenantResourceMixin, APIView):
             if token is None:
                 raise ServiceError("No such token in your tenant.", code="does_not_exist",
                                    field="token")  # fmt: skip
-        spend.spend_limit_set(
+        services.spend_limit_set(
             actor=signed_in(request), tenant=tenant, limit=values["limit"], member=member,
             token=token,
         )  # fmt: skip
         tenant.refresh_from_db()
-        return Response(SpendLimitSerializer(spend.spend_summary(tenant=tenant)).data)
+        return Response(SpendLimitSerializer(selectors.spend_summary(tenant=tenant)).data)

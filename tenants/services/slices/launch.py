@@ -1,11 +1,10 @@
-"""Launching a slice: the launch's fields checked, the pre-launch VRAM estimate against the
-tier (a refusal is recorded with the breakdown), placement or the queue, and the queue
-dispatched first in, first out per tier."""
+"""Launching a slice: the launch's fields checked (`tenants.launch_input`), the pre-launch
+VRAM estimate against the tier (a refusal is recorded with the breakdown), placement or the
+queue, and the queue dispatched first in, first out per tier."""
 
 from __future__ import annotations
 
 import math
-import re
 import secrets
 from typing import Any, TypedDict
 
@@ -16,44 +15,17 @@ from django.utils import timezone
 import estimator
 from gpuplatform.dispatch import enqueue
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
-from nodes import command_env, engines, isolation
+from nodes import engines
 from nodes import selectors as node_selectors
 from nodes import services as node_services
 
+from ...idempotency import clean_idempotency_key
+from ...launch_input import clean_command, clean_environment, clean_ssh_key, launch_estimate_input
 from ...locks import purchase_lock, slice_lock, slice_queue_head_lock
 from ...models import Image, LaunchTemplate, Membership, Purchase, Slice, Tenant
-from ..billing import clean_idempotency_key
-from ..spend import spend_check
-from ..volumes import mounts_clean, mounts_record, slice_volume_node_id
+from ...selectors import mounts_clean, slice_volume_node_id, spend_check
+from ..volumes import mounts_record
 from .state import S, slice_record_requested, slice_transition
-
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-
-
-# The tenant's own connection secrets, set by the platform from the launch's fields; the
-# variables that change isolation are nodes.isolation's one list.
-CONNECTION_ENV = {
-    "PUBLIC_KEY": "it carries the SSH key given with the launch (the public_key field)",
-    "JUPYTER_TOKEN": "it carries the slice's Jupyter token, made by the platform",
-}
-
-
-MAX_ENV = 64
-
-
-MAX_ENV_VALUE = 4096
-
-
-MAX_COMMAND_ITEMS = 64
-
-
-MAX_COMMAND_ITEM = 4096
-
-
-SSH_KEY_RE = re.compile(
-    r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com)"
-    r" [A-Za-z0-9+/]{40,8192}={0,3}( [^\x00-\x1f]{0,200})?$"
-)
 
 
 class ServiceRefusal(ServiceError):
@@ -65,110 +37,6 @@ class ServiceRefusal(ServiceError):
         super().__init__(message, code="estimate_exceeds_tier", field="model")
         self.estimate = estimate
         self.slice = slice
-
-
-def clean_environment(environment: object) -> dict[str, str]:
-    if environment in (None, ""):
-        return {}
-    if not isinstance(environment, dict):
-        raise ServiceError("The environment is an object of NAME: value.", field="environment")
-    if len(environment) > MAX_ENV:
-        raise ServiceError(
-            f"At most {MAX_ENV} environment variables.", code="max_length", field="environment"
-        )
-    out: dict[str, str] = {}
-    for name, value in environment.items():
-        if not isinstance(name, str) or not ENV_NAME_RE.match(name):
-            raise ServiceError(
-                f"{str(name)[:40]!r} is not a valid variable name: letters, digits and _ "
-                "only, not starting with a digit (no '=', spaces or shell characters).",
-                field="environment",
-            )
-        upper = name.upper()  # case-blind: never let a near-miss spelling through
-        reason = CONNECTION_ENV.get(upper) or isolation.reserved_reason(upper)
-        if reason:
-            raise ServiceError(
-                f"{name} cannot be set: {reason}.", code="reserved_variable", field="environment"
-            )
-        if isinstance(value, bool) or not isinstance(value, str | int | float):
-            raise ServiceError(f"The value of {name} must be text.", field="environment")
-        value = str(value)
-        if len(value) > MAX_ENV_VALUE or any(c in value for c in "\x00\n\r"):
-            raise ServiceError(
-                f"The value of {name} must be one line of at most {MAX_ENV_VALUE} characters.",
-                field="environment",
-            )
-        out[name] = value
-    return out
-
-
-def clean_command(command: object) -> list[str]:
-    """The launch's argv, checked. One that sets, unsets or clears a reserved variable is
-    refused naming it (nodes.command_env: a courtesy, the node is the boundary)."""
-    if command in (None, "", []):
-        return []
-    if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
-        raise ServiceError(
-            'The command is a list of arguments, e.g. ["python", "serve.py", "--port", "8000"].',
-            field="command",
-        )
-    if len(command) > MAX_COMMAND_ITEMS:
-        raise ServiceError(
-            f"At most {MAX_COMMAND_ITEMS} arguments.", code="max_length", field="command"
-        )
-    for item in command:
-        if len(item) > MAX_COMMAND_ITEM or "\x00" in item:
-            raise ServiceError(
-                f"Each argument is at most {MAX_COMMAND_ITEM} characters, without NUL bytes.",
-                field="command",
-            )
-    if command_env.unexpanded_syntax(command):
-        raise ServiceError(command_env.UNEXPANDED_REFUSAL, field="command")
-    if not command[0].strip():
-        raise ServiceError("The command's first argument is the program to run.", field="command")
-    refused = command_env.command_reserved(command)
-    if refused:
-        raise ServiceError(refused.message, code="reserved_variable", field="command")
-    return command
-
-
-def clean_ssh_key(key: str, *, required: bool) -> str:
-    key = " ".join((key or "").split())
-    if not key:
-        if required:
-            raise ServiceError(
-                "This image connects over SSH: paste your public key (ssh-ed25519 …).",
-                field="ssh_public_key",
-            )
-        return ""
-    if not SSH_KEY_RE.match(key):
-        raise ServiceError(
-            "Not an OpenSSH public key: expected e.g. 'ssh-ed25519 AAAA… you@host'.",
-            field="ssh_public_key",
-        )
-    return key
-
-
-def launch_estimate_input(model_request: object, tier_mib: int) -> estimator.EstimateRequest:
-    if not isinstance(model_request, dict) or not model_request:
-        raise ServiceError(
-            'Describe the job for the VRAM check, e.g. {"model": {"catalog": '
-            '"Qwen/Qwen2.5-7B"}, "weights_dtype": "bf16", "context_tokens": 4096}.',
-            field="model",
-        )
-    for key in ("tier_mib", "tiers_mib"):
-        if key in model_request:
-            raise ServiceError(
-                f"{key} comes from your purchase's tier; leave it out.",
-                code="unknown_field",  # the estimator knows it; a launch does not take it
-                field=f"model.{key}",
-            )
-    try:
-        return estimator.EstimateRequest.from_mapping({**model_request, "tier_mib": tier_mib})
-    except estimator.EstimatorError as exc:
-        raise ServiceError(
-            exc.message, code=exc.code, field=f"model.{exc.field}" if exc.field else "model"
-        ) from exc
 
 
 def slice_launch(
@@ -315,8 +183,8 @@ def _slice_launch(
             idempotency_key=key,
         ),
     )
-    mounts_record(slice, mounts)
-    slice_record_requested(slice, membership.user)
+    mounts_record(slice=slice, mounts=mounts)
+    slice_record_requested(slice=slice, actor=membership.user)
     if not result.fits:
         _slice_refuse(slice, actor=membership.user)
         return slice, True
@@ -328,9 +196,9 @@ def _slice_refuse(slice: Slice, *, actor: User) -> None:
     """A launch the estimate says will not fit: recorded as refused, nothing reserved."""
     tier = slice.purchase.tier
     slice_transition(
-        slice,
-        S.REFUSED,
-        f"The job needs about {slice.estimate_mb} MiB; the {tier.name} tier has "
+        slice=slice,
+        to=S.REFUSED,
+        reason=f"The job needs about {slice.estimate_mb} MiB; the {tier.name} tier has "
         f"{tier.vram_mb} MiB. Nothing was reserved or charged.",
         actor=actor,
     )
@@ -475,23 +343,22 @@ def _place_or_queue(slice: Slice, *, actor: User | None = None) -> bool:
                 )
             )
             slice_transition(
-                slice,
-                S.QUEUED,
-                f"No GPU has room for this tier right now: waiting in line. {why}".strip(),
+                slice=slice,
+                to=S.QUEUED,
+                reason=f"No GPU has room for this tier right now: waiting in line. {why}".strip(),
                 actor=actor,
                 fields=("queued_at",),
             )
         return False
     slice.allocation = allocation
     slice.provision_started_at = timezone.now()  # the timeout counts from placement
-    gpu = allocation.gpu
-    where = f"{gpu.node.name} GPU {gpu.index}"
+    where = allocation.gpu.label
     if allocation.mig_device_uuid:
         where += " (a MIG device of its own)"
     slice_transition(
-        slice,
-        S.PROVISIONING,
-        f"{slice.vram_mb} MiB reserved on {where}; starting the container.",
+        slice=slice,
+        to=S.PROVISIONING,
+        reason=f"{slice.vram_mb} MiB reserved on {where}; starting the container.",
         actor=actor,
         fields=("allocation", "provision_started_at"),
     )
@@ -525,9 +392,9 @@ def slice_resume(*, membership: Membership, slice: Slice, purchase: Purchase) ->
         )
     reset = _slice_reset_for_run(slice, purchase=purchase, request=request, result=result)
     slice_transition(
-        slice,
-        S.REQUESTED,
-        f"Resumed: run {slice.runs}, paid from purchase {purchase.pk}.",
+        slice=slice,
+        to=S.REQUESTED,
+        reason=f"Resumed: run {slice.runs}, paid from purchase {purchase.pk}.",
         actor=membership.user,
         fields=reset,
     )
@@ -608,7 +475,7 @@ def slices_dispatch_queue(*, limit: int = 200) -> int:
                 stale = _no_longer_launchable(head)
                 if stale:
                     head.stopped_at = timezone.now()
-                    slice_transition(head, S.STOPPED, stale, fields=("stopped_at",))
+                    slice_transition(slice=head, to=S.STOPPED, reason=stale, fields=("stopped_at",))
                     continue
                 if not _place_or_queue(head):
                     break
@@ -625,13 +492,3 @@ def _no_longer_launchable(slice: Slice) -> str:
     if slice.purchase.minutes_left <= 0:
         return "Cancelled while waiting: the purchase has no minutes left."
     return ""
-
-
-def queue_position(slice: Slice) -> int | None:
-    """1 for the next slice of its tier to be placed; None when not queued."""
-    if slice.state != S.QUEUED or slice.queued_at is None:
-        return None
-    ahead = Slice.objects.filter(
-        state=S.QUEUED, vram_mb=slice.vram_mb, queued_at__lt=slice.queued_at
-    ).count()
-    return ahead + 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -16,8 +15,7 @@ from nodes.errors import ContainerError
 
 from ...locks import slice_lock
 from ...models import Image, Slice
-from ...selectors import gateway_host_key_fingerprint
-from ..volumes import slice_mount_args
+from ...selectors import gateway_details, slice_mount_args
 from .state import (
     S,
     container_remove_after_commit,
@@ -68,33 +66,6 @@ def _connection_details(slice: Slice, info: runtime.ContainerInfo) -> dict[str, 
     return out
 
 
-def gateway_details(
-    slice_id: int, ports: list[int], *, has_sshd: bool, ssh_user: str = "root"
-) -> dict[str, Any]:
-    """How a renter reaches the slice through the platform's SSH gateway: a forward per
-    declared port, `ssh -J` to the container's own sshd where the image has one, an
-    ~/.ssh/config snippet, and the gateway's host key to pin."""
-    host, _, port = settings.GATEWAY_ADDRESS.rpartition(":")
-    host = settings.GATEWAY_PUBLIC_HOST or host.strip("[]") or "127.0.0.1"
-    name = f"slice-{slice_id}"
-    forwards = [
-        {"port": p, "command": f"ssh -N -L {p}:{name}:{p} -p {port} gpp@{host}"} for p in ports
-    ]
-    config = (
-        f"Host gpp-gateway\n  HostName {host}\n  Port {port}\n  User gpp\n\n"
-        f"Host {name}\n  User {ssh_user}\n  ProxyJump gpp-gateway\n"
-    )
-    return {
-        "host": host,
-        "port": int(port),
-        "name": name,
-        "host_key_fingerprint": gateway_host_key_fingerprint(),
-        "forwards": forwards,
-        "jump": f"ssh -J gpp@{host}:{port} {ssh_user}@{name}" if has_sshd and 22 in ports else "",
-        "ssh_config": config,
-    }
-
-
 def slice_provision(*, slice_id: int, final_attempt: bool = True) -> str:
     """Start the slice's container and mark it running; safe to run twice.
 
@@ -104,11 +75,14 @@ def slice_provision(*, slice_id: int, final_attempt: bool = True) -> str:
     with transaction.atomic():
         slice = slice_lock(slice_id)
         if slice.state == S.STOPPING:
-            slice_stop_after_commit(slice)  # stopped meanwhile: the stop task removes what exists
+            # stopped meanwhile: the stop task removes what exists
+            slice_stop_after_commit(slice=slice)
         if slice.state != S.PROVISIONING:
             return slice.state
         if slice.allocation is None or slice.allocation.state == "released":
-            slice_fail(slice, "The VRAM reservation was lost before the container started.")
+            slice_fail(
+                slice=slice, reason="The VRAM reservation was lost before the container started."
+            )
             return slice.state
         slice.provision_attempts += 1
         slice.provision_started_at = timezone.now()
@@ -146,10 +120,12 @@ def slice_provision(*, slice_id: int, final_attempt: bool = True) -> str:
         return _provision_failed(slice_id, f"the node did not answer: {exc}", None)
     except ValueError as exc:  # the runtime refused the spec: a bug or bad allowlist entry
         return _provision_failed(slice_id, f"the container spec was refused: {exc}", None)
-    return slice_provision_succeeded(slice_id, info)
+    return slice_provision_succeeded(slice_id=slice_id, info=info)
 
 
-def slice_provision_succeeded(slice_id: int, info: runtime.ContainerInfo) -> str:
+def slice_provision_succeeded(*, slice_id: int, info: runtime.ContainerInfo) -> str:
+    """Mark a provisioning slice running on the container `info` describes; a slice
+    stopped meanwhile hands the container to its stop, any other leaves it for removal."""
     with transaction.atomic():
         slice = slice_lock(slice_id)
         if slice.state == S.PROVISIONING:
@@ -161,18 +137,20 @@ def slice_provision_succeeded(slice_id: int, info: runtime.ContainerInfo) -> str
             slice.started_at = slice.started_at or now
             slice.last_metered_at = now
             slice_transition(
-                slice,
-                S.RUNNING,
-                "The container runs with its VRAM quota.",
+                slice=slice,
+                to=S.RUNNING,
+                reason="The container runs with its VRAM quota.",
                 fields=("container_id", "connection", "started_at", "last_metered_at"),
             )
         elif slice.state == S.STOPPING:
             # Stopped while it was starting: the stop task removes what was started.
             slice.container_id = info.id
             slice.save(update_fields=["container_id"])
-            slice_stop_after_commit(slice)
+            slice_stop_after_commit(slice=slice)
         elif slice.allocation is not None:
-            container_remove_after_commit(slice.allocation, info.id, slice.owner_key)
+            container_remove_after_commit(
+                allocation=slice.allocation, container=info.id, owner_key=slice.owner_key
+            )
         # else: resumed meanwhile and not placed yet, so no node is known here; reconcile
         # removes the container (labelled, no slice holding VRAM) when it lists the node
         return slice.state
@@ -192,14 +170,14 @@ def _provision_failed(slice_id: int, reason: str, info: runtime.ContainerInfo | 
             return slice.state
         if slice.state == S.STOPPING:
             # stopped meanwhile: finish that stop, removing leftovers
-            slice_stop_after_commit(slice)
+            slice_stop_after_commit(slice=slice)
             return slice.state
         text = f"Could not start the container: {reason}."
         if logs.strip():
             text += " Last output: " + " | ".join(logs.strip().splitlines()[-3:])
         slice_fail(
-            slice,
-            text,
+            slice=slice,
+            reason=text,
             exit_code=getattr(info, "exit_code", None),
             container=getattr(info, "id", "") or slice.container_name,
         )

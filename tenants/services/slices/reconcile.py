@@ -13,7 +13,6 @@ from django.db import transaction
 from django.utils import timezone
 
 from gpuplatform.dispatch import enqueue
-from gpuplatform.querystring import is_id
 from nodes import runtime, ssh
 from nodes import services as node_services
 from nodes.docker_messages import container_exit_reason
@@ -23,6 +22,7 @@ from nodes.preflight import PROBE_OWNER_PREFIX
 
 from ...locks import slice_lock
 from ...models import Slice
+from ...selectors import owner_is_live
 from .provision import slice_provision_succeeded
 from .state import MAX_PROVISION_ATTEMPTS, S, slice_fail
 from .stop import slice_abandon_container
@@ -101,7 +101,7 @@ def _abandon_unreachable_stops(now: datetime, timeout: timedelta) -> int:
             last = slice.transitions.order_by("-at").values_list("at", flat=True).first()
             if slice.state != S.STOPPING or (last is not None and now - last < timeout):
                 continue
-            slice_abandon_container(slice, actor=None, reason="")
+            slice_abandon_container(slice=slice, actor=None, reason="")
             done += 1
     return done
 
@@ -139,14 +139,6 @@ def _reconcile_node(
             counts["orphans"] += _remove_orphan(node, container)
 
 
-def owner_is_live(owner_key: str) -> bool:
-    """Whether the key labels a slice that holds VRAM now (its container is no orphan)."""
-    number = owner_key.removeprefix("slice-")
-    if number == owner_key or not is_id(number):
-        return False
-    return Slice.objects.filter(pk=int(number), state__in=Slice.HOLDS_VRAM_STATES).exists()
-
-
 def _reconcile_dead(slice_id: int, node: Node, container: runtime.ContainerInfo | None) -> int:
     # Ask the node again: the listing may predate a container that started just after.
     slice = Slice.objects.get(pk=slice_id)
@@ -176,8 +168,8 @@ def _reconcile_dead(slice_id: int, node: Node, container: runtime.ContainerInfo 
             elif logs.strip():
                 reason += " Last output: " + " | ".join(logs.strip().splitlines()[-3:])
         slice_fail(
-            slice,
-            reason,
+            slice=slice,
+            reason=reason,
             exit_code=getattr(info, "exit_code", None),
             container=getattr(info, "id", ""),
         )
@@ -201,13 +193,13 @@ def _reconcile_provisioning(
             return "retried"
         else:
             slice_fail(
-                slice,
-                f"The container did not start after {slice.provision_attempts} attempts; "
+                slice=slice,
+                reason=f"The container did not start after {slice.provision_attempts} attempts; "
                 "its VRAM was released.",
                 container=getattr(container, "id", "") or slice.container_name,
             )
             return "failed"
-    slice_provision_succeeded(slice_id, container)
+    slice_provision_succeeded(slice_id=slice_id, info=container)
     return "adopted"
 
 

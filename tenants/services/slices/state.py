@@ -7,7 +7,6 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.contrib.auth.models import AnonymousUser, User
-from django.db.models import Max
 from django.utils import timezone
 
 from gpuplatform.dispatch import enqueue
@@ -16,9 +15,9 @@ from nodes import services as node_services
 from nodes.models import Allocation
 
 from ...models import Slice, SliceTransition
-from ...selectors import slice_vram_per_sample
+from ...selectors import measured_peak_mb
+from ..audit import members_notify
 from ..billing import slice_meter
-from ..notify import members_notify
 
 S = Slice.State
 
@@ -41,10 +40,10 @@ MAX_PROVISION_ATTEMPTS = 3
 
 
 def slice_transition(
+    *,
     slice: Slice,
     to: str,
     reason: str = "",
-    *,
     actor: User | AnonymousUser | None = None,
     fields: tuple[str, ...] = (),
 ) -> None:
@@ -72,7 +71,7 @@ def slice_transition(
     SliceTransition.objects.bulk_create(rows)
 
 
-def slice_record_requested(slice: Slice, actor: User | None) -> None:
+def slice_record_requested(*, slice: Slice, actor: User | None) -> None:
     """The first transition; written with the next one (a launch always makes two)."""
     slice._unsaved_transitions = [  # type: ignore[attr-defined]  # kept on the instance only
         SliceTransition(slice=slice, from_state="", to_state=S.REQUESTED, actor=actor)
@@ -80,9 +79,9 @@ def slice_record_requested(slice: Slice, actor: User | None) -> None:
 
 
 def slice_fail(
+    *,
     slice: Slice,
     reason: str,
-    *,
     exit_code: int | None = None,
     container: str = "",
     actor: User | None = None,
@@ -92,17 +91,19 @@ def slice_fail(
     now = timezone.now()
     if slice.state == S.RUNNING:
         slice_meter(slice=slice, now=now, final=True)
-    slice_settle(slice, now)
+    slice_settle(slice=slice, now=now)
     slice.exit_code = exit_code
     slice_transition(
-        slice,
-        S.FAILED,
-        reason,
+        slice=slice,
+        to=S.FAILED,
+        reason=reason,
         actor=actor,
         fields=("exit_code", "stopped_at", "peak_vram_mb", "last_metered_at"),
     )
     if container and slice.allocation is not None:
-        container_remove_after_commit(slice.allocation, container, slice.owner_key)
+        container_remove_after_commit(
+            allocation=slice.allocation, container=container, owner_key=slice.owner_key
+        )
     members_notify(
         tenant=slice.tenant,
         subject=f"Slice {slice.pk} failed",
@@ -111,7 +112,7 @@ def slice_fail(
     )
 
 
-def slice_settle(slice: Slice, now: datetime) -> None:
+def slice_settle(*, slice: Slice, now: datetime) -> None:
     """Measure the peak, release the allocation and free the queue after commit."""
     slice.stopped_at = now
     slice.last_metered_at = None
@@ -122,18 +123,13 @@ def slice_settle(slice: Slice, now: datetime) -> None:
             enqueue("provision.dispatch_queue")
 
 
-def measured_peak_mb(slice: Slice) -> int | None:
-    """The highest VRAM the slice's container held in any one sample (from telemetry)."""
-    per_sample = slice_vram_per_sample(slice=slice)
-    if per_sample is None:
-        return slice.peak_vram_mb
-    peak = per_sample.aggregate(peak=Max("used_mb"))["peak"]
-    return peak if peak is not None else slice.peak_vram_mb
-
-
-def container_remove_after_commit(allocation: Allocation, container: str, owner_key: str) -> None:
+def container_remove_after_commit(
+    *, allocation: Allocation, container: str, owner_key: str
+) -> None:
+    """Queue the removal of a container a slice left behind (after commit)."""
     enqueue("provision.remove_container", allocation.gpu.node_id, container, owner_key)
 
 
-def slice_stop_after_commit(slice: Slice, *, force: bool = False) -> None:
+def slice_stop_after_commit(*, slice: Slice, force: bool = False) -> None:
+    """Queue the stop task of a stopping slice (after commit)."""
     enqueue("provision.stop_slice", slice.pk, force)

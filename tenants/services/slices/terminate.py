@@ -12,7 +12,7 @@ from gpuplatform.errors import NotAllowed
 from ...locks import slice_lock, volume_lock
 from ...models import Membership, Slice
 from ...selectors import volumes_only_used_by
-from ..notify import audit_event_record
+from ..audit import audit_event_record
 from ..volumes import volume_discard
 from .stop import slice_stop
 
@@ -36,7 +36,7 @@ def slice_terminate(*, membership: Membership, slice: Slice, delete_volumes: boo
     if delete_volumes:
         for volume in volumes_only_used_by(slice):
             volume_discard(
-                volume_lock(volume.pk), actor=membership.user, why="deleted with its slice"
+                volume=volume_lock(volume.pk), actor=membership.user, why="deleted with its slice"
             )
             deleted.append(volume.name)
     audit_event_record(

@@ -1,22 +1,18 @@
-"""Reads for views, API and tasks: one query shape each, scoped to a tenant or user."""
+"""Reads of slices: the image allowlist and what nodes hold of it, slice lists and their
+VRAM, the queue, a slice's log and timeline, how to reach a slice through the gateway,
+launch templates and the estimate's calibration."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-import paramiko
 from django.conf import settings
-from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import (
     Avg,
-    BooleanField,
     Case,
     Count,
-    ExpressionWrapper,
     F,
     IntegerField,
     Max,
@@ -30,242 +26,28 @@ from django.db.models import (
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from gpuplatform.querystring import is_id
 from nodes import engines
-from nodes import ssh as node_ssh
+from nodes import selectors as node_selectors
 from nodes.allowlist import AllowlistedImage
 from nodes.models import ProcessSample
 from nodes.selectors import gpu_shapes_in_service
 
-from .models import (
-    ApiToken,
-    AuditEvent,
-    CreditRate,
-    CreditRequest,
+from ..models import (
     Image,
-    Invitation,
     LaunchTemplate,
-    LedgerEntry,
-    Membership,
     Purchase,
     Slice,
     SliceLogLine,
-    SliceMount,
     SliceTransition,
-    SshKey,
     Tenant,
     Tier,
-    UsageRecord,
-    Volume,
 )
-from .money import Rate
+from .accounts import gateway_host_key_fingerprint
+from .billing import tier_list
 
 if TYPE_CHECKING:  # the stubs' helper for annotated rows, not needed at run time
     from django_stubs_ext import WithAnnotations
-
-logger = logging.getLogger(__name__)
-
-
-def credit_rate_current() -> Rate:
-    """The rate in force: the newest ops-set row, else 1 credit = 1 USD."""
-    row = CreditRate.objects.order_by("-created_at", "-id").first()
-    if row is None:
-        return Rate()
-    return Rate(currency=row.currency, per_credit=row.per_credit)
-
-
-def credit_rate_history(*, limit: int = 20) -> QuerySet[CreditRate]:
-    return CreditRate.objects.select_related("set_by").order_by("-created_at", "-id")[:limit]
-
-
-def credit_request_list(*, tenant: Tenant | None) -> QuerySet[CreditRequest]:
-    return CreditRequest.objects.for_tenant(tenant).select_related("requested_by", "decided_by")
-
-
-def credit_request_list_for_ops(*, status: str = "") -> QuerySet[CreditRequest]:
-    qs = CreditRequest.objects.select_related("tenant", "requested_by", "decided_by")
-    if status:
-        qs = qs.filter(status=status)
-    return qs
-
-
-def membership_for_user(user: User | AnonymousUser) -> Membership | None:
-    if not user.is_authenticated:
-        return None
-    return Membership.objects.select_related("tenant").filter(user=user).first()
-
-
-def tier_list(*, active_only: bool = True) -> QuerySet[Tier]:
-    qs = Tier.objects.all()
-    return qs.filter(is_active=True) if active_only else qs
-
-
-def member_list(*, tenant: Tenant | None) -> QuerySet[Membership]:
-    return Membership.objects.for_tenant(tenant).select_related("user").order_by("user__email")
-
-
-def invitation_pending_list(*, tenant: Tenant | None) -> QuerySet[Invitation]:
-    return (
-        Invitation.objects.for_tenant(tenant)
-        .filter(accepted_at__isnull=True, revoked_at__isnull=True)
-        .select_related("invited_by")
-        .order_by("-created_at")
-    )
-
-
-def api_token_list(*, user: User | AnonymousUser) -> QuerySet[ApiToken]:
-    """A user's own tokens: tokens are personal, so they are scoped by user, not tenant."""
-    if not user.is_authenticated:
-        return ApiToken.objects.none()
-    return ApiToken.objects.filter(user=user).order_by("-created_at", "-id")
-
-
-def ssh_keys_of(user: User | AnonymousUser) -> QuerySet[SshKey]:
-    """A user's own SSH keys, newest first: keys are personal, scoped by user like tokens."""
-    if not user.is_authenticated:
-        return SshKey.objects.none()
-    return SshKey.objects.filter(user=user).order_by("-created_at", "-id")
-
-
-def ssh_key_owner(*, fingerprint: str) -> tuple[SshKey, User] | None:
-    """For the gateway: the key with this OpenSSH SHA256 fingerprint and the person it
-    signs in, or None (no such key, or the account is deactivated). Which slices they may
-    reach is the gateway's call, from their membership."""
-    key = (
-        SshKey.objects.select_related("user")
-        .filter(fingerprint=fingerprint, user__is_active=True)
-        .first()
-    )
-    return (key, key.user) if key is not None else None
-
-
-def gateway_host_key_fingerprint() -> str:
-    """The SHA256 fingerprint of the gateway's host key, the one renters pin. The key is
-    made on first use and kept in GATEWAY_HOST_KEY_PATH, the file the gateway serves, so
-    whichever of the two starts first makes it. "" when it cannot be read or made (the
-    page then says so rather than fail)."""
-    path = Path(settings.GATEWAY_HOST_KEY_PATH)
-    for _attempt in range(2):
-        try:
-            return node_ssh.fingerprint(node_ssh.load_or_create_platform_key(path))
-        except FileExistsError:
-            continue  # the gateway made it a moment ago: read theirs
-        except (OSError, paramiko.SSHException) as exc:
-            logger.warning("gateway host key at %s unusable: %s", path, exc)
-            return ""
-    return ""
-
-
-def audit_event_list(*, tenant: Tenant | None, limit: int = 20) -> QuerySet[AuditEvent]:
-    return AuditEvent.objects.for_tenant(tenant).select_related("actor")[:limit]
-
-
-def tenant_list_for_ops(*, search: str = "", status: str = "") -> QuerySet[Tenant]:
-    qs = Tenant.objects.annotate(member_count=Count("memberships", distinct=True)).order_by(
-        "name", "pk"
-    )
-    if search:
-        qs = qs.filter(
-            Q(name__icontains=search)
-            | Q(slug__icontains=search)
-            | Q(memberships__user__email__icontains=search)
-        ).distinct()
-    if status:
-        qs = qs.filter(status=status)
-    return qs
-
-
-# --- money and slices ---------------------------------------------------------------------------
-
-
-# A purchase a launch may use: minutes left, not refunded, no live slice on it (a purchase
-# runs one slice at a time). `purchase_list` annotates it as `usable`.
-PURCHASE_OPEN = Q(minutes_left__gt=0, refunded_at__isnull=True)
-PURCHASE_USABLE = PURCHASE_OPEN & Q(live_slices=0)
-
-
-class PurchaseUse(TypedDict):
-    """What `purchase_list` annotates on each purchase."""
-
-    live_slices: int
-    usable: bool
-
-
-def purchase_list(*, tenant: Tenant | None) -> QuerySet[WithAnnotations[Purchase, PurchaseUse]]:
-    """A tenant's purchases, with whether a slice is using each now and whether a launch
-    may use it."""
-    return (
-        Purchase.objects.for_tenant(tenant)
-        .select_related("tier")
-        .annotate(live_slices=Count("slices", filter=Q(slices__state__in=Slice.LIVE_STATES)))
-        .annotate(usable=ExpressionWrapper(PURCHASE_USABLE, output_field=BooleanField()))
-        .order_by("-created_at", "-id")
-    )
-
-
-def purchase_list_for_ops(
-    *, tenant_id: int | None = None, open_only: bool = False
-) -> QuerySet[Purchase]:
-    """Every tenant's purchases (or one's); `open_only`: those with minutes left to use or
-    refund (`PURCHASE_OPEN`)."""
-    qs = Purchase.objects.select_related("tier", "tenant").annotate(
-        live_slices=Count("slices", filter=Q(slices__state__in=Slice.LIVE_STATES))
-    )
-    if tenant_id:
-        qs = qs.filter(tenant_id=tenant_id)
-    if open_only:
-        qs = qs.filter(PURCHASE_OPEN)
-    return qs.order_by("-created_at", "-id")
-
-
-def purchases_usable(tenant: Tenant | None) -> QuerySet[Purchase]:
-    """Purchases a launch may use (`PURCHASE_USABLE`)."""
-    return purchase_list(tenant=tenant).filter(usable=True)
-
-
-def slices_holding_purchases(tenant: Tenant | None) -> list[Slice]:
-    """The live slices (requested to stopping) on open purchases: each purchase runs one
-    slice at a time, so these are what keep an otherwise usable purchase from a launch."""
-    busy = [p.pk for p in purchase_list(tenant=tenant).filter(PURCHASE_OPEN, live_slices__gt=0)]
-    if not busy:
-        return []
-    return list(
-        Slice.objects.for_tenant(tenant)
-        .filter(purchase_id__in=busy, state__in=Slice.LIVE_STATES)
-        .select_related("purchase__tier")
-        .order_by("-created_at", "-id")
-    )
-
-
-def purchases_running_low(tenant: Tenant) -> QuerySet[Purchase]:
-    """Purchases about to run out: the warning metering records at 10 minutes left."""
-    return (
-        Purchase.objects.for_tenant(tenant)
-        .select_related("tier")
-        .filter(refunded_at__isnull=True, minutes_left__gt=0)
-        .filter(
-            Q(low_warning_at__isnull=False) | Q(minutes_left__lte=Purchase.LOW_TIME_WARNING_MINUTES)
-        )
-    )
-
-
-def credit_grants_recent(*, limit: int = 20) -> QuerySet[LedgerEntry]:
-    return (
-        LedgerEntry.objects.filter(kind=LedgerEntry.Kind.GRANT)
-        .select_related("tenant", "actor")
-        .order_by("-created_at", "-id")[:limit]
-    )
-
-
-def ledger_list(*, tenant: Tenant | None) -> QuerySet[LedgerEntry]:
-    return (
-        LedgerEntry.objects.for_tenant(tenant)
-        .select_related("actor", "purchase__tier")
-        .order_by("-created_at", "-id")
-    )
-
-
-def usage_list(*, tenant: Tenant | None) -> QuerySet[UsageRecord]:
-    return UsageRecord.objects.for_tenant(tenant).order_by("-period_end", "-id")
 
 
 def image_list(*, active_only: bool = True) -> QuerySet[Image]:
@@ -279,6 +61,52 @@ def image_allowlist() -> list[AllowlistedImage]:
         AllowlistedImage(i.pinned_reference, i.name, i.reference if i.digest else "")
         for i in image_list()
     ]
+
+
+def images_on_nodes(images: Iterable[Image]) -> dict[int, int]:
+    """For each image (by pk), how many nodes taking placements now hold what its launch
+    runs (its pinned reference), by each node's last listing of its images."""
+    images = list(images)
+    held = node_selectors.images_on_placement_nodes({i.pinned_reference for i in images})
+    return {i.pk: held[i.pinned_reference] for i in images}
+
+
+class PullNote(TypedDict):
+    """`images_needing_pull`: an image no node taking placements holds, and what then."""
+
+    image: Image
+    can_pull: str
+    text: str
+
+
+def images_needing_pull(images: Iterable[Image]) -> list[PullNote]:
+    """The launch page's note on each image no node taking placements holds: a launch of
+    it would need a pull, and whether nodes here can pull when ops said so. Empty while
+    no such node's images have been read (nothing is known to say)."""
+    images = list(images)
+    if not node_selectors.placement_nodes_with_images():
+        return []
+    on_nodes = images_on_nodes(images)
+    can_pull = node_selectors.nodes_can_pull()
+    notes: list[PullNote] = []
+    for image in images:
+        if on_nodes[image.pk]:
+            continue
+        if can_pull == "yes":
+            then = "a launch pulls it first, which can take a while"
+        elif can_pull == "no":
+            then = "nodes here cannot pull images, so a launch of it would fail: ask ops to load it"
+        else:
+            then = "a launch would need a pull, and whether nodes here can pull is not known"
+        notes.append(
+            {
+                "image": image,
+                "can_pull": can_pull,
+                "text": f"{image.name} ({image.pinned_reference}) is on no node that takes "
+                f"slices now: {then}.",
+            }
+        )
+    return notes
 
 
 def _peak_so_far() -> Case:
@@ -329,17 +157,6 @@ def purchases_for_resume(slice: Slice) -> QuerySet[Purchase]:
     )
 
 
-def volumes_only_used_by(slice: Slice) -> list[Volume]:
-    """The slice's volumes that no other slice (not terminated) has mounted."""
-    mine = SliceMount.objects.filter(slice=slice).values_list("volume_id", flat=True)
-    shared = (
-        SliceMount.objects.filter(volume_id__in=mine, slice__terminated_at__isnull=True)
-        .exclude(slice=slice)
-        .values_list("volume_id", flat=True)
-    )
-    return list(Volume.objects.filter(pk__in=mine, state=Volume.State.READY).exclude(pk__in=shared))
-
-
 def slice_log_lines(*, slice: Slice, after: int = 0, limit: int = 200) -> list[SliceLogLine]:
     """The slice's kept output after line `after`, oldest first, at most `limit` lines."""
     return list(SliceLogLine.objects.filter(slice=slice, seq__gt=after).order_by("seq")[:limit])
@@ -348,11 +165,6 @@ def slice_log_lines(*, slice: Slice, after: int = 0, limit: int = 200) -> list[S
 def slice_log_lines_tail(*, slice: Slice, count: int) -> QuerySet[SliceLogLine]:
     """The slice's last `count` lines kept, newest first."""
     return SliceLogLine.objects.filter(slice=slice).order_by("-seq")[:count]
-
-
-def volume_list(*, tenant: Tenant | None) -> QuerySet[Volume]:
-    """The tenant's volumes, deleted ones included (their record stays), newest first."""
-    return Volume.objects.for_tenant(tenant).order_by("-created_at", "-id")
 
 
 def slice_list(*, tenant: Tenant | None) -> QuerySet[Slice]:
@@ -410,6 +222,51 @@ def slices_latest_vram_mb(slices: list[Slice]) -> dict[int, int]:
     return {pk: latest[where] for pk, where in running.items() if where in latest}
 
 
+def queue_position(slice: Slice) -> int | None:
+    """1 for the next slice of its tier to be placed; None when not queued."""
+    if slice.state != Slice.State.QUEUED or slice.queued_at is None:
+        return None
+    ahead = Slice.objects.filter(
+        state=Slice.State.QUEUED, vram_mb=slice.vram_mb, queued_at__lt=slice.queued_at
+    ).count()
+    return ahead + 1
+
+
+def owner_is_live(owner_key: str) -> bool:
+    """Whether the key labels a slice that holds VRAM now (its container is no orphan)."""
+    number = owner_key.removeprefix("slice-")
+    if number == owner_key or not is_id(number):
+        return False
+    return Slice.objects.filter(pk=int(number), state__in=Slice.HOLDS_VRAM_STATES).exists()
+
+
+def gateway_details(
+    slice_id: int, ports: list[int], *, has_sshd: bool, ssh_user: str = "root"
+) -> dict[str, Any]:
+    """How a renter reaches the slice through the platform's SSH gateway: a forward per
+    declared port, `ssh -J` to the container's own sshd where the image has one, an
+    ~/.ssh/config snippet, and the gateway's host key to pin."""
+    host, _, port = settings.GATEWAY_ADDRESS.rpartition(":")
+    host = settings.GATEWAY_PUBLIC_HOST or host.strip("[]") or "127.0.0.1"
+    name = f"slice-{slice_id}"
+    forwards = [
+        {"port": p, "command": f"ssh -N -L {p}:{name}:{p} -p {port} gpp@{host}"} for p in ports
+    ]
+    config = (
+        f"Host gpp-gateway\n  HostName {host}\n  Port {port}\n  User gpp\n\n"
+        f"Host {name}\n  User {ssh_user}\n  ProxyJump gpp-gateway\n"
+    )
+    return {
+        "host": host,
+        "port": int(port),
+        "name": name,
+        "host_key_fingerprint": gateway_host_key_fingerprint(),
+        "forwards": forwards,
+        "jump": f"ssh -J gpp@{host}:{port} {ssh_user}@{name}" if has_sshd and 22 in ports else "",
+        "ssh_config": config,
+    }
+
+
 def slice_transitions(*, slice: Slice) -> QuerySet[SliceTransition]:
     return slice.transitions.select_related("actor").order_by("at", "id")
 
@@ -444,6 +301,15 @@ def slice_vram_per_sample(
         .values("taken_at")
         .annotate(used_mb=Sum("used_memory_mb"))
     )
+
+
+def measured_peak_mb(slice: Slice) -> int | None:
+    """The highest VRAM the slice's container held in any one sample (from telemetry)."""
+    per_sample = slice_vram_per_sample(slice=slice)
+    if per_sample is None:
+        return slice.peak_vram_mb
+    peak = per_sample.aggregate(peak=Max("used_mb"))["peak"]
+    return peak if peak is not None else slice.peak_vram_mb
 
 
 class VramPoint(TypedDict):

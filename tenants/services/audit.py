@@ -1,5 +1,6 @@
-"""What tenants are told and what is kept for them: the audit trail of their account and
-mail to their owners and members. Every other tenants service writes through these two."""
+"""The audit trail of a tenant's account (`audit_event_record`), and what its owners and
+members are told by mail (`members_notify`, sent by the task through `members_notify_send`).
+Every other tenants service writes its trail and its mail through these."""
 
 from collections.abc import Mapping
 
