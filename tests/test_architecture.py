@@ -5,6 +5,8 @@ test reads the code with `ast` and names the place that breaks a rule."""
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -412,3 +414,85 @@ def test_api_writes_are_the_projects_own_not_drf_defaults():
         if hasattr(cls, action) and _top(getattr(cls, action).__module__) not in PRODUCTION
     ]
     assert not wrong, "\n".join(sorted(wrong))
+
+
+# --- services are the write API and nothing else ---------------------------------------------
+
+SERVICE_PACKAGES = ("tenants.services", "nodes.services", "incidents.services")
+
+
+def _service_modules() -> list[Module]:
+    return [
+        m
+        for m in modules()
+        if any(m.name == p or m.name.startswith(p + ".") for p in SERVICE_PACKAGES)
+    ]
+
+
+def test_service_modules_define_only_keyword_only_actions():
+    """A public function in a services module changes something and is called with names:
+    `slice_stop(slice=..., actor=...)`. Reads go to selectors, predicates and labels to the
+    models, pure helpers to plain modules; a step kept inside one module is private."""
+    assert len(_service_modules()) > 30
+    wrong = []
+    for m in _service_modules():
+        for node in m.tree.body:
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            if node.name.startswith("_"):
+                continue
+            args = node.args
+            if args.posonlyargs or args.args or args.vararg:
+                wrong.append(f"{m.where}:{node.lineno} {node.name} takes positional arguments")
+            if "_" not in node.name:
+                wrong.append(f"{m.where}:{node.lineno} {node.name} is not <entity>_<action>")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("package", SERVICE_PACKAGES)
+def test_service_packages_export_only_their_actions(package):
+    """`from <app>.services import X` names an action: no constant, SQL fragment, class or
+    error comes through the package (they are imported from where they live)."""
+    module = importlib.import_module(package)
+    exported = module.__all__
+    assert exported == sorted(exported)
+    wrong = []
+    for name in exported:
+        thing = getattr(module, name)
+        if not inspect.isfunction(thing) or not thing.__module__.startswith(package):
+            wrong.append(f"{name}: not one of the package's own functions")
+            continue
+        kinds = {p.kind for p in inspect.signature(thing).parameters.values()}
+        if kinds - {inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD}:
+            wrong.append(f"{name}: takes positional arguments")
+    public = {n for n in vars(module) if not n.startswith("_")}
+    submodules = {n for n in public if inspect.ismodule(getattr(module, n))}
+    assert public - submodules == set(exported), "the package names only what __all__ lists"
+    assert not wrong, "\n".join(wrong)
+
+
+def _asks_is_staff(test: ast.AST) -> bool:
+    for node in ast.walk(test):
+        if isinstance(node, ast.Attribute) and node.attr == "is_staff":
+            return True
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "getattr"
+            and any(isinstance(a, ast.Constant) and a.value == "is_staff" for a in node.args)
+        ):
+            return True
+    return False
+
+
+def test_services_ask_who_is_ops_one_way():
+    """Whether an actor is ops is asked through gpuplatform.ops (is_ops, require_ops), so
+    an anonymous or missing actor is never mistaken either way."""
+    wrong = [
+        f"{m.where}:{node.lineno} {ast.unparse(node.test)[:80]}"
+        for m in _service_modules()
+        for node in ast.walk(m.tree)
+        if isinstance(node, ast.If | ast.IfExp | ast.While | ast.Assert)
+        and _asks_is_staff(node.test)
+    ]
+    assert not wrong, "use gpuplatform.ops.is_ops / require_ops:\n" + "\n".join(wrong)

@@ -361,14 +361,15 @@ def api_token_create(
     _check_token_days(expires_in_days)
     membership = _token_membership(user)
     role = membership.role if membership else None
-    allowed = role_scopes(is_staff=user.is_staff, role=role)
+    ops = is_ops(user)
+    allowed = role_scopes(is_staff=ops, role=role)
     wanted: Iterable[str] = scopes if scopes is not None else allowed
     if scopes is None and within is not None:  # a child defaults to its parent's scopes
         wanted = [s for s in within.scopes if s in allowed]
     granted = clean_scopes(
         scopes=wanted,
         allowed=allowed,
-        role="staff" if user.is_staff else str(role),
+        role="staff" if ops else str(role),
     )
     networks = clean_networks(networks=allowed_networks)
     if within is not None:
