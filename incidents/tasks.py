@@ -34,7 +34,7 @@ def release_throttle(self: Task, slice_id: int) -> str:
 
 @shared_task(name="incidents.idle_due", soft_time_limit=50, time_limit=60)
 def idle_due(slice_id: int) -> dict[str, int]:
-    return services.slice_idle_due(slice_id=slice_id)
+    return services.slice_idle_judge(slice_id=slice_id)
 
 
 @shared_task(name="incidents.sweep", soft_time_limit=50, time_limit=60)

@@ -38,7 +38,7 @@ from .ledger import (
     incident_resolve_locked,
     incidents_acknowledge,
 )
-from .sweep import slice_idle_due, watch_sweep
+from .sweep import slice_idle_judge, watch_sweep
 from .throttle import slice_throttle, slice_throttle_release
 from .watchdog import batch_watch, findings_apply, slice_watches_ensure, thresholds_update
 from .webhooks import webhook_create, webhook_deactivate
@@ -61,7 +61,7 @@ __all__ = [
     "incident_resolve_locked",
     "incident_stop_slice",
     "incidents_acknowledge",
-    "slice_idle_due",
+    "slice_idle_judge",
     "slice_throttle",
     "slice_throttle_release",
     "slice_watches_ensure",

@@ -38,7 +38,7 @@ from ..models import (
 from ..notify import TENANT_ADVICE
 from ..selectors import can_drain_gpu, can_drain_node, can_stop_slice
 from .ledger import incident_event, incident_mitigate, incident_resolve_locked
-from .throttle import slice_throttle
+from .throttle import slice_throttle, slice_throttle_release
 
 E = IncidentEvent.Kind
 # Actions that talk to a node: done by a task on the incidents queue.
@@ -270,8 +270,10 @@ def incident_dispose(*, incident_id: int, action: str, evidence: dict[str, Any])
         return _stop_offender(incident, evidence, force=False)
     if action == rules.END_ORPHAN and incident.gpu is not None:
         return _end_orphan(incident, incident.gpu.node, evidence)
-    if action in (rules.THROTTLE, rules.UNTHROTTLE) and incident.slice_id:
+    if action == rules.THROTTLE and incident.slice_id:
         return slice_throttle(incident=incident)
+    if action == rules.UNTHROTTLE and incident.slice_id:
+        return slice_throttle_release(slice_id=incident.slice_id)
     return "nothing to do"
 
 

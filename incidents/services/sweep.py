@@ -280,7 +280,7 @@ def _sweep_slices(now: datetime, th: rules.Thresholds) -> list[rules.Finding]:
     return out
 
 
-def slice_idle_due(*, slice_id: int, now: datetime | None = None) -> dict[str, int]:
+def slice_idle_judge(*, slice_id: int, now: datetime | None = None) -> dict[str, int]:
     """The idle stop a warning scheduled for its due time: judged again now, on fresh
     telemetry (a slice that computed since the warning is left alone), so the stop comes
     when it is due, not at the next minute's sweep."""

@@ -24,12 +24,12 @@ from .allocations import (
 from .containers import (
     container_event_record,
     container_inspect,
-    container_logs,
-    container_logs_tail,
+    container_logs_read,
+    container_logs_tail_read,
     container_remove,
     container_start,
     image_inspect,
-    node_containers,
+    node_containers_list,
     node_run,
 )
 from .gate import (
@@ -80,7 +80,7 @@ from .sampling import (
 from .volumes import (
     volume_create,
     volume_remove,
-    volume_usage_bytes,
+    volume_usage_measure,
 )
 
 __all__ = [
@@ -90,8 +90,8 @@ __all__ = [
     "allocation_reserve",
     "container_event_record",
     "container_inspect",
-    "container_logs",
-    "container_logs_tail",
+    "container_logs_read",
+    "container_logs_tail_read",
     "container_remove",
     "container_start",
     "gpu_policy_set",
@@ -102,7 +102,7 @@ __all__ = [
     "image_inspect",
     "node_accept_watchdog_only",
     "node_approve_host_key",
-    "node_containers",
+    "node_containers_list",
     "node_discover",
     "node_drain",
     "node_gate_reset",
@@ -131,5 +131,5 @@ __all__ = [
     "samples_rollup_window",
     "volume_create",
     "volume_remove",
-    "volume_usage_bytes",
+    "volume_usage_measure",
 ]

@@ -49,7 +49,7 @@ def container_inspect(
     return infos[0] if infos else None
 
 
-def container_logs_tail(
+def container_logs_tail_read(
     *, node: Node, container: str, lines: int = 20, pool: ssh.SSHPool | None = None
 ) -> str:
     try:
@@ -59,7 +59,7 @@ def container_logs_tail(
     return (result.stdout + result.stderr).decode("utf-8", "replace")[-2000:]
 
 
-def container_logs(
+def container_logs_read(
     *,
     node: Node,
     container: str,
@@ -225,7 +225,9 @@ def container_remove(
     raise ContainerError(f"docker rm failed: {cli_error_line(removed.stderr)}")
 
 
-def node_containers(*, node: Node, pool: ssh.SSHPool | None = None) -> list[runtime.ContainerInfo]:
+def node_containers_list(
+    *, node: Node, pool: ssh.SSHPool | None = None
+) -> list[runtime.ContainerInfo]:
     """Every platform-labelled container on the node, running or not."""
     result = node_run(node=node, argv=runtime.ps_argv(), pool=pool)
     if not result.ok:

@@ -25,7 +25,7 @@ from ..locks import node_lock, preflight_claim
 from ..models import GateStatus, Gpu, Node, NodePolicy
 from ..preflight import PROBE_OWNER_PREFIX
 from ..selectors import preflight_policy
-from .containers import container_inspect, image_inspect, node_containers, node_run
+from .containers import container_inspect, image_inspect, node_containers_list, node_run
 from .images import node_images_refresh
 from .policy import PROBE_IMAGE_PAGE, gpus_set_whole_card
 
@@ -187,7 +187,7 @@ def _remove_stale_probes(node: Node, pool: ssh.SSHPool) -> None:
     """Probe containers an earlier preflight left (its worker died mid-probe)."""
     key = f"{PROBE_OWNER_PREFIX}{node.pk}"
     with contextlib.suppress(ssh.SSHError, ContainerError, runtime.RuntimeParseError):
-        for info in node_containers(node=node, pool=pool):
+        for info in node_containers_list(node=node, pool=pool):
             if info.owner_key == key:
                 node_run(node=node, argv=runtime.rm_argv(info.id), pool=pool)
 

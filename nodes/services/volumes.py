@@ -31,7 +31,7 @@ def volume_remove(*, node: Node, name: str, pool: ssh.SSHPool | None = None) -> 
     raise ContainerError(f"docker volume rm failed: {cli_error_line(result.stderr)}")
 
 
-def volume_usage_bytes(*, node: Node, name: str, pool: ssh.SSHPool | None = None) -> int | None:
+def volume_usage_measure(*, node: Node, name: str, pool: ssh.SSHPool | None = None) -> int | None:
     """What the volume holds, in bytes, or None when the node has no such volume.
     Raises ContainerError (an answer that cannot be read) or ssh.SSHError."""
     where = node_run(node=node, argv=volumes.mountpoint_argv(name), pool=pool)

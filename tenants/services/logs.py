@@ -47,7 +47,7 @@ def slice_logs_collect(*, slice_id: int) -> int:
         return 0
     last = SliceLogLine.objects.filter(slice=slice).order_by("-seq").first()
     since = last.at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ") if last else ""
-    lines = node_services.container_logs(
+    lines = node_services.container_logs_read(
         node=slice.allocation.gpu.node, container=slice.container_id, since=since, tail=READ_TAIL
     )
     seen = set()

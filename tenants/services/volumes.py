@@ -276,7 +276,7 @@ def volumes_measure(*, node_id: int) -> int:
     measured = 0
     for volume in Volume.objects.filter(node=node, state=V.READY).select_related("tenant"):
         try:
-            used = node_services.volume_usage_bytes(node=node, name=volume.docker_name)
+            used = node_services.volume_usage_measure(node=node, name=volume.docker_name)
         except ContainerError:
             continue
         if used is None:

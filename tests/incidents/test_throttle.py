@@ -3,7 +3,8 @@ is slowed by pausing and resuming its container, and only that container."""
 
 import pytest
 
-from incidents import throttle
+from incidents import rules, throttle
+from incidents import services as incident_services
 from incidents.models import Incident, IncidentEvent, SliceWatch
 from nodes import services as node_services
 from tenants import services
@@ -50,3 +51,15 @@ def test_a_bandwidth_hog_is_paused_and_resumed_alone(
     assert emu.container(hog.container_id).status == "running"  # resumed at the end
     assert IncidentEvent.objects.filter(incident=incident, kind="disposed").exists()
     assert not Incident.objects.filter(slice=calm).exists()
+
+    # the dispose task told to unthrottle resumes the container and nothing else: no
+    # further pause cycle, no "Throttled" event
+    events = IncidentEvent.objects.filter(incident=incident).count()
+    emu.clear_audit()
+    released = incident_services.incident_dispose(
+        incident_id=incident.pk, action=rules.UNTHROTTLE, evidence={}
+    )
+    assert released == "released"
+    docker = [a for a in emu.audit_log if a[:1] == ["docker"]]
+    assert docker == [["docker", "unpause", hog.container_id]]
+    assert IncidentEvent.objects.filter(incident=incident).count() == events

@@ -463,7 +463,7 @@ def test_an_idle_slice_gets_one_warning_with_the_time_left_then_one_stop_when_du
     due = now + timedelta(seconds=60)
     Gpu.objects.filter(pk=gpu.pk).update(last_sample_at=due)
     with django_capture_on_commit_callbacks(execute=True):
-        services.slice_idle_due(slice_id=s.pk, now=due)
+        services.slice_idle_judge(slice_id=s.pk, now=due)
     s.refresh_from_db()
     assert s.state in ("stopping", "stopped")
     told = [m for m in mail.outbox if m.to == [owner_a.user.email]]

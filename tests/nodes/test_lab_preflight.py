@@ -118,7 +118,7 @@ def test_the_probe_reads_the_hardening_the_platform_asked_for(lab_fleet):
     assert row.preflight["quota"] == {"NVIDIA A30": "proven"}, row.preflight["checks"]
     assert not Gpu.objects.filter(node=row, whole_card_only=True).exists()
     # the probes leave nothing behind on the node
-    assert node_services.node_containers(node=row) == []
+    assert node_services.node_containers_list(node=row) == []
 
 
 def test_a_quota_library_the_probe_gets_past_makes_the_node_whole_card_only(lab_fleet, api_ops):

@@ -161,7 +161,7 @@ def _provision_failed(slice_id: int, reason: str, info: runtime.ContainerInfo | 
     if info is not None and slice_id:
         slice = Slice.objects.select_related("allocation__gpu__node").get(pk=slice_id)
         if slice.allocation is not None:
-            logs = node_services.container_logs_tail(
+            logs = node_services.container_logs_tail_read(
                 node=slice.allocation.gpu.node, container=info.id, lines=5
             )
     with transaction.atomic():

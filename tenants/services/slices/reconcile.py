@@ -71,7 +71,7 @@ def _list_containers(nodes: list[Node]) -> list[_Listing]:
 
     def listing(node: Node) -> _Listing:
         try:
-            containers = node_services.node_containers(node=node)
+            containers = node_services.node_containers_list(node=node)
         except (ssh.SSHError, ContainerError, ValueError) as exc:
             return node, exc, None
         images: list[str] | None
@@ -151,7 +151,7 @@ def _reconcile_dead(slice_id: int, node: Node, container: runtime.ContainerInfo 
         return 0
     logs = ""
     if info is not None:
-        logs = node_services.container_logs_tail(node=node, container=info.id, lines=5)
+        logs = node_services.container_logs_tail_read(node=node, container=info.id, lines=5)
     with transaction.atomic():
         slice = slice_lock(slice_id)
         if slice.state != S.RUNNING:
