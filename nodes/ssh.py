@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import secrets
 import shlex
 import socket
 import threading
@@ -94,21 +95,37 @@ def load_or_create_platform_key(path: Path) -> paramiko.PKey:
     """The platform's Ed25519 key pair at `path` (private, 0600) and `path.pub`."""
     path = Path(path)
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        private = ed25519.Ed25519PrivateKey.generate()
-        pem = private.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.OpenSSH,
-            serialization.NoEncryption(),
-        )
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        _create_platform_key(path)
+    return paramiko.Ed25519Key.from_private_key_file(str(path))
+
+
+def _create_platform_key(path: Path) -> None:
+    """Write a new key beside `path` and link it into place: processes starting together
+    (web, workers and gateway on a first start) end with one key, never a half-written
+    file; whoever loses the link reads the winner's key."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    private = ed25519.Ed25519PrivateKey.generate()
+    pem = private.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    )
+    draft = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(pem)
-        public = private.public_key().public_bytes(
-            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-        )
-        path.with_name(path.name + ".pub").write_bytes(public + b" gpuplatform\n")
-    return paramiko.Ed25519Key.from_private_key_file(str(path))
+        os.link(draft, path)
+    except FileExistsError:
+        return  # made by another process meanwhile: that key is the platform's
+    finally:
+        draft.unlink(missing_ok=True)
+    public = private.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    public_draft = draft.with_name(draft.name + ".pub")
+    public_draft.write_bytes(public + b" gpuplatform\n")
+    public_draft.replace(path.with_name(path.name + ".pub"))
 
 
 def public_key_line(key: paramiko.PKey) -> str:
