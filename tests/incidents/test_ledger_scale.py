@@ -40,6 +40,7 @@ from incidents.rules import CRITICAL, NO_ISOLATION, OPS_ONLY, RULES, Finding
 from nodes.models import Allocation, Gpu, Node
 from tenants.models import Image, Purchase, Slice, Tier
 from tests.bench_support import load_bench
+from tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -406,6 +407,31 @@ def test_the_rule_filter_offers_the_rules_the_code_files_without_asking_the_ledg
     client.force_login(ops_user)
     sqls = queries(client, LEDGER)
     assert not [q for q in sqls if "DISTINCT" in q and '"rule"' in q]
+
+
+def test_the_incidents_admin_neither_scans_for_rules_nor_counts_the_whole_ledger(client):
+    """/admin/ over the ledger: the rule filter lists the rules the code files (none of
+    Django's SELECT DISTINCT over every incident), and a filtered page counts its own
+    rows only, not the whole ledger beside them."""
+    staff = UserFactory(is_staff=True, is_superuser=True)
+    make_incident(1, rule="quota_breach")
+    make_incident(2, rule="idle_slice")
+    client.force_login(staff)
+    url = "/admin/incidents/incident/"
+    sqls = queries(client, url)
+    assert not [q for q in sqls if "DISTINCT" in q]
+    page = client.get(url).content.decode()
+    assert all(f"?rule={rule}" in page for rule in RULES)  # filed or not yet
+    sqls = queries(client, url + "?rule=quota_breach")
+    counts = [q for q in sqls if "COUNT(" in q.upper() and "incidents_incident" in q]
+    assert counts and all("quota_breach" in q for q in counts), counts
+    assert row_ids_admin(client.get(url + "?rule=quota_breach").content.decode()) == [
+        Incident.objects.get(rule="quota_breach").pk
+    ]
+
+
+def row_ids_admin(body: str) -> list[int]:
+    return [int(pk) for pk in re.findall(r'name="_selected_action" value="(\d+)"', body)]
 
 
 def test_the_filters_are_typed_so_the_page_does_not_list_the_fleet(
