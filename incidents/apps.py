@@ -8,9 +8,13 @@ class IncidentsConfig(AppConfig):
     def ready(self) -> None:
         # Here, not at the top: AppConfig modules load before the models they would import.
         from nodes.hooks import register_sample_hook  # noqa: PLC0415
+        from nodes.warning_line import register_warning_line  # noqa: PLC0415
 
         from .hooks import watchdog_sample_hook  # noqa: PLC0415
+        from .selectors import vram_warning_pct  # noqa: PLC0415
 
         # The watchdog reads every stored batch in the telemetry worker, right after it
         # commits: detection within one sampling interval.
         register_sample_hook(watchdog_sample_hook)
+        # The fleet page marks cards against the line the watchdog warns at.
+        register_warning_line(vram_warning_pct)

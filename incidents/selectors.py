@@ -13,6 +13,7 @@ from tenants.models import Slice, Tenant
 
 from .models import BREAKER_REASON, SEVERITY_RANK, Incident, IncidentEvent, Thresholds
 from .notify import TENANT_TITLES
+from .rules import Thresholds as RuleThresholds
 
 SORTS = {
     "last_seen": "-last_seen_at",
@@ -122,6 +123,13 @@ def incident_timeline(*, incident: Incident) -> QuerySet[IncidentEvent]:
 
 def thresholds() -> Thresholds:
     return Thresholds.current()
+
+
+def vram_warning_pct() -> float:
+    """The watchdog's VRAM warning line as ops set it (the default before they did): one
+    narrow read, and no row made by reading it."""
+    line = Thresholds.objects.order_by("pk").values_list("vram_warning_pct", flat=True).first()
+    return RuleThresholds().vram_warning_pct if line is None else line
 
 
 def incident_search_for_tenant(queryset: QuerySet[Incident], text: str) -> QuerySet[Incident]:

@@ -29,7 +29,7 @@ from gpuplatform.errors import ServiceError
 from gpuplatform.http import UserRequest
 from gpuplatform.pages import is_partial, submit
 
-from . import isolation, selectors, services, ssh
+from . import isolation, selectors, services, ssh, warning_line
 from .forms import ApproveForm, DrainForm, NodeForm, NodePolicyForm, WatchdogOnlyForm
 from .models import Gpu, Node
 
@@ -157,16 +157,13 @@ def _digest(text: str) -> bytes:
 _Attention = tuple[tuple[int, int, str], selectors.NodeRow, str]
 
 
-def _attention_item(row: selectors.NodeRow, heat: int, reason: str) -> _Attention | None:
+def _attention_item(row: selectors.NodeRow, heat: int, reason: str, line: str) -> _Attention | None:
     """(sort key, row, text) when the node needs ops' eyes, else None."""
     said = []
     if reason:
         said.append(f"No new slices on this node — {reason}")
     if row.hot:
-        said.append(
-            f"hottest GPU {heat}% VRAM used"
-            f" ({_plural(row.hot, 'GPU')} at or over {selectors.WARNING_PCT}%)"
-        )
+        said.append(f"hottest GPU {heat}% VRAM used ({_plural(row.hot, 'GPU')} at or over {line}%)")
     if row.closed == 1:
         said.append(f"GPU {row.closed_index} — {_not_accepting(row.closed_reason)}")
     elif row.closed:
@@ -177,12 +174,13 @@ def _attention_item(row: selectors.NodeRow, heat: int, reason: str) -> _Attentio
     return (rank, -heat, row.name), row, "; ".join(said)
 
 
-def _heatmap() -> _Heatmap:
+def _heatmap(warning_pct: float) -> _Heatmap:
     """The fleet as the heatmap draws it. A node costs a few small Python steps on one
     row of aggregates; its HTML is built only when a page needs that cell."""
     cells: list[_Cell] = []
     attention: list[_Attention] = []
-    for row in selectors.fleet_nodes():
+    line = warning_line.pct_text(warning_pct)
+    for row in selectors.fleet_nodes(warning_pct=warning_pct):
         heat = -1 if row.hottest_pct is None else round(row.hottest_pct)
         reason = _node_closed_reason(row)
         total = row.total_mb or 0
@@ -199,16 +197,16 @@ def _heatmap() -> _Heatmap:
                 min(100, round(100 * (row.allocated_mb or 0) / total)) if total else 0,
             )
         )
-        if item := _attention_item(row, heat, reason):
+        if item := _attention_item(row, heat, reason, line):
             attention.append(item)
     attention.sort(key=lambda item: item[0])
-    totals = selectors.fleet_totals()
+    totals = selectors.fleet_totals(warning_pct=warning_pct)
     totals["status_summary"] = ", ".join(
         f"{n} {status}" for status, n in totals["by_status"].items()
     )
     # (rendered without the request: no context processor, no query of theirs, per poll)
     totals_html = render_to_string(
-        "nodes/_fleet_totals.html", {"totals": totals, "warning_pct": selectors.WARNING_PCT}
+        "nodes/_fleet_totals.html", {"totals": totals, "warning_pct": line}
     )
     attention_html = render_to_string(
         "nodes/_fleet_attention.html",
@@ -216,7 +214,7 @@ def _heatmap() -> _Heatmap:
             "attention": [(row, text) for _, row, text in attention[:ATTENTION_LIMIT]],
             "more": max(len(attention) - ATTENTION_LIMIT, 0),
             "totals": totals,
-            "warning_pct": selectors.WARNING_PCT,
+            "warning_pct": line,
         },
     )
     digests = b"".join(_digest(repr(cell)) for cell in cells)
@@ -256,7 +254,7 @@ def _changes(request: HttpRequest) -> HttpResponse:
     node cells and what else changed as out-of-band swaps, or the whole heatmap when
     the server no longer knows that version."""
     held = request.GET.get("v", "")
-    heatmap = _heatmap()
+    heatmap = _heatmap(warning_line.warning_pct())
     if held == heatmap.version:
         return HttpResponse(status=204)
     snapshot = cache.get(_snapshot_key(held)) if held else None
@@ -288,13 +286,15 @@ def _oob(fragment: str) -> str:
     )
 
 
-def _gpu_table(request: HttpRequest) -> dict[str, object]:
+def _gpu_table(request: HttpRequest, warning_pct: float) -> dict[str, object]:
     """One page of the fleet's GPU table, as `filter`, `sort` and `page` ask."""
+    line = warning_line.pct_text(warning_pct)
+    filters = {key: words.format(pct=line) for key, words in selectors.GPU_FILTERS.items()}
     gpu_filter = request.GET.get("filter", "")
     gpu_filter = gpu_filter if gpu_filter in selectors.GPU_FILTERS else "all"
     gpu_sort = request.GET.get("sort", "")
     gpu_sort = gpu_sort if gpu_sort in selectors.GPU_SORTS else "hot"
-    rows = selectors.fleet_gpu_rows(filter=gpu_filter, sort=gpu_sort)
+    rows = selectors.fleet_gpu_rows(filter=gpu_filter, sort=gpu_sort, warning_pct=warning_pct)
     page = Paginator(rows, GPU_PAGE_SIZE).get_page(request.GET.get("page"))
     now = timezone.now()
     for gpu in page:
@@ -311,9 +311,9 @@ def _gpu_table(request: HttpRequest) -> dict[str, object]:
         "ellipsis": Paginator.ELLIPSIS,
         "gpu_filter": gpu_filter,
         "gpu_sort": gpu_sort,
-        "gpu_filters": selectors.GPU_FILTERS,
+        "gpu_filters": filters,
         "gpu_sorts": selectors.GPU_SORTS,
-        "filter_words": selectors.GPU_FILTERS[gpu_filter],
+        "filter_words": filters[gpu_filter],
         "sort_words": selectors.GPU_SORTS[gpu_sort],
         "table_query": urlencode({"filter": gpu_filter, "sort": gpu_sort}),
         "live_seconds": LIVE_SECONDS,
@@ -359,13 +359,15 @@ def fleet(request: UserRequest) -> HttpResponse:
         if node.isdigit():
             return render(request, "nodes/_fleet_node.html", _drill_context(node))
         if request.htmx.target == "fleet-gpus":
-            return render(request, "nodes/_fleet_gpus.html", _gpu_table(request))
+            table = _gpu_table(request, warning_line.warning_pct())
+            return render(request, "nodes/_fleet_gpus.html", table)
         return _changes(request)
+    line = warning_line.warning_pct()
     context = {
-        **_heatmap_context(_heatmap()),
-        **_gpu_table(request),
+        **_heatmap_context(_heatmap(line)),
+        **_gpu_table(request, line),
         "drill": _drill_or_none(node),
-        "warning_pct": selectors.WARNING_PCT,
+        "warning_pct": warning_line.pct_text(line),
     }
     return render(request, "nodes/fleet.html", context)
 

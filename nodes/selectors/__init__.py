@@ -22,6 +22,7 @@ from django.db.models import (
     Q,
     QuerySet,
     Sum,
+    Value,
 )
 from django.db.models.expressions import CombinedExpression, RawSQL
 from django.db.models.functions import Cast, Coalesce
@@ -128,14 +129,10 @@ def interruptible_counts(
 
 # --- the fleet page: totals, one heatmap cell per node, a page of the GPU table ----------
 
-# The watchdog's default VRAM warning line (incidents.rules.Thresholds.vram_warning_pct):
-# `nodes` knows nothing of incidents, so the fleet page marks cards against the default.
-WARNING_PCT = 85
-
 GPU_FILTERS = {
     "all": "all GPUs",
     "closed": "not accepting placements",
-    "hot": f"over the {WARNING_PCT}% warning line",
+    "hot": "over the {pct}% warning line",  # the watchdog's line: nodes.warning_line
     "unsampled": "no sample yet",
 }
 GPU_SORTS = {"hot": "hottest first", "node": "by node"}
@@ -155,11 +152,12 @@ def _used_pct(prefix: str = "") -> CombinedExpression:
     return Cast(f"{prefix}last_memory_used_mb", FloatField()) * 100 / F(f"{prefix}vram_total_mb")
 
 
-def _hot_q(prefix: str = "") -> Q:
-    # In integers: exactly the watchdog's `100 * used / total >= line`.
+def _hot_q(line: float, prefix: str = "") -> Q:
+    # Without a division: exactly the watchdog's `100 * used / total >= line`.
     return Q(
         GreaterThanOrEqual(
-            F(f"{prefix}last_memory_used_mb") * 100, F(f"{prefix}vram_total_mb") * WARNING_PCT
+            F(f"{prefix}last_memory_used_mb") * 100,
+            F(f"{prefix}vram_total_mb") * Value(line, output_field=FloatField()),
         )
     )
 
@@ -174,7 +172,7 @@ def _closed_q() -> Q:
     )
 
 
-def fleet_totals() -> dict:
+def fleet_totals(*, warning_pct: float) -> dict:
     """Counts and VRAM sums of the whole fleet, aggregated in the database. Two queries."""
     # (the aggregates' names differ from the fields': a filter below reads the fields)
     gpus = Gpu.objects.filter(present=True).aggregate(
@@ -183,7 +181,7 @@ def fleet_totals() -> dict:
         sum_used=Coalesce(Sum("last_memory_used_mb"), 0),
         sum_allocated=Coalesce(Sum("allocated_mb"), 0),
         n_closed=Count("pk", filter=_closed_q()),
-        n_hot=Count("pk", filter=_hot_q()),
+        n_hot=Count("pk", filter=_hot_q(warning_pct)),
         n_unsampled=Count("pk", filter=Q(last_memory_used_mb__isnull=True)),
     )
     nodes = Node.objects.aggregate(
@@ -227,7 +225,7 @@ class NodeRow(NamedTuple):
     total_mb: int | None
 
 
-def fleet_nodes() -> list[NodeRow]:
+def fleet_nodes(*, warning_pct: float) -> list[NodeRow]:
     """Every node, by name, with what its heatmap cell shows. One query, one row a node:
     the per-GPU work is the database's aggregate, not Python's."""
     present = Q(gpus__present=True)
@@ -240,7 +238,7 @@ def fleet_nodes() -> list[NodeRow]:
             n_sampled=Count("gpus__last_memory_used_mb", filter=present),
             hottest=Max(_used_pct("gpus__"), filter=present),
             mean=Avg(_used_pct("gpus__"), filter=present),
-            n_hot=Count("gpus", filter=present & _hot_q("gpus__")),
+            n_hot=Count("gpus", filter=present & _hot_q(warning_pct, "gpus__")),
             n_closed=Count("gpus", filter=closed),
             first_closed=Min("gpus__index", filter=closed),
             a_reason=Min("gpus__not_accepting_reason", filter=closed),
@@ -251,14 +249,14 @@ def fleet_nodes() -> list[NodeRow]:
     return [NodeRow._make(row) for row in rows]
 
 
-def fleet_gpu_rows(*, filter: str = "all", sort: str = "hot") -> QuerySet[Gpu]:
+def fleet_gpu_rows(*, filter: str = "all", sort: str = "hot", warning_pct: float) -> QuerySet[Gpu]:
     """The fleet's GPU table: present GPUs with their node, filtered and sorted as asked
     (unknown values read as the defaults); the page paginates it."""
     qs = Gpu.objects.filter(present=True).select_related("node").only(*GPU_ROW_FIELDS)
     if filter == "closed":
         qs = qs.filter(_closed_q())
     elif filter == "hot":
-        qs = qs.filter(_hot_q())
+        qs = qs.filter(_hot_q(warning_pct))
     elif filter == "unsampled":
         qs = qs.filter(last_memory_used_mb__isnull=True)
     if sort == "node":

@@ -274,3 +274,27 @@ def test_the_gpu_table_scrolls_in_its_own_box(client, ops_user):
     node_policy = client.get("/ops/fleet/node-policy/").content.decode()
     for table in ("policy-history-rows", "reserved-rows"):
         assert re.search(rf'<div class="table-scroll">\s*<table id="{table}">', node_policy), table
+
+
+def test_the_fleet_marks_cards_at_the_line_the_watchdog_warns_at(client, ops_user):
+    """Ops moved the watchdog's warning line to 80%: a card at 82% is hot on the fleet
+    page too (counted, listed for attention, in the "over the line" table filter), and
+    the page says 80%, not the default 85%."""
+    from incidents.models import Thresholds  # noqa: PLC0415 - the watchdog's own row
+
+    warm, quiet = make_fleet(2, 2)
+    Gpu.objects.filter(node=warm, index=0).update(last_memory_used_mb=33587)  # 82%
+    client.force_login(ops_user)
+    before = html.unescape(client.get("/ops/fleet/").content.decode())
+    assert "n000</a>: hottest GPU 82%" not in before  # under the default 85% line
+
+    Thresholds.objects.update_or_create(pk=1, defaults={"vram_warning_pct": 80.0})
+    body = html.unescape(client.get("/ops/fleet/").content.decode())
+    attention = body.split('id="fleet-attention"', 1)[1].split("</section>", 1)[0]
+    assert "n000</a>: hottest GPU 82% VRAM used (1 GPU at or over 80%)" in attention
+    assert "n001" not in attention
+    table = client.get(
+        "/ops/fleet/?filter=hot", HTTP_HX_REQUEST="true", HTTP_HX_TARGET="fleet-gpus"
+    ).content.decode()
+    assert "1 GPU: over the 80% warning line" in html.unescape(table)
+    assert "85%" not in table
