@@ -89,7 +89,7 @@ def _vram_gb(text: str) -> int | None:
 def find_tier(tiers: list[dict[str, Any]], text: str) -> dict[str, Any]:
     """A tier by its VRAM in GB (`8`, `8GB`), its name, or its id (`id:3`)."""
     wanted = text.strip()
-    if wanted.lower().startswith("id:") and wanted[3:].isdigit():
+    if wanted.lower().startswith("id:") and wanted[3:].isascii() and wanted[3:].isdigit():
         found = [t for t in tiers if t["id"] == int(wanted[3:])]
     elif (gb := _vram_gb(wanted)) is not None:
         found = [t for t in tiers if t["vram_mb"] == gb * 1024]
@@ -105,7 +105,7 @@ def find_by_name_or_id(
     rows: list[dict[str, Any]], text: str, *, kind: str, name_key: str = "name"
 ) -> dict[str, Any]:
     wanted = str(text).strip()
-    if wanted.isdigit():
+    if wanted.isascii() and wanted.isdigit():
         for row in rows:
             if row["id"] == int(wanted):
                 return row

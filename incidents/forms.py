@@ -8,6 +8,7 @@ from typing import Any
 from django import forms
 
 from gpuplatform.datetimes import UtcDateTimeField
+from gpuplatform.querystring import is_id
 from tenants.models import Tenant
 
 from . import kpis
@@ -145,11 +146,11 @@ class ThresholdsForm(forms.Form):
 
 
 def _tenant_id(text: str) -> int | None:
-    """The tenant a filter names, by id or by name (any case); 0, which matches no
-    incident, for one that names none."""
+    """The tenant a filter names, by name (any case) or else by id; 0, which matches no
+    incident, for one that names none. A name first: "1984" may be a tenant's name."""
     if not text:
         return None
-    if text.isdigit():
-        return int(text)
     found = Tenant.objects.filter(name__iexact=text).values_list("pk", flat=True).first()
+    if found is None and is_id(text):
+        return int(text)
     return found or 0

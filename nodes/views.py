@@ -28,6 +28,7 @@ from django.views.decorators.http import require_GET, require_POST
 from gpuplatform.errors import ServiceError
 from gpuplatform.http import UserRequest
 from gpuplatform.pages import is_partial, submit
+from gpuplatform.querystring import is_id
 
 from . import isolation, selectors, services, ssh, warning_line
 from .forms import ApproveForm, DrainForm, NodeForm, NodePolicyForm, WatchdogOnlyForm
@@ -342,7 +343,7 @@ def _drill_context(pk: str) -> dict[str, object]:
 def _drill_or_none(pk: str) -> dict[str, object] | None:
     # The whole page with ?node= of a node gone is the page without its drill-down.
     try:
-        return _drill_context(pk) if pk.isdigit() else None
+        return _drill_context(pk) if is_id(pk) else None
     except Http404:
         return None
 
@@ -356,7 +357,7 @@ def fleet(request: UserRequest) -> HttpResponse:
     current page, and otherwise for what changed since the version `v` the page holds."""
     node = request.GET.get("node", "")
     if is_partial(request):
-        if node.isdigit():
+        if is_id(node):
             return render(request, "nodes/_fleet_node.html", _drill_context(node))
         if request.htmx.target == "fleet-gpus":
             table = _gpu_table(request, warning_line.warning_pct())

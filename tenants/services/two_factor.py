@@ -68,7 +68,8 @@ def two_factor_enable(*, user: User, key: str, code: str) -> list[str]:
         raise Conflict("Two-factor sign-in is already on.")
     totp = TOTP(unhexlify(key))
     code = code.strip()
-    if not (code.isdigit() and totp.verify(int(code), tolerance=TOLERANCE_STEPS)):
+    digits = code.isascii() and code.isdigit()  # "²" is a digit to str, not to int()
+    if not (digits and totp.verify(int(code), tolerance=TOLERANCE_STEPS)):
         raise WrongCode(WRONG_CODE, field="code")
     TOTPDevice.objects.filter(user=user).delete()  # an abandoned earlier set-up
     TOTPDevice.objects.create(

@@ -242,6 +242,10 @@ def test_drill_down_is_a_fragment_of_the_nodes_gpus_and_a_page_without_javascrip
     assert 'id="fleet-drill-node"' in aside and aside.count('<a class="heat-cell') == 4
     assert 'id="fleet-drill-hint"' in client.get("/ops/fleet/").content.decode()
     assert client.get("/ops/fleet/?node=999999", HTTP_HX_REQUEST="true").status_code == 404
+    # not an id ("²" is a digit to str, not to int()): the partial answers what it always
+    # does without a node, the page has no drill-down
+    assert client.get("/ops/fleet/?node=²", HTTP_HX_REQUEST="true").status_code == 200
+    assert 'id="fleet-drill-hint"' in client.get("/ops/fleet/?node=²").content.decode()
     gone = client.get("/ops/fleet/?node=999999")  # a shared link to a node since removed
     assert gone.status_code == 200 and 'id="fleet-drill-hint"' in gone.content.decode()
 

@@ -50,8 +50,9 @@ def test_set_up_shows_secret_and_uri_confirms_with_a_code_and_shows_codes_once(c
     assert client.get("/account/two-factor/").content.decode().count(secret) >= 1  # same key
     assert not TOTPDevice.objects.filter(user=user).exists()  # nothing stored before the code
 
-    wrong = client.post("/account/two-factor/enable/", {"code": "000000"})
-    assert wrong.status_code == 400 and not two_factor.has_two_factor(user)
+    for not_the_code in ("000000", "²²²²²²"):  # "²" is a digit to str, not to int()
+        wrong = client.post("/account/two-factor/enable/", {"code": not_the_code})
+        assert wrong.status_code == 400 and not two_factor.has_two_factor(user)
 
     key = key_of(secret)
     done = client.post("/account/two-factor/enable/", {"code": totp_at(key, TOTP(b"").t())})
