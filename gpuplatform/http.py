@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 from django_htmx.middleware import HtmxDetails
 
@@ -46,5 +47,6 @@ def signed_in(request: HttpRequest) -> User:
     (an API view's IsAuthenticated, IsOps or IsTenantMember), where Django's and DRF's
     types still say the user may be anonymous."""
     user = request.user
-    assert isinstance(user, User), "an anonymous caller got past the view's permissions"
+    if not isinstance(user, User):  # a check, not an assert: `python -O` drops asserts
+        raise PermissionDenied("an anonymous caller got past the view's permissions")
     return user

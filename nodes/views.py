@@ -510,7 +510,7 @@ def policy(request: UserRequest) -> HttpResponse:
         _show(
             gpu,
             recommended=selectors.gpu_recommended_ratio(gpu=gpu, window=windows.get(gpu.pk)),
-            allocatable_mb=int(gpu.vram_total_mb * gpu.overcommit_ratio),
+            allocatable_mb=gpu.capacity_mb,  # what placement sells
             interruptible=interruptible[gpu.pk],
         )
     return render(request, "nodes/policy.html", {"page": page})

@@ -169,15 +169,13 @@ def _jamba_layers(r: Reader, layers: int, experts: int) -> tuple[list[int], list
     periods = {}
     for key, default in (("attn_layer_period", 8), ("attn_layer_offset", 4),
                          ("expert_layer_period", 2), ("expert_layer_offset", 1)):  # fmt: skip
-        periods[key] = r.int(key, "num_layers", default=default, minimum=0, maximum=MAX_LAYERS)
+        # a layer's kind is its index modulo the period: a period is at least 1
+        least = 1 if key.endswith("_period") else 0
+        periods[key] = r.int(key, "num_layers", default=default, minimum=least, maximum=MAX_LAYERS)
     for kind in ("attn", "expert"):
-        if periods[f"{kind}_layer_offset"] >= max(periods[f"{kind}_layer_period"], 1):
+        if periods[f"{kind}_layer_offset"] >= periods[f"{kind}_layer_period"]:
             raise EstimatorError(
                 f"{r.field}.{kind}_layer_offset", f"must be below {kind}_layer_period"
-            )
-        if not periods[f"{kind}_layer_period"]:  # a layer's kind is its index modulo the period
-            raise EstimatorError(
-                f"{r.field}.{kind}_layer_period", "must be at least 1", code="min_value"
             )
     attention = [
         i for i in range(layers)

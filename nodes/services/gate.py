@@ -61,7 +61,7 @@ def _probe_targets(node: Node) -> list[_Target]:
     # the freest card of each model: the probe's 512 MiB must not be what runs a card out
     gpus = sorted(
         Gpu.objects.filter(node=node, present=True),
-        key=lambda g: (max(g.allocated_mb, g.last_processes_mb or 0), g.index),
+        key=lambda g: (g.held_mb, g.index),
     )
     targets: dict[str, _Target] = {}
     for gpu in gpus:

@@ -302,3 +302,13 @@ def test_the_fleet_marks_cards_at_the_line_the_watchdog_warns_at(client, ops_use
     ).content.decode()
     assert "1 GPU: over the 80% warning line" in html.unescape(table)
     assert "85%" not in table
+
+
+def test_the_policy_page_shows_what_placement_sells_on_each_card(client, ops_user):
+    """A card reporting 24564 MiB is sold as 24 GiB (24576 MiB) times its ratio: the page
+    says what placement allows, not the reported size times the ratio."""
+    node = make_fleet(1, 1, used_mb=0)[0]
+    Gpu.objects.filter(node=node).update(vram_total_mb=24564, allocated_mb=0, overcommit_ratio=1.5)
+    client.force_login(ops_user)
+    policy = client.get("/ops/fleet/policy/").content.decode()
+    assert "0 / 36864 / 24564" in policy  # not int(24564 * 1.5) = 36846

@@ -8,6 +8,7 @@ gpuplatform/api/errors.py."""
 
 from __future__ import annotations
 
+from django.core.exceptions import PermissionDenied
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
@@ -33,7 +34,8 @@ def idempotency_key(request: Request) -> str:
 def membership_of(request: Request) -> Membership:
     """The caller's membership, behind IsTenantMember (which refuses a caller without one)."""
     membership = request_membership(request)
-    assert membership is not None, "IsTenantMember let a caller without a tenant through"
+    if membership is None:  # a check, not an assert: `python -O` drops asserts
+        raise PermissionDenied("IsTenantMember let a caller without a tenant through")
     return membership
 
 
