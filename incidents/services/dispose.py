@@ -38,7 +38,7 @@ from ..models import (
 from ..notify import TENANT_ADVICE
 from ..selectors import can_drain_gpu, can_drain_node, can_stop_slice
 from .ledger import incident_event, incident_mitigate, incident_resolve_locked
-from .throttle import slice_throttle, slice_throttle_release
+from .throttle import slice_throttle
 
 E = IncidentEvent.Kind
 # Actions that talk to a node: done by a task on the incidents queue.
@@ -272,8 +272,6 @@ def incident_dispose(*, incident_id: int, action: str, evidence: dict[str, Any])
         return _end_orphan(incident, incident.gpu.node, evidence)
     if action == rules.THROTTLE and incident.slice_id:
         return slice_throttle(incident=incident)
-    if action == rules.UNTHROTTLE and incident.slice_id:
-        return slice_throttle_release(slice_id=incident.slice_id)
     return "nothing to do"
 
 

@@ -2,6 +2,8 @@
 is slowed by pausing and resuming its container, and only that container."""
 
 import pytest
+from django.db import transaction
+from django.utils import timezone
 
 from incidents import rules, throttle
 from incidents import services as incident_services
@@ -52,14 +54,23 @@ def test_a_bandwidth_hog_is_paused_and_resumed_alone(
     assert IncidentEvent.objects.filter(incident=incident, kind="disposed").exists()
     assert not Incident.objects.filter(slice=calm).exists()
 
-    # the dispose task told to unthrottle resumes the container and nothing else: no
-    # further pause cycle, no "Throttled" event
-    events = IncidentEvent.objects.filter(incident=incident).count()
+    # back under the limit: the watchdog's release finding resolves the incident, and the
+    # release task (after commit) resumes the container, no further pause cycle
     emu.clear_audit()
-    released = incident_services.incident_dispose(
-        incident_id=incident.pk, action=rules.UNTHROTTLE, evidence={}
+    back = rules.Finding(
+        rule="bandwidth_hog",
+        target=f"slice:{hog.pk}",
+        severity=rules.WARNING,
+        root_cause=rules.APP_PARAMETERS,
+        title=f"Slice {hog.pk} is back under the bandwidth limit",
+        slice_id=hog.pk,
+        action=rules.UNTHROTTLE,
+        resolves=True,
     )
-    assert released == "released"
+    with transaction.atomic():
+        incident_services.findings_apply(findings=[back], now=timezone.now())
     docker = [a for a in emu.audit_log if a[:1] == ["docker"]]
     assert docker == [["docker", "unpause", hog.container_id]]
-    assert IncidentEvent.objects.filter(incident=incident).count() == events
+    assert SliceWatch.objects.get(slice=hog).throttled_at is None
+    incident.refresh_from_db()
+    assert incident.status == Incident.Status.RESOLVED
