@@ -1,6 +1,7 @@
 """Every write about incidents: the ledger, the watchdog (per batch and every minute) and
-the disposal of what it finds. Import the actions from here; the modules below say where
-each lives (their constants, such as `dispose.REMOTE_ACTIONS` or
+the disposal of what it finds. Import the actions from here (the steps the modules share
+among themselves, such as `incident_event` or `finding_act`, from their module); the
+modules below say where each lives (their constants, such as `dispose.REMOTE_ACTIONS` or
 `webhooks.MAX_ACTIVE_WEBHOOKS`, are imported from those modules).
 
 - `ledger`: incidents opened once per rule and target (`incident_record`), counted,
@@ -20,7 +21,6 @@ each lives (their constants, such as `dispose.REMOTE_ACTIONS` or
 """
 
 from .dispose import (
-    finding_act,
     incident_confirm_orphan,
     incident_dispose,
     incident_drain_gpu,
@@ -29,42 +29,31 @@ from .dispose import (
 )
 from .ledger import (
     incident_acknowledge,
-    incident_clear,
-    incident_event,
-    incident_mitigate,
     incident_record,
     incident_reopen,
     incident_resolve,
-    incident_resolve_locked,
     incidents_acknowledge,
 )
 from .sweep import slice_idle_judge, watch_sweep
-from .throttle import slice_throttle, slice_throttle_release
-from .watchdog import batch_watch, findings_apply, slice_watches_ensure, thresholds_update
+from .throttle import slice_throttle_release
+from .watchdog import batch_watch, findings_apply, thresholds_update
 from .webhooks import webhook_create, webhook_deactivate
 
 __all__ = [
     "batch_watch",
-    "finding_act",
     "findings_apply",
     "incident_acknowledge",
-    "incident_clear",
     "incident_confirm_orphan",
     "incident_dispose",
     "incident_drain_gpu",
     "incident_drain_node",
-    "incident_event",
-    "incident_mitigate",
     "incident_record",
     "incident_reopen",
     "incident_resolve",
-    "incident_resolve_locked",
     "incident_stop_slice",
     "incidents_acknowledge",
     "slice_idle_judge",
-    "slice_throttle",
     "slice_throttle_release",
-    "slice_watches_ensure",
     "thresholds_update",
     "watch_sweep",
     "webhook_create",

@@ -5,7 +5,9 @@ docker CLI on a node: run, start, inspect, logs, remove, the event log), `images
 each node holds), `volumes` (docker volumes on a node), `policy` (overcommit, accepting
 placements, the whole-card rule, the preflight policy's changes, watchdog-only acceptance)
 and `gate` (the preflight). `rejudge` (a changed machine judged again) sits apart from
-`gate`, so that sampling need not import the probes.
+`gate`, so that sampling need not import the probes. The package names the actions the
+rest of the platform calls; steps the modules share among themselves (`node_gate_reset`,
+`gpus_set_whole_card`, ...) are imported from their module.
 
 Reads are in `nodes.selectors`; constants, SQL fragments and pure helpers in plain modules
 (`nodes.placement_sql`, `nodes.docker_messages`, `nodes.devices`, `nodes.image_refs`,
@@ -38,14 +40,12 @@ from .gate import (
 )
 from .images import (
     node_images_read,
-    node_images_refresh,
     node_images_store,
 )
 from .policy import (
     gpu_policy_set,
     gpu_set_accepting,
     gpu_set_overcommit,
-    gpus_set_whole_card,
     node_accept_watchdog_only,
     preflight_policy_update,
 )
@@ -59,10 +59,6 @@ from .registry import (
     node_undrain,
     node_update,
 )
-from .rejudge import (
-    node_gate_reset,
-    nodes_gate_reset_after_absence,
-)
 from .retention import (
     rollups_fold_days,
     samples_rollup,
@@ -71,7 +67,6 @@ from .retention import (
 )
 from .sampling import (
     node_note_error,
-    node_record_failure,
     nodes_read,
     nodes_sample,
     nodes_sample_once,
@@ -98,28 +93,23 @@ __all__ = [
     "gpu_set_accepting",
     "gpu_set_overcommit",
     "gpus_recount_allocations",
-    "gpus_set_whole_card",
     "image_inspect",
     "node_accept_watchdog_only",
     "node_approve_host_key",
     "node_containers_list",
     "node_discover",
     "node_drain",
-    "node_gate_reset",
     "node_images_read",
-    "node_images_refresh",
     "node_images_store",
     "node_note_error",
     "node_preflight",
     "node_preflight_request",
-    "node_record_failure",
     "node_register",
     "node_rescan",
     "node_run",
     "node_scan_host_key",
     "node_undrain",
     "node_update",
-    "nodes_gate_reset_after_absence",
     "nodes_read",
     "nodes_sample",
     "nodes_sample_once",

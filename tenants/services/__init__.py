@@ -10,7 +10,8 @@ state machine every change goes through).
 The names below are the app's write API for views, the API and tasks: actions only. Reads
 are `tenants.selectors`; a launch's fields are checked by `tenants.launch_input`, a pasted
 SSH key read by `tenants.ssh_keys`, an amount of credit by `tenants.amounts`; constants and
-errors (ServiceRefusal, WrongCode) are imported from the module that defines them."""
+errors (ServiceRefusal, WrongCode) are imported from the module that defines them, and so
+are the steps the modules share among themselves (`audit_event_record`, `slice_meter`)."""
 
 from .accounts import (
     api_token_create,
@@ -27,13 +28,11 @@ from .accounts import (
     tenant_set_status,
     tenant_sign_up,
 )
-from .audit import audit_event_record, members_notify, members_notify_send
+from .audit import members_notify, members_notify_send
 from .billing import (
     credit_grant,
     purchase_create,
     purchase_refund,
-    purchase_warn_if_low,
-    slice_meter,
 )
 from .credit import (
     credit_rate_set,
@@ -72,7 +71,6 @@ from .volumes import (
 __all__ = [
     "api_token_create",
     "api_token_revoke",
-    "audit_event_record",
     "container_remove_quietly",
     "credit_grant",
     "credit_rate_set",
@@ -94,7 +92,6 @@ __all__ = [
     "membership_remove",
     "purchase_create",
     "purchase_refund",
-    "purchase_warn_if_low",
     "recovery_codes_regenerate",
     "running_slices_meter",
     "slice_finish_stop",
@@ -102,7 +99,6 @@ __all__ = [
     "slice_logs_collect",
     "slice_logs_prune",
     "slice_logs_request",
-    "slice_meter",
     "slice_provision",
     "slice_resume",
     "slice_stop",

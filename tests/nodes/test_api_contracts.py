@@ -33,6 +33,7 @@ class TestReservedEnvironmentApi(ApiResourceContract):
     list_url = "/api/v1/reserved-environment/"
     tenant_scoped = False
     has_detail = False
+    rows_in_database = False
 
     def make(self, membership):
         # the rows are not made: they are the code's list

@@ -36,6 +36,18 @@ def contract_image() -> Image:
     )
 
 
+def notebook_image() -> Image:
+    """Another allowlisted Jupyter image each call (the images lists' filters find them)."""
+    n = Image.objects.count()
+    return services.image_create(
+        actor=ops_actor(),
+        name=f"notebook-{n}",
+        reference=f"quay.io/jupyter/base-notebook:v{n}",
+        connect="jupyter",
+        ports=[8888],
+    )
+
+
 def queued_slice(membership: Membership) -> Slice:
     """A launch on a new purchase; it waits in the queue: no GPU takes placements here."""
     slice, _ = services.slice_launch(

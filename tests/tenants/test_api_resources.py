@@ -9,11 +9,12 @@ from django.test import Client
 from django.utils import timezone
 
 from tenants import services
-from tenants.models import Image, Role, Tier, UsageRecord, Volume
+from tenants.models import Role, Tier, UsageRecord, Volume
 from tests.api_contract import ApiResourceContract
 from tests.factories import MembershipFactory
 from tests.tenants.api_objects import (
     launch_template,
+    notebook_image,
     ops_actor,
     paid_purchase,
     queued_slice,
@@ -106,14 +107,7 @@ class TestImagesApi(ApiResourceContract):
     filters = {"search": ("notebook", "zzz-nothing"), "connect": ("jupyter", "ssh")}
 
     def make(self, membership):
-        n = Image.objects.count()
-        return services.image_create(
-            actor=ops_actor(),
-            name=f"notebook-{n}",
-            reference=f"quay.io/jupyter/base-notebook:v{n}",
-            connect="jupyter",
-            ports=[8888],
-        )
+        return notebook_image()
 
 
 class TestVolumesApi(ApiResourceContract):
