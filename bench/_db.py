@@ -21,6 +21,13 @@ if not apps.ready:  # a test that loads a benchmark has Django set up already
     django.setup()
 
 
+def sql(statement: str, params: list | None = None) -> int:
+    """Run one statement on the benchmark's database; the rows it touched."""
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params or [])
+        return cursor.rowcount
+
+
 @contextlib.contextmanager
 def throwaway_database(name: str):
     """Create `bench_<name>` next to the configured database, yield, drop it."""

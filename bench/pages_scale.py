@@ -31,7 +31,7 @@ from datetime import UTC, datetime, timedelta
 
 # bench/ is on sys.path; importing _db sets Django up, so it comes before the platform's
 # imports below
-from _db import throwaway_database
+from _db import sql, throwaway_database
 
 # isort: split
 from _fleet_seed import seed_fleet
@@ -40,23 +40,16 @@ from django.conf import settings
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
-from django_otp import DEVICE_ID_SESSION_KEY
 
 from nodes.models import Gpu, Node
-from tenants import two_factor
-from tests.factories import UserFactory
+from tests.factories import UserFactory, mark_two_factor_passed
 
 REPEAT = 5
 
 
-def _sql(statement: str, params: list | None = None) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params or [])
-
-
 def seed_day_rollups(*, now: datetime) -> None:
     """30 UTC days of day rollups for every GPU (what the advisor reads), in SQL."""
-    _sql(
+    sql(
         "INSERT INTO nodes_gpudayrollup (gpu_id, day, memory_total_mb, memory_used_max_mb, "
         "first_bucket_start, last_bucket_start) "
         "SELECT g.id, d::date, g.vram_total_mb, (g.vram_total_mb * (0.3 + random() * 0.6))::int, "
@@ -65,7 +58,7 @@ def seed_day_rollups(*, now: datetime) -> None:
         "ON CONFLICT (gpu_id, day) DO NOTHING",
         [now - timedelta(days=30), now - timedelta(days=1)],
     )
-    _sql("ANALYZE nodes_gpudayrollup")
+    sql("ANALYZE nodes_gpudayrollup")
 
 
 def staff_client() -> Client:
@@ -73,9 +66,7 @@ def staff_client() -> Client:
     user = UserFactory(email="ops@pages.test", is_staff=True)
     client = Client()
     client.force_login(user)
-    session = client.session
-    session[DEVICE_ID_SESSION_KEY] = two_factor.totp_device(user).persistent_id
-    session.save()
+    mark_two_factor_passed(client, user)
     return client
 
 
@@ -148,7 +139,7 @@ def run_size(client: Client, *, nodes: int, incidents: int, now: datetime) -> di
     seed_incidents(count=incidents, days=90, until=now)
     # as autovacuum leaves tables that grew over weeks: statistics and a visibility map
     # (without it an index-only scan still reads every heap page)
-    _sql("VACUUM ANALYZE")
+    sql("VACUUM ANALYZE")
     print(
         f"seeded {Node.objects.count()} nodes, {Gpu.objects.count()} GPUs, "
         f"{incidents:,} more incidents in {time.perf_counter() - began:.0f} s"

@@ -34,7 +34,7 @@ from datetime import UTC, datetime, timedelta
 
 # bench/ is on sys.path; importing _db sets Django up, so it comes before the platform's
 # imports below
-from _db import throwaway_database
+from _db import sql, throwaway_database
 
 # isort: split
 from _fleet_seed import seed_fleet
@@ -52,12 +52,6 @@ from nodes.services import retention
 from nodes.services.sampling import PIPELINE_CHUNK
 
 MONTH = timedelta(days=30)
-
-
-def _sql(statement: str, params: list | None = None) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params or [])
-        return cursor.rowcount
 
 
 def _sizes(label: str) -> dict[str, int]:
@@ -93,18 +87,18 @@ def keys_and_indexes_deferred(tables: tuple[str, ...]):
             )
             indexes = cursor.fetchall()
         for name, definition in constraints:
-            _sql(f'ALTER TABLE "{table}" DROP CONSTRAINT "{name}"')
+            sql(f'ALTER TABLE "{table}" DROP CONSTRAINT "{name}"')
             saved.append(
                 (table, name, f'ALTER TABLE "{table}" ADD CONSTRAINT "{name}" {definition}')
             )
         for name, definition in indexes:
-            _sql(f"DROP INDEX {name}")
+            sql(f"DROP INDEX {name}")
             saved.append((table, name, definition))
     try:
         yield
     finally:
         for _, _, statement in saved:
-            _sql(statement)
+            sql(statement)
 
 
 def generate_history(*, now: datetime, procs: int) -> None:
@@ -123,14 +117,14 @@ def generate_history(*, now: datetime, procs: int) -> None:
         _write_history(start=start, raw_from=raw_from, now=now, used=used, procs=procs)
     retention.rollups_fold_days(since=start, until=now)
     for table in (*tables, "nodes_gpudayrollup"):
-        _sql(f'ANALYZE "{table}"')
+        sql(f'ANALYZE "{table}"')
 
 
 def _write_history(*, start, raw_from, now, used, procs) -> None:
     day = start
     while day < now:
         end = min(day + timedelta(days=1), now)
-        _sql(
+        sql(
             "INSERT INTO nodes_gpusamplerollup (gpu_id, bucket_start, samples, "  # noqa: S608
             "memory_total_mb, memory_used_max_mb, memory_used_mean_mb, utilization_gpu_max, "
             "utilization_gpu_mean) "
@@ -144,7 +138,7 @@ def _write_history(*, start, raw_from, now, used, procs) -> None:
     hour = raw_from
     while hour < now:
         end = min(hour + timedelta(hours=1), now)
-        _sql(
+        sql(
             "INSERT INTO nodes_gpusample (gpu_id, taken_at, memory_used_mb, memory_total_mb, "  # noqa: S608
             "utilization_gpu, utilization_memory, temperature_c, power_w) "
             f"SELECT g.id, t, {used} + random() * 2048)::int), g.vram_total_mb, "
@@ -153,7 +147,7 @@ def _write_history(*, start, raw_from, now, used, procs) -> None:
             "generate_series(%s, %s - interval '1 second', interval '30 seconds') t",
             [hour, end],
         )
-        _sql(
+        sql(
             "INSERT INTO nodes_processsample (gpu_id, taken_at, pid, used_memory_mb, "
             "container_id, sm_utilization, memory_utilization) "
             "SELECT g.id, t, 1000 + p, 2000 + p * 100, md5(g.id::text || p::text), "
@@ -221,35 +215,35 @@ def prune_one_day(*, now: datetime) -> Prune:
     rows = 0
     for series in partitions.raw_series():
         plain = f"{series.table}_plain"
-        _sql(f'CREATE TABLE "{plain}" (LIKE "{series.table}" INCLUDING ALL)')
-        _sql(f'INSERT INTO "{plain}" SELECT * FROM "{series.table}"')  # noqa: S608
-        _sql(f'VACUUM ANALYZE "{plain}"')
+        sql(f'CREATE TABLE "{plain}" (LIKE "{series.table}" INCLUDING ALL)')
+        sql(f'INSERT INTO "{plain}" SELECT * FROM "{series.table}"')  # noqa: S608
+        sql(f'VACUUM ANALYZE "{plain}"')
         # the partial day before it goes first, unmeasured: then exactly one day is left
         # before day_end
         partitions.partitions_drop_before([(series, day_start)])
-        rows += _sql(
+        rows += sql(
             f'SELECT 1 FROM "{series.table}" WHERE taken_at >= %s AND taken_at < %s',  # noqa: S608
             [day_start, day_end],
         )
-    _sql("CHECKPOINT")
+    sql("CHECKPOINT")
     wal, began = _wal_lsn(), time.perf_counter()
     with transaction.atomic():
         for series in partitions.raw_series():
-            _sql(
+            sql(
                 f'DELETE FROM "{series.table}_plain" WHERE taken_at >= %s AND taken_at < %s',  # noqa: S608
                 [day_start, day_end],
             )
     deleted_s, deleted_wal = time.perf_counter() - began, _wal_lsn() - wal
     began = time.perf_counter()
     for series in partitions.raw_series():
-        _sql(f'VACUUM "{series.table}_plain"')
+        sql(f'VACUUM "{series.table}_plain"')
     vacuum_s = time.perf_counter() - began
-    _sql("CHECKPOINT")
+    sql("CHECKPOINT")
     wal, began = _wal_lsn(), time.perf_counter()
     partitions.partitions_drop_before([(series, day_end) for series in partitions.raw_series()])
     dropped_s, dropped_wal = time.perf_counter() - began, _wal_lsn() - wal
     for series in partitions.raw_series():
-        _sql(f'DROP TABLE "{series.table}_plain"')
+        sql(f'DROP TABLE "{series.table}_plain"')
     return Prune(rows, dropped_s, deleted_s, vacuum_s, dropped_wal, deleted_wal)
 
 

@@ -5,7 +5,6 @@ import importlib
 import pytest
 from django.apps import apps
 from django.test.client import ClientMixin
-from django_otp import DEVICE_ID_SESSION_KEY
 from rest_framework.test import APIClient
 
 from emulator import EmulatedFleet
@@ -15,9 +14,9 @@ from nodelab import CONTAINER_NETWORK, IMAGE, SSH_USER, LabNodeSpec
 from nodes import services as node_services
 from nodes import ssh
 from nodes.models import NodePolicy
-from tenants import services, two_factor
+from tenants import services
 from tenants.models import Image, Tier
-from tests.factories import MembershipFactory, UserFactory, make_token
+from tests.factories import MembershipFactory, UserFactory, make_token, mark_two_factor_passed
 from tests.lab_support import LabPool
 
 
@@ -44,11 +43,7 @@ def _force_login_passes_two_factor(monkeypatch):
 
     def force_login(self, user, backend=None):
         original(self, user, backend)
-        device = two_factor.totp_device(user)
-        if device is not None:
-            session = self.session
-            session[DEVICE_ID_SESSION_KEY] = device.persistent_id
-            session.save()
+        mark_two_factor_passed(self, user)
 
     monkeypatch.setattr(ClientMixin, "force_login", force_login)
 

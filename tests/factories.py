@@ -5,6 +5,7 @@ from binascii import unhexlify
 
 import factory
 from django.contrib.auth import get_user_model
+from django_otp import DEVICE_ID_SESSION_KEY
 from django_otp.oath import TOTP
 
 from tenants import services, two_factor
@@ -85,3 +86,13 @@ def totp_code(user) -> str:
     while step > TOTP(b"").t() + 1:  # beyond the one step of drift the device accepts
         time.sleep(1)
     return totp_at(device.key, step)
+
+
+def mark_two_factor_passed(client, user) -> None:
+    """A test client's session signed in as `user` marked as the code step marks it (with
+    the user's device); a user without a device stays unverified, as in production."""
+    device = two_factor.totp_device(user)
+    if device is not None:
+        session = client.session
+        session[DEVICE_ID_SESSION_KEY] = device.persistent_id
+        session.save()
