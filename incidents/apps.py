@@ -8,7 +8,7 @@ class IncidentsConfig(AppConfig):
     def ready(self) -> None:
         # Here, not at the top: AppConfig modules load before the models they would import.
         from nodes.hooks import register_sample_hook  # noqa: PLC0415
-        from nodes.warning_line import register_warning_line  # noqa: PLC0415
+        from nodes.warning_line import set_warning_line_reader  # noqa: PLC0415
 
         from .hooks import watchdog_sample_hook  # noqa: PLC0415
         from .selectors import vram_warning_pct  # noqa: PLC0415
@@ -17,4 +17,4 @@ class IncidentsConfig(AppConfig):
         # commits: detection within one sampling interval.
         register_sample_hook(watchdog_sample_hook)
         # The fleet page marks cards against the line the watchdog warns at.
-        register_warning_line(vram_warning_pct)
+        set_warning_line_reader(vram_warning_pct)

@@ -126,14 +126,17 @@ def _launch_template(request: HttpRequest) -> LaunchTemplate | None:
     return selectors.template_list().filter(pk=int(wanted)).first()
 
 
-def _sizing_for(template: LaunchTemplate | None, form: LaunchForm) -> list[dict[str, Any]]:
-    """The engine flag per card for the tier of the purchase the form shows."""
+def _sizing_for(
+    template: LaunchTemplate | None, form: LaunchForm, tiers: list[Tier]
+) -> list[dict[str, Any]]:
+    """The engine flag per card for the tier of the purchase the form shows (every tier
+    before one is chosen), from the tiers the page has read."""
     if template is None:
         return []
-    rows = selectors.template_sizing(template)
     chosen = str(form["purchase"].value() or "")
     tier = next((p.tier.vram_mb for p in form.usable if str(p.pk) == chosen), None)
-    return [r for r in rows if tier is None or r["tier_mb"] == tier]
+    shown = [t for t in tiers if tier is None or t.vram_mb == tier]
+    return selectors.template_sizing(template, tiers=shown)
 
 
 def _launch_blocked(
@@ -241,7 +244,7 @@ def _launch_context(
         "image_notes": selectors.images_needing_pull(images),
         "templates": selectors.template_list(),
         "template": template,
-        "template_sizing": _sizing_for(template, form),
+        "template_sizing": _sizing_for(template, form, tiers),
         "ssh_images": list(images.filter(connect=Image.Connect.SSH).values_list("pk", flat=True)),
     }
 

@@ -5,6 +5,8 @@ as a fraction of what the device reports (nodes/engines.py), against the node em
 from __future__ import annotations
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from emulator import GpuSpec, NodeSpec
 from nodes import engines
@@ -210,7 +212,10 @@ def test_the_launch_page_starts_from_a_template_and_shows_the_command_before_lau
     ).json()
     purchase = funded(owner_a, vram_gb=8, hours=1)
     client.force_login(owner_a.user)
-    page = client.get(f"/launch/?template={template['id']}").content.decode()
+    with CaptureQueriesContext(connection) as read:
+        page = client.get(f"/launch/?template={template['id']}").content.decode()
+    tier_reads = [q["sql"] for q in read.captured_queries if 'FROM "tenants_tier"' in q["sql"]]
+    assert len(tier_reads) == 1, tier_reads  # the page's own list, not again for the sizing
     assert 'id="template-chosen">vLLM (Qwen 0.5B)<' in page
     assert "vllm\nserve\nQwen/Qwen2.5-0.5B" in page  # the command field, one argument per line
     assert f'name="template" value="{template["id"]}"' in page
