@@ -11,6 +11,8 @@ import estimator
 from gpuplatform.errors import ServiceError
 from nodes import command_env, isolation
 
+from .ssh_keys import ssh_public_key_parse
+
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
@@ -32,12 +34,6 @@ MAX_COMMAND_ITEMS = 64
 
 
 MAX_COMMAND_ITEM = 4096
-
-
-SSH_KEY_RE = re.compile(
-    r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com)"
-    r" [A-Za-z0-9+/]{40,8192}={0,3}( [^\x00-\x1f]{0,200})?$"
-)
 
 
 def clean_environment(environment: object) -> dict[str, str]:
@@ -106,20 +102,20 @@ def clean_command(command: object) -> list[str]:
 
 
 def clean_ssh_key(key: str, *, required: bool) -> str:
-    key = " ".join((key or "").split())
-    if not key:
+    """The key a slice's sshd lets in, read as an account's keys are (tenants.ssh_keys:
+    its type, and the key itself decoded), the comment kept."""
+    if not " ".join((key or "").split()):
         if required:
             raise ServiceError(
                 "This image connects over SSH: paste your public key (ssh-ed25519 …).",
                 field="ssh_public_key",
             )
         return ""
-    if not SSH_KEY_RE.match(key):
-        raise ServiceError(
-            "Not an OpenSSH public key: expected e.g. 'ssh-ed25519 AAAA… you@host'.",
-            field="ssh_public_key",
-        )
-    return key
+    try:
+        parsed = ssh_public_key_parse(key)
+    except ServiceError as exc:  # the same refusal, on this form's field
+        raise ServiceError(exc.message, code=exc.code, field="ssh_public_key") from exc
+    return f"{parsed.public_key} {parsed.comment}".strip()
 
 
 def launch_estimate_input(model_request: object, tier_mib: int) -> estimator.EstimateRequest:

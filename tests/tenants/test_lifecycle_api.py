@@ -440,6 +440,14 @@ def test_ssh_image_needs_a_public_key(api_a, owner_a, purchase_a, ssh_image, gpu
     assert response.status_code == 400
     assert "ssh_public_key" in response.json()["fields"]
     assert not Allocation.objects.exists()
+    # read as an account's keys are: a body that does not decode, a private key, refused
+    damaged = "ssh-ed25519 " + "A" * 68 + " me@laptop"
+    private = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n"
+    for wrong in (damaged, private):
+        response = api_a.post("/api/v1/slices/", body(purchase_a, ssh_image, ssh_public_key=wrong))
+        assert response.status_code == 400, wrong
+        assert "ssh_public_key" in response.json()["fields"], response.json()
+    assert not Allocation.objects.exists()
     response = api_a.post("/api/v1/slices/", body(purchase_a, ssh_image, ssh_public_key=KEY))
     assert response.status_code == 201
     assert response.json()["ssh_public_key"] == KEY
