@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .model import ModelSpec
 from .request import EstimateRequest
-from .terms import MIB, Core, Part, Term, finish_parts
+from .terms import MIB, Core, Part, Term, finish_parts, note_past_positions
 from .weights import WEIGHT_LABELS, dequant_part, weights_term
 
 VLLM_BLOCK_TOKENS = 16  # vLLM's default KV block size
@@ -55,7 +55,7 @@ def inference_terms(
 ) -> Core:
     """Every term of an inference request, from what peak.compute read, in the order the
     estimate lists them."""
-    _note_positions(r, m, notes)
+    note_past_positions(m, r.context_tokens, f"{r.context_tokens:,} tokens", notes)
     label = f"Weights ({WEIGHT_LABELS[r.weights_dtype]})"
     parts = (
         Part(weights_term(m, label, w_bytes, w_basis, source)),
@@ -68,15 +68,6 @@ def inference_terms(
         _cuda_graphs(r, m, act),
     )
     return finish_parts(r, terms, parts, notes, w_bytes, kv_per_token)
-
-
-def _note_positions(r: EstimateRequest, m: ModelSpec, notes: list[str]) -> None:
-    context = r.context_tokens
-    positions = m.max_position_embeddings
-    if positions is not None and context > positions and not m.learned_positions:
-        notes.append(
-            f"{context:,} tokens exceed the {positions:,} positions {m.name} was trained on"
-        )
 
 
 def _kv_cache(r: EstimateRequest, m: ModelSpec, kv_elem: int, notes: list[str]) -> Part | None:

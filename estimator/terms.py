@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .model import ModelSpec
 from .request import EstimateRequest
 
 MIB = 1 << 20
@@ -100,3 +101,11 @@ def finish_parts(
             terms.append(part.term)
             dynamic += part.churn  # in order, one at a time: the same float sum every run
     return finish(r, terms, notes, dynamic, w_bytes, kv_per_token)
+
+
+def note_past_positions(m: ModelSpec, tokens: int, what: str, notes: list[str]) -> None:
+    """A note when `tokens` (`what` says of which) run past the positions the model was
+    trained on, unless it learned its positions."""
+    positions = m.max_position_embeddings
+    if positions is not None and tokens > positions and not m.learned_positions:
+        notes.append(f"{what} exceed the {positions:,} positions {m.name} was trained on")

@@ -9,7 +9,7 @@ from .errors import EstimatorError
 from .inference import mlp_width
 from .model import ModelSpec, param_count
 from .request import ALL_LINEAR, LORA_MODULES, EstimateRequest
-from .terms import MIB, Core, Part, Term, finish_parts
+from .terms import MIB, Core, Part, Term, finish_parts, note_past_positions
 from .weights import WEIGHT_LABELS, dequant_part, weights_term
 
 # Bytes per trainable parameter of each optimizer's state, and what they hold.
@@ -53,7 +53,7 @@ def training_terms(
 ) -> Core:
     """Every term of a training request (full, LoRA, QLoRA), from what peak.compute read, in
     the order the estimate lists them."""
-    _note_positions(r, m, notes)
+    note_past_positions(m, r.train_seq_len, f"{r.train_seq_len:,}-token sequences", notes)
     trained = _trained(r, m)
     kept = _activation_figures(r, m, act, trained)
     parts = (
@@ -68,15 +68,6 @@ def training_terms(
         _logits(r, m, act),
     )
     return finish_parts(r, terms, parts, notes, w_bytes, kv_per_token)
-
-
-def _note_positions(r: EstimateRequest, m: ModelSpec, notes: list[str]) -> None:
-    seq = r.train_seq_len
-    positions = m.max_position_embeddings
-    if positions is not None and seq > positions and not m.learned_positions:
-        notes.append(
-            f"{seq:,}-token sequences exceed the {positions:,} positions {m.name} was trained on"
-        )
 
 
 def _trained(r: EstimateRequest, m: ModelSpec) -> Trained:
