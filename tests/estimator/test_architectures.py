@@ -186,3 +186,18 @@ def test_a_hybrid_period_of_zero_is_refused_naming_it_not_a_crash(period: str) -
         model_from_config(config)
     assert refused.value.code == "min_value"
     assert period in refused.value.field and "at least 1" in str(refused.value)
+
+
+def test_a_context_past_the_trained_positions_is_noted_for_inference_and_training() -> None:
+    config = _config("llama-2-7b-hf")  # its config says 2,048 positions
+    model = {"config_json": json.dumps(config)}
+    within = estimate(EstimateRequest.from_mapping({"model": model, "context_tokens": 2048}))
+    assert not [n for n in within.notes if "positions" in n]
+    past = estimate(EstimateRequest.from_mapping({"model": model, "context_tokens": 4096}))
+    assert "4,096 tokens exceed the 2,048 positions" in " ".join(past.notes)
+    training = estimate(
+        EstimateRequest.from_mapping(
+            {"model": model, "workload": "training", "seq_len": 3072, "method": "lora"}
+        )
+    )
+    assert "3,072-token sequences exceed the 2,048 positions" in " ".join(training.notes)
