@@ -1,6 +1,7 @@
 """The SQL fragments of placement, per database vendor: a card's room (`ROOM_SQL`), the
 room by what was sold alone (`SOLD_ROOM_SQL`) and the whole-card rule (`WHOLE_CARD_SQL`).
-Constants only: `nodes.services.allocations` runs them."""
+Constants only: `nodes.services.allocations` runs them (and `nodes.selectors.placement_shortfall`
+reads `SOLD_ROOM_SQL`)."""
 
 # placement.nominal_mb and Candidate.capacity_mb in SQL, in integers where possible;
 # capacity is rounded down (FLOOR; SQLite's CAST truncates, the same for positives).
