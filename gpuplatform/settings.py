@@ -34,7 +34,8 @@ CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 SITE_URL = env.str("GPUPLATFORM_SITE_URL", default="http://127.0.0.1:8000")
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    # the admin with no login form of its own: staff come in through the code step
+    "gpuplatform.admin_apps.PlatformAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -190,7 +191,7 @@ REST_FRAMEWORK = {
     # Token first: its WWW-Authenticate header makes anonymous calls 401, not 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "tenants.authentication.ApiTokenAuthentication",
-        "rest_framework.authentication.SessionAuthentication",
+        "tenants.authentication.StaffVerifiedSessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "gpuplatform.api.pagination.PageNumberPagination",

@@ -9,9 +9,6 @@ from nodes import views as node_views
 from tenants.login import ThrottledLoginView, login_two_factor
 from tenants.views import accounts as tenant_views
 
-admin.site.site_header = "gpuplatform ops admin"
-admin.site.site_title = "gpuplatform admin"
-
 urlpatterns = [
     path("", tenant_views.home, name="home"),
     path("healthz/", tenant_views.healthz, name="healthz"),

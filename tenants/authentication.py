@@ -21,10 +21,11 @@ from rest_framework import authentication, exceptions, throttling
 from rest_framework.settings import api_settings
 
 from gpuplatform.api.scopes import IpNotAllowed, address_allowed, check_scope, role_scopes
+from gpuplatform.errors import NotAllowed
 
 from .models import ApiToken, Membership
 from .tokens import hash_secret
-from .two_factor import require_for_api_token
+from .two_factor import require_for_api_token, unverified_staff
 
 if TYPE_CHECKING:  # annotations only: DRF loads this module while rest_framework.views loads
     from django_stubs_ext import WithAnnotations
@@ -76,6 +77,23 @@ class AuthFailureThrottle(throttling.SimpleRateThrottle):
         self._load(request)
         self.history.insert(0, self.now)
         self.cache.set(self.key, self.history, self.duration)
+
+
+TWO_FACTOR_SESSION = (
+    "Staff sessions reach the API only after the code step: sign in again at "
+    "/accounts/login/ and enter a code from your app."
+)
+
+
+class StaffVerifiedSessionAuthentication(authentication.SessionAuthentication):
+    """The browser session, as DRF reads it (with its CSRF check), refused for staff whose
+    session never passed the code step: the API is no side door around the pages' rule."""
+
+    def authenticate(self, request: Request) -> tuple[User, None] | None:
+        found = super().authenticate(request)
+        if found is not None and unverified_staff(request._request.user):
+            raise NotAllowed(TWO_FACTOR_SESSION, code="two_factor_required")
+        return found
 
 
 class ApiTokenAuthentication(authentication.BaseAuthentication):

@@ -1,5 +1,5 @@
 """Two-factor reads and the staff rule: a session or token of staff without a set-up,
-verified second factor reaches no ops page and no API (docs/two-factor.md)."""
+verified second factor reaches no page but the code step, and no API (docs/two-factor.md)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,10 @@ from .tokens import hash_secret
 
 KEY_BYTES = 20  # 160 bits, what authenticator apps expect for SHA-1 TOTP
 RECOVERY_CODE_COUNT = 10
-# Paths only staff reach; the set-up page itself lives under /account/ so it stays open.
-OPS_PREFIXES = ("/ops/", "/admin/")
+# What an unverified staff session may still reach: the code step and its set-up page,
+# login, logout and password reset, and the API, whose session authentication answers 403
+# `two_factor_required` itself (StaffVerifiedSessionAuthentication) instead of redirecting.
+UNVERIFIED_STAFF_PATHS = ("/account/two-factor/", "/accounts/", "/api/", "/healthz/")
 STAFF_SETUP_MESSAGE = (
     "Ops pages need two-factor sign-in: set up an authenticator app below to continue."
 )
@@ -93,21 +95,24 @@ def require_for_api_token(user: User) -> None:
         )
 
 
+def unverified_staff(user: User | AnonymousUser) -> bool:
+    """A signed-in staff account whose session has not passed the code step."""
+    return bool(
+        user.is_authenticated and user.is_staff and not user.is_verified()  # type: ignore[union-attr]  # set by OTPMiddleware
+    )
+
+
 class StaffTwoFactorMiddleware:
-    """Staff reach ops pages only from a session verified by a second factor: without a
-    device they are sent to set one up, with one (a session from before) to verify."""
+    """Staff reach every page (ops pages, the admin, their account and token pages) only
+    from a session verified by a second factor: without a device they are sent to set one
+    up, with one (a session from before, or the admin's password form) to verify."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
     def __call__(self, request: PageRequest) -> HttpResponse:
         user = request.user
-        if (
-            request.path.startswith(OPS_PREFIXES)
-            and user.is_authenticated
-            and user.is_staff
-            and not user.is_verified()  # type: ignore[attr-defined]  # set by OTPMiddleware
-        ):
+        if unverified_staff(user) and not request.path.startswith(UNVERIFIED_STAFF_PATHS):
             notice = STAFF_VERIFY_MESSAGE if has_two_factor(user) else STAFF_SETUP_MESSAGE
             messages.warning(request, notice)
             target = f"{reverse('tenants:two_factor')}?{urlencode({'next': request.path})}"

@@ -1,10 +1,13 @@
 """Shared fixtures: two tenants with owners, API clients for each, an ops user."""
 
 import importlib
+from types import SimpleNamespace
 
+import django_otp.oath
 import pytest
 from django.apps import apps
 from django.test.client import ClientMixin
+from django_otp.plugins.otp_totp import models as otp_totp_models
 from rest_framework.test import APIClient
 
 from emulator import EmulatedFleet
@@ -16,7 +19,14 @@ from nodes import ssh
 from nodes.models import NodePolicy
 from tenants import services
 from tenants.models import Image, Tier
-from tests.factories import MembershipFactory, UserFactory, make_token, mark_two_factor_passed
+from tests import factories
+from tests.factories import (
+    MembershipFactory,
+    OtpClock,
+    UserFactory,
+    make_token,
+    mark_two_factor_passed,
+)
 from tests.lab_support import LabPool
 
 
@@ -46,6 +56,18 @@ def _force_login_passes_two_factor(monkeypatch):
         mark_two_factor_passed(self, user)
 
     monkeypatch.setattr(ClientMixin, "force_login", force_login)
+
+
+@pytest.fixture(autouse=True)
+def _otp_clock(monkeypatch):
+    """Two-factor codes on the suite's clock (tests.factories.OtpClock), a fresh one per
+    test: django-otp's TOTP reads `time()` from django_otp.oath, its device
+    `time.time()` from its models module."""
+    clock = OtpClock()
+    monkeypatch.setattr(factories, "OTP_CLOCK", clock)
+    monkeypatch.setattr(django_otp.oath, "time", clock.time)
+    monkeypatch.setattr(otp_totp_models, "time", SimpleNamespace(time=clock.time))
+    return clock
 
 
 @pytest.fixture

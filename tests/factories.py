@@ -2,11 +2,14 @@
 
 import time
 from binascii import unhexlify
+from datetime import timedelta
 
 import factory
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 from django_otp import DEVICE_ID_SESSION_KEY
 from django_otp.oath import TOTP
+from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from tenants import services, two_factor
 from tenants.models import Membership, Role, Tenant
@@ -67,25 +70,58 @@ def totp_at(key: str, step: int) -> str:
     return f"{totp.token():06d}"
 
 
+class OtpClock:
+    """The suite's clock for two-factor codes: django-otp reads the time through it
+    (tests/conftest.py installs it for every test), and it moves only when a test moves
+    it. A code computed for a step is checked at that same step, wherever in a real 30 s
+    step the test runs; before, a step that turned between the two refused the code."""
+
+    STEP_S = 30
+
+    def __init__(self) -> None:
+        # Mid-step, from a real time: codes look like any day's, and nothing is at an edge.
+        self.now = (int(time.time()) // self.STEP_S) * self.STEP_S + self.STEP_S / 2
+
+    def time(self) -> float:
+        return self.now
+
+    def step(self) -> int:
+        return int(self.now) // self.STEP_S
+
+    def advance(self, steps: int = 1) -> None:
+        self.now += steps * self.STEP_S
+
+
+OTP_CLOCK = OtpClock()
+
+
 def give_two_factor(user) -> list[str]:
     """Turn on TOTP for `user` as the set-up page does; returns the recovery codes. The
     code is the one a step behind (a phone a little slow, which the device accepts), so
-    the user's next two sign-ins each have a step of their own without waiting 30 s for
-    the clock (a used step is refused)."""
+    the user's next two sign-ins each have a step of their own without moving the clock
+    (a used step is refused)."""
     key = two_factor.new_key()
-    return services.two_factor_enable(user=user, key=key, code=totp_at(key, TOTP(b"").t() - 1))
+    return services.two_factor_enable(user=user, key=key, code=totp_at(key, OTP_CLOCK.step() - 1))
 
 
 def totp_code(user) -> str:
     """A code for `user`'s device that it has not accepted yet: a used step is refused (no
-    replay), so a second sign-in in the same 30 s uses the next step, or waits for one."""
+    replay), so a second sign-in in the same step uses the next one, or moves the suite's
+    clock on to it."""
     device = two_factor.totp_device(user)
     assert device is not None, f"{user} has no two-factor device"
-    now = TOTP(b"").t()
-    step = max(now, device.last_t + 1)
-    while step > TOTP(b"").t() + 1:  # beyond the one step of drift the device accepts
-        time.sleep(1)
+    step = max(OTP_CLOCK.step(), device.last_t + 1)
+    if step > OTP_CLOCK.step() + 1:  # beyond the one step of drift the device accepts
+        OTP_CLOCK.advance(step - OTP_CLOCK.step() - 1)
     return totp_at(device.key, step)
+
+
+def wait_out_code_throttle(user) -> None:
+    """As if the wait django-otp asks after wrong codes (1, 2, 4 ... s) had passed, without
+    sleeping: the device's last failure is moved an hour back; its count stays."""
+    TOTPDevice.objects.filter(user=user).update(
+        throttling_failure_timestamp=timezone.now() - timedelta(hours=1)
+    )
 
 
 def mark_two_factor_passed(client, user) -> None:

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import logging
 from binascii import unhexlify
+from math import ceil
 
+from django.contrib.auth import SESSION_KEY
 from django.contrib.auth.models import User
+from django.contrib.sessions.models import Session
 from django.db import transaction
 from django.utils import timezone
 from django_otp.oath import TOTP
@@ -16,7 +19,7 @@ from gpuplatform.errors import Conflict, NotAllowed, ServiceError
 from gpuplatform.ops import is_ops
 
 from .. import two_factor
-from ..models import Membership, RecoveryCode
+from ..models import ApiToken, Membership, RecoveryCode
 from .audit import audit_event_record
 
 log = logging.getLogger("gpuplatform.security")
@@ -51,19 +54,48 @@ def _issue_recovery_codes(user: User) -> list[str]:
 
 
 def _check_totp(*, user: User, code: str) -> TOTPDevice:
+    """Never inside a transaction that a wrong code rolls back: verify_token counts the
+    failure on the device (its throttle: each further try waits twice as long), and that
+    count must outlive the failed request, or it never grows."""
     device = two_factor.totp_device(user)
     if device is None:
         raise Conflict("Two-factor sign-in is not set up.")
-    # verify_token refuses a code already used (last_t) and throttles the device itself.
+    allowed, why = device.verify_is_allowed()
+    if not allowed and why and why.get("locked_until"):
+        wait = ceil((why["locked_until"] - timezone.now()).total_seconds())
+        raise WrongCode(
+            f"Too many wrong codes for this account: wait {max(wait, 1)} s and try again.",
+            field="code",
+        )
+    # verify_token refuses a code already used (last_t) and throttles the device itself:
+    # after n wrong codes in a row the next is checked only 2^(n-1) s later.
     if not device.verify_token(code.strip()):
         raise WrongCode(WRONG_CODE, field="code")
     return device
 
 
+def _sign_out_elsewhere(*, user: User, keep_session_key: str | None) -> int:
+    """End every session of `user` but the one that made the change. Sessions are not
+    indexed by user, so the live ones are read; this runs on a rare, deliberate act."""
+    ended = []
+    for session in Session.objects.filter(expire_date__gt=timezone.now()).iterator():
+        if session.session_key == keep_session_key:
+            continue
+        if str(session.get_decoded().get(SESSION_KEY)) == str(user.pk):
+            ended.append(session.session_key)
+    Session.objects.filter(session_key__in=ended).delete()
+    return len(ended)
+
+
 @transaction.atomic
-def two_factor_enable(*, user: User, key: str, code: str) -> list[str]:
+def two_factor_enable(
+    *, user: User, key: str, code: str, keep_session_key: str | None = None
+) -> list[str]:
     """Confirm the secret shown on the set-up page with one code from the app; returns the
-    recovery codes, the only time they are seen in the clear."""
+    recovery codes, the only time they are seen in the clear.
+
+    What was opened with the password alone stops working: every other session of the user
+    ends, and every API token they made before is revoked (with the tokens those made)."""
     if two_factor.totp_device(user) is not None:
         raise Conflict("Two-factor sign-in is already on.")
     totp = TOTP(unhexlify(key))
@@ -76,14 +108,24 @@ def two_factor_enable(*, user: User, key: str, code: str) -> list[str]:
         user=user, name="Authenticator app", key=key, confirmed=True, last_t=totp.t()
     )
     codes = _issue_recovery_codes(user)
-    _audit(user=user, action="two_factor.enabled", summary="Two-factor sign-in turned on.")
+    revoked = ApiToken.objects.filter(user=user, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
+    sessions = _sign_out_elsewhere(user=user, keep_session_key=keep_session_key)
+    _audit(
+        user=user,
+        action="two_factor.enabled",
+        summary=f"Two-factor sign-in turned on; {sessions} other session(s) signed out and "
+        f"{revoked} API token(s) made before revoked.",
+    )
     return codes
 
 
-@transaction.atomic
 def two_factor_verify(*, user: User, code: str) -> TOTPDevice:
     """The second step of signing in: a code from the app or an unused recovery code.
-    Returns the device the session is then verified with."""
+    Returns the device the session is then verified with. Not one transaction: a wrong
+    code's count on the device must be committed (_check_totp); a recovery code is used
+    by one conditional UPDATE, atomic by itself."""
     if not two_factor.looks_like_recovery_code(code):
         return _check_totp(user=user, code=code)
     device = two_factor.totp_device(user)
@@ -104,27 +146,29 @@ def two_factor_verify(*, user: User, code: str) -> TOTPDevice:
     return device
 
 
-@transaction.atomic
 def recovery_codes_regenerate(*, user: User, code: str) -> list[str]:
-    """New recovery codes for a fresh code from the app; the old ones stop working."""
+    """New recovery codes for a fresh code from the app; the old ones stop working. The
+    code is checked before the transaction (_check_totp)."""
     _check_totp(user=user, code=code)
-    codes = _issue_recovery_codes(user)
-    _audit(
-        user=user,
-        action="two_factor.recovery_codes_regenerated",
-        summary="Two-factor recovery codes regenerated.",
-    )
+    with transaction.atomic():
+        codes = _issue_recovery_codes(user)
+        _audit(
+            user=user,
+            action="two_factor.recovery_codes_regenerated",
+            summary="Two-factor recovery codes regenerated.",
+        )
     return codes
 
 
-@transaction.atomic
 def two_factor_disable(*, user: User, code: str) -> None:
-    """Turn two-factor sign-in off with a fresh code. Staff may not: it is their rule."""
+    """Turn two-factor sign-in off with a fresh code. Staff may not: it is their rule. The
+    code is checked before the transaction (_check_totp)."""
     if is_ops(user):
         raise NotAllowed(
             "Ops accounts must keep two-factor sign-in on.", code="two_factor_required"
         )
     _check_totp(user=user, code=code)
-    TOTPDevice.objects.filter(user=user).delete()
-    RecoveryCode.objects.filter(user=user).delete()
-    _audit(user=user, action="two_factor.disabled", summary="Two-factor sign-in turned off.")
+    with transaction.atomic():
+        TOTPDevice.objects.filter(user=user).delete()
+        RecoveryCode.objects.filter(user=user).delete()
+        _audit(user=user, action="two_factor.disabled", summary="Two-factor sign-in turned off.")

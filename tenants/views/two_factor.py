@@ -95,14 +95,20 @@ def two_factor_enable(request: UserRequest) -> HttpResponse:
         return redirect("tenants:two_factor")
     codes = _with_code(
         request,
-        lambda code: services.two_factor_enable(user=request.user, key=key, code=code),
+        lambda code: services.two_factor_enable(
+            user=request.user, key=key, code=code, keep_session_key=request.session.session_key
+        ),
     )
     if isinstance(codes, HttpResponse):
         return codes
     request.session.pop(SETUP_KEY_SESSION_KEY, None)
     # The code just typed proves the app: this session counts as verified.
     otp_login(request, two_factor.totp_device(request.user))
-    messages.success(request, "Two-factor sign-in is on.")
+    messages.success(
+        request,
+        "Two-factor sign-in is on. Your other sessions are signed out and API tokens made "
+        "before are revoked: make new ones.",
+    )
     return _page(request, recovery_codes=codes)
 
 

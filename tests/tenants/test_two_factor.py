@@ -13,7 +13,15 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 from gpuplatform.errors import NotAllowed
 from tenants import services, two_factor
 from tenants.models import AuditEvent, RecoveryCode
-from tests.factories import PASSWORD, UserFactory, give_two_factor, make_token, totp_at, totp_code
+from tests.factories import (
+    PASSWORD,
+    UserFactory,
+    give_two_factor,
+    make_token,
+    totp_at,
+    totp_code,
+    wait_out_code_throttle,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -75,6 +83,10 @@ def test_sign_in_needs_the_code_after_the_password(client, owner_a):
     assert client.get("/account/").status_code == 302
     wrong = client.post("/accounts/login/two-factor/", {"code": "123456"})
     assert wrong.status_code == 400
+    # a wrong code holds the account's device for a second: a right one at once is refused
+    held = client.post("/accounts/login/two-factor/", {"code": totp_code(user)})
+    assert held.status_code == 400 and "Too many wrong codes" in held.content.decode()
+    wait_out_code_throttle(user)
     right = client.post("/accounts/login/two-factor/", {"code": totp_code(user)})
     assert right.status_code == 302 and right["Location"] == "/account/"
     assert client.get("/account/").status_code == 200
@@ -136,6 +148,7 @@ def test_regenerating_replaces_the_codes_and_disabling_needs_a_fresh_code(client
     old = give_two_factor(user)
     client.force_login(user)
     assert client.post("/account/two-factor/recovery-codes/", {"code": "1"}).status_code == 400
+    wait_out_code_throttle(user)
     page = client.post("/account/two-factor/recovery-codes/", {"code": totp_code(user)})
     new = re.findall(r"<code>([a-z2-7]{5}-[a-z2-7]{5})</code>", page.content.decode())
     assert len(new) == 10 and not set(new) & set(old)
@@ -144,6 +157,7 @@ def test_regenerating_replaces_the_codes_and_disabling_needs_a_fresh_code(client
 
     assert client.post("/account/two-factor/disable/", {"code": "000000"}).status_code == 400
     assert two_factor.has_two_factor(user)
+    wait_out_code_throttle(user)
     assert client.post("/account/two-factor/disable/", {"code": totp_code(user)}).status_code == 302
     assert not two_factor.has_two_factor(user) and not RecoveryCode.objects.filter(user=user)
     actions = set(AuditEvent.objects.filter(actor=user).values_list("action", flat=True))
@@ -203,7 +217,9 @@ def test_an_ops_token_is_refused_until_two_factor_is_set_up(token_client):
     assert refused.status_code == 403
     assert refused.json()["code"] == "two_factor_required"
     give_two_factor(staff)
-    assert api.get("/api/v1/me/").status_code == 200
+    # the token made with the password alone is revoked when two-factor turns on
+    assert api.get("/api/v1/me/").status_code == 401
+    assert token_client(staff).get("/api/v1/me/").status_code == 200
 
 
 def test_a_tenant_token_needs_no_two_factor(api_a):
