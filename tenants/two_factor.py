@@ -97,9 +97,10 @@ def require_for_api_token(user: User) -> None:
 
 def unverified_staff(user: User | AnonymousUser) -> bool:
     """A signed-in staff account whose session has not passed the code step."""
-    return bool(
-        user.is_authenticated and user.is_staff and not user.is_verified()  # type: ignore[union-attr]  # set by OTPMiddleware
-    )
+    if not (user.is_authenticated and user.is_staff):
+        return False
+    verified = getattr(user, "is_verified", None)  # set on request.user by OTPMiddleware
+    return not (callable(verified) and verified())
 
 
 class StaffTwoFactorMiddleware:

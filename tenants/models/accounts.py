@@ -242,6 +242,16 @@ class ApiToken(models.Model):
     last_used_at = models.DateTimeField("last used", null=True, blank=True)
     last_used_address = models.GenericIPAddressField("last used from", null=True, blank=True)
     revoked_at = models.DateTimeField("revoked", null=True, blank=True)
+    parent = models.ForeignKey(
+        "self",
+        on_delete=models.CASCADE,
+        related_name="children",
+        null=True,
+        blank=True,
+        verbose_name="made by token",
+        help_text="The token that made this one: it bounds this one's expiry, scopes, "
+        "networks and spending, and revoking it revokes this one.",
+    )
 
     objects = ApiTokenQuerySet.as_manager()
 

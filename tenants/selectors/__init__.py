@@ -6,6 +6,8 @@ VRAM, logs, the gateway, templates) and `volumes` (volumes, the storage price, m
 `from tenants.selectors import X` (or `selectors.X`) names any of them."""
 
 from .accounts import (
+    api_token_descendant_ids,
+    api_token_lineage,
     api_token_list,
     audit_event_list,
     gateway_host_key_fingerprint,
@@ -86,6 +88,8 @@ from .volumes import (
 )
 
 __all__ = [
+    "api_token_descendant_ids",
+    "api_token_lineage",
     "CalibrationRow",
     "GAUGE_WINDOW_MINUTES",
     "MemberLimit",

@@ -52,11 +52,38 @@ def invitation_by_token(token: str) -> Invitation | None:
     )
 
 
+# Tokens made by tokens make a short chain in practice; the bounds keep a walk finite.
+TOKEN_LINEAGE_MAX = 64
+TOKEN_TREE_MAX = 10_000
+
+
 def api_token_list(*, user: User | AnonymousUser) -> QuerySet[ApiToken]:
     """A user's own tokens: tokens are personal, so they are scoped by user, not tenant."""
     if not user.is_authenticated:
         return ApiToken.objects.none()
     return ApiToken.objects.filter(user=user).order_by("-created_at", "-id")
+
+
+def api_token_lineage(token: ApiToken) -> list[ApiToken]:
+    """The token, then the token that made it, and so on up: each bounds the ones below."""
+    chain = [token]
+    while chain[-1].parent_id is not None and len(chain) < TOKEN_LINEAGE_MAX:
+        parent = ApiToken.objects.filter(pk=chain[-1].parent_id).first()
+        if parent is None:
+            break
+        chain.append(parent)
+    return chain
+
+
+def api_token_descendant_ids(token: ApiToken) -> list[int]:
+    """The token's id and those of every token made from it, at any depth."""
+    ids, frontier = [token.pk], [token.pk]
+    while frontier and len(ids) < TOKEN_TREE_MAX:
+        frontier = list(
+            ApiToken.objects.filter(parent_id__in=frontier).values_list("pk", flat=True)
+        )
+        ids.extend(frontier)
+    return ids
 
 
 def ssh_keys_of(user: User | AnonymousUser) -> QuerySet[SshKey]:

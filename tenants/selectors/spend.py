@@ -16,6 +16,7 @@ from gpuplatform.errors import Conflict
 
 from ..models import ApiToken, LedgerEntry, Membership, Tenant
 from ..months import month_start
+from .accounts import api_token_descendant_ids, api_token_lineage
 
 WARN_AT = Decimal("0.80")
 _SPEND_KINDS = (LedgerEntry.Kind.PURCHASE, LedgerEntry.Kind.REFUND, LedgerEntry.Kind.STORAGE)
@@ -29,14 +30,15 @@ def spent(
     now: datetime | None = None,
 ) -> Decimal:
     """Credits charged this month: the tenant's (purchases less refunds, storage), or those
-    of the purchases one member or one token made (less their refunds)."""
+    of the purchases one member made, or one token and the tokens made from it (less their
+    refunds): a token's limit holds its children too."""
     rows = LedgerEntry.objects.filter(
         tenant=tenant, kind__in=_SPEND_KINDS, created_at__gte=month_start(now)
     )
     if user is not None:
         rows = rows.filter(purchase__created_by=user)
     if token is not None:
-        rows = rows.filter(purchase__api_token=token)
+        rows = rows.filter(purchase__api_token__in=api_token_descendant_ids(token))
     total = rows.aggregate(total=Sum("amount"))["total"] or Decimal("0")
     return max(Decimal("0.00"), -total)
 
@@ -62,9 +64,12 @@ def spend_limits(
         if (limit := mine.first()) is not None:
             out.append(("your", limit, {"user": membership.user}))
     if token is not None:
-        theirs = ApiToken.objects.filter(pk=token.pk).values_list("spend_limit", flat=True)
-        if (limit := theirs.first()) is not None:
-            out.append((f"token {token.name}'s", limit, {"token": token}))
+        # The token's own limit, and that of each token above it: a child spends its
+        # parent's budget too, so it can never buy what its parent may not.
+        fresh = ApiToken.objects.filter(pk=token.pk).first()
+        for held in api_token_lineage(fresh) if fresh is not None else []:
+            if held.spend_limit is not None:
+                out.append((f"token {held.name}'s", held.spend_limit, {"token": held}))
     return out
 
 

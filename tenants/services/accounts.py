@@ -1,7 +1,7 @@
 """Every write to tenants, members, invitations and API tokens goes through here."""
 
 from collections.abc import Iterable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -28,7 +28,7 @@ from ..locks import (
     tenant_lock,
 )
 from ..models import ApiToken, Invitation, Membership, Role, Slice, Tenant
-from ..selectors import invitation_by_token
+from ..selectors import api_token_descendant_ids, invitation_by_token
 from ..tokens import API_TOKEN_PREFIX, display_prefix, hash_secret, new_secret
 from .audit import audit_event_record
 from .slices.stop import slice_stop_locked
@@ -354,8 +354,9 @@ def api_token_create(
     """Make a token; the plain value is returned once and never stored.
 
     `scopes` None means every scope the user's role allows (or, for a token made by a
-    token, `within`, that token's). The new one may not do more than `within`, nor from
-    more places.
+    token, `within`, that token's; its networks and expiry likewise). The new one may not
+    do more than `within`, nor from more places, nor for longer; it spends within
+    `within`'s limit and is revoked with it.
     """
     name = _clean_token_name(name)
     _check_token_days(expires_in_days)
@@ -372,9 +373,13 @@ def api_token_create(
         role="staff" if ops else str(role),
     )
     networks = clean_networks(networks=allowed_networks)
+    if within is not None and not networks:  # a child defaults to its parent's networks
+        networks = list(within.allowed_networks)
+    now = timezone.now()
+    expires_at = now + timedelta(days=expires_in_days) if expires_in_days else None
     if within is not None:
         _check_within(token=within, scopes=granted, networks=networks, allowed=allowed)
-    now = timezone.now()
+        expires_at = _expiry_within(token=within, expires_at=expires_at)
     value = new_secret(API_TOKEN_PREFIX)
     token = ApiToken.objects.create(
         user=user,
@@ -382,9 +387,10 @@ def api_token_create(
         name=name,
         prefix=display_prefix(value),
         key_hash=hash_secret(value),
-        expires_at=now + timedelta(days=expires_in_days) if expires_in_days else None,
+        expires_at=expires_at,
         scopes=granted,
         allowed_networks=networks,
+        parent=within,
     )
     if membership:
         audit_event_record(
@@ -392,9 +398,31 @@ def api_token_create(
             actor=user,
             action="token.created",
             summary=f"{user.email} created API token {name!r} ({token.prefix}…)",
-            data={"scopes": granted, "allowed_networks": networks},
+            data={
+                "scopes": granted,
+                "allowed_networks": networks,
+                "made_by_token": within.prefix if within is not None else None,
+                "expires_at": expires_at.isoformat() if expires_at else None,
+            },
         )
     return token, value
+
+
+def _expiry_within(*, token: ApiToken, expires_at: datetime | None) -> datetime | None:
+    """A token made by a token expires no later than its maker: with no expiry asked, it
+    takes the maker's; asked past it, it is refused (never silently shortened)."""
+    if token.expires_at is None:
+        return expires_at
+    if expires_at is None:
+        return token.expires_at
+    if expires_at > token.expires_at:
+        raise ServiceError(
+            f"This token expires at {token.expires_at:%Y-%m-%d %H:%M} UTC: a token it makes "
+            "must expire by then (ask for fewer days, or none to expire with it).",
+            code="max_value",
+            field="expires_in_days",
+        )
+    return expires_at
 
 
 def _clean_token_name(name: str) -> str:
@@ -450,13 +478,19 @@ def _check_within(
 def api_token_revoke(*, user: User, token: ApiToken) -> ApiToken:
     token = api_token_lock(token.pk, user=user)
     if token.revoked_at is None:
-        token.revoked_at = timezone.now()
+        now = timezone.now()
+        token.revoked_at = now
         token.save(update_fields=["revoked_at"])
+        # What it made goes with it: a child never outlives the token that bounded it.
+        children = ApiToken.objects.filter(
+            pk__in=api_token_descendant_ids(token)[1:], revoked_at__isnull=True
+        ).update(revoked_at=now)
         if token.tenant is not None:  # None without a query when it has no tenant
             audit_event_record(
                 tenant=token.tenant,
                 actor=user,
                 action="token.revoked",
-                summary=f"{user.email} revoked API token {token.name!r} ({token.prefix}…)",
+                summary=f"{user.email} revoked API token {token.name!r} ({token.prefix}…)"
+                + (f" and {children} token(s) it made" if children else ""),
             )
     return token

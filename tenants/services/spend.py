@@ -15,7 +15,7 @@ from gpuplatform.errors import NotAllowed, ServiceError
 
 from ..locks import tenant_lock
 from ..models import ApiToken, Membership, Tenant
-from ..selectors import WARN_AT, spend_limits, spent
+from ..selectors import WARN_AT, api_token_lineage, spend_limits, spent
 from .audit import audit_event_record, members_notify
 
 MAX_LIMIT = Decimal("9999999999.99")
@@ -79,12 +79,20 @@ def spend_limit_set(
     limit: Decimal | str | None,
     member: Membership | None = None,
     token: ApiToken | None = None,
+    via: ApiToken | None = None,
 ) -> Decimal | None:
     """An owner sets (or, with None, lifts) the tenant's, a member's or a token's
-    monthly limit; recorded in the audit trail."""
+    monthly limit; recorded in the audit trail. `via`: the API token the owner acts
+    through, if any. A token held to a spend limit (its own or one above it) changes no
+    limit: it could lift its own."""
     owner = Membership.objects.filter(user=actor, tenant=tenant, role="owner").exists()
     if not owner:
         raise NotAllowed("Only owners set spend limits.")
+    if via is not None and any(t.spend_limit is not None for t in api_token_lineage(via)):
+        raise NotAllowed(
+            "This token has a spend limit (its own or its parent's), so it cannot change "
+            "spend limits: an owner changes them signed in, or with a token without a limit."
+        )
     if member is not None and token is not None:
         raise ServiceError("A limit is for the tenant, a member or a token.", field="token")
     value = _clean_limit(limit)

@@ -183,8 +183,14 @@ def test_a_token_cannot_make_a_broader_token(owner_a):
         token(owner_a.user, "read", "admin", networks=("127.0.0.0/8",)),
         REMOTE_ADDR="127.0.0.1",
     )
-    loose = fenced.post("/api/v1/tokens/", {"name": "anywhere", "scopes": ["read"]})
+    loose = fenced.post(
+        "/api/v1/tokens/",
+        {"name": "anywhere", "scopes": ["read"], "allowed_networks": ["0.0.0.0/0"]},
+    )
     assert loose.status_code == 403 and loose.json()["code"] == "ip_not_allowed"
+    # omitted, a token's child is fenced as its parent is
+    kept = fenced.post("/api/v1/tokens/", {"name": "kept", "scopes": ["read"]})
+    assert kept.status_code == 201 and kept.json()["allowed_networks"] == ["127.0.0.0/8"]
     inside = fenced.post(
         "/api/v1/tokens/",
         {"name": "inside", "scopes": ["read"], "allowed_networks": ["127.0.0.0/24"]},

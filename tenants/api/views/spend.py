@@ -68,7 +68,7 @@ class SpendLimitView(TenantResourceMixin, APIView):
                                    field="token")  # fmt: skip
         services.spend_limit_set(
             actor=signed_in(request), tenant=tenant, limit=values["limit"], member=member,
-            token=token,
+            token=token, via=request.auth if isinstance(request.auth, ApiToken) else None,
         )  # fmt: skip
         tenant.refresh_from_db()
         return Response(SpendLimitSerializer(selectors.spend_summary(tenant=tenant)).data)
