@@ -70,8 +70,16 @@ def _fresh(fn: Callable[P, R]) -> Callable[P, R]:
     return run
 
 
+class GatewayAuthFailureThrottle(AuthFailureThrottle):
+    """Failed sign-ins at the gateway per address, kept as the API keeps its own but in a
+    bucket of their own: bad keys at the gateway never lock out good API tokens, nor
+    bad tokens good keys."""
+
+    scope = "gateway_auth_failure"
+
+
 def _throttle_request(address: str) -> Request:
-    # the API's per-address failure count, read and written the same way
+    # read and written as the API reads and writes its failure count
     request = HttpRequest()
     request.META = {"REMOTE_ADDR": address}
     return Request(request)
@@ -79,17 +87,17 @@ def _throttle_request(address: str) -> Request:
 
 @_fresh
 def address_blocked(address: str) -> bool:
-    """Past the API's per-address rate of failed authentications."""
-    throttle = AuthFailureThrottle()
+    """Past the gateway's per-address rate of failed sign-ins."""
+    throttle = GatewayAuthFailureThrottle()
     if throttle.rate is None:
         return False
-    throttle._load(_throttle_request(address))  # noqa: SLF001 - the same books as the API
+    throttle._load(_throttle_request(address))  # noqa: SLF001 - kept as the API keeps its own
     return len(throttle.history) >= throttle.num_requests
 
 
 @_fresh
 def auth_failed(address: str) -> None:
-    AuthFailureThrottle().record_failure(_throttle_request(address))
+    GatewayAuthFailureThrottle().record_failure(_throttle_request(address))
 
 
 @_fresh

@@ -187,6 +187,9 @@ SESSION_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"
 
 # --- REST framework ---------------------------------------------------------------
+# The proxies' own addresses or networks; when set, X-Forwarded-For is read only on
+# requests that came from one of them (gpuplatform.http.client_address).
+TRUSTED_PROXIES = env.list("GPUPLATFORM_TRUSTED_PROXIES", default=[])
 REST_FRAMEWORK = {
     # Token first: its WWW-Authenticate header makes anonymous calls 401, not 403.
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -205,14 +208,20 @@ REST_FRAMEWORK = {
         "gpuplatform.api.throttling.AnonThrottle",
         "gpuplatform.api.throttling.UserThrottle",
     ],
-    # Behind a proxy, only the address the proxy saw counts: a client cannot dodge the
-    # rate limits by sending its own X-Forwarded-For.
-    "NUM_PROXIES": env.int("GPUPLATFORM_NUM_PROXIES", default=0 if DEBUG else 1),
+    # How many proxies in front append to X-Forwarded-For (gpuplatform.http.client_address):
+    # none unless said, so with nothing in front a forged header is ignored; behind one,
+    # only the address the proxy saw counts.
+    "NUM_PROXIES": env.int("GPUPLATFORM_NUM_PROXIES", default=0),
     "DEFAULT_THROTTLE_RATES": {
         "anon": env.str("GPUPLATFORM_THROTTLE_ANON", default="60/min"),
         "user": env.str("GPUPLATFORM_THROTTLE_USER", default="1200/min"),
         # failed token attempts per client address (see tenants.authentication)
         "auth_failure": env.str("GPUPLATFORM_THROTTLE_AUTH_FAILURES", default="30/min"),
+        # failed SSH sign-ins at the gateway per client address: a bucket of its own, so
+        # a flood at one door does not lock good tokens or keys out at the other
+        "gateway_auth_failure": env.str(
+            "GPUPLATFORM_THROTTLE_GATEWAY_AUTH_FAILURES", default="30/min"
+        ),
     },
     "DEFAULT_SCHEMA_CLASS": "gpuplatform.api.schema.ErrorAutoSchema",
     "EXCEPTION_HANDLER": "gpuplatform.api.errors.exception_handler",

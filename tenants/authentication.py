@@ -22,6 +22,7 @@ from rest_framework.settings import api_settings
 
 from gpuplatform.api.scopes import IpNotAllowed, address_allowed, check_scope, role_scopes
 from gpuplatform.errors import NotAllowed
+from gpuplatform.http import client_address
 
 from .models import ApiToken, Membership
 from .tokens import hash_secret
@@ -53,6 +54,9 @@ class AuthFailureThrottle(throttling.SimpleRateThrottle):
     def get_rate(self) -> str | None:
         # DRF's rates are "N/period" strings; its stubs type them as numbers.
         return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)  # type: ignore[return-value]
+
+    def get_ident(self, request: Request) -> str:
+        return client_address(request)
 
     def get_cache_key(self, request: Request, view: APIView | None) -> str:
         return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}

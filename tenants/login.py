@@ -20,6 +20,7 @@ from django.views.decorators.http import require_http_methods
 from django_otp import login as otp_login
 
 from gpuplatform.errors import ServiceError
+from gpuplatform.http import client_address
 from gpuplatform.pages import form_error
 
 from . import services, two_factor
@@ -31,18 +32,6 @@ OPS_LOGIN_REDIRECT_URL = "nodes:fleet"
 # Password accepted, code awaited: what the session holds, and for how long it may wait.
 PENDING_SESSION_KEY = "two_factor_pending"
 PENDING_TTL_S = 5 * 60
-
-
-def client_address(request: HttpRequest) -> str:
-    """The caller's address: behind N trusted proxies, the one the nearest proxy saw
-    (what the API's throttles use too), so one client cannot lock out everyone."""
-    proxies = settings.REST_FRAMEWORK.get("NUM_PROXIES") or 0
-    forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
-    if proxies and forwarded:
-        addrs = [a.strip() for a in forwarded.split(",") if a.strip()]
-        if addrs:
-            return addrs[-min(proxies, len(addrs))]
-    return request.META.get("REMOTE_ADDR", "")
 
 
 def failure_key(request: HttpRequest, username: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from drf_spectacular.authentication import SessionScheme
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 
 from gpuplatform.api.scopes import SCOPE_HELP
@@ -27,3 +28,10 @@ class ApiTokenScheme(OpenApiAuthenticationExtension):
             + ". A browser session is not limited by scopes.",
             "x-scopes": dict(SCOPE_HELP),
         }
+
+
+class StaffVerifiedSessionScheme(SessionScheme):
+    """The browser session, as drf-spectacular describes Django's; staff sessions must
+    have passed the code step (403 `two_factor_required` otherwise)."""
+
+    target_class = "tenants.authentication.StaffVerifiedSessionAuthentication"
