@@ -174,10 +174,10 @@ ERROR_CODES = _codes(
         "Guaranteed slices run on the GPU: it cannot be overcommitted.",
     ),
     (
-        "idempotency_key_reused",
+        "idempotency_conflict",
         409,
         "top",
-        "The `Idempotency-Key` was used before with a different body.",
+        "The `Idempotency-Key` was used before with a different request (any field).",
     ),
     ("image_exists", 409, "top", "An image with this name is on the allowlist."),
     ("template_exists", 409, "top", "A launch template with this name exists."),

@@ -1,9 +1,14 @@
-"""An Idempotency-Key as a purchase, a grant or a launch is sent it, checked: a retry with
-the same key does nothing twice. No query and no write."""
+"""An Idempotency-Key as a purchase, a grant, a launch, a resume or a volume is sent it,
+checked, and what the keyed request asked for, fingerprinted: a retry with the same key
+and the same request does nothing twice; the same key with any other request is a 409
+`idempotency_conflict`, never a silent replay of the first answer. No query, no write."""
 
 from __future__ import annotations
 
-from gpuplatform.errors import ServiceError
+import hashlib
+import json
+
+from gpuplatform.errors import Conflict, ServiceError
 
 
 def clean_idempotency_key(key: str) -> str:
@@ -14,3 +19,30 @@ def clean_idempotency_key(key: str) -> str:
             field="idempotency_key",
         )
     return key
+
+
+def request_fingerprint(**asked: object) -> str:
+    """SHA-256 of a request's cleaned inputs, in a canonical JSON form (keys sorted, so
+    the order a client sent them in does not matter; values as the service reads them)."""
+    body = json.dumps(asked, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+class IdempotencyConflict(Conflict):
+    """A used key sent with another request (409 `idempotency_conflict`)."""
+
+    default_code = "idempotency_conflict"
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"This Idempotency-Key was used for a different {what}: send a new key for a "
+            "new request, or the same request to replay it.",
+            field="idempotency_key",
+        )
+
+
+def replay_check(*, stored: str, fingerprint: str, what: str) -> None:
+    """Refuse a replay whose request differs from the first (rows from before
+    fingerprints were kept have none: their callers compare fields as well)."""
+    if stored and stored != fingerprint:
+        raise IdempotencyConflict(what)

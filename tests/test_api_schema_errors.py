@@ -105,9 +105,7 @@ def test_a_get_and_a_post_on_one_view_are_told_apart(schema):
     assert "409" in policy["post"]["responses"] and "409" not in policy["get"]["responses"]
     purchase = schema["paths"]["/api/v1/purchases/"]["post"]["responses"]
     assert {"400", "409"} <= set(purchase)
-    assert {"insufficient_credit", "idempotency_key_reused"} <= set(
-        purchase["409"]["x-error-codes"]
-    )
+    assert {"insufficient_credit", "idempotency_conflict"} <= set(purchase["409"]["x-error-codes"])
 
 
 # --- on the wire -----------------------------------------------------------------------------

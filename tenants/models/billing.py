@@ -101,6 +101,12 @@ class Purchase(models.Model):
     minutes_total = models.PositiveIntegerField("minutes bought")
     minutes_left = models.PositiveIntegerField("minutes left")
     idempotency_key = models.CharField("idempotency key", max_length=128, blank=True)
+    idempotency_fingerprint = models.CharField(
+        "request fingerprint",
+        max_length=64,
+        blank=True,
+        help_text="SHA-256 of what the keyed request asked for: a replay must match it.",
+    )
     low_warning_at = models.DateTimeField("low-time warning sent", null=True, blank=True)
     refunded_at = models.DateTimeField("refunded", null=True, blank=True)
     refunded_amount = models.DecimalField(
@@ -219,6 +225,12 @@ class LedgerEntry(models.Model):
         max_length=128,
         blank=True,
         help_text="A grant retried with the same key is written once.",
+    )
+    idempotency_fingerprint = models.CharField(
+        "request fingerprint",
+        max_length=64,
+        blank=True,
+        help_text="SHA-256 of what the keyed request asked for: a replay must match it.",
     )
     created_at = models.DateTimeField("at", auto_now_add=True)
 

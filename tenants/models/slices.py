@@ -178,6 +178,21 @@ class Slice(models.Model):
     container_id = models.CharField("container ID", max_length=128, blank=True)
     connection = models.JSONField("connection details", default=dict, blank=True)
     idempotency_key = models.CharField("idempotency key", max_length=128, blank=True)
+    idempotency_fingerprint = models.CharField(
+        "request fingerprint",
+        max_length=64,
+        blank=True,
+        help_text="SHA-256 of what the keyed request asked for: a replay must match it.",
+    )
+    resume_idempotency_key = models.CharField(
+        "last resume's idempotency key",
+        max_length=128,
+        blank=True,
+        help_text="A resume retried with this key returns the slice and starts nothing again.",
+    )
+    resume_idempotency_fingerprint = models.CharField(
+        "last resume's request fingerprint", max_length=64, blank=True
+    )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         on_delete=models.SET_NULL,

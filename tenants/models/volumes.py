@@ -55,6 +55,18 @@ class Volume(models.Model):
         "the grace period unless paid.",
     )
     warned_at = models.DateTimeField("deletion warned", null=True, blank=True)
+    idempotency_key = models.CharField(
+        "idempotency key",
+        max_length=128,
+        blank=True,
+        help_text="A create retried with the same key returns this volume.",
+    )
+    idempotency_fingerprint = models.CharField(
+        "request fingerprint",
+        max_length=64,
+        blank=True,
+        help_text="SHA-256 of what the keyed request asked for: a replay must match it.",
+    )
 
     objects = TenantScopedQuerySet.as_manager()
 
@@ -62,6 +74,12 @@ class Volume(models.Model):
         ordering = ["name", "id"]
         verbose_name = "volume"
         constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="%(app_label)s_%(class)s_unique_idempotency_key",
+                violation_error_message="A volume with this idempotency key already exists.",
+            ),
             models.UniqueConstraint(
                 fields=["tenant", "name"],
                 condition=Q(state__in=_KEPT_STATES),

@@ -18,7 +18,12 @@ from gpuplatform.errors import Conflict, NotAllowed, ServiceError
 from gpuplatform.ops import require_ops
 
 from ..amounts import MAX_GRANT, AmountInput, credit_amount
-from ..idempotency import clean_idempotency_key
+from ..idempotency import (
+    IdempotencyConflict,
+    clean_idempotency_key,
+    replay_check,
+    request_fingerprint,
+)
 from ..locks import purchase_lock, tenant_lock
 from ..models import ApiToken, LedgerEntry, Membership, Purchase, Slice, Tenant, Tier, UsageRecord
 from ..money import CENT, money_text
@@ -38,6 +43,7 @@ def _ledger(
     memo: str = "",
     purchase: Purchase | None = None,
     idempotency_key: str = "",
+    idempotency_fingerprint: str = "",
 ) -> LedgerEntry:
     """Move credit on a locked tenant row and write the entry that says so."""
     new_balance = tenant.credit_balance + amount
@@ -57,6 +63,7 @@ def _ledger(
         actor=actor if actor is not None and actor.is_authenticated else None,
         memo=memo[:200],
         idempotency_key=idempotency_key,
+        idempotency_fingerprint=idempotency_fingerprint,
     )
 
 
@@ -74,20 +81,27 @@ def credit_grant(
     try:
         return _credit_grant(tenant=tenant, amount=amount, actor=actor, memo=memo, key=key)
     except IntegrityError:
-        existing = _grant_for_key(tenant, key, amount) if key else None
+        existing = _grant_for_key(tenant, key, amount, memo) if key else None
         if existing is None:
             raise
         return existing
 
 
-def _grant_for_key(tenant: Tenant, key: str, amount: AmountInput) -> LedgerEntry | None:
+def _grant_fingerprint(amount: AmountInput, memo: str) -> str:
+    return request_fingerprint(amount=credit_amount(amount, field="amount"), memo=memo.strip())
+
+
+def _grant_for_key(tenant: Tenant, key: str, amount: AmountInput, memo: str) -> LedgerEntry | None:
     existing = LedgerEntry.objects.for_tenant(tenant).filter(idempotency_key=key).first()
-    if existing is not None and existing.amount != credit_amount(amount, field="amount"):
-        raise Conflict(
-            "This Idempotency-Key was used for a different grant.",
-            code="idempotency_key_reused",
-            field="idempotency_key",
-        )
+    if existing is None:
+        return None
+    if existing.amount != credit_amount(amount, field="amount"):
+        raise IdempotencyConflict("grant")
+    replay_check(
+        stored=existing.idempotency_fingerprint,
+        fingerprint=_grant_fingerprint(amount, memo),
+        what="grant",
+    )
     return existing
 
 
@@ -113,7 +127,7 @@ def _credit_grant(
         raise ServiceError("Say what the grant is for.", field="memo")
     tenant = tenant_lock(tenant.pk)
     if key:  # under the tenant's lock: a retry that waited behind its first attempt
-        existing = _grant_for_key(tenant, key, amount)
+        existing = _grant_for_key(tenant, key, amount, memo)
         if existing is not None:
             return existing
     entry = _ledger(
@@ -123,6 +137,7 @@ def _credit_grant(
         actor=actor,
         memo=memo,
         idempotency_key=key,
+        idempotency_fingerprint=_grant_fingerprint(amount, memo) if key else "",
     )
     audit_event_record(
         tenant=tenant,
@@ -151,34 +166,42 @@ def purchase_create(
     A repeated idempotency key returns the first purchase (created False) and charges
     nothing; the same key with a different tier or hours is a conflict."""
     key = clean_idempotency_key(idempotency_key)
+    asked = _purchase_fingerprint(tier=tier, hours=hours, interruptible=interruptible)
     if key:
-        existing = _purchase_for_key(membership.tenant, key, tier=tier, hours=hours)
+        existing = _purchase_for_key(membership.tenant, key, asked, tier=tier, hours=hours)
         if existing is not None:
             return existing, False
     try:
         made = _purchase_create(
             membership=membership, tier=tier, hours=hours, key=key, interruptible=interruptible,
-            api_token=api_token,
+            api_token=api_token, fingerprint=asked if key else "",
         )  # fmt: skip
         return made, True
     except IntegrityError:
         # Two requests with one key raced: the other one won and charged once.
         existing = (
-            _purchase_for_key(membership.tenant, key, tier=tier, hours=hours) if key else None
+            _purchase_for_key(membership.tenant, key, asked, tier=tier, hours=hours)
+            if key
+            else None
         )
         if existing is None:
             raise
         return existing, False
 
 
-def _purchase_for_key(tenant: Tenant, key: str, *, tier: Tier, hours: int) -> Purchase | None:
+def _purchase_fingerprint(*, tier: Tier, hours: int, interruptible: bool) -> str:
+    return request_fingerprint(tier=tier.pk, hours=hours, interruptible=bool(interruptible))
+
+
+def _purchase_for_key(
+    tenant: Tenant, key: str, asked: str, *, tier: Tier, hours: int
+) -> Purchase | None:
     existing = Purchase.objects.for_tenant(tenant).filter(idempotency_key=key).first()
-    if existing is not None and (existing.tier_id != tier.pk or existing.hours != hours):
-        raise Conflict(
-            "This Idempotency-Key was used for a different purchase.",
-            code="idempotency_key_reused",
-            field="idempotency_key",
-        )
+    if existing is None:
+        return None
+    if existing.tier_id != tier.pk or existing.hours != hours:
+        raise IdempotencyConflict("purchase")
+    replay_check(stored=existing.idempotency_fingerprint, fingerprint=asked, what="purchase")
     return existing
 
 
@@ -191,6 +214,7 @@ def _purchase_create(
     key: str,
     interruptible: bool = False,
     api_token: ApiToken | None = None,
+    fingerprint: str = "",
 ) -> Purchase:
     if not membership.can_write:
         raise NotAllowed("Viewers cannot buy.")
@@ -223,6 +247,7 @@ def _purchase_create(
         minutes_total=hours * 60,
         minutes_left=hours * 60,
         idempotency_key=key,
+        idempotency_fingerprint=fingerprint,
         created_by=membership.user,
     )
     if price > 0:

@@ -25,6 +25,7 @@ from nodes import ssh
 from nodes.errors import ContainerError
 from nodes.models import GateStatus, Gpu, Node
 
+from ..idempotency import clean_idempotency_key, replay_check, request_fingerprint
 from ..locks import tenant_lock, volume_lock
 from ..models import Membership, Slice, SliceMount, StoragePrice, Volume
 from ..models.volumes import NAME_PATTERN
@@ -99,8 +100,13 @@ def _node_for_new_volume() -> Node | None:
 
 
 @transaction.atomic
-def volume_create(*, membership: Membership, name: str, size_gb: int) -> Volume:
-    """Create a volume (state creating; the node makes it after commit)."""
+def volume_create(
+    *, membership: Membership, name: str, size_gb: int, idempotency_key: str = ""
+) -> tuple[Volume, bool]:
+    """Create a volume (state creating; the node makes it after commit). Returns (volume,
+    created): a create retried with its Idempotency-Key and the same name and size
+    returns the first volume; the same key with another request is a conflict."""
+    key = clean_idempotency_key(idempotency_key)
     if not membership.can_write:
         raise NotAllowed("Viewers cannot create volumes.")
     tenant = tenant_lock(membership.tenant_id)
@@ -108,6 +114,12 @@ def volume_create(*, membership: Membership, name: str, size_gb: int) -> Volume:
         raise NotAllowed("This tenant is suspended.")
     name = _clean_name(name)
     size_gb = _clean_size(size_gb)
+    asked = request_fingerprint(name=name, size_gb=size_gb)
+    if key:  # under the tenant's lock: a retry behind its first attempt sees its volume
+        existing = Volume.objects.for_tenant(tenant).filter(idempotency_key=key).first()
+        if existing is not None:
+            replay_check(stored=existing.idempotency_fingerprint, fingerprint=asked, what="volume")
+            return existing, False
     kept = Volume.objects.for_tenant(tenant).filter(state__in=V_KEPT)
     if kept.count() >= settings.VOLUMES_PER_TENANT:
         raise Conflict(
@@ -133,6 +145,8 @@ def volume_create(*, membership: Membership, name: str, size_gb: int) -> Volume:
                 size_gb=size_gb,
                 docker_name=f"pending-{secrets.token_hex(8)}",
                 created_by=membership.user,
+                idempotency_key=key,
+                idempotency_fingerprint=asked if key else "",
             )
     except IntegrityError as exc:
         raise Conflict(
@@ -148,7 +162,7 @@ def volume_create(*, membership: Membership, name: str, size_gb: int) -> Volume:
         data={"volume": volume.pk, "size_gb": size_gb},
     )
     enqueue("provision.volume_create", volume.pk)
-    return volume
+    return volume, True
 
 
 V_KEPT = Volume.KEPT_STATES

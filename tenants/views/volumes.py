@@ -23,7 +23,9 @@ from ..permissions import member_required
 def volumes(request: MemberRequest) -> HttpResponse:
     membership = request.membership
     form = VolumeForm(request.POST or None)
-    made = submit(request, form, lambda data: services.volume_create(membership=membership, **data))
+    made = submit(
+        request, form, lambda data: services.volume_create(membership=membership, **data)[0]
+    )
     if made.done:
         messages.success(request, f"Volume {made.result.name} is being made on a GPU node.")
         return redirect("tenants:volumes")

@@ -77,7 +77,7 @@ def volume(membership: Membership) -> Volume:
     """A volume the tenant created (state `creating`: its node makes it after commit)."""
     volume_node()
     n = Volume.objects.count()
-    return services.volume_create(membership=membership, name=f"ckpt-{n}", size_gb=10)
+    return services.volume_create(membership=membership, name=f"ckpt-{n}", size_gb=10)[0]
 
 
 def launch_template() -> LaunchTemplate:

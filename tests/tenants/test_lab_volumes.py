@@ -36,7 +36,7 @@ def test_a_volume_keeps_what_a_slice_wrote_across_stop_and_resume(
     fleet = lab_fleet()
     node = fleet.lab.nodes[0]
     image = Image.objects.create(name="Lab", reference=IMAGE, connect=Image.Connect.SERVICE)
-    volume = services.volume_create(membership=owner_a, name="work", size_gb=1)
+    volume, _ = services.volume_create(membership=owner_a, name="work", size_gb=1)
     volume.refresh_from_db()
     assert volume.state == Volume.State.READY, volume.state_reason
     listed = node.docker("volume", "ls", "--format", "{{.Name}} {{.Labels}}").stdout

@@ -279,7 +279,7 @@ def test_idempotent_purchase_charges_once(api_a, owner_a, ops_user):
         "/api/v1/purchases/", {"tier": tier().pk, "hours": 5}, HTTP_IDEMPOTENCY_KEY="buy-7f3a"
     )
     assert other.status_code == 409
-    assert other.json()["code"] == "idempotency_key_reused"
+    assert other.json()["code"] == "idempotency_conflict"
     assert "idempotency_key" in other.json()["fields"]
     assert snapshot(owner_a) == before
     # without a key, the same body is a second purchase
@@ -415,7 +415,7 @@ def test_idempotent_launch_reserves_once(api_a, owner_a, ops_user, purchase_a, i
     other = buy(owner_a, ops_user)
     response = api_a.post("/api/v1/slices/", body(other, image), HTTP_IDEMPOTENCY_KEY="l-1")
     assert response.status_code == 409
-    assert response.json()["code"] == "idempotency_key_reused"
+    assert response.json()["code"] == "idempotency_conflict"
     assert Slice.objects.count() == 1 and Allocation.objects.count() == 1
 
 

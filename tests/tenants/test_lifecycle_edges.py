@@ -156,7 +156,7 @@ def test_same_key_with_a_different_launch_is_a_conflict(
     assert Slice.objects.count() == 1 and again.state == Slice.State.RUNNING
     with pytest.raises(Conflict) as caught:
         launch(owner_a, purchase, image_ssh, idempotency_key="k-1", command=["python", "x.py"])
-    assert caught.value.code == "idempotency_key_reused"
+    assert caught.value.code == "idempotency_conflict"
 
 
 def test_training_jobs_are_always_guaranteed(worker_fleet, owner_a, funded, image_ssh, monkeypatch):
@@ -273,7 +273,7 @@ def test_a_credit_grant_retried_with_its_key_is_written_once(api_ops, owner_a):
         format="json",
         HTTP_IDEMPOTENCY_KEY="grant-1",
     )
-    assert other.status_code == 409 and other.json()["code"] == "idempotency_key_reused"
+    assert other.status_code == 409 and other.json()["code"] == "idempotency_conflict"
 
 
 @pytest.mark.django_db

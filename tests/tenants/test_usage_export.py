@@ -94,7 +94,7 @@ def _month(clock, owner, other, ops_user, image):
     other_p, _ = services.purchase_create(membership=other, tier=_tier(4), hours=1)
     # a volume billed from day 2, its price changed on day 12
     clock.to(at(2, 9))
-    volume = services.volume_create(membership=owner, name="ckpt", size_gb=40)
+    volume, _ = services.volume_create(membership=owner, name="ckpt", size_gb=40)
     volume.refresh_from_db()
     assert volume.state == "ready"
     clock.nightly = lambda now: services.volumes_meter(now=now)  # as the beat meters it

@@ -117,7 +117,9 @@ class SliceViewSet(
         return self._out(slice, status.HTTP_202_ACCEPTED)
 
     @extend_schema(
-        request=vs.SliceResumeSerializer, responses={202: s.SliceDetailSerializer, 422: REFUSAL}
+        parameters=[IDEMPOTENCY_KEY],
+        request=vs.SliceResumeSerializer,
+        responses={202: s.SliceDetailSerializer, 422: REFUSAL},
     )
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str | None = None) -> Response:
@@ -139,7 +141,12 @@ class SliceViewSet(
                 field="purchase",
             )
         try:
-            services.slice_resume(membership=self.membership, slice=slice, purchase=purchase)
+            slice = services.slice_resume(
+                membership=self.membership,
+                slice=slice,
+                purchase=purchase,
+                idempotency_key=idempotency_key(request),
+            )
         except ServiceRefusal as exc:
             return _refusal(exc.message, exc.estimate, slice.pk)
         return self._out(slice, status.HTTP_202_ACCEPTED)

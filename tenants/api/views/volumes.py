@@ -17,7 +17,7 @@ from tenants.models import Volume
 
 from .. import filters
 from ..serializers import volumes as s
-from .base import TenantResourceMixin
+from .base import IDEMPOTENCY_KEY, TenantResourceMixin, idempotency_key
 
 
 class VolumeViewSet(
@@ -40,13 +40,22 @@ class VolumeViewSet(
     def get_queryset(self) -> QuerySet[Volume]:
         return selectors.volume_list(tenant=self.tenant)
 
-    @extend_schema(request=s.VolumeCreateSerializer, responses={201: s.VolumeSerializer})
+    @extend_schema(
+        parameters=[IDEMPOTENCY_KEY],
+        request=s.VolumeCreateSerializer,
+        responses={201: s.VolumeSerializer, 200: s.VolumeSerializer},
+    )
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Create a volume (state `creating`; `ready` once its node made it)."""
         data = s.VolumeCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        volume = services.volume_create(membership=self.membership, **data.validated_data)
-        return Response(s.VolumeSerializer(volume).data, status=status.HTTP_201_CREATED)
+        volume, created = services.volume_create(
+            membership=self.membership,
+            idempotency_key=idempotency_key(request),
+            **data.validated_data,
+        )
+        answer = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        return Response(s.VolumeSerializer(volume).data, status=answer)
 
     @extend_schema(request=s.VolumeDeleteSerializer, responses={202: s.VolumeSerializer})
     @action(detail=True, methods=["post"])

@@ -19,7 +19,12 @@ from nodes import engines
 from nodes import selectors as node_selectors
 from nodes import services as node_services
 
-from ...idempotency import clean_idempotency_key
+from ...idempotency import (
+    IdempotencyConflict,
+    clean_idempotency_key,
+    replay_check,
+    request_fingerprint,
+)
 from ...launch_input import clean_command, clean_environment, clean_ssh_key, launch_estimate_input
 from ...locks import purchase_lock, slice_lock, slice_queue_head_lock
 from ...models import Image, LaunchTemplate, Membership, Purchase, Slice, Tenant
@@ -72,6 +77,14 @@ def slice_launch(
         "environment": environment,
         "model_request": model_request,
     }
+    # Everything the request asked, as the launch reads it: a replay must match it all.
+    same["fingerprint"] = request_fingerprint(
+        **same,
+        ssh_public_key=(ssh_public_key or "").strip(),
+        guaranteed=bool(guaranteed),
+        volumes=volumes or [],
+        template=template.pk if template is not None else None,
+    )
     if key:
         existing = _slice_for_key(membership, key, same)
         if existing is not None:
@@ -125,12 +138,14 @@ def _slice_for_key(membership: Membership, key: str, same: dict[str, object]) ->
     """The slice a key already made, if the request is the same; a different request
     with a used key is a conflict, never a silent replay of the first one."""
     existing = Slice.objects.for_tenant(membership.tenant).filter(idempotency_key=key).first()
-    if existing is not None and any(getattr(existing, f) != v for f, v in same.items()):
-        raise Conflict(
-            "This Idempotency-Key was used for a different launch.",
-            code="idempotency_key_reused",
-            field="idempotency_key",
-        )
+    if existing is None:
+        return None
+    fields = {f: v for f, v in same.items() if f != "fingerprint"}
+    if any(getattr(existing, f) != v for f, v in fields.items()):
+        raise IdempotencyConflict("launch")
+    replay_check(
+        stored=existing.idempotency_fingerprint, fingerprint=str(same["fingerprint"]), what="launch"
+    )
     return existing
 
 
@@ -181,6 +196,7 @@ def _slice_launch(
             command=command,
             environment=environment,
             idempotency_key=key,
+            idempotency_fingerprint=str(same["fingerprint"]) if key else "",
         ),
     )
     mounts_record(slice=slice, mounts=mounts)
@@ -229,6 +245,7 @@ class _Asked(TypedDict):
     command: list[str]
     environment: dict[str, str]
     idempotency_key: str
+    idempotency_fingerprint: str
 
 
 def _new_slice(
@@ -367,12 +384,21 @@ def _place_or_queue(slice: Slice, *, actor: User | None = None) -> bool:
 
 
 @transaction.atomic
-def slice_resume(*, membership: Membership, slice: Slice, purchase: Purchase) -> Slice:
+def slice_resume(
+    *, membership: Membership, slice: Slice, purchase: Purchase, idempotency_key: str = ""
+) -> Slice:
     """Start a stopped (or failed) slice again: the same image, command, environment,
     volumes and tier, a new container, placed again (on its volumes' node), paid from
     `purchase` (one of the tenant's of that tier with minutes left) and checked by the
-    same pre-launch estimate. Its timeline goes on across runs."""
+    same pre-launch estimate. Its timeline goes on across runs. A resume retried with
+    its Idempotency-Key (and the same purchase) returns the slice and starts nothing."""
+    key = clean_idempotency_key(idempotency_key)
+    asked = request_fingerprint(purchase=purchase.pk)
     tenant = _tenant_may_start(membership, doing="resume")
+    if key:
+        replayed = _resume_for_key(slice.pk, tenant=tenant, key=key, asked=asked)
+        if replayed is not None:
+            return replayed
     slice = _resumable_slice(slice.pk, tenant=tenant)
     purchase = _resume_purchase(purchase.pk, slice=slice, membership=membership)
     unready = slice.mounts.exclude(volume__state="ready").select_related("volume").first()
@@ -391,14 +417,28 @@ def slice_resume(*, membership: Membership, slice: Slice, purchase: Purchase) ->
             slice=slice,
         )
     reset = _slice_reset_for_run(slice, purchase=purchase, request=request, result=result)
+    slice.resume_idempotency_key = key
+    slice.resume_idempotency_fingerprint = asked if key else ""
     slice_transition(
         slice=slice,
         to=S.REQUESTED,
         reason=f"Resumed: run {slice.runs}, paid from purchase {purchase.pk}.",
         actor=membership.user,
-        fields=reset,
+        fields=(*reset, "resume_idempotency_key", "resume_idempotency_fingerprint"),
     )
     _place_or_queue(slice, actor=membership.user)
+    return slice
+
+
+def _resume_for_key(pk: int, *, tenant: Tenant, key: str, asked: str) -> Slice | None:
+    """The slice a resume with this key already started (locked), or None; the same key
+    with another purchase is a conflict."""
+    slice = slice_lock(pk)
+    if slice.tenant_id != tenant.pk:
+        raise Slice.DoesNotExist
+    if slice.resume_idempotency_key != key:
+        return None
+    replay_check(stored=slice.resume_idempotency_fingerprint, fingerprint=asked, what="resume")
     return slice
 
 
