@@ -5,7 +5,7 @@ A transaction that needs several takes them in this order (the order of this mod
 
     credit request -> tenant -> its owners' memberships (by pk) -> a membership
         -> an invitation -> an API token
-    tenant -> slice -> purchase
+    tenant -> slice -> purchase -> volume (by pk)
     tenant -> volume (by pk)
     image (alone)
     a user (their SSH keys: the cap on how many) -> one of their SSH keys
@@ -116,6 +116,13 @@ def ssh_keys_owner_lock(user_id: int) -> User:
 def ssh_key_lock(pk: int, *, user_id: int) -> SshKey | None:
     """One of the user's SSH keys, or None (another user's, or already removed)."""
     return SshKey.objects.select_for_update().filter(pk=pk, user_id=user_id).first()
+
+
+def volumes_lock(pks: list[int]) -> dict[int, Volume]:
+    """Volumes a launch or resume mounts, by pk (after its slice and purchase): a delete,
+    which locks the volume, waits for the slice to commit and then sees it mount it."""
+    locked = Volume.objects.select_for_update(of=("self",)).filter(pk__in=pks).order_by("pk")
+    return {v.pk: v for v in locked}
 
 
 def volume_lock(pk: int, *, tenant: Tenant | None = None) -> Volume:

@@ -21,7 +21,7 @@ from gpuplatform.errors import Conflict
 from nodes import services as node_services
 from nodes.models import Allocation, Gpu, Node
 from tenants import selectors, services, tasks
-from tenants.models import LedgerEntry, Purchase, Slice, Tenant, Tier
+from tenants.models import LedgerEntry, Purchase, Slice, Tenant, Tier, Volume
 from tests.conftest import SMALL_MODEL, SSH_KEY
 from tests.factories import MembershipFactory, UserFactory
 
@@ -402,3 +402,48 @@ def test_parallel_launches_on_one_purchase_run_one_slice(gpus, buyers, tiers, di
     live = assert_placement_invariants()
     assert sum(live.values()) == 8192
     assert Allocation.objects.count() == 1
+
+
+def test_a_launch_with_a_volume_and_that_volumes_delete_never_both_succeed(
+    gpus, buyers, tiers, dispatched, image_ssh
+):
+    """Issue 33, S11: before, both went through in 8 of 11 rounds, and the node then ran
+    `--mount` of a volume the platform had deleted (Docker makes an empty one)."""
+    (gpu,) = gpus(1)
+    (member,) = buyers(tenants=1)
+    for round_ in range(11):
+        volume = Volume.objects.create(
+            tenant=member.tenant,
+            node=gpu.node,
+            name=f"race-{round_}",
+            size_gb=1,
+            docker_name=f"gpp-vol-race-{round_}",
+            state=Volume.State.READY,
+        )
+        purchase = buy(member, tiers[8])
+
+        def act(i: int, volume=volume, purchase=purchase):
+            if i == 0:
+                return services.volume_delete(membership=member, volume=volume, confirm=volume.name)
+            return services.slice_launch(
+                membership=member,
+                purchase=purchase,
+                image=image_ssh,
+                model_request=SMALL_MODEL,
+                ssh_public_key=SSH_KEY,
+                volumes=[{"volume": volume.pk, "path": "/data"}],
+            )
+
+        results = race(2, act)
+        refused = {"volume_in_use", "volume_not_ready", "does_not_exist"}
+        odd = [v for ok, v in results if not ok and getattr(v, "code", None) not in refused]
+        assert odd == []
+        deleted, launched = results[0][0], results[1][0]
+        assert deleted != launched, f"round {round_}: delete {results[0]}, launch {results[1]}"
+        volume.refresh_from_db()
+        mounting = Slice.objects.filter(mounts__volume=volume, state__in=LIVE)
+        if deleted:
+            assert volume.state == Volume.State.DELETING and not mounting.exists()
+        else:
+            assert volume.state == Volume.State.READY and mounting.count() == 1
+            services.slice_stop(slice=mounting.get(), actor=member.user)

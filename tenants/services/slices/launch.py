@@ -26,8 +26,8 @@ from ...idempotency import (
     request_fingerprint,
 )
 from ...launch_input import clean_command, clean_environment, clean_ssh_key, launch_estimate_input
-from ...locks import purchase_lock, slice_lock, slice_queue_head_lock
-from ...models import Image, LaunchTemplate, Membership, Purchase, Slice, Tenant
+from ...locks import purchase_lock, slice_lock, slice_queue_head_lock, volumes_lock
+from ...models import Image, LaunchTemplate, Membership, Purchase, Slice, Tenant, Volume
 from ...selectors import mounts_clean, slice_volume_node_id, spend_check
 from ..volumes import mounts_record
 from .state import S, slice_record_requested, slice_transition
@@ -172,6 +172,7 @@ def _slice_launch(
     ssh_public_key = clean_ssh_key(ssh_public_key, required=image.connect == Image.Connect.SSH)
     mounts = mounts_clean(tenant=tenant, mounts=volumes)
     purchase = purchase_lock(purchase.pk, tenant=tenant)
+    mounts = _mounts_still_ready(mounts)
     if key:
         # A retry that waited for the lock behind its own first attempt gets that slice.
         existing = _slice_for_key(membership, key, same)
@@ -218,6 +219,23 @@ def _slice_refuse(slice: Slice, *, actor: User) -> None:
         f"{tier.vram_mb} MiB. Nothing was reserved or charged.",
         actor=actor,
     )
+
+
+def _mounts_still_ready(mounts: list[tuple[Volume, str]]) -> list[tuple[Volume, str]]:
+    """The mounts' volumes locked (tenants.locks order: after the slice and purchase) and
+    read again: one deleted since it was checked is refused, and none can be deleted now
+    until this launch has committed its slice, which the delete then sees mount it."""
+    if not mounts:
+        return mounts
+    locked = volumes_lock([v.pk for v, _ in mounts])
+    for volume, _ in mounts:
+        now = locked.get(volume.pk)
+        if now is None or now.state != Volume.State.READY:
+            state = now.state if now is not None else "deleted"
+            raise Conflict(
+                f"Volume {volume.name} is {state}.", code="volume_not_ready", field="volumes"
+            )
+    return [(locked[v.pk], path) for v, path in mounts]
 
 
 def _tenant_may_start(membership: Membership, *, doing: str) -> Tenant:
@@ -401,10 +419,8 @@ def slice_resume(
             return replayed
     slice = _resumable_slice(slice.pk, tenant=tenant)
     purchase = _resume_purchase(purchase.pk, slice=slice, membership=membership)
-    unready = slice.mounts.exclude(volume__state="ready").select_related("volume").first()
-    if unready is not None:
-        raise Conflict(f"Volume {unready.volume.name} is {unready.volume.state}.",
-                       code="volume_not_ready", field="volumes")  # fmt: skip
+    mounted = list(slice.mounts.select_related("volume").order_by("volume_id"))
+    _mounts_still_ready([(m.volume, m.path) for m in mounted])
     request = launch_estimate_input(slice.model_request, slice.vram_mb)
     if purchase.interruptible:
         _refuse_training_if_interruptible(request)

@@ -14,7 +14,7 @@ from nodes.devices import engine_args
 from nodes.errors import ContainerError
 
 from ...locks import slice_lock
-from ...models import Image, Slice
+from ...models import Image, Slice, SliceMount, Volume
 from ...selectors import gateway_details, slice_mount_args
 from .state import (
     S,
@@ -82,6 +82,22 @@ def slice_provision(*, slice_id: int, final_attempt: bool = True) -> str:
         if slice.allocation is None or slice.allocation.state == "released":
             slice_fail(
                 slice=slice, reason="The VRAM reservation was lost before the container started."
+            )
+            return slice.state
+        # A live slice's volumes cannot be deleted (the launch locked them; a delete sees
+        # the slice), so this never fires but by a bug: then `docker run --mount` would
+        # silently make an empty, unbilled volume of a name the platform let go.
+        gone = (
+            SliceMount.objects.filter(slice=slice)
+            .exclude(volume__state=Volume.State.READY)
+            .select_related("volume")
+            .first()
+        )
+        if gone is not None:
+            slice_fail(
+                slice=slice,
+                reason=f"Volume {gone.volume.name} is {gone.volume.state}: the container "
+                "was not started.",
             )
             return slice.state
         slice.provision_attempts += 1
