@@ -93,7 +93,7 @@ ERROR_CODES = _codes(
         403,
         "top",
         "An ops account's token is refused until that account sets up two-factor sign-in "
-        "(/account/two-factor/).",
+        "(/account/two-factor/), and an ops session until it has passed the code step.",
     ),
     ("no_tenant", 403, "top", "The account belongs to no tenant yet."),
     (
