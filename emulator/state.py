@@ -63,7 +63,7 @@ class NodeState(ContainerOps, VramAccounting, Faults):
         self.cuda_version = spec.cuda_version
         self.quota_library = spec.quota_library
         # What the preflight gate reads (nodes.preflight.FACT_KEYS); tests change them.
-        self.toolkit_version = spec.extra.get("toolkit_version", "1.17.8")
+        self.toolkit_version = spec.extra.get("toolkit_version", "1.19.1")
         self.runc_version = spec.extra.get("runc_version", "1.1.12")
         self.runc_build = spec.extra.get("runc_build", "1.1.12-0ubuntu2~22.04.1")
         # the binary dockerd's default runtime names, and the package that owns it

@@ -57,7 +57,7 @@ class LabNodeSpec:
     port: int = 0  # sshd's loopback port (0: any free one)
     driver_version: str = "550.54.15"
     cuda_version: str = "12.4"
-    toolkit_version: str = "1.17.8"  # what the stand-in hook reports for --version
+    toolkit_version: str = "1.19.1"  # what the stand-in hook reports for --version
 
 
 @dataclass

@@ -11,6 +11,7 @@ from django.db import models
 from django.db.models import F, Q
 
 from .placement import Candidate
+from .preflight import TOOLKIT_MINIMUM
 
 
 class GateStatus(models.TextChoices):
@@ -594,7 +595,7 @@ class NodePolicy(models.Model):
     a NodePolicyChange)."""
 
     min_toolkit_version = models.CharField(
-        "minimum NVIDIA Container Toolkit", max_length=32, default="1.17.8"
+        "minimum NVIDIA Container Toolkit", max_length=32, default=TOOLKIT_MINIMUM
     )
     min_runc_version = models.CharField("minimum runc", max_length=32, default="1.1.12")
     driver_branches = models.JSONField(

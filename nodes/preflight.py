@@ -65,10 +65,44 @@ POLICY_FIELDS = (
 )
 COMPONENTS = ("runc", "toolkit")
 COMPONENT_NAMES = {"runc": "runc", "toolkit": "NVIDIA Container Toolkit"}
-# Why each minimum (docs/domain.md, "What a node must have before it is trusted").
+
+
+@dataclass(frozen=True)
+class Advisory:
+    """One vendor advisory the toolkit minimum answers: what it fixes and from which
+    release, so a failing node's reason names only the advisories its version misses."""
+
+    cves: tuple[str, ...]
+    fixed_in: str
+    what: str
+    source: str  # the vendor's bulletin, so a reviewer can check the version against it
+
+    def reason(self) -> str:
+        return f"{' and '.join(self.cves)} ({self.what}) fixed in {self.fixed_in}"
+
+
+# The NVIDIA Container Toolkit advisories the default minimum covers, oldest first; the
+# default (Policy.min_toolkit_version, NodePolicy's field) is the newest `fixed_in`.
+TOOLKIT_ADVISORIES = (
+    Advisory(
+        ("CVE-2025-23266", "CVE-2025-23267"),
+        "1.17.8",
+        "NVIDIAScape, a container escape through ENV LD_PRELOAD, and a link followed by "
+        "the update-ldcache hook",
+        "https://nvidia.custhelp.com/app/answers/detail/a_id/5659",
+    ),
+    Advisory(
+        ("CVE-2026-24260",),
+        "1.19.1",
+        "a time-of-check time-of-use race leading to code execution, escalation of "
+        "privileges or data tampering, in every release up to 1.19.0",
+        "https://nvidia.custhelp.com/app/answers/detail/a_id/5850",
+    ),
+)
+TOOLKIT_MINIMUM = TOOLKIT_ADVISORIES[-1].fixed_in
+# Why each minimum (README, "Policy"): runc's has one advisory, the toolkit's are above.
 MINIMUM_WHY = {
-    "toolkit": "CVE-2025-23266 (NVIDIAScape, a container escape through ENV LD_PRELOAD) and "
-    "CVE-2025-23267 are fixed in 1.17.8",
+    "toolkit": "; ".join(a.reason() for a in TOOLKIT_ADVISORIES),
     "runc": "CVE-2024-21626 (a leaked host directory descriptor) is fixed in 1.1.12",
 }
 
@@ -205,7 +239,7 @@ class KnownBuild:
 
 @dataclass(frozen=True)
 class Policy:
-    min_toolkit_version: str = "1.17.8"
+    min_toolkit_version: str = TOOLKIT_MINIMUM
     min_runc_version: str = "1.1.12"
     driver_branches: tuple[str, ...] = ()  # empty: any branch
     known_fixed: tuple[KnownBuild, ...] = ()
@@ -362,11 +396,20 @@ def _component(
         return Check(component, False, f"{name}: its version could not be read on the node")
     if need is not None and have < need:
         return Check(
-            component,
-            False,
-            f"{name} {shown} is older than {minimum} ({MINIMUM_WHY[component]})",
+            component, False, f"{name} {shown} is older than {minimum} ({_why(component, have)})"
         )
     return Check(component, True, f"{name} {shown}")
+
+
+def _why(component: str, have: tuple[int, ...]) -> str:
+    """The advisories a version below the minimum misses: a node one release behind is
+    told of the one it lacks, not of every advisory since the oldest."""
+    if component != "toolkit":
+        return MINIMUM_WHY[component]
+    missed = [a for a in TOOLKIT_ADVISORIES if have < (version_tuple(a.fixed_in) or ())]
+    if not missed:  # ops set a minimum past every advisory listed here
+        return "the node policy's minimum"
+    return "; ".join(a.reason() for a in missed)
 
 
 def _userns(facts: Mapping[str, str]) -> Check:

@@ -17,8 +17,9 @@ from .scopes import required_scope
 
 TOP_CODES = [code for code, entry in ERROR_CODES.items() if entry.where == "top"]
 # Query parameters every list takes that never answer 400: a page past the last or not a
-# number is a 404, a page size, an ordering or a search it cannot use is ignored.
-LENIENT_QUERY = {"page", "page_size", "ordering", "search"}
+# number is a 404, a page size or an ordering it cannot use is ignored. Not `search`: DRF's
+# SearchFilter reads its term through a CharField, which refuses a NUL with a 400.
+LENIENT_QUERY = {"page", "page_size", "ordering"}
 WHY = {
     400: "The request was refused: `fields` names each field at fault with its own code.",
     401: "No credentials, or credentials refused.",
@@ -61,17 +62,16 @@ def _error_schema(field_error_ref: dict, code_ref: dict) -> dict[str, Any]:
 
 
 def _can_fail(parameter: dict) -> bool:
-    """Whether a query parameter can be refused (400): a typed or bounded value can."""
+    """Whether a query parameter can be refused (400): a typed or bounded value can, and so
+    can free text, since every form and serializer text field (django-filter's CharFilter,
+    the search term) refuses a NUL character."""
     if parameter.get("in") != "query" or parameter["name"] in LENIENT_QUERY:
         return False
     schema = parameter.get("schema", {})
     if schema.get("type") == "array":
         schema = schema.get("items", {})
-    if schema.get("type") == "boolean":  # django-filter reads anything else as "unset"
-        return False
-    return schema.get("type") != "string" or bool(
-        {"format", "enum", "maxLength", "minLength", "pattern"} & set(schema)
-    )
+    # django-filter reads anything but a yes or a no as "unset", a NUL included
+    return schema.get("type") != "boolean"
 
 
 def _handler(view: Any, method: str) -> str:

@@ -148,7 +148,7 @@ def test_sampler_document_follows_schema_1(ssh, node) -> None:
         "mig": True,
         "vram_quota_library": "/usr/lib/gpuplatform/libvramquota.so",
     }
-    assert facts["toolkit_version"] == "1.17.8" and facts["runc_version"] == "1.1.12"
+    assert facts["toolkit_version"] == "1.19.1" and facts["runc_version"] == "1.1.12"
     assert [g["name"] for g in doc["gpus"]] == ["NVIDIA A30", "NVIDIA A30"]
     for g in doc["gpus"]:
         assert UUID_RE.match(g["uuid"])

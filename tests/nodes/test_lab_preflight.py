@@ -24,7 +24,7 @@ def reserve(vram_mb: int, key: str = "slice-1"):
     return node_services.allocation_reserve(owner_key=key, vram_mb=vram_mb)
 
 
-def test_a_toolkit_older_than_1_17_8_takes_no_placement_says_why_and_an_upgrade_releases_it(
+def test_a_toolkit_older_than_the_minimum_takes_no_placement_says_why_and_an_upgrade_releases_it(
     lab_fleet,
 ):
     fleet = lab_fleet()
@@ -34,7 +34,8 @@ def test_a_toolkit_older_than_1_17_8_takes_no_placement_says_why_and_an_upgrade_
     node = node_services.node_discover(node_id=row.pk)
     assert node.gate_status == GateStatus.FAILED
     assert "NVIDIA Container Toolkit 1.17.7" in node.gate_reason
-    assert "older than 1.17.8" in node.gate_reason and "CVE-2025-23266" in node.gate_reason
+    assert "older than 1.19.1" in node.gate_reason and "CVE-2025-23266" in node.gate_reason
+    assert "CVE-2026-24260" in node.gate_reason
     assert node.preflight["facts"]["toolkit_version"] == "1.17.7"
     assert node.preflight["facts"]["toolkit_source"] == "nvidia-container-runtime-hook"
     assert reserve(4096) is None
@@ -43,7 +44,7 @@ def test_a_toolkit_older_than_1_17_8_takes_no_placement_says_why_and_an_upgrade_
     incident = Incident.objects.get(rule="node_gate_failed", node=node)
     assert "1.17.7" in incident.evidence["reason"] and incident.resolved_at is None
 
-    lab_node.set_toolkit_version("1.17.8")
+    lab_node.set_toolkit_version("1.19.1")
     node = node_services.node_discover(node_id=row.pk)
     assert node.gate_status == GateStatus.PASSED and node.gate_reason == ""
     allocation = reserve(4096)
@@ -207,4 +208,4 @@ def test_the_gate_is_shown_on_the_node_page_and_in_the_api(lab_fleet, client, op
     assert {c["name"] for c in body["preflight"]["checks"]} >= {"toolkit", "runc", "hardening"}
     client.force_login(ops_user)
     page = client.get(f"/ops/nodes/{row.pk}/").content.decode()
-    assert "Preflight" in page and "NVIDIA Container Toolkit 1.17.8" in page
+    assert "Preflight" in page and "NVIDIA Container Toolkit 1.19.1" in page

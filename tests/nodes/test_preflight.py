@@ -17,7 +17,7 @@ from tenants.models import Image, Slice
 from tests.conftest import SMALL_MODEL, SSH_KEY, launch
 
 GOOD_FACTS = {
-    "toolkit_version": "1.17.8",
+    "toolkit_version": "1.19.1",
     "runc_version": "1.1.12",
     "runc_build": "1.1.12-0ubuntu2~22.04.1",
     "docker_version": "26.1.4",
@@ -82,8 +82,9 @@ def test_a_good_node_passes_with_its_quota_proven() -> None:
 @pytest.mark.parametrize(
     ("facts", "words"),
     [
-        ({"toolkit_version": "1.17.7"}, ["1.17.7 is older than 1.17.8", "CVE-2025-23266"]),
-        ({"toolkit_version": "1.16.2"}, ["1.16.2 is older than 1.17.8"]),
+        ({"toolkit_version": "1.17.7"}, ["1.17.7 is older than 1.19.1", "CVE-2025-23266"]),
+        ({"toolkit_version": "1.16.2"}, ["1.16.2 is older than 1.19.1"]),
+        ({"toolkit_version": "1.19.0"}, ["1.19.0 is older than 1.19.1", "CVE-2026-24260"]),
         ({"toolkit_version": ""}, ["NVIDIA Container Toolkit: its version could not be read"]),
         ({"runc_version": "1.1.11", "runc_build": ""}, ["runc 1.1.11 is older", "CVE-2024-21626"]),
         ({"docker_version": ""}, ["Docker Engine did not answer"]),
@@ -235,7 +236,7 @@ def test_an_emulated_node_is_held_by_the_gate_and_released_when_it_passes(worker
     incident_services.watch_sweep()
     incident = Incident.objects.get(rule="node_gate_failed")
     assert incident.node_id == node.pk and incident.tenant_id is None
-    fleet.nodes[0].state.toolkit_version = "1.17.8"
+    fleet.nodes[0].state.toolkit_version = "1.19.1"
     node = node_services.node_discover(node_id=row.pk)
     assert node.gate_status == GateStatus.PASSED
     assert node_services.allocation_reserve(owner_key="slice-1", vram_mb=4096) is not None
@@ -408,10 +409,10 @@ def test_ops_edit_the_node_policy_on_its_page_with_a_reason_and_it_is_kept(clien
     Image.objects.create(name="Probe", reference="gpuplatform-lab/workload:1", connect="service")
     client.force_login(ops_user)
     page = client.get("/ops/fleet/node-policy/").content.decode()
-    assert "1.17.8" in page and "1.1.5+ds1-1+deb12u1" in page
+    assert "1.19.1" in page and "1.1.5+ds1-1+deb12u1" in page
     assert "CUDA_DISABLE_CONTROL" in page  # the reserved list, with its reasons
     form = {
-        "min_toolkit_version": "1.17.9",
+        "min_toolkit_version": "1.20.0",
         "min_runc_version": "1.1.12",
         "driver_branches": "550, 570",
         "known_fixed_builds": "runc 1.1.5+ds1-1+deb12u1 Debian DSA-5615-1",
@@ -421,7 +422,7 @@ def test_ops_edit_the_node_policy_on_its_page_with_a_reason_and_it_is_kept(clien
     }
     missing = client.post("/ops/fleet/node-policy/", form)
     assert missing.status_code == 200 and "This field is required" in missing.content.decode()
-    assert selectors.preflight_policy().min_toolkit_version == "1.17.8"
+    assert selectors.preflight_policy().min_toolkit_version == "1.19.1"
     bad = client.post(
         "/ops/fleet/node-policy/",
         {**form, "probe_environment": "LD_PRELOAD=/x.so", "reason": "try"},
@@ -431,7 +432,7 @@ def test_ops_edit_the_node_policy_on_its_page_with_a_reason_and_it_is_kept(clien
     saved = client.post("/ops/fleet/node-policy/", {**form, "reason": "NVIDIA bulletin"})
     assert saved.status_code == 302
     policy = selectors.preflight_policy()
-    assert policy.min_toolkit_version == "1.17.9" and policy.driver_branches == ["550", "570"]
+    assert policy.min_toolkit_version == "1.20.0" and policy.driver_branches == ["550", "570"]
     fields = set(NodePolicyChange.objects.values_list("field", flat=True))
     # what did not change (the command) is not a change
     assert fields == {"min_toolkit_version", "driver_branches", "known_fixed_builds",
@@ -484,7 +485,7 @@ def test_the_node_page_and_fleet_list_show_the_gate(worker_fleet, client, ops_us
     client.force_login(ops_user)
     page = client.get(f"/ops/nodes/{row.pk}/").content.decode()
     assert "Preflight gate" in page and "failed" in page
-    assert "NVIDIA Container Toolkit 1.17.7 (build 1.17.7-1) is older than 1.17.8" in page
+    assert "NVIDIA Container Toolkit 1.17.7 (build 1.17.7-1) is older than 1.19.1" in page
     assert "whole only" in page and "Accept watchdog-only" in page
     fleet_page = client.get("/ops/fleet/").content.decode()
     assert "preflight failed" in fleet_page

@@ -17,7 +17,7 @@ RELAY_OK = {"relay_nsenter": "nsenter from util-linux 2.38.1", "relay_python3": 
 
 def relay_judge(facts: dict, *, required: bool = True):
     return preflight.evaluate(
-        facts={"toolkit_version": "1.17.8", "runc_version": "1.1.12", **facts},
+        facts={"toolkit_version": "1.19.1", "runc_version": "1.1.12", **facts},
         driver_version="550.54.15",
         policy=preflight.Policy(),
         runs=[],

@@ -177,7 +177,7 @@ def test_ops_choose_the_probe_image_on_the_node_policy_page(client, ops_user, al
     assert '<option value="nvidia/cuda:12.4.1-base-ubuntu22.04">CUDA probe' in page
     assert "acme/old:1" not in page  # retired: not a choice
     form = {
-        "min_toolkit_version": "1.17.8",
+        "min_toolkit_version": "1.19.1",
         "min_runc_version": "1.1.12",
         "driver_branches": "535, 550, 570, 580",
         "known_fixed_builds": "runc 1.1.5+ds1-1+deb12u1 Debian bookworm's security update "
