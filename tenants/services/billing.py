@@ -205,6 +205,20 @@ def _purchase_for_key(
     return existing
 
 
+def _check_hours(hours: object) -> None:
+    if (
+        not isinstance(hours, int)
+        or isinstance(hours, bool)
+        or not 1 <= hours <= MAX_PURCHASE_HOURS
+    ):
+        code = "invalid"  # not a whole number
+        if isinstance(hours, int) and not isinstance(hours, bool):
+            code = "min_value" if hours < 1 else "max_value"
+        raise ServiceError(
+            f"Buy between 1 and {MAX_PURCHASE_HOURS} hours.", code=code, field="hours"
+        )
+
+
 @transaction.atomic
 def _purchase_create(
     *,
@@ -218,17 +232,7 @@ def _purchase_create(
 ) -> Purchase:
     if not membership.can_write:
         raise NotAllowed("Viewers cannot buy.")
-    if (
-        not isinstance(hours, int)
-        or isinstance(hours, bool)
-        or not 1 <= hours <= MAX_PURCHASE_HOURS
-    ):
-        code = "invalid"  # not a whole number
-        if isinstance(hours, int) and not isinstance(hours, bool):
-            code = "min_value" if hours < 1 else "max_value"
-        raise ServiceError(
-            f"Buy between 1 and {MAX_PURCHASE_HOURS} hours.", code=code, field="hours"
-        )
+    _check_hours(hours)
     if not tier.is_active:
         raise ServiceError("This tier is not on sale.", field="tier")
     tenant = tenant_lock(membership.tenant_id)

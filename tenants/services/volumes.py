@@ -27,7 +27,7 @@ from nodes.models import GateStatus, Gpu, Node
 
 from ..idempotency import clean_idempotency_key, replay_check, request_fingerprint
 from ..locks import tenant_lock, volume_lock
-from ..models import Membership, Slice, SliceMount, StoragePrice, Volume
+from ..models import Membership, Slice, SliceMount, StoragePrice, Tenant, Volume
 from ..models.volumes import NAME_PATTERN
 from ..selectors import storage_price
 from .audit import audit_event_record, members_notify
@@ -99,6 +99,20 @@ def _node_for_new_volume() -> Node | None:
     return Node.objects.filter(pk=best, gate_status=GateStatus.PASSED).first()
 
 
+def _check_room(*, tenant: Tenant, name: str) -> None:
+    """Room for one more volume of this name (on the locked tenant)."""
+    kept = Volume.objects.for_tenant(tenant).filter(state__in=V_KEPT)
+    if kept.count() >= settings.VOLUMES_PER_TENANT:
+        raise Conflict(
+            f"A tenant keeps at most {settings.VOLUMES_PER_TENANT} volumes: delete one first.",
+            code="too_many_volumes",
+        )
+    if kept.filter(name=name).exists():
+        raise Conflict(
+            "You already have a volume with this name.", code="volume_exists", field="name"
+        )
+
+
 @transaction.atomic
 def volume_create(
     *, membership: Membership, name: str, size_gb: int, idempotency_key: str = ""
@@ -120,16 +134,7 @@ def volume_create(
         if existing is not None:
             replay_check(stored=existing.idempotency_fingerprint, fingerprint=asked, what="volume")
             return existing, False
-    kept = Volume.objects.for_tenant(tenant).filter(state__in=V_KEPT)
-    if kept.count() >= settings.VOLUMES_PER_TENANT:
-        raise Conflict(
-            f"A tenant keeps at most {settings.VOLUMES_PER_TENANT} volumes: delete one first.",
-            code="too_many_volumes",
-        )
-    if kept.filter(name=name).exists():
-        raise Conflict(
-            "You already have a volume with this name.", code="volume_exists", field="name"
-        )
+    _check_room(tenant=tenant, name=name)
     node = _node_for_new_volume()
     if node is None:
         raise Conflict(

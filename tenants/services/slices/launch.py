@@ -59,31 +59,26 @@ def slice_launch(
     template: LaunchTemplate | None = None,
 ) -> tuple[Slice, bool]:
     """Check, place and queue a launch. Returns (slice, created). `volumes` mounts the
-    tenant's own volumes ([{"volume": id, "path": "/data/..."}]); the slice then runs on
-    their node. With a `template` (on the same image), its engine is told the slice's
-    budget at start: what the estimate lets it take, as a fraction of what the device
-    reports (docs/templates.md).
-
-    A job the estimate says will not fit its tier is recorded as refused (nothing is
-    reserved) and ServiceRefusal is raised after commit, with the breakdown. A repeated
-    idempotency key returns the first slice."""
+    tenant's own volumes ([{"volume": id, "path": "/data/..."}]) and the slice runs on
+    their node; a `template`'s engine is told the slice's budget (docs/templates.md).
+    A job that will not fit its tier is recorded as refused (nothing reserved) and
+    ServiceRefusal raised after commit; a repeated idempotency key returns the first
+    slice, the same key with another request is a conflict."""
     key = clean_idempotency_key(idempotency_key)
     command = clean_command(command)
     environment = clean_environment(environment)
-    same: dict[str, object] = {
-        "purchase_id": purchase.pk,
-        "image_entry_id": image.pk,
-        "command": command,
-        "environment": environment,
-        "model_request": model_request,
-    }
-    # Everything the request asked, as the launch reads it: a replay must match it all.
-    same["fingerprint"] = request_fingerprint(
-        **same,
-        ssh_public_key=(ssh_public_key or "").strip(),
-        guaranteed=bool(guaranteed),
-        volumes=volumes or [],
-        template=template.pk if template is not None else None,
+    same = _launch_asked(
+        purchase=purchase,
+        image=image,
+        command=command,
+        environment=environment,
+        model_request=model_request,
+        extra={
+            "ssh_public_key": (ssh_public_key or "").strip(),
+            "guaranteed": bool(guaranteed),
+            "volumes": volumes or [],
+            "template": template.pk if template is not None else None,
+        },
     )
     if key:
         existing = _slice_for_key(membership, key, same)
@@ -109,6 +104,28 @@ def slice_launch(
     if slice.state == S.REFUSED and created:
         raise ServiceRefusal(slice.state_reason, estimate=slice.estimate, slice=slice)
     return slice, created
+
+
+def _launch_asked(
+    *,
+    purchase: Purchase,
+    image: Image,
+    command: list[str],
+    environment: dict[str, str],
+    model_request: dict[str, Any],
+    extra: dict[str, object],
+) -> dict[str, object]:
+    """The slice fields a replay is compared on, and the fingerprint of everything the
+    request asked (`extra`: what the slice does not keep as given): it must match all."""
+    same: dict[str, object] = {
+        "purchase_id": purchase.pk,
+        "image_entry_id": image.pk,
+        "command": command,
+        "environment": environment,
+        "model_request": model_request,
+    }
+    same["fingerprint"] = request_fingerprint(**same, **extra)
+    return same
 
 
 def _launch_collided(

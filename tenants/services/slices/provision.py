@@ -66,6 +66,26 @@ def _connection_details(slice: Slice, info: runtime.ContainerInfo) -> dict[str, 
     return out
 
 
+def _volume_gone(slice: Slice) -> bool:
+    """Fail the slice if a volume it mounts is not ready. A live slice's volumes cannot be
+    deleted (the launch locked them; a delete sees the slice), so this fires only by a
+    bug: then `docker run --mount` would silently make an empty, unbilled volume of a
+    name the platform let go."""
+    gone = (
+        SliceMount.objects.filter(slice=slice)
+        .exclude(volume__state=Volume.State.READY)
+        .select_related("volume")
+        .first()
+    )
+    if gone is None:
+        return False
+    slice_fail(
+        slice=slice,
+        reason=f"Volume {gone.volume.name} is {gone.volume.state}: the container was not started.",
+    )
+    return True
+
+
 def slice_provision(*, slice_id: int, final_attempt: bool = True) -> str:
     """Start the slice's container and mark it running; safe to run twice.
 
@@ -84,21 +104,7 @@ def slice_provision(*, slice_id: int, final_attempt: bool = True) -> str:
                 slice=slice, reason="The VRAM reservation was lost before the container started."
             )
             return slice.state
-        # A live slice's volumes cannot be deleted (the launch locked them; a delete sees
-        # the slice), so this never fires but by a bug: then `docker run --mount` would
-        # silently make an empty, unbilled volume of a name the platform let go.
-        gone = (
-            SliceMount.objects.filter(slice=slice)
-            .exclude(volume__state=Volume.State.READY)
-            .select_related("volume")
-            .first()
-        )
-        if gone is not None:
-            slice_fail(
-                slice=slice,
-                reason=f"Volume {gone.volume.name} is {gone.volume.state}: the container "
-                "was not started.",
-            )
+        if _volume_gone(slice):
             return slice.state
         slice.provision_attempts += 1
         slice.provision_started_at = timezone.now()
