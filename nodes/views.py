@@ -115,7 +115,7 @@ def _cell_html(cell: _Cell, node_url: str) -> str:
     return (
         f'<a id="node-cell-{pk}" class="heat-cell{" heat-off" if reason or closed else ""}"'
         f' href="{node_url.format(pk)}" hx-get="?node={pk}"'
-        f' style="--heat: {max(heat, 0)}; --alloc: {alloc}" data-heat="{heat}"'
+        f' data-heat="{heat}" data-alloc="{alloc}"'  # colours: static/css/heat.css
         f' data-node="{html.escape(name)}" title="{label}" aria-label="{label}">'
         f"{f'{heat}%' if heat >= 0 else '—'}</a>"
     )

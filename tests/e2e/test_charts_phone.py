@@ -58,7 +58,7 @@ def open_phone(browser, live_server, email):
 def check_charts(page, recorder, path: str, expected: set[str], wait_for: str) -> list[dict]:
     """Open `path`, wait until `wait_for` (JS) holds, and check every canvas on it."""
     page.goto(path)
-    page.wait_for_function(wait_for)
+    page.wait_for_function(f"() => {wait_for}")  # a function: evaluated once, under the CSP
     recorder.settle(page)
     SHOTS.mkdir(parents=True, exist_ok=True)
     name = re.sub(r"[^\w.-]+", "_", path.split("?")[0].strip("/")) or "home"
@@ -88,7 +88,7 @@ def test_fit_chart_on_a_phone_and_quick_changes_leave_the_latest_verdict(browser
     context, page, recorder = open_phone(browser, live_server, None)
     try:
         page.goto("/fit/")
-        page.wait_for_function("typeof htmx === 'object' && typeof Chart === 'function'")
+        page.wait_for_function("() => typeof htmx === 'object' && typeof Chart === 'function'")
         # three changes in one go, each firing its own request while the first is in flight
         page.evaluate(
             """() => {

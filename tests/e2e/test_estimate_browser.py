@@ -76,7 +76,7 @@ def verdict_includes(page, text: str) -> None:
 
 def test_fit_names_the_tier_applies_a_suggestion_and_clears_the_verdict_on_a_bad_value(page):
     page.goto("/fit/")
-    page.wait_for_function("typeof htmx === 'object' && typeof Chart === 'function'")
+    page.wait_for_function("() => typeof htmx === 'object' && typeof Chart === 'function'")
     page.select_option("#id_model", "meta-llama/Llama-3.1-8B")
     page.select_option("#id_tier_mib", "8192")
     verdict_includes(page, "Does not fit the 8 GB tier")
@@ -115,7 +115,7 @@ def test_fit_names_the_tier_applies_a_suggestion_and_clears_the_verdict_on_a_bad
     page.fill("#id_context_tokens", "4096")
     verdict_includes(page, "Fits the 8 GB tier")
     page.wait_for_function(
-        "!document.getElementById('id_context_tokens').hasAttribute('aria-invalid')"
+        "() => !document.getElementById('id_context_tokens').hasAttribute('aria-invalid')"
     )
     assert page.locator("#id_context_tokens-error").is_hidden()
 
@@ -129,7 +129,7 @@ def test_fit_names_the_tier_applies_a_suggestion_and_clears_the_verdict_on_a_bad
 def test_launch_live_estimate_names_the_tier_applies_a_suggestion_and_shows_errors(page):
     membership, purchase, image = tenant_with_a_purchase("wren@wombat.test")
     log_in(page, "wren@wombat.test", "/launch/")
-    panel_fits = "document.getElementById('estimate-panel').dataset.fits === '{}'"
+    panel_fits = "() => document.getElementById('estimate-panel').dataset.fits === '{}'"
     assert page.is_enabled("#launch-submit")
     page.select_option("#id_model", "Qwen/Qwen2.5-0.5B")
     page.wait_for_function(panel_fits.format("true"))
@@ -208,9 +208,13 @@ def test_fit_and_launch_on_a_phone_do_not_scroll_sideways_and_label_every_field(
 
         log_in(page, "pip@wombat.test", "/launch/")
         page.select_option("#id_model", "Qwen/Qwen2.5-0.5B")
-        page.wait_for_function("document.getElementById('estimate-panel').dataset.fits === 'true'")
+        page.wait_for_function(
+            "() => document.getElementById('estimate-panel').dataset.fits === 'true'"
+        )
         page.select_option("#id_model", "meta-llama/Llama-3.1-8B")  # the longest panel
-        page.wait_for_function("document.getElementById('estimate-panel').dataset.fits === 'false'")
+        page.wait_for_function(
+            "() => document.getElementById('estimate-panel').dataset.fits === 'false'"
+        )
         overflow = page.evaluate(OVERFLOW_JS)
         page.screenshot(
             path=str(SCREENSHOTS / "estimate-launch-phone.png"),

@@ -168,7 +168,9 @@ def test_ops_filter_acknowledge_and_resolve_then_the_tenant_reads_it_in_plain_wo
         expect_path(ops, f"/ops/incidents/{incident.pk}/")
         assert ops.inner_text("#incident-status") == "acknowledged"
         assert ops.locator("#evidence-processes tr[data-pid='5151']").count() == 1
-        ops.wait_for_function("document.getElementById('evidence-chart').dataset.points === '6'")
+        ops.wait_for_function(
+            "() => document.getElementById('evidence-chart').dataset.points === '6'"
+        )
         chart = ops.evaluate(
             """() => { const c = Chart.getChart('evidence-chart');
                        return {sets: c.data.datasets.length, limit: c.data.datasets[1].data[0],

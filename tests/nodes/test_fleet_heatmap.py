@@ -93,11 +93,13 @@ def test_heatmap_has_a_legend_and_one_labelled_cell_per_node(client, ops_user):
 
     quiet = node_cell(body, a)
     assert attr(quiet, "data-heat") == "50" and quiet.endswith(">50%</a>")
-    assert "--heat: 50; --alloc: 25" in quiet and "heat-off" not in quiet
+    # colour and bar from data attributes (static/css/heat.css): no inline style, for the CSP
+    assert attr(quiet, "data-alloc") == "25" and "style=" not in quiet
+    assert "heat-off" not in quiet
     label = "n000: hottest GPU 50% VRAM used, mean 50%, 4 GPUs; takes new slices"
     assert attr(quiet, "title") == label and attr(quiet, "aria-label") == label
     hot = node_cell(body, b)  # the colour is the hottest GPU's, the label has the mean
-    assert attr(hot, "data-heat") == "90" and "--heat: 90" in hot
+    assert attr(hot, "data-heat") == "90"
     assert attr(hot, "aria-label") == (
         "n001: hottest GPU 90% VRAM used, mean 60%, 4 GPUs; takes new slices"
     )
@@ -228,7 +230,7 @@ def test_drill_down_is_a_fragment_of_the_nodes_gpus_and_a_page_without_javascrip
     title = attr(a, "title")
     assert title.startswith("n000 · GPU 3 · NVIDIA A100-SXM4-40GB")
     assert "VRAM used 20480 MiB (50%) · allocated 10240 MiB · total 40960 MiB" in title
-    assert "--alloc: 25" in a and attr(a, "data-heat") == "50"
+    assert attr(a, "data-alloc") == "25" and attr(a, "data-heat") == "50" and "style=" not in a
     assert attr(a, "aria-label") == (
         "n000 GPU 3 NVIDIA A100-SXM4-40GB: 50% VRAM used, 10240 of 40960 MiB allocated"
     )
