@@ -50,6 +50,7 @@ INSTALLED_APPS = [
     "django_celery_beat",
     "django_otp",
     "django_otp.plugins.otp_totp",
+    "csp",
     "gpuplatform",
     "nodes",
     "tenants",
@@ -59,6 +60,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # the Content-Security-Policy header (CONTENT_SECURITY_POLICY below)
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -72,6 +75,25 @@ MIDDLEWARE = [
     # after messages: staff without a verified second factor are sent to set it up
     "tenants.two_factor.StaffTwoFactorMiddleware",
 ]
+
+# Content-Security-Policy (django-csp, docs/security-headers.md): scripts, styles, images and
+# fetches come only from this origin and nothing inline runs or applies (no 'unsafe-inline',
+# no 'unsafe-hashes', no 'unsafe-eval'), so markup that slipped past escaping can neither run
+# a script nor restyle the page; no page is framed, forms post only here. Confirmations are
+# data-confirm attributes read by static/js/confirm.js, never onsubmit/onclick.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],  # Pico's and Swagger UI's icons are data: images
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
 
 ROOT_URLCONF = "gpuplatform.urls"
 WSGI_APPLICATION = "gpuplatform.wsgi.application"
@@ -144,6 +166,12 @@ VOLUME_PRICE_GB_HOUR = env.str("GPUPLATFORM_VOLUME_PRICE_GB_HOUR", default="0.00
 VOLUME_UNPAID_GRACE_DAYS = env.int("GPUPLATFORM_VOLUME_UNPAID_GRACE_DAYS", default=7)
 # Failed logins per client address in 15 minutes before further attempts are refused.
 LOGIN_FAILURE_LIMIT = env.int("GPUPLATFORM_LOGIN_FAILURE_LIMIT", default=20)
+# POSTs per client address to the page forms (tenants/form_limits.py), every attempt
+# counted: past the rate the page answers 429 and runs nothing. The forms that send mail
+# (sign-up, password reset) get the lower rate. How long an emailed sign-up link works.
+FORM_RATE = env.str("GPUPLATFORM_FORM_RATE", default="20/min")
+MAIL_FORM_RATE = env.str("GPUPLATFORM_MAIL_FORM_RATE", default="10/hour")
+SIGN_UP_LINK_TTL_HOURS = env.int("GPUPLATFORM_SIGN_UP_LINK_TTL_HOURS", default=24)
 # The name authenticator apps show beside the account (docs/two-factor.md).
 OTP_TOTP_ISSUER = "gpuplatform"
 
@@ -298,6 +326,38 @@ GATEWAY_PID_CACHE_S = env.float("GPUPLATFORM_GATEWAY_PID_CACHE_S", default=30.0)
 GATEWAY_CIPHERS = env.list(
     "GPUPLATFORM_GATEWAY_CIPHERS", default=["aes128-gcm@openssh.com", "aes256-gcm@openssh.com"]
 )
+# the key exchanges and MACs offered to renters: those ssh-audit's hardened OpenSSH
+# policy accepts (gateway/ssh-audit-policy.txt holds the gateway to it); no SHA-1, no
+# group exchange (asyncssh cannot be held to a 3072-bit modulus). A key exchange this
+# asyncssh lacks (a post-quantum one without its library) is left out. The host key
+# algorithm is the host key's own: ssh-ed25519 only.
+GATEWAY_KEX_ALGS = env.list(
+    "GPUPLATFORM_GATEWAY_KEX_ALGS",
+    default=[
+        "mlkem768x25519-sha256",
+        "curve25519-sha256",
+        "curve25519-sha256@libssh.org",
+        "diffie-hellman-group16-sha512",
+        "diffie-hellman-group18-sha512",
+    ],
+)
+GATEWAY_MACS = env.list(
+    "GPUPLATFORM_GATEWAY_MACS",
+    default=[
+        "hmac-sha2-256-etm@openssh.com",
+        "hmac-sha2-512-etm@openssh.com",
+        "umac-128-etm@openssh.com",
+    ],
+)
+# public keys one connection may offer before it is cut off (OpenSSH's MaxAuthTries)
+GATEWAY_MAX_AUTH_TRIES = env.int("GPUPLATFORM_GATEWAY_MAX_AUTH_TRIES", default=6)
+# per client address: connections not signed in yet at once, and new ones that do not
+# sign in (a burst, then so many a minute; one that signs in gives its place back); past
+# either a new connection is closed at once (OpenSSH's MaxStartups and
+# PerSourcePenalties: each key exchange costs the gateway CPU, the DHEat flood)
+GATEWAY_STARTUPS_PER_ADDRESS = env.int("GPUPLATFORM_GATEWAY_STARTUPS_PER_ADDRESS", default=10)
+GATEWAY_STARTUP_BURST = env.int("GPUPLATFORM_GATEWAY_STARTUP_BURST", default=10)
+GATEWAY_STARTUPS_PER_MINUTE = env.float("GPUPLATFORM_GATEWAY_STARTUPS_PER_MINUTE", default=60)
 
 # Whether the nodes can pull an image they do not hold from its registry: "yes", "no", or
 # "" (not known). The launch page says so beside an image no node holds.

@@ -23,7 +23,7 @@ from gpuplatform.errors import ServiceError
 from gpuplatform.http import client_address
 from gpuplatform.pages import form_error
 
-from . import services, two_factor
+from . import form_limits, services, two_factor
 from .forms.two_factor import CodeForm
 
 WINDOW_S = 15 * 60
@@ -64,11 +64,16 @@ def _landing(request: HttpRequest, user: User, next_url: str) -> str:
 
 
 class ThrottledLoginView(auth_views.LoginView):
-    """Past LOGIN_FAILURE_LIMIT failed logins (wrong passwords and wrong codes) for one
+    """Past settings.FORM_RATE login POSTs from one address (tenants/form_limits.py), or
+    past LOGIN_FAILURE_LIMIT failed logins (wrong passwords and wrong codes) for one
     account from one address in 15 minutes, further attempts are refused (429) unchecked.
     Someone with two-factor on is not logged in yet: the code step comes first."""
 
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        # Every attempt counts against the address's form rate, whichever account it names.
+        refused = form_limits.refusal(request, "login")
+        if refused is not None:
+            return refused
         if is_locked(failure_key(request, request.POST.get("username", ""))):
             return render(request, "registration/login_locked.html", status=429)
         return super().post(request, *args, **kwargs)

@@ -1,6 +1,7 @@
 """Shared fixtures: two tenants with owners, API clients for each, an ops user."""
 
 import importlib
+import os
 from types import SimpleNamespace
 
 import django_otp.oath
@@ -17,7 +18,7 @@ from nodelab import CONTAINER_NETWORK, IMAGE, SSH_USER, LabNodeSpec
 from nodes import services as node_services
 from nodes import ssh
 from nodes.models import NodePolicy
-from tenants import services
+from tenants import form_limits, services
 from tenants.models import Image, Tier
 from tests import factories
 from tests.factories import (
@@ -30,10 +31,30 @@ from tests.factories import (
 from tests.lab_support import LabPool
 
 
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
+    """One test database per pytest process (test_<name>_<pid>): two runs side by side on
+    one machine never create, flush or drop each other's. The workers and gateways a test
+    starts are handed the name (tests/worker_harness.py)."""
+    from django.conf import settings as django_settings  # noqa: PLC0415 - session scope: the `settings` fixture is per test
+
+    db = django_settings.DATABASES["default"]
+    if db["ENGINE"] != "django.db.backends.sqlite3":
+        db.setdefault("TEST", {})["NAME"] = f"test_{db['NAME']}_{os.getpid()}"
+
+
 @pytest.fixture(autouse=True)
 def _fast_password_hashing(settings):
     # PBKDF2 is slow by design; the suite makes many users.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_form_limits():
+    """The page forms' per-address counts (tenants/form_limits.py) live in the cache,
+    Redis under CI, which outlives a test: each test starts the test client's and the
+    live server's address (127.0.0.1) from zero, at the production rates."""
+    form_limits.reset(address="127.0.0.1")
 
 
 @pytest.fixture(autouse=True)

@@ -40,6 +40,11 @@ class SignUpForm(NewPasswordForm):
         self.fields["password"].label = "Password"
 
 
+class SignUpConfirmForm(forms.Form):
+    """The button on the page the mailed sign-up link opens: the link's token waits in
+    the session, so the form posts nothing but its CSRF token."""
+
+
 class AcceptInvitationForm(NewPasswordForm):
     pass
 

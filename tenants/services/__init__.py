@@ -27,6 +27,8 @@ from .accounts import (
     tenant_create,
     tenant_set_status,
     tenant_sign_up,
+    tenant_sign_up_confirm,
+    tenant_sign_up_request,
 )
 from .audit import members_notify, members_notify_send
 from .billing import (
@@ -116,6 +118,8 @@ __all__ = [
     "tenant_create",
     "tenant_set_status",
     "tenant_sign_up",
+    "tenant_sign_up_confirm",
+    "tenant_sign_up_request",
     "two_factor_disable",
     "two_factor_enable",
     "two_factor_verify",

@@ -4,14 +4,18 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.contrib.auth.hashers import make_password
 from django.contrib.auth.models import User
 from django.contrib.auth.password_validation import validate_password
+from django.contrib.auth.tokens import default_token_generator
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.encoding import force_bytes
+from django.utils.http import urlsafe_base64_encode
 from django.utils.text import slugify
 
 from gpuplatform.api.scopes import clean_networks, clean_scopes, role_scopes, within_networks
@@ -29,6 +33,7 @@ from ..locks import (
 )
 from ..models import ApiToken, Invitation, Membership, Role, Slice, Tenant
 from ..selectors import api_token_descendant_ids, invitation_by_token
+from ..sign_up_links import SignUpClaim, seal, unseal
 from ..tokens import API_TOKEN_PREFIX, display_prefix, hash_secret, new_secret
 from .audit import audit_event_record
 from .slices.stop import slice_stop_locked
@@ -53,8 +58,12 @@ def _check_password(password: str, user: User | None = None) -> None:
         raise ServiceError(" ".join(exc.messages), code="weak_password", field="password") from exc
 
 
+def _normal_email(email: str) -> str:
+    return User.objects.normalize_email(email).strip().lower()
+
+
 def _new_user(*, email: str, password: str) -> User:
-    email = User.objects.normalize_email(email).strip().lower()
+    email = _normal_email(email)
     if User.objects.filter(username__iexact=email).exists():
         raise Conflict(
             "An account with this email already exists.", code="email_taken", field="email"
@@ -62,10 +71,14 @@ def _new_user(*, email: str, password: str) -> User:
     user = User(username=email, email=email)
     _check_password(password, user)
     user.set_password(password)
+    return _user_save(user)
+
+
+def _user_save(user: User) -> User:
     try:
         with transaction.atomic():
             user.save()
-    except IntegrityError as exc:  # a double submit racing the check above
+    except IntegrityError as exc:  # a double submit racing the check before
         raise Conflict(
             "An account with this email already exists.", code="email_taken", field="email"
         ) from exc
@@ -90,9 +103,74 @@ def tenant_create(*, owner: User, name: str) -> Membership:
 
 @transaction.atomic
 def tenant_sign_up(*, email: str, password: str, tenant_name: str) -> Membership:
-    """Self-service sign-up: a user, a tenant, and the user as its owner, or nothing."""
+    """A user, a tenant, and the user as its owner, or nothing, at once (the demo, the
+    benchmarks, tests). People sign up in two steps: `tenant_sign_up_request`, then
+    `tenant_sign_up_confirm` from the mailed link."""
     user = _new_user(email=email, password=password)
     return tenant_create(owner=user, name=tenant_name)
+
+
+def tenant_sign_up_request(*, email: str, password: str, tenant_name: str) -> None:
+    """The sign-up form's step: the same answer, the same work and one mail whether or
+    not the address has an account, so the form tells nobody which addresses do. The
+    password is checked and hashed either way; then a new address gets the link that
+    finishes the sign-up (nothing is stored before it is opened), a taken one a note to
+    its owner that someone tried, with a way to sign in or reset the password."""
+    email = _normal_email(email)
+    tenant_name = tenant_name.strip()
+    if not tenant_name:
+        raise ServiceError("Give your organisation a name.", code="required", field="tenant_name")
+    _check_password(password, User(username=email, email=email))
+    password_hash = make_password(password)  # on both paths: one costs what the other does
+    owner = User.objects.filter(username__iexact=email).first()
+    if owner is None:
+        claim = SignUpClaim(email=email, tenant_name=tenant_name, password_hash=password_hash)
+        link = settings.SITE_URL.rstrip("/") + reverse("signup_link", args=[seal(claim)])
+        subject = "Finish creating your gpuplatform account"
+        context = {"link": link, "claim": claim, "hours": settings.SIGN_UP_LINK_TTL_HOURS}
+        template = "tenants/email/sign_up_link.txt"
+    else:
+        subject = "Someone tried to sign up with your address on gpuplatform"
+        context = {"reset_link": _password_reset_link(owner), "login_link": _site_link("login")}
+        template = "tenants/email/sign_up_taken.txt"
+    send_mail(
+        subject=subject,
+        message=render_to_string(template, context),
+        from_email=None,
+        recipient_list=[email],
+    )
+
+
+def _site_link(name: str, **kwargs: str) -> str:
+    return settings.SITE_URL.rstrip("/") + reverse(name, kwargs=kwargs or None)
+
+
+def _password_reset_link(user: User) -> str:
+    """The link Django's password reset would mail `user`; the form's page for an
+    account that cannot take one (switched off, no usable password)."""
+    if not (user.is_active and user.has_usable_password()):
+        return _site_link("password_reset")
+    uid = urlsafe_base64_encode(force_bytes(user.pk))
+    token = default_token_generator.make_token(user)
+    return _site_link("password_reset_confirm", uidb64=uid, token=token)
+
+
+@transaction.atomic
+def tenant_sign_up_confirm(*, token: str) -> Membership:
+    """The mailed link's step: the account the sign-up form described, owner of its new
+    tenant. Once only: a link whose address has an account by now is refused."""
+    claim = unseal(token)
+    if claim is None:
+        raise ServiceError(
+            "This sign-up link is invalid or has expired: sign up again.", code="invalid"
+        )
+    if User.objects.filter(username__iexact=claim.email).exists():
+        raise Conflict(
+            "This link was already used: the account exists. Log in instead.",
+            code="email_taken",
+        )
+    user = User(username=claim.email, email=claim.email, password=claim.password_hash)
+    return tenant_create(owner=_user_save(user), name=claim.tenant_name)
 
 
 @transaction.atomic
@@ -210,7 +288,7 @@ def membership_remove(*, actor_membership: Membership, membership: Membership) -
 def invitation_create(*, actor_membership: Membership, email: str, role: str) -> Invitation:
     _require_owner(actor_membership)
     tenant = actor_membership.tenant
-    email = User.objects.normalize_email(email).strip().lower()
+    email = _normal_email(email)
     if role not in Role.values:
         raise ServiceError(f"Unknown role {role!r}.", code="invalid_choice", field="role")
     if Membership.objects.filter(tenant=tenant, user__username__iexact=email).exists():
@@ -361,17 +439,7 @@ def api_token_create(
     name = _clean_token_name(name)
     _check_token_days(expires_in_days)
     membership = _token_membership(user)
-    role = membership.role if membership else None
-    ops = is_ops(user)
-    allowed = role_scopes(is_staff=ops, role=role)
-    wanted: Iterable[str] = scopes if scopes is not None else allowed
-    if scopes is None and within is not None:  # a child defaults to its parent's scopes
-        wanted = [s for s in within.scopes if s in allowed]
-    granted = clean_scopes(
-        scopes=wanted,
-        allowed=allowed,
-        role="staff" if ops else str(role),
-    )
+    granted, allowed = _token_scopes(user=user, membership=membership, scopes=scopes, within=within)
     networks = clean_networks(networks=allowed_networks)
     if within is not None and not networks:  # a child defaults to its parent's networks
         networks = list(within.allowed_networks)
@@ -406,6 +474,25 @@ def api_token_create(
             },
         )
     return token, value
+
+
+def _token_scopes(
+    *,
+    user: User,
+    membership: Membership | None,
+    scopes: Sequence[str] | None,
+    within: ApiToken | None,
+) -> tuple[list[str], frozenset[str]]:
+    """(the scopes a new token gets, those its maker's role allows): asked, or by default
+    all the role allows, or for a token's child its parent's."""
+    role = membership.role if membership else None
+    ops = is_ops(user)
+    allowed = role_scopes(is_staff=ops, role=role)
+    wanted: Iterable[str] = scopes if scopes is not None else allowed
+    if scopes is None and within is not None:  # a child defaults to its parent's scopes
+        wanted = [s for s in within.scopes if s in allowed]
+    granted = clean_scopes(scopes=wanted, allowed=allowed, role="staff" if ops else str(role))
+    return granted, allowed
 
 
 def _expiry_within(*, token: ApiToken, expires_at: datetime | None) -> datetime | None:

@@ -25,12 +25,13 @@ from gpuplatform.errors import ServiceError
 from gpuplatform.http import AccountRequest, MemberRequest, PageRequest, UserRequest
 from gpuplatform.pages import PAGE_SIZE, form_error, is_partial, submit
 
-from .. import selectors, services
+from .. import form_limits, selectors, services
 from ..forms.accounts import (
     AcceptInvitationForm,
     ApiTokenForm,
     InvitationForm,
     RoleForm,
+    SignUpConfirmForm,
     SignUpForm,
     SshKeyForm,
     SshKeyRemoveForm,
@@ -47,6 +48,7 @@ from ..models import (
 )
 from ..permissions import member_required
 from ..services.keys import MAX_SSH_KEYS_PER_USER
+from ..sign_up_links import unseal
 
 
 @require_GET
@@ -61,23 +63,68 @@ def home(request: HttpRequest) -> HttpResponse:
     return redirect("tenants:catalog")
 
 
+SIGN_UP_SESSION_KEY = "sign_up_token"
+
+
+@form_limits.limit_posts("signup")
 def signup(request: PageRequest) -> HttpResponse:
+    """Answers every accepted form alike, whether or not the address has an account:
+    on to "check your email" (the mail says which it was)."""
     if request.user.is_authenticated:
         return redirect("tenants:dashboard")
     form = SignUpForm(request.POST or None)
-    signed_up = submit(
+    requested = submit(
         request,
         form,
-        lambda data: services.tenant_sign_up(
+        lambda data: services.tenant_sign_up_request(
             email=data["email"], password=data["password"], tenant_name=data["tenant_name"]
         ),
     )
-    if signed_up.done:
-        membership = signed_up.result
+    if requested.done:
+        return redirect("signup_sent")
+    return render(request, "registration/signup.html", {"form": form})
+
+
+@require_GET
+def signup_sent(request: HttpRequest) -> HttpResponse:
+    return render(request, "registration/signup_sent.html")
+
+
+@require_GET
+def signup_link(request: HttpRequest, token: str) -> HttpResponse:
+    """The mailed link. As with invitations, the token moves into the session and the
+    browser goes on to a URL without it; nothing is made until the page's button is
+    pressed (a mail scanner that opens links makes no account)."""
+    if unseal(token) is None:
+        return render(request, "registration/signup_invalid.html", status=404)
+    request.session[SIGN_UP_SESSION_KEY] = token
+    return redirect("signup_confirm")
+
+
+@form_limits.limit_posts("signup_confirm")
+@require_http_methods(["GET", "POST"])
+def signup_confirm(request: PageRequest) -> HttpResponse:
+    token = request.session.get(SIGN_UP_SESSION_KEY, "")
+    claim = unseal(token) if token else None
+    if claim is None:
+        return render(request, "registration/signup_invalid.html", status=404)
+    if request.user.is_authenticated:
+        reason = f"Sign out first: the link makes a new account for {claim.email}."
+        return render(request, "registration/signup_invalid.html", {"reason": reason}, status=409)
+    form = SignUpConfirmForm(request.POST if request.method == "POST" else None)
+    confirmed = submit(request, form, lambda _: services.tenant_sign_up_confirm(token=token))
+    if confirmed.done:
+        membership = confirmed.result
+        request.session.pop(SIGN_UP_SESSION_KEY, None)
         login(request, membership.user, backend="django.contrib.auth.backends.ModelBackend")
         messages.success(request, f"Welcome! {membership.tenant.name} is ready.")
         return redirect("tenants:dashboard")
-    return render(request, "registration/signup.html", {"form": form})
+    return render(
+        request,
+        "registration/signup_confirm.html",
+        {"claim": claim, "form": form},
+        status=confirmed.status,
+    )
 
 
 INVITATION_SESSION_KEY = "invitation_token"
@@ -216,6 +263,12 @@ def _ssh_keys_response(request: AccountRequest, status: int = 200, **extra: Any)
 @require_POST
 def ssh_key_add(request: AccountRequest) -> HttpResponse:
     form = SshKeyForm(request.POST)
+    wait_s = form_limits.attempt(request, "ssh_key_add")
+    if wait_s and not is_partial(request):
+        return form_limits.refused_page(request, wait_s)
+    if wait_s:  # htmx swaps only 2xx answers: the fragment says why, nothing is added
+        form.add_error(None, form_limits.wait_message(wait_s))
+        return _ssh_keys_response(request, ssh_key_form=form)
     added = submit(
         request,
         form,

@@ -1,4 +1,5 @@
-"""Page flows in a real browser: sign-up, log in/out, the tier catalog, API tokens.
+"""Page flows in a real browser: sign-up (with its mailed link), log in/out, the tier
+catalog, API tokens.
 
 Static files come from live_server (staticfiles handler); each test checks that the
 vendored scripts it relies on really ran, so the htmx and Chart.js paths are exercised.
@@ -8,6 +9,7 @@ import re
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core import mail
 
 from tenants.models import Tenant
 
@@ -33,9 +35,21 @@ def assert_static_served(page) -> None:
     )
     assert pico_rules, "pico.min.css was not loaded"
     assert pico_rules[0] > 100
-    page.wait_for_function("typeof htmx === 'object'")
+    page.wait_for_function("() => typeof htmx === 'object'")
     assert page.evaluate("typeof htmx") == "object"
     assert page.js_errors == []
+
+
+def finish_sign_up(page, email: str) -> None:
+    """On "check your email": open the link mailed to `email` and press its button, as the
+    new owner does; a new tenant starts from the first steps on the dashboard."""
+    expect_path(page, "/signup/sent/")
+    sent = [m for m in mail.outbox if m.to == [email.lower()]]
+    assert sent, f"no sign-up mail to {email}"
+    page.goto(re.search(r"/signup/confirm/\S+/", sent[-1].body).group(0))
+    expect_path(page, "/signup/confirm/")
+    page.click("main button[type=submit]")
+    expect_path(page, "/dashboard/")
 
 
 def sign_up(page, *, tenant_name: str, email: str, password: str = PASSWORD) -> None:
@@ -45,7 +59,7 @@ def sign_up(page, *, tenant_name: str, email: str, password: str = PASSWORD) -> 
     page.fill("#id_password", password)
     page.fill("#id_password_confirm", password)
     page.click("main button[type=submit]")
-    expect_path(page, "/dashboard/")  # a new tenant starts from the first steps
+    finish_sign_up(page, email)
     page.goto("/account/")
 
 
@@ -131,7 +145,7 @@ def test_api_token_shown_once_authenticates_me_and_revoking_it_gives_401(page, a
     # The copy button puts exactly the value on the clipboard (localhost is a secure context).
     page.context.grant_permissions(["clipboard-read", "clipboard-write"])
     page.click("#copy-token")
-    page.wait_for_function("document.querySelector('#copy-token').textContent === 'Copied'")
+    page.wait_for_function("() => document.querySelector('#copy-token').textContent === 'Copied'")
     assert page.evaluate("navigator.clipboard.readText()") == value
 
     page.reload()
@@ -187,17 +201,21 @@ def test_sign_up_with_mismatched_passwords_shows_field_error_and_creates_no_user
 
 def test_will_it_fit_updates_live_and_recommends_a_tier(page):
     page.goto("/fit/")
-    page.wait_for_function("typeof htmx === 'object' && typeof Chart === 'function'")
+    page.wait_for_function("() => typeof htmx === 'object' && typeof Chart === 'function'")
     page.select_option("#id_model", "meta-llama/Llama-3.1-8B")
     page.select_option("#id_tier_mib", "8192")
     page.wait_for_function(
-        "document.querySelector('#fit-verdict').textContent.includes('Does not fit')"
+        "() => document.querySelector('#fit-verdict').textContent.includes('Does not fit')"
     )
     assert "24 GB" in page.inner_text("#fit-smallest")
-    page.wait_for_function("Number(document.querySelector('#fit-chart').dataset.segments) > 2")
+    page.wait_for_function(
+        "() => Number(document.querySelector('#fit-chart').dataset.segments) > 2"
+    )
     page.evaluate("window.__still_here = 1")  # survives htmx swaps, not a reload
     page.select_option("#id_weights_dtype", "nf4")
-    page.wait_for_function("document.querySelector('#fit-verdict').textContent.includes('Fits')")
+    page.wait_for_function(
+        "() => document.querySelector('#fit-verdict').textContent.includes('Fits')"
+    )
     assert page.evaluate("window.__still_here") == 1  # swapped in place, no reload
     assert "nf4" in page.inner_text("#fit-terms")
     assert page.js_errors == []

@@ -10,7 +10,7 @@ from django.contrib.auth import get_user_model
 from tenants import services
 from tenants.models import CreditRequest, LedgerEntry, Tier
 from tests.e2e.conftest import pass_two_factor
-from tests.e2e.test_browser import PASSWORD, expect_path
+from tests.e2e.test_browser import PASSWORD, expect_path, finish_sign_up
 from tests.factories import MembershipFactory, give_two_factor
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -23,7 +23,7 @@ def test_ask_for_credit_then_ops_grant_it(page, browser, live_server):
     page.fill("#id_password", PASSWORD)
     page.fill("#id_password_confirm", PASSWORD)
     page.click("main button[type=submit]")
-    expect_path(page, "/dashboard/")
+    finish_sign_up(page, "hana@heron.test")
     steps = page.locator("#getting-started")
     assert "How to start" in steps.inner_text()
     assert steps.locator("li.done").count() == 0

@@ -255,6 +255,7 @@ def pages_of(scene: Scene) -> list[Page]:
         Page("tiers", "/tiers/", EVERYONE),
         Page("fit", "/fit/", EVERYONE),
         Page("signup", "/signup/", (ANON,)),
+        Page("signup-sent", "/signup/sent/", (ANON,)),
         Page("login", "/accounts/login/", (ANON,)),
         Page("password-reset", "/accounts/password_reset/", (ANON,)),
         Page("password-reset-sent", "/accounts/password_reset/done/", (ANON,)),
@@ -263,7 +264,13 @@ def pages_of(scene: Scene) -> list[Page]:
         Page(
             "invitation", f"/invitations/{INVITE_TOKEN}/", (ANON,), lands_on="/invitations/accept/"
         ),
-        Page("admin-login", "/admin/login/", (ANON,)),
+        # no login form of its own: the platform's login and its code step are the door
+        Page(
+            "admin-login",
+            "/admin/login/?next=/admin/",
+            (ANON,),
+            lands_on="/accounts/login/",
+        ),
         Page("api-docs", "/api/v1/docs/", EVERYONE),
         Page("account", "/account/", SIGNED_IN),
         Page("two-factor", "/account/two-factor/", SIGNED_IN),

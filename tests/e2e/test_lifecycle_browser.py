@@ -23,6 +23,7 @@ from nodes.models import Allocation, Node
 from tenants.models import Image, LedgerEntry, Purchase, Slice, Tenant, Tier
 from tests.conftest import use_probe_image
 from tests.e2e.conftest import SCREENSHOT_TIMEOUT_MS, SCREENSHOTS, pass_two_factor
+from tests.e2e.test_browser import finish_sign_up
 from tests.factories import give_two_factor
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -94,7 +95,7 @@ def test_new_tenant_buys_launches_sees_it_running_with_its_gauge_and_stops_it(
     page.fill("#id_password", PASSWORD)
     page.fill("#id_password_confirm", PASSWORD)
     page.click("main button[type=submit]")
-    expect_path(page, "/dashboard/")  # sign-up lands on the first steps
+    finish_sign_up(page, "quinn@quokka.test")  # the mailed link lands on the first steps
     assert "How to start" in page.inner_text("#getting-started")
     tenant = Tenant.objects.get(name="Quokka Inference")
 
@@ -174,11 +175,13 @@ def test_new_tenant_buys_launches_sees_it_running_with_its_gauge_and_stops_it(
     page.select_option("#id_image", str(image.pk))
     page.select_option("#id_model", "meta-llama/Llama-3.1-8B")
     page.wait_for_function(
-        "document.getElementById('estimate-panel').dataset.fits === 'false'"
+        "() => document.getElementById('estimate-panel').dataset.fits === 'false'"
     )  # 8B in bf16 needs ~16.5 GiB: the panel says so for the 8 GB tier
     assert "Does not fit" in page.inner_text("#estimate-verdict")
     page.select_option("#id_model", "Qwen/Qwen2.5-0.5B")
-    page.wait_for_function("document.getElementById('estimate-panel').dataset.fits === 'true'")
+    page.wait_for_function(
+        "() => document.getElementById('estimate-panel').dataset.fits === 'true'"
+    )
     assert "Fits the tier" in page.inner_text("#estimate-verdict")
     assert page.locator("#estimate-body tr").count() >= 3  # the breakdown, term by term
     page.fill("#id_environment", "HF_HOME=/data/hf")
@@ -211,7 +214,7 @@ def test_new_tenant_buys_launches_sees_it_running_with_its_gauge_and_stops_it(
     gauge = page.locator("#slice-live .gauge")
     used = int(gauge.get_attribute("data-used-mb"))
     assert 0 < used <= 8192 and gauge.get_attribute("data-quota-mb") == "8192"
-    page.wait_for_function("Number(document.getElementById('vram-chart').dataset.points) > 0")
+    page.wait_for_function("() => Number(document.getElementById('vram-chart').dataset.points) > 0")
     chart = page.evaluate(
         """() => { const c = Chart.getChart('vram-chart');
                    return {type: c.config.type, sets: c.data.datasets.length,

@@ -29,9 +29,28 @@ def _signup(client, **overrides):
     return client.post("/signup/", data)
 
 
-def test_signup_creates_tenant_with_owner_and_logs_in(client):
+def sign_up_link(outbox) -> str:
+    """The path of the link the last sign-up mail holds."""
+    link = re.search(r"http://\S+(/signup/confirm/\S+/)", outbox[-1].body)
+    assert link, outbox[-1].body
+    return link.group(1)
+
+
+def test_signup_mails_a_link_that_creates_the_tenant_with_its_owner_and_logs_in(client):
     response = _signup(client)
-    assert response.status_code == 302 and response["Location"] == "/dashboard/"
+    assert response.status_code == 302 and response["Location"] == "/signup/sent/"
+    assert "Check your email" in client.get("/signup/sent/").content.decode()
+    assert not User.objects.exists() and not Tenant.objects.exists()  # nothing before the link
+    assert [m.to for m in mail.outbox] == [["carol@gamma.test"]]
+    assert "Gamma AI" in mail.outbox[0].body
+
+    hop = client.get(sign_up_link(mail.outbox))
+    assert hop.status_code == 302 and hop["Location"] == "/signup/confirm/"
+    page = client.get("/signup/confirm/").content.decode()
+    assert "carol@gamma.test" in page and "Gamma AI" in page
+    assert not User.objects.exists()  # opening the link alone makes nothing
+    done = client.post("/signup/confirm/")
+    assert done.status_code == 302 and done["Location"] == "/dashboard/"
     membership = Membership.objects.get(user__email="carol@gamma.test")
     assert membership.role == Role.OWNER
     assert membership.tenant.name == "Gamma AI"
@@ -40,14 +59,21 @@ def test_signup_creates_tenant_with_owner_and_logs_in(client):
     page = client.get("/account/").content.decode()
     assert "Gamma AI" in page and "owner" in page
     assert AuditEvent.objects.filter(tenant=membership.tenant, action="tenant.created").exists()
+    # the password chosen on the form is the account's
+    client.logout()
+    login = client.post("/accounts/login/", {"username": "carol@gamma.test", "password": PASSWORD})
+    assert login.status_code == 302
 
 
-def test_signup_with_taken_email_changes_nothing(client, owner_a):
+def test_signup_with_taken_email_changes_nothing_and_mails_the_owner(client, owner_a):
     tenants_before = Tenant.objects.count()
     response = _signup(client, email=owner_a.user.email.upper())
-    assert response.status_code == 200
-    assert "already exists" in response.content.decode()
+    assert response.status_code == 302 and response["Location"] == "/signup/sent/"
     assert Tenant.objects.count() == tenants_before
+    assert User.objects.count() == 1
+    assert [m.to for m in mail.outbox] == [[owner_a.user.email]]
+    assert "already has an account" in mail.outbox[0].body
+    assert "/signup/confirm/" not in mail.outbox[0].body
 
 
 @pytest.mark.parametrize(
