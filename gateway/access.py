@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ParamSpec, TypeVar
 
+from django.contrib.auth.models import User
 from django.db import close_old_connections, connections, transaction
 from django.db.models import F
 from django.http import HttpRequest
@@ -30,6 +31,35 @@ CONNECT_ROLES = (Role.OWNER, Role.MEMBER)  # viewers look, they do not get in
 
 class Refused(Exception):
     """The stream is not allowed; str() is what the client and the audit are told."""
+
+
+_NAMED_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: str, limit: int = 255) -> str:
+    """`text`, which a client chose, made safe to store and to log: a backslash escape for
+    every character that is not printable (NUL, which PostgreSQL's text refuses; CR and
+    LF, which would start a forged line in the log; other controls, bidi overrides), and
+    a backslash doubled so an escape cannot be faked. At most `limit` characters, cut
+    between escapes, never inside one."""
+    out: list[str] = []
+    used = 0
+    for ch in text:
+        if ch in _NAMED_ESCAPES:
+            piece = _NAMED_ESCAPES[ch]
+        elif ch.isprintable():
+            piece = ch
+        elif ord(ch) <= 0xFF:
+            piece = f"\\x{ord(ch):02x}"
+        elif ord(ch) <= 0xFFFF:
+            piece = f"\\u{ord(ch):04x}"
+        else:
+            piece = f"\\U{ord(ch):08x}"
+        if used + len(piece) > limit:
+            break
+        out.append(piece)
+        used += len(piece)
+    return "".join(out)
 
 
 @dataclass(frozen=True)
@@ -101,25 +131,62 @@ def auth_failed(address: str) -> None:
 
 
 @_fresh
-def identify(fingerprint: str, address: str) -> Identity | None:
-    """The active user whose registered key this is, with the key's last use noted."""
+def identify(fingerprint: str) -> Identity | None:
+    """The active user whose registered key this is. Only a lookup: the client may just be
+    asking whether the key would do (an unsigned query), which proves nothing, so it
+    changes nothing; signed_in() notes a key's use once its signature was verified."""
     found = ssh_key_owner(fingerprint=fingerprint)
     if found is None:
         return None
     key, user = found
     if not user.is_active:
         return None
-    ssh_key_touch(key_id=key.pk, address=address)
     return Identity(user_id=user.pk, key_id=key.pk, fingerprint=fingerprint, label=user.email)
 
 
 @_fresh
+def signed_in(identity: Identity, address: str) -> frozenset[int]:
+    """After a verified signature: the key's last use noted, and the tenants in which the
+    user may connect now. The connection stands for these rights: losing any of them
+    (removed, made a viewer) ends it (still_allowed)."""
+    ssh_key_touch(key_id=identity.key_id, address=address)
+    return _connect_tenants(identity.user_id)
+
+
+def _connect_tenants(user_id: int) -> frozenset[int]:
+    return frozenset(
+        Membership.objects.filter(user_id=user_id, role__in=CONNECT_ROLES).values_list(
+            "tenant_id", flat=True
+        )
+    )
+
+
+def _gone(identity: Identity) -> str:
+    """Why this signed-in key speaks for nobody now ("" while it does): the key was removed
+    (or removed and registered again: another key row, another decision) or the account
+    was deactivated."""
+    found = ssh_key_owner(fingerprint=identity.fingerprint)
+    if found is not None and found[0].pk == identity.key_id and found[1].is_active:
+        return ""
+    if not User.objects.filter(pk=identity.user_id, is_active=True).exists():
+        return "the account was deactivated"
+    return "the key was removed"
+
+
+@_fresh
 def stream_target(*, identity: Identity, destination: str, port: int) -> Target:
-    """Where a `direct-tcpip` channel to destination:port goes, or Refused."""
+    """Where a `direct-tcpip` channel to destination:port goes, or Refused. Asked of the
+    database as it is now, for every channel: the key still registered to this user, the
+    account active, the user an owner or member of the slice's active tenant (a connection
+    that signed in earlier carries no right of its own)."""
+    gone = _gone(identity)
+    if gone:
+        raise Refused(f"{gone}: sign in again")
     match = SLICE_HOST_RE.fullmatch(destination or "")
     if not match:
         raise Refused(
-            f"only your slices are reachable here, as slice-<id>:<port>; not {destination[:80]!r}"
+            "only your slices are reachable here, as slice-<id>:<port>; "
+            f"not '{printable(destination, 80)}'"
         )
     slice_id = int(match.group(1))
     nowhere = Refused(f"no running slice {destination} of yours")
@@ -160,17 +227,38 @@ def stream_target(*, identity: Identity, destination: str, port: int) -> Target:
 
 
 @_fresh
-def still_allowed(streams: list[tuple[Identity, Target]]) -> list[str]:
-    """For each open stream, why it must close now ("" while it may stay): the slice
-    stopped, the key was removed, the member left or became a viewer, the tenant was
-    suspended."""
-    return [_why_close(identity, target) for identity, target in streams]
+def still_allowed(
+    streams: list[tuple[Identity, Target]],
+    signed: list[tuple[Identity, frozenset[int]]],
+) -> tuple[list[str], list[str]]:
+    """One batch for the gateway's recheck: for each open stream, why it must close now
+    ("" while it may stay: the slice stopped, the key was removed, the account was
+    deactivated, the member left or became a viewer, the tenant was suspended); and for
+    each signed-in connection (its identity and the tenants it could reach at sign-in),
+    why the whole connection must end (the key removed, the account deactivated, the
+    member removed or made a viewer in one of those tenants). Each key and each user is
+    read once per batch, however many streams and connections share it."""
+    gone: dict[Identity, str] = {}
+    may_connect: dict[int, frozenset[int]] = {}
+
+    def why_gone(identity: Identity) -> str:
+        if identity not in gone:
+            gone[identity] = _gone(identity)
+        return gone[identity]
+
+    def lost_rights(identity: Identity, tenants: frozenset[int]) -> str:
+        if identity.user_id not in may_connect:
+            may_connect[identity.user_id] = _connect_tenants(identity.user_id)
+        if not tenants <= may_connect[identity.user_id]:
+            return "no longer a member who may connect"
+        return ""
+
+    stream_answers = [why_gone(i) or _why_close(i, target) for i, target in streams]
+    connection_answers = [why_gone(i) or lost_rights(i, tenants) for i, tenants in signed]
+    return stream_answers, connection_answers
 
 
 def _why_close(identity: Identity, target: Target) -> str:
-    found = ssh_key_owner(fingerprint=identity.fingerprint)
-    if found is None or found[0].pk != identity.key_id or not found[1].is_active:
-        return "the key was removed"
     role = (
         Membership.objects.filter(user_id=identity.user_id, tenant_id=target.tenant_id)
         .values_list("role", flat=True)
@@ -199,9 +287,11 @@ def audit_refused(
         slice_id=slice_id,
         key_fingerprint=identity.fingerprint,
         client_address=address[:64],
-        destination=destination[:255],
+        # whatever bytes the client sent (a NUL, which PostgreSQL's text refuses, CR/LF)
+        # is stored escaped: every refusal is recorded
+        destination=printable(destination, 255),
         port=port if 0 <= port <= 65535 else 0,
-        refused=reason[:300],
+        refused=printable(reason, 300),
     )
 
 
@@ -213,7 +303,7 @@ def audit_opened(*, identity: Identity, target: Target, destination: str, addres
         slice_id=target.slice_id,
         key_fingerprint=identity.fingerprint,
         client_address=address[:64],
-        destination=destination[:255],
+        destination=printable(destination, 255),
         port=target.port,
     ).pk
 

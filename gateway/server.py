@@ -26,7 +26,8 @@ from django.conf import settings
 
 from nodes import relay, ssh
 
-from . import access
+from . import access, transport
+from .transport import Startups, TooManyStartups
 
 log = logging.getLogger("gateway")
 PROHIBITED = asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED
@@ -96,11 +97,17 @@ class Stream:
     identity: access.Identity
     target: access.Target
     audit_id: int
+    connection: Connection | None = None  # the renter's SSH connection that carries it
     up: int = 0
     down: int = 0
     last_active: float = field(default_factory=time.monotonic)
     close_because: str = ""
     done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def end(self, because: str) -> None:
+        """Ask the stream's bridge to close it, keeping the first reason given."""
+        self.close_because = self.close_because or because
+        self.done.set()
 
 
 P = ParamSpec("P")
@@ -190,8 +197,12 @@ class Gateway:
         self.pids = PidCache()
         self.streams: set[Stream] = set()
         self._closing: set[Stream] = set()  # bridges still writing their audit row
+        # streams open or being opened (a slot is taken before the relay starts)
         self.per_user: Counter[int] = Counter()
         self.per_slice: Counter[int] = Counter()
+        self.connections: set[Connection] = set()  # signed in, rechecked with the streams
+        self.startups = Startups()  # connections not signed in yet, per client address
+        self._tasks: set[asyncio.Task[None]] = set()  # audit writes nobody awaits
         self._server: asyncssh.SSHAcceptor | None = None
         self._checker: asyncio.Task[None] | None = None
 
@@ -207,7 +218,7 @@ class Gateway:
             x11_forwarding=False,
             login_timeout=30,
             keepalive_interval=30,
-            encryption_algs=list(settings.GATEWAY_CIPHERS),
+            **transport.algorithms(),
         )
         self._checker = asyncio.create_task(self._recheck())
         return self._server.sockets[0].getsockname()[1]
@@ -219,57 +230,134 @@ class Gateway:
             self._server.close()
             await self._server.wait_closed()
         for s in list(self.streams):
-            s.close_because = "the gateway is stopping"
-            s.done.set()
-        # each bridge records how its stream ended before the loop may stop
+            s.end("the gateway is stopping")
+        # each bridge records how its stream ended before the loop may stop, and each
+        # connection that never signed in its failure
         deadline = time.monotonic() + STOP_WAIT_S
-        while (self.streams or self._closing) and time.monotonic() < deadline:
+        while (self.streams or self._closing or self._tasks) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         self.nodes.close()
 
     async def _recheck(self) -> None:
         """Close streams within seconds of the slice stopping, the key going or the member
-        leaving; and idle ones after the idle timeout."""
+        leaving, and idle ones after the idle timeout; and end a whole connection within
+        seconds of its key going, its account being deactivated or its member being
+        removed or made a viewer (one batch of database reads for both)."""
         while True:
             await asyncio.sleep(settings.GATEWAY_RECHECK_S)
+            self.startups.forget_quiet()
             now = time.monotonic()
             open_ = []
             for s in list(self.streams):
                 if now - s.last_active > settings.GATEWAY_IDLE_TIMEOUT_S:
-                    s.close_because = f"idle for {settings.GATEWAY_IDLE_TIMEOUT_S} s"
-                    s.done.set()
+                    s.end(f"idle for {settings.GATEWAY_IDLE_TIMEOUT_S} s")
                 else:
                     open_.append(s)
-            if not open_:
+            signed = [c for c in self.connections if c.identity is not None and not c.closed]
+            if not open_ and not signed:
                 continue
             try:
-                answers = await _db(access.still_allowed, [(s.identity, s.target) for s in open_])
+                streams_why, connections_why = await _db(
+                    access.still_allowed,
+                    [(s.identity, s.target) for s in open_],
+                    [(c.identity, c.tenants) for c in signed if c.identity is not None],
+                )
             except Exception:  # noqa: BLE001 - a database hiccup must not kill the loop
                 log.exception("gateway: recheck failed")
                 continue
-            for s, why in zip(open_, answers, strict=True):
+            for s, why in zip(open_, streams_why, strict=True):
                 if why:
-                    s.close_because = why
-                    s.done.set()
+                    s.end(why)
+            for c, why in zip(signed, connections_why, strict=True):
+                if why:
+                    c.sign_out(why)
+
+    def record_failure(self, address: str) -> None:
+        """One failed sign-in for the address's throttle, written in the background (the
+        connection that failed is already gone)."""
+        self.background(_db(access.auth_failed, address))
 
     # -- one channel ------------------------------------------------------------------
+    def _reserve(self, user_id: int, slice_id: int) -> None:
+        """Take a stream's place under the per-user and per-slice limits, or Refused. Check
+        and count with no await between them, before the relay starts: concurrent opens
+        cannot all pass a check that none of them has counted yet."""
+        if self.per_user[user_id] >= settings.GATEWAY_CHANNELS_PER_USER:
+            raise access.Refused(
+                f"at most {settings.GATEWAY_CHANNELS_PER_USER} open streams per user"
+            )
+        if self.per_slice[slice_id] >= settings.GATEWAY_CHANNELS_PER_SLICE:
+            raise access.Refused(
+                f"at most {settings.GATEWAY_CHANNELS_PER_SLICE} open streams per slice"
+            )
+        self.per_user[user_id] += 1
+        self.per_slice[slice_id] += 1
+
+    def _unreserve(self, user_id: int, slice_id: int) -> None:
+        self.per_user[user_id] -= 1
+        self.per_slice[slice_id] -= 1
+        if self.per_user[user_id] <= 0:
+            del self.per_user[user_id]
+        if self.per_slice[slice_id] <= 0:
+            del self.per_slice[slice_id]
+
     async def open(
         self, conn: Connection, destination: str, port: int
     ) -> asyncssh.SSHTCPSession[bytes]:
         identity = conn.identity
         assert identity is not None  # channels open only after authentication
+        target = await self._allow(conn, identity, destination, port)
+        # from here the stream's place is held: every way out that is not a bridge gives
+        # it back
+        try:
+            node, reader, writer = await self._relay_for(conn, identity, target, destination)
+        except BaseException:
+            self._unreserve(identity.user_id, target.slice_id)
+            raise
+        try:
+            audit_id = await _db(
+                access.audit_opened,
+                identity=identity,
+                target=target,
+                destination=destination,
+                address=conn.peer,
+            )
+        except BaseException:
+            self._unreserve(identity.user_id, target.slice_id)
+            writer.close()
+            self.nodes.release(node)
+            raise
+        if conn.closed:
+            # the client went (or was signed out) while the relay started: asyncssh will not
+            # start the session, so nothing else would close this relay or its audit row
+            self._unreserve(identity.user_id, target.slice_id)
+            writer.close()
+            self.nodes.release(node)
+            self.background(
+                _db(access.audit_closed, stream_id=audit_id, up=0, down=0, because=conn.gone)
+            )
+            raise asyncssh.ChannelOpenError(CONNECT_FAILED, "the connection closed")
+        stream = Stream(identity=identity, target=target, audit_id=audit_id, connection=conn)
+        self.streams.add(stream)
+        conn.streams.add(stream)
+        log.info(
+            "gateway: %s opened %s:%s",
+            access.printable(identity.label),
+            access.printable(destination),
+            port,
+        )
+        return SSHTCPStreamSession(lambda r, w: self._bridge(stream, r, w, reader, writer, node))
+
+    async def _allow(
+        self, conn: Connection, identity: access.Identity, destination: str, port: int
+    ) -> access.Target:
+        """Where the channel goes, with its place under the limits taken; or refused,
+        recorded and logged (the destination escaped: it is the client's bytes)."""
         try:
             target = await _db(
                 access.stream_target, identity=identity, destination=destination, port=port
             )
-            if self.per_user[identity.user_id] >= settings.GATEWAY_CHANNELS_PER_USER:
-                raise access.Refused(
-                    f"at most {settings.GATEWAY_CHANNELS_PER_USER} open streams per user"
-                )
-            if self.per_slice[target.slice_id] >= settings.GATEWAY_CHANNELS_PER_SLICE:
-                raise access.Refused(
-                    f"at most {settings.GATEWAY_CHANNELS_PER_SLICE} open streams per slice"
-                )
+            self._reserve(identity.user_id, target.slice_id)
         except access.Refused as exc:
             await _db(
                 access.audit_refused,
@@ -279,34 +367,47 @@ class Gateway:
                 address=conn.peer,
                 reason=str(exc),
             )
-            log.info("gateway: refused %s to %s:%s: %s", identity.label, destination, port, exc)
+            log.info(
+                "gateway: refused %s to %s:%s: %s",
+                access.printable(identity.label),
+                access.printable(destination),
+                port,
+                access.printable(str(exc), 300),
+            )
             raise asyncssh.ChannelOpenError(PROHIBITED, str(exc)) from None
+        return target
+
+    async def _relay_for(
+        self, conn: Connection, identity: access.Identity, target: access.Target, destination: str
+    ) -> _Relay:
+        """The relay into the container's port; a node or relay failure is recorded and
+        answered "connect failed"."""
         try:
-            node, reader, writer = await self._connect_relay(target, port)
+            return await self._connect_relay(target, target.port)
         except (TimeoutError, OSError, asyncssh.Error, ValueError) as exc:
-            reason = f"slice {target.slice_id} port {port}: {str(exc) or type(exc).__name__}"
+            reason = f"slice {target.slice_id} port {target.port}: {str(exc) or type(exc).__name__}"
             await _db(
                 access.audit_refused,
                 identity=identity,
                 destination=destination,
-                port=port,
+                port=target.port,
                 address=conn.peer,
                 reason=reason,
             )
-            raise asyncssh.ChannelOpenError(CONNECT_FAILED, reason[:200]) from None
-        audit_id = await _db(
-            access.audit_opened,
-            identity=identity,
-            target=target,
-            destination=destination,
-            address=conn.peer,
-        )
-        stream = Stream(identity=identity, target=target, audit_id=audit_id)
-        self.streams.add(stream)
-        self.per_user[identity.user_id] += 1
-        self.per_slice[target.slice_id] += 1
-        log.info("gateway: %s opened %s:%s", identity.label, destination, port)
-        return SSHTCPStreamSession(lambda r, w: self._bridge(stream, r, w, reader, writer, node))
+            raise asyncssh.ChannelOpenError(CONNECT_FAILED, access.printable(reason, 200)) from None
+
+    def background(self, work: Awaitable[None]) -> None:
+        """Database work nobody else waits for (stop() does)."""
+
+        async def run() -> None:
+            try:
+                await work
+            except Exception:  # noqa: BLE001 - logged; the loop goes on
+                log.exception("gateway: background audit write failed")
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _container_pid(self, target: access.Target) -> int:
         """The host PID of the slice's container's first process, asked of the node."""
@@ -402,8 +503,9 @@ class Gateway:
             client_w.close()
             self.nodes.release(node)
             self.streams.discard(stream)
-            self.per_user[stream.identity.user_id] -= 1
-            self.per_slice[stream.target.slice_id] -= 1
+            if stream.connection is not None:
+                stream.connection.streams.discard(stream)
+            self._unreserve(stream.identity.user_id, stream.target.slice_id)
             because = stream.close_because or "closed"
             try:
                 await _db(
@@ -417,28 +519,75 @@ class Gateway:
                 self._closing.discard(stream)
             log.info(
                 "gateway: %s closed slice-%s:%s (%s; %d B up, %d B down)",
-                stream.identity.label,
+                access.printable(stream.identity.label),
                 stream.target.slice_id,
                 stream.target.port,
-                because,
+                access.printable(because, 300),
                 stream.up,
                 stream.down,
             )
 
 
 class Connection(asyncssh.SSHServer):
-    """One renter's SSH connection: public keys only, channels only to their slices."""
+    """One renter's SSH connection: public keys only, channels only to their slices.
+
+    A key is someone only once its signature is verified: asyncssh asks
+    validate_public_key both for a client's unsigned query ("would this key do?", which
+    OpenSSH sends for every key it holds, and which anyone holding only the public half
+    can send) and for the signed request, before it checks the signature. So a query
+    changes nothing and counts nothing in the database; the identity is taken, and the
+    key's use noted, in auth_completed, which only a verified signature reaches. A
+    connection that closes without one counts as one failed sign-in for its address."""
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
-        self.identity: access.Identity | None = None
+        self.identity: access.Identity | None = None  # set by a verified signature only
+        self.tenants: frozenset[int] = frozenset()  # where it could connect at sign-in
         self.peer = ""
+        self.conn: asyncssh.SSHServerConnection | None = None
+        self.streams: set[Stream] = set()
+        self.closed = False
+        self.gone = "the connection closed"  # what its streams' audit rows say at the end
+        self._admitted = False  # while it counts among its address's startups
+        self._tried = False  # asked to sign in at all (a bare scan is no failed sign-in)
+        self._tries = 0
+        self._free_retry = ""  # the accepted key whose next try is its signature
+        self._candidate: access.Identity | None = None  # the key last accepted
 
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        self.conn = conn
         peer = conn.get_extra_info("peername") or ("", 0)
         self.peer = str(peer[0])
+        refused = self.gateway.startups.admit(self.peer)
+        if refused:
+            raise TooManyStartups(refused)  # asyncssh closes it before its version string
+        self._admitted = True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        for s in list(self.streams):
+            s.end(self.gone)
+        self.gateway.connections.discard(self)
+        if self._admitted:
+            self.gateway.startups.left(self.peer, signed_in=False)
+            self._admitted = False
+            if self._tried:
+                self.gateway.record_failure(self.peer)
+
+    def sign_out(self, why: str) -> None:
+        """End the whole connection (its streams first, each saying why): the rights it
+        signed in with are gone, and no new channel may ride on it."""
+        if self.closed or self.conn is None:
+            return
+        self.gone = why
+        for s in list(self.streams):
+            s.end(why)
+        label = access.printable(self.identity.label) if self.identity else "?"
+        log.info("gateway: signed %s out (%s): %s", label, self.peer, why)
+        self.conn.disconnect(asyncssh.DISC_BY_APPLICATION, why)
 
     def begin_auth(self, username: str) -> bool:
+        self._tried = True
         return True
 
     def password_auth_supported(self) -> bool:
@@ -454,14 +603,53 @@ class Connection(asyncssh.SSHServer):
         return True
 
     async def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+        """Whether the key would do (for a query and, again, for the signed request:
+        asyncssh checks the signature after this answers). Changes nothing anywhere."""
+        fingerprint = key.get_fingerprint("sha256")
+        # A try is one key offered: its query and then its signature count once, as
+        # OpenSSH's MaxAuthTries counts; a client asking again and again pays each time.
+        counted = self._free_retry != fingerprint
+        self._free_retry = ""
+        self._candidate = None
+        if counted:
+            self._tries += 1
+            if self._tries > settings.GATEWAY_MAX_AUTH_TRIES:
+                if self.conn is not None:
+                    self.conn.disconnect(
+                        asyncssh.DISC_NO_MORE_AUTH_METHODS_AVAILABLE,
+                        "too many authentication failures",
+                    )
+                return False
         if await _db(access.address_blocked, self.peer):
             return False
-        identity = await _db(access.identify, key.get_fingerprint("sha256"), self.peer)
+        identity = await _db(access.identify, fingerprint)
         if identity is None:
-            await _db(access.auth_failed, self.peer)
             return False
-        self.identity = identity
+        if counted:
+            self._free_retry = fingerprint
+        self._candidate = identity
         return True
+
+    def auth_completed(self) -> None:
+        """A signature was verified, for the key validate_public_key accepted last (asyncssh
+        checks it and calls this with no await in between, so no other request of the
+        client's can come between them)."""
+        identity = self._candidate
+        if identity is None or self.conn is None:  # cannot happen: public keys are all we take
+            if self.conn is not None:
+                self.conn.disconnect(asyncssh.DISC_BY_APPLICATION, "not signed in")
+            return
+        self.identity = identity
+        if self._admitted:
+            self.gateway.startups.left(self.peer, signed_in=True)
+            self._admitted = False
+        self.gateway.connections.add(self)
+        self.gateway.background(self._note_sign_in(identity))
+
+    async def _note_sign_in(self, identity: access.Identity) -> None:
+        """The key's last use, and the rights this connection stands for (a channel asked
+        for meanwhile is checked against the database on its own)."""
+        self.tenants = await _db(access.signed_in, identity, self.peer)
 
     def session_requested(self) -> bool:
         return False  # no shell, no exec, no subsystem: the gateway only relays

@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+from gateway.access import printable
 from gateway.models import GatewayStream
 from tenants import services
 from tests.gateway.support import GatewayThread, client_key, ssh_argv
@@ -83,3 +84,19 @@ def test_openssh_at_its_defaults_talks_aes_gcm_to_the_gateway(gateway, owner_a, 
         + ["true"]
     )
     assert only_chacha.returncode == 255 and "no matching cipher" in only_chacha.stderr
+
+
+@pytest.mark.parametrize(
+    ("sent", "stored"),
+    [
+        ("slice-1", "slice-1"),
+        ("slice-1\x00x", "slice-1\\x00x"),  # PostgreSQL's text refuses NUL
+        ("a\r\nINFO forged", "a\\r\\nINFO forged"),  # a new line in the log
+        ("\x1b[2J\u202eevil", "\\x1b[2J\\u202eevil"),  # a terminal escape, a bidi override
+        ("back\\x00slash", "back\\\\x00slash"),  # an escape typed as text stays text
+        ("café ü", "café ü"),  # printable text is kept as it is
+    ],
+)
+def test_client_text_is_escaped_before_it_is_stored_or_logged(sent, stored):
+    assert printable(sent) == stored
+    assert printable("\x00" * 10, limit=9) == "\\x00\\x00"  # cut between escapes
