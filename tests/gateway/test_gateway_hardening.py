@@ -18,19 +18,14 @@ import pytest
 
 from tenants import services
 from tests.ci import missing
+from tests.gateway import test_gateway
 from tests.gateway.support import GatewayThread, client_key, ssh_argv
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+gateway = test_gateway.gateway  # the fixture: a gateway on a loopback port
+
 POLICY = Path(__file__).resolve().parents[2] / "gateway" / "ssh-audit-policy.txt"
-
-
-@pytest.fixture
-def gateway(settings, tmp_path):
-    settings.GATEWAY_HOST_KEY_PATH = str(tmp_path / "gateway" / "host_key")
-    gw = GatewayThread().start()
-    yield gw
-    gw.stop()
 
 
 def ssh_audit(*args: str) -> subprocess.CompletedProcess[str]:
