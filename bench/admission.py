@@ -48,22 +48,32 @@ SIZES_GB = (4, 8, 12, 8)  # the launch mix: mostly 8 GB, as sold
 MODEL = {"model": {"catalog": "Qwen/Qwen2.5-0.5B"}, "context_tokens": 2048}
 
 
-def legacy_allocation_reserve(*, owner_key: str, vram_mb: int, guaranteed: bool = True):
+def legacy_allocation_reserve(
+    *,
+    owner_key: str,
+    vram_mb: int,
+    guaranteed: bool = True,
+    node_id: int | None = None,
+    interruptible: bool = False,
+):
     """The placement this issue started from: every choice aggregates all live
     allocations of every GPU; then the chosen GPU is locked and its allocations
-    re-counted. Correct, but each admission reads the whole allocation table."""
+    re-counted. Correct, but each admission reads the whole allocation table. Takes
+    the service's keywords (`node_id` narrows the candidates; the benchmark's launches
+    are never interruptible, so that one is accepted and changes nothing)."""
     for _ in range(5):
         live = ~Q(allocations__state=Allocation.State.RELEASED)
-        gpus = (
-            Gpu.objects.filter(
-                present=True,
-                accepting_placements=True,
-                node__status=Node.Status.ACTIVE,
-                node__drained_at__isnull=True,
-            )
-            .annotate(allocated=Coalesce(Sum("allocations__vram_mb", filter=live), 0))
-            .order_by("pk")
+        candidates_qs = Gpu.objects.filter(
+            present=True,
+            accepting_placements=True,
+            node__status=Node.Status.ACTIVE,
+            node__drained_at__isnull=True,
         )
+        if node_id is not None:
+            candidates_qs = candidates_qs.filter(node_id=node_id)
+        gpus = candidates_qs.annotate(
+            allocated=Coalesce(Sum("allocations__vram_mb", filter=live), 0)
+        ).order_by("pk")
         candidates = [
             Candidate(
                 gpu_id=g.pk,
