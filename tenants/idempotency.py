@@ -41,8 +41,11 @@ class IdempotencyConflict(Conflict):
         )
 
 
-def replay_check(*, stored: str, fingerprint: str, what: str) -> None:
-    """Refuse a replay whose request differs from the first (rows from before
-    fingerprints were kept have none: their callers compare fields as well)."""
-    if stored and stored != fingerprint:
+def replay_check(
+    *, stored: str, fingerprint: str, what: str, kept_fields_match: bool = True
+) -> None:
+    """Refuse a replay whose request differs from the first. A row made before
+    fingerprints were kept has none: then the fields it keeps decide (`kept_fields_match`,
+    the caller's comparison)."""
+    if (stored != fingerprint) if stored else not kept_fields_match:
         raise IdempotencyConflict(what)

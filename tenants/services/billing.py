@@ -19,7 +19,6 @@ from gpuplatform.ops import require_ops
 
 from ..amounts import MAX_GRANT, AmountInput, credit_amount
 from ..idempotency import (
-    IdempotencyConflict,
     clean_idempotency_key,
     replay_check,
     request_fingerprint,
@@ -95,12 +94,11 @@ def _grant_for_key(tenant: Tenant, key: str, amount: AmountInput, memo: str) -> 
     existing = LedgerEntry.objects.for_tenant(tenant).filter(idempotency_key=key).first()
     if existing is None:
         return None
-    if existing.amount != credit_amount(amount, field="amount"):
-        raise IdempotencyConflict("grant")
     replay_check(
         stored=existing.idempotency_fingerprint,
         fingerprint=_grant_fingerprint(amount, memo),
         what="grant",
+        kept_fields_match=existing.amount == credit_amount(amount, field="amount"),
     )
     return existing
 
@@ -199,9 +197,12 @@ def _purchase_for_key(
     existing = Purchase.objects.for_tenant(tenant).filter(idempotency_key=key).first()
     if existing is None:
         return None
-    if existing.tier_id != tier.pk or existing.hours != hours:
-        raise IdempotencyConflict("purchase")
-    replay_check(stored=existing.idempotency_fingerprint, fingerprint=asked, what="purchase")
+    replay_check(
+        stored=existing.idempotency_fingerprint,
+        fingerprint=asked,
+        what="purchase",
+        kept_fields_match=existing.tier_id == tier.pk and existing.hours == hours,
+    )
     return existing
 
 

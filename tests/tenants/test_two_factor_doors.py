@@ -46,7 +46,7 @@ def test_the_admin_turns_away_a_staff_session_without_the_code_step(ops_user):
     assert client.get("/admin/").status_code == 200
 
 
-def test_thirty_wrong_passwords_at_the_admin_are_not_a_way_around_the_lockout(ops_user, settings):
+def test_the_admin_form_is_no_way_around_the_login_lockout(ops_user, settings):
     settings.LOGIN_FAILURE_LIMIT = 3
     client = Client()
     for _ in range(5):

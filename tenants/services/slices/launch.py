@@ -20,7 +20,6 @@ from nodes import selectors as node_selectors
 from nodes import services as node_services
 
 from ...idempotency import (
-    IdempotencyConflict,
     clean_idempotency_key,
     replay_check,
     request_fingerprint,
@@ -158,10 +157,11 @@ def _slice_for_key(membership: Membership, key: str, same: dict[str, object]) ->
     if existing is None:
         return None
     fields = {f: v for f, v in same.items() if f != "fingerprint"}
-    if any(getattr(existing, f) != v for f, v in fields.items()):
-        raise IdempotencyConflict("launch")
     replay_check(
-        stored=existing.idempotency_fingerprint, fingerprint=str(same["fingerprint"]), what="launch"
+        stored=existing.idempotency_fingerprint,
+        fingerprint=str(same["fingerprint"]),
+        what="launch",
+        kept_fields_match=all(getattr(existing, f) == v for f, v in fields.items()),
     )
     return existing
 
