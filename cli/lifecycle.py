@@ -11,7 +11,7 @@ import click
 from cli import output
 from cli.client import Api, refused
 from cli.common import api, json_option, slice_id, yes_option
-from cli.slices import wait_for, wait_options
+from cli.slices import STARTED, wait_for, wait_options
 
 FOLLOW_POLL_S = 2.0  # the API reads a running slice's output at most every 2 s
 LOG_PAGE = 1000  # lines per call, the API's largest
@@ -78,8 +78,8 @@ def stop(slice_ref: str, reason: str, wait: bool, timeout: float, yes: bool, as_
     # stopping a stopped slice changes nothing, so a lost answer may be asked again
     shown = client.post(f"/slices/{ident}/stop/", {"reason": reason}, repeatable=True)
     if wait:
-        shown = wait_for(client, ident, until=("stopped", "failed"), timeout=timeout,
-                         quiet=as_json)  # fmt: skip
+        ended = ("stopped", "completed", "failed")
+        shown = wait_for(client, ident, until=ended, timeout=timeout, quiet=as_json)
     if as_json:
         output.emit_json(shown)
     else:
@@ -121,7 +121,8 @@ def resume(slice_ref: str, purchase: int | None, wait: bool, timeout: float, as_
         purchase = _purchase_for_resume(client, client.get(f"/slices/{ident}/"))
     shown = client.post(f"/slices/{ident}/resume/", {"purchase": purchase})
     if wait:
-        shown = wait_for(client, ident, until=("running",), timeout=timeout, quiet=as_json)
+        # a short job may be done before it is seen running
+        shown = wait_for(client, ident, until=STARTED, timeout=timeout, quiet=as_json)
     if as_json:
         output.emit_json(shown)
     else:

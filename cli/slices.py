@@ -15,6 +15,8 @@ from cli.common import api, idempotency_option, json_option, key_value, slice_id
 from cli.estimate import job_options
 
 LIVE = ("requested", "queued", "provisioning", "running", "stopping")
+# What a launch or resume waits for: running, or already done well (a short job)
+STARTED = ("running", "completed")
 POLL_S = 1.0
 POLL_MAX_S = 3.0
 WAIT_DEFAULT_S = 600
@@ -154,11 +156,13 @@ def launch(
         prefix = "Already launched with this key" if again else "Launched"
         output.plain(f"{prefix}: slice {shown['id']} ({shown['state']}) on {shown['tier_name']}.")
     if wait:
-        shown = wait_for(client, shown["id"], until=("running",), timeout=timeout, quiet=as_json)
+        shown = wait_for(client, shown["id"], until=STARTED, timeout=timeout, quiet=as_json)
     if as_json:
         output.emit_json({**shown, "idempotency_key": key, "repeated": again})
         return
-    if wait:
+    if wait and shown["state"] == "completed":
+        output.plain(f"Slice {shown['id']} completed: {shown.get('state_reason') or ''}")
+    elif wait:
         output.plain(f"Slice {shown['id']} is running.")
         _print_connection(shown)
     else:
@@ -166,7 +170,9 @@ def launch(
 
 
 @click.command()
-@click.option("--all", "-a", "show_all", is_flag=True, help="Also stopped, failed and refused.")
+@click.option(
+    "--all", "-a", "show_all", is_flag=True, help="Also stopped, completed, failed and refused."
+)
 @click.option("--state", help="Only slices in this state.")
 @json_option
 def ps(show_all: bool, state: str | None, as_json: bool) -> None:

@@ -8,6 +8,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
+from .agent import cmd_agent, is_agent
 from .faults import xid_raw
 from .gpus import GpuState
 from .shell import Invocation
@@ -148,6 +149,8 @@ def cmd_python3(node: NodeState, inv: Invocation) -> int:
     if args[:1] in (["--version"], ["-V"]):
         inv.out(PYTHON_VERSION + "\n")
         return 0
+    if is_agent(inv.argv):
+        return cmd_agent(node.agent, inv)
     if args and args[0] == "-c":
         inv.err("[emulator] python3 -c is not emulated on this node\n")
         return 1

@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from . import catalog
+from .agent import EmulatedAgent
 from .catalog import GpuSpec, NodeSpec
 from .clock import Clock
 from .containers import Container, ContainerOps
@@ -90,7 +91,7 @@ class NodeState(ContainerOps, VramAccounting, Faults):
         self.images: set[str] | None = None  # None: every image is present / pullable
         self.volumes: dict[str, dict[str, str]] = {}  # docker volume name -> its labels
         self.volume_bytes: dict[str, int] = {}  # what each holds (`du`), set by tests
-        self.nvml_available = True
+        self.nvml_available, self.agent = True, EmulatedAgent()  # the platform's node agent
         self.nvml_error = "NVML Shared Library Not Found"
         self.driver_loaded = True
         self.boot_time = clock.now() - boot_uptime_s

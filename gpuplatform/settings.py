@@ -305,6 +305,14 @@ NODES_UNREACHABLE_AFTER = env.int("GPUPLATFORM_UNREACHABLE_AFTER", default=3)
 NODES_REJUDGE_AFTER_ABSENCE_MINUTES = env.int(
     "GPUPLATFORM_REJUDGE_AFTER_ABSENCE_MINUTES", default=10
 )
+# --- the node agent: holds each container to its quota on the node (docs/isolation.md) ---
+# its journal pulled, and its health judged, this often (seconds)
+NODE_AGENT_PULL_INTERVAL = env.float("GPUPLATFORM_AGENT_PULL_INTERVAL", default=5.0)
+NODE_AGENT_INTERVAL_S = env.float("GPUPLATFORM_AGENT_INTERVAL_S", default=0.5)  # NVML readings
+# a breach is acted on after this many readings in a row over quota + margin
+NODE_AGENT_CONFIRM_READINGS = env.int("GPUPLATFORM_AGENT_CONFIRM_READINGS", default=2)
+# a CUDA context (300-600 MiB), which the quota library does not count, fits in it
+NODE_AGENT_MARGIN_MB = env.int("GPUPLATFORM_AGENT_MARGIN_MB", default=512)
 # --- the SSH gateway: renters reach their slices' ports through it, no node port open -------
 # host:port it listens on (never beyond it); the host shown in the commands renters copy
 GATEWAY_ADDRESS = env.str("GPUPLATFORM_GATEWAY_ADDRESS", default="127.0.0.1:2222")
@@ -429,6 +437,11 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": NODES_SAMPLE_INTERVAL},
     },
     # the preflight gate, once a day (registration, discovery and policy changes run it too)
+    "node-agents": {
+        "task": "telemetry.agents_check",
+        "schedule": NODE_AGENT_PULL_INTERVAL,
+        "options": {"expires": NODE_AGENT_PULL_INTERVAL},
+    },
     "preflight-fleet": {
         "task": "telemetry.preflight_all",
         "schedule": crontab(hour=4, minute=10),

@@ -7,9 +7,11 @@ Definitions (the page states them too):
   (none below one GPU-hour).
 - Memory-preemption failure rate: of the slices that ran in the period (started before
   its end, not stopped before its start, placed on a GPU), the share hurt by a
-  neighbour: the slice failed while a critical memory incident (no isolation, or a
-  reclaim failure) about another slice or the whole card was open on its GPU, or
-  within 5 minutes after. An incident the isolation contained hurts nobody.
+  neighbour: the slice failed, not by its own job's doing, while a critical memory
+  incident (no isolation, or a reclaim failure) about another slice or the whole card
+  was open on its GPU, or within 5 minutes after. A completed run (exit 0), the job's
+  own error exit and its running out of memory inside its own quota (`Slice.ended_by`
+  = job) never count. An incident the isolation contained hurts nobody.
 - Mean time to detect: first seen minus when the condition began as far as the samples
   show (evidence "condition_since", kept in its own column `condition_since`: the
   breaching sample, the start of a leak's steady growth, the last compute of an idle
@@ -233,9 +235,9 @@ def gpu_hours_by_node(*, since: datetime, until: datetime) -> dict[str, float]:
 
 def slices_hurt_by_node(*, since: datetime, until: datetime) -> dict[str, tuple[int, int]]:
     """Per node: (slices that ran in the period, of which hurt by a neighbour's incident)."""
-    # Hurt = the slice itself failed while a neighbour's critical memory incident was
-    # open on its GPU (or within HURT_SLACK after): an incident the isolation contained
-    # (the neighbour stopped alone, the others ran on) hurts nobody.
+    # Hurt = the slice failed, its job not the cause, while a neighbour's critical memory
+    # incident was open on its GPU (or within HURT_SLACK after): an incident the isolation
+    # contained (the neighbour stopped alone, the others ran on) hurts nobody.
     neighbour = (
         Incident.objects.filter(
             gpu_id=OuterRef("allocation__gpu_id"),
@@ -255,10 +257,15 @@ def slices_hurt_by_node(*, since: datetime, until: datetime) -> dict[str, tuple[
             run_start=Greatest("started_at", Value(since)),
             run_end=Least(Coalesce("stopped_at", Value(until)), Value(until)),
         )
-        # only a failed slice is asked about its neighbours (most ran to their end)
+        # only a failed slice its own job did not end is asked about its neighbours (most
+        # ran to their end; a completed run, the job's own error exit or its running out
+        # of memory inside its own quota is nobody else's doing)
         .annotate(
             hurt=Case(
-                When(state=Slice.State.FAILED, then=Exists(neighbour)),
+                When(
+                    Q(state=Slice.State.FAILED) & ~Q(ended_by=Slice.EndedBy.JOB),
+                    then=Exists(neighbour),
+                ),
                 default=Value(False),
                 output_field=BooleanField(),
             )

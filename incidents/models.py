@@ -516,3 +516,78 @@ class WebhookDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event} #{self.incident_id} -> {self.endpoint_id} ({self.status})"
+
+
+class NeighbourHarm(models.Model):
+    """A slice left short of its own quota because another container on its card was over
+    its own: while the card held less free memory than the slice's unused quota. The
+    evidence is the node agent's own NVML reading (never the quota library's books, which
+    are tenant-writable); one row per harm, updated while it lasts."""
+
+    node = models.ForeignKey(
+        "nodes.Node", on_delete=models.CASCADE, related_name="+", verbose_name="node"
+    )
+    harm_id = models.CharField("agent's harm id", max_length=64)
+    gpu = models.ForeignKey(
+        "nodes.Gpu",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name="GPU",
+    )
+    slice = models.ForeignKey(
+        "tenants.Slice",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="harms",
+        verbose_name="harmed slice",
+    )
+    container_id = models.CharField("harmed container", max_length=128)
+    offender_containers = models.JSONField("offending containers", default=list)
+    offender_slices = models.JSONField("offending slices", default=list, blank=True)
+    offender_incidents = models.JSONField(
+        "the offenders' incidents",
+        default=list,
+        blank=True,
+        help_text="For ops: never shown to the harmed tenant.",
+    )
+    short_mb = models.PositiveIntegerField("most missing (MiB)")
+    quota_mb = models.PositiveIntegerField("harmed slice's quota (MiB)", default=0)
+    started_at = models.DateTimeField("began")
+    ended_at = models.DateTimeField("ended", null=True, blank=True)
+    incident = models.ForeignKey(
+        "incidents.Incident",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="harms",
+        verbose_name="the harmed slice's incident",
+    )
+
+    class Meta:
+        ordering = ["-started_at", "-pk"]
+        verbose_name = "neighbour harm"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node", "harm_id"],
+                name="%(app_label)s_%(class)s_once",
+                violation_error_message="The agent's harm is recorded once per node.",
+            ),
+            models.CheckConstraint(
+                condition=Q(ended_at__isnull=True) | Q(ended_at__gte=F("started_at")),
+                name="%(app_label)s_%(class)s_ends_after_start",
+                violation_error_message="A harm cannot end before it began.",
+            ),
+        ]
+        indexes = [models.Index(fields=["-started_at"], name="incidents_harm_started_idx")]
+
+    def __str__(self) -> str:
+        return f"harm {self.harm_id} to {self.container_id[:12]}"
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.ended_at is None:
+            return None
+        return (self.ended_at - self.started_at).total_seconds()

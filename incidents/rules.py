@@ -22,7 +22,17 @@ CONNECTIVITY = "connectivity"
 INFO, WARNING, CRITICAL = "info", "warning", "critical"
 # Rules about the platform's own books, not anything a tenant did: ops' alone (never
 # shown to, nor mailed to, a tenant).
-OPS_ONLY = frozenset({"accounting_drift", "node_gate_failed", "quota_not_effective"})
+OPS_ONLY = frozenset(
+    {
+        "accounting_drift",
+        "node_gate_failed",
+        "quota_not_effective",
+        # the node agent's own health and what it found outside every slice
+        "agent_down",
+        "agent_failed",
+        "stray_process",
+    }
+)
 # Every rule an incident can be filed under: the rules here, the sweeps' (oom_exit) and
 # preemption's (slice_preempted). The ledger's rule filter offers these; a test holds the
 # list to the rules the code files.

@@ -4,14 +4,22 @@ running slices as the watchdog reads them; and what ops may do from an incident.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TypedDict, TypeGuard
+from typing import Any, TypedDict, TypeGuard
 
 from django.db.models import Q, QuerySet
 
+from nodes.devices import vram_quota
 from nodes.models import Gpu, Node
 from tenants.models import Slice, Tenant
 
-from .models import BREAKER_REASON, SEVERITY_RANK, Incident, IncidentEvent, Thresholds
+from .models import (
+    BREAKER_REASON,
+    SEVERITY_RANK,
+    Incident,
+    IncidentEvent,
+    NeighbourHarm,
+    Thresholds,
+)
 from .notify import TENANT_TITLES
 from .rules import Thresholds as RuleThresholds
 
@@ -148,7 +156,7 @@ class LiveSlice(TypedDict):
 
     pk: int
     tenant_id: int
-    quota: int  # its VRAM quota, MiB
+    quota: int  # the VRAM it is held to, MiB: its tier's, or its MIG instance's (vram_quota)
     cid: str  # its container
     gpu_id: int
     node_id: int
@@ -173,6 +181,8 @@ def live_slices(*, node_ids: list[int] | None = None) -> tuple[list[LiveSlice], 
             "allocation__gpu_id",
             "allocation__gpu__node_id",
             "allocation__mig_device_uuid",
+            # a few entries where the card is MIG-partitioned, [] elsewhere: no extra query
+            "allocation__gpu__mig_devices",
             "purchase__interruptible",
             "started_at",
         )
@@ -182,7 +192,11 @@ def live_slices(*, node_ids: list[int] | None = None) -> tuple[list[LiveSlice], 
         {
             "pk": r["pk"],
             "tenant_id": r["tenant_id"],
-            "quota": r["vram_mb"],
+            "quota": vram_quota(
+                tier_mb=r["vram_mb"],
+                mig_device_uuid=r["allocation__mig_device_uuid"] or "",
+                mig_devices=r["allocation__gpu__mig_devices"],
+            ).mb,
             "cid": r["container_id"],
             "gpu_id": r["allocation__gpu_id"],
             "node_id": r["allocation__gpu__node_id"],
@@ -214,3 +228,35 @@ def can_drain_gpu(gpu: Gpu | None) -> TypeGuard[Gpu]:
 
 def can_drain_node(node: Node | None) -> TypeGuard[Node]:
     return node is not None and node.drained_at is None
+
+
+def incident_harms(*, incident: Incident) -> list[NeighbourHarm]:
+    """For ops: the neighbour harms an incident is about. The harmed slice's incident lists
+    its harm (with the offenders' incidents to open); an offender's stop lists the harms
+    its memory caused."""
+    if incident.rule == "neighbour_harm":
+        return list(incident.harms.order_by("-started_at"))
+    if incident.rule in ("quota_breach", "accounting_drift"):
+        return list(
+            NeighbourHarm.objects.filter(offender_incidents__contains=[incident.pk])
+            .select_related("slice")
+            .order_by("-started_at")[:20]
+        )
+    return []
+
+
+def neighbour_harm_kpis(*, since: datetime, until: datetime) -> dict[str, Any]:
+    """Neighbours hurt in a period, by the node agent's rule (NeighbourHarm rows that began
+    in it): how many harms, how many slices, and for how long (longest and in all; a harm
+    still going on counts up to now)."""
+    harms = NeighbourHarm.objects.filter(started_at__gte=since, started_at__lt=until)
+    rows = list(harms.values_list("slice_id", "started_at", "ended_at", "short_mb"))
+    spans = [((end or until) - start).total_seconds() for _, start, end, _ in rows]
+    return {
+        "harms": len(rows),
+        "slices": len({s for s, *_ in rows if s is not None}),
+        "longest_s": max(spans, default=0.0),
+        "total_s": sum(spans),
+        "most_missing_mb": max((mb for *_, mb in rows), default=0),
+        "going_on": sum(1 for _, _, end, _ in rows if end is None),
+    }

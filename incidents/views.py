@@ -326,6 +326,7 @@ def ops_incident(request: UserRequest, pk: int) -> HttpResponse:
     if is_partial(request):
         response = render(request, "incidents/_incident_live.html", context)
         return live_response(response, done=incident.status == Incident.Status.RESOLVED)
+    context["harms"] = selectors.incident_harms(incident=incident)
     return render(request, "incidents/ops_incident.html", context)
 
 
@@ -559,6 +560,7 @@ def ops_kpis(request: UserRequest) -> HttpResponse:
             "form": form,
             "days": days,
             "kpi": data,
+            "harms": selectors.neighbour_harm_kpis(since=until - timedelta(days=days), until=until),
             "charts": charts,
             "periods": kpis.PERIODS,
             "nodes_hidden": nodes_hidden,

@@ -25,6 +25,7 @@ from .processes import (
     descendants,
     free_port,
     holders_of_port,
+    kill_matching,
     last_line,
     remove_cgroups,
     run_checked,
@@ -97,6 +98,8 @@ class LabNode:
         self.hook_log = self.log_dir / "hook.log"
         self.quota_library = str(self.lib / "libvramquota.so") if spec.quota_library else ""
         self.quota_accounting = self.run_dir / "vramquota"  # one directory per container
+        # where the platform installs its node agent (/var/lib/gpuplatform/agent on a host)
+        self.agent_dir = self.dir / "agent"
         self._procs: dict[str, subprocess.Popen] = {}
         self._original_host_key = ""
 
@@ -273,6 +276,9 @@ class LabNode:
             "DOCKER_HOST": f"unix://{self.socket}",
             "XDG_RUNTIME_DIR": str(self.run_dir / "user"),
             "GPUPLATFORM_KERNEL_LOG": str(self.kernel_log),
+            "GPUPLATFORM_AGENT_DIR": str(self.agent_dir),
+            # no systemd on a lab node: the agent keeps itself running (its `supervise`)
+            "GPUPLATFORM_AGENT_SUPERVISOR": "self",
         }
         if self.quota_library:
             setenv["GPUPLATFORM_VRAM_QUOTA_LIBRARY"] = self.quota_library
@@ -481,6 +487,23 @@ class LabNode:
         self.start_sshd()
         return self.host_key_line()
 
+    def agent_pids(self) -> dict[str, int]:
+        """The node agent's processes as its pid files name them ("supervisor", "agent"),
+        those alive only."""
+        out = {}
+        for name in ("supervisor", "agent"):
+            with contextlib.suppress(OSError, ValueError):
+                pid = int((self.agent_dir / f"{name}.pid").read_text())
+                if str(self.agent_dir).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    out[name] = pid
+        return out
+
+    def stop_agent(self) -> None:
+        """What the platform installed on this node goes with the node's reset: the agent's
+        processes (it runs in a session of its own, outside sshd's) and its directory."""
+        kill_matching(str(self.agent_dir))
+        shutil.rmtree(self.agent_dir, ignore_errors=True)
+
     def reset(self, authorized_keys: list[str] | None = None) -> None:
         """Back to a fresh node for the next test: no containers, a healthy card, its
         original host key, sshd and dockerd running, its own toolkit."""
@@ -494,6 +517,7 @@ class LabNode:
         ids = self.container_ids()
         if ids:
             self.docker("rm", "--force", *ids, timeout=120)
+        self.stop_agent()
         self.gpu("reset")
         self.kernel_log.write_text("")
         shutil.rmtree(self.quota_accounting, ignore_errors=True)
@@ -514,6 +538,7 @@ class LabNode:
         """Stop everything this node started and remove what it built; returns what
         could not be cleaned up (empty when all went)."""
         left: list[str] = []
+        self.stop_agent()
         stop_process(self._procs.pop("sshd", None))
         if self._alive("dockerd"):
             try:

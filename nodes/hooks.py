@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from .models import Node
+    from .models import AgentEntry, Node, NodeAgent
     from .telemetry import NodeSample
 
 
@@ -81,3 +81,23 @@ def run_sample_hooks(batch: SampleBatch) -> None:
             hook(batch)
         except Exception:
             logger.exception("sample hook %r failed", hook)
+
+
+# What the node agents report (nodes.services.agent), after the entries commit: the agent's
+# row (its health) and the journal entries new to the platform. incidents registers here.
+AgentHook = Callable[["Node", "NodeAgent", "list[AgentEntry]"], object]
+_agent_hooks: list[AgentHook] = []
+
+
+def register_agent_hook(hook: AgentHook) -> AgentHook:
+    if hook not in _agent_hooks:
+        _agent_hooks.append(hook)
+    return hook
+
+
+def run_agent_hooks(node: Node, agent: NodeAgent, entries: list[AgentEntry]) -> None:
+    for hook in list(_agent_hooks):
+        try:
+            hook(node, agent, entries)
+        except Exception:
+            logger.exception("agent hook %r failed", hook)

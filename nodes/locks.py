@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 
 from django.db import connection, models
 
-from .models import Allocation, Gpu, Node, NodePolicy
+from .models import Allocation, Gpu, Node, NodeAgent, NodePolicy
 
 
 def node_policy_lock() -> NodePolicy:
@@ -32,6 +32,11 @@ def node_policy_lock() -> NodePolicy:
 
 def node_lock(pk: int) -> Node:
     return Node.objects.select_for_update().get(pk=pk)
+
+
+def node_agent_lock(node_id: int) -> NodeAgent:
+    """A node's agent row (after the node's, never with a GPU's: it is its own)."""
+    return NodeAgent.objects.select_for_update().get(node_id=node_id)
 
 
 def allocation_lock(pk: int) -> Allocation:

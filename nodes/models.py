@@ -166,6 +166,11 @@ class Node(models.Model):
         return f"unreachable for {int(away.total_seconds() // 60)} minutes"
 
 
+# A node whose agent is absent, old or not answering takes no new slices (a node not yet
+# reached is the preflight gate's to hold). The agent's models are at the end of the file.
+AGENT_BLOCKS = ("absent", "old", "silent")
+
+
 class GpuQuerySet(models.QuerySet):
     def taking_placements(self) -> "GpuQuerySet":
         """GPUs a new reservation may land on: present, accepting, on an active, undrained
@@ -176,7 +181,7 @@ class GpuQuerySet(models.QuerySet):
             node__status=Node.Status.ACTIVE,
             node__drained_at__isnull=True,
             node__gate_status=GateStatus.PASSED,
-        )
+        ).exclude(node__agent__state__in=AGENT_BLOCKS)
 
 
 class Gpu(models.Model):
@@ -683,3 +688,7 @@ class NodePolicyChange(models.Model):
 
     def __str__(self) -> str:
         return f"{self.field} changed {self.changed_at:%Y-%m-%d %H:%M}"
+
+
+# Django finds an app's models in its models module; the agent's live beside it.
+from .agent_models import AgentEntry, AgentState, NodeAgent  # noqa: E402, F401

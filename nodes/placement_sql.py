@@ -30,3 +30,11 @@ WHOLE_CARD_SQL = {
 }
 # The room by what was sold alone (why a launch waits: placement_shortfall).
 SOLD_ROOM_SQL = {vendor: f"({cap} - allocated_mb)" for vendor, cap in _CAPACITY.items()}
+
+
+# A node whose agent is absent, old or not answering (nodes.models.AGENT_BLOCKS) takes no
+# new slices: the row that says so, for placement's one statement (n is the node).
+AGENT_BLOCKS_SQL = (
+    "SELECT 1 FROM nodes_nodeagent a WHERE a.node_id = n.id "
+    "AND a.state IN ('absent', 'old', 'silent')"
+)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -18,6 +19,9 @@ from . import engines, isolation, volumes
 
 LABEL_OWNER = "gpuplatform.owner"
 LABEL_MANAGED = "gpuplatform.managed"
+# The quota the node agent holds the container to: docker's own record of the container,
+# written at its creation, which nothing inside it can change (nodes/agent.py reads it).
+LABEL_VRAM = "gpuplatform.vram_mb"
 VRAM_ENV = "GPUPLATFORM_VRAM_LIMIT_MB"
 MEMORY_FRACTION_ENV = "GPUPLATFORM_MEMORY_FRACTION"
 
@@ -350,6 +354,8 @@ def run_argv(spec: ContainerSpec) -> list[str]:
         f"{LABEL_OWNER}={spec.owner_key}",
         "--label",
         f"{LABEL_MANAGED}=1",
+        "--label",
+        f"{LABEL_VRAM}={spec.vram_mb}",
         "--restart",
         "no",  # a dead container is the reconciler's to see, not docker's to hide
     ]
@@ -451,6 +457,23 @@ def _opt_str(doc: dict[str, Any], key: str, where: str) -> str:
 
 def _timestamp(value: str) -> str:
     return "" if value in ("", ZERO_TIME) else value
+
+
+_FRACTION_RE = re.compile(r"\.(\d+)")
+
+
+def docker_time(value: str) -> datetime | None:
+    """A docker timestamp (`State.StartedAt`, `State.FinishedAt`: RFC 3339 to the
+    nanosecond) as an aware datetime; None for "", docker's "never" or anything else."""
+    if not value or value == ZERO_TIME:
+        return None
+    # fromisoformat takes at most microseconds before Python 3.12
+    text = _FRACTION_RE.sub(lambda m: "." + m.group(1)[:6].ljust(6, "0"), value, count=1)
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else None
 
 
 def _str_map(value: Any, where: str) -> dict[str, str]:

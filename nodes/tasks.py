@@ -1,5 +1,6 @@
 """Celery tasks for the fleet: thin wrappers over services, safe to run twice."""
 
+import logging
 from datetime import UTC, datetime
 
 from celery import shared_task
@@ -9,6 +10,8 @@ from django.utils import timezone
 
 from . import selectors, services, ssh, telemetry
 from .models import GateStatus
+
+logger = logging.getLogger(__name__)
 
 # Nodes per sampling task: one task's SSH round trips overlap on threads and its rows
 # go to the database in one bulk insert, which a task per node could not do.
@@ -85,3 +88,32 @@ def scan_host_key(node_id: int) -> bool:
 @shared_task(name="telemetry.rollup_and_prune", soft_time_limit=240, time_limit=290)
 def rollup_and_prune() -> dict[str, int]:
     return services.samples_rollup_and_prune()
+
+
+# Nodes per agent task: each check is one SSH round trip (the report), seconds at worst.
+AGENT_BATCH_SIZE = 50
+
+
+@shared_task(name="telemetry.agents_check", soft_time_limit=20, time_limit=30)
+def agents_check() -> int:
+    """Every node's agent: its journal pulled and its health judged, every few seconds."""
+    ids = list(selectors.sampleable_nodes().order_by("pk").values_list("pk", flat=True))
+    for start in range(0, len(ids), AGENT_BATCH_SIZE):
+        agent_check.apply_async(
+            args=(ids[start : start + AGENT_BATCH_SIZE],),
+            expires=settings.NODE_AGENT_PULL_INTERVAL * 2,
+        )
+    return len(ids)
+
+
+@shared_task(name="telemetry.agent_check", soft_time_limit=120, time_limit=150)
+def agent_check(node_ids: list[int]) -> dict[str, int]:
+    counts = {"checked": 0, "failed": 0}
+    for node_id in node_ids:
+        try:
+            services.node_agent_check(node_id=node_id)
+            counts["checked"] += 1
+        except (ssh.SSHError, ValueError) as exc:  # unreachable: the sampler's to judge
+            counts["failed"] += 1
+            logger.info("agent check of node %s failed: %s", node_id, exc)
+    return counts

@@ -389,6 +389,8 @@ def _node_context(node: Node) -> dict[str, object]:
         "checks": (node.preflight or {}).get("checks") or [],
         "facts": (node.preflight or {}).get("facts") or {},
         "quota": (node.preflight or {}).get("quota") or {},
+        "agent": selectors.node_agent(node_id=node.pk),
+        "agent_entries": selectors.node_agent_entries(node_id=node.pk, limit=10),
     }
 
 

@@ -296,7 +296,7 @@ def _stop_offender(
             data={"slice_state": state},
             tell=True,
         )
-        if state in (Slice.State.STOPPED, Slice.State.FAILED):
+        if state in (Slice.State.STOPPED, Slice.State.COMPLETED, Slice.State.FAILED):
             incident_resolve_locked(
                 incident=incident,
                 actor=None,
@@ -311,6 +311,13 @@ def _stop_reason(incident: Incident, evidence: dict[str, Any]) -> str:
     """Why the watchdog stopped it, from the finding that stopped it (the incident's own
     evidence is what was seen when it opened)."""
     ev = {**incident.evidence, **evidence}
+    if incident.rule == "quota_breach" and ev.get("source") == "node_agent":
+        return (
+            f"Stopped on its node by the node agent: its processes held {ev.get('used_mb')} "
+            f"MiB of a {ev.get('quota_mb')} MiB quota, memory its neighbours on the GPU "
+            "were owed. Lower the batch size or context, quantize the model, or buy a "
+            "bigger tier."
+        )
     if incident.rule == "quota_breach":
         return (
             f"Stopped by the watchdog: its processes used {ev.get('used_mb')} MiB of a "

@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from nodes.devices import allocation_quota, vram_quota
 from nodes.models import Allocation, GateStatus, Gpu, GpuSample, Node, ProcessSample
 from tenants.models import Slice
 
@@ -42,13 +43,7 @@ def watch_sweep(*, now: datetime | None = None) -> dict[str, int]:
         .values_list("gpu_id", "taken_at", "memory_used_mb")
     ):
         series[gpu_id].append((t.timestamp(), used))
-    # what the cards' slices held within their own quotas, sample by sample
-    quotas = dict(
-        Allocation.objects.filter(gpu_id__in=list(series))
-        .exclude(container_id="")
-        .filter(Q(released_at__isnull=True) | Q(released_at__gte=since))
-        .values_list("container_id", "vram_mb")
-    )
+    quotas = _container_quotas(list(series), since)
     held: dict[tuple[int, float, str], int] = defaultdict(int)
     for gpu_id, t, container, used in ProcessSample.objects.filter(
         gpu_id__in=list(series), container_id__in=list(quotas), taken_at__gte=since
@@ -76,6 +71,18 @@ def watch_sweep(*, now: datetime | None = None) -> dict[str, int]:
     counts = findings_apply(findings=findings, now=now, gpus=gpus)
     counts["expired"] = _expire_quiet(now)
     return counts
+
+
+def _container_quotas(gpu_ids: list[int], since: datetime) -> dict[str, int]:
+    """What each container on these cards may hold within its own quota (its slice's tier,
+    or its MIG instance's memory: vram_quota), for the memory the card's slices held."""
+    return {
+        cid: vram_quota(tier_mb=tier, mig_device_uuid=mig, mig_devices=devices).mb
+        for cid, tier, mig, devices in Allocation.objects.filter(gpu_id__in=gpu_ids)
+        .exclude(container_id="")
+        .filter(Q(released_at__isnull=True) | Q(released_at__gte=since))
+        .values_list("container_id", "vram_mb", "mig_device_uuid", "gpu__mig_devices")
+    }
 
 
 # Rules whose condition has no clear "back to normal" reading: their incident closes
@@ -242,7 +249,7 @@ def _judged_slices(
             gpu_id=gpu.pk,
             node_id=gpu.node_id,
             container_id=s.container_id,
-            quota_mb=s.vram_mb,
+            quota_mb=allocation_quota(s.allocation, tier_mb=s.vram_mb).mb,
         )
         out.append((s, view))
     return out

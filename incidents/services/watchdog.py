@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from gpuplatform.errors import ServiceError
 from gpuplatform.ops import require_ops
+from nodes.devices import allocation_quota
 from nodes.hooks import GpuSampleRow, SampleBatch
 from nodes.models import Gpu, GpuSample, ProcessSample
 from nodes.telemetry import GpuReading
@@ -584,23 +585,36 @@ def _context(f: rules.Finding, gpus: Mapping[int, Gpu | GpuRow]) -> IncidentCont
         out["gpu_name"] = gpu.label
         out["node_name"] = gpu.node_name if isinstance(gpu, GpuRow) else gpu.node.name
     if f.slice_id:
-        s = Slice.objects.filter(pk=f.slice_id).select_related("tenant").first()
+        s = Slice.objects.filter(pk=f.slice_id).select_related("tenant", "allocation__gpu").first()
         if s is not None:
             out["tenant_name"] = s.tenant.name
             out["evidence"] = {
-                "slice": {
-                    "id": s.pk,
-                    "image": s.image,
-                    "tenant": s.tenant.name,
-                    "quota_mb": s.vram_mb,
-                    "container_id": s.container_id,
-                },
+                "slice": _slice_evidence(s),
                 "processes": _process_list(f.gpu_id, s.container_id),
             }
     elif f.gpu_id:
         out["evidence"] = {"processes": _process_list(f.gpu_id, None)}
     if f.gpu_id:
         out.setdefault("evidence", {})["window"] = _window(f.gpu_id)
+    return out
+
+
+def _slice_evidence(s: Slice) -> dict[str, Any]:
+    """The slice as the incident froze it, with the quota the rules held it to."""
+    quota = allocation_quota(s.allocation, tier_mb=s.vram_mb)
+    out: dict[str, Any] = {
+        "id": s.pk,
+        "image": s.image,
+        "tenant": s.tenant.name,
+        "quota_mb": quota.mb,
+        "tier_mb": s.vram_mb,
+        "container_id": s.container_id,
+    }
+    if quota.instance is not None:
+        out["mig_instance"] = {
+            "profile": quota.instance.profile,
+            "memory_mb": quota.instance.memory_mb,
+        }
     return out
 
 

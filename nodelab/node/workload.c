@@ -18,7 +18,10 @@
  *   WORKLOAD_COOPERATIVE 1/0 (default: steady, idle, oom honour the framework cap)
  *   WORKLOAD_HOST_MB     host RAM to allocate and touch at start
  *   WORKLOAD_VMM_MB      device memory taken at start through cuMemCreate (the virtual
- *                        memory API NCCL's pools use), which a cuMemAlloc quota misses */
+ *                        memory API NCCL's pools use), which a cuMemAlloc quota misses
+ *   WORKLOAD_PROBE_MB    every tick, also allocate this much for a moment and print
+ *                        "probe <unix time> ok|refused": a neighbour that keeps asking for
+ *                        memory inside its quota, whose refusals measure a harm's length */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,6 +100,15 @@ static void oom_exit(double wanted_mb, const char *device) {
     exit(1);
 }
 
+static void probe(double mb) {
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    CUdeviceptr ptr;
+    CUresult r = cuMemAlloc_v2(&ptr, (size_t)(mb * (double)MIB));
+    printf("gpu-workload: probe %.3f %s\n", (double)wall.tv_sec + (double)wall.tv_nsec / 1e9,
+           r == 0 ? "ok" : "refused");
+    if (r == 0) cuMemFree_v2(ptr);
+}
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     setvbuf(stderr, NULL, _IOLBF, 0);
@@ -126,6 +138,7 @@ int main(void) {
     double exit_after = num("EXIT_AFTER_S", -1);
     int exit_code = (int)num("EXIT_CODE", 0);
     double step_mb = num("STEP_MB", 256);
+    double probe_mb = num("PROBE_MB", 0);
     if (step_mb < 1) step_mb = 1;
     const char *coop_env = getenv("WORKLOAD_COOPERATIVE");
     int cooperative = coop_env && *coop_env
@@ -215,6 +228,7 @@ int main(void) {
             cuMemFree_v2(blocks[nblocks]);
             held -= sizes[nblocks];
         }
+        if (probe_mb > 0) probe(probe_mb);
         if (t - last_log >= 10) {
             printf("gpu-workload: t=%.0fs holding %llu MiB\n", t, held / MIB);
             last_log = t;

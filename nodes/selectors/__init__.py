@@ -31,12 +31,15 @@ from django.utils import timezone
 
 from ..image_refs import node_holds
 from ..models import (
+    AGENT_BLOCKS,
+    AgentEntry,
     Allocation,
     GateStatus,
     Gpu,
     GpuSample,
     GpuSampleRollup,
     Node,
+    NodeAgent,
     NodePolicyChange,
     ProcessSample,
 )
@@ -169,6 +172,7 @@ def _closed_q() -> Q:
         | ~Q(node__status=Node.Status.ACTIVE)
         | Q(node__drained_at__isnull=False)
         | ~Q(node__gate_status=GateStatus.PASSED)
+        | Q(node__agent__state__in=AGENT_BLOCKS)
     )
 
 
@@ -654,4 +658,17 @@ def placement_shortfall(*, vram_mb: int, guaranteed: bool = True) -> str:
     return (
         f"A GPU with room for it by what was sold on it holds {extra} MiB more than that "
         "(memory used outside the platform), so nothing more is placed there for now."
+    )
+
+
+def node_agent(*, node_id: int) -> NodeAgent | None:
+    """The node agent as the platform last judged it (None before its first check)."""
+    return NodeAgent.objects.filter(node_id=node_id).first()
+
+
+def node_agent_entries(*, node_id: int, limit: int = 10) -> list[AgentEntry]:
+    """The agent's newest journal entries on this node, newest first (kills, harms,
+    strays, restarts)."""
+    return list(
+        AgentEntry.objects.filter(node_id=node_id).exclude(kind="start").order_by("-pk")[:limit]
     )

@@ -4,8 +4,9 @@ host keys, drain, discovery), `sampling` (reading nodes over SSH, failure counts
 docker CLI on a node: run, start, inspect, logs, remove, the event log), `images` (what
 each node holds), `volumes` (docker volumes on a node), `policy` (overcommit, accepting
 placements, the whole-card rule, the preflight policy's changes, watchdog-only acceptance)
-and `gate` (the preflight). `rejudge` (a changed machine judged again) sits apart from
-`gate`, so that sampling need not import the probes. The package names the actions the
+and `gate` (the preflight); `agent` (the node agent installed, its journal pulled).
+`rejudge` (a changed machine judged again) sits apart from `gate`, so that sampling need not import
+the probes. The package names the actions the
 rest of the platform calls; steps the modules share among themselves (`node_gate_reset`,
 `gpus_set_whole_card`, ...) are imported from their module.
 
@@ -16,6 +17,7 @@ the module that calls it (node_discover finds node_preflight in nodes.services.r
 replacing the package's name changes nothing the modules call.
 """
 
+from .agent import node_agent_check, node_agent_install
 from .allocations import (
     allocation_activate,
     allocation_mark_preempted,
@@ -95,6 +97,8 @@ __all__ = [
     "gpus_recount_allocations",
     "image_inspect",
     "node_accept_watchdog_only",
+    "node_agent_check",
+    "node_agent_install",
     "node_approve_host_key",
     "node_containers_list",
     "node_discover",

@@ -18,7 +18,7 @@ from gpuplatform.errors import Conflict, ServiceError
 from ..locks import allocation_lock, gpu_lock, gpus_lock
 from ..models import Allocation, GateStatus, Gpu, Node
 from ..placement import Candidate, Choice, MigSlot, choose
-from ..placement_sql import ROOM_SQL, WHOLE_CARD_SQL
+from ..placement_sql import AGENT_BLOCKS_SQL, ROOM_SQL, WHOLE_CARD_SQL
 from ..selectors import placeable_gpus
 
 logger = logging.getLogger(__name__)
@@ -258,7 +258,7 @@ def _claim_best_fit(
             SELECT g.id FROM nodes_gpu g JOIN nodes_node n ON n.id = g.node_id
             WHERE g.present AND g.accepting_placements AND NOT g.mig_enabled
               AND n.status = %s AND n.drained_at IS NULL AND n.gate_status = %s {only_whole}
-              {on_node}
+              {on_node} AND NOT EXISTS ({AGENT_BLOCKS_SQL})
               AND {room} >= %s AND {WHOLE_CARD_SQL[vendor]}
             ORDER BY {room}, g.id LIMIT 1 {lock}
         )

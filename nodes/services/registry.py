@@ -4,6 +4,7 @@ of a node's GPUs and capabilities (which ends in the preflight gate)."""
 from __future__ import annotations
 
 import ipaddress
+import logging
 import re
 from datetime import datetime
 from typing import TYPE_CHECKING, TypedDict, Unpack
@@ -17,11 +18,14 @@ from gpuplatform.errors import Conflict, ServiceError
 
 from .. import ssh, telemetry
 from ..locks import gpus_lock_by_uuid, node_lock
-from ..models import Gpu, Node
+from ..models import AgentState, Gpu, Node
+from .agent import node_agent_check
 from .gate import node_preflight
 from .policy import gpus_set_whole_card
 from .rejudge import ADDRESS_CHANGED, HOST_KEY_CHANGED, REPINNED, node_gate_reset
 from .sampling import node_record_failure, nodes_read
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -346,8 +350,20 @@ def node_discover(*, node_id: int, pool: ssh.SSHPool | None = None) -> Node | No
         _gpus_discovered(node, sample.gpus)
         caps = sample.capabilities or telemetry.Capabilities()
         _node_discovered(node, sample, caps, now)
+    _agent_ensure(node, pool)
     # Outside the inventory's transaction: the probes take seconds.
     return node_preflight(node_id=node.pk, facts=caps.facts, pool=pool)
+
+
+def _agent_ensure(node: Node, pool: ssh.SSHPool) -> None:
+    """The node agent installed (or upgraded) and judged with every discovery; a failure
+    here is the agent's state to show, never discovery's."""
+    try:
+        row = node_agent_check(node_id=node.pk, pool=pool, repair=True)
+        if row.state != AgentState.OK:
+            node_agent_check(node_id=node.pk, pool=pool, repair=False)
+    except (ssh.SSHError, ValueError) as exc:
+        logger.warning("node %s: the agent could not be checked: %s", node.name, exc)
 
 
 def _gpus_discovered(node: Node, readings: tuple[telemetry.GpuReading, ...]) -> None:

@@ -99,9 +99,16 @@ class Slice(models.Model):
         RUNNING = "running", "running"
         STOPPING = "stopping", "stopping"
         STOPPED = "stopped", "stopped"
+        COMPLETED = "completed", "completed"
         FAILED = "failed", "failed"
 
-    FINAL_STATES = (State.REFUSED, State.STOPPED, State.FAILED)
+    class EndedBy(models.TextChoices):
+        """Who ended a completed or failed run: what the KPIs hold against the platform."""
+
+        JOB = "job", "the job itself"
+        PLATFORM = "platform", "the platform, its node or a neighbour"
+
+    FINAL_STATES = (State.REFUSED, State.STOPPED, State.COMPLETED, State.FAILED)
     # Not final: the slice uses its purchase (one at a time, no refund meanwhile).
     LIVE_STATES = _LIVE_STATES
     # Live and past the queue: VRAM is reserved on a node, so its container is no orphan.
@@ -165,8 +172,24 @@ class Slice(models.Model):
     environment = models.JSONField("environment", default=dict, blank=True)
     estimate_mb = models.PositiveIntegerField("estimated VRAM (MiB)", null=True, blank=True)
     estimate = models.JSONField("estimate breakdown", default=dict, blank=True)
-    state = models.CharField("state", max_length=16, choices=State.choices, default=State.REQUESTED)
+    state = models.CharField(
+        "state",
+        max_length=16,
+        choices=State.choices,
+        default=State.REQUESTED,
+        help_text="Final states: refused (the VRAM check said no), stopped (by the tenant, "
+        "ops, the watchdog or its time running out), completed (its job exited 0 by itself), "
+        "failed (it did not start, or its job ended otherwise: the reason says how).",
+    )
     state_reason = models.CharField("state reason", max_length=500, blank=True)
+    ended_by = models.CharField(
+        "ended by",
+        max_length=16,
+        choices=EndedBy.choices,
+        blank=True,
+        help_text="For a completed or failed run: whether its job ended it (an exit, its own "
+        "out-of-memory) or something else did (blank: not recorded, or stopped).",
+    )
     allocation = models.OneToOneField(
         "nodes.Allocation",
         on_delete=models.PROTECT,

@@ -30,6 +30,7 @@ from gpuplatform.querystring import is_id
 from nodes import engines
 from nodes import selectors as node_selectors
 from nodes.allowlist import AllowlistedImage
+from nodes.devices import VramQuota, allocation_quota
 from nodes.models import ProcessSample
 from nodes.selectors import gpu_shapes_in_service
 
@@ -220,6 +221,13 @@ def slices_latest_vram_mb(slices: list[Slice]) -> dict[int, int]:
     for row in rows:
         latest.setdefault((row["gpu_id"], row["container_id"]), row["used_mb"])
     return {pk: latest[where] for pk, where in running.items() if where in latest}
+
+
+def slice_vram_quota(slice: Slice) -> VramQuota:
+    """The VRAM the slice is held to: its tier, or its MIG instance's memory where that
+    is more (the watchdog's rule, nodes.devices.vram_quota), from its allocation as the
+    slice lists load it (with its GPU: no query of its own)."""
+    return allocation_quota(slice.allocation, tier_mb=slice.vram_mb)
 
 
 def queue_position(slice: Slice) -> int | None:

@@ -370,6 +370,57 @@ def slice_meter(*, slice: Slice, now: datetime, final: bool = False) -> int:
     return charged
 
 
+def slice_meter_to_end(*, slice: Slice, end: datetime) -> int:
+    """The final charge of a run that ended at `end` (its container's exit, which the
+    platform may notice a while later), on a slice whose row lock the caller holds.
+
+    A started minute counts as a whole one, as at a stop. Whole minutes the minute meter
+    charged after the one `end` falls in go back to the purchase. Returns the minutes
+    charged now, negative when some went back; 0 on a slice not being metered, so a
+    second call (a task runs at least once) charges nothing."""
+    if slice.last_metered_at is None:
+        return 0
+    if end >= slice.last_metered_at:
+        return slice_meter(slice=slice, now=end, final=True)
+    given = _minutes_metered_after(slice=slice, end=end)
+    slice.last_metered_at = end
+    slice.save(update_fields=["minutes_used", "last_metered_at"])
+    return -given
+
+
+def _minutes_metered_after(*, slice: Slice, end: datetime) -> int:
+    """Give back the minutes of this run's metering records that began at or after `end`.
+
+    They are the purchase's newest records (a purchase runs one slice at a time, and this
+    run is the one metered on it), so shortening or dropping them and returning their
+    minutes leaves every record's `minutes_left_after` true."""
+    purchase = purchase_lock(slice.purchase_id)  # metering writes records under it too
+    late = UsageRecord.objects.filter(slice=slice, purchase=purchase, period_end__gt=end).order_by(
+        "-period_end", "-pk"
+    )
+    given = 0
+    for record in late:
+        started = (end - record.period_start).total_seconds() / 60
+        kept = min(record.minutes, max(0, math.ceil(started - 1e-9)))
+        back = record.minutes - kept
+        if back <= 0:
+            continue
+        given += back
+        if kept == 0:
+            record.delete()
+            continue
+        record.minutes = kept
+        record.minutes_left_after += back
+        record.period_end = record.period_start + timedelta(minutes=kept)
+        record.save(update_fields=["minutes", "minutes_left_after", "period_end"])
+    if given:
+        purchase.minutes_left += given
+        purchase.save(update_fields=["minutes_left"])
+        slice.minutes_used -= given
+    slice.purchase = purchase
+    return given
+
+
 def purchase_warn_if_low(*, purchase: Purchase, slice: Slice | None = None) -> bool:
     """Record the 10-minutes-left warning once per purchase; True when it was sent now.
     The warning names the purchase and the slice running on it."""

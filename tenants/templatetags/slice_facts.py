@@ -1,4 +1,10 @@
-"""`{{ slice.allocation|library_count_note }}`: why the slice page shows NVML's count of a
+"""Facts of the slice page said in words.
+
+`{{ quota|mig_instance_line }}`: what a slice's MIG instance gives beside its tier
+("MIG instance 1g.10gb: 9,728 MiB (your tier: 8 GB)"), "" off MIG: the watchdog holds a
+MIG slice to its instance, so the page says how much that is.
+
+`{{ slice.allocation|library_count_note }}`: why the slice page shows NVML's count of a
 running slice's VRAM and not the node's quota library's beside it.
 
 The sampler reports the library's books per container (`Allocation.library_mb`) only
@@ -10,9 +16,20 @@ from __future__ import annotations
 
 from django import template
 
+from nodes.devices import VramQuota
 from nodes.models import Allocation
 
 register = template.Library()
+
+
+@register.filter
+def mig_instance_line(quota: VramQuota | None) -> str:
+    if quota is None or quota.instance is None:
+        return ""
+    tier = quota.tier_mb
+    tier_text = f"{tier // 1024} GB" if tier % 1024 == 0 else f"{tier:,} MiB"
+    instance = quota.instance
+    return f"MIG instance {instance.profile}: {instance.memory_mb:,} MiB (your tier: {tier_text})"
 
 
 @register.filter

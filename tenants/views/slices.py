@@ -49,7 +49,8 @@ def _with_gauges(slices: list[Slice]) -> list[Slice]:
     used = selectors.slices_latest_vram_mb(slices)
     for s in slices:
         s.used_mb = used.get(s.pk)  # type: ignore[attr-defined]
-        s.used_pct = round(100 * s.used_mb / s.vram_mb) if s.used_mb and s.vram_mb else 0  # type: ignore[attr-defined]
+        s.quota_mb = selectors.slice_vram_quota(s).mb  # type: ignore[attr-defined]
+        s.used_pct = round(100 * s.used_mb / s.quota_mb) if s.used_mb and s.quota_mb else 0  # type: ignore[attr-defined]
     return slices
 
 
@@ -267,6 +268,7 @@ def _slice_context(slice: Slice, membership: Membership | None = None) -> dict[s
     series = selectors.slice_vram_series(slice=slice)
     peak_so_far = max((p["used_mb"] for p in series), default=None)
     used = selectors.slices_latest_vram_mb([slice]).get(slice.pk)
+    quota = selectors.slice_vram_quota(slice)
     return {
         "slice": slice,
         "transitions": list(selectors.slice_transitions(slice=slice)),
@@ -275,10 +277,11 @@ def _slice_context(slice: Slice, membership: Membership | None = None) -> dict[s
         "chart": {
             "labels": [p["t"] for p in series],
             "used_mb": [p["used_mb"] for p in series],
-            "quota_mb": slice.vram_mb,
+            "quota_mb": quota.mb,
         },
+        "quota": quota,
         "used_mb": used,
-        "used_pct": round(100 * used / slice.vram_mb) if used and slice.vram_mb else 0,
+        "used_pct": round(100 * used / quota.mb) if used and quota.mb else 0,
         "peak_mb": slice.peak_vram_mb if slice.peak_vram_mb is not None else peak_so_far,
         "can_stop": not slice.is_final and slice.state != Slice.State.STOPPING,
         "live_seconds": LIVE_SECONDS,

@@ -149,7 +149,11 @@ class SliceSerializer(serializers.ModelSerializer):
     image = serializers.IntegerField(source="image_entry_id", read_only=True, allow_null=True)
     image_name = serializers.CharField(source="image_entry.name", read_only=True, default=None)
     image_reference = serializers.CharField(source="image", read_only=True)
-    vram_mb = serializers.IntegerField(read_only=True, help_text="The VRAM quota (MiB).")
+    vram_mb = serializers.IntegerField(
+        read_only=True,
+        help_text="Its tier's VRAM (MiB): its quota, unless a MIG instance gives it more "
+        "(a slice's `vram_quota`).",
+    )
     peak_vram_mb = serializers.IntegerField(
         source="peak_mb",
         read_only=True,
@@ -185,10 +189,26 @@ class SliceSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class VramQuotaSerializer(serializers.Serializer):
+    quota_mb = serializers.IntegerField(
+        help_text="What the watchdog holds the slice to (MiB): its tier's VRAM, or on a MIG "
+        "instance that gives more, the instance's memory (a hardware partition: all of it "
+        "the slice's to use)."
+    )
+    tier_mb = serializers.IntegerField(help_text="Its tier's VRAM (MiB).")
+    mig_profile = serializers.CharField(
+        allow_null=True, help_text="The MIG instance it runs on (1g.10gb); null off MIG."
+    )
+    mig_instance_mb = serializers.IntegerField(
+        allow_null=True, help_text="What that MIG instance gives (MiB); null off MIG."
+    )
+
+
 class SliceDetailSerializer(SliceSerializer):
     queue_position = serializers.SerializerMethodField(
         help_text="1 for the next queued slice of its tier; null when not queued."
     )
+    vram_quota = serializers.SerializerMethodField()
     transitions = serializers.SerializerMethodField()
     estimate = serializers.SerializerMethodField()
     model = serializers.JSONField(source="model_request", read_only=True)
@@ -197,6 +217,7 @@ class SliceDetailSerializer(SliceSerializer):
         fields = [
             *SliceSerializer.Meta.fields,
             "queue_position",
+            "vram_quota",
             "connection",
             "estimate",
             "model",
@@ -212,6 +233,17 @@ class SliceDetailSerializer(SliceSerializer):
 
     def get_queue_position(self, slice: Slice) -> int | None:
         return selectors.queue_position(slice)
+
+    @extend_schema_field(VramQuotaSerializer)
+    def get_vram_quota(self, slice: Slice) -> dict[str, Any]:
+        quota = selectors.slice_vram_quota(slice)
+        instance = quota.instance
+        return {
+            "quota_mb": quota.mb,
+            "tier_mb": quota.tier_mb,
+            "mig_profile": instance.profile if instance else None,
+            "mig_instance_mb": instance.memory_mb if instance else None,
+        }
 
     @extend_schema_field(SliceTransitionSerializer(many=True))
     def to_representation(self, instance: Slice) -> dict[str, Any]:
@@ -344,6 +376,9 @@ class VramPointSerializer(serializers.Serializer):
 
 class SliceVramSerializer(serializers.Serializer):
     slice = serializers.IntegerField()
-    quota_mb = serializers.IntegerField()
+    quota_mb = serializers.IntegerField(
+        help_text="What the watchdog holds the slice to (MiB): its tier's VRAM, or its MIG "
+        "instance's memory where that is more."
+    )
     peak_mb = serializers.IntegerField(allow_null=True)
     points = VramPointSerializer(many=True)

@@ -201,7 +201,7 @@ class SliceViewSet(
         slice = self.get_object()
         body = {
             "slice": slice.pk,
-            "quota_mb": slice.vram_mb,
+            "quota_mb": selectors.slice_vram_quota(slice).mb,
             "peak_mb": slice.peak_mb,
             "points": selectors.slice_vram_series(slice=slice),
         }

@@ -422,7 +422,7 @@ def _place_or_queue(slice: Slice, *, actor: User | None = None) -> bool:
 def slice_resume(
     *, membership: Membership, slice: Slice, purchase: Purchase, idempotency_key: str = ""
 ) -> Slice:
-    """Start a stopped (or failed) slice again: the same image, command, environment,
+    """Start a stopped (completed, failed) slice again: the same image, command, environment,
     volumes and tier, a new container, placed again (on its volumes' node), paid from
     `purchase` (one of the tenant's of that tier with minutes left) and checked by the
     same pre-launch estimate. Its timeline goes on across runs. A resume retried with
@@ -476,14 +476,14 @@ def _resume_for_key(pk: int, *, tenant: Tenant, key: str, asked: str) -> Slice |
 
 
 def _resumable_slice(pk: int, *, tenant: Tenant) -> Slice:
-    """The tenant's slice, locked, when it is stopped (or failed) and its image still
+    """The tenant's slice, locked, when it is stopped (completed, failed) and its image still
     allowlisted; another tenant's is DoesNotExist."""
     slice = slice_lock(pk)
     if slice.tenant_id != tenant.pk:
         raise Slice.DoesNotExist
     if slice.terminated_at is not None:
         raise Conflict("This slice was terminated: launch a new one.", code="slice_terminated")
-    if slice.state not in (S.STOPPED, S.FAILED):
+    if slice.state not in (S.STOPPED, S.COMPLETED, S.FAILED):
         raise Conflict(f"Only a stopped slice can be resumed; this one is {slice.state}.",
                        code="invalid_transition", field="state")  # fmt: skip
     image = slice.image_entry
@@ -528,10 +528,11 @@ def _slice_reset_for_run(
     slice.connection = connection
     slice.exit_code = slice.started_at = slice.stopped_at = slice.last_metered_at = None
     slice.queued_at = slice.provision_started_at = None
+    slice.ended_by = ""
     slice.provision_attempts = 0
     slice.estimate, slice.estimate_mb = result.to_dict(), math.ceil(result.total_mib)
     return ("runs", "purchase", "guaranteed", "allocation", "container_id", "connection",
-            "exit_code", "started_at", "stopped_at", "last_metered_at", "queued_at",
+            "exit_code", "ended_by", "started_at", "stopped_at", "last_metered_at", "queued_at",
             "provision_started_at", "provision_attempts", "estimate", "estimate_mb")  # fmt: skip
 
 

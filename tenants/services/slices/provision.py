@@ -15,10 +15,12 @@ from nodes.errors import ContainerError
 
 from ...locks import slice_lock
 from ...models import Image, Slice, SliceMount, Volume
+from ...run_ends import run_end_of
 from ...selectors import gateway_details, slice_mount_args
 from .state import (
     S,
     container_remove_after_commit,
+    slice_complete,
     slice_fail,
     slice_stop_after_commit,
     slice_transition,
@@ -194,6 +196,12 @@ def _provision_failed(slice_id: int, reason: str, info: runtime.ContainerInfo | 
             # stopped meanwhile: finish that stop, removing leftovers
             slice_stop_after_commit(slice=slice)
             return slice.state
+        container = getattr(info, "id", "") or slice.container_name
+        end = run_end_of(info, logs=logs, quota_mb=slice.vram_mb, peak_mb=None)
+        if end.completed:
+            # a short job, done before the start check looked: it ran, and ended well
+            slice_complete(slice=slice, end=end, container=container)
+            return slice.state
         text = f"Could not start the container: {reason}."
         if logs.strip():
             text += " Last output: " + " | ".join(logs.strip().splitlines()[-3:])
@@ -201,6 +209,7 @@ def _provision_failed(slice_id: int, reason: str, info: runtime.ContainerInfo | 
             slice=slice,
             reason=text,
             exit_code=getattr(info, "exit_code", None),
-            container=getattr(info, "id", "") or slice.container_name,
+            container=container,
+            ended_by=end.ended_by,
         )
         return slice.state

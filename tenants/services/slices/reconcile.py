@@ -15,16 +15,16 @@ from django.utils import timezone
 from gpuplatform.dispatch import enqueue
 from nodes import runtime, ssh
 from nodes import services as node_services
-from nodes.docker_messages import container_exit_reason
 from nodes.errors import ContainerError
 from nodes.models import Node
 from nodes.preflight import PROBE_OWNER_PREFIX
 
 from ...locks import slice_lock
 from ...models import Slice
-from ...selectors import owner_is_live
+from ...run_ends import run_end_of
+from ...selectors import measured_peak_mb, owner_is_live
 from .provision import slice_provision_succeeded
-from .state import MAX_PROVISION_ATTEMPTS, S, slice_fail
+from .state import MAX_PROVISION_ATTEMPTS, S, slice_complete, slice_fail
 from .stop import slice_abandon_container
 
 logger = logging.getLogger(__name__)
@@ -32,12 +32,16 @@ logger = logging.getLogger(__name__)
 
 def slices_reconcile(*, now: datetime | None = None) -> dict[str, int]:
     """Compare slices with the containers really on each reachable node and repair drift:
-    dead containers fail their slice (with the exit reason), labelled containers with no
+    a container whose job exited 0 by itself completes its slice, any other dead one
+    fails it (with the exit reason), both charged to the container's exit (docker's
+    FinishedAt, not when this round saw it); labelled containers with no
     live slice are removed and recorded, stuck provisioning is retried or failed, and
     stuck stops are retried. Nodes that cannot be listed are left alone this round."""
     now = now or timezone.now()
     timeout = timedelta(seconds=settings.SLICES_PROVISION_TIMEOUT_S)
-    counts = {"nodes": 0, "failed": 0, "orphans": 0, "retried": 0, "adopted": 0, "skipped": 0}
+    counts = dict.fromkeys(
+        ("nodes", "completed", "failed", "orphans", "retried", "adopted", "skipped"), 0
+    )
     nodes = list(Node.objects.filter(status__in=[Node.Status.ACTIVE, Node.Status.DRAINING]))
     random.shuffle(nodes)  # a slow node never starves the same tail of the fleet
     for node, containers, images in _list_containers(nodes):
@@ -124,7 +128,9 @@ def _reconcile_node(
     for pk, state in slices:
         container = by_owner.get(f"slice-{pk}")
         if state == S.RUNNING and (container is None or not container.running):
-            counts["failed"] += _reconcile_dead(pk, node, container)
+            ended = _reconcile_dead(pk, node, container)
+            if ended:
+                counts[ended] += 1
         elif state == S.PROVISIONING:
             outcome = _reconcile_provisioning(pk, container, now, timeout)
             if outcome:
@@ -139,41 +145,39 @@ def _reconcile_node(
             counts["orphans"] += _remove_orphan(node, container)
 
 
-def _reconcile_dead(slice_id: int, node: Node, container: runtime.ContainerInfo | None) -> int:
+def _reconcile_dead(
+    slice_id: int, node: Node, container: runtime.ContainerInfo | None
+) -> str | None:
     # Ask the node again: the listing may predate a container that started just after.
     slice = Slice.objects.get(pk=slice_id)
     ref = container.id if container is not None else slice.container_id or slice.container_name
     try:
         info = node_services.container_inspect(node=node, container=ref)
     except (ssh.SSHError, ContainerError):
-        return 0  # cannot tell now; the next round will
+        return None  # cannot tell now; the next round will
     if info is not None and info.running:
-        return 0
+        return None
     logs = ""
     if info is not None:
         logs = node_services.container_logs_tail_read(node=node, container=info.id, lines=5)
     with transaction.atomic():
         slice = slice_lock(slice_id)
         if slice.state != S.RUNNING:
-            return 0
-        if info is None:
-            reason = "The container is gone from the node."
-        else:
-            reason = container_exit_reason(info).capitalize() + "."
-            if "CUDA out of memory" in logs or "OutOfMemoryError" in logs:
-                reason += (
-                    " It ran out of GPU memory: lower the batch or context, quantize, "
-                    "or buy a bigger tier."
-                )
-            elif logs.strip():
-                reason += " Last output: " + " | ".join(logs.strip().splitlines()[-3:])
+            return None  # a retry, or a stop, got there first: nothing is charged twice
+        end = run_end_of(info, logs=logs, quota_mb=slice.vram_mb, peak_mb=measured_peak_mb(slice))
+        container_id = getattr(info, "id", "")
+        if end.completed:
+            slice_complete(slice=slice, end=end, container=container_id)
+            return "completed"
         slice_fail(
             slice=slice,
-            reason=reason,
-            exit_code=getattr(info, "exit_code", None),
-            container=getattr(info, "id", ""),
+            reason=end.reason,
+            exit_code=end.exit_code,
+            container=container_id,
+            exited_at=end.exited_at,
+            ended_by=end.ended_by,
         )
-        return 1
+        return "failed"
 
 
 def _reconcile_provisioning(

@@ -1,10 +1,11 @@
 """The slice state machine: every change of state goes through `slice_transition`, which
 records it; settling a slice that ends (release its VRAM, measure its peak, free the
-queue), failing one, and queueing its stop or container removal after commit."""
+queue), ending a run (completed or failed, billed to its container's exit), and queueing
+its stop or container removal after commit."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.contrib.auth.models import AnonymousUser, User
 from django.utils import timezone
@@ -15,9 +16,10 @@ from nodes import services as node_services
 from nodes.models import Allocation
 
 from ...models import Slice, SliceTransition
+from ...run_ends import RunEnd, within_run
 from ...selectors import measured_peak_mb
 from ..audit import members_notify
-from ..billing import slice_meter
+from ..billing import slice_meter_to_end
 
 S = Slice.State
 
@@ -26,17 +28,21 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "": (S.REQUESTED,),
     S.REQUESTED: (S.REFUSED, S.QUEUED, S.PROVISIONING, S.FAILED),
     S.QUEUED: (S.PROVISIONING, S.STOPPED, S.FAILED),
-    S.PROVISIONING: (S.RUNNING, S.STOPPING, S.STOPPED, S.FAILED),  # STOPPED: never started
-    S.RUNNING: (S.STOPPING, S.FAILED),
+    # STOPPED: never started; COMPLETED: its job ended before the start was confirmed
+    S.PROVISIONING: (S.RUNNING, S.STOPPING, S.STOPPED, S.COMPLETED, S.FAILED),
+    S.RUNNING: (S.STOPPING, S.COMPLETED, S.FAILED),
     S.STOPPING: (S.STOPPED, S.FAILED),
     S.REFUSED: (),
     # resumed: a new container, placed again (slice_resume); a terminated one never is
     S.STOPPED: (S.REQUESTED,),
+    S.COMPLETED: (S.REQUESTED,),
     S.FAILED: (S.REQUESTED,),
 }
 
 
 MAX_PROVISION_ATTEMPTS = 3
+
+A_MOMENT = timedelta(microseconds=1)
 
 
 def slice_transition(
@@ -85,31 +91,89 @@ def slice_fail(
     exit_code: int | None = None,
     container: str = "",
     actor: User | None = None,
+    exited_at: datetime | None = None,
+    ended_by: str = Slice.EndedBy.PLATFORM,
 ) -> None:
-    """On a locked slice: stop metering, release the VRAM, record why. The container, if
-    any, is removed after commit."""
-    now = timezone.now()
-    if slice.state == S.RUNNING:
-        slice_meter(slice=slice, now=now, final=True)
-    slice_settle(slice=slice, now=now)
-    slice.exit_code = exit_code
-    slice_transition(
+    """On a locked slice: stop metering (at `exited_at`, the container's exit, when
+    known), release the VRAM, record why. The container, if any, is removed after commit."""
+    slice_end(
         slice=slice,
         to=S.FAILED,
         reason=reason,
+        exit_code=exit_code,
+        container=container,
         actor=actor,
-        fields=("exit_code", "stopped_at", "peak_vram_mb", "last_metered_at"),
+        exited_at=exited_at,
+        ended_by=ended_by,
     )
-    if container and slice.allocation is not None:
-        container_remove_after_commit(
-            allocation=slice.allocation, container=container, owner_key=slice.owner_key
-        )
     members_notify(
         tenant=slice.tenant,
         subject=f"Slice {slice.pk} failed",
         body=f"Your slice {slice.pk} ({slice.image}) failed: {reason}\n\n"
         "Its VRAM was released and metering stopped.",
     )
+
+
+def slice_complete(*, slice: Slice, end: RunEnd, container: str = "") -> None:
+    """On a locked slice whose job exited 0 by itself: charged up to its exit, its VRAM
+    released, recorded completed; the container is removed after commit."""
+    if slice.state == S.PROVISIONING and slice.last_metered_at is None:
+        # it ran, and ended before its start was confirmed: metered from its own start
+        began = slice.provision_started_at or slice.created_at
+        slice.started_at = within_run(end.started_at, began=began, now=timezone.now())
+        slice.last_metered_at = slice.started_at
+    slice_end(
+        slice=slice,
+        to=S.COMPLETED,
+        reason=end.reason,
+        exit_code=end.exit_code,
+        container=container,
+        actor=None,
+        exited_at=end.exited_at,
+        ended_by=end.ended_by,
+    )
+    members_notify(
+        tenant=slice.tenant,
+        subject=f"Slice {slice.pk} completed",
+        body=f"Your slice {slice.pk} ({slice.image}) completed: its job exited with code 0 "
+        f"by itself. It was charged up to its exit ({slice.minutes_used} minutes in all), "
+        "and its VRAM was released.",
+    )
+
+
+def slice_end(
+    *,
+    slice: Slice,
+    to: str,
+    reason: str,
+    exit_code: int | None,
+    container: str,
+    actor: User | None,
+    exited_at: datetime | None,
+    ended_by: str,
+) -> None:
+    """End a locked slice's run as `to` (completed or failed): charged up to its end,
+    its VRAM released, the transition recorded, its container removed after commit."""
+    began = slice.started_at or slice.provision_started_at or slice.created_at
+    # A run that started is charged its first minute, however short it was (docker may
+    # say it ended the moment it began) or however slow the node's clock.
+    end = max(within_run(exited_at, began=began, now=timezone.now()), began + A_MOMENT)
+    slice_meter_to_end(slice=slice, end=end)
+    slice_settle(slice=slice, now=end)
+    slice.exit_code = exit_code
+    slice.ended_by = ended_by
+    slice_transition(
+        slice=slice,
+        to=to,
+        reason=reason,
+        actor=actor,
+        fields=("exit_code", "ended_by", "started_at", "stopped_at", "peak_vram_mb",
+                "last_metered_at"),
+    )  # fmt: skip
+    if container and slice.allocation is not None:
+        container_remove_after_commit(
+            allocation=slice.allocation, container=container, owner_key=slice.owner_key
+        )
 
 
 def slice_settle(*, slice: Slice, now: datetime) -> None:
