@@ -13,7 +13,7 @@ from emulator.catalog import GpuSpec
 from incidents.models import Incident, SliceWatch
 from nodelab import LabNodeSpec
 from nodes import services as node_services
-from nodes.models import Allocation, Gpu
+from nodes.models import AgentEntry, AgentState, Allocation, Gpu, NodeAgent
 from tenants.models import Slice
 from tests.incidents.test_chaos import launcher
 from tests.worker_harness import wait_for
@@ -53,7 +53,11 @@ def test_an_honest_mig_job_that_uses_its_whole_instance_keeps_running(
     assert wait_for(lambda: held_mb(lab, s) == INSTANCE_MB)
     pids = [p["pid"] for p in lab.gpu_processes(s.container_id)]
 
+    # the node agent watches it too, every half second, and leaves it alone
+    assert NodeAgent.objects.get(node=node).state == AgentState.OK
     for n in range(1, SAMPLES + 1):
+        assert node_services.node_agent_check(node_id=node.pk).state == AgentState.OK
+        assert not AgentEntry.objects.filter(kind="kill").exists(), n
         assert node_services.nodes_sample(node_ids=[node.pk])["sampled"] == 1
         # the watchdog saw the job over its tier, within its instance ...
         assert Allocation.objects.get(pk=s.allocation_id).nvml_mb == INSTANCE_MB, n
