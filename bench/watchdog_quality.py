@@ -44,7 +44,11 @@ Faults (each must be caught by the rule in brackets, once):
 - a statically linked job allocating past its tier: the library never sees it, NVML
   does [accounting_drift, which stops it alone].
 No neighbour may be stopped, throttled or failed, nor hold less memory than its program
-wants within its own caps (what the emulated device really gives it, every step).
+wants within its own caps (what the emulated device really gives it, every step). Every
+step each card is also judged by the node agent's harm rule (nodes.agent.harm_on_card,
+what the emulated card really holds: each container's quota and memory, the card's free
+memory): a slice is harmed while the card has less free than its unused quota because
+another container is over its own.
 
 Prints, per rule and overall:
   RESULT false_incidents=<n> incidents          (target 0)
@@ -52,14 +56,35 @@ Prints, per rule and overall:
   RESULT duplicate_incidents=<n> incidents      (target 0)
   RESULT detect_p95_s=<s> s                     (condition start to incident, simulated)
   RESULT neighbours_hurt=<n> slices             (target 0)
+  RESULT neighbours_harmed=<n> slices           (by the agent's harm rule)
 Then the preemption scenario (bench/_preemption.py), on a database of its own: one card at
 ratio 2.0, full-price slices bursting within their quotas over the warning line, absorbed
 by preempting interruptible slices only, newest first:
   RESULT preemption_guaranteed_hurt=<n> slices  (target 0)
   RESULT preemption_interruptible_preempted=<n> slices
   RESULT preemption_short_of_memory=<n> containers (target 0)
+  RESULT preemption_billed_after_notice=<n> minutes (target 0)
+Then the day against the node lab (bench/_agent_lab.py: real sshd, Docker Engine and
+containers, the node agent enforcing): each round a statically linked job and a job with
+zeroed quota-library books, each to be killed by the agent, and a job that lifts its own
+limit (refused by the node's library: the honest control), each beside an honest
+neighbour that keeps allocating inside its quota; and an honest MIG job using its whole
+instance:
+  RESULT lab_breach_to_kill_p95_ms=<ms> ms baseline=<ms> ratio=<r>
+                                     (the agent's kill entries, killed_at - crossed_at;
+                                      baseline: the 30 s watchdog's worst case, the
+                                      sampling interval x (quota_grace_samples + 1))
+  RESULT lab_missed_kills=<n> jobs              (target 0)
+  RESULT lab_neighbour_short_s_max=<s> s        (target 2 s: the longest refusal of a
+                                      neighbour's probes, or its NeighbourHarm rows)
+  RESULT lab_neighbours_hurt=<n> slices         (NeighbourHarm rows: the agent's rule)
+  RESULT lab_false_stops=<n> stops              (target 0: an honest slice, MIG included,
+                                      stopped, killed or with a quota_breach)
+Where the lab cannot start it says why and prints no lab RESULT line; under CI (any CI
+but empty, false or 0) that fails the run.
 
-    .venv/bin/python bench/watchdog_quality.py [--slices 300] [--hours 6] [--nodes 8] [--verbose]
+    .venv/bin/python bench/watchdog_quality.py [--slices 300] [--hours 6] [--nodes 8]
+                                               [--lab-rounds 2] [--no-lab] [--verbose]
 """
 
 from __future__ import annotations
@@ -96,6 +121,7 @@ from incidents import throttle
 from incidents.models import Incident, IncidentEvent, SliceWatch, Thresholds
 from nodes import services as node_services
 from nodes import ssh
+from nodes.agent import harm_on_card
 from nodes.models import Allocation, Gpu, Node
 from tenants import services
 from tenants.models import Image, Slice, SliceTransition, Tenant, Tier
@@ -371,6 +397,7 @@ class Report:
     windows: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     short_of_memory: list[int] = field(default_factory=list)  # among `hurt`
+    harmed: list[int] = field(default_factory=list)  # by the agent's rule (harm_on_card)
 
     def lines(self) -> list[str]:
         all_detect = [d for ds in self.detect_s.values() for d in ds]
@@ -391,12 +418,15 @@ class Report:
         out += [f"  {note}" for note in self.notes]
         if self.short_of_memory:
             out.append(f"  short of memory: slices {self.short_of_memory}")
+        if self.harmed:
+            out.append(f"  harmed by the agent's rule: slices {self.harmed}")
         out += [
             f"RESULT false_incidents={len(self.false)} incidents",
             f"RESULT missed_faults={len(self.missed)} faults",
             f"RESULT duplicate_incidents={self.duplicates} incidents",
             f"RESULT detect_p95_s={p95:.0f} s",
             f"RESULT neighbours_hurt={len(self.hurt)} slices",
+            f"RESULT neighbours_harmed={len(self.harmed)} slices",
         ]
         return out
 
@@ -436,6 +466,7 @@ class Day:
         self._seq = 0
         self.ledger = CardLedger()
         self.short: set[str] = set()  # containers that ever held less than they wanted
+        self.harmed: set[int] = set()  # slices harmed by the agent's rule, some step
 
     # -- the fleet and the tenants
     def setup(self, stack: ExitStack) -> None:
@@ -824,6 +855,7 @@ class Day:
                 if g.uuid in gpus:
                     snap = CardSnapshot(g.memory_total_mb, used[g.uuid], held[g.uuid])
                     self.ledger.record(gpus[g.uuid], t, snap)
+                    self.harmed.update(harmed_on(snap))
             self.short.update(emu.short_of_memory())
         for f in self.faults:
             if f.after_start is not None and not f.at and f.slice_id is not None:
@@ -910,6 +942,7 @@ class Day:
             windows=matcher.windows,
             notes=notes,
             short_of_memory=sorted(short),
+            harmed=sorted(self.harmed),
         )
 
     def _beside(self, f: Fault, matcher: Matcher) -> str:
@@ -936,6 +969,13 @@ class Day:
         return f"{f.kind}: stopped by {first}" if first else f"{f.kind}: not stopped by a rule"
 
 
+def harmed_on(snap: CardSnapshot) -> list[int]:
+    """The slices on one card harmed now by the node agent's rule, judged on what the
+    emulated card really holds."""
+    held = {str(k): (quota, used) for k, (used, quota) in snap.slices.items()}
+    return [int(k) for k in harm_on_card(held, snap.total_mb - snap.used_mb)]
+
+
 def simulate(*, slices: int, hours: float, nodes: int, seed: int = 7) -> Report:
     """One scripted day on the database Django is set up with (empty, migrated)."""
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
@@ -951,6 +991,10 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--verbose", action="store_true", help="list every incident")
+    parser.add_argument(
+        "--lab-rounds", type=int, default=2, help="rounds of the node lab's scenario"
+    )
+    parser.add_argument("--no-lab", action="store_true", help="skip the node lab's scenario")
     args = parser.parse_args()
     if not args.verbose:  # the faults make the platform log, as it should; not the figures
         logging.disable(logging.CRITICAL)
@@ -971,6 +1015,12 @@ def main() -> None:
     with throwaway_database("watchdog_preemption"), tempfile.TemporaryDirectory() as tmp:
         pre = preemption_day(Path(tmp), emulated_time=emulated_time)
     for line in pre.lines():
+        print(line)
+    if args.no_lab:
+        return
+    from _agent_lab import lab_main  # noqa: PLC0415 - a scenario of its own, after the day
+
+    for line in lab_main(rounds=args.lab_rounds, database=throwaway_database):
         print(line)
 
 

@@ -33,15 +33,19 @@ OPS_ONLY = frozenset(
         "stray_process",
     }
 )
-# Every rule an incident can be filed under: the rules here, the sweeps' (oom_exit) and
-# preemption's (slice_preempted). The ledger's rule filter offers these; a test holds the
+# Every rule an incident can be filed under: the rules here, the sweeps' (oom_exit),
+# preemption's (slice_preempted) and the node agent's reports (services.agent_reports).
+# The ledger's rule filter offers these; a test holds the
 # list to the rules the code files.
 RULES = (
     "accounting_drift",
+    "agent_down",
+    "agent_failed",
     "bandwidth_hog",
     "fleet_sweep",
     "hardware_fault",
     "idle_slice",
+    "neighbour_harm",
     "node_gate_failed",
     "node_unreachable",
     "oom_exit",
@@ -51,6 +55,7 @@ RULES = (
     "quota_not_effective",
     "slice_preempted",
     "slow_leak",
+    "stray_process",
     "unattributed_memory",
     "vram_critical",
     "vram_high",

@@ -3,7 +3,7 @@ running slices as the watchdog reads them; and what ops may do from an incident.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypedDict, TypeGuard
 
 from django.db.models import Q, QuerySet
@@ -236,12 +236,15 @@ def incident_harms(*, incident: Incident) -> list[NeighbourHarm]:
     its memory caused."""
     if incident.rule == "neighbour_harm":
         return list(incident.harms.order_by("-started_at"))
-    if incident.rule in ("quota_breach", "accounting_drift"):
-        return list(
-            NeighbourHarm.objects.filter(offender_incidents__contains=[incident.pk])
-            .select_related("slice")
-            .order_by("-started_at")[:20]
-        )
+    if incident.rule in ("quota_breach", "accounting_drift") and incident.node_id:
+        # by the harms on its node around it (JSON containment is not SQLite's), then the
+        # link each harm keeps
+        around = NeighbourHarm.objects.filter(
+            node_id=incident.node_id,
+            started_at__gte=incident.first_seen_at - timedelta(hours=1),
+            started_at__lte=incident.last_seen_at + timedelta(hours=1),
+        ).order_by("-started_at")[:200]
+        return [h for h in around if incident.pk in h.offender_incidents][:20]
     return []
 
 

@@ -267,23 +267,31 @@ class Containers:
         self.quota = seen
 
 
+def cgroup_kill_file(cid: str, cgroup_path: str | None) -> str:
+    """The container's own `cgroup.kill` (cgroup v2 at the root, or a hybrid host's unified
+    hierarchy beside v1's), or "" where the node has none."""
+    if not cgroup_path or cid not in cgroup_path.rsplit("/", 1)[-1]:
+        return ""  # the path must name this container, not a parent or a sibling
+    for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+        path = os.path.join(root, cgroup_path.lstrip("/"), "cgroup.kill")
+        if os.path.exists(path):
+            return path
+    return ""
+
+
 def kill_container(cid: str, cgroup_path: str | None) -> tuple[str, str]:
-    """Stop every process of one container at once: its cgroup's `cgroup.kill` (cgroup v2),
-    else `docker kill` by its id. Never a PID: one read earlier may have been reused.
+    """Stop every process of one container at once: its cgroup's `cgroup.kill`, else
+    `docker kill` by its id. Never a PID: one read earlier may have been reused.
     Returns (method, error)."""
-    if cgroup_path and cid in cgroup_path.rsplit("/", 1)[-1]:
-        kill = os.path.join("/sys/fs/cgroup", cgroup_path.lstrip("/"), "cgroup.kill")
-        if os.path.exists(kill):
-            try:
-                with open(kill, "w", encoding="ascii") as fh:
-                    fh.write("1")
-                return "cgroup.kill", ""
-            except OSError as exc:
-                error = f"cgroup.kill: {exc}; "
-        else:
-            error = ""
-    else:
-        error = ""
+    error = ""
+    kill = cgroup_kill_file(cid, cgroup_path)
+    if kill:
+        try:
+            with open(kill, "w", encoding="ascii") as fh:
+                fh.write("1")
+            return "cgroup.kill", ""
+        except OSError as exc:
+            error = f"cgroup.kill: {exc}; "
     try:
         done = subprocess.run(
             ["docker", "kill", "--signal", "KILL", cid], capture_output=True, text=True, timeout=10
@@ -371,6 +379,7 @@ class Enforcer:
             return
         method, error = kill_container(cid, entry["cgroup"])
         killed = time.time()
+        crossed = self.crossed[cid] if cid in self.crossed else float(readings[0]["t"])
         self.killed[cid] = killed
         device = entry["device"]
         self.journal.append(
@@ -384,9 +393,9 @@ class Enforcer:
             margin_mb=self.config["margin_mb"],
             pids=entry["pids"],
             readings=[{"at": r["at"], "used_mb": r["used_mb"]} for r in readings],
-            crossed_at=now_iso(self.crossed.get(cid, readings[0]["t"])),
+            crossed_at=now_iso(crossed),
             killed_at=now_iso(killed),
-            breach_to_kill_ms=round((killed - readings[0]["t"]) * 1000),
+            breach_to_kill_ms=round((killed - crossed) * 1000),  # from the first reading over
             method=method,
             error=error,
         )

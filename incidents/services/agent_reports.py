@@ -203,8 +203,9 @@ def _harm_findings(node: Node, e: dict[str, Any]) -> list[rules.Finding]:
         detail=(
             "Another job on the same GPU took more than its own quota, so the card had up "
             f"to {harm.short_mb} MiB less free memory than your slice's unused quota: "
-            "allocations inside your quota could fail meanwhile. The platform stopped that "
-            "job; your slice kept running and nothing is needed from you."
+            "allocations inside your quota could fail meanwhile. The platform "
+            + ("stopped that job" if harm.offender_incidents else "stops such a job")
+            + "; your slice kept running and nothing is needed from you."
         ),
         gpu_id=harm.gpu_id,
         node_id=node.pk,

@@ -401,7 +401,7 @@ def test_the_rule_filter_offers_the_rules_the_code_files_without_asking_the_ledg
     client, ops_user
 ):
     assert set(RULES) == rules_the_code_files()
-    assert len(RULES) == len(set(RULES)) == 17
+    assert len(RULES) == len(set(RULES)) == 21
     choices = IncidentFilterForm().fields["rule"].choices
     assert [value for value, _ in choices] == ["", *RULES]
     client.force_login(ops_user)

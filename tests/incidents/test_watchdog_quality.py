@@ -2,7 +2,9 @@
 emulated nodes with every kind of injected fault among forty ordinary slices. Nothing
 ordinary may file an incident, every fault must be caught by its rule within the rule's
 own window plus two sampling intervals, once, and no neighbour is hurt. And the
-benchmark's matcher itself, on fault and incident pairs, so that its strictness shows."""
+benchmark's matcher itself, on fault and incident pairs, so that its strictness shows.
+Then one round of its day against the node lab (bench/_agent_lab.py), which prints its
+RESULT lines, and what it does where the lab cannot start."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from django.apps import apps
 from incidents.rules import Thresholds
 from tenants.models import Tier
 from tests.bench_support import load_bench
+from tests.test_bench_smoke import RESULT
 
 
 @pytest.fixture
@@ -48,6 +51,31 @@ def test_a_short_day_files_no_false_incident_and_misses_no_fault(settings, seede
         assert faults[kind].library == "enforcing", lines
     assert faults["static"].library == "bypassed", lines
     assert "static: stopped by accounting_drift" in report.notes, lines
+    printed = results(report.lines())
+    assert {"neighbours_hurt", "neighbours_harmed"} <= set(printed), lines
+    assert printed["neighbours_harmed"] == str(len(report.harmed)), lines
+
+
+def results(lines: list[str]) -> dict[str, str]:
+    """The RESULT lines' values by metric, each line in the house's form."""
+    out = {}
+    for line in lines:
+        if line.startswith("RESULT "):
+            match = RESULT.match(line)
+            assert match is not None, line
+            assert match["ratio"] is None or match["baseline"] is not None, line
+            out[match["metric"]] = match["value"]
+    return out
+
+
+def test_the_emulator_day_counts_harm_by_the_node_agents_rule(wq):
+    # a 24 GB card: slice 1 holds 14,000 MiB of its 8 GB, slice 2 1,000 of its 8 GB,
+    # slice 3 4,000 of its 4 GB; 4,576 MiB free, less than slice 2's 7,192 MiB unused
+    snap = wq.CardSnapshot(24576, 20000, {1: (14000, 8192), 2: (1000, 8192), 3: (4000, 4096)})
+    assert wq.harmed_on(snap) == [2]  # slice 3 has only 96 MiB unused; slice 1 offends
+    # the same card with nobody over their quota: short, but of no one's doing
+    fair = wq.CardSnapshot(24576, 20000, {1: (8000, 8192), 2: (1000, 8192), 4: (11000, 12288)})
+    assert wq.harmed_on(fair) == []
 
 
 # --- the matcher
@@ -211,3 +239,60 @@ def test_a_neighbours_burst_is_absorbed_by_preempting_interruptible_slices_only(
     assert len(report.preempted) < report.interruptible, lines  # only as many as needed
     assert report.resumable, lines  # stopped with its volumes kept, counted for ops
     assert report.billed_after_notice == 0, lines  # the grace period and after: not billed
+
+
+# --- the day against the node lab (bench/_agent_lab.py)
+
+LAB_RESULTS = {
+    "lab_breach_to_kill_p95_ms",
+    "lab_missed_kills",
+    "lab_neighbour_short_s_max",
+    "lab_neighbours_hurt",
+    "lab_false_stops",
+}
+
+
+@pytest.fixture
+def agent_lab(wq):
+    from _agent_lab import SPECS, run_rounds  # noqa: PLC0415 - bench/ is on sys.path only now
+
+    return SPECS, run_rounds
+
+
+@pytest.mark.lab
+@pytest.mark.django_db(transaction=True)
+def test_one_lab_round_kills_both_offenders_and_stops_no_honest_slice(
+    seeded_tiers, lab_fleet, agent_lab
+):
+    specs, run_rounds = agent_lab
+    fleet = lab_fleet(specs)
+
+    report = run_rounds(fleet.lab, fleet.registered, rounds=1)
+
+    lines = "\n".join(report.lines())
+    printed = results(report.lines())
+    assert set(printed) >= LAB_RESULTS, lines
+    assert report.missed == [] and len(report.kills_ms) == 2, lines  # static, zeroed books
+    # three neighbours, the job that lifts its own limit, the MIG job: none touched
+    assert report.honest == 5 and report.false_stops == [], lines
+    assert len(report.neighbours) == 3 and all(n.probes > 5 for n in report.neighbours), lines
+    assert printed["lab_false_stops"] == "0", lines
+    assert "own-limit (round 1): refused by the quota library at 8000 MiB" in report.notes, lines
+
+
+@pytest.mark.parametrize(("ci", "exits"), [("true", True), ("", False)])
+def test_without_the_lab_it_says_why_and_fails_only_under_ci(settings, monkeypatch, wq, ci, exits):
+    import _agent_lab  # noqa: PLC0415 - bench/ is on sys.path only now
+
+    def unavailable(*args, **kwargs):
+        raise _agent_lab.LabUnavailable("dockerd is not installed")
+
+    monkeypatch.setattr(_agent_lab.Lab, "start", unavailable)
+    monkeypatch.setenv("CI", ci)
+    if exits:
+        with pytest.raises(SystemExit) as done:
+            _agent_lab.lab_main(rounds=1)
+        assert "dockerd is not installed" in str(done.value.code)
+    else:
+        lines = _agent_lab.lab_main(rounds=1)
+        assert lines == ["no lab run: the node lab cannot start here: dockerd is not installed"]

@@ -21,6 +21,7 @@ from nodes import runtime, ssh
 from nodes.runtime import (
     LABEL_MANAGED,
     LABEL_OWNER,
+    LABEL_VRAM,
     VRAM_ENV,
     ContainerInfo,
     ContainerSpec,
@@ -100,7 +101,8 @@ def test_run_argv_has_every_limit_and_security_flag() -> None:
         "--pids-limit": ["512"],
         "--cap-drop": ["ALL"],
         "--security-opt": ["no-new-privileges"],
-        "--label": [f"{LABEL_OWNER}=slice-42", f"{LABEL_MANAGED}=1"],
+        # the node agent's record of the quota (nodes/agent.py), which the container cannot change
+        "--label": [f"{LABEL_OWNER}=slice-42", f"{LABEL_MANAGED}=1", f"{LABEL_VRAM}=8192"],
         "--restart": ["no"],
         "--publish": ["8888", "6006"],
     }
@@ -795,7 +797,7 @@ def test_slice_container_lifecycle_on_an_emulated_gpu(
     )
     assert info.running and info.status == "running" and info.exit_code is None
     assert info.ports == {8888: host_port} and info.started_at and info.finished_at == ""
-    assert info.labels == {LABEL_OWNER: "slice-42", LABEL_MANAGED: "1"}
+    assert info.labels == {LABEL_OWNER: "slice-42", LABEL_MANAGED: "1", LABEL_VRAM: "8192"}
 
     # what the node applied
     emu = node.container(cid)
