@@ -49,7 +49,16 @@ from django.utils import timezone
 from emulator.catalog import GpuSpec
 from gpuplatform.celery import app
 from incidents.models import Incident, NeighbourHarm, Thresholds
-from nodelab import CONTAINER_NETWORK, IMAGE, SSH_USER, Lab, LabNode, LabNodeSpec, LabUnavailable
+from nodelab import (
+    CONTAINER_NETWORK,
+    IMAGE,
+    PROBING_NEIGHBOUR,
+    SSH_USER,
+    Lab,
+    LabNode,
+    LabNodeSpec,
+    LabUnavailable,
+)
 from nodes import services as node_services
 from nodes import ssh
 from nodes.models import AgentEntry, AgentState, Node
@@ -64,14 +73,7 @@ A30 = LabNodeSpec("wq-a30", (GpuSpec("NVIDIA A30"),))
 MIG = LabNodeSpec("wq-mig", (GpuSpec("NVIDIA A100-SXM4-80GB", mig=("1g.10gb",)),))
 SPECS = (A30, MIG)
 MODEL = {"model": {"catalog": "Qwen/Qwen2.5-0.5B"}, "context_tokens": 2048}
-# Always inside its own 8 GB quota (1,000 held + 6,000 asked): any refusal is harm.
-NEIGHBOUR = {
-    "WORKLOAD_PROFILE": "steady",
-    "WORKLOAD_MB": "1000",
-    "WORKLOAD_PROBE_MB": "6000",
-    "WORKLOAD_SM_UTIL": "0",
-    "WORKLOAD_MEM_UTIL": "0",
-}
+NEIGHBOUR = PROBING_NEIGHBOUR
 GREEDY = {
     "WORKLOAD_PROFILE": "steady",
     "WORKLOAD_MB": "20000",  # past the tier, and past what the card can give both

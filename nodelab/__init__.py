@@ -2,7 +2,15 @@
 cgroups and processes) except the GPU, which `nodelab.gpud` emulates. Test equipment and
 the demo's far end; no production module imports it. See `nodelab.lab`."""
 
-from .build import HTTP_IMAGE, HTTP_PORT, IMAGE, SSH_IMAGE, SSH_PORT, SSH_USER_IN_IMAGE
+from .build import (
+    HTTP_IMAGE,
+    HTTP_PORT,
+    IMAGE,
+    PROBING_NEIGHBOUR,
+    SSH_IMAGE,
+    SSH_PORT,
+    SSH_USER_IN_IMAGE,
+)
 from .lab import CONTAINER_NETWORK, Lab
 from .labnode import SSH_USER, LabContainer, LabNode, LabNodeSpec
 from .prereqs import LabUnavailable, problems
@@ -12,6 +20,7 @@ __all__ = [
     "HTTP_IMAGE",
     "HTTP_PORT",
     "IMAGE",
+    "PROBING_NEIGHBOUR",
     "SSH_IMAGE",
     "SSH_PORT",
     "SSH_USER_IN_IMAGE",

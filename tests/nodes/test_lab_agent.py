@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from incidents.models import Incident, NeighbourHarm
+from nodelab import PROBING_NEIGHBOUR
 from nodes import agent
 from nodes import services as node_services
 from nodes.models import AgentEntry, AgentState, Gpu, NodeAgent
@@ -29,15 +30,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 
 TIER_GB = 8
 QUOTA_MB = TIER_GB * 1024
-# The neighbour holds 1,000 MiB and asks for 6,000 MiB more every tick: always inside
-# its own 8 GB quota, so any refusal is harm done to it.
-NEIGHBOUR = {
-    "WORKLOAD_PROFILE": "steady",
-    "WORKLOAD_MB": "1000",
-    "WORKLOAD_PROBE_MB": "6000",
-    "WORKLOAD_SM_UTIL": "0",
-    "WORKLOAD_MEM_UTIL": "0",
-}
+NEIGHBOUR = PROBING_NEIGHBOUR
 # Past the tier, and past what the 24 GB card can give both: the neighbour is squeezed.
 GREEDY_MB = 20000
 # The job does not honour the framework cap the platform sets (a program that ignores it;
