@@ -22,17 +22,11 @@ CONNECTIVITY = "connectivity"
 INFO, WARNING, CRITICAL = "info", "warning", "critical"
 # Rules about the platform's own books, not anything a tenant did: ops' alone (never
 # shown to, nor mailed to, a tenant).
+# (the node agent's own health, and what it found outside every slice, are ops' too)
 OPS_ONLY = frozenset(
-    {
-        "accounting_drift",
-        "node_gate_failed",
-        "quota_not_effective",
-        # the node agent's own health and what it found outside every slice
-        "agent_down",
-        "agent_failed",
-        "stray_process",
-    }
-)
+    {"accounting_drift", "node_gate_failed", "quota_not_effective", "agent_down", "agent_failed",
+     "stray_process"}
+)  # fmt: skip
 # Every rule an incident can be filed under: the rules here, the sweeps' (oom_exit),
 # preemption's (slice_preempted) and the node agent's reports (services.agent_reports).
 # The ledger's rule filter offers these; a test holds the

@@ -20,6 +20,7 @@ Directory: GPUPLATFORM_AGENT_DIR (default /var/lib/gpuplatform/agent), root's, m
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -56,7 +57,8 @@ DEFAULTS = {
 }
 JOURNAL_MAX_BYTES = 4 * MIB  # then it rotates to journal.1.jsonl (one generation kept)
 REPORT_LIMIT = 500  # journal entries per report; the platform asks again for the rest
-UNKNOWN_RECHECK_S = 5.0  # a container not in docker's labelled list is looked up again after
+UNKNOWN_RECHECK_S = 5.0  # a container docker did not list as the platform's: asked again after
+HARM_GAP_S = 2.0  # a harm back within this long is the one before, not a new one
 CONTAINER_ID_RE = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
 # The bootstrap the platform runs: a length line, that many bytes of this source, then
 # the mode's own arguments on the command line. The source is kept for `install`.
@@ -115,8 +117,18 @@ class Journal:
         if not self.id:
             self.id = uuid.uuid4().hex
             write_atomic(id_path, self.id)
-        last = [e for e in self.read_since(-1) if "seq" in e]
+        last = self.read_since(-1)
         self.seq = last[-1]["seq"] if last else 0
+        self.lost, self.last_error = 0, ""
+
+    def note(self, kind: str, **fields: Any) -> None:
+        """append, for the loop: a full disk must not stop the enforcing (the kill has
+        happened; only its record is lost, and the status says so)."""
+        try:
+            self.append(kind, **fields)
+        except OSError as exc:
+            self.lost += 1
+            self.last_error = f"journal: {exc}"
 
     def append(self, kind: str, **fields: Any) -> Doc:
         self.seq += 1
@@ -132,14 +144,16 @@ class Journal:
         return entry
 
     def read_since(self, since: int) -> list[Doc]:
-        out = []
-        for path in (self.old, self.path):
+        """Entries after `since`, in order. The current file is read before the old one:
+        a rotation between the two reads then shows a generation twice, never not at all."""
+        out: dict[int, Doc] = {}
+        for path in (self.path, self.old):
             for line in (read_text(path) or "").splitlines():
                 with contextlib.suppress(ValueError):
                     entry = json.loads(line)
-                    if isinstance(entry, dict) and entry.get("seq", 0) > since:
-                        out.append(entry)
-        return out
+                    if isinstance(entry, dict) and isinstance(entry.get("seq"), int):
+                        out.setdefault(entry["seq"], entry)
+        return [out[seq] for seq in sorted(out) if seq > since]
 
 
 # ----------------------------------------------------------------------------- readings
@@ -157,10 +171,11 @@ def cgroup_of(pid: int) -> tuple[str | None, str | None]:
         parts = line.split(":", 2)
         ids = CONTAINER_ID_RE.findall(parts[-1]) if len(parts) == 3 else []
         if ids:
+            # the outermost id is the container's: a child cgroup inside it, whatever its
+            # name, is still that container's
             path = parts[2]
-            cut = path.find(ids[-1])
-            # the container's own directory, not a child of it
-            found = (ids[-1], path[: path.find("/", cut)] if "/" in path[cut:] else path)
+            cut = path.find(ids[0])
+            found = (ids[0], path[: path.find("/", cut)] if "/" in path[cut:] else path)
             if parts[0] == "0":  # the unified hierarchy, where cgroup.kill lives
                 return found
     return found if found else (None, None)
@@ -172,10 +187,14 @@ def start_time(pid: int) -> str:
     return fields[19] if len(fields) > 19 else ""
 
 
+DEVICE_ERRORS: list[str] = []  # this reading's, for the status
+
+
 def read_devices() -> tuple[list[Doc], list[Doc]]:
     """(devices, processes) from NVML now: each whole GPU, or each MIG device of a GPU in
     MIG mode (the device a process runs on), with its memory; each process's memory."""
     devices, procs = [], []
+    DEVICE_ERRORS.clear()
     for index in range(nv.nvmlDeviceGetCount()):
         handle = nv.nvmlDeviceGetHandleByIndex(index)
         gpu_uuid = text(nv.nvmlDeviceGetUUID(handle))
@@ -188,17 +207,17 @@ def read_devices() -> tuple[list[Doc], list[Doc]]:
                         mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
                         targets.append((text(nv.nvmlDeviceGetUUID(mig)), mig, True))
         for device_uuid, target, mig in targets:
-            mem = nv.nvmlDeviceGetMemoryInfo(target)
+            try:
+                mem = nv.nvmlDeviceGetMemoryInfo(target)
+                found = nv.nvmlDeviceGetComputeRunningProcesses(target) or []
+            except nv.NVMLError as exc:  # one lost card does not blind the node
+                DEVICE_ERRORS.append(f"{device_uuid}: {exc}")
+                continue
             devices.append(
-                {
-                    "uuid": device_uuid,
-                    "gpu_uuid": gpu_uuid,
-                    "mig": mig,
-                    "total_mb": int(mem.total) // MIB,
-                    "free_mb": int(mem.free) // MIB,
-                }
-            )
-            for p in nv.nvmlDeviceGetComputeRunningProcesses(target) or []:
+                {"uuid": device_uuid, "gpu_uuid": gpu_uuid, "mig": mig,
+                 "total_mb": int(mem.total) // MIB, "free_mb": int(mem.free) // MIB}
+            )  # fmt: skip
+            for p in found:
                 used = getattr(p, "usedGpuMemory", None)
                 procs.append(
                     {"pid": int(p.pid), "device": device_uuid, "used_mb": int(used or 0) // MIB}
@@ -213,19 +232,23 @@ def over_quota(used_mb: int, quota_mb: int, margin_mb: int) -> bool:
     return used_mb > quota_mb + margin_mb
 
 
-def harm_on_card(held: dict[str, tuple[int, int]], free_mb: int) -> dict[str, Doc]:
+def harm_on_card(
+    held: dict[str, tuple[int, int]], free_mb: int, margin_mb: int = 0
+) -> dict[str, Doc]:
     """Who on one card is harmed now: a container is harmed while the card has less free
-    memory than the container's unused quota because another container is over its own.
-    `held` is container id -> (quota, used) by NVML. Returns container id -> its shortfall
+    memory than the container's unused quota because another container is over its own
+    (by more than the margin a CUDA context may take, as the kill rule reads it). `held`
+    is container id -> (quota, used) by NVML. Returns container id -> its shortfall (no
+    more than what the offenders hold past their quotas: the rest is not theirs to owe)
     and the offenders. A job out of memory inside its own quota is not harmed: with no
     offender on the card there is no harm, whatever is free."""
-    offenders = sorted(c for c, (quota, used) in held.items() if used > quota)
+    excess = {c: used - quota for c, (quota, used) in held.items() if used > quota + margin_mb}
     out: dict[str, Doc] = {}
     for cid, (quota, used) in held.items():
-        others = [o for o in offenders if o != cid]
-        unused = max(0, quota - used)
-        if others and free_mb < unused and used <= quota:
-            out[cid] = {"short_mb": unused - free_mb, "offenders": others}
+        others = sorted(o for o in excess if o != cid)
+        short = min(quota - used - free_mb, sum(excess[o] for o in others))
+        if others and short > 0:
+            out[cid] = {"short_mb": short, "offenders": others}
     return out
 
 
@@ -239,6 +262,8 @@ class Containers:
 
     def __init__(self) -> None:
         self.quota: dict[str, int] = {}
+        self.managed: set[str] = set()  # every platform container, its quota known or not
+        self.blind = False  # docker did not answer the last time it was asked
         self.unknown: dict[str, float] = {}  # container id -> when docker last did not know it
 
     def quota_of(self, cid: str) -> int | None:
@@ -258,13 +283,16 @@ class Containers:
                 [*argv, "--format", fmt], capture_output=True, text=True, timeout=10, check=True
             ).stdout
         except (OSError, subprocess.SubprocessError):
+            self.blind = True
             return
-        seen = {}
+        seen, managed = {}, set()
         for line in out.splitlines():
             cid, _, vram = line.partition(" ")
-            if CONTAINER_ID_RE.fullmatch(cid) and vram.strip().isdigit():
-                seen[cid] = int(vram)
-        self.quota = seen
+            if CONTAINER_ID_RE.fullmatch(cid):
+                managed.add(cid)
+                if vram.strip().isdigit():
+                    seen[cid] = int(vram)
+        self.quota, self.managed, self.blind = seen, managed, False
 
 
 def cgroup_kill_file(cid: str, cgroup_path: str | None) -> str:
@@ -299,28 +327,6 @@ def kill_container(cid: str, cgroup_path: str | None) -> tuple[str, str]:
     except (OSError, subprocess.SubprocessError) as exc:
         return "docker kill", error + str(exc)
     return "docker kill", error + (done.stderr.strip() if done.returncode else "")
-
-
-def kill_process(pid: int, started: str) -> str:
-    """A stray host process, only where ops' policy says so: through a pidfd opened after
-    its start time was checked again, so a reused PID is never signalled."""
-    pidfd_open = getattr(os, "pidfd_open", None)
-    send = getattr(signal, "pidfd_send_signal", None)
-    if pidfd_open is None or send is None:
-        return "this Python has no pidfd; left running"
-    try:
-        fd = pidfd_open(pid)
-    except OSError as exc:
-        return str(exc)
-    try:
-        if start_time(pid) != started:
-            return "the PID was reused; left alone"
-        send(fd, signal.SIGKILL)
-        return ""
-    except OSError as exc:
-        return str(exc)
-    finally:
-        os.close(fd)
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -366,14 +372,17 @@ class Enforcer:
         if t - self.killed.get(cid, -1e9) < 10.0:  # dying: the driver frees it in a moment
             return
         used, quota = entry["used_mb"], entry["quota_mb"]
+        # Readings over the line within the window count, not only readings in a row: a
+        # job that pulses past its quota between readings is caught all the same.
+        window = self.config["interval_s"] * (self.config["confirm_readings"] + 2)
+        readings = [r for r in self.over.get(cid, []) if t - r["t"] <= window]
+        self.over[cid] = readings
         if used > quota:
             self.crossed.setdefault(cid, t)
-        else:
+        elif not readings:
             self.crossed.pop(cid, None)
         if not over_quota(used, quota, self.config["margin_mb"]):
-            self.over.pop(cid, None)
             return
-        readings = self.over.setdefault(cid, [])
         readings.append({"at": now_iso(t), "t": t, "used_mb": used})
         if len(readings) < self.config["confirm_readings"]:
             return
@@ -382,23 +391,14 @@ class Enforcer:
         crossed = self.crossed[cid] if cid in self.crossed else float(readings[0]["t"])
         self.killed[cid] = killed
         device = entry["device"]
-        self.journal.append(
-            "kill",
-            container_id=cid,
-            device_uuid=device["uuid"],
-            gpu_uuid=device["gpu_uuid"],
-            mig=device["mig"],
-            quota_mb=quota,
-            used_mb=used,
-            margin_mb=self.config["margin_mb"],
-            pids=entry["pids"],
+        self.journal.note(
+            "kill", container_id=cid, device_uuid=device["uuid"], gpu_uuid=device["gpu_uuid"],
+            mig=device["mig"], quota_mb=quota, used_mb=used, margin_mb=self.config["margin_mb"],
+            pids=entry["pids"], method=method, error=error,
             readings=[{"at": r["at"], "used_mb": r["used_mb"]} for r in readings],
-            crossed_at=now_iso(crossed),
-            killed_at=now_iso(killed),
+            crossed_at=now_iso(crossed), killed_at=now_iso(killed),
             breach_to_kill_ms=round((killed - crossed) * 1000),  # from the first reading over
-            method=method,
-            error=error,
-        )
+        )  # fmt: skip
         self.over.pop(cid, None)
         self.crossed.pop(cid, None)
 
@@ -412,31 +412,33 @@ class Enforcer:
                 for cid, e in held.items()
                 if e["device"]["uuid"] == device["uuid"]
             }
-            for cid, found in harm_on_card(on_card, device["free_mb"]).items():
+            free, margin = device["free_mb"], self.config["margin_mb"]
+            for cid, found in harm_on_card(on_card, free, margin).items():
                 now[cid] = {**found, "device_uuid": device["uuid"], "quota_mb": on_card[cid][0]}
         for cid, found in now.items():
             open_ = self.harms.get(cid)
             if open_ is None:
                 open_ = self.harms[cid] = {
-                    "harm_id": uuid.uuid4().hex,
-                    "container_id": cid,
-                    "started_at": now_iso(t),
-                    "short_mb": 0,
-                    "offenders": [],
-                    "reported": 0.0,
-                }
+                    "harm_id": uuid.uuid4().hex, "container_id": cid, "started_at": now_iso(t),
+                    "short_mb": 0, "offenders": [], "reported": 0.0,
+                }  # fmt: skip
+            open_.pop("gone_at", None)
             open_["short_mb"] = max(open_["short_mb"], found["short_mb"])
             open_["offenders"] = sorted(set(open_["offenders"]) | set(found["offenders"]))
             open_.update(device_uuid=found["device_uuid"], quota_mb=found["quota_mb"])
             if t - open_["reported"] >= self.config["harm_report_s"]:
                 open_["reported"] = t
                 self.report_harm(open_, ended_at=None)
+        # A harm that comes back within HARM_GAP_S is the same one (an offender that pulses
+        # is one harm, not one a second); it ended at the first reading that did not see it.
         for cid in [c for c in self.harms if c not in now]:
-            self.report_harm(self.harms.pop(cid), ended_at=now_iso(t))
+            gone = self.harms[cid].setdefault("gone_at", t)
+            if t - gone >= HARM_GAP_S:
+                self.report_harm(self.harms.pop(cid), ended_at=now_iso(gone))
 
     def report_harm(self, harm: Doc, *, ended_at: str | None) -> None:
-        fields = {k: v for k, v in harm.items() if k != "reported"}
-        self.journal.append("harm", ended_at=ended_at, **fields)
+        fields = {k: v for k, v in harm.items() if k not in ("reported", "gone_at")}
+        self.journal.note("harm", ended_at=ended_at, **fields)
 
     def stray(self, p: Doc, cid: str | None) -> None:
         """A process on a card in no platform container: reported once; ended only where
@@ -446,18 +448,18 @@ class Enforcer:
             return
         self.strays.add(key)
         action = "reported"
-        if self.config["kill_strays"]:
-            error = kill_container(cid, None)[1] if cid else kill_process(*key)
+        # the platform's own container with no quota label (started before the label, or
+        # docker could not be asked): never ended here; the 30 s watchdog holds it
+        ours = cid is not None and (cid in self.containers.managed or self.containers.blind)
+        if self.config["kill_strays"] and cid and not ours:
+            # a container, by its id; a bare host process (ops' own) is never signalled
+            error = kill_container(cid, None)[1]
             action = "ended" if not error else f"not ended: {error}"
-        self.journal.append(
-            "stray",
-            pid=p["pid"],
-            device_uuid=p["device"],
-            used_mb=p["used_mb"],
-            name=(read_text(f"/proc/{p['pid']}/comm") or "").strip(),
-            container_id=cid,
+        self.journal.note(
+            "stray", pid=p["pid"], device_uuid=p["device"], used_mb=p["used_mb"],
+            name=(read_text(f"/proc/{p['pid']}/comm") or "").strip(), container_id=cid,
             action=action,
-        )
+        )  # fmt: skip
 
 
 def read_smi() -> tuple[list[Doc], list[Doc]]:
@@ -495,41 +497,48 @@ def open_reader() -> tuple[str, Callable[[], tuple[list[Doc], list[Doc]]]]:
         raise
 
 
+def only_one(directory: str, name: str) -> Any:
+    """An exclusive lock on `<directory>/<name>.lock`, held for the life of the process, or
+    None where another holds it: two installs at once must not leave two loops."""
+    fd = os.open(os.path.join(directory, f"{name}.lock"), os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def run(directory: str) -> int:
+    if only_one(directory, "run") is None:
+        return 0  # another loop runs: this one is a second install's echo
     config = load_config(directory)
     journal = Journal(directory)
     write_atomic(os.path.join(directory, "agent.pid"), str(os.getpid()))
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-    started, loops, source, reader, error = time.time(), 0, "", None, ""
+    status: Doc = {"version": VERSION, "pid": os.getpid(), "started_at": time.time(), "loops": 0}
+    status.update(source="", error="", error_since=None, config=config)
+    reader = None
     enforcer = Enforcer(journal, config, Containers())
-    journal.append("start", version=VERSION, pid=os.getpid(), config=config)
+    journal.note("start", version=VERSION, pid=os.getpid(), config=config)
     while not stopping:
         t, tick = time.time(), time.monotonic()
         try:
             if reader is None:
-                source, reader = open_reader()
+                status["source"], reader = open_reader()
             devices, procs = reader()
             enforcer.tick(devices, procs, t)
-            error = ""
+            error = "; ".join(DEVICE_ERRORS) if not devices and DEVICE_ERRORS else ""
         except Exception as exc:  # keep going: the next reading may work; say so meanwhile
-            message = f"{type(exc).__name__}: {exc}"
-            if message != error:
-                journal.append("error", error=message)
-            error, reader = message, None
-        loops += 1
-        status = {
-            "version": VERSION,
-            "pid": os.getpid(),
-            "started_at": started,
-            "last_loop_at": t,
-            "loops": loops,
-            "source": source,
-            "error": error,
-            "watched": enforcer.watched,
-            "config": config,
-        }
-        write_atomic(os.path.join(directory, "status.json"), json.dumps(status))
+            error, reader = f"{type(exc).__name__}: {exc}", None
+        if error and error != status["error"]:
+            journal.note("error", error=error)
+        status["error_since"] = (status["error_since"] or t) if error else None
+        status.update(error=error, last_loop_at=t, loops=status["loops"] + 1)
+        status.update(watched=enforcer.watched, lost_entries=journal.lost, warning=DEVICE_ERRORS)
+        with contextlib.suppress(OSError):  # a full disk: the loop goes on enforcing
+            write_atomic(os.path.join(directory, "status.json"), json.dumps(status))
         time.sleep(max(0.0, config["interval_s"] - (time.monotonic() - tick)))
     return 0
 
@@ -537,13 +546,16 @@ def run(directory: str) -> int:
 # ----------------------------------------------------------------------------- supervision
 
 
-def agent_pid_alive(pid: int) -> bool:
-    return "agent.py" in (read_text(f"/proc/{pid}/cmdline") or "")
+def agent_pid_alive(pid: int, directory: str) -> bool:
+    """This agent's process (its own file named on its command line), not any agent.py."""
+    return os.path.join(directory, "agent.py") in (read_text(f"/proc/{pid}/cmdline") or "")
 
 
 def supervise(directory: str) -> int:
     """Where the node has no systemd (the lab's nodes): keep `run` running, restarting it
     with a growing pause when it dies, as a systemd unit with Restart=always would."""
+    if only_one(directory, "supervise") is None:
+        return 0
     write_atomic(os.path.join(directory, "supervisor.pid"), str(os.getpid()))
     stopping: list[int] = []
     child: list[subprocess.Popen] = []
@@ -562,7 +574,7 @@ def supervise(directory: str) -> int:
         code = child[0].wait()
         if stopping:
             break
-        Journal(directory).append("exit", code=code)  # the loop is gone: an incident
+        Journal(directory).note("exit", code=code)  # the loop is gone: an incident
         pause = 1.0 if time.monotonic() - began > 60 else min(pause * 2, 30.0)
         time.sleep(pause)
     return 0
@@ -573,15 +585,15 @@ def stop(directory: str) -> int:
         subprocess.run(["systemctl", "stop", UNIT_NAME], capture_output=True, timeout=30)
     for name in ("supervisor.pid", "agent.pid"):
         pid_text = (read_text(os.path.join(directory, name)) or "").strip()
-        if not pid_text.isdigit() or not agent_pid_alive(int(pid_text)):
+        if not pid_text.isdigit() or not agent_pid_alive(int(pid_text), directory):
             continue
         with contextlib.suppress(OSError):
             os.kill(int(pid_text), signal.SIGTERM)
         deadline = time.monotonic() + 3.0
-        while agent_pid_alive(int(pid_text)) and time.monotonic() < deadline:
+        while agent_pid_alive(int(pid_text), directory) and time.monotonic() < deadline:
             time.sleep(0.05)
         with contextlib.suppress(OSError):
-            if agent_pid_alive(int(pid_text)):
+            if agent_pid_alive(int(pid_text), directory):
                 os.kill(int(pid_text), signal.SIGKILL)
     return 0
 
@@ -637,11 +649,8 @@ def install(directory: str, source: bytes, config: str) -> int:
         with contextlib.suppress(ValueError):
             status = json.loads(read_text(os.path.join(directory, "status.json")) or "{}")
     started = status.get("version") == VERSION
-    print(
-        json.dumps(
-            {"schema": SCHEMA, "installed": VERSION, "started": started, "supervisor": supervisor}
-        )
-    )
+    said = {"schema": SCHEMA, "installed": VERSION, "started": started, "supervisor": supervisor}
+    print(json.dumps(said))
     return 0 if started else 1
 
 
@@ -654,7 +663,8 @@ def report(directory: str, since: int) -> int:
     with contextlib.suppress(ValueError):
         status = json.loads(read_text(os.path.join(directory, "status.json")) or "null")
         doc["status"] = status
-        doc["alive"] = isinstance(status, dict) and agent_pid_alive(int(status.get("pid", 0)))
+        alive = isinstance(status, dict) and agent_pid_alive(int(status.get("pid", 0)), directory)
+        doc["alive"] = alive
     if os.path.exists(os.path.join(directory, "journal.id")):
         journal = Journal(directory)
         entries = journal.read_since(since)

@@ -39,6 +39,8 @@ class Verdict:
 
 def agent_verdict(report: dict[str, Any]) -> Verdict:
     """Absent, old, not answering, or running, from one report."""
+    if report.get("failed"):
+        return Verdict(SILENT, str(report["failed"]))
     installed = str(report.get("installed_version") or "")
     status = report.get("status") if isinstance(report.get("status"), dict) else None
     running = str(status.get("version", "")) if status else ""
@@ -54,6 +56,8 @@ def agent_verdict(report: dict[str, Any]) -> Verdict:
     age = float(report.get("now", 0)) - float(status.get("last_loop_at", 0))
     if age > STALE_AFTER_S:
         return Verdict(SILENT, f"The node agent's last reading was {age:.0f} s ago.", installed)
-    if status.get("error"):
+    # one failed reading is not blindness: an error that lasts is
+    since = status.get("error_since")
+    if status.get("error") and float(report.get("now", 0)) - float(since or 0) > STALE_AFTER_S:
         return Verdict(SILENT, f"The node agent cannot read the GPUs: {status['error']}"[:500])
     return Verdict(OK, "", running)

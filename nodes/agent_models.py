@@ -68,6 +68,13 @@ class AgentEntry(models.Model):
     container_id = models.CharField("container ID", max_length=128, blank=True)
     payload = models.JSONField("entry", default=dict)
     received_at = models.DateTimeField("received", auto_now_add=True)
+    filed_at = models.DateTimeField(
+        "filed",
+        null=True,
+        blank=True,
+        help_text="When the hooks (incidents) took it; an entry they failed on is offered "
+        "again at the next check.",
+    )
 
     class Meta:
         ordering = ["node", "seq"]

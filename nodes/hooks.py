@@ -95,9 +95,13 @@ def register_agent_hook(hook: AgentHook) -> AgentHook:
     return hook
 
 
-def run_agent_hooks(node: Node, agent: NodeAgent, entries: list[AgentEntry]) -> None:
+def run_agent_hooks(node: Node, agent: NodeAgent, entries: list[AgentEntry]) -> bool:
+    """True when every hook took the entries (they are then marked filed)."""
+    ok = True
     for hook in list(_agent_hooks):
         try:
             hook(node, agent, entries)
         except Exception:
             logger.exception("agent hook %r failed", hook)
+            ok = False
+    return ok

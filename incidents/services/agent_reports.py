@@ -13,7 +13,7 @@ commit; nodes/agent.py writes them on the node):
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
@@ -96,6 +96,8 @@ def _entry_findings(node: Node, entry: AgentEntry) -> list[rules.Finding]:
         return _harm_findings(node, e)
     if entry.kind == AgentEntry.Kind.STRAY:
         return [_stray_finding(node, e)]
+    if entry.kind == AgentEntry.Kind.START:
+        return _harms_close(node, entry)
     if entry.kind in (AgentEntry.Kind.EXIT, AgentEntry.Kind.ERROR):
         what = (
             f"exited with code {e.get('code')} and was restarted"
@@ -118,6 +120,24 @@ def _entry_findings(node: Node, entry: AgentEntry) -> list[rules.Finding]:
     return []
 
 
+def _harms_close(node: Node, entry: AgentEntry) -> list[rules.Finding]:
+    """The agent restarted: harms it had open ended with the loop that saw them (it keeps
+    them in memory; if the harm goes on, the new loop opens a new one)."""
+    out = []
+    for harm in NeighbourHarm.objects.filter(node=node, ended_at__isnull=True):
+        NeighbourHarm.objects.filter(pk=harm.pk).update(ended_at=max(entry.at, harm.started_at))
+        harm.refresh_from_db()
+        finding = rules.Finding(
+            rule="neighbour_harm",
+            target=f"harm:{node.pk}:{harm.harm_id}",
+            severity=rules.WARNING,
+            root_cause=rules.NO_ISOLATION,
+            title=f"the node agent restarted {rules.duration(harm.duration_s or 0)} in",
+        )
+        out.append(_resolved(finding, harm))
+    return out
+
+
 def _slice_of(container_id: str) -> Slice | None:
     if not container_id:
         return None
@@ -127,14 +147,12 @@ def _slice_of(container_id: str) -> Slice | None:
 def _gpu_id(node: Node, device_uuid: str | None) -> int | None:
     if not device_uuid:
         return None
-    gpu = Gpu.objects.filter(node=node, uuid=device_uuid).values_list("pk", flat=True).first()
-    if gpu is None:  # a MIG device: its GPU holds it in mig_devices
-        gpu = (
-            Gpu.objects.filter(node=node, mig_devices__contains=[{"uuid": device_uuid}])
-            .values_list("pk", flat=True)
-            .first()
-        )
-    return gpu
+    for pk, uuid, migs in Gpu.objects.filter(node=node).values_list("pk", "uuid", "mig_devices"):
+        # the GPU, or the GPU that holds this MIG device (read here: SQLite has no JSON
+        # containment, and a node has a handful of GPUs)
+        if uuid == device_uuid or any(m.get("uuid") == device_uuid for m in migs or []):
+            return pk
+    return None
 
 
 def _kill_findings(node: Node, e: dict[str, Any]) -> list[rules.Finding]:
@@ -241,10 +259,14 @@ def _resolved(finding: rules.Finding, harm: NeighbourHarm) -> rules.Finding:
     )
 
 
-def _offender_incidents(slice_ids: list[int]) -> list[int]:
+def _offender_incidents(slice_ids: list[int], began: datetime) -> list[int]:
+    """The offenders' incidents about this harm: filed from its start on (an older breach
+    of the same slice, resumed since, is another story)."""
     return list(
         Incident.objects.filter(
-            slice_id__in=slice_ids, rule__in=("quota_breach", "accounting_drift")
+            slice_id__in=slice_ids,
+            rule__in=("quota_breach", "accounting_drift"),
+            last_seen_at__gte=began - timedelta(minutes=1),
         )
         .order_by("-first_seen_at")
         .values_list("pk", flat=True)[:5]
@@ -279,7 +301,7 @@ def _harm_store(
     harm.offender_containers = sorted(set(harm.offender_containers) | set(e.get("offenders", [])))
     harm.offender_slices = sorted({*harm.offender_slices, *(s.pk for s in offenders)})
     # read again at every report: the offender's incident is filed when its stop is
-    harm.offender_incidents = _offender_incidents(harm.offender_slices)
+    harm.offender_incidents = _offender_incidents(harm.offender_slices, harm.started_at)
     if ended is not None:
         harm.ended_at = max(ended, harm.started_at)
     harm.save()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -44,12 +44,16 @@ def _report(pool: ssh.SSHPool, node: Node, since: int) -> dict[str, Any]:
         stdin=agent_client.agent_preamble(),
         timeout=agent_client.REPORT_TIMEOUT_S,
     )
-    if not result.ok:
-        said = result.stderr[-300:].decode(errors="replace")
-        raise ssh.SSHError(f"agent report failed ({result.exit_status}): {said}")
-    doc = json.loads(result.stdout)
+    # The node answered but its report did not come (no python3, a broken install):
+    # the agent is as good as silent, and the node takes no placements until it runs.
+    said = result.stderr[-300:].decode(errors="replace").strip()
+    try:
+        doc = json.loads(result.stdout) if result.ok else None
+    except ValueError:
+        doc = None
     if not isinstance(doc, dict) or doc.get("schema") != agent.SCHEMA:
-        raise ValueError("the agent's report is not a schema 1 document")
+        reason = f"The node agent's report failed (exit {result.exit_status}): {said}"
+        return {"schema": agent.SCHEMA, "failed": reason[:500]}
     return doc
 
 
@@ -86,14 +90,31 @@ def node_agent_check(
     verdict = agent_client.agent_verdict(report)
     before = row.state
     row, entries = _store(node, report, verdict)
+    entries += _unfiled(node, entries)
     if entries or verdict.state != AgentState.OK or before != verdict.state:
-        transaction.on_commit(lambda: run_agent_hooks(node, row, entries))
+        transaction.on_commit(lambda: _file(node, row, entries))
     broken = verdict.state in (AgentState.ABSENT, AgentState.OLD, AgentState.SILENT)
     if repair and broken and not _installed_lately(row):
         node_agent_install(node_id=node.pk, pool=pool)
     if report.get("more"):
         return node_agent_check(node_id=node_id, pool=pool, repair=False)
     return row
+
+
+def _file(node: Node, row: NodeAgent, entries: list[AgentEntry]) -> None:
+    if run_agent_hooks(node, row, entries) and entries:
+        AgentEntry.objects.filter(pk__in=[e.pk for e in entries]).update(filed_at=timezone.now())
+
+
+def _unfiled(node: Node, fresh: list[AgentEntry]) -> list[AgentEntry]:
+    """Entries a hook failed on before (a bug, the database away), offered again once they
+    are older than one pull; the hooks are safe to run twice."""
+    before = timezone.now() - timedelta(seconds=settings.NODE_AGENT_PULL_INTERVAL * 2)
+    return list(
+        AgentEntry.objects.filter(node=node, filed_at__isnull=True, received_at__lt=before)
+        .exclude(pk__in=[e.pk for e in fresh])
+        .order_by("seq")[:100]
+    )
 
 
 def _installed_lately(row: NodeAgent) -> bool:

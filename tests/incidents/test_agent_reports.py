@@ -116,3 +116,14 @@ def test_a_stray_and_a_restart_are_ops_only(card, owner_a):
     )
     assert set(Incident.objects.values_list("rule", flat=True)) == {"stray_process", "agent_failed"}
     assert not Incident.objects.for_tenant(owner_a.tenant).exists()
+
+
+def test_an_agent_restart_closes_the_harms_it_had_open(card, owner_a):
+    harmed = running_slice(owner_a, card, cid=HARMED)
+    agent = NodeAgent.objects.create(node=card.node, state=AgentState.OK)
+    agent_entries_file(node=card.node, agent=agent, entries=entries(card.node, harm(False)))
+    restart = {"kind": "start", "version": "1.0.0", "pid": 9}
+    agent_entries_file(node=card.node, agent=agent, entries=entries(card.node, restart))
+    row = NeighbourHarm.objects.get(slice=harmed)
+    assert row.ended_at is not None
+    assert Incident.objects.get(rule="neighbour_harm").status == "resolved"

@@ -33,6 +33,10 @@ def test_a_neighbour_is_harmed_only_while_another_is_over_its_own_quota():
     assert harm_on_card({CID_A: (8192, 1000), CID_C: (8192, 8000)}, 0) == {}
     # the offender is never harmed by itself
     assert CID_B not in harm_on_card(held, 0)
+    # over by no more than a CUDA context (the margin) is not an offender
+    assert harm_on_card({CID_A: (8192, 1000), CID_B: (8192, 8500)}, 0, 512) == {}
+    # what is missing counts no more than the offenders hold past their quotas
+    assert harm_on_card({CID_A: (8192, 1000), CID_B: (8192, 9000)}, 0)[CID_A]["short_mb"] == 808
 
 
 def test_the_config_is_clamped_to_at_least_one_reading_a_second(tmp_path):
@@ -95,6 +99,7 @@ def test_a_breach_is_acted_on_at_the_second_reading_and_the_harm_ends_with_it(
     e.tick(card(3576), procs(1000, 20000), 100.5)
     assert killed == [CID_B]
     e.tick(card(23576), procs(1000, 0), 101.0)
+    e.tick(card(23576), procs(1000, 0), 103.0)  # gone for 2 s: the harm has ended
     entries = e.journal.read_since(0)
     kill = next(x for x in entries if x["kind"] == "kill")
     assert kill["container_id"] == CID_B and kill["used_mb"] == 20000
@@ -105,12 +110,16 @@ def test_a_breach_is_acted_on_at_the_second_reading_and_the_harm_ends_with_it(
     assert harms[-1]["offenders"] == [CID_B]
 
 
-def test_a_dip_under_the_quota_starts_the_count_again(tmp_path, monkeypatch):
+def test_one_reading_over_is_not_a_breach_but_a_job_that_pulses_past_it_is(tmp_path, monkeypatch):
     killed: list[str] = []
     e = enforcer(tmp_path, monkeypatch, {CID_A: 8192, CID_B: 8192}, killed)
-    for t, used in ((0.0, 9000), (0.5, 8000), (1.0, 9000), (1.5, 8000)):
+    for t, used in ((0.0, 9000), (0.5, 8000), (1.0, 8000), (1.5, 8000), (2.0, 8000)):
         e.tick(card(10000), procs(0, used), t)
-    assert killed == []
+    assert killed == []  # a spike, then back inside for good
+    # over on every other reading: never two in a row, caught all the same
+    for t, used in ((3.0, 16000), (3.5, 8000), (4.0, 16000)):
+        e.tick(card(10000), procs(0, used), t)
+    assert killed == [CID_B]
 
 
 def test_a_mig_instance_is_its_slices_whatever_the_tier(tmp_path, monkeypatch):
@@ -135,13 +144,34 @@ def test_a_process_in_no_platform_container_is_reported_once_and_left_alone(tmp_
     assert killed == []
 
 
-def report(error: str = "", **over):
+def test_with_the_stray_policy_on_only_a_container_that_is_not_the_platforms_is_ended(
+    tmp_path, monkeypatch
+):
+    killed: list[str] = []
+    e = enforcer(tmp_path, monkeypatch, {CID_A: 8192}, killed)
+    e.config["kill_strays"] = True
+    e.containers.managed = {CID_A, CID_B}  # B: the platform's, started before the label
+    e.tick(card(10000), procs(1000, 5000), 0.0)
+    assert killed == []
+    e.containers.managed = {CID_A}  # B: someone else's container
+    e.strays.clear()
+    e.tick(card(10000), procs(1000, 5000), 0.5)
+    assert killed == [CID_B]
+
+
+def report(error: str = "", error_since=None, **over):
     now = time.time()
     doc = {
         "schema": 1,
         "now": now,
         "installed_version": agent.VERSION,
-        "status": {"version": agent.VERSION, "pid": 5, "last_loop_at": now - 0.5, "error": error},
+        "status": {
+            "version": agent.VERSION,
+            "pid": 5,
+            "last_loop_at": now - 0.5,
+            "error": error,
+            "error_since": now - 1 if error_since == "now" else None,
+        },
         "alive": True,
     }
     doc.update(over)
@@ -161,11 +191,9 @@ def report(error: str = "", **over):
             agent_client.SILENT,
             "last reading",
         ),
-        (
-            {"error": "NVMLError: GPU is lost"},
-            agent_client.SILENT,
-            "cannot read the GPUs",
-        ),  # fmt: skip
+        ({"error": "NVMLError: GPU is lost"}, agent_client.SILENT, "cannot read the GPUs"),
+        ({"error": "NVMLError: GPU is lost", "error_since": "now"}, agent_client.OK, ""),
+        ({"failed": "exit 127: python3: not found"}, agent_client.SILENT, "python3"),
     ],
 )
 def test_the_platforms_verdict_on_a_report(over, state, says):
