@@ -6,7 +6,7 @@ from django.conf import settings as django_settings
 from emulator import EmulatedFleet
 from gpuplatform.celery import app
 from nodes import services, ssh, tasks
-from nodes.models import GpuSample, Node
+from nodes.models import GpuSample, Node, NodeAgent
 from tests.conftest import use_probe_image
 
 pytestmark = pytest.mark.django_db
@@ -73,5 +73,41 @@ def test_fan_out_samples_every_node_in_batches(
         assert tasks.fan_out.apply().get() == 3
         first.refresh_from_db()
         assert first.gate_status == "passed" and first.gate_checked_at is not None
+    finally:
+        fleet.stop()
+
+
+def test_beat_checks_every_nodes_agent_in_small_batches(
+    worker_pool, eager, tmp_path, monkeypatch, django_capture_on_commit_callbacks
+):
+    """Every 5 s, every node's agent: its journal pulled and its health judged, in tasks
+    of a few nodes that the telemetry workers take in parallel."""
+    entry = django_settings.CELERY_BEAT_SCHEDULE["node-agents"]
+    assert entry["task"] == "telemetry.agents_check" and entry["schedule"] == 5.0
+    assert app.amqp.router.route({}, "telemetry.agent_check")["queue"].name == "telemetry"
+    monkeypatch.setattr(tasks, "AGENT_BATCH_SIZE", 2)
+    public = ssh.public_key_line(worker_pool.private_key)
+    fleet = EmulatedFleet.start(count=3, authorized_keys=[public], state_dir=tmp_path / "emu")
+    try:
+        for emu in fleet.nodes:
+            with django_capture_on_commit_callbacks(execute=False):
+                node = services.node_register(
+                    name=emu.name, address="127.0.0.1", port=emu.port, host_key=emu.host_key_line()
+                )
+            services.node_discover(node_id=node.pk)
+        fleet.nodes[0].state.agent.running = False  # its loop stopped
+        dispatched = []
+        original = tasks.agent_check.apply_async
+
+        def record(*args, **kwargs):
+            dispatched.append(kwargs["args"][0])
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(tasks.agent_check, "apply_async", record)
+        assert tasks.agents_check.apply().get() == 3
+        assert [len(batch) for batch in dispatched] == [2, 1]
+        # the first node's agent was found silent and installed again
+        first = NodeAgent.objects.get(node__name=fleet.nodes[0].name)
+        assert first.installed_at is not None and fleet.nodes[0].state.agent.running
     finally:
         fleet.stop()
