@@ -38,19 +38,25 @@ def test_beat_samples_the_fleet_every_interval():
     assert route["queue"].name == "telemetry"
 
 
+def discovered_fleet(pool, tmp_path, capture, count: int = 3) -> EmulatedFleet:
+    """`count` emulated nodes, registered with pinned keys and discovered."""
+    public = ssh.public_key_line(pool.private_key)
+    fleet = EmulatedFleet.start(count=count, authorized_keys=[public], state_dir=tmp_path / "emu")
+    for emu in fleet.nodes:
+        with capture(execute=False):
+            node = services.node_register(
+                name=emu.name, address="127.0.0.1", port=emu.port, host_key=emu.host_key_line()
+            )
+        services.node_discover(node_id=node.pk)
+    return fleet
+
+
 def test_fan_out_samples_every_node_in_batches(
     worker_pool, eager, tmp_path, monkeypatch, django_capture_on_commit_callbacks
 ):
     monkeypatch.setattr(tasks, "SAMPLE_BATCH_SIZE", 2)
-    public = ssh.public_key_line(worker_pool.private_key)
-    fleet = EmulatedFleet.start(count=3, authorized_keys=[public], state_dir=tmp_path / "emu")
+    fleet = discovered_fleet(worker_pool, tmp_path, django_capture_on_commit_callbacks)
     try:
-        for emu in fleet.nodes:
-            with django_capture_on_commit_callbacks(execute=False):
-                node = services.node_register(
-                    name=emu.name, address="127.0.0.1", port=emu.port, host_key=emu.host_key_line()
-                )
-            services.node_discover(node_id=node.pk)
         pending = Node.objects.create(
             gate_status="passed", name="waiting", address="10.0.0.1"
         )  # no key yet
@@ -86,15 +92,8 @@ def test_beat_checks_every_nodes_agent_in_small_batches(
     assert entry["task"] == "telemetry.agents_check" and entry["schedule"] == 5.0
     assert app.amqp.router.route({}, "telemetry.agent_check")["queue"].name == "telemetry"
     monkeypatch.setattr(tasks, "AGENT_BATCH_SIZE", 2)
-    public = ssh.public_key_line(worker_pool.private_key)
-    fleet = EmulatedFleet.start(count=3, authorized_keys=[public], state_dir=tmp_path / "emu")
+    fleet = discovered_fleet(worker_pool, tmp_path, django_capture_on_commit_callbacks)
     try:
-        for emu in fleet.nodes:
-            with django_capture_on_commit_callbacks(execute=False):
-                node = services.node_register(
-                    name=emu.name, address="127.0.0.1", port=emu.port, host_key=emu.host_key_line()
-                )
-            services.node_discover(node_id=node.pk)
         fleet.nodes[0].state.agent.running = False  # its loop stopped
         dispatched = []
         original = tasks.agent_check.apply_async
