@@ -58,6 +58,8 @@ from nodelab import (
     LabNode,
     LabNodeSpec,
     LabUnavailable,
+    longest_refusal,
+    probe_readings,
 )
 from nodes import services as node_services
 from nodes import ssh
@@ -106,7 +108,6 @@ JOBS: dict[str, dict[str, str]] = {
     },
 }
 OFFENDERS = ("static", "books-zeroed")
-PROBE_RE = re.compile(r"gpu-workload: probe (?P<t>[0-9.]+) (?P<r>ok|refused)")
 REFUSED_RE = re.compile(r"gpu-workload: allocation refused at (?P<mb>[0-9]+) MiB")
 KILL_WAIT_S = 25.0  # the zeroed books' second process starts about 9 s in
 HONEST_WATCH_S = 3.0  # after the library refused the control: six agent readings
@@ -352,7 +353,7 @@ class Rounds:
         self.harms_ended(neighbour)
         node_services.nodes_sample(node_ids=[self.a30.pk])  # the 30 s watchdog, too
         readings = probes(lab, neighbour)
-        refused_s, still = longest_refusal_s(readings)
+        refused_s, still = longest_refusal(readings)
         # one still open when the round moves on counts until now
         harms = [
             (((h.ended_at or timezone.now()) - h.started_at).total_seconds(), h.short_mb)
@@ -448,21 +449,7 @@ def held_mb(lab: LabNode, s: Slice) -> int:
 
 
 def probes(lab: LabNode, s: Slice) -> list[tuple[float, bool]]:
-    return [(float(m["t"]), m["r"] == "ok") for m in PROBE_RE.finditer(lab.logs(s.container_id))]
-
-
-def longest_refusal_s(readings: list[tuple[float, bool]]) -> tuple[float, bool]:
-    """The longest run of refused probes, from the first refusal to the next success (to
-    the last probe where none came), and whether the last probe was refused."""
-    longest, began = 0.0, None
-    for t, ok in readings:
-        if not ok and began is None:
-            began = t
-        elif ok and began is not None:
-            longest, began = max(longest, t - began), None
-    if began is not None:
-        longest = max(longest, readings[-1][0] - began)
-    return longest, began is not None
+    return probe_readings(lab.logs(s.container_id))
 
 
 def seconds(a: str, b: str) -> float:

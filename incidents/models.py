@@ -522,7 +522,8 @@ class NeighbourHarm(models.Model):
     """A slice left short of its own quota because another container on its card was over
     its own: while the card held less free memory than the slice's unused quota. The
     evidence is the node agent's own NVML reading (never the quota library's books, which
-    are tenant-writable); one row per harm, updated while it lasts."""
+    are tenant-writable); one row per harm, updated while it lasts. Its incident is the
+    `neighbour_harm` one on target `harm:<node id>:<harm id>`."""
 
     node = models.ForeignKey(
         "nodes.Node", on_delete=models.CASCADE, related_name="+", verbose_name="node"
@@ -557,14 +558,6 @@ class NeighbourHarm(models.Model):
     quota_mb = models.PositiveIntegerField("harmed slice's quota (MiB)", default=0)
     started_at = models.DateTimeField("began")
     ended_at = models.DateTimeField("ended", null=True, blank=True)
-    incident = models.ForeignKey(
-        "incidents.Incident",
-        on_delete=models.SET_NULL,
-        null=True,
-        blank=True,
-        related_name="harms",
-        verbose_name="the harmed slice's incident",
-    )
 
     class Meta:
         ordering = ["-started_at", "-pk"]

@@ -281,6 +281,10 @@ TENANT_ADVICE = {
     "out of service for new work; relaunch to move to a healthy GPU.",
     "node_unreachable": "The machine your slice runs on stopped answering. You are not "
     "charged while it is down.",
+    "neighbour_harm": "Another job on the same GPU held more memory than its own quota, so "
+    "for a moment the card had less free memory than your slice's unused quota: an "
+    "allocation inside your quota could fail meanwhile. The platform stops such a job on "
+    "its node within about a second; your slice kept running, and nothing is needed from you.",
     "slice_preempted": "Your interruptible slice's GPU ran short of memory, so it was "
     "stopped with its grace period to checkpoint. Its volumes are kept: resume it when you "
     "like, or use guaranteed hours for work that must not stop.",
@@ -317,7 +321,11 @@ def tenant_text(incident: Incident, event: str = "opened") -> str:
     if event == "resolved":
         note = incident.resolution_note or "the condition cleared"
         return f"{incident.title}: resolved ({note}). Nothing was done to your slice."
-    advice = TENANT_OPENED.get(incident.rule) or TENANT_ADVICE.get(incident.rule, "")
+    # the alarm's words while it is open; once resolved, what happened
+    over = incident.status == Incident.Status.RESOLVED
+    advice = (None if over else TENANT_OPENED.get(incident.rule)) or TENANT_ADVICE.get(
+        incident.rule, ""
+    )
     if incident.status == Incident.Status.RESOLVED and incident.rule in TENANT_TITLES:
         advice += " It is over now."
     return f"{tenant_title(incident)}.\n\n{advice}".strip()

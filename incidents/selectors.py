@@ -6,7 +6,18 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any, TypedDict, TypeGuard
 
-from django.db.models import Q, QuerySet
+from django.db.models import (
+    Count,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    Max,
+    Q,
+    QuerySet,
+    Sum,
+    Value,
+)
+from django.db.models.functions import Coalesce
 
 from nodes.devices import vram_quota
 from nodes.models import Gpu, Node
@@ -235,7 +246,10 @@ def incident_harms(*, incident: Incident) -> list[NeighbourHarm]:
     its harm (with the offenders' incidents to open); an offender's stop lists the harms
     its memory caused."""
     if incident.rule == "neighbour_harm":
-        return list(incident.harms.order_by("-started_at"))
+        _, node_id, harm_id = (incident.target_key.split(":") + ["", ""])[:3]
+        if not node_id.isdigit():
+            return []
+        return list(NeighbourHarm.objects.filter(node_id=int(node_id), harm_id=harm_id))
     if incident.rule in ("quota_breach", "accounting_drift") and incident.node_id:
         # by the harms on its node around it (JSON containment is not SQLite's), then the
         # link each harm keeps
@@ -251,15 +265,21 @@ def incident_harms(*, incident: Incident) -> list[NeighbourHarm]:
 def neighbour_harm_kpis(*, since: datetime, until: datetime) -> dict[str, Any]:
     """Neighbours hurt in a period, by the node agent's rule (NeighbourHarm rows that began
     in it): how many harms, how many slices, and for how long (longest and in all; a harm
-    still going on counts up to now)."""
-    harms = NeighbourHarm.objects.filter(started_at__gte=since, started_at__lt=until)
-    rows = list(harms.values_list("slice_id", "started_at", "ended_at", "short_mb"))
-    spans = [((end or until) - start).total_seconds() for _, start, end, _ in rows]
+    still going on counts up to `until`). One aggregate query."""
+    lasted = ExpressionWrapper(
+        Coalesce("ended_at", Value(until)) - F("started_at"), output_field=DurationField()
+    )
+    sums = NeighbourHarm.objects.filter(started_at__gte=since, started_at__lt=until).aggregate(
+        harms=Count("pk"),
+        slices=Count("slice", distinct=True),
+        longest=Max(lasted),
+        total=Sum(lasted),
+        going_on=Count("pk", filter=Q(ended_at__isnull=True)),
+    )
     return {
-        "harms": len(rows),
-        "slices": len({s for s, *_ in rows if s is not None}),
-        "longest_s": max(spans, default=0.0),
-        "total_s": sum(spans),
-        "most_missing_mb": max((mb for *_, mb in rows), default=0),
-        "going_on": sum(1 for _, _, end, _ in rows if end is None),
+        "harms": sums["harms"],
+        "slices": sums["slices"],
+        "longest_s": sums["longest"].total_seconds() if sums["longest"] else 0.0,
+        "total_s": sums["total"].total_seconds() if sums["total"] else 0.0,
+        "going_on": sums["going_on"],
     }

@@ -6,7 +6,6 @@ from .build import (
     HTTP_IMAGE,
     HTTP_PORT,
     IMAGE,
-    PROBING_NEIGHBOUR,
     SSH_IMAGE,
     SSH_PORT,
     SSH_USER_IN_IMAGE,
@@ -14,6 +13,7 @@ from .build import (
 from .lab import CONTAINER_NETWORK, Lab
 from .labnode import SSH_USER, LabContainer, LabNode, LabNodeSpec
 from .prereqs import LabUnavailable, problems
+from .probes import PROBING_NEIGHBOUR, longest_refusal, probe_readings
 
 __all__ = [
     "CONTAINER_NETWORK",
@@ -30,5 +30,7 @@ __all__ = [
     "LabNode",
     "LabNodeSpec",
     "LabUnavailable",
+    "longest_refusal",
+    "probe_readings",
     "problems",
 ]

@@ -23,16 +23,6 @@ HTTP_IMAGE = "gpuplatform-lab/http:1"
 SSH_PORT = 22
 HTTP_PORT = 8000
 SSH_USER_IN_IMAGE = "renter"
-# An honest neighbour for an 8 GB slice: it holds 1,000 MiB and asks for 6,000 MiB more
-# every tick, always inside its own quota, so every refusal its log prints
-# ("gpu-workload: probe <time> refused") is harm another job did to it.
-PROBING_NEIGHBOUR = {
-    "WORKLOAD_PROFILE": "steady",
-    "WORKLOAD_MB": "1000",
-    "WORKLOAD_PROBE_MB": "6000",
-    "WORKLOAD_SM_UTIL": "0",
-    "WORKLOAD_MEM_UTIL": "0",
-}
 IMAGES = {IMAGE: "Dockerfile", SSH_IMAGE: "Dockerfile.ssh", HTTP_IMAGE: "Dockerfile.http"}
 # what OpenSSH needs inside: the server, and ssh-keygen for a host key made at first start
 OPENSSH_BINARIES = ("/usr/sbin/sshd", "/usr/bin/ssh-keygen")

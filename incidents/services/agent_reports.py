@@ -13,6 +13,7 @@ commit; nodes/agent.py writes them on the node):
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -43,26 +44,10 @@ def agent_entries_file(*, node: Node, agent: NodeAgent, entries: list[AgentEntry
     findings = _findings(node, harms)
     for part in (
         findings_apply(findings=[f for f in findings if not f.resolves], now=now),
-        _harms_link(node, [f for f in findings if not f.resolves]),
         findings_apply(findings=[f for f in findings if f.resolves], now=now),
     ):
-        counts = {k: counts[k] + part.get(k, 0) for k in counts}
+        counts = {k: counts[k] + part[k] for k in counts}
     return counts
-
-
-def _harms_link(node: Node, findings: list[rules.Finding]) -> dict[str, int]:
-    """Each harm to its incident, whose title says how long it lasted once it has ended
-    (the incident opened when the harm began, before its length was known)."""
-    for f in findings:
-        incident = Incident.objects.filter(rule=f.rule, target_key=f.target).order_by("-pk").first()
-        if incident is None:
-            continue
-        NeighbourHarm.objects.filter(node=node, harm_id=f.evidence["harm_id"]).update(
-            incident=incident
-        )
-        if incident.title != f.title[:200]:
-            Incident.objects.filter(pk=incident.pk).update(title=f.title[:200])
-    return {}
 
 
 def _findings(node: Node, entries: list[AgentEntry]) -> list[rules.Finding]:
@@ -125,16 +110,9 @@ def _harms_close(node: Node, entry: AgentEntry) -> list[rules.Finding]:
     them in memory; if the harm goes on, the new loop opens a new one)."""
     out = []
     for harm in NeighbourHarm.objects.filter(node=node, ended_at__isnull=True):
-        NeighbourHarm.objects.filter(pk=harm.pk).update(ended_at=max(entry.at, harm.started_at))
-        harm.refresh_from_db()
-        finding = rules.Finding(
-            rule="neighbour_harm",
-            target=f"harm:{node.pk}:{harm.harm_id}",
-            severity=rules.WARNING,
-            root_cause=rules.NO_ISOLATION,
-            title=f"the node agent restarted {rules.duration(harm.duration_s or 0)} in",
-        )
-        out.append(_resolved(finding, harm))
+        harm.ended_at = max(entry.at, harm.started_at)
+        harm.save(update_fields=["ended_at"])
+        out.append(_harm_cleared(node, harm))
     return out
 
 
@@ -217,14 +195,9 @@ def _harm_findings(node: Node, e: dict[str, Any]) -> list[rules.Finding]:
         target=f"harm:{node.pk}:{harm.harm_id}",
         severity=rules.WARNING,
         root_cause=rules.NO_ISOLATION,
+        # the tenant reads notify.TENANT_ADVICE's words for the rule beside this title
         title=f"Slice {harmed.pk} was short of its VRAM{span}",
-        detail=(
-            "Another job on the same GPU took more than its own quota, so the card had up "
-            f"to {harm.short_mb} MiB less free memory than your slice's unused quota: "
-            "allocations inside your quota could fail meanwhile. The platform "
-            + ("stopped that job" if harm.offender_incidents else "stops such a job")
-            + "; your slice kept running and nothing is needed from you."
-        ),
+        detail=f"Up to {harm.short_mb} MiB of its unused quota was missing from the card.",
         gpu_id=harm.gpu_id,
         node_id=node.pk,
         slice_id=harmed.pk,
@@ -242,18 +215,16 @@ def _harm_findings(node: Node, e: dict[str, Any]) -> list[rules.Finding]:
             "condition_since": e.get("started_at"),
         },
     )
-    out = [finding]
-    if ended is not None:
-        out.append(_resolved(finding, harm))
-    return out
+    return [finding, _harm_cleared(node, harm)] if ended is not None else [finding]
 
 
-def _resolved(finding: rules.Finding, harm: NeighbourHarm) -> rules.Finding:
+def _harm_cleared(node: Node, harm: NeighbourHarm) -> rules.Finding:
+    """The harm is over: its incident resolves, saying after how long."""
     return rules.Finding(
-        rule=finding.rule,
-        target=finding.target,
-        severity=finding.severity,
-        root_cause=finding.root_cause,
+        rule="neighbour_harm",
+        target=f"harm:{node.pk}:{harm.harm_id}",
+        severity=rules.WARNING,
+        root_cause=rules.NO_ISOLATION,
         title=f"the slice had its whole quota again after {rules.duration(harm.duration_s or 0)}",
         resolves=True,
     )
@@ -345,15 +316,5 @@ def _health_findings(node: Node, agent: NodeAgent) -> list[rules.Finding]:
         # a node the platform never saw running an agent is being set up, not failing
         return [finding] if agent.healthy_at is not None else []
     if agent.state == AgentState.OK:
-        return [
-            rules.Finding(
-                rule=finding.rule,
-                target=finding.target,
-                severity=finding.severity,
-                root_cause=finding.root_cause,
-                title="the node agent runs again",
-                node_id=node.pk,
-                resolves=True,
-            )
-        ]
+        return [replace(finding, title="the node agent runs again", resolves=True)]
     return []

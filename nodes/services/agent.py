@@ -129,17 +129,26 @@ def _installed_lately(row: NodeAgent) -> bool:
 def _store(
     node: Node, report: dict[str, Any], verdict: agent_client.Verdict
 ) -> tuple[NodeAgent, list[AgentEntry]]:
+    # The agent's row is locked, so no other check of this node stores entries meanwhile:
+    # what is not stored yet is new, and is stored here once.
     row = node_agent_lock(node.pk)
     journal = str(report.get("journal_id") or "")
     now = timezone.now()
-    fresh = [
-        _entry(node, journal, e)
+    given = [
+        e
         for e in report.get("entries") or []
         if isinstance(e, dict) and isinstance(e.get("seq"), int) and journal
     ]
-    stored = AgentEntry.objects.bulk_create(fresh, ignore_conflicts=True)
-    if fresh:
-        row.cursor = max(e.seq for e in fresh)
+    known = set(
+        AgentEntry.objects.filter(
+            node=node, journal_id=journal, seq__in=[e["seq"] for e in given]
+        ).values_list("seq", flat=True)
+    )
+    new = AgentEntry.objects.bulk_create(
+        [_entry(node, journal, e) for e in given if e["seq"] not in known]
+    )
+    if given:
+        row.cursor = max(e["seq"] for e in given)
     if journal:
         row.journal_id = journal
     row.state, row.reason = verdict.state, verdict.reason
@@ -148,11 +157,6 @@ def _store(
     if verdict.state == AgentState.OK:
         row.healthy_at = now
     row.save()
-    # ignore_conflicts leaves no way to tell which were new: read back what this call owns
-    keys = [e.seq for e in stored]
-    new = list(
-        AgentEntry.objects.filter(node=node, journal_id=journal, seq__in=keys, received_at__gte=now)
-    )
     return row, new
 
 

@@ -4,7 +4,7 @@ node to talk to (the per-batch rules only read what ingest stored)."""
 from django.utils import timezone
 
 from nodes import services as node_services
-from nodes.models import Allocation
+from nodes.models import Allocation, Node
 from tenants.models import Image, Purchase, Slice, Tier
 
 CID = "c" * 64
@@ -31,3 +31,15 @@ def running_slice(owner, gpu, cid: str = CID, quota_gb: int = 8) -> Slice:
     )
     Allocation.objects.filter(pk=allocation.pk).update(owner_key=s.owner_key)
     return s
+
+
+def placeable_node(name: str, address: str) -> Node:
+    """A node that passed its gate and is sampled over NVML: slices may be placed on it."""
+    return Node.objects.create(
+        gate_status="passed",
+        name=name,
+        address=address,
+        status="active",
+        host_key="k",
+        sample_source="nvml",
+    )

@@ -17,10 +17,10 @@ from django.utils import timezone
 from incidents import services, tasks
 from incidents.models import Incident, SliceWatch
 from nodes import services as node_services
-from nodes.models import Allocation, Gpu, Node
+from nodes.models import Allocation, Gpu
 from nodes.telemetry import GpuReading, NodeSample, ProcessReading
 from tenants.models import Slice
-from tests.incidents.support import running_slice
+from tests.incidents.support import placeable_node, running_slice
 
 pytestmark = pytest.mark.django_db
 
@@ -35,14 +35,7 @@ def instance_uuid(k: int) -> str:
 
 @pytest.fixture
 def node():
-    return Node.objects.create(
-        gate_status="passed",
-        name="node-mig1",
-        address="10.8.0.7",
-        status="active",
-        host_key="k",
-        sample_source="nvml",
-    )
+    return placeable_node("node-mig1", "10.8.0.7")
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from nodes.models import Allocation, Gpu, Node
 from nodes.telemetry import GpuReading, NodeSample, ProcessReading, XidEvent
 from tenants import services as tenant_services
 from tenants.models import Slice
-from tests.incidents.support import running_slice
+from tests.incidents.support import placeable_node, running_slice
 
 pytestmark = pytest.mark.django_db
 
@@ -27,15 +27,8 @@ CID = "c" * 64
 
 @pytest.fixture
 def node():
-    return Node.objects.create(
-        gate_status="passed",
-        # not a name random text can hold: pages carry a CSRF token ("...Hw1A..." failed)
-        name="node-w1",
-        address="10.8.0.1",
-        status="active",
-        host_key="k",
-        sample_source="nvml",
-    )
+    # not a name random text can hold: pages carry a CSRF token ("...Hw1A..." failed)
+    return placeable_node("node-w1", "10.8.0.1")
 
 
 @pytest.fixture

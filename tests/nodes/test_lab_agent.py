@@ -7,7 +7,6 @@ and a node whose agent is gone takes no new slices."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import time
 from datetime import datetime
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from incidents.models import Incident, NeighbourHarm
-from nodelab import PROBING_NEIGHBOUR
+from nodelab import PROBING_NEIGHBOUR, longest_refusal, probe_readings
 from nodes import agent
 from nodes import services as node_services
 from nodes.models import AgentEntry, AgentState, Gpu, NodeAgent
@@ -38,7 +37,6 @@ GREEDY_MB = 20000
 EVAL = ["sh", "-c", 'eval "$JOB"']
 # It begins after the slice is running (as a job loads its model first).
 UNCAPPED = "sleep 3; env -u GPUPLATFORM_VRAM_LIMIT_MB"
-PROBE_RE = re.compile(r"gpu-workload: probe (?P<t>[0-9.]+) (?P<r>ok|refused)")
 
 
 def running(s: Slice) -> Slice:
@@ -67,18 +65,12 @@ def offender(funded, image, member, command: list[str], **env: str) -> Slice:
 
 
 def probes(lab, s: Slice) -> list[tuple[float, bool]]:
-    return [(float(m["t"]), m["r"] == "ok") for m in PROBE_RE.finditer(lab.logs(s.container_id))]
+    return probe_readings(lab.logs(s.container_id))
 
 
 def longest_refusal_s(readings: list[tuple[float, bool]]) -> float:
-    """The longest run of refused probes: from the first refusal to the next success."""
-    longest, began = 0.0, None
-    for t, ok in readings:
-        if not ok and began is None:
-            began = t
-        elif ok and began is not None:
-            longest, began = max(longest, t - began), None
-    assert began is None, "the neighbour was still refused when the probes ended"
+    longest, still = longest_refusal(readings)
+    assert not still, "the neighbour was still refused when the probes ended"
     return longest
 
 
