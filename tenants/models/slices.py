@@ -242,6 +242,15 @@ class Slice(models.Model):
         help_text="Ended for good: a terminated slice cannot be resumed (a stopped one can).",
     )
     peak_vram_mb = models.PositiveIntegerField("measured peak VRAM (MiB)", null=True, blank=True)
+    # The slice's own SSH host key, made once and given to every run's container, so a
+    # resumed slice answers with the key the renter's known_hosts already pins. The private
+    # half never leaves the platform except to the node that starts the container.
+    ssh_host_key = models.TextField("SSH host key (private)", blank=True, editable=False)
+    ssh_host_key_public = models.CharField("SSH host key", max_length=200, blank=True)
+    # An interruptible run told to make room: when the notice was given and when it ends
+    # (the slice is stopped then, whatever it did meanwhile).
+    preempt_notice_at = models.DateTimeField("preemption notice given", null=True, blank=True)
+    preempt_deadline = models.DateTimeField("preempted at the latest", null=True, blank=True)
 
     objects = TenantScopedQuerySet.as_manager()
 
