@@ -24,9 +24,30 @@ $(VENV)/.installed-test: pyproject.toml | $(PY)
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
-## run: migrate, seed the demo, start web + Celery worker + beat (Ctrl-C stops all)
-run: install
+# `make run` runs as production does (DJANGO_DEBUG off: the platform's own 404 and 500
+# pages, static files collected into var/staticfiles and served by WhiteNoise), over plain
+# HTTP on loopback: a secret of its own kept in var/secret-key, no HTTPS redirect, HSTS or
+# secure-only cookies. A variable already set in the environment wins.
+run: export DJANGO_DEBUG ?= false
+run: export DJANGO_SECRET_KEY ?= $(shell cat var/secret-key 2>/dev/null)
+run: export DJANGO_ALLOWED_HOSTS ?= 127.0.0.1,localhost,[::1]
+run: export DJANGO_SECURE_SSL_REDIRECT ?= false
+run: export DJANGO_SESSION_COOKIE_SECURE ?= false
+run: export DJANGO_CSRF_COOKIE_SECURE ?= false
+run: export DJANGO_SECURE_HSTS_SECONDS ?= 0
+run: export DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS ?= false
+run: export DJANGO_SECURE_HSTS_PRELOAD ?= false
+run: export DJANGO_BEHIND_TLS_PROXY ?= false
+
+var/secret-key: | $(PY)
+	@mkdir -p var
+	@umask 077 && $(PY) -c 'import secrets; print(secrets.token_urlsafe(50))' > $@
+
+## run: migrate, collect static files, seed the demo, start web + Celery worker + beat
+## (Ctrl-C stops all)
+run: install var/secret-key
 	$(PY) manage.py migrate --noinput
+	$(PY) manage.py collectstatic --noinput --verbosity 0
 	$(PY) manage.py seed_demo
 	$(PY) manage.py run_stack
 
@@ -43,6 +64,7 @@ lab-packages:
 	@missing=""; \
 	command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ] || missing="$$missing docker.io"; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
+	[ -x /usr/bin/rsync ] || missing="$$missing rsync"; \
 	command -v ssh-keygen >/dev/null 2>&1 || missing="$$missing openssh-client"; \
 	dpkg -s busybox-static >/dev/null 2>&1 || missing="$$missing busybox-static"; \
 	command -v gcc >/dev/null 2>&1 || missing="$$missing gcc"; \
@@ -64,8 +86,9 @@ test: install-test chromium lab-packages
 	  $(PY) -m pytest $(PYTEST_ARGS)
 
 ## screenshots: redraw the README's pictures (docs/screenshots/*.png: dashboard, launch, fit,
-## fleet, incident ledger; 1366x900) in headless chromium, from a scene made in a throwaway
-## test database on PostgreSQL (TEST_DATABASE_URL as for `make test`; no Redis needed)
+## fleet, incident ledger; each at 1366x900 as <name>.png and at 390x844 as <name>-phone.png)
+## in headless chromium, from a scene made in a throwaway test database on PostgreSQL
+## (TEST_DATABASE_URL as for `make test`; no Redis needed)
 screenshots: install-test chromium
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL= GPUPLATFORM_SCREENSHOTS_DIR=docs/screenshots \
 	  $(PY) -m pytest -q -p no:cacheprovider tests/e2e/test_every_page.py -k test_readme_screenshots

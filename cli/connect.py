@@ -77,11 +77,24 @@ def _run(argv: list[str], as_json: bool, shown: dict[str, Any], gateway: dict[st
     raise click.exceptions.Exit(code)
 
 
-def default_local_port(port: int) -> int:
-    """The same port, except a privileged one (below 1024), which only root may listen
-    on: 10000 above it (22 -> 10022)."""
-    privileged = port < 1024 and getattr(os, "geteuid", lambda: 0)() != 0
-    return port + 10000 if privileged else port
+def default_local_port(port: int, gateway: dict[str, Any] | None = None) -> int:
+    """The local port a forward of `port` listens on: the one the platform names for it
+    (`local_port` in `connection.gateway.forwards`), else the platform's rule: 10000
+    above it (8000 -> 18000, clear of the platform's own 8000 and of the ports below 1024
+    only root may take), or 10000 below one above 55535."""
+    for forward in (gateway or {}).get("forwards") or []:
+        if int(forward.get("port", 0)) == port and forward.get("local_port"):
+            return int(forward["local_port"])
+    return port + 10000 if port + 10000 <= 65535 else port - 10000
+
+
+def _pin(gateway: dict[str, Any]) -> list[str]:
+    """Options that pin the slice's own host key (the known_hosts line the API gives), so a
+    resumed slice logs in with no prompt and a changed key is refused."""
+    line = gateway.get("known_hosts") or ""
+    if not line:
+        return []
+    return ["-o", f"HostKeyAlias={gateway['name']}", "-o", f"KnownHostsCommand=/bin/echo {line}"]
 
 
 ssh_options = [
@@ -131,8 +144,11 @@ def ssh(
         )
     extra = _options(identity, options)
     login = user or _destination_user(gateway, "root")
-    argv = [binary, *extra, "-o", f"ProxyCommand={_proxy(binary, gateway, extra)}",
+    argv = [binary, *extra, *_pin(gateway), "-o", f"ProxyCommand={_proxy(binary, gateway, extra)}",
             f"{login}@{gateway['name']}", *command]  # fmt: skip
+    pinned = gateway.get("slice_host_key_fingerprint")
+    if pinned and not as_json:
+        output.note(f"The slice's own host key is {pinned} (pinned: ssh refuses another).")
     _run(argv, as_json, shown, gateway)
 
 
@@ -142,7 +158,8 @@ def ssh(
 @click.option(
     "--local-port",
     type=click.IntRange(0, 65535),
-    help="The port on this machine (default: PORT; 10000 above a port below 1024).",
+    help="The port on this machine, on 127.0.0.1 (default: the one the slice page shows, "
+    "PORT + 10000).",
 )
 @with_ssh_options
 @json_option
@@ -166,10 +183,13 @@ def forward(
             f" the gateway opens only those.",
         )
     binary = _ssh_binary()
-    local = local_port if local_port is not None else default_local_port(port)
+    local = local_port if local_port is not None else default_local_port(port, gateway)
     argv = [binary, "-N", "-o", "ExitOnForwardFailure=yes", *_options(identity, options),
-            "-L", f"{local}:{gateway['name']}:{port}", "-p", str(gateway["port"]),
+            "-L", f"127.0.0.1:{local}:{gateway['name']}:{port}", "-p", str(gateway["port"]),
             f"{GATEWAY_USER}@{gateway['host']}"]  # fmt: skip
     if not as_json:
-        output.note(f"Forwarding localhost:{local} to slice {ident} port {port}; Ctrl-C ends it.")
+        output.note(
+            f"Forwarding 127.0.0.1:{local} to slice {ident} port {port} (open "
+            f"http://127.0.0.1:{local}/ for a web service); Ctrl-C ends it."
+        )
     _run(argv, as_json, shown, gateway)

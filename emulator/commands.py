@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from . import docker_cli, docker_volumes, gpu_tools
+from . import docker_cli, docker_volumes, gpu_tools, node_disks
 from .shell import ExitShell, Handler, Invocation, StdinSource
 from .state import NodeState
 
@@ -69,6 +69,33 @@ def _touch(node: NodeState, inv: Invocation) -> int:
         for p in paths:
             path = inv.shell.path(p)
             node.files.setdefault(path, b"")
+    return 0
+
+
+def _install(node: NodeState, inv: Invocation) -> int:
+    """coreutils' install as the platform uses it: `-d DIR` (a directory: nothing to keep
+    here), or `SOURCE DEST` where SOURCE is /dev/stdin (a slice's host key file)."""
+    args, valued = inv.argv[1:], {"-m", "-o", "-g"}
+    plain = [
+        a
+        for i, a in enumerate(args)
+        if not a.startswith("-") and (i == 0 or args[i - 1] not in valued)
+    ]
+    if "-d" in args:
+        return 0
+    if len(plain) != 2:
+        inv.err("install: missing destination file operand\n")
+        return 1
+    source, dest = plain
+    with node.lock:
+        if source == "/dev/stdin":
+            data = inv.stdin.read()
+        elif inv.shell.path(source) in node.files:
+            data = node.files[inv.shell.path(source)]
+        else:
+            inv.err(f"install: cannot stat '{source}': No such file or directory\n")
+            return 1
+        node.files[inv.shell.path(dest)] = data
     return 0
 
 
@@ -433,12 +460,14 @@ _REGISTRY: dict[str, Callable[[NodeState, Invocation], int]] = {
     "nvidia-smi": gpu_tools.cmd_nvidia_smi,
     "docker": docker_cli.cmd_docker,
     "du": docker_volumes.cmd_du,
+    **node_disks.COMMANDS,  # the volumes' own filesystems, and sudo
     "echo": _echo,
     "printf": _printf,
     "true": lambda n, i: 0,
     ":": lambda n, i: 0,
     "false": lambda n, i: 1,
     "touch": _touch,
+    "install": _install,
     "cat": _cat,
     "head": _head_tail,
     "tail": _head_tail,

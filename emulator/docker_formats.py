@@ -254,6 +254,7 @@ def info_doc(node: NodeState) -> dict[str, Any]:
         "ContainersStopped": sum(not c.running for c in cs),
         "Images": len({c.image for c in cs} | (node.images or set())),
         "Driver": "overlay2",
+        "DockerRootDir": "/var/lib/docker",
         "CgroupDriver": "systemd",
         "CgroupVersion": "2",
         "KernelVersion": "5.15.0-105-generic",

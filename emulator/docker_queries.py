@@ -376,7 +376,11 @@ def cmd_images(node: NodeState, inv: Invocation, args: list[str]) -> int:
 
 
 def cmd_image_inspect(node: NodeState, inv: Invocation, args: list[str]) -> int:
-    refs = [a for a in args if not a.startswith("-")]
+    refs = [
+        a
+        for i, a in enumerate(args)
+        if not a.startswith("-") and (i == 0 or args[i - 1] not in ("--format", "-f"))
+    ]
     if not refs:
         inv.err('"docker image inspect" requires at least 1 argument.\n')
         return 1

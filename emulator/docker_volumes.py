@@ -1,6 +1,8 @@
-"""`docker volume` on an emulated node (Docker 26's answers): create with labels, ls, inspect
-(JSON or a Go template of .Name/.Mountpoint/.Driver), rm (refused while a container uses
-it), and `du` of a volume's directory, whose size tests set (`EmulatedNode.set_volume_bytes`).
+"""`docker volume` on an emulated node (Docker 26's answers): create with labels and the
+local driver's options (a bind of a node directory: type=none, o=bind, device=...), ls,
+inspect (JSON or a Go template of .Name/.Mountpoint/.Driver/.Options), rm (refused while a
+container uses it), and `du` of a volume's directory (docker's, or the directory it binds),
+whose size tests set (`EmulatedNode.set_volume_bytes`).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import json
 from typing import Any
 
 from .gotemplate import render
+from .node_disks import disks_of
 from .shell import Invocation
 from .state import NodeState
 
@@ -26,7 +29,7 @@ def _doc(node: NodeState, name: str) -> dict[str, Any]:
         "Labels": node.volumes[name],
         "Mountpoint": mountpoint(name),
         "Name": name,
-        "Options": None,
+        "Options": disks_of(node).volume_options.get(name) or None,
         "Scope": "local",
     }
 
@@ -57,12 +60,21 @@ def cmd_volume(node: NodeState, inv: Invocation, args: list[str]) -> int:
 
 def _create(node: NodeState, inv: Invocation, rest: list[str]) -> int:
     labels: dict[str, str] = {}
+    options: dict[str, str] = {}
     names = []
     while rest:
         item = rest.pop(0)
         if item in ("--label", "-l") and rest:
             key, _, value = rest.pop(0).partition("=")
             labels[key] = value
+        elif item in ("--opt", "-o") and rest:
+            key, _, value = rest.pop(0).partition("=")
+            options[key] = value
+        elif item in ("--driver", "-d") and rest:
+            driver = rest.pop(0)
+            if driver != "local":
+                inv.err(f'Error response from daemon: plugin "{driver}" not found\n')
+                return 1
         elif item.startswith("-"):
             inv.err(f"unknown flag: {item}\nSee 'docker volume create --help'.\n")
             return 125
@@ -71,7 +83,11 @@ def _create(node: NodeState, inv: Invocation, rest: list[str]) -> int:
     if len(names) != 1:
         inv.err('"docker volume create" requires at most 1 argument.\n')
         return 1
+    if options and options.get("type") == "none" and not options.get("device"):
+        inv.err("Error response from daemon: missing device in volume options\n")
+        return 1
     node.volumes.setdefault(names[0], labels)
+    disks_of(node).volume_options.setdefault(names[0], options)
     node.volume_bytes.setdefault(names[0], 0)
     inv.out(names[0] + "\n")
     return 0
@@ -108,6 +124,7 @@ def _rm(node: NodeState, inv: Invocation, rest: list[str]) -> int:
             code = 1
             continue
         del node.volumes[name]
+        disks_of(node).volume_options.pop(name, None)
         node.volume_bytes.pop(name, None)
         inv.out(name + "\n")
     return code
@@ -116,8 +133,11 @@ def _rm(node: NodeState, inv: Invocation, rest: list[str]) -> int:
 def cmd_du(node: NodeState, inv: Invocation) -> int:
     """GNU du --summarize --block-size=1 of a volume's directory (others: 4096, empty)."""
     paths = [a for a in inv.argv[1:] if not a.startswith("-")]
+    devices = {
+        o.get("device"): n for n, o in disks_of(node).volume_options.items() if o.get("device")
+    }
     for path in paths:
-        name = path.removeprefix(VOLUMES_ROOT + "/").removesuffix("/_data")
+        name = devices.get(path) or path.removeprefix(VOLUMES_ROOT + "/").removesuffix("/_data")
         if path.startswith(VOLUMES_ROOT) and name not in node.volumes:
             inv.err(f"du: cannot access '{path}': No such file or directory\n")
             return 1

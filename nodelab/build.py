@@ -23,9 +23,13 @@ HTTP_IMAGE = "gpuplatform-lab/http:1"
 SSH_PORT = 22
 HTTP_PORT = 8000
 SSH_USER_IN_IMAGE = "renter"
+# where the platform gives an SSH image its slice's own host key (nodes.host_keys)
+HOST_KEY_IN_CONTAINER = "/run/gpuplatform/ssh_host_ed25519_key"
 IMAGES = {IMAGE: "Dockerfile", SSH_IMAGE: "Dockerfile.ssh", HTTP_IMAGE: "Dockerfile.http"}
 # what OpenSSH needs inside: the server, and ssh-keygen for a host key made at first start
 OPENSSH_BINARIES = ("/usr/sbin/sshd", "/usr/bin/ssh-keygen")
+# rsync's receiving end (`rsync -e ssh` runs `rsync --server` inside), Debian's as well
+RSYNC_BINARY = "/usr/bin/rsync"
 BUSYBOX_APPLETS = (
     "sh", "ash", "cat", "echo", "env", "id", "ls", "ps", "sleep", "grep", "head", "tail",
     "kill", "mkdir", "rm", "true", "false", "wc", "tr", "cut", "dd", "hostname", "uname",
@@ -65,6 +69,9 @@ def _compile(out: Path) -> None:
     (out / "libcuda.so").symlink_to("libcuda.so.1")
     _build([*cc, "-o", str(out / "gpu-workload"), str(NODE_FILES / "workload.c"),
             f"-L{out}", "-lcuda"])  # fmt: skip
+    # the slice's nvidia-smi: through libcuda, so a preloaded quota library answers it
+    _build([*cc, "-o", str(out / "nvidia-smi-slice"), str(NODE_FILES / "slice-smi.c"),
+            f"-L{out}", "-lcuda"])  # fmt: skip
 
 
 def _image_context(out: Path) -> None:
@@ -91,7 +98,7 @@ def _image_rootfs(rootfs: Path, out: Path) -> None:
     """busybox, the workloads, the C library they link against, OpenSSH, the start
     scripts and the users."""
     for d in ("bin", "usr/bin", "usr/lib/x86_64-linux-gnu", "lib64", "lib/x86_64-linux-gnu",
-              "etc", "tmp", "root", "dev", "proc", "sys"):  # fmt: skip
+              "etc/profile.d", "tmp", "root", "dev", "proc", "sys"):  # fmt: skip
         (rootfs / d).mkdir(parents=True, exist_ok=True)
     os.chmod(rootfs / "tmp", 0o1777)  # noqa: S103 - /tmp inside the image, as on any system
     busybox = shutil.which("busybox", path=NODE_PATH)
@@ -101,6 +108,7 @@ def _image_rootfs(rootfs: Path, out: Path) -> None:
         (rootfs / "bin" / applet).symlink_to("busybox")
     shutil.copy2(out / "gpu-workload", rootfs / "usr" / "bin" / "gpu-workload")
     shutil.copy2(out / "gpu-workload-static", rootfs / "usr" / "bin" / "gpu-workload-static")
+    shutil.copy2(out / "nvidia-smi-slice", rootfs / "usr" / "bin" / "nvidia-smi")
     # the C library the workload links against, from the machine's Debian libc6
     for soname, target in (
         ("ld-linux-x86-64.so.2", "lib64"),
@@ -109,6 +117,8 @@ def _image_rootfs(rootfs: Path, out: Path) -> None:
         source = _library_path(soname)
         shutil.copy2(os.path.realpath(source), rootfs / target / soname)
     _add_openssh(rootfs)
+    _add_program(rootfs, RSYNC_BINARY, "rsync")
+    (rootfs / "etc" / "profile").write_text(PROFILE)
     for name, script in (("lab-ssh", SSH_START), ("lab-http", HTTP_START)):
         (rootfs / "usr" / "bin" / name).write_text(script)
         os.chmod(rootfs / "usr" / "bin" / name, 0o755)  # noqa: S103 - a program in the image
@@ -134,19 +144,44 @@ PrintMotd no
 PrintLastLog no
 UseDNS no
 Subsystem sftp internal-sftp
+# ~/.ssh/environment, which the start script makes from the platform's login file: a
+# command without a login shell (`ssh slice env`, rsync, scp) gets the caps too
+PermitUserEnvironment yes
+"""
+# What busybox sh reads as a login shell: the platform's file among /etc/profile.d's.
+PROFILE = """\
+for f in /etc/profile.d/*.sh; do
+  if [ -r "$f" ]; then . "$f"; fi
+done
+unset f
 """
 # PUBLIC_KEY is what the platform passes a slice launched with an SSH key.
 SSH_START = f"""\
 #!/bin/sh
-# The lab SSH image: the renter's key from PUBLIC_KEY, a host key made at first start,
-# OpenSSH's sshd on port {SSH_PORT}, then the command (the GPU job by default).
+# The lab SSH image: the renter's key from PUBLIC_KEY, the slice's host key where the
+# platform gives one (the same on every run), else one made at first start, OpenSSH's sshd
+# on port {SSH_PORT}, then the command (the GPU job by default).
 set -e
 mkdir -p "$HOME/.ssh"
 chmod 700 "$HOME/.ssh"
 printf '%s\\n' "${{PUBLIC_KEY:-}}" > "$HOME/.ssh/authorized_keys"
 chmod 600 "$HOME/.ssh/authorized_keys"
-[ -f "$HOME/.ssh/host_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -f "$HOME/.ssh/host_ed25519"
-/usr/sbin/sshd -f /etc/ssh/sshd_config -h "$HOME/.ssh/host_ed25519" -E /tmp/sshd.log
+# The platform's variables (nodes/login_env.py) for commands run without a login shell:
+# sshd starts every session afresh and reads ~/.ssh/environment (NAME=value lines).
+: > "$HOME/.ssh/environment"
+if [ -r /etc/profile.d/gpuplatform.sh ]; then
+  names=$(grep '^export ' /etc/profile.d/gpuplatform.sh | cut -d' ' -f2 | cut -d= -f1)
+  ( . /etc/profile.d/gpuplatform.sh
+    for name in $names; do eval "printf '%s=%s\\n' $name \\"\\$$name\\""; done
+  ) > "$HOME/.ssh/environment"
+fi
+chmod 600 "$HOME/.ssh/environment"
+host_key={HOST_KEY_IN_CONTAINER}
+if [ ! -r "$host_key" ]; then
+  host_key="$HOME/.ssh/host_ed25519"
+  [ -f "$host_key" ] || ssh-keygen -q -t ed25519 -N '' -f "$host_key"
+fi
+/usr/sbin/sshd -f /etc/ssh/sshd_config -h "$host_key" -E /tmp/sshd.log
 echo "sshd: listening on port {SSH_PORT} for $(id -un)"
 exec "$@"
 """
@@ -168,18 +203,24 @@ def _add_openssh(rootfs: Path) -> None:
     """OpenSSH's server and ssh-keygen from the machine's Debian packages, with the shared
     libraries each loads (as ldd resolves them), and the server's configuration."""
     for binary in OPENSSH_BINARIES:
-        if not os.path.exists(binary):
-            raise LabUnavailable(f"{binary} not found: install Debian's openssh-server")
-        target = rootfs / binary.lstrip("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(binary, target)
-        for library in _libraries(binary):
-            copy = rootfs / library.lstrip("/")
-            if not copy.exists():
-                copy.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(os.path.realpath(library), copy)
+        _add_program(rootfs, binary, "openssh-server")
     (rootfs / "etc" / "ssh").mkdir(parents=True, exist_ok=True)
     (rootfs / "etc" / "ssh" / "sshd_config").write_text(SSHD_CONFIG)
+
+
+def _add_program(rootfs: Path, binary: str, package: str) -> None:
+    """A program of the machine's Debian package, with the shared libraries it loads (as
+    ldd resolves them), at the same path in the image."""
+    if not os.path.exists(binary):
+        raise LabUnavailable(f"{binary} not found: install Debian's {package}")
+    target = rootfs / binary.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(binary, target)
+    for library in _libraries(binary):
+        copy = rootfs / library.lstrip("/")
+        if not copy.exists():
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(os.path.realpath(library), copy)
 
 
 def _libraries(binary: str) -> list[str]:

@@ -144,3 +144,35 @@ def reserved_list() -> list[dict[str, str]]:
             else ""
         )
     return rows
+
+
+def card_isolation(
+    *,
+    mig_enabled: bool,
+    mig_instances: int,
+    model: str,
+    whole_card_only: bool,
+    quota_library: str,
+    proven_models: Iterable[str],
+    watchdog_only: bool,
+) -> str:
+    """What holds a slice on one card to its VRAM, strongest layer first, in words for the
+    node page: MIG's hardware partitions, the node's quota library (proven for the card's
+    model by preflight, or not yet), or neither (the card is sold whole, or ops accepted
+    the node agent and the watchdog alone)."""
+    if mig_enabled:
+        count = f"{mig_instances} instance{'s' if mig_instances != 1 else ''}"
+        return f"MIG: hardware partitions ({count}); each slice gets its own"
+    proven = model in set(proven_models)
+    if quota_library and proven:
+        return f"quota library {quota_library}, proven for {model} by preflight"
+    if quota_library and not whole_card_only:
+        return (
+            f"quota library {quota_library}, not proven for {model}: the node agent and "
+            "the watchdog hold slices to their quota (ops accepted watchdog-only)"
+        )
+    if quota_library:
+        return f"quota library {quota_library}, not proven for {model} yet: sold whole"
+    if watchdog_only and not whole_card_only:
+        return "no MIG, no quota library: the node agent and the watchdog alone (accepted by ops)"
+    return "no MIG, no quota library: sold whole, one slice per card"

@@ -15,7 +15,7 @@ from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from . import engines, isolation, volumes
+from . import engines, host_keys, isolation, login_env, volumes
 
 LABEL_OWNER = "gpuplatform.owner"
 LABEL_MANAGED = "gpuplatform.managed"
@@ -92,8 +92,8 @@ class ContainerSpec:
     owner_key: str  # opaque, e.g. "slice-42"
     device: str  # GPU UUID ("GPU-...") or MIG device UUID ("MIG-...")
     vram_mb: int  # the slice's VRAM quota in MiB
-    # VRAM of the device the container sees, for the XLA fraction: the physical GPU, or
-    # the MIG device when `mig` (JAX takes the fraction of what CUDA reports).
+    # VRAM of the device the container sees: the physical GPU, or the MIG device when
+    # `mig`; the caps' fractions are of what CUDA reports there (engines.reported_total_mb)
     gpu_total_mb: int
     cpus: Decimal  # a cap, e.g. Decimal("3.00")
     memory_mb: int  # host RAM cap (swap included)
@@ -106,6 +106,9 @@ class ContainerSpec:
     network: str = "bridge"  # the node's container network (`none`: no published ports)
     # the tenant's volumes: (docker volume name, path in the container)
     mounts: tuple[tuple[str, str], ...] = ()
+    mount_home: str = ""  # the SSH login's home a volume may take (volumes.home_of), or ""
+    host_key_file: str = ""  # the slice's SSH host key on the node (nodes.host_keys), or ""
+    login_env_file: str = ""  # the caps for SSH logins on the node (nodes.login_env), or ""
 
 
 @dataclass(frozen=True)
@@ -195,12 +198,6 @@ def _cpu_quota(value: object) -> int:
     return int(quota)
 
 
-def xla_mem_fraction(vram_mb: int, gpu_total_mb: int) -> str:
-    """vram/total rounded down to hundredths (never over the quota), at least 0.01."""
-    hundredths = max(1, min(100, vram_mb * 100 // gpu_total_mb))
-    return f"{hundredths // 100}.{hundredths % 100:02d}"
-
-
 def check_tenant_env(environment: tuple[tuple[str, str], ...]) -> None:
     """Raise ValueError naming the first variable a tenant may not set as given."""
     seen: set[str] = set()
@@ -229,12 +226,14 @@ def platform_env(spec: ContainerSpec) -> list[tuple[str, str]]:
         quota_library=bool(spec.quota_library),
         mig=spec.mig,
     )
+    # Both fractions are of what CUDA reports in the container, not of the card: under the
+    # quota library that is the slice itself (JAX would take 0.10 of it on an 80 GB card).
+    share = engines.fraction(spec.vram_mb, reported)
     env = [
         (VRAM_ENV, str(spec.vram_mb)),
-        # the slice's share of what CUDA reports, for a PyTorch job's
-        # torch.cuda.set_per_process_memory_fraction (the launch templates use it)
-        (MEMORY_FRACTION_ENV, engines.fraction(spec.vram_mb, reported)),
-        ("XLA_PYTHON_CLIENT_MEM_FRACTION", xla_mem_fraction(spec.vram_mb, spec.gpu_total_mb)),
+        # for a PyTorch job's torch.cuda.set_per_process_memory_fraction (the templates)
+        (MEMORY_FRACTION_ENV, share),
+        ("XLA_PYTHON_CLIENT_MEM_FRACTION", share),
         ("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),
         ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
         ("TF_FORCE_GPU_ALLOW_GROWTH", "true"),
@@ -306,21 +305,16 @@ def validate_spec(spec: ContainerSpec) -> None:
         raise ValueError(
             f"quota_library must be an absolute path to a .so, not {spec.quota_library!r}"
         )
-    if not isinstance(spec.mounts, tuple) or len(spec.mounts) > volumes.MAX_MOUNTS:
-        raise ValueError(f"mounts must be a tuple of at most {volumes.MAX_MOUNTS} pairs")
-    for name, path in spec.mounts:
-        volumes.mount_arg(name, path)
-    targets = [path for _, path in spec.mounts]
-    if len(set(targets)) != len(targets):
-        raise ValueError("mounts must not share a path")
+    volumes.check_mounts(spec.mounts, home=spec.mount_home)
 
 
 def run_argv(spec: ContainerSpec) -> list[str]:
     """`docker run` for one slice. Raises ValueError naming the field that is wrong.
 
-    Never --privileged, host namespaces, --device, --cap-add or a bind mount: the only
-    mounts are the tenant's named volumes (`--mount type=volume`); the GPU comes only
-    through `--gpus` (the NVIDIA Container Toolkit)."""
+    Never --privileged, host namespaces, --device, --cap-add or a bind mount but the slice's
+    own host key and login environment files, read-only (nodes.host_keys, nodes.login_env):
+    the other mounts are the tenant's named
+    volumes (`--mount type=volume`); the GPU comes only through `--gpus` (the toolkit)."""
     validate_spec(spec)
     memory = f"{spec.memory_mb}m"
     argv = [
@@ -366,7 +360,9 @@ def run_argv(spec: ContainerSpec) -> list[str]:
     for port in spec.ports if spec.network != NO_NETWORK else ():
         argv += ["--publish", str(port)]
     for name, path in spec.mounts:
-        argv += ["--mount", volumes.mount_arg(name, path)]
+        argv += ["--mount", volumes.mount_arg(name, path, home=spec.mount_home)]
+    argv += ["--mount", host_keys.mount_arg(spec.host_key_file)] if spec.host_key_file else []
+    argv += ["--mount", login_env.mount_arg(spec.login_env_file)] if spec.login_env_file else []
     argv.append(spec.image)
     argv += spec.command
     return argv
@@ -391,6 +387,14 @@ def stop_argv(container: str, timeout_s: int = 10) -> list[str]:
     # -t: the long name is `--time` in older CLIs and `--timeout` in newer ones
     timeout = _int_at_least("timeout_s", timeout_s, minimum=0)
     return ["docker", "stop", "-t", str(timeout), _check_ref("container", container)]
+
+
+def kill_argv(container: str, signal: str = "TERM") -> list[str]:
+    """`docker kill --signal`: TERM is a preemption's notice to the main process, which runs
+    on unless it ends itself. Only a signal the platform names, never one a tenant typed."""
+    if signal not in ("TERM", "INT", "USR1"):
+        raise ValueError(f"signal {signal!r} is not one the platform sends")
+    return ["docker", "kill", "--signal", signal, _check_ref("container", container)]
 
 
 def rm_argv(container: str) -> list[str]:
@@ -615,6 +619,7 @@ class ImageConfig:
     id: str
     env: tuple[str, ...]  # the image configuration's Env, "NAME=value"
     repo_digests: tuple[str, ...]
+    user: str = ""  # Config.User: whom the container runs as ("" = root), owns its volumes
 
 
 def parse_image_inspect(text: str) -> ImageConfig:
@@ -635,6 +640,7 @@ def parse_image_inspect(text: str) -> ImageConfig:
         id=_get(doc, "Id", str, "docker image inspect"),
         env=_env_list(config.get("Env"), "docker image inspect"),
         repo_digests=tuple(str(d) for d in digests),
+        user=_opt_str(config, "User", "docker image inspect"),
     )
 
 

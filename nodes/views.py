@@ -30,7 +30,7 @@ from gpuplatform.http import UserRequest
 from gpuplatform.pages import is_partial, submit
 from gpuplatform.querystring import is_id
 
-from . import isolation, selectors, services, ssh, warning_line
+from . import isolation, preflight, selectors, services, ssh, warning_line
 from .forms import ApproveForm, DrainForm, NodeForm, NodePolicyForm, WatchdogOnlyForm
 from .models import Gpu, Node
 
@@ -373,12 +373,34 @@ def fleet(request: UserRequest) -> HttpResponse:
     return render(request, "nodes/fleet.html", context)
 
 
+def _isolation_rows(node: Node, gpus: list[Gpu]) -> list[tuple[str, str]]:
+    """(cards, what isolates slices there): one row when every card has the same."""
+    library = str((node.capabilities or {}).get("vram_quota_library") or "")
+    proven = preflight.proven_models((node.preflight or {}).get("quota") or {})
+    words = [
+        isolation.card_isolation(
+            mig_enabled=g.mig_enabled,
+            mig_instances=len(g.mig_devices or []),
+            model=g.model,
+            whole_card_only=g.whole_card_only,
+            quota_library=library,
+            proven_models=proven,
+            watchdog_only=node.watchdog_only_accepted_at is not None,
+        )
+        for g in gpus
+    ]
+    if len(set(words)) == 1:
+        return [("every card", words[0])]
+    return [(f"GPU {g.index}", text) for g, text in zip(gpus, words, strict=True)]
+
+
 def _node_context(node: Node) -> dict[str, object]:
     gpus = list(node.gpus.all())
     processes = selectors.latest_processes(gpu_ids=[g.pk for g in gpus])
     for gpu in gpus:
         _show(gpu, heat=_heat(gpu), processes=processes.get(gpu.pk, []))
     return {
+        "isolation_rows": _isolation_rows(node, gpus) if gpus else [],
         "node": node,
         "gpus": gpus,
         "pending_fingerprint": ssh.fingerprint(node.pending_host_key)

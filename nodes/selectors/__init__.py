@@ -632,8 +632,9 @@ def placeable_gpus(
     if node_id is not None:
         gpus = gpus.filter(node_id=node_id)
     if interruptible:
-        # only what an overcommitted card sells beyond its memory: preempted when it is short
-        gpus = gpus.filter(overcommit_ratio__gt=1, mig_enabled=False)
+        # spare room of any software-sliced card (an overcommitted card's margin or an idle
+        # card): a full-price launch that needs it preempts it (tenants' preempt_for_room)
+        gpus = gpus.filter(mig_enabled=False)
     if guaranteed:
         # docs/domain.md: no overcommit for work that was sold as guaranteed.
         gpus = gpus.filter(overcommit_ratio=1)

@@ -31,6 +31,7 @@ from .containers import (
     container_logs_read,
     container_logs_tail_read,
     container_remove,
+    container_signal,
     container_start,
     image_inspect,
     node_containers_list,
@@ -76,6 +77,7 @@ from .sampling import (
 )
 from .volumes import (
     volume_create,
+    volume_mounts_ready,
     volume_remove,
     volume_usage_measure,
 )
@@ -90,6 +92,7 @@ __all__ = [
     "container_logs_read",
     "container_logs_tail_read",
     "container_remove",
+    "container_signal",
     "container_start",
     "gpu_policy_set",
     "gpu_set_accepting",
@@ -124,6 +127,7 @@ __all__ = [
     "samples_rollup_and_prune",
     "samples_rollup_window",
     "volume_create",
+    "volume_mounts_ready",
     "volume_remove",
     "volume_usage_measure",
 ]

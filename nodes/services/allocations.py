@@ -115,8 +115,9 @@ def allocation_reserve(
     for only when nothing else fits. A reservation holds one GPU lock at a time (no
     deadlock), and allocated VRAM never exceeds capacity (a database constraint backs
     this). The lock is held until the caller's transaction commits. With `node_id`, only
-    that node's GPUs are candidates; `interruptible` ones land only on overcommitted,
-    non-MIG GPUs."""
+    that node's GPUs are candidates; `interruptible` ones land on any non-MIG GPU with
+    room, an overcommitted card's margin first (a full-price launch that needs the room
+    later gives them notice: tenants.services.slices.preempt)."""
     if vram_mb <= 0:
         raise ServiceError("A reservation needs some VRAM.", field="vram_mb")
     if interruptible and guaranteed:
@@ -249,9 +250,10 @@ def _claim_best_fit(
     lock = "FOR UPDATE OF g SKIP LOCKED" if vendor == "postgresql" else ""
     only_whole = "AND g.overcommit_ratio = 1" if guaranteed else ""
     on_node = "AND g.node_id = %s" if node_id is not None else ""
-    if interruptible:
-        on_node += " AND g.overcommit_ratio > 1"
     room = ROOM_SQL[vendor]
+    # spare room of overcommitted cards first: cards sold at their memory stay whole longer
+    # for guaranteed work (an interruptible slice on one is preempted when it is needed)
+    order = f"(g.overcommit_ratio = 1), {room}" if interruptible else room
     sql = f"""
         UPDATE nodes_gpu SET allocated_mb = allocated_mb + %s
         WHERE id = (
@@ -260,7 +262,7 @@ def _claim_best_fit(
               AND n.status = %s AND n.drained_at IS NULL AND n.gate_status = %s {only_whole}
               {on_node} AND NOT EXISTS ({AGENT_BLOCKS_SQL})
               AND {room} >= %s AND {WHOLE_CARD_SQL[vendor]}
-            ORDER BY {room}, g.id LIMIT 1 {lock}
+            ORDER BY {order}, g.id LIMIT 1 {lock}
         )
         RETURNING {", ".join(f'"{name}"' for name in _CLAIM_FIELDS)}
     """  # noqa: S608 - fixed SQL; the values are parameters

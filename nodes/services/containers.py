@@ -9,7 +9,7 @@ from decimal import Decimal
 
 from django.conf import settings
 
-from .. import isolation, runtime, ssh
+from .. import host_keys, isolation, login_env, runtime, ssh
 from ..devices import device_of
 from ..docker_messages import (
     cli_error_line,
@@ -117,14 +117,14 @@ def container_start(
     environment: dict[str, str],
     ports: list[int],
     mounts: tuple[tuple[str, str], ...] = (),
+    mount_home: str = "",
+    host_key: str = "",
     pool: ssh.SSHPool | None = None,
 ) -> runtime.ContainerInfo:
     """Start the allocation's container with its VRAM quota by the strongest layer the
     node has, and check it runs. Safe to repeat: a container of this name that already
-    carries this owner's label (an earlier attempt) is adopted, not started twice.
-
-    Raises ContainerError (refused, or exited at once: `.info` has its state) or
-    ssh.SSHError (the node did not answer)."""
+    carries this owner's label (an earlier attempt) is adopted, not started twice. Raises
+    ContainerError (refused, or exited at once: `.info` has its state) or ssh.SSHError."""
     allocation = Allocation.objects.select_related("gpu__node").get(pk=allocation.pk)
     if allocation.state == Allocation.State.RELEASED:
         raise ContainerError("The VRAM allocation was released before the container started.")
@@ -148,18 +148,145 @@ def container_start(
         quota_library=device.quota_library,
         network=node.container_network,
         mounts=tuple(mounts),
+        mount_home=mount_home,
+        host_key_file=host_keys.file_for(allocation.owner_key) if host_key else "",
+        login_env_file=login_env.file_for(allocation.owner_key),
     )
     argv = runtime.run_argv(spec)
     # Before anything starts (the toolkit's hook runs with the image's environment at
-    # prestart: CVE-2025-23266), the image as this node has it, whatever its tag meant
-    # when ops allowlisted it.
-    refusal = image_env_refusal(image_inspect(node=node, reference=image, pool=pool))
-    if refusal:
-        raise ContainerError(refusal)
-    container_id = _docker_run(node, argv, name, pool)
+    # prestart: CVE-2025-23266), the image as this node has it, whatever its tag meant.
+    _image_checked(node, spec, pool)
+    container_id = _login_env_run(node, argv, spec, host_key, pool)
     info = _running(node, container_id, allocation.owner_key, name, pool)
     _check_isolation(info, spec)
     return info
+
+
+def _host_key_write(
+    node: Node, spec: runtime.ContainerSpec, key: str, pool: ssh.SSHPool | None
+) -> None:
+    """Write the slice's host key to its file on the node, as the image's user (remapped
+    where dockerd remaps user namespaces), over SSH on stdin: never in an argv."""
+    user = node_run(
+        node=node,
+        argv=["docker", "image", "inspect", "--format", "{{json .Config.User}}", "--",
+              runtime.check_image(spec.image)],
+        pool=pool,
+    )  # fmt: skip
+    root = node_run(node=node, argv=host_keys.root_dir_argv(), pool=pool)
+    try:
+        uid, gid, mode = host_keys.image_owner(
+            host_keys.image_user(user.stdout.decode("utf-8", "replace")) if user.ok else "",
+            host_keys.remap_base(root.stdout.decode("utf-8", "replace") if root.ok else ""),
+        )
+    except ValueError as exc:
+        raise ContainerError(f"the slice's SSH host key cannot be given: {exc}") from None
+    for argv, stdin in (
+        (host_keys.directory_argv(), None),
+        (host_keys.write_argv(spec.host_key_file, uid=uid, gid=gid, mode=mode), key.encode()),
+    ):
+        done = _run_stdin(node, argv, stdin, pool)
+        if not done.ok:
+            raise ContainerError(
+                f"writing the slice's SSH host key failed: {cli_error_line(done.stderr)}"
+            )
+
+
+def _run_stdin(
+    node: Node, argv: list[str], stdin: bytes | None, pool: ssh.SSHPool | None
+) -> ssh.CommandResult:
+    return (pool or ssh.get_pool()).run(ssh.endpoint_for(node), argv, stdin=stdin)
+
+
+def _host_key_run(
+    node: Node, argv: list[str], spec: runtime.ContainerSpec, key: str, pool: ssh.SSHPool | None
+) -> str:
+    """`docker run` with the slice's host key (`key`, OpenSSH private key text, "" for
+    none) written for this start alone, bind-mounted read-only at
+    host_keys.PATH_IN_CONTAINER; the file goes again when no container of this start
+    mounts it (refused, or an earlier attempt's container adopted)."""
+    if spec.host_key_file:
+        _host_key_write(node, spec, key, pool)
+    try:
+        container_id = _docker_run(node, argv, spec.name, pool)
+    except ContainerError:
+        _host_key_remove(node, spec.host_key_file, pool)
+        raise
+    if container_id == spec.name:
+        _host_key_remove(node, spec.host_key_file, pool)
+    return container_id
+
+
+def _host_key_remove(node: Node, path: str, pool: ssh.SSHPool | None) -> None:
+    if not path:
+        return
+    try:
+        node_run(node=node, argv=host_keys.remove_argv(path), pool=pool)
+    except ssh.SSHError:
+        logger.warning("could not remove the host key file %s on %s", path, node.name)
+
+
+def _login_env_run(
+    node: Node, argv: list[str], spec: runtime.ContainerSpec, key: str, pool: ssh.SSHPool | None
+) -> str:
+    """Write the platform's variables for SSH logins to this start's file on the node
+    (nodes.login_env: a root-only directory; the file read-only in the container), then
+    `docker run` as _host_key_run does; the file goes again when no container of this
+    start mounts it (refused, or an earlier attempt's container adopted)."""
+    env = login_env.login_env(runtime.platform_env(spec), spec.device)
+    for step, stdin in (
+        (login_env.directory_argv(), None),
+        (login_env.write_argv(spec.login_env_file), login_env.profile_text(env).encode()),
+    ):
+        done = _run_stdin(node, step, stdin, pool)
+        if not done.ok:
+            raise ContainerError(
+                f"writing the slice's login environment failed: {cli_error_line(done.stderr)}"
+            )
+    try:
+        container_id = _host_key_run(node, argv, spec, key, pool)
+    except ContainerError:
+        _login_env_remove(node, spec.login_env_file, pool)
+        raise
+    if container_id == spec.name:
+        _login_env_remove(node, spec.login_env_file, pool)
+    return container_id
+
+
+def _login_env_remove(node: Node, path: str, pool: ssh.SSHPool | None) -> None:
+    if not path:
+        return
+    try:
+        node_run(node=node, argv=login_env.remove_argv(path), pool=pool)
+    except ssh.SSHError:
+        logger.warning("could not remove the login environment file %s on %s", path, node.name)
+
+
+def _image_checked(node: Node, spec: runtime.ContainerSpec, pool: ssh.SSHPool | None) -> None:
+    """The image refused when its environment would undo the isolation; then the volumes
+    made ready for the user it runs as."""
+    config = image_inspect(node=node, reference=spec.image, pool=pool)
+    refusal = image_env_refusal(config)
+    if refusal:
+        raise ContainerError(refusal)
+    _volumes_ready(node, spec, config, pool)
+
+
+def _volumes_ready(
+    node: Node, spec: runtime.ContainerSpec, config: runtime.ImageConfig, pool: ssh.SSHPool | None
+) -> None:
+    """Each volume's filesystem mounted and given to the image's user before the start."""
+    # volumes runs its commands through node_run, defined here
+    from .volumes import volume_mounts_ready  # noqa: PLC0415 - volumes imports this module
+
+    volume_mounts_ready(
+        node=node,
+        mounts=list(spec.mounts),
+        home=spec.mount_home,
+        image=spec.image,
+        image_user=config.user,
+        pool=pool,
+    )
 
 
 def _docker_run(node: Node, argv: list[str], name: str, pool: ssh.SSHPool | None) -> str:
@@ -211,18 +338,38 @@ def _check_isolation(info: runtime.ContainerInfo, spec: runtime.ContainerSpec) -
 def container_remove(
     *, node: Node, container: str, grace_s: int = 10, pool: ssh.SSHPool | None = None
 ) -> bool:
-    """Stop (SIGTERM, then SIGKILL after `grace_s`) and remove a container. True if it existed."""
+    """Stop (SIGTERM, then SIGKILL after `grace_s`) and remove a container, and the slice
+    host key file it mounted. True if it existed."""
+    inspected = node_run(node=node, argv=runtime.inspect_argv(container), pool=pool)
+    key_file = host_keys.mounted_file(inspected.stdout.decode("utf-8", "replace"))
+    login_file = login_env.mounted_file(inspected.stdout.decode("utf-8", "replace"))
     stopped = node_run(
         node=node, argv=runtime.stop_argv(container, grace_s), pool=pool, timeout=grace_s + 20
     )
     if not stopped.ok and b"No such" not in stopped.stderr:
         raise ContainerError(f"docker stop failed: {cli_error_line(stopped.stderr)}")
     removed = node_run(node=node, argv=runtime.rm_argv(container), pool=pool)
+    if removed.ok or b"No such" in removed.stderr:
+        _host_key_remove(node, key_file, pool)
+        _login_env_remove(node, login_file, pool)
     if removed.ok:
         return True
     if b"No such" in removed.stderr:
         return stopped.ok
     raise ContainerError(f"docker rm failed: {cli_error_line(removed.stderr)}")
+
+
+def container_signal(
+    *, node: Node, container: str, signal: str = "TERM", pool: ssh.SSHPool | None = None
+) -> bool:
+    """Send `signal` to the container's main process (docker kill --signal); True when it
+    was delivered, False when the container is gone or no longer running."""
+    result = node_run(node=node, argv=runtime.kill_argv(container, signal), pool=pool)
+    if result.ok:
+        return True
+    if b"No such" in result.stderr or b"is not running" in result.stderr:
+        return False
+    raise ContainerError(f"docker kill failed: {cli_error_line(result.stderr)}")
 
 
 def node_containers_list(

@@ -11,7 +11,7 @@ from django.db.models import QuerySet
 from gpuplatform.errors import Conflict, ServiceError
 from nodes import volumes
 
-from ..models import Slice, SliceMount, StoragePrice, Tenant, Volume
+from ..models import Image, Slice, SliceMount, StoragePrice, Tenant, Volume
 
 
 def volumes_only_used_by(slice: Slice) -> list[Volume]:
@@ -45,10 +45,22 @@ def volume_nodes() -> list[int]:
     )
 
 
-def mounts_clean(*, tenant: Tenant, mounts: object) -> list[tuple[Volume, str]]:
+def image_mount_home(image: Image | None) -> str:
+    """The home of an SSH image's login user (`/home/<ssh_user>`), where a volume may go so
+    the login's files survive a stop; "" for any other image, and for root."""
+    if image is None or image.connect != Image.Connect.SSH:
+        return ""
+    return volumes.home_of(image.ssh_user)
+
+
+def mounts_clean(
+    *, tenant: Tenant, mounts: object, image: Image | None = None
+) -> list[tuple[Volume, str]]:
     """A launch's `volumes`: [{"volume": id, "path": "/data/x"}], checked against the
-    tenant's own ready volumes. Another tenant's volume reads like one that does not
-    exist. All of them must be on one node (the slice runs there)."""
+    tenant's own ready volumes (an SSH image's login home is a path one may take too).
+    Another tenant's volume reads like one that does not exist. All of them must be on
+    one node (the slice runs there)."""
+    home = image_mount_home(image)
     if mounts in (None, []):
         return []
     if not isinstance(mounts, list) or len(mounts) > volumes.MAX_MOUNTS:
@@ -56,7 +68,10 @@ def mounts_clean(*, tenant: Tenant, mounts: object) -> list[tuple[Volume, str]]:
             f'At most {volumes.MAX_MOUNTS} volumes, e.g. [{{"volume": 3, "path": "/data"}}].',
             field="volumes",
         )
-    out = [_mount(tenant=tenant, item=item, where=f"volumes.{n}") for n, item in enumerate(mounts)]
+    out = [
+        _mount(tenant=tenant, item=item, where=f"volumes.{n}", home=home)
+        for n, item in enumerate(mounts)
+    ]
     if len({v.pk for v, _ in out}) != len(out):
         raise ServiceError("A volume is mounted once per slice.", field="volumes")
     paths = [p for _, p in out]
@@ -70,7 +85,7 @@ def mounts_clean(*, tenant: Tenant, mounts: object) -> list[tuple[Volume, str]]:
     return out
 
 
-def _mount(*, tenant: Tenant, item: object, where: str) -> tuple[Volume, str]:
+def _mount(*, tenant: Tenant, item: object, where: str, home: str) -> tuple[Volume, str]:
     """One mount of a launch: the tenant's ready volume and the path it goes at."""
     if not isinstance(item, dict) or set(item) != {"volume", "path"}:
         raise ServiceError('Each is {"volume": <id>, "path": "/data/..."}.', field=where)
@@ -88,7 +103,7 @@ def _mount(*, tenant: Tenant, item: object, where: str) -> tuple[Volume, str]:
             code="volume_not_ready",
             field=f"{where}.volume",
         )
-    refusal = volumes.mount_path_refusal(path)
+    refusal = volumes.mount_path_refusal(path, home=home)
     if refusal:
         raise ServiceError(f"The mount path: {refusal}.", field=f"{where}.path")
     return volume, path

@@ -181,7 +181,10 @@ def volume_provision(*, volume_id: int) -> str:
         return volume.state
     try:
         node_services.volume_create(
-            node=volume.node, name=volume.docker_name, owner_key=volume.owner_key
+            node=volume.node,
+            name=volume.docker_name,
+            owner_key=volume.owner_key,
+            size_gb=volume.size_gb,
         )
     except ContainerError as exc:
         with transaction.atomic():

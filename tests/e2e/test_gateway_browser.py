@@ -16,6 +16,7 @@ from nodelab import HTTP_IMAGE, HTTP_PORT, SSH_IMAGE, SSH_PORT, SSH_USER_IN_IMAG
 from tenants import services
 from tenants.models import Image
 from tenants.selectors import gateway_host_key_fingerprint
+from tenants.views.slices import LIVE_SECONDS
 from tests.e2e.test_lifecycle_browser import PASSWORD, log_in
 from tests.gateway.support import client_config, client_key, running_slice, ssh_run
 from tests.worker_harness import wait_for
@@ -74,7 +75,11 @@ def test_the_commands_copied_from_the_slice_page_reach_the_slice(
     log_in(page, user.email, PASSWORD, f"/slices/{with_sshd.pk}/")
     jump = _copied(page, "button[data-copy='#gateway-jump']")
     page.click("details:has(#gateway-ssh-config) summary")
+    # the page polls its live part every LIVE_SECONDS: the open block stays open across it
+    page.wait_for_timeout((LIVE_SECONDS * 2 + 1) * 1000)
+    assert page.evaluate("document.querySelector('#gateway-ssh-config-details').open")
     snippet = _copied(page, "button[data-copy='#gateway-ssh-config']")
+    assert f"KnownHostsCommand /bin/echo slice-{with_sshd.pk} ssh-ed25519 " in snippet
     # the fingerprint the page shows is the gateway's: a renter can check the first login
     shown = page.text_content("main") or ""
     assert gateway_host_key_fingerprint() in shown
@@ -89,9 +94,15 @@ def test_the_commands_copied_from_the_slice_page_reach_the_slice(
     assert with_sshd.container_id.startswith(run.stdout.strip())
 
     page.goto(f"/slices/{with_http.pk}/")
-    forward = _copied(page, f"button[data-copy='#gateway-forward-{HTTP_PORT}']")
+    shown = page.text_content(f"#gateway-forward-{HTTP_PORT}") or ""
+    assert f"-L 127.0.0.1:{HTTP_PORT + 10000}:slice-{with_http.pk}:{HTTP_PORT} " in shown
+    # a port of the renter's own, typed on the page, rewrites the command and the address
     local = _free_port()
-    argv = shlex.split(forward.replace(f"-L {HTTP_PORT}:", f"-L {local}:"))
+    page.fill(f"#gateway-forward-local-{HTTP_PORT}", str(local))
+    assert page.text_content(f"#gateway-forward-url-{HTTP_PORT}") == f"http://127.0.0.1:{local}/"
+    forward = _copied(page, f"button[data-copy='#gateway-forward-{HTTP_PORT}']")
+    assert f"-L 127.0.0.1:{local}:slice-{with_http.pk}:{HTTP_PORT} " in forward
+    argv = shlex.split(forward)
     proc = subprocess.Popen(  # noqa: S603
         [argv[0], "-F", str(config), *argv[1:]], stderr=subprocess.PIPE
     )

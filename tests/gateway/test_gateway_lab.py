@@ -82,14 +82,16 @@ def test_a_forward_reaches_the_slices_declared_port_and_nothing_else_is_reachabl
     services.ssh_key_add(user=owner_a.user, name="laptop", public_key=line)
 
     # the command the slice page and the API give, as a renter copies it (this test's
-    # key and pinned host key added, and a free local port for the 8080 it names)
+    # key and pinned host key added, and a free local port for the 18080 it names)
     [given] = mine.connection["gateway"]["forwards"]
     name = f"slice-{mine.pk}"
+    named = f"-L 127.0.0.1:{HTTP_PORT + 10000}:"
     assert given["command"] == (
-        f"ssh -N -L {HTTP_PORT}:{name}:{HTTP_PORT} -p {gateway.port} gpp@127.0.0.1"
+        f"ssh -N -o ExitOnForwardFailure=yes {named}{name}:{HTTP_PORT} "
+        f"-p {gateway.port} gpp@127.0.0.1"
     )
     local = free_port()
-    copied = shlex.split(given["command"].replace(f"-L {HTTP_PORT}:", f"-L {local}:"))
+    copied = shlex.split(given["command"].replace(named, f"-L 127.0.0.1:{local}:"))
     pinned = ssh_argv(gateway, key, tmp_path)[1:-1]  # the options, without "ssh" and host
     forward = subprocess.Popen(  # noqa: S603
         [copied[0], *pinned, *copied[1:]], stderr=subprocess.PIPE
