@@ -179,3 +179,136 @@ def _run(fleet, minutes: int) -> PreemptionReport:
         report.resumable &= s.state == Slice.State.STOPPED and s.terminated_at is None
         report.resumable &= allocation is not None and allocation.preempted_at is not None
     return report
+
+
+# --- preemption for room: interruptible time on an idle card, taken back with notice ------
+
+FOR_ROOM_STEP_S = 5
+
+
+@dataclass
+class ForRoomReport:
+    ran_idle: int = 0  # interruptible slices that ran on a card sold at its memory, idle
+    noticed: list[int] = field(default_factory=list)  # slices given notice
+    newest_only: bool = True  # only the newest, only as many as the launch needed
+    signalled: int = 0  # `docker kill --signal TERM` run on the node for them
+    webhooks: int = 0  # notice webhooks (incident.opened) queued for their tenant
+    notice_s: int = 30
+    wait_s: float = -1.0  # the full-price launch: queued to placed (-1: never placed)
+
+    def lines(self) -> list[str]:
+        ratio = self.wait_s / self.notice_s if self.wait_s >= 0 else float("inf")
+        order = "the newest only" if self.newest_only else "NOT the newest only"
+        return [
+            f"preemption for room: {self.ran_idle} interruptible slices ran on an idle card "
+            f"at ratio 1; a full-price launch gave notice to {self.noticed} ({order}), "
+            f"{self.signalled} SIGTERM, {self.webhooks} webhooks",
+            f"RESULT preemption_interruptible_ran_idle={self.ran_idle} slices",
+            f"RESULT preemption_fullprice_wait_s={self.wait_s:.1f} s "
+            f"baseline={self.notice_s} ratio={ratio:.2f}",
+        ]
+
+
+def preemption_for_room_day(workdir: Path, *, emulated_time) -> ForRoomReport:
+    """Interruptible slices fill an idle card sold at its memory; a full-price launch then
+    needs a third of it. The platform's tasks run in this process on the fleet's clock; the
+    disposal the notice queues for its deadline, and the queue's beat (every 30 s), run when
+    that clock reaches them, as a worker and beat would."""
+    from incidents import tasks as incident_tasks  # noqa: PLC0415 - after Django is set up
+
+    with ExitStack() as stack:
+        settings.NODES_SSH_KEY_PATH = str(workdir / "id_ed25519")
+        settings.NODES_CONTAINER_SETTLE_S = 0
+        ssh.reset_pool()
+        stack.callback(ssh.reset_pool)
+        app.conf.task_always_eager = True
+        app.conf.task_eager_propagates = False
+        stack.callback(setattr, app.conf, "task_always_eager", False)
+        due: list[tuple[float, tuple]] = []  # (when, args) of the deadline's disposal
+        queued = incident_tasks.dispose.apply_async
+        incident_tasks.dispose.apply_async = lambda args, countdown: due.append(  # type: ignore[method-assign]
+            (fleet.clock.now() + countdown, tuple(args))
+        )
+        stack.callback(setattr, incident_tasks.dispose, "apply_async", queued)
+        posted = incident_tasks.deliver_webhook.delay_on_commit
+        incident_tasks.deliver_webhook.delay_on_commit = lambda *a: None  # type: ignore[method-assign]
+        stack.callback(setattr, incident_tasks.deliver_webhook, "delay_on_commit", posted)
+        public = ssh.public_key_line(ssh.get_pool().private_key)
+        fleet = EmulatedFleet.start(
+            nodes=[NodeSpec("room-00", (GpuSpec("NVIDIA A30"),), DEFAULT_QUOTA_LIBRARY)],
+            authorized_keys=[public],
+            state_dir=workdir / "emu",
+            speed=0.0,
+        )
+        stack.callback(fleet.stop)
+        stack.enter_context(emulated_time(fleet.clock))
+        return _run_for_room(fleet, due, incident_tasks.dispose)
+
+
+def _run_for_room(fleet, due: list, dispose) -> ForRoomReport:
+    from incidents.models import WebhookDelivery, WebhookEndpoint  # noqa: PLC0415 - set up
+
+    ops = get_user_model().objects.create_user(
+        username="ops@room.test", email="ops@room.test", password="x" * 20, is_staff=True
+    )
+    image = Image.objects.create(name="job", reference="x/job:1", ports=[], connect="service")
+    node_services.preflight_policy_update(actor=ops, reason="probe", probe_image=image.reference)
+    emu = fleet.nodes[0]
+    node = node_services.node_register(
+        name=emu.name, address="127.0.0.1", port=emu.port, host_key=emu.host_key_line()
+    )
+    node_services.node_discover(node_id=node.pk)
+    tier = Tier.objects.get(vram_mb=8192)
+    renter, buyer = (
+        services.tenant_sign_up(
+            email=f"r{i}@room.test", password=f"room-passphrase-{i}-long", tenant_name=f"R{i}"
+        )
+        for i in range(2)
+    )
+    for m in (renter, buyer):
+        services.credit_grant(tenant=m.tenant, amount="1000.00", actor=ops, memo="room")
+    WebhookEndpoint.objects.create(tenant=renter.tenant, url="https://hooks.example/", secret="s")
+    model = {"model": {"catalog": "Qwen/Qwen2.5-0.5B"}, "context_tokens": 1024}
+
+    def launch(member, *, interruptible: bool) -> Slice:
+        purchase, _ = services.purchase_create(
+            membership=member, tier=tier, hours=2, interruptible=interruptible
+        )
+        s, _ = services.slice_launch(
+            membership=member, purchase=purchase, image=image, model_request=model,
+            environment={"EMULATOR_MB": "4000"},
+        )  # fmt: skip
+        s.refresh_from_db()
+        return s
+
+    spare = []
+    for _ in range(3):  # 3 x 8 GB: the whole 24 GB card, at ratio 1
+        fleet.advance(FOR_ROOM_STEP_S)
+        spare.append(launch(renter, interruptible=True))
+    report = ForRoomReport(notice_s=settings.SLICES_PREEMPT_NOTICE_S)
+    report.ran_idle = sum(s.state == Slice.State.RUNNING for s in spare)
+    fleet.advance(FOR_ROOM_STEP_S)
+    full = launch(buyer, interruptible=False)
+    for step in range(1, 3 * report.notice_s // FOR_ROOM_STEP_S):
+        if Slice.objects.get(pk=full.pk).state != Slice.State.QUEUED:
+            break
+        fleet.advance(FOR_ROOM_STEP_S)
+        for when, args in [d for d in due if d[0] <= fleet.clock.now()]:
+            due.remove((when, args))
+            dispose(*args)
+        if step * FOR_ROOM_STEP_S % 30 == 0:  # the queue's beat
+            services.slices_dispatch_queue()
+    full.refresh_from_db()
+    if full.provision_started_at is not None and full.queued_at is not None:
+        report.wait_s = (full.provision_started_at - full.queued_at).total_seconds()
+    noticed = Slice.objects.filter(pk__in=[s.pk for s in spare], preempt_notice_at__isnull=False)
+    report.noticed = sorted(noticed.values_list("pk", flat=True))
+    report.newest_only = report.noticed == [max(s.pk for s in spare)]
+    containers = {s.container_id for s in spare if s.pk in report.noticed}
+    report.signalled = sum(
+        1 for argv in emu.audit_log if argv[:4] == ["docker", "kill", "--signal", "TERM"]
+        and argv[-1] in containers
+    )  # fmt: skip
+    notices = WebhookDelivery.objects.filter(incident__slice_id__in=report.noticed)
+    report.webhooks = notices.filter(event="opened").count()
+    return report

@@ -64,6 +64,11 @@ by preempting interruptible slices only, newest first:
   RESULT preemption_interruptible_preempted=<n> slices
   RESULT preemption_short_of_memory=<n> containers (target 0)
   RESULT preemption_billed_after_notice=<n> minutes (target 0)
+Then preemption for room (bench/_preemption.py): interruptible slices fill an idle card
+sold at its memory, and a full-price launch takes back the newest one's room with notice:
+  RESULT preemption_interruptible_ran_idle=<n> slices (target: all launched, 3)
+  RESULT preemption_fullprice_wait_s=<s> s baseline=<notice> ratio=<wait/notice>
+                                     (queued to placed; target ratio <= 1)
 Then the day against the node lab (bench/_agent_lab.py: real sshd, Docker Engine and
 containers, the node agent enforcing): each round a statically linked job and a job with
 zeroed quota-library books, each to be killed by the agent, and a job that lifts its own
@@ -1015,6 +1020,12 @@ def main() -> None:
     with throwaway_database("watchdog_preemption"), tempfile.TemporaryDirectory() as tmp:
         pre = preemption_day(Path(tmp), emulated_time=emulated_time)
     for line in pre.lines():
+        print(line)
+    from _preemption import preemption_for_room_day  # noqa: PLC0415 - as above
+
+    with throwaway_database("watchdog_for_room"), tempfile.TemporaryDirectory() as tmp:
+        room = preemption_for_room_day(Path(tmp), emulated_time=emulated_time)
+    for line in room.lines():
         print(line)
     if args.no_lab:
         return

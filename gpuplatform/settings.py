@@ -378,6 +378,11 @@ NODES_CONTAINER_SETTLE_S = env.float("GPUPLATFORM_CONTAINER_SETTLE_S", default=1
 # A slice still provisioning after this long is retried (3 attempts) or failed by reconcile.
 SLICES_PROVISION_TIMEOUT_S = env.int("GPUPLATFORM_PROVISION_TIMEOUT", default=300)
 SLICES_RECONCILE_INTERVAL = env.int("GPUPLATFORM_RECONCILE_INTERVAL", default=60)
+# The notice an interruptible slice gets before a full-price launch takes its room (the
+# buy page promises it): a SIGTERM, a webhook and a timeline entry, then the stop.
+SLICES_PREEMPT_NOTICE_S = env.int("GPUPLATFORM_PREEMPT_NOTICE_S", default=30)
+if SLICES_PREEMPT_NOTICE_S < 30:
+    raise ImproperlyConfigured("GPUPLATFORM_PREEMPT_NOTICE_S is at least 30 (the promise).")
 NODES_RAW_RETENTION_HOURS = env.int("GPUPLATFORM_RAW_RETENTION_HOURS", default=48)
 NODES_ROLLUP_RETENTION_DAYS = env.int("GPUPLATFORM_ROLLUP_RETENTION_DAYS", default=30)
 # On PostgreSQL raw samples live in time partitions of this many hours (UTC-aligned; must

@@ -285,9 +285,10 @@ TENANT_ADVICE = {
     "for a moment the card had less free memory than your slice's unused quota: an "
     "allocation inside your quota could fail meanwhile. The platform stops such a job on "
     "its node within about a second; your slice kept running, and nothing is needed from you.",
-    "slice_preempted": "Your interruptible slice's GPU ran short of memory, so it was "
-    "stopped with its grace period to checkpoint. Its volumes are kept: resume it when you "
-    "like, or use guaranteed hours for work that must not stop.",
+    "slice_preempted": "Your interruptible slice was preempted: its GPU ran short of memory, "
+    "or a full-price launch needed its room. It was stopped after its notice or grace period "
+    "to checkpoint, billed to the stop. Its volumes and unused minutes are kept: resume it "
+    "when you like, or use guaranteed hours for work that must not stop.",
 }
 # What the tenant is told when the alarm opens, where it differs from what happened in
 # the end (a breach gets a sample of grace before the stop).

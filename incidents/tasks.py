@@ -18,6 +18,11 @@ def dispose(self: Task, incident_id: int, action: str, evidence: dict[str, Any])
         raise self.retry(exc=exc, countdown=2 * (self.request.retries + 1)) from exc
 
 
+@shared_task(name="incidents.preemption_notice", soft_time_limit=30, time_limit=45)
+def preemption_notice(slice_id: int) -> str:
+    return services.slice_preemption_notice(slice_id=slice_id)
+
+
 @shared_task(
     name="incidents.release_throttle",
     bind=True,

@@ -30,6 +30,7 @@ from gpuplatform.errors import ServiceError
 from gpuplatform.http import MemberRequest, UserRequest
 from gpuplatform.pages import error_field, is_partial, live_response, submit
 from gpuplatform.querystring import is_id
+from tenants.models import Slice
 from tenants.permissions import member_required
 
 from . import kpis, paging, selectors, services
@@ -230,17 +231,34 @@ def _ops_incident(pk: int) -> Incident:
     )
 
 
+def resumed_since(incident: Incident) -> bool:
+    """The incident's slice was started again after the incident last saw it: its live
+    run is another one than the incident is about."""
+    slice = incident.slice
+    if slice is None or slice.runs <= 1:
+        return False
+    return slice.transitions.filter(
+        from_state__in=Slice.FINAL_STATES,
+        to_state=Slice.State.REQUESTED,
+        at__gt=incident.last_seen_at,
+    ).exists()
+
+
 def available_actions(incident: Incident) -> dict[str, bool]:
+    """What the page offers (and the confirmations accept): disposal actions only while
+    the incident is not resolved, and a stop only of the run it is about."""
     resolved = incident.status == Incident.Status.RESOLVED
     node = incident.affected_node
     return {
         "acknowledge": incident.status == Incident.Status.OPEN,
         "resolve": not resolved,
         "reopen": resolved,
-        "stop_slice": selectors.can_stop_slice(incident.slice),
-        "drain_gpu": selectors.can_drain_gpu(incident.gpu),
+        "stop_slice": not resolved
+        and selectors.can_stop_slice(incident.slice)
+        and not resumed_since(incident),
+        "drain_gpu": not resolved and selectors.can_drain_gpu(incident.gpu),
         "end_orphan": incident.rule == "orphan_process" and not resolved,
-        "drain_node": selectors.can_drain_node(node),
+        "drain_node": not resolved and selectors.can_drain_node(node),
     }
 
 
@@ -314,6 +332,7 @@ def _incident_context(incident: Incident) -> dict[str, Any]:
         "events": events,
         "evidence": evidence_context(incident),
         "actions": available_actions(incident),
+        "resumed_since": resumed_since(incident),
         "live_seconds": LIVE_SECONDS,
     }
 
@@ -415,7 +434,8 @@ ACTIONS = {
         "Force-stop the slice",
         "Its container is killed at once, its VRAM released and metering stopped; the "
         "tenant is told why.",
-        "No running slice to stop: it has none, or it has already ended.",
+        "No slice to stop for this incident: it has none, it has ended, it was resumed "
+        "since (another run), or the incident is resolved.",
     ),
     "drain_gpu": Action(
         ReasonForm,
@@ -424,7 +444,8 @@ ACTIONS = {
         "Drain the GPU",
         "The GPU takes no new slices; those running on it continue. Open it again on the "
         "placement policy page.",
-        "No GPU to drain: none is named, or it already takes no placements.",
+        "No GPU to drain: none is named, it already takes no placements, or the incident "
+        "is resolved.",
     ),
     "end_orphan": Action(
         ConfirmForm,
@@ -442,7 +463,7 @@ ACTIONS = {
         "Drain the node",
         "No GPU of the node takes new slices; those running continue. Undrain it on the "
         "node's page.",
-        "No node to drain: none is named, or it is already draining.",
+        "No node to drain: none is named, it is already draining, or the incident is resolved.",
     ),
 }
 

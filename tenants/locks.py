@@ -83,11 +83,16 @@ def slice_lock(pk: int) -> Slice:
     )
 
 
-def slice_queue_head_lock(vram_mb: int) -> Slice | None:
-    """The queued slice of this tier that is next in line (first in, first out)."""
+def slice_queue_head_lock(vram_mb: int, *, interruptible: bool = False) -> Slice | None:
+    """The queued slice of this tier that is next in line (first in, first out): of the
+    full-price line, or with `interruptible`, of the interruptible one."""
     return (
         Slice.objects.select_for_update(of=("self",))
-        .filter(state=Slice.State.QUEUED, vram_mb=vram_mb)
+        .filter(
+            state=Slice.State.QUEUED,
+            vram_mb=vram_mb,
+            purchase__interruptible=interruptible,
+        )
         .select_related("tenant", "image_entry", "purchase")
         .order_by("queued_at", "pk")
         .first()

@@ -77,6 +77,21 @@ def remove_container(node_id: int, container: str, owner_key: str) -> bool:
         return False  # reconcile removes labelled containers with no live slice
 
 
+@shared_task(
+    name="provision.preempt_signal",
+    bind=True,
+    max_retries=3,
+    soft_time_limit=30,
+    time_limit=45,
+)
+def preempt_signal(self: Task, slice_id: int) -> bool:
+    """SIGTERM to a slice given preemption notice: soon, or it is worth little."""
+    try:
+        return services.slice_preempt_signal(slice_id=slice_id)
+    except (ssh.SSHError, ContainerError) as exc:
+        raise self.retry(exc=exc, countdown=2) from exc
+
+
 @shared_task(name="provision.dispatch_queue", soft_time_limit=60, time_limit=90)
 def dispatch_queue() -> int:
     return services.slices_dispatch_queue()

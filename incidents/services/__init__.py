@@ -26,6 +26,7 @@ from .dispose import (
     incident_drain_gpu,
     incident_drain_node,
     incident_stop_slice,
+    slice_preemption_notice,
 )
 from .ledger import (
     incident_acknowledge,
@@ -53,6 +54,7 @@ __all__ = [
     "incident_stop_slice",
     "incidents_acknowledge",
     "slice_idle_judge",
+    "slice_preemption_notice",
     "slice_throttle_release",
     "thresholds_update",
     "watch_sweep",

@@ -35,9 +35,9 @@ from ..models import (
     SliceWatch,
     Thresholds,
 )
-from ..notify import TENANT_ADVICE
+from ..notify import TENANT_ADVICE, incident_notify
 from ..selectors import can_drain_gpu, can_drain_node, can_stop_slice
-from .ledger import incident_event, incident_mitigate, incident_resolve_locked
+from .ledger import incident_event, incident_mitigate, incident_record, incident_resolve_locked
 from .throttle import slice_throttle
 
 E = IncidentEvent.Kind
@@ -262,6 +262,8 @@ def incident_dispose(*, incident_id: int, action: str, evidence: dict[str, Any])
     incident = Incident.objects.select_related("slice", "gpu__node").get(pk=incident_id)
     if action == rules.STOP_SLICE and incident.slice_id:
         return _stop_offender(incident, evidence)
+    if action == rules.PREEMPT and incident.slice_id and evidence.get("for_room"):
+        return _stop_for_room(incident, evidence)
     if action == rules.PREEMPT and incident.slice_id:
         s = incident.slice
         if s is not None and s.allocation_id and not s.is_final:  # counted per GPU for ops
@@ -273,6 +275,60 @@ def incident_dispose(*, incident_id: int, action: str, evidence: dict[str, Any])
     if action == rules.THROTTLE and incident.slice_id:
         return slice_throttle(incident=incident)
     return "nothing to do"
+
+
+def slice_preemption_notice(*, slice_id: int) -> str:
+    """The webhook leg of a preemption notice (tenants.services.slices.preempt): a
+    `slice_preempted` incident about the slice, opened now (its tenant's endpoints get
+    `incident.opened`), and its disposal queued for the deadline: the stop, if the slice
+    has not ended itself by then. Safe to run twice (one open incident per slice)."""
+    s = Slice.objects.filter(pk=slice_id).select_related("allocation__gpu").first()
+    if s is None or s.preempt_deadline is None or s.is_final:
+        return "no notice"
+    now = timezone.now()
+    left = max(0.0, (s.preempt_deadline - now).total_seconds())
+    gpu = s.allocation.gpu if s.allocation is not None else None
+    finding = rules.Finding(
+        rule="slice_preempted",
+        target=f"slice:{s.pk}",
+        severity=rules.WARNING,
+        root_cause=rules.NO_ISOLATION,
+        title=f"Interruptible slice {s.pk} preempted with notice: a full-price launch needs "
+        "its room",
+        detail=f"Its job was sent SIGTERM; it is stopped in {left:.0f} s at the latest (at "
+        f"{s.preempt_deadline.isoformat()}) if it has not ended. Volumes are kept; resume "
+        "it when you like.",
+        gpu_id=gpu.pk if gpu is not None else None,
+        node_id=gpu.node_id if gpu is not None else None,
+        slice_id=s.pk,
+        tenant_id=s.tenant_id,
+        evidence={"for_room": True, "deadline": s.preempt_deadline.isoformat()},
+    )
+    with transaction.atomic():
+        incident, created = incident_record(finding=finding, now=now)
+        if not created:
+            return "already noticed"
+        incident_notify(incident=incident, event="opened")
+        enqueue("incidents.dispose", incident.pk, rules.PREEMPT, finding.evidence, countdown=left)
+    return "noticed"
+
+
+def _stop_for_room(incident: Incident, evidence: dict[str, Any]) -> str:
+    """At a notice's deadline: stop the slice if it still runs (the notice was its grace),
+    or close the incident when it ended within its notice (or was resumed since)."""
+    s = incident.slice
+    if s is not None and not s.is_final and s.preempt_deadline is not None:
+        return _stop_offender(incident, evidence, force=True)
+    with transaction.atomic():
+        incident = incident_lock(incident.pk)
+        if incident.status != Incident.Status.RESOLVED:
+            incident_resolve_locked(
+                incident=incident,
+                actor=None,
+                note="The slice ended within its preemption notice.",
+                now=timezone.now(),
+            )
+    return "ended within its notice"
 
 
 def _stop_offender(
@@ -331,6 +387,14 @@ def _stop_reason(incident: Incident, evidence: dict[str, Any]) -> str:
             "MiB, so memory was taken around the quota (a statically linked program, or "
             "device access that bypasses CUDA). Run jobs linked against the CUDA driver "
             "library."
+        )
+    if incident.rule == "slice_preempted" and ev.get("for_room"):
+        return (
+            "Preempted: a full-price launch needed this interruptible slice's room. It had "
+            "notice (SIGTERM, a webhook and its timeline) and was stopped when the notice "
+            "ended. It is billed to its stop; the minutes it did not use stay on its "
+            "purchase: resume it when you like, or buy guaranteed hours for work that must "
+            "not stop."
         )
     if incident.rule == "slice_preempted":
         return (

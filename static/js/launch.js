@@ -7,7 +7,7 @@
   if (!form || !document.getElementById("estimate-panel")) return;
   const sshImages = JSON.parse(document.getElementById("ssh-images").textContent).map(String);
   // Never sent with an estimate: what to run is not the job's size (and may hold secrets).
-  const NOT_THE_JOB = ["command", "environment", "ssh_public_key", "image", "guaranteed",
+  const NOT_THE_JOB = ["command", "environment", "ssh_public_key", "ssh_key", "image", "guaranteed",
                        "csrfmiddlewaretoken", "idempotency_token"];
   let timer = null;
   let seq = 0;
@@ -88,7 +88,8 @@
     form.querySelectorAll(".training-only").forEach(function (el) { el.hidden = !training; });
     form.querySelectorAll(".inference-only").forEach(function (el) { el.hidden = training; });
     const key = form.elements.ssh_public_key;
-    if (key) key.required = sshImages.indexOf(val("image")) >= 0;
+    // a key registered on the account, when one is chosen, stands in for a pasted one
+    if (key) key.required = sshImages.indexOf(val("image")) >= 0 && !val("ssh_key");
   }
   function changed(event) {
     hints();

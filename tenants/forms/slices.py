@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django import forms
+from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import QuerySet
 from django.forms import BoundField
 
@@ -18,15 +19,18 @@ from nodes import volumes
 from nodes.models import Node
 
 from ..launch_input import clean_command, clean_environment
-from ..models import Image, LaunchTemplate, Purchase, Slice, Tenant, Tier, Volume
-from ..selectors import image_list, purchases_usable
+from ..models import Image, LaunchTemplate, Purchase, Slice, SshKey, Tenant, Tier, Volume
+from ..selectors import image_list, purchases_usable, ssh_keys_of
 from .estimate import JobForm, model_for_tier
 from .fields import TokenField, new_form_token
 
 
 class PurchaseChoiceField(forms.ModelChoiceField):
     def label_from_instance(self, obj: Purchase) -> str:
-        return f"#{obj.pk} · {obj.tier.name} · {obj.minutes_left} of {obj.minutes_total} min left"
+        left = f"{obj.minutes_left} of {obj.minutes_total} min left"
+        if obj.interruptible:  # said in the list: its slices may be preempted with notice
+            return f"#{obj.pk} · {obj.tier.name} · interruptible · {left}"
+        return f"#{obj.pk} · {obj.tier.name} · {left}"
 
 
 def lines(text: str) -> list[str]:
@@ -36,6 +40,11 @@ def lines(text: str) -> list[str]:
 class VolumeChoiceField(forms.ModelChoiceField):
     def label_from_instance(self, obj: Volume) -> str:
         return f"{obj.name} · {obj.size_gb} GB · on {obj.node.name}"
+
+
+class SshKeyChoiceField(forms.ModelChoiceField):
+    def label_from_instance(self, obj: SshKey) -> str:
+        return f"{obj.name} · {obj.get_key_type_display()} · {obj.fingerprint}"
 
 
 class ImageChoiceField(forms.ModelChoiceField):
@@ -63,6 +72,13 @@ class LaunchForm(JobForm):
         widget=forms.Textarea(attrs={"rows": 3, "placeholder": "HF_HOME=/data/hf"}),
         help_text="NAME=value, one per line; the value is everything after the first '='.",
     )
+    ssh_key = SshKeyChoiceField(
+        label="SSH key",
+        queryset=SshKey.objects.none(),
+        required=False,
+        empty_label="Paste a key below",
+        help_text="One registered on your account, or paste one for this slice.",
+    )
     ssh_public_key = forms.CharField(
         label="SSH public key",
         required=False,
@@ -83,8 +99,22 @@ class LaunchForm(JobForm):
     )
     idempotency_token = TokenField()
 
-    def __init__(self, *args: Any, tenant: Tenant | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        tenant: Tenant | None = None,
+        user: User | AnonymousUser | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
+        # Keys are personal: only the signed-in member's own validate (another account's
+        # key id is an invalid choice); the newest is offered first.
+        keys = form_field(self, "ssh_key", SshKeyChoiceField)
+        keys.queryset = ssh_keys_of(user) if user is not None else SshKey.objects.none()
+        newest = keys.queryset.first()
+        self.has_ssh_keys = newest is not None
+        if newest is not None and not self.is_bound:
+            self.initial.setdefault("ssh_key", newest.pk)
         templates = form_field(self, "template", forms.ModelChoiceField)
         templates.queryset = LaunchTemplate.objects.filter(is_active=True)
         # Any own purchase validates, so a used one gets the service's reason (and a double
@@ -128,6 +158,7 @@ class LaunchForm(JobForm):
     def clean(self) -> dict[str, Any]:
         super().clean()
         data = self.cleaned_data  # what Form.clean returns, typed
+        self._clean_ssh_key(data)
         mounts = []
         for n in range(self.MOUNT_ROWS):
             volume, path = data.get(f"volume_{n}"), (data.get(f"volume_path_{n}") or "").strip()
@@ -142,6 +173,20 @@ class LaunchForm(JobForm):
         data["volumes"] = mounts
         return data
 
+    def _clean_ssh_key(self, data: dict[str, Any]) -> None:
+        """A registered key chosen stands for the pasted one; both at once is ambiguous."""
+        key = data.get("ssh_key")
+        if key is None:
+            return
+        if (data.get("ssh_public_key") or "").strip():
+            self.add_error(
+                "ssh_public_key",
+                f"You chose your registered key {key.name!r} above: pick 'Paste a key "
+                "below' there to use this one instead, or empty this field.",
+            )
+            return
+        data["ssh_public_key"] = key.public_key
+
     def error_field_of(self, field: str | None) -> str | None:
         """A service's `volumes.<n>.volume` / `volumes.<n>.path` is this form's row n."""
         parts = (field or "").split(".")
@@ -155,14 +200,18 @@ class LaunchForm(JobForm):
         return None
 
     def _preselect(self) -> None:
-        """The purchase asked for (?purchase=) if usable, else the largest usable one, and
-        a catalog model the default job fits on its tier."""
+        """The purchase asked for (?purchase=) if usable, else the largest usable one (a
+        full-price one when there is one: interruptible is chosen, never defaulted), and a
+        catalog model the default job fits on its tier."""
         if self.is_bound or not self.usable:
             return
         wanted = self.initial.get("purchase")
         chosen = next((p for p in self.usable if p.pk == wanted), None)
         if chosen is None:
-            chosen = max(self.usable, key=lambda p: (p.tier.vram_mb, p.minutes_left))
+            chosen = max(
+                self.usable,
+                key=lambda p: (not p.interruptible, p.tier.vram_mb, p.minutes_left),
+            )
             self.initial["purchase"] = chosen.pk
         self.initial.setdefault("model", model_for_tier(chosen.tier.vram_mb))
 

@@ -47,6 +47,7 @@ from .images import image_create, image_update
 from .keys import ssh_key_add, ssh_key_remove, ssh_key_touch
 from .logs import slice_logs_collect, slice_logs_prune, slice_logs_request
 from .slices.launch import slice_launch, slice_resume, slices_dispatch_queue
+from .slices.preempt import slice_preempt_signal, slices_preempt_due
 from .slices.provision import slice_provision
 from .slices.reconcile import container_remove_quietly, slices_reconcile
 from .slices.stop import running_slices_meter, slice_finish_stop, slice_stop
@@ -101,11 +102,13 @@ __all__ = [
     "slice_logs_collect",
     "slice_logs_prune",
     "slice_logs_request",
+    "slice_preempt_signal",
     "slice_provision",
     "slice_resume",
     "slice_stop",
     "slice_terminate",
     "slices_dispatch_queue",
+    "slices_preempt_due",
     "slices_reconcile",
     "spend_limit_set",
     "ssh_key_add",

@@ -1,6 +1,7 @@
 """Launching a slice: the launch's fields checked (`tenants.launch_input`), the pre-launch
 VRAM estimate against the tier (a refusal is recorded with the breakdown), placement or the
-queue, and the queue dispatched first in, first out per tier."""
+queue, and the queue dispatched first in, first out per tier (full-price slices first:
+interruptible time runs on spare room, and takes none a full-price launch needs)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any, TypedDict
 
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 import estimator
@@ -28,7 +30,9 @@ from ...launch_input import clean_command, clean_environment, clean_ssh_key, lau
 from ...locks import purchase_lock, slice_lock, slice_queue_head_lock, volumes_lock
 from ...models import Image, LaunchTemplate, Membership, Purchase, Slice, Tenant, Volume
 from ...selectors import mounts_clean, slice_volume_node_id, spend_check
+from ...ssh_host_keys import host_key_make
 from ..volumes import mounts_record
+from .preempt import slice_preempt_for_room, slices_preempt_due
 from .state import S, slice_record_requested, slice_transition
 
 
@@ -187,7 +191,7 @@ def _slice_launch(
     if not image.is_active:
         raise ServiceError("This image is not on the allowlist.", field="image")
     ssh_public_key = clean_ssh_key(ssh_public_key, required=image.connect == Image.Connect.SSH)
-    mounts = mounts_clean(tenant=tenant, mounts=volumes)
+    mounts = mounts_clean(tenant=tenant, mounts=volumes, image=image)
     purchase = purchase_lock(purchase.pk, tenant=tenant)
     mounts = _mounts_still_ready(mounts)
     if key:
@@ -325,8 +329,20 @@ def _new_slice(
         estimate_mb=math.ceil(result.total_mib),
         **asked,
     )
+    _host_key_give(slice)
     slice.save()
     return slice, result
+
+
+def _host_key_give(slice: Slice) -> tuple[str, ...]:
+    """Give a slice whose image runs its own sshd its SSH host key, once (unsaved): every
+    run's container gets the same one, so a resume asks the renter nothing. Returns the
+    fields changed."""
+    image = slice.image_entry
+    if slice.ssh_host_key or image is None or image.connect != Image.Connect.SSH:
+        return ()
+    slice.ssh_host_key, slice.ssh_host_key_public = host_key_make()
+    return ("ssh_host_key", "ssh_host_key_public")
 
 
 def _template_engine(
@@ -368,10 +384,11 @@ def _refuse_training_if_interruptible(request: estimator.EstimateRequest) -> Non
 
 
 def _place_or_queue(slice: Slice, *, actor: User | None = None) -> bool:
-    """Reserve VRAM for a requested or queued slice: provisioning (after commit) or queued."""
-    waiting = slice.state == S.REQUESTED and (
-        Slice.objects.filter(state=S.QUEUED, vram_mb=slice.vram_mb).exists()
-    )
+    """Reserve VRAM for a requested or queued slice: provisioning (after commit) or queued,
+    with the true reason it waits (a full-price one may give interruptible slices notice)."""
+    interruptible = slice.purchase.interruptible
+    waiting = slice.state == S.REQUESTED and _line_ahead(slice, interruptible=interruptible)
+    node_id = slice_volume_node_id(slice)
     allocation = (
         None  # first in, first out per tier: a new launch never passes the line
         if waiting
@@ -379,28 +396,21 @@ def _place_or_queue(slice: Slice, *, actor: User | None = None) -> bool:
             owner_key=slice.owner_key,
             vram_mb=slice.vram_mb,
             guaranteed=slice.guaranteed,
-            node_id=slice_volume_node_id(slice),
-            interruptible=slice.purchase.interruptible,
+            node_id=node_id,
+            interruptible=interruptible,
         )
     )
     if allocation is None:
+        why = _why_waiting(slice, waiting=waiting, node_id=node_id)
         if slice.state == S.REQUESTED:
             enqueue("provision.dispatch_queue")  # the head of the line may fit right now
             slice.queued_at = timezone.now()
-            why = (
-                ""
-                if waiting
-                else node_selectors.placement_shortfall(
-                    vram_mb=slice.vram_mb, guaranteed=slice.guaranteed
-                )
-            )
             slice_transition(
-                slice=slice,
-                to=S.QUEUED,
-                reason=f"No GPU has room for this tier right now: waiting in line. {why}".strip(),
-                actor=actor,
-                fields=("queued_at",),
+                slice=slice, to=S.QUEUED, reason=why, actor=actor, fields=("queued_at",)
             )
+        elif why[:500] != slice.state_reason:
+            slice.state_reason = why[:500]
+            slice.save(update_fields=["state_reason"])
         return False
     slice.allocation = allocation
     slice.provision_started_at = timezone.now()  # the timeout counts from placement
@@ -416,6 +426,34 @@ def _place_or_queue(slice: Slice, *, actor: User | None = None) -> bool:
     )
     enqueue("provision.slice", slice.pk)
     return True
+
+
+def _line_ahead(slice: Slice, *, interruptible: bool) -> bool:
+    """Whether a new launch must queue behind others: a full-price one behind full-price
+    ones of its tier (never behind interruptible ones); an interruptible one, which runs
+    on room no full-price slice needs, behind its tier's line and any full-price one."""
+    queued = Slice.objects.filter(state=S.QUEUED)
+    if interruptible:
+        return queued.filter(Q(vram_mb=slice.vram_mb) | Q(purchase__interruptible=False)).exists()
+    return queued.filter(vram_mb=slice.vram_mb, purchase__interruptible=False).exists()
+
+
+def _why_waiting(slice: Slice, *, waiting: bool, node_id: int | None) -> str:
+    """The true reason a slice that found no room waits (a tenant reads it)."""
+    if slice.purchase.interruptible:
+        if waiting:
+            return (
+                "Interruptible time runs on spare room, after full-price launches and "
+                "earlier interruptible ones: waiting in line."
+            )
+        return "Interruptible time runs on spare room; none is free right now: waiting in line."
+    if waiting:
+        return "Earlier launches of this tier are waiting for room: in line behind them."
+    noticed = slice_preempt_for_room(slice=slice, node_id=node_id)
+    if noticed:
+        return noticed
+    why = node_selectors.placement_shortfall(vram_mb=slice.vram_mb, guaranteed=slice.guaranteed)
+    return f"No GPU has room for this tier right now: waiting in line. {why}".strip()
 
 
 @transaction.atomic
@@ -457,7 +495,12 @@ def slice_resume(
         to=S.REQUESTED,
         reason=f"Resumed: run {slice.runs}, paid from purchase {purchase.pk}.",
         actor=membership.user,
-        fields=(*reset, "resume_idempotency_key", "resume_idempotency_fingerprint"),
+        fields=(
+            *reset,
+            *_host_key_give(slice),  # a slice from before host keys gets one now
+            "resume_idempotency_key",
+            "resume_idempotency_fingerprint",
+        ),
     )
     _place_or_queue(slice, actor=membership.user)
     return slice
@@ -530,30 +573,44 @@ def _slice_reset_for_run(
     slice.queued_at = slice.provision_started_at = None
     slice.ended_by = ""
     slice.provision_attempts = 0
+    slice.preempt_notice_at = slice.preempt_deadline = None  # a new run: no notice yet
     slice.estimate, slice.estimate_mb = result.to_dict(), math.ceil(result.total_mib)
     return ("runs", "purchase", "guaranteed", "allocation", "container_id", "connection",
             "exit_code", "ended_by", "started_at", "stopped_at", "last_metered_at", "queued_at",
-            "provision_started_at", "provision_attempts", "estimate", "estimate_mb")  # fmt: skip
+            "provision_started_at", "provision_attempts", "estimate", "estimate_mb",
+            "preempt_notice_at", "preempt_deadline")  # fmt: skip
 
 
 def slices_dispatch_queue(*, limit: int = 200) -> int:
-    """Place queued slices, first in first out per tier, while capacity lasts."""
+    """Place queued slices while capacity lasts: full-price ones first, first in first out
+    per tier, then interruptible ones on the spare room left (an interruptible head never
+    holds back a full-price slice). Slices whose preemption notice ended are stopped first."""
+    slices_preempt_due()
     placed = 0
     tiers = Slice.objects.filter(state=S.QUEUED).values_list("vram_mb", flat=True).distinct()
-    for vram_mb in sorted(set(tiers)):
-        while placed < limit:
-            with transaction.atomic():
-                head = slice_queue_head_lock(vram_mb)
-                if head is None:
-                    break
-                stale = _no_longer_launchable(head)
-                if stale:
-                    head.stopped_at = timezone.now()
-                    slice_transition(slice=head, to=S.STOPPED, reason=stale, fields=("stopped_at",))
-                    continue
-                if not _place_or_queue(head):
-                    break
-                placed += 1
+    for interruptible in (False, True):
+        for vram_mb in sorted(set(tiers)):
+            placed += _dispatch_line(vram_mb, interruptible=interruptible, limit=limit - placed)
+    return placed
+
+
+def _dispatch_line(vram_mb: int, *, interruptible: bool, limit: int) -> int:
+    """Place one line (a tier's full-price or interruptible slices) from its head, until
+    its head does not fit."""
+    placed = 0
+    while placed < limit:
+        with transaction.atomic():
+            head = slice_queue_head_lock(vram_mb, interruptible=interruptible)
+            if head is None:
+                break
+            stale = _no_longer_launchable(head)
+            if stale:
+                head.stopped_at = timezone.now()
+                slice_transition(slice=head, to=S.STOPPED, reason=stale, fields=("stopped_at",))
+                continue
+            if not _place_or_queue(head):
+                break
+            placed += 1
     return placed
 
 

@@ -16,7 +16,7 @@ from nodes.errors import ContainerError
 from ...locks import slice_lock
 from ...models import Image, Slice, SliceMount, Volume
 from ...run_ends import run_end_of
-from ...selectors import gateway_details, slice_mount_args
+from ...selectors import gateway_details, image_mount_home, slice_mount_args
 from .state import (
     S,
     container_remove_after_commit,
@@ -50,7 +50,11 @@ def _connection_details(slice: Slice, info: runtime.ContainerInfo) -> dict[str, 
     declared = sorted(int(p) for p in (image.ports if image else []))
     if declared:
         out["gateway"] = gateway_details(
-            slice.pk, declared, has_sshd=kind == Image.Connect.SSH, ssh_user=user
+            slice.pk,
+            declared,
+            has_sshd=kind == Image.Connect.SSH,
+            ssh_user=user,
+            host_key_public=slice.ssh_host_key_public,
         )
     if node.container_network == runtime.NO_NETWORK:
         out["note"] = (
@@ -135,6 +139,8 @@ def slice_provision(*, slice_id: int, final_attempt: bool = True) -> str:
             environment=_container_environment(slice),
             ports=[int(p) for p in (image.ports if image else [])],
             mounts=slice_mount_args(slice),
+            mount_home=image_mount_home(image),
+            host_key=slice.ssh_host_key,
         )
     except ContainerError as exc:
         return _provision_failed(slice_id, str(exc), exc.info)
