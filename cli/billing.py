@@ -166,6 +166,8 @@ class _Usage:
     totals: dict[str, Decimal]
     minutes: dict[int, int]
     limit: dict[str, Any]
+    # of `minutes`, those paid from interruptible purchases (preemptible, at the discount)
+    interruptible_minutes: int = 0
 
     def summary(self, since: datetime | None) -> dict[str, Any]:
         return {
@@ -179,6 +181,7 @@ class _Usage:
             "ledger_totals": {kind: str(total) for kind, total in sorted(self.totals.items())},
             "minutes_used": sum(self.minutes.values()),
             "minutes_by_slice": {str(k): v for k, v in sorted(self.minutes.items())},
+            "minutes_interruptible": self.interruptible_minutes,
             "purchases_with_minutes_left": self.purchases,
             "ledger": self.ledger,
         }
@@ -197,8 +200,9 @@ def _read_usage(client: Api, since: datetime | None) -> _Usage:
     minutes: dict[int, int] = defaultdict(int)
     for record in records:
         minutes[record["slice"]] += record["minutes"]
+    interruptible = sum(r["minutes"] for r in records if r.get("interruptible"))
     limit = client.get("/spend-limit/")
-    return _Usage(tenant, rate, purchases, ledger, totals, minutes, limit)
+    return _Usage(tenant, rate, purchases, ledger, totals, minutes, limit, interruptible)
 
 
 def _show_usage(found: _Usage, since: datetime | None, ledger_shown: int) -> None:
@@ -211,16 +215,19 @@ def _show_usage(found: _Usage, since: datetime | None, ledger_shown: int) -> Non
             ("spent this month", f"{limit.get('spent')} credits"
                                  + (f" of {limit['limit']} (limit)" if limit.get("limit") else "")),
             ("since", since.date().isoformat() if since else "the start"),
-            ("minutes used", f"{sum(found.minutes.values())} by {len(found.minutes)} slice(s)"),
+            ("minutes used", f"{sum(found.minutes.values())} by {len(found.minutes)} slice(s)"
+                             + (f", {found.interruptible_minutes} of them interruptible"
+                                if found.interruptible_minutes else "")),
         ]
     )  # fmt: skip
     if found.totals:
         output.table(["KIND", "TOTAL"], sorted(found.totals.items()), title="Ledger totals")
     if found.purchases:
         output.table(
-            ["PURCHASE", "TIER", "HOURS", "MINUTES LEFT", "IN USE", "BOUGHT"],
-            ([p["id"], p["tier_name"], p["hours"], p["minutes_left"], p["live_slices"],
-              output.when(p["created_at"])] for p in found.purchases),
+            ["PURCHASE", "TIER", "KIND", "HOURS", "MINUTES LEFT", "IN USE", "BOUGHT"],
+            ([p["id"], p["tier_name"], "interruptible" if p.get("interruptible") else "full price",
+              p["hours"], p["minutes_left"], p["live_slices"], output.when(p["created_at"])]
+             for p in found.purchases),
             title="Purchases with minutes left",
         )  # fmt: skip
     if found.ledger and ledger_shown > 0:

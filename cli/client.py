@@ -42,6 +42,9 @@ class CliError(Exception):
     status: int | None = None
     fields: dict[str, Any] = field(default_factory=dict)
     body: dict[str, Any] = field(default_factory=dict)
+    # What may help, a line each for people; `extra` goes into the --json error as it is.
+    hints: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
@@ -53,7 +56,7 @@ class CliError(Exception):
         if self.status is not None:
             out["status"] = self.status
         out["exit_code"] = self.exit_code
-        return out
+        return {**out, **self.extra}
 
 
 def refused(code: str, message: str, **extra: Any) -> CliError:

@@ -9,12 +9,14 @@ from typing import Any
 import click
 
 from cli import output
-from cli.client import Api, refused
+from cli.client import Api, CliError, refused
 from cli.common import api, json_option, slice_id, yes_option
 from cli.slices import STARTED, wait_for, wait_options
 
 FOLLOW_POLL_S = 2.0  # the API reads a running slice's output at most every 2 s
 LOG_PAGE = 1000  # lines per call, the API's largest
+FIRST_READ_WAIT_S = 6.0  # a first read of a running slice: how long to wait for its lines
+FIRST_READ_POLL_S = 1.0
 
 
 def _print_line(line: dict[str, Any], timestamps: bool, as_json: bool) -> None:
@@ -53,13 +55,32 @@ def logs(slice_ref: str, follow: bool, after: int, timestamps: bool, as_json: bo
     one JSON object per line ({"seq", "at", "text"}), so -f can stream them."""
     ident = slice_id(slice_ref)
     client = api()
-    cursor, running = read_logs(
-        client, ident, after=after, follow=follow,
-        emit=lambda line: _print_line(line, timestamps, as_json),
-    )  # fmt: skip
-    if not as_json and not follow:
-        hint = f" (still running: gpp logs -f {ident} --after {cursor})" if running else ""
-        output.note(f"-- up to line {cursor}{hint}")
+    printed = 0
+
+    def emit(line: dict[str, Any]) -> None:
+        nonlocal printed
+        printed += 1
+        _print_line(line, timestamps, as_json)
+
+    cursor, running = read_logs(client, ident, after=after, follow=follow, emit=emit)
+    # A running slice's output is read from its node by a worker that the read itself
+    # asks for, so the very first read may find nothing kept yet: ask again for a few
+    # seconds before saying that it printed nothing.
+    deadline = time.monotonic() + FIRST_READ_WAIT_S
+    while not follow and not printed and running and time.monotonic() < deadline:
+        time.sleep(FIRST_READ_POLL_S)
+        cursor, running = read_logs(client, ident, after=cursor, follow=False, emit=emit)
+    if as_json or follow:
+        return
+    still = f" (still running: gpp logs -f {ident} --after {cursor})" if running else ""
+    if printed:
+        output.note(f"-- up to line {cursor}{still}")
+    elif after:
+        output.note(f"-- nothing after line {after}{still}")
+    elif running:
+        output.note(f"Slice {ident} has printed nothing yet (follow it: gpp logs -f {ident}).")
+    else:
+        output.note(f"Slice {ident} printed nothing (or its output is no longer kept).")
 
 
 @click.command()
@@ -86,29 +107,28 @@ def stop(slice_ref: str, reason: str, wait: bool, timeout: float, yes: bool, as_
         output.plain(f"Slice {ident} is {shown['state']}.")
 
 
-def _purchase_for_resume(client: Api, shown: dict[str, Any]) -> int:
-    """The slice's own purchase when it has minutes left, else another of its tier that
-    no slice uses. A slice that is not stopped keeps its own: the API says why it cannot
-    be resumed, in its words."""
-    if shown["state"] != "stopped":
-        return int(shown["purchase"])
-    own = client.get(f"/purchases/{shown['purchase']}/")
-    if own["minutes_left"] > 0 and not own["live_slices"]:
-        return int(own["id"])
-    rows = client.all("/purchases/", tier=own["tier"], has_minutes_left="true")
-    free = [p for p in rows if not p.get("live_slices")]
-    if not free:
-        raise refused(
-            "no_free_purchase",
-            f"No purchase of {own['tier_name']} with minutes left and no slice on it: "
-            f"buy one with `gpp buy {own['vram_mb'] // 1024} --hours N`.",
-        )
-    return int(max(free, key=lambda p: (p["created_at"], p["id"]))["id"])
+def _resume(client: Api, ident: int, purchase: int | None) -> dict[str, Any]:
+    """POST the resume; without --purchase the API picks the one the resume page
+    preselects (docs/cli.md), and a refusal for want of one is gpp's `no_free_purchase`."""
+    body = {} if purchase is None else {"purchase": purchase}
+    try:
+        return client.post(f"/slices/{ident}/resume/", body)
+    except CliError as exc:
+        problems = exc.fields.get("purchase") if purchase is None else None
+        codes = [p.get("code") for p in problems or [] if isinstance(p, dict)]
+        if "required" in codes:
+            raise refused("no_free_purchase", exc.message.removeprefix("purchase: ")) from None
+        raise
 
 
 @click.command()
 @click.argument("slice_ref", metavar="SLICE")
-@click.option("--purchase", type=int, help="The purchase that pays (default: one of its tier).")
+@click.option(
+    "--purchase",
+    type=int,
+    help="The purchase that pays (default: its own if free, else a full-price one of its "
+    "tier before an interruptible one, the oldest first).",
+)
 @click.option("--wait", is_flag=True, help="Follow it until it runs or fails.")
 @wait_options
 @json_option
@@ -117,16 +137,15 @@ def resume(slice_ref: str, purchase: int | None, wait: bool, timeout: float, as_
     in a new container, after the same VRAM check."""
     ident = slice_id(slice_ref)
     client = api()
-    if purchase is None:
-        purchase = _purchase_for_resume(client, client.get(f"/slices/{ident}/"))
-    shown = client.post(f"/slices/{ident}/resume/", {"purchase": purchase})
+    shown = _resume(client, ident, purchase)
+    paid_by = shown.get("purchase", purchase)
     if wait:
         # a short job may be done before it is seen running
         shown = wait_for(client, ident, until=STARTED, timeout=timeout, quiet=as_json)
     if as_json:
         output.emit_json(shown)
     else:
-        output.plain(f"Slice {ident} is {shown['state']} (paid by purchase {purchase}).")
+        output.plain(f"Slice {ident} is {shown['state']} (paid by purchase {paid_by}).")
 
 
 @click.command()

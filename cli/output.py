@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import click
+from rich.cells import cell_len, set_cell_size
 from rich.console import Console
 from rich.table import Table
 
@@ -53,6 +54,53 @@ def table(
     out.print(grid)
 
 
+def compact_table(
+    columns: Sequence[str], rows: Iterable[Sequence[Any]], *, flexible: Sequence[str] = ()
+) -> None:
+    """A listing of one line per row that fits the terminal (80 columns when stdout is not
+    one): the columns are as wide as their widest cell, except the `flexible` ones, which
+    share what is left and cut a longer cell with "…"."""
+    cells = [["" if v is None else str(v) for v in row] for row in rows]
+    need = [max([cell_len(name)] + [cell_len(row[i]) for row in cells]) for i, name in
+            enumerate(columns)]  # fmt: skip
+    flex = [columns.index(name) for name in flexible]
+    room = out.width - 2 * (len(columns) - 1)
+    room -= sum(n for i, n in enumerate(need) if i not in flex)
+    widths = list(need)
+    # a fair share each; what a short one leaves goes to the others
+    waiting = list(flex)
+    while waiting:
+        share = room // len(waiting)
+        short = [i for i in waiting if need[i] <= share]
+        for i in short or waiting:
+            widths[i] = max(cell_len(columns[i]), need[i] if short else share)
+            room -= widths[i]
+        waiting = [i for i in waiting if i not in short] if short else []
+    out.print(_row_line(columns, widths), style="bold", markup=False, highlight=False)
+    for row in cells:
+        plain(_row_line(row, widths))
+
+
+def _row_line(row: Sequence[str], widths: Sequence[int]) -> str:
+    fitted = []
+    for text, width in zip(row, widths, strict=True):
+        if cell_len(text) > width:
+            text = set_cell_size(text, width - 1) + "…"
+        fitted.append(set_cell_size(text, width))
+    return "  ".join(fitted).rstrip()
+
+
+def clip(text: str, width: int) -> str:
+    """`text` cut to `width` characters, the last one "…" when it was longer."""
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def short_when(value: str | None) -> str:
+    """An API timestamp as `12-07 06:47` (UTC, to the minute) for a narrow column."""
+    full = when(value)
+    return full[5:16] if full.endswith(" UTC") else full
+
+
 def fields(pairs: Iterable[tuple[str, Any]]) -> None:
     """`name: value` lines, the empty ones left out."""
     grid = Table.grid(padding=(0, 2))
@@ -83,6 +131,8 @@ def report_error(error: CliError, as_json: bool) -> None:
             if error.message == f"{name}: {text}":
                 continue  # the API's message already names this field's problem
             err.print(f"  {name}: {text}" + (f" ({code})" if code else ""), markup=False)
+    for hint in error.hints:
+        err.print(f"  {hint}", markup=False)
 
 
 def confirm(question: str, *, yes: bool) -> None:

@@ -20,6 +20,8 @@ STARTED = ("running", "completed")
 POLL_S = 1.0
 POLL_MAX_S = 3.0
 WAIT_DEFAULT_S = 600
+SUGGESTIONS_SHOWN = 5  # of a refused launch's, on stderr (all of them with --json)
+PS_IMAGE_WIDTH = 24  # `gpp ps` cuts a longer image name or reference with "…"
 
 
 def _transition_line(t: dict[str, Any]) -> str:
@@ -87,18 +89,25 @@ def wait_options(command: Any) -> Any:
 
 
 def _refusal_hint(exc: CliError) -> CliError:
-    """A launch refused by the pre-launch check: say which tier would do and what helps."""
+    """A launch refused by the pre-launch check (the API's 422 carries the estimate): say
+    which tier would do and list the estimate's suggestions, each with what it comes to
+    and whether it fits, on stderr; with --json they are the error's `suggestions`."""
     estimate = exc.body.get("estimate") if isinstance(exc.body, dict) else None
-    if exc.code == "estimate_exceeds_tier" and isinstance(estimate, dict):
-        hints = []
-        smallest = estimate.get("smallest_fitting_tier_mib")
-        if smallest:
-            hints.append(f"the smallest tier that fits is {output.gib(smallest)}")
-        for hint in (estimate.get("suggestions") or [])[:3]:
-            if hint.get("fits"):
-                hints.append(f"or: {hint['label']} ({hint['total_mib']:,.0f} MiB)")
-        if hints:
-            exc.message = f"{exc.message} ({'; '.join(hints)})"
+    if exc.code != "estimate_exceeds_tier" or not isinstance(estimate, dict):
+        return exc
+    smallest = estimate.get("smallest_fitting_tier_mib")
+    if smallest:
+        exc.hints.append(
+            f"the smallest tier that fits is {output.gib(smallest)}: "
+            f"gpp buy {int(smallest) // 1024} --hours N"
+        )
+    suggestions = [s for s in estimate.get("suggestions") or [] if isinstance(s, dict)]
+    for hint in suggestions[:SUGGESTIONS_SHOWN]:
+        total = hint.get("total_mib")
+        size = f"{total:,.0f} MiB" if isinstance(total, int | float) else "?"
+        verdict = "fits this tier" if hint.get("fits") else "still too big for this tier"
+        exc.hints.append(f"try: {hint.get('label', '')} ({size}, {verdict})")
+    exc.extra = {"suggestions": suggestions, "smallest_fitting_tier_mib": smallest}
     return exc
 
 
@@ -186,12 +195,16 @@ def ps(show_all: bool, state: str | None, as_json: bool) -> None:
     if not rows:
         output.note("No live slices (gpp ps --all for the others).")
         return
-    output.table(
-        ["ID", "STATE", "TIER", "IMAGE", "MINUTES", "PEAK VRAM", "STARTED", "REASON"],
-        ([r["id"], r["state"], r["tier_name"], r.get("image_name") or r["image_reference"],
+    # One line a slice at 80 columns: the image's name before its reference, the image and
+    # the reason cut with "…" to fit; every field whole is in `gpp show` and in --json.
+    output.compact_table(
+        ["ID", "STATE", "TIER", "IMAGE", "MIN", "PEAK", "STARTED UTC", "REASON"],
+        ([r["id"], r["state"], r["tier_name"],
+          output.clip(r.get("image_name") or r["image_reference"], PS_IMAGE_WIDTH),
           r["minutes_used"], output.gib(r["peak_vram_mb"]) if r["peak_vram_mb"] else "",
-          output.when(r["started_at"]), (r.get("state_reason") or "")[:60]]
+          output.short_when(r["started_at"]), r.get("state_reason") or ""]
          for r in rows),
+        flexible=["IMAGE", "REASON"],
     )  # fmt: skip
 
 
@@ -201,7 +214,9 @@ def _print_connection(shown: dict[str, Any]) -> None:
     if gateway.get("jump"):
         output.plain(f"Connect: gpp ssh {shown['id']}   ({gateway['jump']})")
     for forward in gateway.get("forwards") or []:
-        output.plain(f"Port {forward['port']}: gpp forward {shown['id']} {forward['port']}")
+        local = forward.get("local_port")
+        on = f" (on 127.0.0.1:{local})" if local else ""
+        output.plain(f"Port {forward['port']}: gpp forward {shown['id']} {forward['port']}{on}")
     if connection.get("url"):
         output.plain(f"Open: {connection['url']}")
 
@@ -241,6 +256,7 @@ def show(slice_ref: str, as_json: bool) -> None:
             ("command", " ".join(shown.get("command") or [])),
             ("gateway", f"{gateway['host']}:{gateway['port']}" if gateway else None),
             ("gateway host key", gateway.get("host_key_fingerprint")),
+            ("slice host key", shown.get("ssh_host_key_fingerprint")),
             ("note", connection.get("note")),
         ]
     )

@@ -41,6 +41,7 @@ HEADER = [
     "description",
     "tier",
     "purchase",
+    "interruptible",
     "started",
     "stopped",
     "minutes",
@@ -126,6 +127,8 @@ class Line:
     gb_hours: Decimal | None = None
     cost: Decimal | None = None
     ledger_amount: Decimal | None = None
+    # Paid from an interruptible purchase (preemptible, at the discount); None: no purchase.
+    interruptible: bool | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -265,6 +268,7 @@ def _slice_lines(tenant: Tenant, period: Period) -> list[Line]:
                 stopped=stopped,
                 minutes=g["minutes_sum"],
                 cost=g["cost_sum"].quantize(CENT),
+                interruptible=purchase.interruptible,
             )
         )
     return lines
@@ -368,6 +372,7 @@ def _ledger_lines(tenant: Tenant, period: Period, kinds: Iterable[str]) -> list[
                 purchase=purchase.pk if purchase else None,
                 minutes=_ledger_minutes(entry),
                 ledger_amount=entry.amount,
+                interruptible=purchase.interruptible if purchase else None,
             )
         )
     return lines
@@ -439,11 +444,22 @@ def usage_summary(tenant: Tenant, period: Period, *, lines: list[Line] | None = 
 # --- CSV ----------------------------------------------------------------------------------------
 
 
-def csv_cell(value: object) -> str:
+# Columns written with fixed decimals: money to the cent, GB-hours to four places.
+PLACES = {"cost": 2, "ledger_amount": 2, "gb_hours": 4}
+
+
+def csv_cell(value: object, places: int | None = None) -> str:
     """A value as a CSV cell: money with two decimals, times in UTC ISO 8601, and text that
-    a spreadsheet would run as a formula prefixed with a quote so it stays text."""
+    a spreadsheet would run as a formula prefixed with a quote so it stays text. A number
+    given `places` is rounded the one way amounts are (tenants.money.round_half_up) and
+    written with exactly that many decimals: a sum read back from SQLite as a float keeps
+    fifteen digits otherwise ("-2.09000000000000")."""
     if value is None:
         return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if places is not None and isinstance(value, Decimal | int | float):
+        return f"{round_half_up(value, places):f}"
     if isinstance(value, datetime):
         return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
     if isinstance(value, Decimal | int | date):
@@ -471,14 +487,14 @@ def csv_rows(tenant: Tenant, period: Period) -> Iterator[list[str]]:
     lines = usage_lines(tenant, period)
     for line in lines:
         values = line.as_dict()
-        yield [csv_cell(values[name]) for name in HEADER]
+        yield [csv_cell(values[name], PLACES.get(name)) for name in HEADER]
     yield []
     summary = usage_summary(tenant, period, lines=lines).as_dict()
     for name, text in SUMMARY_ROWS:
         row: dict[str, object] = dict.fromkeys(HEADER, "")
         row.update(section="summary", ref=name, description=text)
         row["ledger_amount"] = summary[name]
-        yield [csv_cell(row[h]) for h in HEADER]
+        yield [csv_cell(row[h], PLACES.get(h)) for h in HEADER]
 
 
 class _Echo:

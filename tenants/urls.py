@@ -1,6 +1,6 @@
 from django.urls import path
 
-from .views import accounts, billing, estimate, slices, two_factor, volumes
+from .views import accounts, billing, estimate, slices, spend, two_factor, volumes
 
 app_name = "tenants"
 
@@ -39,6 +39,7 @@ urlpatterns = [
     path("tiers/", billing.catalog, name="catalog"),
     path("buy/", billing.buy, name="buy"),
     path("usage/", billing.usage, name="usage"),
+    path("spend-limits/", spend.spend_limits, name="spend_limits"),
     path("usage/export.csv", billing.usage_csv, name="usage_csv"),
     path("ops/credit/", billing.ops_credit, name="ops_credit"),
     path("credit/requests/", billing.credit_request_create, name="credit_request_create"),

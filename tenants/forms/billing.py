@@ -62,9 +62,10 @@ class BuyForm(forms.Form):
     interruptible = forms.BooleanField(
         label="Interruptible, at the tier's discount",
         required=False,
-        help_text="Its slices run on overcommitted GPUs and are preempted when the card runs "
-        "short: stopped with a grace period to checkpoint, volumes kept, resumable; the "
-        "minutes left stay on the purchase. Inference only, not training.",
+        help_text="Its slices run on spare GPU room and are preempted when a full-price "
+        "launch needs it or the card runs short: given notice first (SIGTERM, a webhook, the "
+        "slice's timeline), billed to the stop, volumes kept, resumable; the unused minutes "
+        "stay on the purchase. Inference only, not training.",
     )
     idempotency_token = TokenField()
 

@@ -3,9 +3,12 @@ metered usage."""
 
 from __future__ import annotations
 
+from datetime import datetime
+from decimal import Decimal
 from typing import TYPE_CHECKING, TypedDict
 
 from django.db.models import BooleanField, Count, ExpressionWrapper, Q, QuerySet
+from django.utils import timezone
 
 from ..models import (
     CreditRate,
@@ -17,7 +20,7 @@ from ..models import (
     Tier,
     UsageRecord,
 )
-from ..money import Rate
+from ..money import Rate, round_half_up
 
 if TYPE_CHECKING:  # the stubs' helper for annotated rows, not needed at run time
     from django_stubs_ext import WithAnnotations
@@ -139,4 +142,44 @@ def ledger_list(*, tenant: Tenant | None) -> QuerySet[LedgerEntry]:
 
 
 def usage_list(*, tenant: Tenant | None) -> QuerySet[UsageRecord]:
-    return UsageRecord.objects.for_tenant(tenant).order_by("-period_end", "-id")
+    """The metering records, newest first, with their purchase (whether it is
+    interruptible is shown beside each)."""
+    return (
+        UsageRecord.objects.for_tenant(tenant)
+        .select_related("purchase")
+        .order_by("-period_end", "-id")
+    )
+
+
+# --- a running slice's minutes, up to date ------------------------------------------------------
+
+
+def slice_minutes_pending(*, slice: Slice, now: datetime | None = None) -> int:
+    """The whole minutes a running slice has used since it was last metered: what the next
+    minute tick will charge (tenants.services.billing.slice_meter floors to whole minutes
+    while it runs, charges nothing while its node does not answer, and never more than its
+    purchase has left). Nothing is charged here."""
+    if slice.state != Slice.State.RUNNING or slice.last_metered_at is None:
+        return 0
+    if not slice.node_answers:
+        return 0
+    elapsed = ((now or timezone.now()) - slice.last_metered_at).total_seconds()
+    left = slice.purchase.minutes_left if slice.purchase is not None else 0
+    return max(0, min(int(elapsed // 60), left))
+
+
+def slice_minutes_shown(*, slice: Slice, now: datetime | None = None) -> int:
+    """A slice's minutes as the page and the API show them: those metered plus those the
+    next tick will charge, so a running slice's count keeps up with the clock instead of
+    lagging it by up to two minutes (the meter runs once a minute)."""
+    return slice.minutes_used + slice_minutes_pending(slice=slice, now=now)
+
+
+def slice_cost_shown(*, slice: Slice, now: datetime | None = None) -> Decimal:
+    """What the shown minutes are worth at the purchase's price per minute, rounded like
+    `Slice.cost_so_far` (half up to the cent)."""
+    purchase = slice.purchase
+    if purchase is None or not purchase.minutes_total:
+        return Decimal("0.00")
+    per_minute = purchase.price_paid / Decimal(purchase.minutes_total)
+    return round_half_up(per_minute * slice_minutes_shown(slice=slice, now=now))

@@ -44,6 +44,7 @@ from ..models import (
     Tenant,
     Tier,
 )
+from ..ssh_host_keys import host_key_fingerprint, host_key_known_hosts_line
 from .accounts import gateway_host_key_fingerprint
 from .billing import tier_list
 
@@ -158,6 +159,20 @@ def purchases_for_resume(slice: Slice) -> QuerySet[Purchase]:
     )
 
 
+def purchase_resume_default(*, slice: Slice) -> Purchase | None:
+    """The purchase a resume pays from when none is named, the one rule the resume page
+    (its preselected choice), the API (`purchase` left out) and `gpp resume` follow: among
+    `purchases_for_resume` (its tier, minutes left, no live slice on it), the slice's own
+    purchase first (it goes on at the price it ran at), then full-price ones before
+    interruptible ones (a resumed slice is preemptible only when its renter picks that),
+    then the oldest (bought time is used in the order it was bought). None: nothing can
+    pay for it."""
+    own_first = Case(When(pk=slice.purchase_id, then=0), default=1)
+    return (
+        purchases_for_resume(slice).order_by(own_first, "interruptible", "created_at", "pk").first()
+    )
+
+
 def slice_log_lines(*, slice: Slice, after: int = 0, limit: int = 200) -> list[SliceLogLine]:
     """The slice's kept output after line `after`, oldest first, at most `limit` lines."""
     return list(SliceLogLine.objects.filter(slice=slice, seq__gt=after).order_by("seq")[:limit])
@@ -170,6 +185,23 @@ def slice_log_lines_tail(*, slice: Slice, count: int) -> QuerySet[SliceLogLine]:
 
 def slice_list(*, tenant: Tenant | None) -> QuerySet[Slice]:
     return _slice_related(Slice.objects.for_tenant(tenant)).order_by("-created_at", "-id")
+
+
+def slice_list_for_dashboard(*, tenant: Tenant) -> QuerySet[Slice]:
+    """A tenant's slices as its dashboard lists them: what is live (requested, queued,
+    provisioning, running, stopping) first, then what ended, and refused launches last, so
+    a burst of refusals never pushes a running slice off the top; newest first within each."""
+    rank = Case(
+        When(state__in=Slice.LIVE_STATES, then=0),
+        When(state=Slice.State.REFUSED, then=2),
+        default=1,
+        output_field=IntegerField(),
+    )
+    return (
+        _slice_related(Slice.objects.for_tenant(tenant))
+        .alias(dashboard_rank=rank)
+        .order_by("dashboard_rank", "-created_at", "-id")
+    )
 
 
 def slice_list_for_ops(
@@ -248,30 +280,81 @@ def owner_is_live(owner_key: str) -> bool:
     return Slice.objects.filter(pk=int(number), state__in=Slice.HOLDS_VRAM_STATES).exists()
 
 
+# Forwards listen on this machine's port remote + LOCAL_PORT_OFFSET: clear of the
+# platform's own 8000 and of the privileged ports below 1024 that only root may bind.
+LOCAL_PORT_OFFSET = 10000
+LOCAL_PORT_MAX = 65535
+
+
+def forward_local_ports(ports: Iterable[int]) -> dict[int, int]:
+    """The local port each remote port's forward listens on: remote + 10000; for a remote
+    port above 55535 (no room above), remote - 10000; each moved down past one already
+    taken, so two forwards of one slice never share a port."""
+    taken: set[int] = set()
+    out: dict[int, int] = {}
+    for port in sorted(set(ports)):
+        local = port + LOCAL_PORT_OFFSET
+        if local > LOCAL_PORT_MAX:
+            local = port - LOCAL_PORT_OFFSET
+        while local in taken:
+            local -= 1
+        taken.add(local)
+        out[port] = local
+    return out
+
+
+def forward_command(*, name: str, remote: int, local: int, host: str, port: int | str) -> str:
+    """`ssh -N -L` for one forward: bound to 127.0.0.1 only (never every address, never
+    only ::1), and ssh ends at once when the local port is taken."""
+    return (
+        f"ssh -N -o ExitOnForwardFailure=yes -L 127.0.0.1:{local}:{name}:{remote} "
+        f"-p {port} gpp@{host}"
+    )
+
+
 def gateway_details(
-    slice_id: int, ports: list[int], *, has_sshd: bool, ssh_user: str = "root"
+    slice_id: int,
+    ports: list[int],
+    *,
+    has_sshd: bool,
+    ssh_user: str = "root",
+    host_key_public: str = "",
 ) -> dict[str, Any]:
     """How a renter reaches the slice through the platform's SSH gateway: a forward per
-    declared port, `ssh -J` to the container's own sshd where the image has one, an
-    ~/.ssh/config snippet, and the gateway's host key to pin."""
+    declared port (on a free local port), `ssh -J` to the container's own sshd where the
+    image has one, an ~/.ssh/config snippet, the gateway's host key to pin and the slice's
+    own host key (which the snippet pins, so a resumed slice asks nothing)."""
     host, _, port = settings.GATEWAY_ADDRESS.rpartition(":")
     host = settings.GATEWAY_PUBLIC_HOST or host.strip("[]") or "127.0.0.1"
     name = f"slice-{slice_id}"
     forwards = [
-        {"port": p, "command": f"ssh -N -L {p}:{name}:{p} -p {port} gpp@{host}"} for p in ports
+        {
+            "port": p,
+            "local_port": local,
+            "command": forward_command(name=name, remote=p, local=local, host=host, port=port),
+            "url": f"http://127.0.0.1:{local}/",
+        }
+        for p, local in forward_local_ports(ports).items()
     ]
+    sshd = has_sshd and 22 in ports
+    known_hosts = host_key_known_hosts_line(name, host_key_public) if sshd else ""
     config = (
         f"Host gpp-gateway\n  HostName {host}\n  Port {port}\n  User gpp\n\n"
         f"Host {name}\n  User {ssh_user}\n  ProxyJump gpp-gateway\n"
     )
+    if known_hosts:
+        config += f"  HostKeyAlias {name}\n  KnownHostsCommand /bin/echo {known_hosts}\n"
     return {
         "host": host,
         "port": int(port),
         "name": name,
         "host_key_fingerprint": gateway_host_key_fingerprint(),
         "forwards": forwards,
-        "jump": f"ssh -J gpp@{host}:{port} {ssh_user}@{name}" if has_sshd and 22 in ports else "",
+        "jump": f"ssh -J gpp@{host}:{port} {ssh_user}@{name}" if sshd else "",
         "ssh_config": config,
+        "slice_host_key": known_hosts.split(" ", 1)[1] if known_hosts else "",
+        "slice_host_key_fingerprint": host_key_fingerprint(host_key_public) if sshd else "",
+        "known_hosts": known_hosts,
     }
 
 

@@ -82,7 +82,7 @@ def signup(request: PageRequest) -> HttpResponse:
     )
     if requested.done:
         return redirect("signup_sent")
-    return render(request, "registration/signup.html", {"form": form})
+    return render(request, "registration/signup.html", {"form": form}, status=requested.status)
 
 
 @require_GET
@@ -208,16 +208,16 @@ def account(request: AccountRequest) -> HttpResponse:
         )
         if created.done:
             return redirect("tenants:account")
-        return render(request, "tenants/no_tenant.html", {"form": form})
+        return render(request, "tenants/no_tenant.html", {"form": form}, status=created.status)
     return render(request, "tenants/account.html", _account_context(request))
 
 
-def _tokens_response(request: AccountRequest, **extra: Any) -> HttpResponse:
+def _tokens_response(request: AccountRequest, status: int = 200, **extra: Any) -> HttpResponse:
     request.membership = selectors.membership_for_user(request.user)
     context = _account_context(request, **extra)
     template = "tenants/_tokens.html" if is_partial(request) else "tenants/account.html"
     context["oob_activity"] = True
-    return render(request, template, context)
+    return render(request, template, context, status=status)
 
 
 @login_required
@@ -225,7 +225,7 @@ def _tokens_response(request: AccountRequest, **extra: Any) -> HttpResponse:
 def token_create(request: AccountRequest) -> HttpResponse:
     form = ApiTokenForm(request.POST)
     if not form.is_valid():
-        return _tokens_response(request, token_form=form)
+        return _tokens_response(request, status=400, token_form=form)
     try:
         token, value = services.api_token_create(
             user=request.user,
@@ -236,7 +236,7 @@ def token_create(request: AccountRequest) -> HttpResponse:
         )
     except ServiceError as exc:
         form_error(form, exc)
-        return _tokens_response(request, token_form=form)
+        return _tokens_response(request, status=exc.status_code, token_form=form)
     return _tokens_response(request, new_token=token, new_token_value=value)
 
 
@@ -266,9 +266,11 @@ def ssh_key_add(request: AccountRequest) -> HttpResponse:
     wait_s = form_limits.attempt(request, "ssh_key_add")
     if wait_s and not is_partial(request):
         return form_limits.refused_page(request, wait_s)
-    if wait_s:  # htmx swaps only 2xx answers: the fragment says why, nothing is added
+    if wait_s:  # the fragment says why (htmx swaps a 429 too); nothing is added
         form.add_error(None, form_limits.wait_message(wait_s))
-        return _ssh_keys_response(request, ssh_key_form=form)
+        response = _ssh_keys_response(request, status=429, ssh_key_form=form)
+        response["Retry-After"] = str(wait_s)
+        return response
     added = submit(
         request,
         form,
@@ -276,10 +278,8 @@ def ssh_key_add(request: AccountRequest) -> HttpResponse:
             user=request.user, name=data["name"], public_key=data["public_key"]
         ),
     )
-    if not added.done:
-        # htmx swaps only 2xx answers: the fragment with its errors comes back as 200.
-        status = 200 if is_partial(request) else added.status
-        return _ssh_keys_response(request, status=status, ssh_key_form=form)
+    if not added.done:  # the page or fragment with its errors, as every form page answers
+        return _ssh_keys_response(request, status=added.status, ssh_key_form=form)
     key = added.result
     notice = f"SSH key {key.name!r} added ({key.fingerprint})."
     if not is_partial(request):
@@ -331,7 +331,8 @@ def invitation_create(request: MemberRequest) -> HttpResponse:
                 request, "; ".join(str(e) for errs in form.errors.values() for e in errs)
             )
             return redirect("tenants:account")
-        return render(request, "tenants/_members.html", _account_context(request, invite_form=form))
+        context = _account_context(request, invite_form=form)
+        return render(request, "tenants/_members.html", context, status=400)
     try:
         invitation = services.invitation_create(
             actor_membership=request.membership, **form.cleaned_data
@@ -340,7 +341,10 @@ def invitation_create(request: MemberRequest) -> HttpResponse:
         if is_partial(request):
             form_error(form, exc)
             return render(
-                request, "tenants/_members.html", _account_context(request, invite_form=form)
+                request,
+                "tenants/_members.html",
+                _account_context(request, invite_form=form),
+                status=exc.status_code,
             )
         return _members_response(request, member_error=exc.message)
     return _members_response(request, member_notice=f"Invitation sent to {invitation.email}.")

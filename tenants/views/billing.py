@@ -7,6 +7,7 @@ from decimal import Decimal
 from urllib.parse import urlencode
 
 from django import forms
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
@@ -152,6 +153,8 @@ def _buy_page(
                 "places": rate.places,
             },
             "insufficient": insufficient,
+            # the promise interruptible hours come with (tenants.services.slices.preempt)
+            "preempt_notice_s": settings.SLICES_PREEMPT_NOTICE_S,
         },
         status=status,
     )

@@ -55,7 +55,7 @@ def _with_gauges(slices: list[Slice]) -> list[Slice]:
 
 
 def _dashboard_live_context(tenant: Tenant) -> dict[str, Any]:
-    slices = _with_gauges(list(selectors.slice_list(tenant=tenant)[:20]))
+    slices = _with_gauges(list(selectors.slice_list_for_dashboard(tenant=tenant)[:20]))
     purchases = list(selectors.purchase_list(tenant=tenant)[:20])
     any_live = Slice.objects.for_tenant(tenant).filter(state__in=Slice.LIVE_STATES).exists()
     return {
@@ -170,7 +170,12 @@ def launch(request: MemberRequest) -> HttpResponse:
         context = _launch_estimate(tenant, request.GET, tiers)
         return render(request, "tenants/_launch_estimate.html", {**context, "partial": True})
     chosen = _launch_template(request)
-    form = LaunchForm(request.POST or None, tenant=tenant, initial=_launch_initial(request, chosen))
+    form = LaunchForm(
+        request.POST or None,
+        tenant=tenant,
+        user=request.user,
+        initial=_launch_initial(request, chosen),
+    )
     launched = submit(
         request,
         form,
@@ -199,7 +204,7 @@ def launch(request: MemberRequest) -> HttpResponse:
         exc = launched.error
         refusal = {"message": exc.message, "estimate": exc.estimate, "slice": exc.slice}
         # The refused launch is recorded under this key: a corrected form needs a new one.
-        form = LaunchForm(_fresh_token(request.POST), tenant=tenant)
+        form = LaunchForm(_fresh_token(request.POST), tenant=tenant, user=request.user)
         form.is_valid()
     context = _launch_context(request, form, tiers, template=chosen, refusal=refusal)
     return render(request, "tenants/launch.html", context, status=launched.status)
@@ -298,7 +303,7 @@ def slice_detail(request: MemberRequest, pk: int) -> HttpResponse:
     slice = _tenant_slice(request, pk)
     context = _slice_context(slice, request.membership)
     if is_partial(request):
-        response = render(request, "tenants/_slice_live.html", context)
+        response = render(request, "tenants/_slice_live.html", {**context, "partial": True})
         return live_response(response, done=slice.is_final)
     services.slice_logs_request(slice=slice)
     context.update(slice_log_tail(slice))

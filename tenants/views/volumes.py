@@ -77,7 +77,8 @@ def slice_resume(request: MemberRequest, pk: int) -> HttpResponse:
     """GET: pick a purchase of the slice's tier; POST: start it again on it."""
     slice = _own_slice(request, pk)
     purchases = selectors.purchases_for_resume(slice)
-    form = ResumeForm(request.POST or None, purchases=purchases)
+    default = selectors.purchase_resume_default(slice=slice)  # what the API and gpp pick too
+    form = ResumeForm(request.POST or None, purchases=purchases, initial={"purchase": default})
     resumed = submit(
         request,
         form,

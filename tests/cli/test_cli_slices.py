@@ -6,7 +6,6 @@ volumes; `gpp ssh` and `gpp forward` running OpenSSH with the API's gateway deta
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from datetime import timedelta
@@ -230,16 +229,22 @@ def test_ssh_and_forward_run_openssh_with_the_gateway_details(
     proxy = next(a for a in argv if a.startswith("ProxyCommand="))
     # the gateway hop gets the same key: OpenSSH gives -J hops none of the command line's
     assert proxy.endswith("-i /keys/id -p 2299 -W %h:%p gpp@127.0.0.1")
+    # the slice's own host key is pinned: a resumed slice asks nothing, another key fails
+    assert f"HostKeyAlias=slice-{ident}" in argv
+    pin = next(a for a in argv if a.startswith("KnownHostsCommand="))
+    assert pin.startswith(f"KnownHostsCommand=/bin/echo slice-{ident} ssh-ed25519 AAAA")
+    assert "slice's own host key is SHA256:" in logged_in.stderr
+    assert "slice host key" in gpp("show", str(ident)).stdout
 
     shown = gpp("forward", str(ident), "22", "--local-port", "2200", GPP_SSH=str(stub))
     assert shown.code == 7
     argv = json.loads(record.read_text())
-    assert argv[argv.index("-L") + 1] == f"2200:slice-{ident}:22"
+    assert argv[argv.index("-L") + 1] == f"127.0.0.1:2200:slice-{ident}:22"
     assert argv[-3:] == ["-p", "2299", "gpp@127.0.0.1"] and "-N" in argv
+    assert argv[argv.index("-N") + 1 : argv.index("-N") + 3] == ["-o", "ExitOnForwardFailure=yes"]
     printed = gpp("forward", str(ident), "22", "--json", GPP_SSH=str(stub)).json()
-    # port 22 is root's to listen on: 10022 here unless asked
-    local = "22" if os.geteuid() == 0 else "10022"
-    assert printed["argv"][printed["argv"].index("-L") + 1] == f"{local}:slice-{ident}:22"
+    # the slice page's port, 10000 above: on 127.0.0.1 only, clear of root's ports
+    assert printed["argv"][printed["argv"].index("-L") + 1] == f"127.0.0.1:10022:slice-{ident}:22"
 
     undeclared = gpp("forward", str(ident), "8888", "--json", GPP_SSH=str(stub))
     assert undeclared.code == 1 and undeclared.error()["code"] == "port_not_declared"

@@ -8,8 +8,9 @@ One test per role and viewport: one browser context and one login, then every pa
 role in turn; what fails is collected and reported at the end, page by page.
 
 `test_readme_screenshots` draws the README's pictures (dashboard, launch, fleet, incident
-ledger, fit) at 1366x900 into $GPUPLATFORM_SCREENSHOTS_DIR (`make screenshots` sets it to
-docs/screenshots/), else into var/screenshots/readme/.
+ledger, fit) at 1366x900 (<name>.png) and at 390x844 (<name>-phone.png) into
+$GPUPLATFORM_SCREENSHOTS_DIR (`make screenshots` sets it to docs/screenshots/), else into
+var/screenshots/readme/.
 """
 
 import os
@@ -282,6 +283,7 @@ def pages_of(scene: Scene) -> list[Page]:
         # the tenant
         Page("dashboard", "/dashboard/", (TENANT,)),
         Page("buy", "/buy/", (TENANT,)),
+        Page("spend-limits", "/spend-limits/", (TENANT,)),
         Page("launch", "/launch/", (TENANT,)),
         Page("slice-running", f"/slices/{run}/", (TENANT,)),
         Page("slice-stop", f"/slices/{run}/stop/", (TENANT,)),
@@ -558,24 +560,28 @@ def readme_dir() -> Path:
     return path if path.is_absolute() else Path(settings.BASE_DIR) / path
 
 
+README_SIZES = {"desktop": "", "phone": "-phone"}  # viewport: suffix of the file name
+
+
 def test_readme_screenshots(browser, live_server):
     build_scene()
     out = readme_dir()
     out.mkdir(parents=True, exist_ok=True)
-    browsers = {}  # role: (context, page, recorder)
+    browsers = {}  # (role, viewport): (context, page, recorder)
     problems = {}
+    shots = [(n, r, p, v) for v in README_SIZES for n, (r, p) in README_SHOTS.items()]
     try:
-        for name, (role, path) in README_SHOTS.items():
-            if role not in browsers:
+        for name, role, path, viewport in shots:
+            if (role, viewport) not in browsers:
                 context = browser.new_context(
-                    base_url=live_server.url, viewport=VIEWPORTS["desktop"]
+                    base_url=live_server.url, viewport=VIEWPORTS[viewport]
                 )
                 context.set_default_timeout(10_000)
                 page = context.new_page()
-                browsers[role] = (context, page, Recorder(page))
+                browsers[role, viewport] = (context, page, Recorder(page))
                 if role != ANON:
                     log_in(page, OWNER_EMAIL if role == TENANT else OPS_EMAIL)
-            _, page, recorder = browsers[role]
+            _, page, recorder = browsers[role, viewport]
             page.goto(path)
             recorder.settle(page)
             if name == "fit":  # a model too big for the tier picked: the verdict says which fits
@@ -584,11 +590,11 @@ def test_readme_screenshots(browser, live_server):
                 page.select_option("#id_tier_mib", "8192")
                 recorder.settle(page)
             page.wait_for_timeout(400)  # chart animations end
-            shot = out / f"{name}.png"
+            shot = out / f"{name}{README_SIZES[viewport]}.png"
             page.screenshot(path=str(shot), animations="disabled")  # the first screen
             assert shot.stat().st_size < 300_000, f"{shot} is {shot.stat().st_size} bytes"
             if issues := recorder.take():
-                problems[name] = issues
+                problems[shot.name] = issues
     finally:
         for context, _, _ in browsers.values():
             context.close()

@@ -88,7 +88,7 @@ def test_signup_with_taken_email_changes_nothing_and_mails_the_owner(client, own
 )
 def test_signup_rejects_bad_input_without_creating_anything(client, overrides, message):
     response = _signup(client, **overrides)
-    assert response.status_code == 200
+    assert response.status_code == 400
     assert message in response.content.decode()
     assert not User.objects.exists()
     assert not Tenant.objects.exists()

@@ -266,7 +266,7 @@ def test_a_refused_key_is_shown_on_the_form_and_nothing_stored(page_a, data, sho
     assert shown in section and 'class="error-text"' in section
     assert not SshKey.objects.exists()
     partial = page_a.post("/account/ssh-keys/", data, HTTP_HX_REQUEST="true")
-    assert partial.status_code == 200 and shown in partial.content.decode()
+    assert partial.status_code == 400 and shown in partial.content.decode()
 
 
 def test_remove_asks_to_confirm_first(page_a, owner_a):

@@ -28,8 +28,12 @@ from tenants.services.credit import MAX_PER_CREDIT, MIN_PER_CREDIT
 
 class TierSerializer(serializers.ModelSerializer):
     vram_gb = serializers.IntegerField(read_only=True)
-    interruptible_price_per_hour = serializers.SerializerMethodField(
-        help_text="An interruptible hour: the price less the tier's interruptible discount."
+    # A string with two decimals like its sibling `price_per_hour`: money is never a float.
+    interruptible_price_per_hour = serializers.DecimalField(
+        max_digits=8,
+        decimal_places=2,
+        read_only=True,
+        help_text="An interruptible hour: the price less the tier's interruptible discount.",
     )
 
     class Meta:
@@ -49,9 +53,6 @@ class TierSerializer(serializers.ModelSerializer):
             "description",
         ]
         read_only_fields = fields
-
-    def get_interruptible_price_per_hour(self, tier: Tier) -> Decimal:
-        return tier.price_of(1, interruptible=True)
 
 
 class PurchaseSerializer(serializers.ModelSerializer):
@@ -131,6 +132,12 @@ class OpsLedgerEntrySerializer(LedgerEntrySerializer):
 
 
 class UsageRecordSerializer(serializers.ModelSerializer):
+    interruptible = serializers.BooleanField(
+        source="purchase.interruptible",
+        read_only=True,
+        help_text="Paid from an interruptible purchase (preemptible, at the tier's discount).",
+    )
+
     class Meta:
         model = UsageRecord
         fields = [
@@ -139,6 +146,7 @@ class UsageRecordSerializer(serializers.ModelSerializer):
             "purchase",
             "minutes",
             "minutes_left_after",
+            "interruptible",
             "period_start",
             "period_end",
             "at",

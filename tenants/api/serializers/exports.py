@@ -46,6 +46,11 @@ class UsageLineSerializer(serializers.Serializer):
     ledger_amount = _money(
         allow_null=True, help_text="Credit the ledger moved (negative: taken); slices: null."
     )
+    interruptible = serializers.BooleanField(
+        allow_null=True,
+        help_text="Paid from an interruptible purchase (preemptible, at the tier's discount); "
+        "null for rows without a purchase.",
+    )
 
 
 class UsageSummarySerializer(serializers.Serializer):

@@ -22,6 +22,7 @@ from tenants.models import (
     SliceTransition,
 )
 from tenants.permissions import redact_for_viewers
+from tenants.ssh_host_keys import host_key_fingerprint
 
 from .volumes import MountSerializer
 
@@ -161,6 +162,16 @@ class SliceSerializer(serializers.ModelSerializer):
         help_text="The highest VRAM (MiB) its container held in one sample: while it runs, "
         "the peak so far; null before any sample.",
     )
+    minutes_used = serializers.SerializerMethodField(
+        help_text="Minutes it has run, up to date while it runs: those metered plus the whole "
+        "minutes since, which the next minute tick charges (docs/billing.md)."
+    )
+    minutes_metered = serializers.IntegerField(
+        source="minutes_used",
+        read_only=True,
+        help_text="Minutes charged to its purchases so far (the meter's count, which lags "
+        "a running slice by up to two minutes).",
+    )
 
     class Meta:
         model = Slice
@@ -177,6 +188,7 @@ class SliceSerializer(serializers.ModelSerializer):
             "guaranteed",
             "estimate_mb",
             "minutes_used",
+            "minutes_metered",
             "peak_vram_mb",
             "exit_code",
             "created_at",
@@ -187,6 +199,9 @@ class SliceSerializer(serializers.ModelSerializer):
             "runs",
         ]
         read_only_fields = fields
+
+    def get_minutes_used(self, slice: Slice) -> int:
+        return selectors.slice_minutes_shown(slice=slice)
 
 
 class VramQuotaSerializer(serializers.Serializer):
@@ -212,10 +227,21 @@ class SliceDetailSerializer(SliceSerializer):
     transitions = serializers.SerializerMethodField()
     estimate = serializers.SerializerMethodField()
     model = serializers.JSONField(source="model_request", read_only=True)
+    ssh_host_key_public = serializers.CharField(
+        read_only=True,
+        help_text="The slice's own SSH host key (an OpenSSH public key line), the same on "
+        'every run; "" for an image without its own sshd. The private half is never shown.',
+    )
+    ssh_host_key_fingerprint = serializers.SerializerMethodField(
+        help_text='That key\'s fingerprint as `ssh-keygen -l` prints it (SHA256:...); "" '
+        "when there is none."
+    )
 
     class Meta(SliceSerializer.Meta):
         fields = [
             *SliceSerializer.Meta.fields,
+            "ssh_host_key_public",
+            "ssh_host_key_fingerprint",
             "queue_position",
             "vram_quota",
             "connection",
@@ -233,6 +259,9 @@ class SliceDetailSerializer(SliceSerializer):
 
     def get_queue_position(self, slice: Slice) -> int | None:
         return selectors.queue_position(slice)
+
+    def get_ssh_host_key_fingerprint(self, slice: Slice) -> str:
+        return host_key_fingerprint(slice.ssh_host_key_public)
 
     @extend_schema_field(VramQuotaSerializer)
     def get_vram_quota(self, slice: Slice) -> dict[str, Any]:

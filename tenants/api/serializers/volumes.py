@@ -13,14 +13,21 @@ from tenants.services.volumes import MIB_PER_GB
 
 
 class VolumeSerializer(serializers.ModelSerializer):
+    # The name only: where its slices run, never how the platform reaches the node.
+    node = serializers.CharField(
+        source="node.name",
+        read_only=True,
+        help_text="The node it lives on: every slice that mounts it runs there.",
+    )
     used_gb = serializers.SerializerMethodField(
         help_text="What it holds, in GB, as last measured (null until measured)."
     )
 
     class Meta:
         model = Volume
-        fields = ["id", "name", "size_gb", "state", "state_reason", "used_gb", "used_measured_at",
-                  "created_at", "ready_at", "deleted_at", "unpaid_since"]  # fmt: skip
+        fields = ["id", "name", "node", "size_gb", "state", "state_reason", "used_gb",
+                  "used_measured_at", "created_at", "ready_at", "deleted_at",
+                  "unpaid_since"]  # fmt: skip
         read_only_fields = fields
 
     def get_used_gb(self, volume: Volume) -> float | None:
@@ -48,7 +55,10 @@ class MountSerializer(StrictSerializer):
 
 class SliceResumeSerializer(StrictSerializer):
     purchase = serializers.IntegerField(
-        help_text="One of your purchases of the slice's tier with minutes left."
+        required=False,
+        help_text="One of your purchases of the slice's tier with minutes left. Left out: "
+        "the slice's own when it has minutes left and is free, else a full-price one before "
+        "an interruptible one, the oldest first (the resume page preselects the same).",
     )
 
 

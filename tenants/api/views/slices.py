@@ -20,7 +20,7 @@ from gpuplatform.api.scopes import ADMIN, LAUNCH
 from gpuplatform.errors import ServiceError
 from gpuplatform.http import signed_in
 from tenants import selectors, services
-from tenants.models import Image, Slice, SliceLogLine
+from tenants.models import Image, Purchase, Slice, SliceLogLine
 from tenants.permissions import IsOps
 from tenants.services.slices.launch import ServiceRefusal
 
@@ -129,17 +129,7 @@ class SliceViewSet(
         slice = self.get_object()
         data = vs.SliceResumeSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        purchase = (
-            selectors.purchase_list(tenant=self.tenant)
-            .filter(pk=data.validated_data["purchase"])
-            .first()
-        )
-        if purchase is None:
-            raise ServiceError(
-                f"No purchase {data.validated_data['purchase']} of yours.",
-                code="does_not_exist",
-                field="purchase",
-            )
+        purchase = self._resume_purchase(slice, data.validated_data.get("purchase"))
         try:
             slice = services.slice_resume(
                 membership=self.membership,
@@ -150,6 +140,28 @@ class SliceViewSet(
         except ServiceRefusal as exc:
             return _refusal(exc.message, exc.estimate, slice.pk)
         return self._out(slice, status.HTTP_202_ACCEPTED)
+
+    def _resume_purchase(self, slice: Slice, wanted: int | None) -> Purchase:
+        """The purchase named, else the default one (selectors.purchase_resume_default). A
+        slice that cannot be resumed (not stopped, or terminated) keeps its own, so the
+        resume refuses it in its words."""
+        if wanted is None:
+            if slice.state != Slice.State.STOPPED or slice.terminated_at is not None:
+                return slice.purchase
+            default = selectors.purchase_resume_default(slice=slice)
+            if default is None:
+                raise ServiceError(
+                    f"No purchase of the {slice.vram_mb // 1024} GB tier with minutes left "
+                    "and no slice on it: buy one, then resume.",
+                    code="required",
+                    field="purchase",
+                )
+            return default
+        purchase = selectors.purchase_list(tenant=self.tenant).filter(pk=wanted).first()
+        if purchase is None:
+            raise ServiceError(f"No purchase {wanted} of yours.", code="does_not_exist",
+                               field="purchase")  # fmt: skip
+        return purchase
 
     @extend_schema(request=vs.SliceTerminateSerializer, responses={202: s.SliceDetailSerializer})
     @action(detail=True, methods=["post"])

@@ -38,7 +38,7 @@ class VolumeViewSet(
     search_fields = ["name"]
 
     def get_queryset(self) -> QuerySet[Volume]:
-        return selectors.volume_list(tenant=self.tenant)
+        return selectors.volume_list(tenant=self.tenant).select_related("node")
 
     @extend_schema(
         parameters=[IDEMPOTENCY_KEY],

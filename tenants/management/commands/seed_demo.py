@@ -60,7 +60,8 @@ DEMO_TEMPLATES: list[dict[str, object]] = [
     {
         "name": "SSH workspace",
         "image": "SSH (lab)",
-        "description": "Log in with ssh -J through the gateway; a small model for the check.",
+        "description": "Log in with ssh -J through the gateway; a small model for the check. "
+        "Mount a volume at /home/renter to keep your home across stops.",
         "model_request": {"model": {"catalog": "Qwen/Qwen2.5-0.5B"}, "context_tokens": 2048},
     },
     {
