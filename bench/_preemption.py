@@ -60,23 +60,34 @@ class PreemptionReport:
 def preemption_day(workdir: Path, *, emulated_time, minutes: int = 40) -> PreemptionReport:
     """The scenario on the database Django is set up with (empty, migrated)."""
     with ExitStack() as stack:
-        settings.NODES_SSH_KEY_PATH = str(workdir / "id_ed25519")
-        settings.NODES_CONTAINER_SETTLE_S = 0
-        ssh.reset_pool()
-        stack.callback(ssh.reset_pool)
-        app.conf.task_always_eager = True
-        app.conf.task_eager_propagates = False
-        stack.callback(setattr, app.conf, "task_always_eager", False)
-        public = ssh.public_key_line(ssh.get_pool().private_key)
-        fleet = EmulatedFleet.start(
-            nodes=[NodeSpec("pre-00", (GpuSpec("NVIDIA A30"),), DEFAULT_QUOTA_LIBRARY)],
-            authorized_keys=[public],
-            state_dir=workdir / "emu",
-            speed=0.0,
-        )
-        stack.callback(fleet.stop)
-        stack.enter_context(emulated_time(fleet.clock))
+        _eager_tasks(stack, workdir)
+        fleet = _emulated_card(stack, workdir, "pre-00", emulated_time)
         return _run(fleet, minutes)
+
+
+def _eager_tasks(stack: ExitStack, workdir: Path) -> None:
+    """The platform's tasks run in this process, with the bench's own SSH key."""
+    settings.NODES_SSH_KEY_PATH = str(workdir / "id_ed25519")
+    settings.NODES_CONTAINER_SETTLE_S = 0
+    ssh.reset_pool()
+    stack.callback(ssh.reset_pool)
+    app.conf.task_always_eager = True
+    app.conf.task_eager_propagates = False
+    stack.callback(setattr, app.conf, "task_always_eager", False)
+
+
+def _emulated_card(stack: ExitStack, workdir: Path, name: str, emulated_time):
+    """One emulated node with one A30 and the quota library, on the fleet's own clock."""
+    public = ssh.public_key_line(ssh.get_pool().private_key)
+    fleet = EmulatedFleet.start(
+        nodes=[NodeSpec(name, (GpuSpec("NVIDIA A30"),), DEFAULT_QUOTA_LIBRARY)],
+        authorized_keys=[public],
+        state_dir=workdir / "emu",
+        speed=0.0,
+    )
+    stack.callback(fleet.stop)
+    stack.enter_context(emulated_time(fleet.clock))
+    return fleet
 
 
 def _run(fleet, minutes: int) -> PreemptionReport:
@@ -217,13 +228,7 @@ def preemption_for_room_day(workdir: Path, *, emulated_time) -> ForRoomReport:
     from incidents import tasks as incident_tasks  # noqa: PLC0415 - after Django is set up
 
     with ExitStack() as stack:
-        settings.NODES_SSH_KEY_PATH = str(workdir / "id_ed25519")
-        settings.NODES_CONTAINER_SETTLE_S = 0
-        ssh.reset_pool()
-        stack.callback(ssh.reset_pool)
-        app.conf.task_always_eager = True
-        app.conf.task_eager_propagates = False
-        stack.callback(setattr, app.conf, "task_always_eager", False)
+        _eager_tasks(stack, workdir)
         due: list[tuple[float, tuple]] = []  # (when, args) of the deadline's disposal
         queued = incident_tasks.dispose.apply_async
         incident_tasks.dispose.apply_async = lambda args, countdown: due.append(  # type: ignore[method-assign]
@@ -233,15 +238,7 @@ def preemption_for_room_day(workdir: Path, *, emulated_time) -> ForRoomReport:
         posted = incident_tasks.deliver_webhook.delay_on_commit
         incident_tasks.deliver_webhook.delay_on_commit = lambda *a: None  # type: ignore[method-assign]
         stack.callback(setattr, incident_tasks.deliver_webhook, "delay_on_commit", posted)
-        public = ssh.public_key_line(ssh.get_pool().private_key)
-        fleet = EmulatedFleet.start(
-            nodes=[NodeSpec("room-00", (GpuSpec("NVIDIA A30"),), DEFAULT_QUOTA_LIBRARY)],
-            authorized_keys=[public],
-            state_dir=workdir / "emu",
-            speed=0.0,
-        )
-        stack.callback(fleet.stop)
-        stack.enter_context(emulated_time(fleet.clock))
+        fleet = _emulated_card(stack, workdir, "room-00", emulated_time)
         return _run_for_room(fleet, due, incident_tasks.dispose)
 
 

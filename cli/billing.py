@@ -47,7 +47,10 @@ def _price(tier: dict[str, Any], hours: int, interruptible: bool) -> Decimal:
 @click.argument("tier")
 @click.option("--hours", type=click.IntRange(1), required=True, help="How many hours to buy.")
 @click.option(
-    "--interruptible", is_flag=True, help="At the discount: preemptible, overcommitted GPUs."
+    "--interruptible",
+    is_flag=True,
+    help="At the discount: runs on spare room and gives it back to a full-price launch "
+    "with at least 30 s of notice (SIGTERM).",
 )
 @yes_option
 @idempotency_option

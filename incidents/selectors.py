@@ -229,6 +229,25 @@ def can_stop_slice(slice: Slice | None) -> TypeGuard[Slice]:
     return slice is not None and not slice.is_final
 
 
+def resumed_since(incident: Incident) -> bool:
+    """The incident's slice was started again after the incident last saw it: its live
+    run is another one than the incident is about."""
+    slice = incident.slice
+    if slice is None or slice.runs <= 1:
+        return False
+    return slice.transitions.filter(
+        from_state__in=Slice.FINAL_STATES,
+        to_state=Slice.State.REQUESTED,
+        at__gt=incident.last_seen_at,
+    ).exists()
+
+
+def can_stop_incident_slice(incident: Incident) -> bool:
+    """The incident's slice may be force-stopped: it runs, and it is the run the incident
+    is about (a slice resumed since runs a fresh start, not the one that offended)."""
+    return can_stop_slice(incident.slice) and not resumed_since(incident)
+
+
 def can_drain_gpu(gpu: Gpu | None) -> TypeGuard[Gpu]:
     """Open to placements, or closed only by the breaker (which lifts by itself: ops may
     turn it into a drain)."""

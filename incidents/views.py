@@ -30,7 +30,6 @@ from gpuplatform.errors import ServiceError
 from gpuplatform.http import MemberRequest, UserRequest
 from gpuplatform.pages import error_field, is_partial, live_response, submit
 from gpuplatform.querystring import is_id
-from tenants.models import Slice
 from tenants.permissions import member_required
 
 from . import kpis, paging, selectors, services
@@ -231,19 +230,6 @@ def _ops_incident(pk: int) -> Incident:
     )
 
 
-def resumed_since(incident: Incident) -> bool:
-    """The incident's slice was started again after the incident last saw it: its live
-    run is another one than the incident is about."""
-    slice = incident.slice
-    if slice is None or slice.runs <= 1:
-        return False
-    return slice.transitions.filter(
-        from_state__in=Slice.FINAL_STATES,
-        to_state=Slice.State.REQUESTED,
-        at__gt=incident.last_seen_at,
-    ).exists()
-
-
 def available_actions(incident: Incident) -> dict[str, bool]:
     """What the page offers (and the confirmations accept): disposal actions only while
     the incident is not resolved, and a stop only of the run it is about."""
@@ -253,9 +239,7 @@ def available_actions(incident: Incident) -> dict[str, bool]:
         "acknowledge": incident.status == Incident.Status.OPEN,
         "resolve": not resolved,
         "reopen": resolved,
-        "stop_slice": not resolved
-        and selectors.can_stop_slice(incident.slice)
-        and not resumed_since(incident),
+        "stop_slice": not resolved and selectors.can_stop_incident_slice(incident),
         "drain_gpu": not resolved and selectors.can_drain_gpu(incident.gpu),
         "end_orphan": incident.rule == "orphan_process" and not resolved,
         "drain_node": not resolved and selectors.can_drain_node(node),
@@ -332,7 +316,7 @@ def _incident_context(incident: Incident) -> dict[str, Any]:
         "events": events,
         "evidence": evidence_context(incident),
         "actions": available_actions(incident),
-        "resumed_since": resumed_since(incident),
+        "resumed_since": selectors.resumed_since(incident),
         "live_seconds": LIVE_SECONDS,
     }
 

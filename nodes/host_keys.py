@@ -13,38 +13,26 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-import secrets
+
+from nodes.slice_files import SliceFileKind
 
 # Where the image finds the key; its start script passes it to sshd (`-h`) when present.
 PATH_IN_CONTAINER = "/run/gpuplatform/ssh_host_ed25519_key"
 DIRECTORY = "/var/lib/gpuplatform/host-keys"
 
-_OWNER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,100}$")
-_FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,100}-[0-9a-f]{16}$")
+KIND = SliceFileKind(directory=DIRECTORY, path_in_container=PATH_IN_CONTAINER, what="host key")
 _REMAPPED_ROOT_RE = re.compile(r"^([0-9]{1,10})\.([0-9]{1,10})$")
 _NUMERIC_RE = re.compile(r"^[0-9]{1,10}$")
 # a uid inside the container is remapped only below the subordinate range's usual size
 _REMAP_RANGE = 65536
 
 
-def file_for(owner_key: str) -> str:
-    """A new file path for one start of the owner's container (a fresh name each start, so
-    a start never writes over a file another container still mounts)."""
-    if not isinstance(owner_key, str) or not _OWNER_RE.fullmatch(owner_key):
-        raise ValueError(f"owner_key is not acceptable for a key file: {owner_key!r}")
-    return posixpath.join(DIRECTORY, f"{owner_key}-{secrets.token_hex(8)}")
-
-
-def check_file(path: object) -> str:
-    """`path` when it is a key file this module names, else ValueError (so a removal can
-    never reach another path on the node)."""
-    if (
-        not isinstance(path, str)
-        or posixpath.dirname(path) != DIRECTORY
-        or not _FILE_RE.fullmatch(posixpath.basename(path))
-    ):
-        raise ValueError(f"not a slice host key file: {path!r}")
-    return path
+file_for = KIND.file_for
+check_file = KIND.check_file
+directory_argv = KIND.directory_argv
+remove_argv = KIND.remove_argv
+mount_arg = KIND.mount_arg
+mounted_file = KIND.mounted_file
 
 
 def root_dir_argv() -> list[str]:
@@ -80,58 +68,9 @@ def image_owner(image_user: str, base: tuple[int, int] = (0, 0)) -> tuple[int, i
     return base[0] + uid, base[1] + gid, mode
 
 
-def directory_argv() -> list[str]:
-    """Make the key directory, root's only (0700), or make it so again."""
-    return ["install", "-d", "-m", "0700", "-o", "0", "-g", "0", DIRECTORY]
-
-
 def write_argv(path: str, *, uid: int, gid: int, mode: str) -> list[str]:
     """Write the key given on stdin to `path`, owned by uid:gid with `mode`."""
-    if mode not in ("0600", "0644"):
-        raise ValueError(f"mode must be 0600 or 0644, not {mode!r}")
-    for name, value in (("uid", uid), ("gid", gid)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a non-negative integer, not {value!r}")
-    return ["install", "-m", mode, "-o", str(uid), "-g", str(gid), "/dev/stdin", check_file(path)]
-
-
-def remove_argv(path: str) -> list[str]:
-    return ["rm", "-f", "--", check_file(path)]
-
-
-def mount_arg(path: str) -> str:
-    """docker's --mount for the one key file, read-only, at PATH_IN_CONTAINER."""
-    return f"type=bind,source={check_file(path)},target={PATH_IN_CONTAINER},readonly"
-
-
-def mounted_file(inspect_text: str) -> str:
-    """The key file a container mounts, from `docker inspect` of it (a bind mount to
-    PATH_IN_CONTAINER whose source this module names); "" when there is none."""
-    try:
-        docs = json.loads(inspect_text or "[]")
-    except json.JSONDecodeError:
-        return ""
-    doc = docs[0] if isinstance(docs, list) and docs else {}
-    doc = doc if isinstance(doc, dict) else {}
-    found = doc.get("HostConfig")
-    host: dict = found if isinstance(found, dict) else {}
-    # what docker mounted, and what the run asked for (`--mount` as given)
-    mounts = [
-        m
-        for found in (doc.get("Mounts"), host.get("Mounts"))
-        if isinstance(found, list)
-        for m in found
-    ]
-    for mount in mounts:
-        if not isinstance(mount, dict):
-            continue
-        if (mount.get("Destination") or mount.get("Target")) != PATH_IN_CONTAINER:
-            continue
-        try:
-            return check_file(mount.get("Source"))
-        except ValueError:
-            continue
-    return ""
+    return KIND.write_argv(path, uid=uid, gid=gid, mode=mode)
 
 
 def image_user(text: str) -> str:

@@ -14,19 +14,21 @@ for sh: never the tenant's launch environment, which may hold their tokens."""
 
 from __future__ import annotations
 
-import json
-import posixpath
 import re
-import secrets
 import shlex
 from collections.abc import Iterable
-from typing import Any
+
+from nodes.slice_files import SliceFileKind
 
 PATH_IN_CONTAINER = "/etc/profile.d/gpuplatform.sh"
 DIRECTORY = "/var/lib/gpuplatform/login-env"
 
-_OWNER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,100}$")
-_FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,100}-[0-9a-f]{16}\.sh$")
+KIND = SliceFileKind(
+    directory=DIRECTORY,
+    path_in_container=PATH_IN_CONTAINER,
+    what="login environment",
+    suffix=".sh",
+)
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 HEADER = (
     "# The platform's variables for this slice, as its first process has them (written by\n"
@@ -53,70 +55,14 @@ def profile_text(env: Iterable[tuple[str, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def file_for(owner_key: str) -> str:
-    """A new file path for one start of the owner's container (a fresh name each start, so
-    a start never writes over a file another container still mounts)."""
-    if not isinstance(owner_key, str) or not _OWNER_RE.fullmatch(owner_key):
-        raise ValueError(f"owner_key is not acceptable for a login file: {owner_key!r}")
-    return posixpath.join(DIRECTORY, f"{owner_key}-{secrets.token_hex(8)}.sh")
-
-
-def check_file(path: object) -> str:
-    """`path` when it is a login file this module names, else ValueError (a mount or a
-    removal can never reach another path on the node)."""
-    if (
-        not isinstance(path, str)
-        or posixpath.dirname(path) != DIRECTORY
-        or not _FILE_RE.fullmatch(posixpath.basename(path))
-    ):
-        raise ValueError(f"not a slice login environment file: {path!r}")
-    return path
-
-
-def directory_argv() -> list[str]:
-    """Make the directory, root's only (0700), or make it so again."""
-    return ["install", "-d", "-m", "0700", "-o", "0", "-g", "0", DIRECTORY]
+file_for = KIND.file_for
+check_file = KIND.check_file
+directory_argv = KIND.directory_argv
+remove_argv = KIND.remove_argv
+mount_arg = KIND.mount_arg
+mounted_file = KIND.mounted_file
 
 
 def write_argv(path: str) -> list[str]:
     """Write the file given on stdin to `path`: root's, 0644."""
-    return ["install", "-m", "0644", "-o", "0", "-g", "0", "/dev/stdin", check_file(path)]
-
-
-def remove_argv(path: str) -> list[str]:
-    return ["rm", "-f", "--", check_file(path)]
-
-
-def mount_arg(path: str) -> str:
-    """docker's --mount for the one file, read-only, at PATH_IN_CONTAINER."""
-    return f"type=bind,source={check_file(path)},target={PATH_IN_CONTAINER},readonly"
-
-
-def mounted_file(inspect_text: str) -> str:
-    """The login file a container mounts, from `docker inspect` of it (a bind mount to
-    PATH_IN_CONTAINER whose source this module names); "" when there is none."""
-    try:
-        docs = json.loads(inspect_text or "[]")
-    except json.JSONDecodeError:
-        return ""
-    doc: Any = docs[0] if isinstance(docs, list) and docs else {}
-    doc = doc if isinstance(doc, dict) else {}
-    host: Any = doc.get("HostConfig")
-    host = host if isinstance(host, dict) else {}
-    # what docker mounted, and what the run asked for (`--mount` as given)
-    mounts = [
-        m
-        for found in (doc.get("Mounts"), host.get("Mounts"))
-        if isinstance(found, list)
-        for m in found
-    ]
-    for mount in mounts:
-        if not isinstance(mount, dict):
-            continue
-        if (mount.get("Destination") or mount.get("Target")) != PATH_IN_CONTAINER:
-            continue
-        try:
-            return check_file(mount.get("Source"))
-        except ValueError:
-            continue
-    return ""
+    return KIND.write_argv(path, mode="0644")

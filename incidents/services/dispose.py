@@ -36,7 +36,7 @@ from ..models import (
     Thresholds,
 )
 from ..notify import TENANT_ADVICE, incident_notify
-from ..selectors import can_drain_gpu, can_drain_node, can_stop_slice
+from ..selectors import can_drain_gpu, can_drain_node, can_stop_slice, resumed_since
 from .ledger import incident_event, incident_mitigate, incident_record, incident_resolve_locked
 from .throttle import slice_throttle
 
@@ -182,12 +182,19 @@ def incident_confirm_orphan(*, incident: Incident, actor: User) -> Incident:
 @transaction.atomic
 def incident_stop_slice(*, incident: Incident, actor: User, reason: str) -> Slice:
     """Ops force-stop the incident's slice (its tenant is told why) and the timeline
-    records it; 409 `no_running_slice` when it names none or the slice has ended."""
+    records it; 409 `no_running_slice` when it names none, the slice has ended, or it
+    was resumed since the incident last saw it (another run)."""
     require_ops(actor, what="manage incidents")
     s = Slice.objects.filter(pk=incident.slice_id).first() if incident.slice_id else None
     if not can_stop_slice(s):
         raise Conflict(
             "No running slice to stop: it has none, or it has already ended.",
+            code="no_running_slice",
+        )
+    if resumed_since(incident):
+        raise Conflict(
+            f"Slice {s.pk} was resumed after this incident last saw it: the run it is "
+            "about has ended, and the running one is not this incident's to stop.",
             code="no_running_slice",
         )
     s = tenant_services.slice_stop(slice=s, actor=actor, reason=reason, force=True)

@@ -19,6 +19,7 @@ from ..docker_messages import (
 )
 from ..errors import ContainerError
 from ..models import Allocation, ContainerEvent, Node
+from ..slice_files import SliceFileKind
 
 CONTAINER_START_TIMEOUT = 120.0  # an image pull on first use can take a while
 logger = logging.getLogger(__name__)
@@ -156,17 +157,47 @@ def container_start(
     # Before anything starts (the toolkit's hook runs with the image's environment at
     # prestart: CVE-2025-23266), the image as this node has it, whatever its tag meant.
     _image_checked(node, spec, pool)
-    container_id = _login_env_run(node, argv, spec, host_key, pool)
+    container_id = _files_run(node, argv, spec, host_key, pool)
     info = _running(node, container_id, allocation.owner_key, name, pool)
     _check_isolation(info, spec)
     return info
 
 
-def _host_key_write(
-    node: Node, spec: runtime.ContainerSpec, key: str, pool: ssh.SSHPool | None
-) -> None:
-    """Write the slice's host key to its file on the node, as the image's user (remapped
-    where dockerd remaps user namespaces), over SSH on stdin: never in an argv."""
+def _files_run(
+    node: Node, argv: list[str], spec: runtime.ContainerSpec, key: str, pool: ssh.SSHPool | None
+) -> str:
+    """`docker run` with this start's own files written first, each given to the container
+    read-only: the platform's variables for SSH logins (nodes.login_env) and the slice's
+    host key (`key`, OpenSSH private key text, "" for none: nodes.host_keys). The files go
+    again when no container of this start mounts them (refused, or an earlier attempt's
+    container adopted)."""
+    written: list[tuple[SliceFileKind, str]] = []
+    try:
+        env = login_env.login_env(runtime.platform_env(spec), spec.device)
+        text = login_env.profile_text(env)
+        _file_write(node, login_env.KIND, spec.login_env_file, text, mode="0644", pool=pool)
+        written.append((login_env.KIND, spec.login_env_file))
+        if spec.host_key_file:
+            uid, gid, mode = _host_key_owner(node, spec, pool)
+            _file_write(
+                node, host_keys.KIND, spec.host_key_file, key, uid=uid, gid=gid, mode=mode,
+                pool=pool,
+            )  # fmt: skip
+            written.append((host_keys.KIND, spec.host_key_file))
+        container_id = _docker_run(node, argv, spec.name, pool)
+    except ContainerError:
+        _files_remove(node, written, pool)
+        raise
+    if container_id == spec.name:
+        _files_remove(node, written, pool)
+    return container_id
+
+
+def _host_key_owner(
+    node: Node, spec: runtime.ContainerSpec, pool: ssh.SSHPool | None
+) -> tuple[int, int, str]:
+    """Who owns the host key file: the image's user (remapped where dockerd remaps user
+    namespaces), and its mode."""
     user = node_run(
         node=node,
         argv=["docker", "image", "inspect", "--format", "{{json .Config.User}}", "--",
@@ -175,91 +206,47 @@ def _host_key_write(
     )  # fmt: skip
     root = node_run(node=node, argv=host_keys.root_dir_argv(), pool=pool)
     try:
-        uid, gid, mode = host_keys.image_owner(
+        return host_keys.image_owner(
             host_keys.image_user(user.stdout.decode("utf-8", "replace")) if user.ok else "",
             host_keys.remap_base(root.stdout.decode("utf-8", "replace") if root.ok else ""),
         )
     except ValueError as exc:
         raise ContainerError(f"the slice's SSH host key cannot be given: {exc}") from None
+
+
+def _file_write(
+    node: Node,
+    kind: SliceFileKind,
+    path: str,
+    text: str,
+    *,
+    uid: int = 0,
+    gid: int = 0,
+    mode: str,
+    pool: ssh.SSHPool | None,
+) -> None:
+    """Write one of this start's files over SSH, its contents on stdin: never in an argv."""
     for argv, stdin in (
-        (host_keys.directory_argv(), None),
-        (host_keys.write_argv(spec.host_key_file, uid=uid, gid=gid, mode=mode), key.encode()),
+        (kind.directory_argv(), None),
+        (kind.write_argv(path, uid=uid, gid=gid, mode=mode), text.encode()),
     ):
-        done = _run_stdin(node, argv, stdin, pool)
+        done = (pool or ssh.get_pool()).run(ssh.endpoint_for(node), argv, stdin=stdin)
         if not done.ok:
             raise ContainerError(
-                f"writing the slice's SSH host key failed: {cli_error_line(done.stderr)}"
+                f"writing the slice's {kind.what} failed: {cli_error_line(done.stderr)}"
             )
 
 
-def _run_stdin(
-    node: Node, argv: list[str], stdin: bytes | None, pool: ssh.SSHPool | None
-) -> ssh.CommandResult:
-    return (pool or ssh.get_pool()).run(ssh.endpoint_for(node), argv, stdin=stdin)
-
-
-def _host_key_run(
-    node: Node, argv: list[str], spec: runtime.ContainerSpec, key: str, pool: ssh.SSHPool | None
-) -> str:
-    """`docker run` with the slice's host key (`key`, OpenSSH private key text, "" for
-    none) written for this start alone, bind-mounted read-only at
-    host_keys.PATH_IN_CONTAINER; the file goes again when no container of this start
-    mounts it (refused, or an earlier attempt's container adopted)."""
-    if spec.host_key_file:
-        _host_key_write(node, spec, key, pool)
-    try:
-        container_id = _docker_run(node, argv, spec.name, pool)
-    except ContainerError:
-        _host_key_remove(node, spec.host_key_file, pool)
-        raise
-    if container_id == spec.name:
-        _host_key_remove(node, spec.host_key_file, pool)
-    return container_id
-
-
-def _host_key_remove(node: Node, path: str, pool: ssh.SSHPool | None) -> None:
-    if not path:
-        return
-    try:
-        node_run(node=node, argv=host_keys.remove_argv(path), pool=pool)
-    except ssh.SSHError:
-        logger.warning("could not remove the host key file %s on %s", path, node.name)
-
-
-def _login_env_run(
-    node: Node, argv: list[str], spec: runtime.ContainerSpec, key: str, pool: ssh.SSHPool | None
-) -> str:
-    """Write the platform's variables for SSH logins to this start's file on the node
-    (nodes.login_env: a root-only directory; the file read-only in the container), then
-    `docker run` as _host_key_run does; the file goes again when no container of this
-    start mounts it (refused, or an earlier attempt's container adopted)."""
-    env = login_env.login_env(runtime.platform_env(spec), spec.device)
-    for step, stdin in (
-        (login_env.directory_argv(), None),
-        (login_env.write_argv(spec.login_env_file), login_env.profile_text(env).encode()),
-    ):
-        done = _run_stdin(node, step, stdin, pool)
-        if not done.ok:
-            raise ContainerError(
-                f"writing the slice's login environment failed: {cli_error_line(done.stderr)}"
-            )
-    try:
-        container_id = _host_key_run(node, argv, spec, key, pool)
-    except ContainerError:
-        _login_env_remove(node, spec.login_env_file, pool)
-        raise
-    if container_id == spec.name:
-        _login_env_remove(node, spec.login_env_file, pool)
-    return container_id
-
-
-def _login_env_remove(node: Node, path: str, pool: ssh.SSHPool | None) -> None:
-    if not path:
-        return
-    try:
-        node_run(node=node, argv=login_env.remove_argv(path), pool=pool)
-    except ssh.SSHError:
-        logger.warning("could not remove the login environment file %s on %s", path, node.name)
+def _files_remove(
+    node: Node, files: list[tuple[SliceFileKind, str]], pool: ssh.SSHPool | None
+) -> None:
+    for kind, path in files:
+        if not path:
+            continue
+        try:
+            node_run(node=node, argv=kind.remove_argv(path), pool=pool)
+        except ssh.SSHError:
+            logger.warning("could not remove the %s file %s on %s", kind.what, path, node.name)
 
 
 def _image_checked(node: Node, spec: runtime.ContainerSpec, pool: ssh.SSHPool | None) -> None:
@@ -341,8 +328,8 @@ def container_remove(
     """Stop (SIGTERM, then SIGKILL after `grace_s`) and remove a container, and the slice
     host key file it mounted. True if it existed."""
     inspected = node_run(node=node, argv=runtime.inspect_argv(container), pool=pool)
-    key_file = host_keys.mounted_file(inspected.stdout.decode("utf-8", "replace"))
-    login_file = login_env.mounted_file(inspected.stdout.decode("utf-8", "replace"))
+    text = inspected.stdout.decode("utf-8", "replace")
+    files = [(kind, kind.mounted_file(text)) for kind in (host_keys.KIND, login_env.KIND)]
     stopped = node_run(
         node=node, argv=runtime.stop_argv(container, grace_s), pool=pool, timeout=grace_s + 20
     )
@@ -350,8 +337,7 @@ def container_remove(
         raise ContainerError(f"docker stop failed: {cli_error_line(stopped.stderr)}")
     removed = node_run(node=node, argv=runtime.rm_argv(container), pool=pool)
     if removed.ok or b"No such" in removed.stderr:
-        _host_key_remove(node, key_file, pool)
-        _login_env_remove(node, login_file, pool)
+        _files_remove(node, files, pool)
     if removed.ok:
         return True
     if b"No such" in removed.stderr:

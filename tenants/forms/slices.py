@@ -125,6 +125,12 @@ class LaunchForm(JobForm):
         purchases.widget.choices = [(p.pk, purchases.label_from_instance(p)) for p in self.usable]
         self._preselect()
         form_field(self, "image", ImageChoiceField).queryset = image_list(active_only=True)
+        # An SSH image's login home may be a volume too, so the home survives a stop.
+        self.home_paths = sorted(
+            f"/home/{i.ssh_user}"
+            for i in self.images
+            if i.connect == Image.Connect.SSH and i.ssh_user not in ("", "root")
+        )
         self.fields["idempotency_token"].initial = new_form_token()
         # Any of the tenant's volumes validates (a deleted or busy one gets the service's
         # reason); the ready ones are offered.

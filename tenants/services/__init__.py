@@ -45,7 +45,7 @@ from .credit import (
 )
 from .images import image_create, image_update
 from .keys import ssh_key_add, ssh_key_remove, ssh_key_touch
-from .logs import slice_logs_collect, slice_logs_prune, slice_logs_request
+from .logs import slice_logs_collect, slice_logs_note, slice_logs_prune, slice_logs_request
 from .slices.launch import slice_launch, slice_resume, slices_dispatch_queue
 from .slices.preempt import slice_preempt_signal, slices_preempt_due
 from .slices.provision import slice_provision
@@ -100,6 +100,7 @@ __all__ = [
     "slice_finish_stop",
     "slice_launch",
     "slice_logs_collect",
+    "slice_logs_note",
     "slice_logs_prune",
     "slice_logs_request",
     "slice_preempt_signal",

@@ -29,6 +29,7 @@ from ..models import Slice, SliceLogLine
 READ_TAIL = 2000  # lines asked of docker at most per read
 DEBOUNCE_S = 2  # a running slice's log is read at most this often on demand
 COLLECTING = (Slice.State.RUNNING, Slice.State.STOPPING)
+PLATFORM_PREFIX = "[gpuplatform] "  # a line the platform wrote, not the container
 
 
 def slice_logs_request(*, slice: Slice) -> None:
@@ -45,16 +46,16 @@ def slice_logs_collect(*, slice_id: int) -> int:
     slice = Slice.objects.select_related("allocation__gpu__node").get(pk=slice_id)
     if slice.state not in COLLECTING or slice.allocation is None or not slice.container_id:
         return 0
-    last = SliceLogLine.objects.filter(slice=slice).order_by("-seq").first()
+    # where docker's output was read up to: the platform's own notes do not count
+    kept = SliceLogLine.objects.filter(slice=slice).exclude(text__startswith=PLATFORM_PREFIX)
+    last = kept.order_by("-seq").first()
     since = last.at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ") if last else ""
     lines = node_services.container_logs_read(
         node=slice.allocation.gpu.node, container=slice.container_id, since=since, tail=READ_TAIL
     )
     seen = set()
     if last is not None:  # docker's --since is inclusive: the last moment's lines again
-        seen = set(
-            SliceLogLine.objects.filter(slice=slice, at=last.at).values_list("text", flat=True)
-        )
+        seen = set(kept.filter(at=last.at).values_list("text", flat=True))
     rows = []
     for second, micro, text in lines:
         at = datetime.strptime(second, "%Y-%m-%dT%H:%M:%S").replace(microsecond=micro, tzinfo=UTC)
@@ -79,6 +80,25 @@ def slice_logs_collect(*, slice_id: int) -> int:
     except IntegrityError:
         return 0  # another read kept these lines first
     return len(rows)
+
+
+def slice_logs_note(*, slice: Slice, text: str) -> None:
+    """Add the platform's own line to the slice's output, after what the container printed
+    so far (read first, best effort), so `gpp logs` and the page show it where it happened.
+    It starts with PLATFORM_PREFIX and never moves where docker's output is read from."""
+    with contextlib.suppress(ssh.SSHError, ContainerError):
+        slice_logs_collect(slice_id=slice.pk)
+    line = clean_line(f"{PLATFORM_PREFIX}{text}")
+    for _ in range(3):  # a collect on another worker may take the next number first
+        try:
+            with transaction.atomic():
+                top = SliceLogLine.objects.filter(slice=slice).aggregate(m=Max("seq"))["m"]
+                SliceLogLine.objects.create(
+                    slice=slice, seq=(top or 0) + 1, at=timezone.now(), text=line
+                )
+            return
+        except IntegrityError:
+            continue
 
 
 def slice_logs_final(*, slice: Slice) -> None:

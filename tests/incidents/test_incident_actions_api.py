@@ -214,3 +214,19 @@ def test_an_unknown_incident_is_404_and_anonymous_is_401(api_ops, anon_api, brea
     assert response.json() == {"code": "not_found", "message": "Not found."}
     response = post(anon_api, breach.pk, action, {"reason": "x"})
     assert response.status_code == 401
+
+
+def test_the_api_refuses_to_stop_a_slice_resumed_since_the_incident_saw_it(api_ops, breach):
+    """The run an incident is about ended and the slice was resumed: the API refuses the
+    stop (409, nothing stopped), as the page does."""
+    s = Slice.objects.get(pk=breach.slice_id)
+    Slice.objects.filter(pk=s.pk).update(runs=s.runs + 1)
+    s.transitions.create(from_state="stopped", to_state="requested")
+    seen = timezone.now() - timezone.timedelta(minutes=1)
+    Incident.objects.filter(pk=breach.pk).update(first_seen_at=seen, last_seen_at=seen)
+    response = post(api_ops, breach.pk, "stop-slice", {"reason": "Old news."})
+    assert response.status_code == 409, response.content
+    assert response.json()["code"] == "no_running_slice"
+    assert "resumed" in response.json()["message"]
+    assert Slice.objects.get(pk=s.pk).state == "running"
+    assert actions(breach) == []

@@ -55,6 +55,8 @@ def test_the_preemption_notice_sigterm_reaches_the_job_in_a_real_container(
     )
     assert ended and ended.exit_code == 0
     assert "checkpointed-on-term" in node.docker("logs", spare.container_id).stdout
+    notes = spare.log_lines.filter(text__startswith="[gpuplatform] Preemption notice")
+    assert notes.count() == 1  # `gpp logs` and the page show the notice in the output
     # reconcile finds it ended (completed, billed to its exit); the room goes to the launch
     services.slices_reconcile()
     spare.refresh_from_db()

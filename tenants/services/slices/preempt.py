@@ -28,6 +28,7 @@ from nodes.placement_sql import ROOM_SQL
 
 from ...locks import slice_lock
 from ...models import Slice, SliceTransition
+from ..logs import slice_logs_note
 from .state import S
 from .stop import slice_stop_locked
 
@@ -189,6 +190,13 @@ def slice_preempt_signal(*, slice_id: int) -> bool:
         detail="SIGTERM: preemption notice"
         + (f" until {_when_text(slice.preempt_deadline)}" if slice.preempt_deadline else ""),
     )
+    if sent:
+        until = f" at {_when_text(slice.preempt_deadline)}" if slice.preempt_deadline else ""
+        slice_logs_note(
+            slice=slice,
+            text=f"Preemption notice: SIGTERM sent; this interruptible slice stops{until}. "
+            "Checkpoint to a volume and exit.",
+        )
     return sent
 
 
