@@ -14,12 +14,20 @@ from rest_framework.test import APIClient
 from emulator import EmulatedFleet
 from emulator.catalog import GpuSpec, NodeSpec
 from gpuplatform.celery import app
-from nodelab import CONTAINER_NETWORK, IMAGE, SSH_USER, LabNodeSpec
+from nodelab import (
+    CONTAINER_NETWORK,
+    IMAGE,
+    SSH_IMAGE,
+    SSH_PORT,
+    SSH_USER,
+    SSH_USER_IN_IMAGE,
+    LabNodeSpec,
+)
 from nodes import services as node_services
 from nodes import ssh
 from nodes.models import NodePolicy
 from tenants import form_limits, services
-from tenants.models import Image, Tier
+from tenants.models import Image, Tier, Volume
 from tests import factories
 from tests.factories import (
     MembershipFactory,
@@ -302,6 +310,26 @@ def lab_fleet(settings, tmp_path, lab_pool, django_capture_on_commit_callbacks):
 def lab_image(db):
     """The lab's workload image on the allowlist (built on every lab node at start)."""
     return Image.objects.create(name="Lab workload", reference=IMAGE, ports=[22], connect="ssh")
+
+
+@pytest.fixture
+def lab_ssh_image(db):
+    """The lab's SSH image on the allowlist: OpenSSH's own sshd as the image's user."""
+    return Image.objects.create(
+        name="SSH (lab)",
+        reference=SSH_IMAGE,
+        ports=[SSH_PORT],
+        connect=Image.Connect.SSH,
+        ssh_user=SSH_USER_IN_IMAGE,
+    )
+
+
+def ready_volume(membership, name: str) -> Volume:
+    """A 1 GB volume the tenant created, made on its node (asserted ready)."""
+    volume, _ = services.volume_create(membership=membership, name=name, size_gb=1)
+    volume.refresh_from_db()
+    assert volume.state == Volume.State.READY, volume.state_reason
+    return volume
 
 
 # --- the SSH gateway: the real server on a free loopback port, in a thread ---------------

@@ -19,16 +19,6 @@ from tests.conftest import SSH_KEY
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def fleet(eager, worker_fleet, image_ssh):
-    return worker_fleet()
-
-
-@pytest.fixture
-def credit(owner, ops_user):
-    services.credit_grant(tenant=owner.tenant, amount="50.00", actor=ops_user, memo="cli tests")
-
-
 def _launch(gpp) -> dict:
     done = gpp("launch", "--image", "CUDA base", "--model", "Qwen/Qwen2.5-1.5B", "--tier", "4",
                "--context", "2048", "--ssh-key", SSH_KEY, "--wait", "--json")  # fmt: skip

@@ -26,17 +26,6 @@ from tests.gateway.support import client_key
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def fleet(eager, worker_fleet, image_ssh):
-    """One emulated node with an RTX 4090, and the allowlisted `CUDA base` image (ssh)."""
-    return worker_fleet()
-
-
-@pytest.fixture
-def credit(owner, ops_user):
-    services.credit_grant(tenant=owner.tenant, amount="50.00", actor=ops_user, memo="cli tests")
-
-
 def _launch(gpp, *extra: str) -> dict:
     done = gpp("launch", "--image", "CUDA base", "--model", "Qwen/Qwen2.5-1.5B",
                "--context", "2048", "--ssh-key", SSH_KEY, "--wait", "--json", *extra)  # fmt: skip

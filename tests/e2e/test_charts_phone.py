@@ -21,10 +21,9 @@ from tests.e2e.test_every_page import (
     OPS_EMAIL,
     OVERFLOW_JS,
     OWNER_EMAIL,
-    Recorder,
     build_scene,
     eager_celery,  # noqa: F401  (autouse: the scene's services run in place)
-    log_in,
+    open_context,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -42,17 +41,6 @@ CHARTS_JS = """() => [...document.querySelectorAll('canvas')].map(canvas => {
           boxWidth: box.clientWidth,
           label: canvas.getAttribute('aria-label'), role: canvas.getAttribute('role')};
 })"""
-
-
-def open_phone(browser, live_server, email):
-    context = browser.new_context(base_url=live_server.url, viewport=PHONE)
-    context.set_default_timeout(10_000)
-    page = context.new_page()
-    recorder = Recorder(page)
-    if email:
-        log_in(page, email)
-        recorder.take()
-    return context, page, recorder
 
 
 def check_charts(page, recorder, path: str, expected: set[str], wait_for: str) -> list[dict]:
@@ -85,7 +73,7 @@ def check_charts(page, recorder, path: str, expected: set[str], wait_for: str) -
 def test_fit_chart_on_a_phone_and_quick_changes_leave_the_latest_verdict(browser, live_server):
     """/fit/ queues the latest change behind the one in flight (hx-sync "queue last"): no
     htmx:sendAbort console error, and the verdict shown is the last change's."""
-    context, page, recorder = open_phone(browser, live_server, None)
+    context, page, recorder = open_context(browser, live_server, PHONE, None)
     try:
         page.goto("/fit/")
         page.wait_for_function("() => typeof htmx === 'object' && typeof Chart === 'function'")
@@ -128,13 +116,13 @@ def test_charts_are_tall_enough_on_a_phone(browser, live_server):
         estimate_mb=2900, estimate={"model": {"name": "Qwen/Qwen2.5-0.5B"}}
     )
 
-    context, page, recorder = open_phone(browser, live_server, None)
+    context, page, recorder = open_context(browser, live_server, PHONE, None)
     try:
         check_charts(page, recorder, "/tiers/", {"price-chart"}, "!!Chart.getChart('price-chart')")
     finally:
         context.close()
 
-    context, page, recorder = open_phone(browser, live_server, OWNER_EMAIL)
+    context, page, recorder = open_context(browser, live_server, PHONE, OWNER_EMAIL)
     try:
         charts = check_charts(
             page,
@@ -147,7 +135,7 @@ def test_charts_are_tall_enough_on_a_phone(browser, live_server):
     finally:
         context.close()
 
-    context, page, recorder = open_phone(browser, live_server, OPS_EMAIL)
+    context, page, recorder = open_context(browser, live_server, PHONE, OPS_EMAIL)
     try:
         gpus = scene.node.gpus.count()
         charts = check_charts(

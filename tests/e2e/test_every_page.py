@@ -430,6 +430,32 @@ def log_in(page, email: str) -> None:
     page.wait_for_url(re.compile(r"/account/$"))
 
 
+def open_context(browser, live_server, viewport: dict[str, int], email: str | None):
+    """A fresh browser context at `viewport` (10 s for every wait), its page and a Recorder
+    of it, signed in as `email` (None: anonymous); (context, page, recorder), the context
+    the caller's to close."""
+    context = browser.new_context(base_url=live_server.url, viewport=viewport)
+    context.set_default_timeout(10_000)
+    try:
+        page = context.new_page()
+        recorder = Recorder(page)
+        if email:
+            log_in(page, email)
+            recorder.take()
+    except BaseException:
+        context.close()
+        raise
+    return context, page, recorder
+
+
+def failure_report(failures: dict[str, list[str]]) -> str:
+    """Each page that failed and its problems, one a line, for an assertion's message."""
+    return "\n".join(
+        f"  {name}:\n" + "\n".join(f"    - {p}" for p in problems)
+        for name, problems in failures.items()
+    )
+
+
 def check_page(page, recorder: Recorder, target: Page, shot: Path) -> list[str]:
     problems = []
     recorder.in_flight.clear()  # what the last page left running is not this page's
@@ -506,14 +532,9 @@ def test_every_page(browser, live_server, role, viewport):
     PAGES_DIR.mkdir(parents=True, exist_ok=True)
     for old in PAGES_DIR.glob(f"{role}-{viewport}-*.png"):
         old.unlink()
-    context = browser.new_context(base_url=live_server.url, viewport=VIEWPORTS[viewport])
-    context.set_default_timeout(10_000)
+    email = None if role == ANON else (OWNER_EMAIL if role == TENANT else OPS_EMAIL)
+    context, page, recorder = open_context(browser, live_server, VIEWPORTS[viewport], email)
     try:
-        page = context.new_page()
-        recorder = Recorder(page)
-        if role != ANON:
-            log_in(page, OWNER_EMAIL if role == TENANT else OPS_EMAIL)
-            recorder.take()
         failures = {}
         for target in targets:
             shot = PAGES_DIR / f"{role}-{viewport}-{target.name}.png"
@@ -524,10 +545,7 @@ def test_every_page(browser, live_server, role, viewport):
             failures["the header (/tiers/)"] = problems
     finally:
         context.close()
-    report = "\n".join(
-        f"  {name}:\n" + "\n".join(f"    - {p}" for p in problems)
-        for name, problems in failures.items()
-    )
+    report = failure_report(failures)
     assert not failures, f"{len(failures)} of {len(targets)} pages, {role} at {viewport}:\n{report}"
 
 

@@ -24,11 +24,12 @@ from tests.e2e.test_every_page import (
     OVERFLOW_JS,
     OWNER_EMAIL,
     VIEWPORTS,
-    Recorder,
     Scene,
     build_scene,
     eager_celery,  # noqa: F401  (autouse: the scene's services run in place)
+    failure_report,
     log_in,
+    open_context,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -188,14 +189,9 @@ def page_problems(page, name: str, *, viewport: str, ops: bool) -> list[str]:
 
 def visit_all(browser, live_server, email: str, pages: dict[str, str], viewport: str, *, ops: bool):
     SHOTS.mkdir(parents=True, exist_ok=True)
-    context = browser.new_context(base_url=live_server.url, viewport=VIEWPORTS[viewport])
-    context.set_default_timeout(10_000)
+    context, page, recorder = open_context(browser, live_server, VIEWPORTS[viewport], email)
     failures = {}
     try:
-        page = context.new_page()
-        recorder = Recorder(page)
-        log_in(page, email)
-        recorder.take()
         for name, path in pages.items():
             recorder.in_flight.clear()
             page.goto(path)
@@ -210,10 +206,7 @@ def visit_all(browser, live_server, email: str, pages: dict[str, str], viewport:
                 failures[f"{name} ({path})"] = problems
     finally:
         context.close()
-    report = "\n".join(
-        f"  {name}:\n" + "\n".join(f"    - {p}" for p in problems)
-        for name, problems in failures.items()
-    )
+    report = failure_report(failures)
     assert not failures, f"{len(failures)} of {len(pages)} pages at {viewport}:\n{report}"
 
 

@@ -8,11 +8,10 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from nodes.models import Gpu, Node
 from tenants import services
 from tenants.models import Slice, SliceLogLine, Tier
 from tests.e2e.test_lifecycle_browser import PASSWORD, log_in
-from tests.tenants.ssh_material import public_line
+from tests.tenants.page_support import placed_slice
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -35,22 +34,14 @@ def placed(renter, ops_user, django_capture_on_commit_callbacks):
         image = services.image_create(
             actor=ops_user, name="torch", reference="pytorch/pytorch:2.4.0", ports=[22]
         )
-        node = Node.objects.create(
-            gate_status="passed", name="gpu-host-1", address="10.0.0.9", status="active"
+        return placed_slice(
+            django_capture_on_commit_callbacks,
+            membership=renter,
+            purchase=purchase,
+            image=image,
+            state=state,
+            gpu_uuid="GPU-1",
         )
-        Gpu.objects.create(node=node, uuid="GPU-1", index=0, model="NVIDIA L4", vram_total_mb=24576)
-        with django_capture_on_commit_callbacks(execute=False):
-            slice, _ = services.slice_launch(
-                membership=renter,
-                purchase=purchase,
-                image=image,
-                model_request={"model": {"catalog": "Qwen/Qwen2.5-0.5B"}, "context_tokens": 2048},
-                ssh_public_key=public_line(),
-            )
-        Slice.objects.filter(pk=slice.pk).update(
-            state=state, container_id="c0ffee", started_at=timezone.now()
-        )
-        return slice
 
     return place
 

@@ -92,17 +92,20 @@ def ssh_run(config: Path, *argv: str, timeout: float = 60) -> subprocess.Complet
     )
 
 
-def running_slice(funded, member, image, *, public_key: str = "", command=None):
-    """A slice of `image` launched as a tenant would (4 GB for 2 h, a small job), running."""
+def running_slice(
+    funded, member, image, *, public_key: str = "", command=None, vram_gb=4, model_request=None
+):
+    """A slice of `image` launched as a tenant would (4 GB for 2 h, a small job, unless
+    told otherwise), running."""
     from tenants import services  # noqa: PLC0415 - Django apps are ready only in tests
     from tenants.models import Slice  # noqa: PLC0415 - as above
     from tests.incidents.test_chaos import MODEL  # noqa: PLC0415 - as above
 
     s, _ = services.slice_launch(
         membership=member,
-        purchase=funded(member, vram_gb=4, hours=2),
+        purchase=funded(member, vram_gb=vram_gb, hours=2),
         image=image,
-        model_request=MODEL,
+        model_request=model_request or MODEL,
         command=command,
         environment={"WORKLOAD_MB": "300"},
         ssh_public_key=public_key,

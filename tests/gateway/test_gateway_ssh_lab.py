@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from gateway.models import GatewayStream
-from nodelab import HTTP_IMAGE, HTTP_PORT, SSH_IMAGE, SSH_PORT, SSH_USER_IN_IMAGE
+from nodelab import HTTP_IMAGE, HTTP_PORT, SSH_PORT, SSH_USER_IN_IMAGE
 from tenants import services
 from tenants.models import Image
 from tests.gateway.support import client_config, client_key, running_slice, ssh_run
@@ -28,24 +28,13 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def ssh_image(db):
-    return Image.objects.create(
-        name="SSH (lab)",
-        reference=SSH_IMAGE,
-        ports=[SSH_PORT],
-        connect=Image.Connect.SSH,
-        ssh_user=SSH_USER_IN_IMAGE,
-    )
-
-
 def test_ssh_jump_and_the_config_snippet_log_into_the_containers_own_sshd(
-    eager, lab_fleet, funded, ssh_image, owner_a, gateway, tmp_path
+    eager, lab_fleet, funded, lab_ssh_image, owner_a, gateway, tmp_path
 ):
     lab_fleet()
     key, line = client_key(tmp_path)
     services.ssh_key_add(user=owner_a.user, name="laptop", public_key=line)
-    s = running_slice(funded, owner_a, ssh_image, public_key=line)
+    s = running_slice(funded, owner_a, lab_ssh_image, public_key=line)
     given = s.connection["gateway"]
     name = f"slice-{s.pk}"
     assert given["jump"] == f"ssh -J gpp@127.0.0.1:{gateway.port} {SSH_USER_IN_IMAGE}@{name}"
@@ -86,7 +75,7 @@ def test_ssh_jump_and_the_config_snippet_log_into_the_containers_own_sshd(
 
 
 def test_a_key_the_slice_was_not_launched_with_gets_through_the_gateway_but_not_into_sshd(
-    eager, lab_fleet, funded, ssh_image, owner_a, gateway, tmp_path
+    eager, lab_fleet, funded, lab_ssh_image, owner_a, gateway, tmp_path
 ):
     """The gateway decides who reaches the port; the container's own sshd decides who
     logs in (end to end: the gateway holds no key of the container)."""
@@ -94,7 +83,7 @@ def test_a_key_the_slice_was_not_launched_with_gets_through_the_gateway_but_not_
     launched_with, launch_line = client_key(tmp_path, "launch")
     other, other_line = client_key(tmp_path, "second-laptop")
     services.ssh_key_add(user=owner_a.user, name="second laptop", public_key=other_line)
-    s = running_slice(funded, owner_a, ssh_image, public_key=launch_line)
+    s = running_slice(funded, owner_a, lab_ssh_image, public_key=launch_line)
     config = client_config(tmp_path, gateway, other)
     run = ssh_run(config, *shlex.split(s.connection["gateway"]["jump"]), "true")
     assert run.returncode == 255 and "Permission denied" in run.stderr

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from nodelab import HTTP_IMAGE, HTTP_PORT, SSH_IMAGE, SSH_PORT, SSH_USER_IN_IMAGE
+from nodelab import HTTP_IMAGE, HTTP_PORT, SSH_USER_IN_IMAGE
 from nodes import host_keys, ssh
 from tenants import services
 from tenants.models import Image, Slice
@@ -27,15 +27,12 @@ from tests.worker_harness import wait_for
 pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.fixture
-def ssh_image(db):
-    return Image.objects.create(
-        name="SSH (lab)",
-        reference=SSH_IMAGE,
-        ports=[SSH_PORT],
-        connect=Image.Connect.SSH,
-        ssh_user=SSH_USER_IN_IMAGE,
-    )
+def _keyed_slice(tmp_path: Path, funded, owner, image) -> tuple[Path, Slice]:
+    """A fresh key pair added to the owner's account, and a running slice of `image` that
+    takes its public line; (private key path, slice)."""
+    key, line = client_key(tmp_path)
+    services.ssh_key_add(user=owner.user, name="laptop", public_key=line)
+    return key, running_slice(funded, owner, image, public_key=line)
 
 
 def _known_hosts(tmp_path: Path, gateway, shown: dict) -> Path:
@@ -82,12 +79,10 @@ def _key_file(s: Slice) -> Path:
 
 
 def test_a_resumed_slice_answers_with_the_host_key_the_api_gave(
-    eager, lab_fleet, funded, ssh_image, owner_a, api_a, gateway, tmp_path
+    eager, lab_fleet, funded, lab_ssh_image, owner_a, api_a, gateway, tmp_path
 ):
     lab_fleet()
-    key, line = client_key(tmp_path)
-    services.ssh_key_add(user=owner_a.user, name="laptop", public_key=line)
-    s = running_slice(funded, owner_a, ssh_image, public_key=line)
+    key, s = _keyed_slice(tmp_path, funded, owner_a, lab_ssh_image)
     shown = api_a.get(f"/api/v1/slices/{s.pk}/").json()
     fingerprint = shown["ssh_host_key_fingerprint"]
     assert fingerprint.startswith("SHA256:")
@@ -129,12 +124,10 @@ def test_a_resumed_slice_answers_with_the_host_key_the_api_gave(
 
 
 def test_the_config_snippet_alone_pins_the_slice_and_the_key_file_is_kept_as_promised(
-    eager, lab_fleet, funded, ssh_image, owner_a, api_a, gateway, tmp_path
+    eager, lab_fleet, funded, lab_ssh_image, owner_a, api_a, gateway, tmp_path
 ):
     lab_fleet()
-    key, line = client_key(tmp_path)
-    services.ssh_key_add(user=owner_a.user, name="laptop", public_key=line)
-    s = running_slice(funded, owner_a, ssh_image, public_key=line)
+    key, s = _keyed_slice(tmp_path, funded, owner_a, lab_ssh_image)
     given = api_a.get(f"/api/v1/slices/{s.pk}/").json()["connection"]["gateway"]
     known = tmp_path / "known_hosts_gateway_only"  # nothing of the slice: the snippet pins it
     gw_key = ssh.public_key_line(
@@ -178,9 +171,7 @@ def test_the_pages_forward_command_uses_a_port_clear_of_the_platform(
     image = Image.objects.create(
         name="HTTP (lab)", reference=HTTP_IMAGE, ports=[HTTP_PORT], connect="service"
     )
-    key, line = client_key(tmp_path)
-    services.ssh_key_add(user=owner_a.user, name="laptop", public_key=line)
-    s = running_slice(funded, owner_a, image, public_key=line)
+    key, s = _keyed_slice(tmp_path, funded, owner_a, image)
     [forward] = api_a.get(f"/api/v1/slices/{s.pk}/").json()["connection"]["gateway"]["forwards"]
     local = HTTP_PORT + 10000
     assert forward["local_port"] == local and forward["url"] == f"http://127.0.0.1:{local}/"

@@ -12,25 +12,14 @@ import subprocess
 import pytest
 
 from emulator.catalog import GpuSpec
-from nodelab import SSH_IMAGE, SSH_PORT, SSH_USER_IN_IMAGE, LabNodeSpec
+from nodelab import LabNodeSpec
 from nodes import isolation
 from tenants import services
-from tenants.models import Image, Slice
+from tenants.models import Slice
 from tests.conftest import SMALL_MODEL
 from tests.gateway.support import client_config, client_key, running_slice, ssh_run
 
 pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def ssh_image(db):
-    return Image.objects.create(
-        name="SSH (lab)",
-        reference=SSH_IMAGE,
-        ports=[SSH_PORT],
-        connect=Image.Connect.SSH,
-        ssh_user=SSH_USER_IN_IMAGE,
-    )
 
 
 def _env(text: str) -> dict[str, str]:
@@ -62,12 +51,12 @@ def _smi(snippet, name: str) -> list[str]:
 
 
 def test_a_login_gets_the_first_processs_caps_and_nvidia_smi_shows_the_slice(
-    eager, lab_fleet, funded, ssh_image, owner_a, gateway, tmp_path
+    eager, lab_fleet, funded, lab_ssh_image, owner_a, gateway, tmp_path
 ):
     fleet = lab_fleet()  # one A30 with the quota library: 4 GB slices share the card
     node = fleet.lab.nodes[0]
     key, line = _key(tmp_path, owner_a)
-    s = running_slice(funded, owner_a, ssh_image, public_key=line)
+    s = running_slice(funded, owner_a, lab_ssh_image, public_key=line)
     snippet, name = _login(tmp_path, gateway, owner_a, s, key)
     # the first process's own environment (docker-init's, under --init), as the kernel keeps it
     first = _env(node.exec(s.container_id, "cat", "/proc/1/environ").replace("\0", "\n"))
@@ -103,11 +92,11 @@ def test_a_login_gets_the_first_processs_caps_and_nvidia_smi_shows_the_slice(
 
 
 def test_rsync_copies_to_and_from_the_slice_through_the_gateway(
-    eager, lab_fleet, funded, ssh_image, owner_a, gateway, tmp_path
+    eager, lab_fleet, funded, lab_ssh_image, owner_a, gateway, tmp_path
 ):
     lab_fleet()
     key, line = _key(tmp_path, owner_a)
-    s = running_slice(funded, owner_a, ssh_image, public_key=line)
+    s = running_slice(funded, owner_a, lab_ssh_image, public_key=line)
     config = client_config(tmp_path, gateway, key)
     jump = shlex.split(s.connection["gateway"]["jump"])  # ssh -J gpp@host:port user@slice-N
     assert jump[:2] == ["ssh", "-J"]
@@ -143,20 +132,13 @@ MIG_NODE = (LabNodeSpec("lab-mig-env", (GpuSpec("NVIDIA A100-SXM4-80GB", mig=("1
 
 
 def test_on_a_mig_instance_the_caps_and_nvidia_smi_are_the_instances(
-    eager, lab_fleet, funded, ssh_image, owner_a, gateway, tmp_path
+    eager, lab_fleet, funded, lab_ssh_image, owner_a, gateway, tmp_path
 ):
     lab_fleet(MIG_NODE)
     key, line = _key(tmp_path, owner_a)
-    s, _ = services.slice_launch(
-        membership=owner_a,
-        purchase=funded(owner_a, vram_gb=8, hours=2),
-        image=ssh_image,
-        model_request=SMALL_MODEL,
-        environment={"WORKLOAD_MB": "300"},
-        ssh_public_key=line,
+    s = running_slice(
+        funded, owner_a, lab_ssh_image, public_key=line, vram_gb=8, model_request=SMALL_MODEL
     )
-    s.refresh_from_db()
-    assert s.state == Slice.State.RUNNING, s.state_reason
     assert s.allocation.mig_device_uuid
     snippet, name = _login(tmp_path, gateway, owner_a, s, key)
     got = _env(ssh_run(snippet, "ssh", name, "env").stdout)

@@ -16,6 +16,7 @@ import pytest
 from nodelab import IMAGE
 from tenants import services
 from tenants.models import Image, Slice, Volume
+from tests.conftest import ready_volume
 from tests.incidents.test_chaos import MODEL
 
 pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
@@ -33,9 +34,7 @@ def test_writing_past_a_volumes_size_fails_inside_and_the_node_keeps_only_its_fi
     fleet = lab_fleet()
     node = fleet.lab.nodes[0]
     image = Image.objects.create(name="Lab", reference=IMAGE, connect=Image.Connect.SERVICE)
-    volume, _ = services.volume_create(membership=owner_a, name="small", size_gb=1)
-    volume.refresh_from_db()
-    assert volume.state == Volume.State.READY, volume.state_reason
+    volume = ready_volume(owner_a, "small")
     disks = node.dir / "gpuplatform-volumes"
     backing, where = disks / f"{volume.docker_name}.ext4", disks / volume.docker_name
     assert os.stat(disks).st_mode & 0o777 == 0o700

@@ -11,9 +11,10 @@ import shlex
 
 import pytest
 
-from nodelab import SSH_IMAGE, SSH_PORT, SSH_USER_IN_IMAGE
+from nodelab import SSH_USER_IN_IMAGE
 from tenants import services
-from tenants.models import Image, Slice, Volume
+from tenants.models import Slice
+from tests.conftest import ready_volume
 from tests.gateway.support import client_config, client_key, ssh_run
 from tests.incidents.test_chaos import MODEL
 
@@ -22,33 +23,15 @@ pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 HOME = f"/home/{SSH_USER_IN_IMAGE}"
 
 
-@pytest.fixture
-def ssh_image(db):
-    return Image.objects.create(
-        name="SSH (lab)",
-        reference=SSH_IMAGE,
-        ports=[SSH_PORT],
-        connect=Image.Connect.SSH,
-        ssh_user=SSH_USER_IN_IMAGE,
-    )
-
-
-def ready_volume(member, name: str) -> Volume:
-    volume, _ = services.volume_create(membership=member, name=name, size_gb=1)
-    volume.refresh_from_db()
-    assert volume.state == Volume.State.READY, volume.state_reason
-    return volume
-
-
 def test_a_renter_writes_to_volumes_over_ssh_and_reads_them_back_after_stop_and_resume(
-    eager, lab_fleet, funded, ssh_image, owner_a, gateway, tmp_path
+    eager, lab_fleet, funded, lab_ssh_image, owner_a, gateway, tmp_path
 ):
     lab_fleet()
     key, line = client_key(tmp_path)
     services.ssh_key_add(user=owner_a.user, name="laptop", public_key=line)
     work, home = ready_volume(owner_a, "work"), ready_volume(owner_a, "home")
     s, _ = services.slice_launch(
-        membership=owner_a, purchase=funded(owner_a, vram_gb=4, hours=1), image=ssh_image,
+        membership=owner_a, purchase=funded(owner_a, vram_gb=4, hours=1), image=lab_ssh_image,
         model_request=MODEL, environment={"WORKLOAD_MB": "200"}, ssh_public_key=line,
         volumes=[{"volume": work.pk, "path": "/data/work"}, {"volume": home.pk, "path": HOME}],
     )  # fmt: skip

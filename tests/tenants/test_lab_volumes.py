@@ -14,6 +14,7 @@ from gpuplatform.errors import Conflict, ServiceError
 from nodelab import IMAGE
 from tenants import services
 from tenants.models import Image, Slice, Volume
+from tests.conftest import ready_volume
 from tests.incidents.test_chaos import MODEL
 from tests.tenants.test_concurrency import race
 from tests.worker_harness import wait_for
@@ -40,9 +41,7 @@ def test_a_volume_keeps_what_a_slice_wrote_across_stop_and_resume(
     fleet = lab_fleet()
     node = fleet.lab.nodes[0]
     image = Image.objects.create(name="Lab", reference=IMAGE, connect=Image.Connect.SERVICE)
-    volume, _ = services.volume_create(membership=owner_a, name="work", size_gb=1)
-    volume.refresh_from_db()
-    assert volume.state == Volume.State.READY, volume.state_reason
+    volume = ready_volume(owner_a, "work")
     listed = node.docker("volume", "ls", "--format", "{{.Name}} {{.Labels}}").stdout
     assert volume.docker_name in listed and f"gpuplatform.owner=volume-{volume.pk}" in listed
 
@@ -121,9 +120,7 @@ def test_a_launch_racing_its_volumes_delete_leaves_no_volume_the_platform_did_no
     refused = {"volume_in_use", "volume_not_ready", "does_not_exist"}
     rounds, wrong = [], []
     for round_ in range(6):
-        volume, _ = services.volume_create(membership=owner_a, name=f"race-{round_}", size_gb=1)
-        volume.refresh_from_db()
-        assert volume.state == Volume.State.READY, volume.state_reason
+        volume = ready_volume(owner_a, f"race-{round_}")
         assert volume.docker_name in volume_names(node)
         purchase = funded(owner_a, vram_gb=4, hours=1)
 

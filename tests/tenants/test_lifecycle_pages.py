@@ -10,25 +10,15 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from emulator.keys import generate_ed25519, public_line
 from nodes.models import Allocation, Gpu, Node, ProcessSample
 from tenants import services
 from tenants.models import Image, LedgerEntry, Purchase, Slice, Tier
 from tests.factories import MembershipFactory
+from tests.tenants.page_support import SMALL_MODEL, SSH_KEY, launch_data, launch_held
 
 pytestmark = pytest.mark.django_db
 
 HX = {"HTTP_HX_REQUEST": "true"}
-SMALL_JOB = {
-    "model": "Qwen/Qwen2.5-0.5B",
-    "workload": "inference",
-    "weights_dtype": "bf16",
-    "kv_cache_dtype": "bf16",
-    "engine": "transformers",
-    "batch": "1",
-    "context_tokens": "2048",
-}
-SSH_KEY = public_line(generate_ed25519(), "me@laptop")
 
 
 @pytest.fixture
@@ -65,25 +55,13 @@ def gpu(db) -> Gpu:
     )
 
 
-def launch_data(purchase, image, **overrides) -> dict:
-    return {
-        "purchase": purchase.pk,
-        "image": image.pk,
-        "ssh_public_key": SSH_KEY,
-        "guaranteed": "on",
-        "idempotency_token": overrides.pop("idempotency_token", "form-token-1"),
-        **SMALL_JOB,
-        **overrides,
-    }
-
-
 def queued_slice(membership, purchase, image, key: str = "") -> Slice:
     """With no GPU registered, a launch waits in the queue."""
     slice, _ = services.slice_launch(
         membership=membership,
         purchase=purchase,
         image=image,
-        model_request={"model": {"catalog": "Qwen/Qwen2.5-0.5B"}, "context_tokens": 2048},
+        model_request=SMALL_MODEL,
         ssh_public_key=SSH_KEY,
         idempotency_key=key,
     )
@@ -95,14 +73,13 @@ def queued_slice(membership, purchase, image, key: str = "") -> Slice:
 def running(funded, purchase, image, gpu, django_capture_on_commit_callbacks):
     """A slice placed on `gpu` and marked running as provisioning would (the container
     itself is the e2e test's business), with two telemetry samples of its container."""
-    with django_capture_on_commit_callbacks(execute=False):
-        slice, _ = services.slice_launch(
-            membership=funded,
-            purchase=purchase,
-            image=image,
-            model_request={"model": {"catalog": "Qwen/Qwen2.5-0.5B"}, "context_tokens": 2048},
-            ssh_public_key=SSH_KEY,
-        )
+    slice = launch_held(
+        django_capture_on_commit_callbacks,
+        membership=funded,
+        purchase=purchase,
+        image=image,
+        ssh_public_key=SSH_KEY,
+    )
     assert slice.state == Slice.State.PROVISIONING
     now = timezone.now()
     Slice.objects.filter(pk=slice.pk).update(

@@ -18,17 +18,8 @@ from django.utils import timezone
 
 from tenants import exports, selectors, services
 from tenants.models import Purchase, Slice, SliceLogLine, Tier, UsageRecord
-from tests.conftest import launch
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def running(eager, worker_fleet, owner_a, funded, image_ssh):
-    fleet = worker_fleet()
-    s = launch(owner_a, funded(owner_a, vram_gb=4, hours=1), image_ssh)
-    assert s.state == Slice.State.RUNNING
-    return fleet, s
 
 
 def _buy(membership, vram_gb: int, *, hours: int = 1, interruptible: bool = False) -> Purchase:

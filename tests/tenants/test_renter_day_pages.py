@@ -13,24 +13,16 @@ from django.test import Client, RequestFactory
 from django.utils import timezone
 from django.views.defaults import server_error
 
-from nodes.models import Gpu, Node
+from nodes.models import Node
 from tenants import services
-from tenants.models import AuditEvent, Image, Purchase, Role, Slice, SliceLogLine, Tier
+from tenants.models import AuditEvent, Image, Purchase, Role, Slice, SliceLogLine, Tier, Volume
 from tests.factories import MembershipFactory
+from tests.tenants.page_support import launch_data, placed_slice
 from tests.tenants.ssh_material import public_line
 
 pytestmark = pytest.mark.django_db
 
 HX = {"HTTP_HX_REQUEST": "true"}
-JOB = {
-    "model": "Qwen/Qwen2.5-0.5B",
-    "workload": "inference",
-    "weights_dtype": "bf16",
-    "kv_cache_dtype": "bf16",
-    "engine": "transformers",
-    "batch": "1",
-    "context_tokens": "2048",
-}
 
 
 @pytest.fixture
@@ -48,15 +40,9 @@ def purchase(owner_a, ops_user) -> Purchase:
 
 
 def _launch(client, purchase, image, **fields):
-    data = {
-        "purchase": purchase.pk,
-        "image": image.pk,
-        "guaranteed": "on",
-        "idempotency_token": "renter-day-1",
-        "ssh_public_key": "",
-        **JOB,
-        **fields,
-    }
+    data = launch_data(
+        purchase, image, **{"idempotency_token": "renter-day-1", "ssh_public_key": "", **fields}
+    )
     return client.post("/launch/", data)
 
 
@@ -65,24 +51,14 @@ def placed(owner_a, purchase, image, django_capture_on_commit_callbacks):
     """A slice placed on a GPU (provisioning itself is the lab's business), in `state`."""
 
     def place(state: str) -> Slice:
-        node = Node.objects.create(
-            gate_status="passed", name="gpu-host-1", address="10.0.0.9", status="active"
+        slice = placed_slice(
+            django_capture_on_commit_callbacks,
+            membership=owner_a,
+            purchase=purchase,
+            image=image,
+            state=state,
         )
-        Gpu.objects.create(
-            node=node, uuid="GPU-1111", index=0, model="NVIDIA L4", vram_total_mb=24576
-        )
-        with django_capture_on_commit_callbacks(execute=False):
-            slice, _ = services.slice_launch(
-                membership=owner_a,
-                purchase=purchase,
-                image=image,
-                model_request={"model": {"catalog": "Qwen/Qwen2.5-0.5B"}, "context_tokens": 2048},
-                ssh_public_key=public_line(),
-            )
-        assert slice.state == Slice.State.PROVISIONING
-        Slice.objects.filter(pk=slice.pk).update(
-            state=state, container_id="c0ffee", started_at=timezone.now()
-        )
+        assert slice.state == Slice.State.PROVISIONING  # as the launch left it
         return slice
 
     return place
@@ -100,6 +76,24 @@ def test_launch_offers_the_accounts_keys_with_the_newest_chosen(client, owner_a,
     assert f'value="{new.pk}" selected' in select and "laptop" in select
     assert f'value="{old.pk}"' in select and "Paste a key below" in select
     assert new.fingerprint in select
+
+
+def test_launch_offers_an_ssh_images_home_as_a_volume_path(client, owner_a, ops_user, purchase):
+    """An SSH image whose sshd logs in as `renter` offers /home/renter for a volume (so the
+    home survives a stop); a root login's home is not offered."""
+    services.image_create(
+        actor=ops_user, name="ssh-box", reference="lab/ssh:1", ports=[22], ssh_user="renter"
+    )
+    services.image_create(actor=ops_user, name="root-box", reference="lab/root:1", ports=[22])
+    node = Node.objects.create(name="v-node", address="10.9.0.2", host_key="k")
+    Volume.objects.create(
+        tenant=owner_a.tenant, node=node, name="home", size_gb=5,
+        docker_name="gpp-vol-1-0123abcd", state="ready", last_metered_at=timezone.now(),
+    )  # fmt: skip
+    client.force_login(owner_a.user)
+    page = client.get("/launch/").content.decode()
+    hint = re.search(r'<small class="muted" id="volume-paths">.*?</small>', page, re.S).group(0)
+    assert "<code>/home/renter</code>" in hint and "/home/root" not in hint
 
 
 def test_launch_without_registered_keys_says_where_to_register_one(client, owner_a, purchase):

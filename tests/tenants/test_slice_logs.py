@@ -10,18 +10,9 @@ from django.utils import timezone
 
 from tenants import services
 from tenants.models import Role, Slice, SliceLogLine
-from tests.conftest import launch
 from tests.factories import MembershipFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def running(eager, worker_fleet, owner_a, funded, image_ssh):
-    fleet = worker_fleet()
-    s = launch(owner_a, funded(owner_a, vram_gb=4, hours=1), image_ssh)
-    assert s.state == Slice.State.RUNNING
-    return fleet.nodes[0], s
 
 
 def _texts(body) -> list[str]:
@@ -129,3 +120,20 @@ def test_the_page_shows_escaped_lines_and_polls_until_the_slice_is_done(running,
     done = client.get(f"/slices/{s.pk}/logs/", {"after": cursor + 1}, HTTP_HX_REQUEST="true")
     assert done.status_code == 286 and 'id="log-poll"' not in done.content.decode()
     assert client.get(f"/slices/{s.pk}/logs/", {"after": "x"}).status_code == 400
+
+
+def test_the_platforms_note_goes_after_what_was_printed_and_never_hides_later_lines(running):
+    """A note of the platform's (a preemption notice) reads the output first and is placed
+    after it; lines the job prints later are read whatever the note's time says."""
+    emu, s = running
+    emu.container_print(s.container_id, "saving checkpoint")
+    services.slice_logs_note(slice=s, text="Preemption notice: SIGTERM sent.")
+    texts = list(SliceLogLine.objects.filter(slice=s).values_list("text", flat=True))
+    assert texts[-2:] == ["saving checkpoint", "[gpuplatform] Preemption notice: SIGTERM sent."]
+    # even a note stamped later than the job's next line does not move the reading point
+    SliceLogLine.objects.filter(slice=s, text__startswith="[gpuplatform]").update(
+        at=timezone.now() + timedelta(hours=1)
+    )
+    emu.container_print(s.container_id, "checkpoint saved")
+    assert services.slice_logs_collect(slice_id=s.pk) == 1
+    assert SliceLogLine.objects.filter(slice=s).last().text == "checkpoint saved"
