@@ -213,7 +213,8 @@ ERROR_CODES = _codes(
         "no_running_slice",
         409,
         "top",
-        "The incident names no slice, or its slice has already ended.",
+        "The incident names no slice, its slice has already ended, or it was resumed since "
+        "(the running one is another run).",
     ),
     ("not_an_orphan", 409, "top", "Only an orphan process can be ended from here."),
     ("not_pending", 409, "top", "The invitation is no longer pending."),

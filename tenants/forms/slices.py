@@ -19,6 +19,7 @@ from nodes import volumes
 from nodes.models import Node
 
 from ..launch_input import clean_command, clean_environment
+from ..launch_request import LaunchRequest
 from ..models import Image, LaunchTemplate, Purchase, Slice, SshKey, Tenant, Tier, Volume
 from ..selectors import image_list, purchases_usable, ssh_keys_of
 from .estimate import JobForm, model_for_tier
@@ -247,13 +248,25 @@ class LaunchForm(JobForm):
 
     def model_request(self) -> dict[str, Any]:
         """The estimator input without the tier: the purchase supplies it. From a
-        template, what its job sets that the page has no field for is kept (the share of
-        the slice vLLM reserves among it)."""
-        job = self.job_mapping({"catalog": self.cleaned_data["model"]})
-        template = self.cleaned_data.get("template")
-        if template is None:
-            return job
-        return {**(template.model_request or {}), **job}
+        template, the launch service keeps what its job sets that the page has no field
+        for (the share of the slice vLLM reserves among it)."""
+        return self.job_mapping({"catalog": self.cleaned_data["model"]})
+
+    def launch_request(self) -> LaunchRequest:
+        """The launch this valid form asks for, as the API's would be."""
+        data = self.cleaned_data
+        return LaunchRequest(
+            purchase=data["purchase"],
+            image=data["image"],
+            model_request=self.model_request(),
+            command=data["command"],
+            environment=data["environment"],
+            ssh_public_key=data["ssh_public_key"],
+            guaranteed=data["guaranteed"],
+            volumes=data["volumes"],
+            template=data["template"],
+            idempotency_key=data["idempotency_token"],
+        )
 
 
 def template_initial(template: LaunchTemplate) -> dict[str, Any]:

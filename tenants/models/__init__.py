@@ -1,5 +1,6 @@
 """The tenants app's models, by sub-domain: accounts (tenants, people, tokens, SSH keys, audit,
-two-factor recovery codes), billing (tiers, purchases, credit, metering), slices and volumes."""
+two-factor recovery codes), billing (tiers, purchases, credit, metering), slices, their runs
+and volumes."""
 
 from .accounts import (
     ApiToken,
@@ -22,6 +23,7 @@ from .billing import (
     Tier,
     UsageRecord,
 )
+from .runs import SliceRun
 from .slices import Image, Slice, SliceLogLine, SliceTransition
 from .templates import LaunchTemplate
 from .two_factor import RecoveryCode
@@ -44,6 +46,7 @@ __all__ = [
     "Slice",
     "SliceLogLine",
     "SliceMount",
+    "SliceRun",
     "SliceTransition",
     "SshKey",
     "StoragePrice",

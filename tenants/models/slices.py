@@ -11,6 +11,7 @@ from nodes.models import Node
 
 from ..money import round_half_up
 from .accounts import TenantScopedQuerySet
+from .runs import SliceRun
 
 
 class Image(models.Model):
@@ -89,7 +90,13 @@ _MUST_HOLD_ALLOCATION_STATES = ("running", "stopping")
 
 
 class Slice(models.Model):
-    """A tenant's tier-sized container: the launch lifecycle lives here."""
+    """A tenant's tier-sized container: the launch lifecycle lives here.
+
+    Each start (the launch, then every resume) is a `SliceRun` row of its own, with its
+    placement, container, times, end, minutes and cost (`run_rows`; `runs` counts them).
+    The run fields here (allocation, container_id, connection, started_at, stopped_at,
+    exit_code, ended_by, last_metered_at, ...) are the current run's working copy: a
+    resume clears them for the new run, whose history then lives in its SliceRun row."""
 
     class State(models.TextChoices):
         REQUESTED = "requested", "requested"
@@ -314,15 +321,23 @@ class Slice(models.Model):
 
     @property
     def cost_so_far(self) -> Decimal:
-        """Credits the minutes metered so far are worth at the purchase's price per minute
-        (what was paid over what was bought), rounded half up to the cent like every
-        amount shown (`tenants.money.round_half_up`). Nothing is charged by it: the
-        purchase was paid in full when bought."""
-        purchase = self.purchase
-        if purchase is None or not purchase.minutes_total:
-            return Decimal("0.00")
+        """Credits the minutes metered so far are worth: each run's minutes at its own
+        purchase's price per minute (what was paid over what was bought), rounded half up
+        to the cent like every amount shown (`tenants.money.round_half_up`). Minutes no
+        run holds (an unsaved slice, or one kept before runs were) are priced at the
+        current purchase. Nothing is charged by it: a purchase is paid in full when bought."""
+        cost, counted = Decimal("0.00"), 0
+        if self.pk is not None:
+            totals = SliceRun.objects.filter(slice_id=self.pk).aggregate(
+                cost=models.Sum("cost"), minutes=models.Sum("minutes")
+            )
+            cost, counted = totals["cost"] or Decimal("0.00"), totals["minutes"] or 0
+        rest = max(0, self.minutes_used - counted)
+        purchase = self.purchase if self.purchase_id is not None else None
+        if not rest or purchase is None or not purchase.minutes_total:
+            return round_half_up(cost)
         per_minute = purchase.price_paid / Decimal(purchase.minutes_total)
-        return round_half_up(per_minute * self.minutes_used)
+        return round_half_up(cost) + round_half_up(per_minute * rest)
 
 
 class SliceTransition(models.Model):

@@ -7,7 +7,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, TypedDict
 
-from django.db.models import BooleanField, Count, ExpressionWrapper, Q, QuerySet
+from django.db.models import BooleanField, Count, ExpressionWrapper, Q, QuerySet, Sum
 from django.utils import timezone
 
 from ..models import (
@@ -16,6 +16,7 @@ from ..models import (
     LedgerEntry,
     Purchase,
     Slice,
+    SliceRun,
     Tenant,
     Tier,
     UsageRecord,
@@ -176,10 +177,18 @@ def slice_minutes_shown(*, slice: Slice, now: datetime | None = None) -> int:
 
 
 def slice_cost_shown(*, slice: Slice, now: datetime | None = None) -> Decimal:
-    """What the shown minutes are worth at the purchase's price per minute, rounded like
-    `Slice.cost_so_far` (half up to the cent)."""
+    """What the shown minutes are worth, rounded like `Slice.cost_so_far` (half up to the
+    cent): the ended runs' costs, each at its own purchase's price (read only for a slice
+    resumed at least once), and the current run's minutes at its purchase's."""
+    past_cost, past_minutes = Decimal("0.00"), 0
+    if slice.runs > 1 and slice.pk is not None:
+        ended = SliceRun.objects.filter(slice_id=slice.pk, ended_at__isnull=False).aggregate(
+            cost=Sum("cost"), minutes=Sum("minutes")
+        )
+        past_cost, past_minutes = ended["cost"] or Decimal("0.00"), ended["minutes"] or 0
     purchase = slice.purchase
     if purchase is None or not purchase.minutes_total:
-        return Decimal("0.00")
+        return round_half_up(past_cost)
     per_minute = purchase.price_paid / Decimal(purchase.minutes_total)
-    return round_half_up(per_minute * slice_minutes_shown(slice=slice, now=now))
+    current = max(0, slice_minutes_shown(slice=slice, now=now) - past_minutes)
+    return round_half_up(past_cost) + round_half_up(per_minute * current)

@@ -40,6 +40,7 @@ from ..models import (
     Purchase,
     Slice,
     SliceLogLine,
+    SliceRun,
     SliceTransition,
     Tenant,
     Tier,
@@ -360,6 +361,16 @@ def gateway_details(
 
 def slice_transitions(*, slice: Slice) -> QuerySet[SliceTransition]:
     return slice.transitions.select_related("actor").order_by("at", "id")
+
+
+def slice_runs(*, slice: Slice) -> QuerySet[SliceRun]:
+    """The slice's runs, the launch's first, each with the purchase that paid for it
+    (tenant-scoped: the slice's own tenant)."""
+    return (
+        SliceRun.objects.filter(tenant_id=slice.tenant_id, slice_id=slice.pk)
+        .select_related("purchase__tier")
+        .order_by("number")
+    )
 
 
 class VramUsed(TypedDict):

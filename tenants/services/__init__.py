@@ -50,6 +50,7 @@ from .slices.launch import slice_launch, slice_resume, slices_dispatch_queue
 from .slices.preempt import slice_preempt_signal, slices_preempt_due
 from .slices.provision import slice_provision
 from .slices.reconcile import container_remove_quietly, slices_reconcile
+from .slices.requests import slice_launch_request, slice_resume_request
 from .slices.stop import running_slices_meter, slice_finish_stop, slice_stop
 from .slices.terminate import slice_terminate
 from .spend import spend_limit_set
@@ -99,6 +100,7 @@ __all__ = [
     "running_slices_meter",
     "slice_finish_stop",
     "slice_launch",
+    "slice_launch_request",
     "slice_logs_collect",
     "slice_logs_note",
     "slice_logs_prune",
@@ -106,6 +108,7 @@ __all__ = [
     "slice_preempt_signal",
     "slice_provision",
     "slice_resume",
+    "slice_resume_request",
     "slice_stop",
     "slice_terminate",
     "slices_dispatch_queue",

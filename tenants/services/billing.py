@@ -28,6 +28,7 @@ from ..models import ApiToken, LedgerEntry, Membership, Purchase, Slice, Tenant,
 from ..money import CENT, money_text
 from ..selectors import credit_rate_current, spend_before, spend_check
 from .audit import audit_event_record, members_notify
+from .slices.runs import slice_run_meter
 from .spend import spend_warn
 
 MAX_PURCHASE_HOURS = 720
@@ -364,6 +365,7 @@ def slice_meter(*, slice: Slice, now: datetime, final: bool = False) -> int:
             period_end=period_end,
         )
     slice.minutes_used += charged
+    slice_run_meter(slice=slice, minutes=charged)
     slice.last_metered_at = now if final else period_end
     slice.save(update_fields=["minutes_used", "last_metered_at"])
     slice.purchase = purchase
@@ -417,6 +419,7 @@ def _minutes_metered_after(*, slice: Slice, end: datetime) -> int:
         purchase.minutes_left += given
         purchase.save(update_fields=["minutes_left"])
         slice.minutes_used -= given
+        slice_run_meter(slice=slice, minutes=-given)
     slice.purchase = purchase
     return given
 

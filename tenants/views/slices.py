@@ -8,6 +8,7 @@ answers HTTP 286 (htmx: stop polling) once nothing in it can change any more.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any
 
 from django.contrib import messages
@@ -38,7 +39,7 @@ from ..forms.slices import (
 )
 from ..models import Image, LaunchTemplate, Membership, Slice, Tenant, Tier
 from ..permissions import member_required, redact_for_viewers
-from ..services.slices.launch import ServiceRefusal
+from ..selectors.slices import slice_runs
 from .estimate import estimate_for, present
 
 LIVE_SECONDS = 3
@@ -179,35 +180,26 @@ def launch(request: MemberRequest) -> HttpResponse:
     launched = submit(
         request,
         form,
-        lambda data: services.slice_launch(
-            membership=request.membership,
-            purchase=data["purchase"],
-            image=data["image"],
-            model_request=form.model_request(),
-            command=data["command"],
-            environment=data["environment"],
-            ssh_public_key=data["ssh_public_key"],
-            guaranteed=data["guaranteed"],
-            volumes=data["volumes"],
-            idempotency_key=data["idempotency_token"],
-            template=data["template"],
+        lambda data: services.slice_launch_request(
+            membership=request.membership, request=form.launch_request()
         ),
         field_for=form.error_field_of,  # a mount's error goes on its row
     )
-    if launched.done:
-        slice, created = launched.result
-        if not created:
-            messages.info(request, "This launch was already submitted.")
-        return redirect("tenants:slice_detail", pk=slice.pk)
+    status = launched.status
     refusal = None
-    if isinstance(launched.error, ServiceRefusal):
-        exc = launched.error
-        refusal = {"message": exc.message, "estimate": exc.estimate, "slice": exc.slice}
+    if launched.done and launched.result.refusal is None:
+        if not launched.result.created:
+            messages.info(request, "This launch was already submitted.")
+        return redirect("tenants:slice_detail", pk=launched.result.slice.pk)
+    if launched.done:  # the VRAM check said no (now, or for this form's first submit)
+        result = launched.result
+        refusal = {**asdict(result.refusal), "slice": result.slice}
+        status = 422
         # The refused launch is recorded under this key: a corrected form needs a new one.
         form = LaunchForm(_fresh_token(request.POST), tenant=tenant, user=request.user)
         form.is_valid()
     context = _launch_context(request, form, tiers, template=chosen, refusal=refusal)
-    return render(request, "tenants/launch.html", context, status=launched.status)
+    return render(request, "tenants/launch.html", context, status=status)
 
 
 def _launch_initial(request: HttpRequest, template: LaunchTemplate | None) -> dict[str, Any]:
@@ -307,6 +299,7 @@ def slice_detail(request: MemberRequest, pk: int) -> HttpResponse:
         return live_response(response, done=slice.is_final)
     services.slice_logs_request(slice=slice)
     context.update(slice_log_tail(slice))
+    context["run_history"] = list(slice_runs(slice=slice))
     return render(request, "tenants/slice_detail.html", context)
 
 

@@ -14,6 +14,7 @@ from gpuplatform.pages import submit
 
 from .. import selectors, services
 from ..forms.volumes import ResumeForm, TerminateForm, VolumeDeleteForm, VolumeForm
+from ..launch_request import ResumeRequest
 from ..models import Slice
 from ..permissions import member_required
 
@@ -82,17 +83,23 @@ def slice_resume(request: MemberRequest, pk: int) -> HttpResponse:
     resumed = submit(
         request,
         form,
-        lambda data: services.slice_resume(
-            membership=request.membership, slice=slice, purchase=data["purchase"]
+        lambda data: services.slice_resume_request(
+            membership=request.membership,
+            slice=slice,
+            request=ResumeRequest(purchase=data["purchase"]),
         ),
     )
-    if resumed.done:
+    status = resumed.status
+    if resumed.done and resumed.result.refusal is None:
         messages.success(
-            request, f"Slice {slice.pk} is starting again (run {resumed.result.runs})."
+            request, f"Slice {slice.pk} is starting again (run {resumed.result.slice.runs})."
         )
         return redirect("tenants:slice_detail", pk=slice.pk)
+    if resumed.done:  # the VRAM check said no: nothing changed, the slice stays stopped
+        form.add_error("purchase", resumed.result.refusal.message)
+        status = 422
     context = {"slice": slice, "form": form, "purchases": purchases}
-    return render(request, "tenants/slice_resume.html", context, status=resumed.status)
+    return render(request, "tenants/slice_resume.html", context, status=status)
 
 
 @member_required

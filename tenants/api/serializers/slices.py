@@ -1,4 +1,4 @@
-"""Serializers of the slices API: images, slices, their transitions and VRAM series.
+"""Serializers of the slices API: images, slices, their transitions, runs and VRAM series.
 
 Output serializers only read; input serializers (StrictSerializer) check shapes and types
 and leave the rules (allowlist, environment names, the estimate) to the services."""
@@ -19,6 +19,7 @@ from tenants.models import (
     LaunchTemplate,
     Purchase,
     Slice,
+    SliceRun,
     SliceTransition,
 )
 from tenants.permissions import redact_for_viewers
@@ -115,6 +116,48 @@ class SliceTransitionSerializer(serializers.ModelSerializer):
     class Meta:
         model = SliceTransition
         fields = ["from_state", "to_state", "reason", "at"]
+        read_only_fields = fields
+
+
+class SliceRunSerializer(serializers.ModelSerializer):
+    """One run of a slice (its launch, then one per resume): where it ran, its container,
+    its times, how it ended, and its minutes and cost on the purchase that paid for it."""
+
+    connection = serializers.JSONField(
+        read_only=True, help_text="How it was reached (kind, host, ports, user); no secrets."
+    )
+    cost = serializers.DecimalField(
+        max_digits=12,
+        decimal_places=2,
+        read_only=True,
+        help_text="Its minutes at its own purchase's price per minute (credits).",
+    )
+
+    class Meta:
+        model = SliceRun
+        fields = [
+            "number",
+            "purchase",
+            "interruptible",
+            "guaranteed",
+            "vram_mb",
+            "node_name",
+            "gpu_label",
+            "gpu_model",
+            "mig_device_uuid",
+            "container_id",
+            "connection",
+            "requested_at",
+            "started_at",
+            "ended_at",
+            "end_state",
+            "end_reason",
+            "exit_code",
+            "ended_by",
+            "minutes",
+            "cost",
+            "peak_vram_mb",
+        ]
         read_only_fields = fields
 
 
@@ -345,7 +388,8 @@ class SliceCreateSerializer(StrictSerializer):
         required=False,
         help_text='The job, for the VRAM check, e.g. {"model": {"catalog": '
         '"Qwen/Qwen2.5-1.5B"}, "weights_dtype": "bf16", "context_tokens": 4096}. '
-        "The tier comes from the purchase; with a template, its job unless given.",
+        "The tier comes from the purchase; with a template, what is given goes over its "
+        "job, key by key.",
     )
     command = serializers.ListField(
         child=serializers.CharField(trim_whitespace=False, allow_blank=True),
@@ -372,20 +416,9 @@ class SliceCreateSerializer(StrictSerializer):
         "slice then runs on their node.",
     )
 
-    def validate(self, attrs: dict) -> dict:
-        template = attrs.get("template")
-        if template is None:
-            for name in ("image", "model"):
-                if name not in attrs:
-                    raise serializers.ValidationError({name: ["This field is required."]})
-            attrs.setdefault("command", [])
-            return attrs
-        attrs.setdefault("image", template.image)
-        attrs.setdefault("model", template.model_request)
-        if not attrs.get("command"):
-            attrs["command"] = list(template.command)
-        attrs["environment"] = {**template.environment, **attrs["environment"]}
-        return attrs
+    # Without a template the image and the job are required, and a template's defaults
+    # are merged under what is given: the launch service's rules (LaunchRequest), the same
+    # for the page.
 
 
 class SliceStopSerializer(StrictSerializer):

@@ -1,5 +1,6 @@
-"""Slices API: launch, list, stop, VRAM over time; the image allowlist; ops: all slices
-(force stop) and the allowlist's edits. A refused launch is a 422 with its estimate."""
+"""Slices API: launch, list, stop, resume, their runs, VRAM over time; the image
+allowlist; ops: all slices (force stop) and the allowlist's edits. A refused launch is
+a 422 with its estimate."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ from gpuplatform.api.scopes import ADMIN, LAUNCH
 from gpuplatform.errors import ServiceError
 from gpuplatform.http import signed_in
 from tenants import selectors, services
-from tenants.models import Image, Purchase, Slice, SliceLogLine
+from tenants.launch_request import LaunchRequest, LaunchResult, ResumeRequest
+from tenants.models import Image, Slice, SliceLogLine
 from tenants.permissions import IsOps
-from tenants.services.slices.launch import ServiceRefusal
+from tenants.selectors.slices import slice_runs
 
 from .. import filters
 from ..serializers import slices as s
@@ -84,26 +86,30 @@ class SliceViewSet(
         data = s.SliceCreateSerializer(data=request.data, context={"tenant": self.tenant})
         data.is_valid(raise_exception=True)
         values = data.validated_data
-        try:
-            slice, created = services.slice_launch(
-                membership=self.membership,
+        result = services.slice_launch_request(
+            membership=self.membership,
+            request=LaunchRequest(
                 purchase=values["purchase"],
-                image=values["image"],
-                model_request=values["model"],
-                command=values["command"],
-                environment=values["environment"],
+                image=values.get("image"),
+                model_request=values.get("model"),
+                command=values.get("command") or (),
+                environment=values.get("environment") or {},
                 ssh_public_key=values["ssh_public_key"],
                 guaranteed=values["guaranteed"],
-                idempotency_key=idempotency_key(request),
                 volumes=[dict(m) for m in values["volumes"]],
                 template=values["template"],
-            )
-        except ServiceRefusal as exc:
-            return _refusal(exc.message, exc.estimate, exc.slice.pk)
-        if not created and slice.state == Slice.State.REFUSED:
-            # A repeated key answers as the first request did.
-            return _refusal(slice.state_reason, slice.estimate, slice.pk)
-        return self._out(slice, status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+                idempotency_key=idempotency_key(request),
+            ),
+        )
+        return self._answer(
+            result, status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
+        )
+
+    def _answer(self, result: LaunchResult, code: int) -> Response:
+        """A launch's or a resume's result: the slice, or its refusal (422) alike."""
+        if result.refusal is not None:
+            return _refusal(result.refusal.message, result.refusal.estimate, result.slice.pk)
+        return self._out(result.slice, code)
 
     @extend_schema(request=s.SliceStopSerializer, responses={202: s.SliceDetailSerializer})
     @action(detail=True, methods=["post"])
@@ -129,39 +135,19 @@ class SliceViewSet(
         slice = self.get_object()
         data = vs.SliceResumeSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        purchase = self._resume_purchase(slice, data.validated_data.get("purchase"))
-        try:
-            slice = services.slice_resume(
-                membership=self.membership,
-                slice=slice,
-                purchase=purchase,
-                idempotency_key=idempotency_key(request),
-            )
-        except ServiceRefusal as exc:
-            return _refusal(exc.message, exc.estimate, slice.pk)
-        return self._out(slice, status.HTTP_202_ACCEPTED)
-
-    def _resume_purchase(self, slice: Slice, wanted: int | None) -> Purchase:
-        """The purchase named, else the default one (selectors.purchase_resume_default). A
-        slice that cannot be resumed (not stopped, or terminated) keeps its own, so the
-        resume refuses it in its words."""
-        if wanted is None:
-            if slice.state != Slice.State.STOPPED or slice.terminated_at is not None:
-                return slice.purchase
-            default = selectors.purchase_resume_default(slice=slice)
-            if default is None:
-                raise ServiceError(
-                    f"No purchase of the {slice.vram_mb // 1024} GB tier with minutes left "
-                    "and no slice on it: buy one, then resume.",
-                    code="required",
-                    field="purchase",
-                )
-            return default
-        purchase = selectors.purchase_list(tenant=self.tenant).filter(pk=wanted).first()
-        if purchase is None:
-            raise ServiceError(f"No purchase {wanted} of yours.", code="does_not_exist",
-                               field="purchase")  # fmt: skip
-        return purchase
+        wanted = data.validated_data.get("purchase")
+        purchase = None
+        if wanted is not None:
+            purchase = selectors.purchase_list(tenant=self.tenant).filter(pk=wanted).first()
+            if purchase is None:
+                raise ServiceError(f"No purchase {wanted} of yours.", code="does_not_exist",
+                                   field="purchase")  # fmt: skip
+        result = services.slice_resume_request(
+            membership=self.membership,
+            slice=slice,
+            request=ResumeRequest(purchase=purchase, idempotency_key=idempotency_key(request)),
+        )
+        return self._answer(result, status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=vs.SliceTerminateSerializer, responses={202: s.SliceDetailSerializer})
     @action(detail=True, methods=["post"])
@@ -204,6 +190,16 @@ class SliceViewSet(
             "following": slice.state in (Slice.State.RUNNING, Slice.State.STOPPING),
         }
         return Response(vs.SliceLogsSerializer(body).data)
+
+    @extend_schema(responses=s.SliceRunSerializer(many=True), filters=False)
+    @action(detail=True, methods=["get"], filterset_class=None, ordering_fields=[])
+    def runs(self, request: Request, pk: str | None = None) -> Response:
+        """The slice's runs, its launch first, then one per resume: where each ran, its
+        container, its times, how it ended, its minutes and its cost at the price of the
+        purchase that paid for it. Paginated like every list."""
+        slice = self.get_object()
+        page = self.paginate_queryset(slice_runs(slice=slice))
+        return self.get_paginated_response(s.SliceRunSerializer(page, many=True).data)
 
     @extend_schema(responses=s.SliceVramSerializer)
     @action(detail=True, methods=["get"])

@@ -20,6 +20,7 @@ from ...run_ends import RunEnd, within_run
 from ...selectors import measured_peak_mb
 from ..audit import members_notify
 from ..billing import slice_meter_to_end
+from .runs import slice_run_follow, slice_run_open
 
 S = Slice.State
 
@@ -75,10 +76,13 @@ def slice_transition(
         )
     )
     SliceTransition.objects.bulk_create(rows)
+    slice_run_follow(slice=slice, before=before, to=to)
 
 
 def slice_record_requested(*, slice: Slice, actor: User | None) -> None:
-    """The first transition; written with the next one (a launch always makes two)."""
+    """The first transition; written with the next one (a launch always makes two).
+    The slice's run 1 is opened now."""
+    slice_run_open(slice=slice)
     slice._unsaved_transitions = [  # type: ignore[attr-defined]  # kept on the instance only
         SliceTransition(slice=slice, from_state="", to_state=S.REQUESTED, actor=actor)
     ]
