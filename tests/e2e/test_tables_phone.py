@@ -6,13 +6,14 @@ The scene is test_every_page's (a fleet with samples, incidents, a tenant with s
 
 import pytest
 
-from tests.e2e.test_charts_phone import open_phone
+from tests.e2e.test_charts_phone import PHONE
 from tests.e2e.test_every_page import (
     OPS_EMAIL,
     OVERFLOW_JS,
     OWNER_EMAIL,
     build_scene,
     eager_celery,  # noqa: F401  (autouse: the scene's services run in place)
+    open_context,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -66,7 +67,7 @@ def check_tables(page, path: str, tables: dict) -> None:
 
 def test_key_columns_are_on_screen_on_a_phone(browser, live_server):
     scene = build_scene()
-    context, page, _ = open_phone(browser, live_server, OPS_EMAIL)
+    context, page, _ = open_context(browser, live_server, PHONE, OPS_EMAIL)
     try:
         tables = {
             **OPS_TABLES,
@@ -76,7 +77,7 @@ def test_key_columns_are_on_screen_on_a_phone(browser, live_server):
             check_tables(page, path, wanted)
     finally:
         context.close()
-    context, page, _ = open_phone(browser, live_server, OWNER_EMAIL)
+    context, page, _ = open_context(browser, live_server, PHONE, OWNER_EMAIL)
     try:
         for path, wanted in TENANT_TABLES.items():
             check_tables(page, path, wanted)
