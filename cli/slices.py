@@ -269,6 +269,21 @@ def show(slice_ref: str, as_json: bool) -> None:
              for t in transitions),
             title="Transitions",
         )  # fmt: skip
+    if (shown.get("runs") or 1) > 1:
+        _print_runs(shown["id"])
+
+
+def _print_runs(pk: int) -> None:
+    """A resumed slice's runs, each on its purchase, node and GPU, with its end and cost."""
+    runs = list(api().pages(f"/slices/{pk}/runs/"))
+    output.table(
+        ["RUN", "PURCHASE", "GPU", "STARTED", "ENDED", "END", "MIN", "COST"],
+        ([r["number"], f"{r['purchase']}{' (interruptible)' if r.get('interruptible') else ''}",
+          r.get("gpu_label") or "", output.when(r.get("started_at")),
+          output.when(r.get("ended_at")), r.get("end_state") or "running", r.get("minutes"),
+          r.get("cost")] for r in runs),
+        title="Runs",
+    )  # fmt: skip
 
 
 @click.command()

@@ -86,6 +86,11 @@ def test_launch_wait_ps_show_logs_stop_resume_and_usage(gpp, owner, fleet, credi
     assert resumed.json()["state"] == "running" and resumed.json()["purchase"] == bought["id"]
     again = gpp("resume", str(ident), "--json")  # a running slice cannot be resumed
     assert again.code == 1 and again.error()["code"] == "invalid_transition"
+    runs = gpp("show", str(ident))  # a resumed slice lists its runs
+    assert runs.code == 0, runs.stderr
+    rows = runs.stdout.split("Runs", 1)[1].splitlines()
+    assert any(row.split()[:1] == ["1"] and "stopped" in row for row in rows)
+    assert any(row.split()[:1] == ["2"] and "running" in row for row in rows)
 
     usage = gpp("usage", "--json")
     assert usage.code == 0, usage.stderr
