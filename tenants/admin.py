@@ -14,6 +14,7 @@ from .models import (
     Membership,
     Purchase,
     Slice,
+    SliceRun,
     SliceTransition,
     SshKey,
     Tenant,
@@ -195,6 +196,22 @@ class SliceTransitionInline(admin.TabularInline):
         return False
 
 
+class SliceRunInline(admin.TabularInline):
+    """Each start of the slice, as the services wrote it: read only."""
+
+    model = SliceRun
+    extra = 0
+    can_delete = False
+    fields = (
+        "number", "purchase", "gpu_label", "started_at", "ended_at", "end_state",
+        "exit_code", "minutes", "cost",
+    )  # fmt: skip
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Slice | None = None) -> bool:
+        return False
+
+
 @admin.register(Slice)
 class SliceAdmin(admin.ModelAdmin):
     list_display = ["id", "tenant", "image", "state", "estimate_mb", "created_at"]
@@ -215,7 +232,7 @@ class SliceAdmin(admin.ModelAdmin):
         "started_at",
         "stopped_at",
     ]
-    inlines = [SliceTransitionInline]
+    inlines = [SliceRunInline, SliceTransitionInline]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

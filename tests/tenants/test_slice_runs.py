@@ -16,6 +16,7 @@ from tenants.money import round_half_up
 from tenants.services.slices.launch import ServiceRefusal
 from tests.api_contract import ApiResourceContract
 from tests.conftest import launch
+from tests.factories import UserFactory
 from tests.tenants.api_objects import queued_slice
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -209,3 +210,18 @@ class TestSliceRunsApi(ApiResourceContract):
 
     def obj_id(self, obj):
         return obj.number
+
+
+def test_ops_read_a_slices_runs_in_the_admin_and_cannot_change_them(
+    eager, worker_fleet, owner_a, funded, image_ssh, client
+):
+    slice, _ = _running(worker_fleet, owner_a, funded, image_ssh)
+    services.slice_stop(slice=slice, actor=owner_a.user)
+    staff = UserFactory(email="ops-admin@platform.test", is_staff=True, is_superuser=True)
+    client.force_login(staff)
+    page = client.get(f"/admin/tenants/slice/{slice.pk}/change/")
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert "Slice runs" in body or "slice runs" in body.lower()
+    assert 'name="run_rows-0-minutes"' not in body  # shown, never an input
+    assert 'name="run_rows-TOTAL_FORMS"' in body and "stopped" in body
