@@ -56,7 +56,10 @@ def test_worker_killed_mid_provision_leaves_one_container_or_none_after_reconcil
         environment={"WORKLOAD_MB": "900"},
     )
     assert wait_for(lambda: "Task provision.slice" in log.read_text(), timeout=20)
-    time.sleep(1.0)  # the worker is inside `docker run` on the node
+    if moment == "dockerd hangs":
+        time.sleep(1.0)  # the worker waits on the daemon (its inspect or its `docker run`)
+    else:  # the worker is inside `docker run`: the container is made, its start held
+        assert wait_for(lambda: len(labelled(node, s.owner_key)) == 1, timeout=20)
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=10)
     assert state_of(s) == Slice.State.PROVISIONING  # the dead worker recorded nothing
