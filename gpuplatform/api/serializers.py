@@ -154,7 +154,8 @@ class StrictFieldsMixin:
             value = super().to_internal_value(data)  # type: ignore[misc]
         except serializers.ValidationError as exc:
             if unknown and isinstance(exc.detail, dict):
-                raise serializers.ValidationError({**exc.detail, **unknown}) from exc
+                merged: dict[Any, Any] = {**exc.detail, **unknown}
+                raise serializers.ValidationError(merged) from exc
             raise
         if unknown:
             raise serializers.ValidationError(unknown)
