@@ -35,6 +35,9 @@ from ..volumes import mounts_record
 from .preempt import slice_preempt_for_room, slices_preempt_due
 from .state import S, slice_record_requested, slice_transition
 
+# The states a resume starts from: the slice ended, and keeps what it was given.
+RESUMABLE = (S.STOPPED, S.COMPLETED, S.FAILED)
+
 
 class ServiceRefusal(ServiceError):
     """The pre-launch check refused the job; `estimate` holds the breakdown."""
@@ -526,7 +529,7 @@ def _resumable_slice(pk: int, *, tenant: Tenant) -> Slice:
         raise Slice.DoesNotExist
     if slice.terminated_at is not None:
         raise Conflict("This slice was terminated: launch a new one.", code="slice_terminated")
-    if slice.state not in (S.STOPPED, S.COMPLETED, S.FAILED):
+    if slice.state not in RESUMABLE:
         raise Conflict(f"Only a stopped slice can be resumed; this one is {slice.state}.",
                        code="invalid_transition", field="state")  # fmt: skip
     image = slice.image_entry

@@ -18,10 +18,8 @@ from gpuplatform.errors import ServiceError
 from ...launch_request import LaunchRequest, LaunchResult, Refusal, ResumeRequest
 from ...models import Image, Membership, Purchase, Slice
 from ...selectors import purchase_resume_default
-from .launch import ServiceRefusal, slice_launch, slice_resume
+from .launch import RESUMABLE, ServiceRefusal, slice_launch, slice_resume
 from .state import S
-
-RESUMABLE = (S.STOPPED, S.COMPLETED, S.FAILED)
 
 __all__ = [
     "slice_launch_request",
