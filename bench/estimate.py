@@ -6,6 +6,10 @@ model's positions if fewer).
 Baseline: the same estimates without their suggestions (one pass each), measured in the
 same run, so the ratio says what the suggestions cost.
 
+``estimator_families``: the model families (transformers' model_type) of the truth table
+(bench/estimator_truth.py) whose every entry the estimator reads exactly, in parameters and
+in KV bytes per token; baseline: the families in the table.
+
     .venv/bin/python bench/estimate.py [--seconds 3]
 """
 
@@ -56,6 +60,19 @@ def requests() -> list:
     return out
 
 
+def families_exact() -> tuple[int, int]:
+    """(families read exactly, families in the truth table)."""
+    import json  # noqa: PLC0415 - only this figure reads the fixture
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import estimator_truth  # noqa: PLC0415 - the truth table's own comparison
+
+    entries = json.loads(estimator_truth.TRUTH.read_text())["entries"]
+    wrong = {e["model_type"] for e in entries if estimator_truth.compare(e)}
+    families = {e["model_type"] for e in entries}
+    return len(families - wrong), len(families)
+
+
 def rate(fn, items, seconds: float) -> float:
     done, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -103,6 +120,11 @@ def main() -> None:
         f"RESULT estimates_per_s={full:.0f} estimates/s baseline={core:.0f} ratio={full / core:.2f}"
     )
     print(f"RESULT estimate_ms={1000 / full:.3f} ms")
+    exact, families = families_exact()
+    print(
+        f"RESULT estimator_families={exact} families baseline={families} "
+        f"ratio={exact / families:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ TRUTH = FIXTURES / "truth.json"
 KV_BYTES = 2  # bf16 cache, the figure vLLM caches with "auto" for 16-bit weights
 
 # Model types whose transformers model is built with the image-text-to-text Auto class.
-VISION_LANGUAGE = {"gemma3", "qwen2_5_vl", "mllama"}
+VISION_LANGUAGE = {"gemma3", "qwen2_5_vl", "mllama", "llama4", "qwen3_vl", "qwen3_5", "qwen3_5_moe"}
 # Attention over a window on every layer when the config sets one (transformers passes
 # config.sliding_window to every layer's attention in these modeling files).
 WINDOW_ON_EVERY_LAYER = {"mistral", "mixtral", "phi3", "starcoder2"}
@@ -72,11 +72,39 @@ def kv_layout(config: Any) -> dict[str, Any]:
             "kv_layers": 0,
             "state_bytes": layers * per_layer * KV_BYTES,
         }
-    if kind in ("deepseek_v2", "deepseek_v3"):
+    if kind in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"):
+        # Gated DeltaNet layers cache nothing per token; vLLM keeps per sequence a conv
+        # state ((kernel - 1) x conv_dim) and a recurrent state (v heads x k dim x v dim):
+        # vllm/model_executor/layers/mamba/mamba_utils.py gated_delta_net_state_shape (v0.11).
+        linear = sum(1 for t in c.layer_types if t == "linear_attention")
+        key = c.linear_num_key_heads * c.linear_key_head_dim
+        conv_dim = 2 * key + c.linear_num_value_heads * c.linear_value_head_dim
+        per_layer = (c.linear_conv_kernel_dim - 1) * conv_dim + (
+            c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim
+        )
+        full = layers - linear
+        return {
+            **out,
+            "kv_bytes_per_token": full * 2 * c.num_key_value_heads * c.head_dim * KV_BYTES,
+            "kv_layers": full,
+            "kv_heads": c.num_key_value_heads,
+            "head_dim": c.head_dim,
+            "state_bytes": linear * per_layer * KV_BYTES,
+        }
+    if kind in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa"):
         # Multi-head latent attention: vLLM and SGLang cache the compressed latent and the
         # shared rope key, one vector per token and layer, not the expanded heads.
         width = c.kv_lora_rank + c.qk_rope_head_dim
-        return {**out, "kv_bytes_per_token": layers * width * KV_BYTES, "kv_layers": layers}
+        kv = layers * width * KV_BYTES
+        if kind in ("deepseek_v32", "glm_moe_dsa"):
+            # The DSA indexer's key cache, which transformers does not keep apart: vLLM v0.11
+            # vllm/model_executor/models/deepseek_v2.py DeepseekV32IndexerCache, head_dim =
+            # index_head_dim + index_head_dim // 128 * 4 bytes (fp8 keys, an fp32 scale per
+            # 128), dtype uint8, on every layer that builds an indexer.
+            kinds = getattr(c, "indexer_types", None) or ["full"] * layers
+            indexed = sum(1 for k in kinds if k == "full")
+            kv += indexed * (c.index_head_dim + c.index_head_dim // 128 * 4)
+        return {**out, "kv_bytes_per_token": kv, "kv_layers": layers}
     heads = getattr(c, "num_attention_heads", None) or c.n_head
     hidden = getattr(c, "hidden_size", None) or c.n_embd
     head_dim = getattr(c, "head_dim", None) or hidden // heads
@@ -97,7 +125,14 @@ def kv_layout(config: Any) -> dict[str, Any]:
     out["head_dim"] = head_dim
     window = getattr(c, "sliding_window", None)
     types = getattr(c, "layer_types", None)
-    if window and types is not None:
+    if kind == "llama4_text" and c.attention_chunk_size:
+        # Chunked local attention: vLLM's ChunkedLocalAttentionSpec keeps at most one chunk
+        # per chunked layer, sized like a sliding window of attention_chunk_size tokens.
+        window = c.attention_chunk_size
+        out["sliding_layers"] = sum(1 for t in types if t == "chunked_attention")
+    elif kind == "smollm3" and not c.use_sliding_window:
+        window = None  # SmolLM3Attention sets a window only with use_sliding_window
+    elif window and types is not None:
         out["sliding_layers"] = sum(1 for t in types if t == "sliding_attention")
     elif window and kind in WINDOW_ON_EVERY_LAYER:
         out["sliding_layers"] = layers

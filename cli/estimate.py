@@ -1,5 +1,6 @@
 """`gpp estimate`: a model's peak VRAM from the platform's estimator (POST
-/api/v1/estimates/), a catalog model or a local config.json, with the verdict per tier."""
+/api/v1/estimates/), a catalog model, a Hugging Face model id (the platform reads it from
+the Hub) or a local config.json, with the verdict per tier."""
 
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ def job_options(command: Any) -> Any:
     options = [
         click.option("--config", "config_json", type=click.Path(dir_okay=False, path_type=Path),
                      help="A local Hugging Face config.json instead of a catalog model."),
+        click.option("--hub", "hub_id", metavar="ID",
+                     help="A Hugging Face model id (e.g. Qwen/Qwen3-8B), read from the Hub by "
+                          "the platform: its config.json and safetensors headers."),
+        click.option("--revision", "hub_revision", metavar="REV",
+                     help="The --hub model's branch, tag or commit (default: main)."),
         click.option("--workload", type=click.Choice(["inference", "training"]),
                      help="inference (default) or training."),
         click.option("--dtype", "weights_dtype", help="Weights as loaded: bf16, int8, nf4..."),
@@ -64,10 +70,15 @@ def build_job(
 ) -> dict[str, Any]:
     """The estimator's request: `base` (a launch file's job), then the flags over it."""
     job = dict(base or {})
-    if model and config_json:
-        raise click.UsageError("give a catalog MODEL or --config, not both")
+    hub_id, revision = flags.pop("hub_id", None), flags.pop("hub_revision", None)
+    if sum(bool(x) for x in (model, config_json, hub_id)) > 1:
+        raise click.UsageError("give one of a catalog MODEL, --hub or --config")
+    if revision and not hub_id:
+        raise click.UsageError("--revision goes with --hub (a Hugging Face model id)")
     if config_json is not None:
         job["model"] = {"config_json": read_config_json(config_json)}
+    elif hub_id:
+        job["model"] = {"hub": hub_id, "revision": revision or "main"}
     elif model:
         job["model"] = {"catalog": model}
     settings = flags.pop("settings", ()) or ()
@@ -81,7 +92,7 @@ def build_job(
         job[name] = _json_or_text(value)
     if "model" not in job:
         raise click.UsageError(
-            "say which model: a catalog name (gpp estimate --models) or --config"
+            "say which model: a catalog name (gpp estimate --models), --hub ID or --config"
         )
     return job
 
@@ -129,8 +140,9 @@ def _describe(estimate: dict[str, Any]) -> str:
 def estimate(
     model: str | None, config_json: Path | None, list_models: bool, as_json: bool, **flags: Any
 ) -> None:
-    """Estimate MODEL's peak VRAM (a catalog name, or --config config.json) and say which
-    tiers it fits. Exits 0 whether or not it fits; `fits` per tier is in --json."""
+    """Estimate MODEL's peak VRAM (a catalog name, a Hugging Face model id, --hub ID, or
+    --config config.json) and say which tiers it fits. Exits 0 whether or not it fits;
+    `fits` per tier is in --json."""
     client = api()
     if list_models:
         catalog = client.get("/estimates/models/", auth=bool(client.token))
@@ -143,6 +155,12 @@ def estimate(
                  for m in catalog["results"]),
             )  # fmt: skip
         return
+    if model and config_json is None and not flags.get("hub_id"):
+        names = {
+            m["name"] for m in client.get("/estimates/models/", auth=bool(client.token))["results"]
+        }
+        if model not in names:  # not a catalog name: a Hugging Face model id
+            flags["hub_id"], model = model, None
     job = build_job(model, config_json, **flags)
     try:
         result = verdicts(client, job)

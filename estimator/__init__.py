@@ -12,15 +12,22 @@ settings, compare it with the purchased tier, and say how to make it fit.
 
 Choices, and why:
 
-- Quantized weights (int8, nf4/int4, GPTQ, AWQ, fp8) convert only the linear
-  layers of attention and the MLP/experts. Embeddings, the LM head, norms,
-  biases and the MoE router stay 16-bit: transformers' bitsandbytes integration
-  skips the output embedding (and nn.Embedding is no Linear), and GPTQ/AWQ
-  checkpoints leave them unquantized. Layouts: int8 = 1 B/weight + an fp32 scale
-  per output row; nf4/int4 = 0.5 B/weight + an fp32 absmax per 64-weight block
-  (bitsandbytes default, no double quantization); GPTQ/AWQ = 0.5 B/weight + per
-  group of ``quant_group_size`` (default 128) input columns an fp16 scale and a
-  4-bit zero point per output, GPTQ also an int32 g_idx per input column.
+- Quantized weights (int8, nf4/int4, GPTQ, AWQ, fp8) chosen at load time convert only
+  the linear layers of attention and the MLP/experts. Embeddings, the LM head, norms,
+  biases and the MoE router stay 16-bit: transformers' bitsandbytes integration skips the
+  output embedding (and nn.Embedding is no Linear). Layouts: int8 = 1 B/weight + an fp32
+  scale per output row; nf4/int4 = 0.5 B/weight + an fp32 absmax per 64-weight block
+  (bitsandbytes default, no double quantization); fp8 = 1 B/weight + one fp32 scale per
+  matrix; GPTQ/AWQ = 0.5 B/weight + per group of ``quant_group_size`` (default 128) input
+  columns an fp16 scale and a 4-bit zero point per output, GPTQ also an int32 g_idx per
+  input column.
+- A quantized checkpoint (config.json's ``quantization_config``: mxfp4, fp8 per-tensor or
+  in blocks, compressed-tensors fp8, GPTQ/AWQ, bitsandbytes) is sized as it is stored,
+  matrix by matrix (estimator/quantization.py; docs/estimator.md, "Quantized checkpoints"):
+  gpt-oss's MXFP4 experts at 4.25 bits, DeepSeek-V3's fp8 with a scale per 128x128 block.
+  It loads as stored whatever other quantized format is asked (a note says so); a 16-bit
+  ``weights_dtype`` dequantizes it. A config it cannot size is refused
+  (``unsupported_quantization``), never counted at 16 bits.
 - KV cache = batch x sum over layers of min(context, that layer's window) x 2 x
   KV heads x head_dim x bytes (vLLM: rounded up to 16-token blocks). "auto"
   KV dtype is 16-bit, fp32 with fp32 weights.

@@ -34,6 +34,7 @@ from .model import (
     ModelSpec,
 )
 from .parsing import check_int, parse_json_object, read_bool, read_int
+from .quantization import quantization_fields as _quantization
 
 
 class _Reader:
@@ -112,8 +113,6 @@ GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
     "max_position_embeddings": 131072,
     "sliding_window": 4096,
 }
-
-_TORCH_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
 def model_from_config(
@@ -547,38 +546,6 @@ def _encoder(r: _Reader, family: str) -> dict[str, Any]:
         "learned_positions": positions,
         "max_position_embeddings": max(usable_positions, 1),
     }
-
-
-def _quantization(data: Mapping[str, Any], field: str, notes: list[str]) -> dict[str, Any]:
-    """Stored format of the checkpoint, from quantization_config or torch_dtype."""
-    out: dict[str, Any] = {}
-    dtype = data.get("torch_dtype", data.get("dtype"))
-    if isinstance(dtype, str) and dtype.removeprefix("torch.") in _TORCH_DTYPES:
-        out["stored_format"] = _TORCH_DTYPES[dtype.removeprefix("torch.")]
-    quant = data.get("quantization_config")
-    if quant is None:
-        return out
-    if not isinstance(quant, Mapping):
-        raise EstimatorError(f"{field}.quantization_config", "expected a JSON object")
-    method = quant.get("quant_method")
-    bits = quant.get("bits")
-    if method in ("gptq", "awq") and bits in (None, 4):
-        out["stored_format"] = method
-        group = quant.get("group_size", quant.get("q_group_size"))
-        if group not in (None, -1):
-            out["quant_group_size"] = check_int(
-                group, f"{field}.quantization_config.group_size", maximum=1 << 20
-            )
-    elif method == "fp8":
-        out["stored_format"] = "fp8"
-    elif method == "bitsandbytes":
-        if quant.get("load_in_4bit") or quant.get("_load_in_4bit"):
-            out["stored_format"] = "nf4"
-        elif quant.get("load_in_8bit") or quant.get("_load_in_8bit"):
-            out["stored_format"] = "int8"
-    else:
-        notes.append(f"quantization_config {str(method)[:40]!r} not modelled; choose weights_dtype")
-    return out
 
 
 def _int_list(data: Mapping[str, Any], key: str, field: str, limit: int) -> set[int]:

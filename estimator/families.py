@@ -6,6 +6,30 @@ from __future__ import annotations
 
 from typing import Any
 
+# This year's families, each read by its own reader in estimator/architectures: the model
+# type names the family.
+READ_BY_OWN_READER = (
+    "smollm3",
+    "internlm3",
+    "arcee",
+    "seed_oss",
+    "ernie4_5",
+    "exaone4",
+    "cohere",
+    "cohere2",
+    "gpt_oss",
+    "glm4_moe",
+    "minimax_m2",
+    "olmoe",
+    "ernie4_5_moe",
+    "llama4_text",
+    "qwen3_next",
+    "qwen3_5_text",
+    "qwen3_5_moe_text",
+    "deepseek_v32",
+    "glm_moe_dsa",
+)
+
 FAMILIES = (
     "llama",
     "mistral",
@@ -38,6 +62,11 @@ FAMILIES = (
     "falcon",
     "bert",
     "roberta",
+    *READ_BY_OWN_READER,
+    "llama4_vl",
+    "qwen3_vl",
+    "qwen3_5_vl",
+    "qwen3_5_moe_vl",
     "generic",
 )
 
@@ -76,6 +105,12 @@ FAMILY_OF_MODEL_TYPE = {
     "bert": "bert",
     "roberta": "roberta",
     "xlm-roberta": "roberta",
+    "llama4": "llama4_vl",
+    "qwen3_vl": "qwen3_vl",
+    "qwen3_5": "qwen3_5_vl",
+    "qwen3_5_moe": "qwen3_5_moe_vl",
+    "kimi_k2": "deepseek_v3",  # Kimi-K2 is DeepSeek-V3's architecture
+    **{name: name for name in READ_BY_OWN_READER},
 }
 
 # Family defaults, from each family's transformers config class and modeling code.
@@ -93,8 +128,15 @@ TIED_BY_DEFAULT = {
 # Decoders whose config names fields their own way, read by their own reader.
 CLASSIC = {"opt", "bloom", "falcon", "gptj"}
 # Counted by estimator/architectures (latent attention, SSM layers, vision towers).
-ARCHITECTURES = {"deepseek_v2", "deepseek_v3", "mamba", "mamba2", "jamba"}
-VISION_LANGUAGE = {"gemma3_vl", "qwen2_5_vl"}
+ARCHITECTURES = {"deepseek_v2", "deepseek_v3", "mamba", "mamba2", "jamba", *READ_BY_OWN_READER}
+VISION_LANGUAGE = {
+    "gemma3_vl",
+    "qwen2_5_vl",
+    "llama4_vl",
+    "qwen3_vl",
+    "qwen3_5_vl",
+    "qwen3_5_moe_vl",
+}
 GPT_LIKE = {"gpt2", "gpt_bigcode"}
 ENCODERS = {"bert", "roberta"}
 

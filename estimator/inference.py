@@ -6,7 +6,7 @@ from __future__ import annotations
 from .model import ModelSpec
 from .request import EstimateRequest
 from .terms import MIB, Core, Part, Term, finish_parts, note_past_positions
-from .weights import WEIGHT_LABELS, dequant_part, weights_term
+from .weights import dequant_part, weights_label, weights_term
 
 VLLM_BLOCK_TOKENS = 16  # vLLM's default KV block size
 VLLM_DEFAULT_BATCHED_TOKENS = 2048  # our default for --max-num-batched-tokens
@@ -49,16 +49,13 @@ def inference_terms(
     act: int,
     kv_elem: int,
     w_bytes: int,
-    w_basis: str,
-    source: str,
     kv_per_token: float,
 ) -> Core:
     """Every term of an inference request, from what peak.compute read, in the order the
     estimate lists them."""
     note_past_positions(m, r.context_tokens, f"{r.context_tokens:,} tokens", notes)
-    label = f"Weights ({WEIGHT_LABELS[r.weights_dtype]})"
     parts = (
-        Part(weights_term(m, label, w_bytes, w_basis, source)),
+        Part(weights_term(r, f"Weights ({weights_label(r)})")),
         dequant_part(r, m, act, " during prefill"),
         _kv_cache(r, m, kv_elem, notes),
         _ssm_state(r, m, kv_elem),
@@ -79,6 +76,8 @@ def _kv_cache(r: EstimateRequest, m: ModelSpec, kv_elem: int, notes: list[str]) 
     block = VLLM_BLOCK_TOKENS if vllm else 1
     slots = m.kv_token_slots(r.context_tokens, block)
     kv = r.batch * slots * m.kv_elements_per_slot * kv_elem
+    full = -(-r.context_tokens // block) * block
+    index = r.batch * full * m.index_bytes_per_token  # the DSA indexer's keys: every token
     if m.kv_width is None:
         width = f"2 x {m.num_kv_heads} KV heads x {m.head_dim}"
     else:
@@ -88,10 +87,15 @@ def _kv_cache(r: EstimateRequest, m: ModelSpec, kv_elem: int, notes: list[str]) 
         detail += (
             f"; {m.sliding_layer_count} layers capped at their {m.sliding_window:,}-token window"
         )
+    if index:
+        detail += (
+            f"; plus the sparse-attention indexer's fp8 keys, {m.index_bytes_per_token:,} B a token"
+        )
     if vllm:
         detail += f"; {VLLM_BLOCK_TOKENS}-token blocks"
     if r.kv_cache_dtype == "fp8" and not vllm:
         notes.append("an 8-bit KV cache in transformers needs a quantized cache implementation")
+    kv += index
     term = Term("kv_cache", f"KV cache ({kv_dtype(r)})", kv / MIB, "derived", detail)
     return Part(term, churn=0.0 if vllm else kv)
 

@@ -30,9 +30,10 @@ from functools import cached_property
 from .errors import EstimatorError
 from .families import FAMILIES
 from .parsing import check_bool, check_choice, check_int
+from .quantization import UNSUPPORTED, Quantization, check_skip_patterns, role
 
 NORMS = ("rmsnorm", "layernorm")
-WEIGHT_FORMATS = ("fp32", "fp16", "bf16", "fp8", "int8", "nf4", "int4", "gptq", "awq")
+WEIGHT_FORMATS = ("fp32", "fp16", "bf16", "fp8", "int8", "nf4", "int4", "gptq", "awq", "mxfp4")
 
 MAX_PARAMS = 10**13
 MAX_HIDDEN = 10**6
@@ -102,6 +103,9 @@ class ModelSpec:
     kv_layers: int | None = None  # layers that cache keys and values (None: every layer)
     kv_width: int | None = None  # elements per token and caching layer (None: 2 x kv_dim)
     state_elements: int = 0  # fixed state per sequence (SSM convolution and scan state)
+    # Bytes per token whatever the KV dtype, on every layer that keeps them: the DSA
+    # indexer's fp8 key cache with its scales (docs/estimator.md).
+    index_bytes_per_token: int = 0
     # Counted by an estimator/architectures module (latent attention, SSM, vision towers).
     exact: ParamBreakdown | None = None
     read_as: str = ""  # the family the model was read as, and from what
@@ -111,6 +115,7 @@ class ModelSpec:
     published_source: str = ""
     tensor_bytes: int | None = None  # exact bytes of the stored checkpoint
     stored_format: str | None = None  # format of those bytes, e.g. "bf16", "gptq"
+    quantization: Quantization | None = None  # a quantized checkpoint's layout (quantization.py)
     param_count_override: int | None = None  # exact element count (safetensors, or given)
     quant_group_size: int | None = None  # from a GPTQ/AWQ quantization_config
     notes: tuple[str, ...] = ()
@@ -165,7 +170,10 @@ class ModelSpec:
 
     def kv_bytes_per_token(self, bytes_per_element: float = 2) -> float:
         """KV cache per token over the caching layers (uncapped by any window)."""
-        return self.kv_elements_per_slot * bytes_per_element * self.kv_layer_count
+        return (
+            self.kv_elements_per_slot * bytes_per_element * self.kv_layer_count
+            + self.index_bytes_per_token
+        )
 
     def state_bytes_per_sequence(self, bytes_per_element: float = 2) -> float:
         """Fixed recurrent state per sequence, whatever its length (SSM layers)."""
@@ -421,6 +429,22 @@ def _validate_attention_span(m: ModelSpec, f: str) -> None:
     if m.kv_width is not None:
         check_int(m.kv_width, f"{f}.kv_width", maximum=MAX_HIDDEN)
     check_int(m.state_elements, f"{f}.state_elements", minimum=0, maximum=MAX_PARAMS)
+    check_int(m.index_bytes_per_token, f"{f}.index_bytes_per_token", minimum=0, maximum=MAX_PARAMS)
+
+
+def _validate_quantization(m: ModelSpec, q: Quantization, f: str) -> None:
+    """A quantized checkpoint's layout: it must convert something this model has, and name
+    no single layer of a module it converts (the breakdown counts modules over all layers)."""
+    if not isinstance(q, Quantization):
+        raise EstimatorError(f"{f}.quantization", "expected a Quantization")
+    modules = [name for name, *_ in _count(m).linears]
+    if q.experts_only and not any(role(name) == "experts" for name in modules):
+        raise EstimatorError(
+            f"{f}.quantization",
+            f"{q.method} converts only MoE experts, and {m.name} has none",
+            code=UNSUPPORTED,
+        )
+    check_skip_patterns(q, modules, f"{f}.quantization")
 
 
 def _validate_provenance(m: ModelSpec, f: str) -> None:
@@ -441,5 +465,7 @@ def _validate_provenance(m: ModelSpec, f: str) -> None:
         check_choice(m.stored_format, f"{f}.stored_format", WEIGHT_FORMATS)
     if m.quant_group_size is not None:
         check_int(m.quant_group_size, f"{f}.quant_group_size", maximum=1 << 20)
+    if m.quantization is not None:
+        _validate_quantization(m, m.quantization, f)
     if not isinstance(m.notes, tuple):
         raise EstimatorError(f"{f}.notes", "expected a tuple of strings")

@@ -9,6 +9,7 @@ from typing import Any
 from .catalog import model_from_catalog
 from .config_json import model_from_config_json
 from .errors import EstimatorError, unknown_field
+from .hub import HUB_FIELD, HubReader, hub_ref_from_mapping
 from .model import WEIGHT_FORMATS, ModelSpec
 from .parsing import (
     MAX_INPUT_BYTES,
@@ -41,7 +42,8 @@ MAX_BATCH = 10**5
 MAX_TIER_MIB = 10**7
 
 # The ways a request may describe its model; "config_json" may accompany either safetensors key.
-MODEL_SOURCES = ("catalog", "config_json", "safetensors_header", "safetensors_index")
+# "hub" (a Hugging Face model id, with an optional "revision") is read by the platform.
+MODEL_SOURCES = ("catalog", "config_json", "hub", "safetensors_header", "safetensors_index")
 
 
 @dataclass(frozen=True)
@@ -95,16 +97,20 @@ class EstimateRequest:
         return self.micro_batch if self.micro_batch is not None else self.batch
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> EstimateRequest:
+    def from_mapping(
+        cls, data: Mapping[str, Any], *, hub: HubReader | None = None
+    ) -> EstimateRequest:
         """Validate a plain dict (as an API sends it), with defaults.
 
         ``{"model": {"catalog": name} | {"config_json": text} |
         {"safetensors_header": text[, "config_json": text]} |
-        {"safetensors_index": text, "config_json": text} | {numbers...},
-        "workload": ..., ...}``. Every problem is an ``EstimatorError`` with a
-        dotted field name; unknown keys are refused.
+        {"safetensors_index": text, "config_json": text} |
+        {"hub": model_id[, "revision": rev]} | {numbers...}, "workload": ..., ...}``.
+        Every problem is an ``EstimatorError`` with a dotted field name; unknown keys are
+        refused. A Hub id is checked here and read by ``hub`` (the platform's reader);
+        without one it is refused.
         """
-        return request_from_mapping(data)
+        return request_from_mapping(data, hub=hub)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> EstimateRequest:
@@ -161,6 +167,7 @@ def _validate(r: EstimateRequest) -> None:
         check_int(tier, "tiers_mib", maximum=MAX_TIER_MIB)
 
     model = r.model
+    _check_mxfp4(r)
     if r.training:
         if r.engine != "transformers":
             raise EstimatorError("engine", "vLLM serves inference only; train with transformers")
@@ -186,10 +193,28 @@ def _validate(r: EstimateRequest) -> None:
             )
 
 
+def _check_mxfp4(r: EstimateRequest) -> None:
+    """MXFP4 is a checkpoint's own format: loaded as stored, never quantized to, not trained."""
+    if r.weights_dtype != "mxfp4":
+        return
+    if r.model.stored_format != "mxfp4":
+        raise EstimatorError(
+            "weights_dtype",
+            "mxfp4 is the format gpt-oss checkpoints ship in; transformers and vLLM do not "
+            "quantize other checkpoints to it: choose fp8, int8 or nf4",
+        )
+    if r.training:
+        raise EstimatorError(
+            "weights_dtype", "transformers does not train MXFP4 weights: use bf16 (dequantized)"
+        )
+
+
 # -- from a plain dict -----------------------------------------------------------
 
 
-def request_from_mapping(data: Mapping[str, Any]) -> EstimateRequest:
+def request_from_mapping(
+    data: Mapping[str, Any], *, hub: HubReader | None = None
+) -> EstimateRequest:
     if not isinstance(data, Mapping):
         raise EstimatorError("request", "expected a JSON object")
     for key in data:
@@ -197,7 +222,7 @@ def request_from_mapping(data: Mapping[str, Any]) -> EstimateRequest:
             raise unknown_field(str(key)[:60])
     if "model" not in data:
         raise EstimatorError("model", "required", code="required")
-    model = model_from_mapping(data["model"])
+    model = model_from_mapping(data["model"], hub=hub)
     kwargs: dict[str, Any] = {"model": model}
     for key, value in data.items():
         if key == "model" or (value is None and key in _NULLABLE):
@@ -207,7 +232,9 @@ def request_from_mapping(data: Mapping[str, Any]) -> EstimateRequest:
     if "weights_dtype" not in kwargs:
         if workload == "training" and kwargs.get("method") == "qlora":
             kwargs["weights_dtype"] = "nf4"
-        elif model.stored_format in ("gptq", "awq", "fp8", "int8", "nf4"):
+        elif model.stored_format == "mxfp4" and workload == "training":
+            kwargs["weights_dtype"] = "bf16"  # transformers trains MXFP4 weights dequantized
+        elif model.stored_format in ("gptq", "awq", "fp8", "int8", "nf4", "int4", "mxfp4"):
             kwargs["weights_dtype"] = model.stored_format  # a pre-quantized checkpoint
     positions = model.max_position_embeddings
     if "context_tokens" not in kwargs and model.learned_positions and positions:
@@ -252,8 +279,9 @@ def _coerce(key: str, value: Any) -> Any:
     return value
 
 
-def model_from_mapping(value: Any) -> ModelSpec:
-    """The ``model`` part of a request: catalog name, config.json, safetensors, or numbers."""
+def model_from_mapping(value: Any, *, hub: HubReader | None = None) -> ModelSpec:
+    """The ``model`` part of a request: catalog name, config.json, safetensors, a Hub id
+    (read by ``hub``), or numbers."""
     if isinstance(value, ModelSpec):
         return value
     if isinstance(value, str):
@@ -264,6 +292,8 @@ def model_from_mapping(value: Any) -> ModelSpec:
     try:
         if not sources:
             return model_from_numbers(value, field="model")
+        if HUB_FIELD in sources:
+            return _model_from_hub(value, sources, hub)
         extra = [key for key in value if key not in (*MODEL_SOURCES, "name")]
         if extra:
             raise unknown_field(f"model.{str(extra[0])[:60]}")
@@ -289,11 +319,22 @@ def model_from_mapping(value: Any) -> ModelSpec:
             )
         raise EstimatorError(
             "model",
-            f"give one of catalog, config_json, safetensors_header, safetensors_index, "
+            f"give one of catalog, config_json, hub, safetensors_header, safetensors_index, "
             f"or numbers ({', '.join(NUMBER_FIELDS[:4])}...); not {' + '.join(sources)}",
         )
     except EstimatorError as exc:
         raise exc.prefixed("model") from exc
+
+
+def _model_from_hub(
+    value: Mapping[str, Any], sources: list[str], hub: HubReader | None
+) -> ModelSpec:
+    if sources != [HUB_FIELD]:
+        raise EstimatorError("model", f"a Hub id stands alone; not {' + '.join(sources)}")
+    ref = hub_ref_from_mapping(value)  # checked before any request
+    if hub is None:
+        raise EstimatorError(HUB_FIELD, "a model id is read from the Hub by the platform")
+    return hub(ref)
 
 
 def _text(value: Mapping[str, Any], key: str) -> str:

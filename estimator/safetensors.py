@@ -10,8 +10,9 @@ tensor names, so it needs the model's ``config.json`` for the architecture.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from .config_json import model_from_config_json
 from .errors import EstimatorError
@@ -122,7 +123,12 @@ def _expert_index(name: str) -> int | None:
 
 def read_safetensors_header(data: str | bytes | bytearray) -> HeaderSummary:
     """Tensors of a header: {name: (dtype, shape, nbytes)} plus totals, all validated."""
-    header = parse_json_object(_header_text(data), FIELD)
+    return summarize_header(parse_json_object(_header_text(data), FIELD))
+
+
+def summarize_header(header: Mapping[str, Any], field: str = FIELD) -> HeaderSummary:
+    """A parsed header's tensors (``{name: {dtype, shape, data_offsets}}``), validated, with
+    their totals; errors name ``field``."""
     tensors: Tensors = {}
     total_bytes = 0
     elements = 0
@@ -130,42 +136,15 @@ def read_safetensors_header(data: str | bytes | bytearray) -> HeaderSummary:
     for name, info in header.items():
         if name == "__metadata__":
             if not isinstance(info, dict):
-                raise EstimatorError(f"{FIELD}.__metadata__", "expected a JSON object")
+                raise EstimatorError(f"{field}.__metadata__", "expected a JSON object")
             continue
-        where = f"{FIELD}.{name[:80]}"
-        if not isinstance(info, dict):
-            raise EstimatorError(where, "expected an object with dtype, shape and data_offsets")
-        dtype = info.get("dtype")
-        if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
-            shown = dtype if isinstance(dtype, str) and len(dtype) <= 20 else type(dtype).__name__
-            raise EstimatorError(f"{where}.dtype", f"unknown dtype {shown!r}")
-        shape = info.get("shape")
-        if not isinstance(shape, list) or len(shape) > _MAX_DIMS:
-            raise EstimatorError(f"{where}.shape", f"expected a list of at most {_MAX_DIMS} sizes")
-        dims = tuple(check_int(d, f"{where}.shape", minimum=0, maximum=MAX_PARAMS) for d in shape)
-        numel = math.prod(dims)
-        if numel > MAX_PARAMS:
-            raise EstimatorError(f"{where}.shape", "over 10^13 elements")
-        nbytes = numel * DTYPE_BYTES[dtype]
-        offsets = info.get("data_offsets")
-        if offsets is not None:
-            if not isinstance(offsets, list) or len(offsets) != 2:
-                raise EstimatorError(f"{where}.data_offsets", "expected [begin, end]")
-            begin, end = (
-                check_int(o, f"{where}.data_offsets", minimum=0, maximum=MAX_PARAMS * 8)
-                for o in offsets
-            )
-            if end - begin != nbytes:
-                raise EstimatorError(
-                    f"{where}.data_offsets",
-                    f"span {end - begin:,} bytes, but {dtype} {list(dims)} needs {nbytes:,}",
-                )
+        dtype, dims, nbytes = _tensor(f"{field}.{name[:80]}", info)
         tensors[name] = (dtype, dims, nbytes)
         total_bytes += nbytes
-        elements += numel
+        elements += math.prod(dims)
         bytes_by_dtype[dtype] = bytes_by_dtype.get(dtype, 0) + nbytes
     if not tensors:
-        raise EstimatorError(FIELD, "the header lists no tensors")
+        raise EstimatorError(field, "the header lists no tensors")
     return {
         "tensors": tensors,
         "total_bytes": total_bytes,
@@ -174,7 +153,41 @@ def read_safetensors_header(data: str | bytes | bytearray) -> HeaderSummary:
     }
 
 
-def _stored_format(tensors: Tensors, by_dtype: dict[str, int]) -> str | None:
+def _tensor(where: str, info: object) -> tuple[str, tuple[int, ...], int]:
+    """One tensor's entry, validated: (dtype, shape, bytes)."""
+    if not isinstance(info, dict):
+        raise EstimatorError(where, "expected an object with dtype, shape and data_offsets")
+    dtype = info.get("dtype")
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
+        shown = dtype if isinstance(dtype, str) and len(dtype) <= 20 else type(dtype).__name__
+        raise EstimatorError(f"{where}.dtype", f"unknown dtype {shown!r}")
+    shape = info.get("shape")
+    if not isinstance(shape, list | tuple) or len(shape) > _MAX_DIMS:
+        raise EstimatorError(f"{where}.shape", f"expected a list of at most {_MAX_DIMS} sizes")
+    dims = tuple(check_int(d, f"{where}.shape", minimum=0, maximum=MAX_PARAMS) for d in shape)
+    numel = math.prod(dims)
+    if numel > MAX_PARAMS:
+        raise EstimatorError(f"{where}.shape", "over 10^13 elements")
+    nbytes = numel * DTYPE_BYTES[dtype]
+    offsets = info.get("data_offsets")
+    if offsets is not None:
+        if not isinstance(offsets, list | tuple) or len(offsets) != 2:
+            raise EstimatorError(f"{where}.data_offsets", "expected [begin, end]")
+        begin, end = (
+            check_int(o, f"{where}.data_offsets", minimum=0, maximum=MAX_PARAMS * 8)
+            for o in offsets
+        )
+        if end - begin != nbytes:
+            raise EstimatorError(
+                f"{where}.data_offsets",
+                f"span {end - begin:,} bytes, but {dtype} {list(dims)} needs {nbytes:,}",
+            )
+    return dtype, dims, nbytes
+
+
+def checkpoint_format(tensors: Tensors, by_dtype: dict[str, int]) -> str | None:
+    """The format the tensors are stored in: a packed 4-bit layout by its tensor names, else
+    the dtype holding the most bytes (None: one the estimator has no format for)."""
     names = tensors.keys()
     if any(n.endswith(".qweight") for n in names):
         return "gptq" if any(n.endswith(".g_idx") for n in names) else "awq"
@@ -182,6 +195,8 @@ def _stored_format(tensors: Tensors, by_dtype: dict[str, int]) -> str | None:
         return "nf4"
     if any(n.endswith(".SCB") for n in names):
         return "int8"
+    if any(n.endswith("_blocks") for n in names) and any(n.endswith("_scales") for n in names):
+        return "mxfp4"  # gpt-oss: MXFP4 experts (*_blocks, *_scales), the rest bf16
     dominant = max(by_dtype, key=lambda d: by_dtype[d])
     return _FORMAT_OF_DTYPE.get(dominant)
 
@@ -200,30 +215,46 @@ def model_from_safetensors_header(
     from Llama-style tensor names and shapes (KV width exact, head split assumed).
     """
     summary = read_safetensors_header(data)
-    tensors = summary["tensors"]
-    fmt = _stored_format(tensors, summary["bytes_by_dtype"])
-    packed = fmt in ("gptq", "awq", "nf4")
-    exact: ExactFigures = {
-        "tensor_bytes": summary["total_bytes"],
-        "stored_format": fmt,
-        "param_count_override": None if packed else summary["elements"],
-    }
+    exact = exact_figures(summary)
     if config_json is not None:
         spec = model_from_config_json(config_json, name=name, source=source)
-        notes = list(spec.notes)
-        derived = spec.breakdown.total
-        if not packed and abs(derived - summary["elements"]) > 0.01 * derived:
-            notes.append(
-                f"config.json derives {derived:,} parameters; the header holds "
-                f"{summary['elements']:,} elements (the header's figure is used)"
-            )
-        read_as = f"{spec.read_as}; parameters and bytes exact from the safetensors header"
-        return replace(spec, notes=tuple(notes), read_as=read_as, **exact)
+        return with_exact_figures(spec, summary, exact, "the safetensors header")
+    fmt = exact["stored_format"]
+    packed = exact["param_count_override"] is None
     if packed:
         raise EstimatorError(
             FIELD, f"a {fmt} checkpoint packs its weights: send config.json with the header"
         )
-    return _infer_from_names(tensors, exact, name=name, source=source)
+    return _infer_from_names(summary["tensors"], exact, name=name, source=source)
+
+
+def exact_figures(summary: HeaderSummary) -> ExactFigures:
+    """What the header's tensors say exactly: their bytes, their format and, unless the
+    weights are packed (GPTQ, AWQ, bitsandbytes 4-bit), the parameter count."""
+    fmt = checkpoint_format(summary["tensors"], summary["bytes_by_dtype"])
+    packed = fmt in ("gptq", "awq", "nf4", "mxfp4")
+    return {
+        "tensor_bytes": summary["total_bytes"],
+        "stored_format": fmt,
+        "param_count_override": None if packed else summary["elements"],
+    }
+
+
+def with_exact_figures(
+    spec: ModelSpec, summary: HeaderSummary, exact: ExactFigures, where: str
+) -> ModelSpec:
+    """``spec`` (read from config.json) with the exact figures of the headers read from
+    ``where``, and a note when the element count differs from the derived one."""
+    notes = list(spec.notes)
+    derived = spec.breakdown.total
+    packed = exact["param_count_override"] is None
+    if not packed and abs(derived - summary["elements"]) > 0.01 * derived:
+        notes.append(
+            f"config.json derives {derived:,} parameters; {where} holds "
+            f"{summary['elements']:,} elements (the header's figure is used)"
+        )
+    read_as = f"{spec.read_as}; parameters and bytes exact from {where}"
+    return replace(spec, notes=tuple(notes), read_as=read_as, **exact)
 
 
 # The first tensor named with each suffix gives its shape.

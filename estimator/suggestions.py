@@ -53,10 +53,7 @@ def _candidates(r: EstimateRequest) -> list[tuple[str, dict[str, Any]]]:
         if not r.fused_attention:
             out.append(("Use fused (flash/SDPA) attention", {"fused_attention": True}))
         return out
-    if r.weights_dtype in ("fp32", "fp16", "bf16"):
-        out.append(("Load the weights in 8-bit (bitsandbytes)", {"weights_dtype": "int8"}))
-    if r.weights_dtype in ("fp32", "fp16", "bf16", "int8", "fp8"):
-        out.append(("Load the weights in nf4 (bitsandbytes 4-bit)", {"weights_dtype": "nf4"}))
+    out.extend(_weight_formats(r))
     if kv_dtype(r) != "fp8" and not r.model.encoder_only:
         out.append(("Store the KV cache in fp8", {"kv_cache_dtype": "fp8"}))
     if r.batch > 1:
@@ -70,6 +67,22 @@ def _candidates(r: EstimateRequest) -> list[tuple[str, dict[str, Any]]]:
         out.append(("Prefill in chunks of 512 tokens", {"prefill_chunk": 512}))
     if r.engine == "vllm" and not r.enforce_eager:
         out.append(("Run vLLM in eager mode (no CUDA graphs)", {"enforce_eager": True}))
+    return out
+
+
+def _weight_formats(r: EstimateRequest) -> list[tuple[str, dict[str, Any]]]:
+    """Smaller weight formats; a quantized checkpoint is not quantized again on load, so for
+    one only loading it as stored (where the request dequantizes it)."""
+    stored = r.model.quantization
+    if stored is not None:
+        if r.weights_dtype == stored.fmt:
+            return []
+        return [(f"Load the checkpoint as stored ({stored.label})", {"weights_dtype": stored.fmt})]
+    out: list[tuple[str, dict[str, Any]]] = []
+    if r.weights_dtype in ("fp32", "fp16", "bf16"):
+        out.append(("Load the weights in 8-bit (bitsandbytes)", {"weights_dtype": "int8"}))
+    if r.weights_dtype in ("fp32", "fp16", "bf16", "int8", "fp8"):
+        out.append(("Load the weights in nf4 (bitsandbytes 4-bit)", {"weights_dtype": "nf4"}))
     return out
 
 

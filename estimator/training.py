@@ -10,7 +10,7 @@ from .inference import mlp_width
 from .model import ModelSpec, param_count
 from .request import ALL_LINEAR, LORA_MODULES, EstimateRequest
 from .terms import MIB, Core, Part, Term, finish_parts, note_past_positions
-from .weights import WEIGHT_LABELS, dequant_part, weights_term
+from .weights import dequant_part, weights_label, weights_term
 
 # Bytes per trainable parameter of each optimizer's state, and what they hold.
 OPTIMIZER_STATES = {
@@ -47,8 +47,6 @@ def training_terms(
     notes: list[str],
     act: int,
     w_bytes: int,
-    w_basis: str,
-    source: str,
     kv_per_token: float,
 ) -> Core:
     """Every term of a training request (full, LoRA, QLoRA), from what peak.compute read, in
@@ -57,7 +55,7 @@ def training_terms(
     trained = _trained(r, m)
     kept = _activation_figures(r, m, act, trained)
     parts = (
-        Part(weights_term(m, trained.weights_label, w_bytes, w_basis, source)),
+        Part(weights_term(r, trained.weights_label)),
         _lora_adapters(r, trained),
         dequant_part(r, m, act, ""),
         _gradients(trained),
@@ -75,7 +73,7 @@ def _trained(r: EstimateRequest, m: ModelSpec) -> Trained:
         return Trained(
             params=param_count(m),
             bytes_each=4 if r.weights_dtype == "fp32" else 2,
-            weights_label=f"Weights ({WEIGHT_LABELS[r.weights_dtype]}, trained)",
+            weights_label=f"Weights ({weights_label(r)}, trained)",
             targets=None,
         )
     targets = set(r.lora_targets)
@@ -91,7 +89,7 @@ def _trained(r: EstimateRequest, m: ModelSpec) -> Trained:
     return Trained(
         params=params,
         bytes_each=4,  # PEFT keeps adapter weights in fp32
-        weights_label=f"Base weights ({WEIGHT_LABELS[r.weights_dtype]}, frozen)",
+        weights_label=f"Base weights ({weights_label(r)}, frozen)",
         targets=frozenset(targets),
     )
 

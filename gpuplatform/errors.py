@@ -329,6 +329,55 @@ ERROR_CODES = _codes(
         "A model architecture the estimator does not count exactly: give plain numbers.",
     ),
     (
+        "unsupported_quantization",
+        400,
+        "field",
+        "A checkpoint's quantization_config the estimator cannot size (the message names the "
+        "key); it is refused rather than counted at 16 bits.",
+    ),
+    (
+        "hub_model_not_found",
+        400,
+        "field",
+        "No such model on the Hugging Face Hub (or it is private): the message names the id.",
+    ),
+    (
+        "hub_revision_not_found",
+        400,
+        "field",
+        "The Hub model has no such branch, tag or commit.",
+    ),
+    (
+        "hub_gated",
+        400,
+        "field",
+        "A gated Hub model the platform's token may not read (accept its terms; ops set HF_TOKEN).",
+    ),
+    (
+        "hub_file_not_found",
+        400,
+        "field",
+        "The Hub model lacks config.json or safetensors weights (only safetensors are read).",
+    ),
+    (
+        "hub_too_large",
+        400,
+        "field",
+        "The Hub model's safetensors headers, shards or JSON files are over the platform's limits.",
+    ),
+    (
+        "hub_timeout",
+        400,
+        "field",
+        "The Hugging Face Hub did not answer in time.",
+    ),
+    (
+        "hub_unavailable",
+        400,
+        "field",
+        "The Hugging Face Hub could not be read (an error or an unreadable answer).",
+    ),
+    (
         "confirmation_required",
         400,
         "field",

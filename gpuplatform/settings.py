@@ -155,6 +155,15 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "tenants:account"
 LOGOUT_REDIRECT_URL = "login"
 INVITATION_TTL_DAYS = env.int("GPUPLATFORM_INVITATION_TTL_DAYS", default=7)
+# The VRAM estimator reads a model named by its Hugging Face id (docs/estimator.md, "A
+# model id from the Hub"): the Hub's address as huggingface_hub reads it (a mirror works),
+# an optional token for gated models (server-side only, never shown), seconds per request,
+# and how long a read is cached (by commit; a branch or tag's commit for HUB_REF_TTL).
+HF_ENDPOINT = env.str("HF_ENDPOINT", default="https://huggingface.co").rstrip("/")
+HF_TOKEN = env.str("HF_TOKEN", default="")
+HF_HUB_TIMEOUT = env.float("GPUPLATFORM_HF_HUB_TIMEOUT", default=10.0)
+HF_HUB_CACHE_TTL = env.int("GPUPLATFORM_HF_HUB_CACHE_TTL", default=24 * 3600)
+HF_HUB_REF_TTL = env.int("GPUPLATFORM_HF_HUB_REF_TTL", default=600)
 # Volumes (docs/volumes.md): the largest a tenant may create, how many, what a GB costs per
 # hour until ops set a price, and how long a volume whose storage went unpaid is kept.
 # Slice logs: the lines kept per slice (the oldest go first) and for how long after it stops.

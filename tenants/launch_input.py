@@ -11,6 +11,7 @@ import estimator
 from gpuplatform.errors import ServiceError
 from nodes import command_env, isolation
 
+from .hub import hub_model
 from .ssh_keys import ssh_public_key_parse
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -133,7 +134,9 @@ def launch_estimate_input(model_request: object, tier_mib: int) -> estimator.Est
                 field=f"model.{key}",
             )
     try:
-        return estimator.EstimateRequest.from_mapping({**model_request, "tier_mib": tier_mib})
+        return estimator.EstimateRequest.from_mapping(
+            {**model_request, "tier_mib": tier_mib}, hub=hub_model
+        )
     except estimator.EstimatorError as exc:
         raise ServiceError(
             exc.message, code=exc.code, field=f"model.{exc.field}" if exc.field else "model"

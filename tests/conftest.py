@@ -29,6 +29,7 @@ from nodes.models import NodePolicy
 from tenants import form_limits, services
 from tenants.models import Image, Tier, Volume
 from tests import factories
+from tests.estimator.hub_standin import hub, hub_server  # noqa: F401 (fixtures: the Hub stand-in)
 from tests.factories import (
     MembershipFactory,
     OtpClock,

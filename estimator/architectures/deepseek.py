@@ -1,9 +1,11 @@
-"""DeepSeek-V2/V3 as transformers' modeling_deepseek_v2/v3.py build them: latent attention,
-dense first layers, shared and routed experts; the cached latent per docs/estimator.md."""
+"""DeepSeek-V2/V3 (and Kimi-K2, read as V3) as transformers' modeling_deepseek_v2/v3.py build
+them: latent attention, dense first layers, shared and routed experts; the cached latent per
+docs/estimator.md. DeepSeek-V3.2 and GLM-5 (``deepseek_v32``, ``glm_moe_dsa``) add the DSA
+indexer: its weights, and its fp8 key cache per token."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import EstimatorError
@@ -41,6 +43,9 @@ class DeepSeekShape:
     bias: bool
     mlp_bias: bool
     tied: bool
+    index_heads: int = 0  # the DSA indexer's heads (0: no indexer)
+    index_dim: int = 0
+    index_layers: int = 0  # layers that run their own indexer (and cache its keys)
 
     @property
     def moe_layers(self) -> int:
@@ -52,6 +57,7 @@ def read_deepseek(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
     _check_layers(r, notes)
     t = _tally(s)
     r.keys["num_moe_layers"] = "first_k_dense_replace"
+    index = s.index_layers * (s.index_dim + s.index_dim // INDEX_QUANT_BLOCK * 4)
     return {
         "hidden_size": s.h,
         "num_layers": s.layers,
@@ -67,11 +73,13 @@ def read_deepseek(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
         "shared_expert_intermediate_size": s.e_inter * s.shared,
         "num_moe_layers": s.moe_layers,
         "kv_width": s.kv_rank + s.rope,
+        "index_bytes_per_token": index,
         "exact": t.breakdown(),
         "read_as": (
             f"latent attention (kv_lora_rank {s.kv_rank} + rope {s.rope} cached per "
             f"token), {s.dense} dense + {s.moe_layers} MoE layers of {s.experts} routed + "
             f"{s.shared} shared experts"
+            + (f"; DSA indexer on {s.index_layers} layers ({index:,} B a token)" if index else "")
         ),
         "max_position_embeddings": r.int(
             "max_position_embeddings",
@@ -82,9 +90,15 @@ def read_deepseek(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
     }
 
 
+# vLLM's DSA indexer cache (vllm/model_executor/models/deepseek_v2.py, DeepseekV32IndexerCache,
+# v0.11): fp8 keys with one fp32 scale per 128 values, uint8 whatever the KV dtype.
+INDEX_QUANT_BLOCK = 128
+DSA = ("deepseek_v32", "glm_moe_dsa")
+
+
 def _read_shape(r: Reader, family: str) -> DeepSeekShape:
     # The config classes' defaults are DeepSeek-V2's and V3's own shapes.
-    v3 = family == "deepseek_v3"
+    v3 = family in ("deepseek_v3", *DSA)
     h = r.int("hidden_size", "hidden_size", maximum=MAX_HIDDEN)
     layers = r.int("num_hidden_layers", "num_layers", maximum=MAX_LAYERS)
     heads = r.int("num_attention_heads", "num_heads", maximum=MAX_HEADS)
@@ -117,13 +131,51 @@ def _read_shape(r: Reader, family: str) -> DeepSeekShape:
     dense = r.int(
         "first_k_dense_replace", "num_moe_layers", default=3 if v3 else 0, minimum=0, maximum=layers
     )
+    kinds = r.data.get("mlp_layer_types")
+    if family in DSA and kinds is not None:
+        dense = _dense_prefix(r, kinds, layers)
     bias = r.bool("attention_bias", "attention_bias", default=False)
     mlp_bias = not v3 and r.bool("mlp_bias", "mlp_bias", default=False)
     tied = r.bool("tie_word_embeddings", "tie_word_embeddings", default=False)
-    return DeepSeekShape(
+    shape = DeepSeekShape(
         h, layers, heads, vocab, inter, q_rank, kv_rank, nope, rope, v_dim,
         experts, shared, per_token, e_inter, dense, bias, mlp_bias, tied,
     )  # fmt: skip
+    if family not in DSA:
+        return shape
+    return replace(
+        shape,
+        index_heads=r.int("index_n_heads", "num_heads", default=64, maximum=MAX_HEADS),
+        index_dim=r.int("index_head_dim", "head_dim", default=128, maximum=MAX_HIDDEN),
+        index_layers=_indexer_layers(r, layers),
+    )
+
+
+def _dense_prefix(r: Reader, kinds: Any, layers: int) -> int:
+    """mlp_layer_types: the dense layers must come first, as first_k_dense_replace says."""
+    if not isinstance(kinds, list) or len(kinds) != layers:
+        raise EstimatorError(f"{r.field}.mlp_layer_types", f"expected {layers} entries")
+    dense = sum(1 for kind in kinds if kind == "dense")
+    if any(kind not in ("dense", "sparse") for kind in kinds) or "sparse" in kinds[:dense]:
+        raise EstimatorError(
+            f"{r.field}.mlp_layer_types",
+            "only dense layers followed by sparse ones are counted exactly",
+            code="unsupported_architecture",
+        )
+    return dense
+
+
+def _indexer_layers(r: Reader, layers: int) -> int:
+    """GLM-5's ``indexer_types``: "shared" layers reuse the previous layer's selection and
+    build no indexer; DeepSeek-V3.2 runs one on every layer."""
+    kinds = r.data.get("indexer_types")
+    if kinds is None:
+        return layers
+    if not isinstance(kinds, list) or len(kinds) != layers:
+        raise EstimatorError(f"{r.field}.indexer_types", f"expected {layers} entries")
+    if any(kind not in ("full", "shared") for kind in kinds):
+        raise EstimatorError(f"{r.field}.indexer_types", 'expected "full" or "shared"')
+    return sum(1 for kind in kinds if kind == "full")
 
 
 def _check_layers(r: Reader, notes: list[str]) -> None:
@@ -161,6 +213,12 @@ def _tally(s: DeepSeekShape) -> Tally:
     t.add("norms", layers * s.kv_rank)  # kv_a_layernorm
     t.linear("attention", "kv_b_proj", s.kv_rank, heads * (s.nope + s.v_dim), layers, bias=False)
     t.linear("attention", "o_proj", heads * s.v_dim, h, layers, bias=s.bias)
+    if s.index_layers:
+        n, d, count = s.index_heads, s.index_dim, s.index_layers
+        t.linear("indexer", "indexer.wq_b", s.q_rank or h, n * d, count, bias=False)
+        t.linear("indexer", "indexer.wk", h, d, count, bias=False)
+        t.add("indexer", count * 2 * d)  # k_norm, a LayerNorm
+        t.linear("indexer", "indexer.weights_proj", h, n, count, bias=False)
     t.gated_mlp("mlp", h, s.inter, s.dense, bias=s.mlp_bias)
     t.gated_mlp("experts", h, s.e_inter, s.experts * moe_layers)
     t.add("router", moe_layers * s.experts * h)  # no bias; V3's correction bias is a buffer

@@ -4,12 +4,14 @@ fields they name."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
 from django import forms
 
 import estimator
+from estimator import hub
 from estimator import request as accepted
 from gpuplatform import pages
 from gpuplatform.pages import form_field
@@ -57,10 +59,36 @@ OPTIMIZERS = _choices(accepted.OPTIMIZERS)
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B"
 
 
+def _checked(value: object, check: Callable[[str], object]) -> str:
+    """A stripped Hub id or revision that ``check`` accepts ("" when not given)."""
+    text = str(value or "").strip()
+    if text:
+        try:
+            check(text)
+        except estimator.EstimatorError as exc:
+            raise forms.ValidationError(exc.message) from exc
+    return text
+
+
 class JobForm(forms.Form):
     """The job the estimator sizes: shared by "will it fit?" and the launch page."""
 
     model = forms.ChoiceField(label="Model", required=False)
+    hub_model = forms.CharField(
+        label="Hugging Face model id",
+        required=False,
+        max_length=hub.MAX_REPO_ID,
+        widget=forms.TextInput(attrs={"placeholder": "Qwen/Qwen3-8B", "spellcheck": "false"}),
+        help_text="Instead of the list: read from the Hub (config.json and the safetensors "
+        "headers, never the weights).",
+    )
+    hub_revision = forms.CharField(
+        label="Revision",
+        required=False,
+        max_length=hub.MAX_REVISION,
+        widget=forms.TextInput(attrs={"placeholder": hub.DEFAULT_REVISION, "spellcheck": "false"}),
+        help_text="Branch, tag or commit of the model id (empty: main).",
+    )
     workload = forms.ChoiceField(choices=WORKLOADS, initial="inference")
     weights_dtype = forms.ChoiceField(label="Weights", choices=WEIGHTS, initial="bf16")
     kv_cache_dtype = forms.ChoiceField(label="KV cache", choices=KV, initial="bf16")
@@ -88,6 +116,24 @@ class JobForm(forms.Form):
         model = form_field(self, "model", forms.ChoiceField)
         model.choices = [(name, name) for name in sorted(estimator.CATALOG)]
         model.initial = DEFAULT_MODEL
+
+    def clean_hub_model(self) -> str:
+        """A Hub id, checked before the Hub is asked anything."""
+        return _checked(self.cleaned_data.get("hub_model"), hub.check_repo_id)
+
+    def clean_hub_revision(self) -> str:
+        return _checked(self.cleaned_data.get("hub_revision"), hub.check_revision)
+
+    def hub_source(self) -> dict[str, Any] | None:
+        """The model as a Hub id (`{"hub": id, "revision": rev}`), or None: not given."""
+        data = self.cleaned_data
+        if not data.get("hub_model"):
+            return None
+        return {"hub": data["hub_model"], "revision": data.get("hub_revision") or "main"}
+
+    def chosen_model(self) -> dict[str, Any]:
+        """The Hub id when one is given, else the catalog model."""
+        return self.hub_source() or {"catalog": self.cleaned_data.get("model") or DEFAULT_MODEL}
 
     def job_mapping(self, model: dict[str, Any]) -> dict[str, Any]:
         """The estimator request for the cleaned job, without any tier."""
@@ -158,7 +204,7 @@ def model_for_tier(tier_mib: int) -> str:
 
 
 class FitForm(JobForm):
-    field_order = ["model", "config_json"]  # the rest keep the order JobForm gives them
+    field_order = ["model", "hub_model", "hub_revision", "config_json"]  # then JobForm's order
 
     config_json = forms.CharField(
         label="…or paste a config.json",
@@ -176,13 +222,19 @@ class FitForm(JobForm):
         if self.tiers:
             tier.initial = self.tiers[-1].vram_mb
 
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("hub_model") and str(data.get("config_json") or "").strip():
+            self.add_error("hub_model", "Give a model id or paste a config.json, not both.")
+        return data
+
     def to_mapping(self) -> dict[str, Any]:
         data = self.cleaned_data
         model: dict[str, Any]
         if data.get("config_json", "").strip():
             model = {"config_json": data["config_json"]}
         else:
-            model = {"catalog": data.get("model") or DEFAULT_MODEL}
+            model = self.chosen_model()
         mapping = self.job_mapping(model)
         if self.tiers:
             mapping["tiers_mib"] = [t.vram_mb for t in self.tiers]
@@ -199,9 +251,11 @@ FORM_FIELD_FOR = {"micro_batch": "batch", "seq_len": "context_tokens"}
 def error_field(form: forms.Form, field: str) -> str | None:
     """The form field an estimator error names: `model.config_json` -> config_json,
     `seq_len` -> context_tokens, `model.num_layers` -> the model (or pasted config)."""
-    aliases = dict(FORM_FIELD_FOR)
+    aliases = {**FORM_FIELD_FOR, "hub": "hub_model", "revision": "hub_revision"}
     if "config_json" in form.fields and str(form.data.get("config_json", "")).strip():
         aliases["model"] = "config_json"  # the pasted config is what describes the model
+    elif "hub_model" in form.fields and str(form.data.get("hub_model", "")).strip():
+        aliases["model"] = "hub_model"  # the model read from the Hub
     return pages.error_field(form, field, aliases=aliases)
 
 

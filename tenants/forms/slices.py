@@ -250,7 +250,7 @@ class LaunchForm(JobForm):
         """The estimator input without the tier: the purchase supplies it. From a
         template, the launch service keeps what its job sets that the page has no field
         for (the share of the slice vLLM reserves among it)."""
-        return self.job_mapping({"catalog": self.cleaned_data["model"]})
+        return self.job_mapping(self.chosen_model())
 
     def launch_request(self) -> LaunchRequest:
         """The launch this valid form asks for, as the API's would be."""
@@ -283,6 +283,10 @@ def template_initial(template: LaunchTemplate) -> dict[str, Any]:
     )
     if catalog:
         initial["model"] = catalog
+    hub_model = (job.get("model") or {}).get("hub") if isinstance(job.get("model"), dict) else None
+    if hub_model:
+        initial["hub_model"] = hub_model
+        initial["hub_revision"] = job["model"].get("revision") or ""
     for name in ("workload", "weights_dtype", "kv_cache_dtype", "engine", "batch",
                  "context_tokens", "prefill_chunk", "enforce_eager"):  # fmt: skip
         if name in job:
@@ -313,7 +317,7 @@ class LaunchEstimateForm(JobForm):
         )
 
     def to_mapping(self) -> dict[str, Any]:
-        mapping = self.job_mapping({"catalog": self.cleaned_data["model"]})
+        mapping = self.job_mapping(self.chosen_model())
         if self.tiers:
             mapping["tiers_mib"] = [t.vram_mb for t in self.tiers]
         if self.purchase is not None:

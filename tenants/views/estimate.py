@@ -17,6 +17,7 @@ from gpuplatform.http import PageRequest
 from gpuplatform.pages import is_partial
 
 from ..forms.estimate import FORM_FIELD_FOR, FitForm, add_estimator_error, error_summary
+from ..hub import hub_model
 from ..models import Tier
 
 
@@ -139,7 +140,7 @@ def estimate_for(form: forms.Form, mapping: dict[str, Any], *, tiers: list[Tier]
     """Estimate a valid form's job: {"result", "shown"}, or {"error"} with the estimator's
     refusal on the field it names (the previous verdict is never kept)."""
     try:
-        result = estimator.estimate(estimator.EstimateRequest.from_mapping(mapping))
+        result = estimator.estimate(estimator.EstimateRequest.from_mapping(mapping, hub=hub_model))
     except estimator.EstimatorError as exc:
         add_estimator_error(form, exc)
         return {"error": error_summary(form)}

@@ -12,6 +12,8 @@ import estimator
 from gpuplatform.api.errors import error_body
 from gpuplatform.api.scopes import READ
 
+from ...hub import hub_model
+
 
 def estimator_error_response(exc: "estimator.EstimatorError") -> Response:
     field = exc.field or "non_field_errors"
@@ -47,7 +49,17 @@ class EstimateView(APIView):
                     "tier_mib": 24576,
                 },
                 request_only=True,
-            )
+            ),
+            OpenApiExample(
+                "A model read from the Hugging Face Hub (config.json and safetensors headers)",
+                value={
+                    "model": {"hub": "Qwen/Qwen3-8B", "revision": "main"},
+                    "weights_dtype": "bf16",
+                    "context_tokens": 8192,
+                    "tier_mib": 24576,
+                },
+                request_only=True,
+            ),
         ],
     )
     def post(self, request: Request) -> Response:
@@ -65,7 +77,9 @@ class EstimateView(APIView):
                 status=status.HTTP_400_BAD_REQUEST,
             )
         try:
-            result = estimator.estimate(estimator.EstimateRequest.from_mapping(request.data))
+            result = estimator.estimate(
+                estimator.EstimateRequest.from_mapping(request.data, hub=hub_model)
+            )
         except estimator.EstimatorError as exc:
             return estimator_error_response(exc)
         return Response(result.to_dict())
