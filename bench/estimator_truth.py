@@ -37,7 +37,20 @@ TRUTH = FIXTURES / "truth.json"
 KV_BYTES = 2  # bf16 cache, the figure vLLM caches with "auto" for 16-bit weights
 
 # Model types whose transformers model is built with the image-text-to-text Auto class.
-VISION_LANGUAGE = {"gemma3", "qwen2_5_vl", "mllama", "llama4", "qwen3_vl", "qwen3_5", "qwen3_5_moe"}
+VISION_LANGUAGE = {
+    "gemma3",
+    "qwen2_5_vl",
+    "mllama",
+    "llama4",
+    "qwen3_vl",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "gemma4",
+}
+# Model types transformers has no class for, built as the architecture their config names
+# (Kimi-K2's config.json: "architectures": ["DeepseekV3ForCausalLM"], remote code that is
+# DeepSeek-V3's modeling file).
+BUILT_AS = {"kimi_k2": "deepseek_v3"}
 # Attention over a window on every layer when the config sets one (transformers passes
 # config.sliding_window to every layer's attention in these modeling files).
 WINDOW_ON_EVERY_LAYER = {"mistral", "mixtral", "phi3", "starcoder2"}
@@ -45,6 +58,75 @@ WINDOW_ON_EVERY_LAYER = {"mistral", "mixtral", "phi3", "starcoder2"}
 
 def text_config(config: Any) -> Any:
     return getattr(config, "text_config", None) or config
+
+
+HYBRIDS = {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "nemotron_h", "granitemoehybrid",
+           "falcon_h1"}  # fmt: skip
+
+
+def _hybrid_layout(c: Any, kind: str, layers: int) -> dict[str, Any]:
+    """Layers that cache nothing per token but keep a fixed state per sequence, as vLLM v0.11
+    allocates it (vllm/model_executor/layers/mamba/mamba_utils.py): gated DeltaNet's conv
+    state ((kernel - 1) x conv_dim) and recurrent state (v heads x k dim x v dim,
+    gated_delta_net_state_shape); Mamba-2's conv state and SSM state (heads x head_dim x
+    state, mamba2_state_shape). KV on the attention layers."""
+    if kind == "falcon_h1":  # attention beside a Mamba-2 mixer on every layer
+        full, mamba = layers, layers
+        heads, head, groups = c.mamba_n_heads, c.mamba_d_head, c.mamba_n_groups
+        state, kernel = c.mamba_d_state, c.mamba_d_conv
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    elif kind in ("nemotron_h", "granitemoehybrid"):
+        types = c.layers_block_type if kind == "nemotron_h" else c.layer_types
+        mamba = sum(1 for t in types if t == "linear_attention")
+        full = sum(1 for t in types if t == "full_attention")
+        if kind == "nemotron_h":
+            heads, head, groups = c.mamba_num_heads, c.mamba_head_dim, c.n_groups
+            state, kernel, head_dim = c.ssm_state_size, c.conv_kernel, c.head_dim
+        else:
+            heads, head, groups = c.mamba_n_heads, c.mamba_d_head, c.mamba_n_groups
+            state, kernel = c.mamba_d_state, c.mamba_d_conv
+            head_dim = c.hidden_size // c.num_attention_heads
+    else:  # Qwen3-Next, Qwen3.5: gated DeltaNet
+        mamba = sum(1 for t in c.layer_types if t == "linear_attention")
+        full, head_dim = layers - mamba, c.head_dim
+        key = c.linear_num_key_heads * c.linear_key_head_dim
+        conv_dim = 2 * key + c.linear_num_value_heads * c.linear_value_head_dim
+        per_layer = (c.linear_conv_kernel_dim - 1) * conv_dim + (
+            c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim
+        )
+    if kind not in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"):
+        conv_dim = heads * head + 2 * groups * state
+        per_layer = (kernel - 1) * conv_dim + heads * head * state
+    return {
+        "kv_bytes_per_token": full * 2 * c.num_key_value_heads * head_dim * KV_BYTES,
+        "kv_layers": full,
+        "kv_heads": c.num_key_value_heads,
+        "head_dim": head_dim,
+        "state_bytes": mamba * per_layer * KV_BYTES,
+    }
+
+
+def _gemma4_layout(c: Any) -> dict[str, Any]:
+    """Gemma-4: each layer's own head_dim and KV heads (per_layer_config). transformers keeps
+    no per-layer truth of a shared-KV layer; vLLM v0.11 does: a layer with a
+    kv_sharing_target_layer_name allocates no KV cache of its own and reads its target's
+    (vllm/v1/worker/utils.py, initialize_kv_cache_for_kv_sharing), so "reuse" layers cache
+    nothing. vLLM's Attention writes K and V both, so attention_k_eq_v changes no bytes."""
+    modes = c.kv_sharing_modes
+    elements, caching, sliding = 0, 0, 0
+    for i, kind in enumerate(c.layer_types):
+        if modes[i] == "reuse":
+            continue
+        layer = c.per_layer_config[i]
+        elements += 2 * layer.num_key_value_heads * layer.head_dim
+        caching += 1
+        sliding += kind == "sliding_attention"
+    return {
+        "kv_bytes_per_token": elements * KV_BYTES,
+        "kv_layers": caching,
+        "sliding_layers": sliding,
+        "sliding_window": c.sliding_window if sliding else None,
+    }
 
 
 def kv_layout(config: Any) -> dict[str, Any]:
@@ -72,25 +154,10 @@ def kv_layout(config: Any) -> dict[str, Any]:
             "kv_layers": 0,
             "state_bytes": layers * per_layer * KV_BYTES,
         }
-    if kind in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"):
-        # Gated DeltaNet layers cache nothing per token; vLLM keeps per sequence a conv
-        # state ((kernel - 1) x conv_dim) and a recurrent state (v heads x k dim x v dim):
-        # vllm/model_executor/layers/mamba/mamba_utils.py gated_delta_net_state_shape (v0.11).
-        linear = sum(1 for t in c.layer_types if t == "linear_attention")
-        key = c.linear_num_key_heads * c.linear_key_head_dim
-        conv_dim = 2 * key + c.linear_num_value_heads * c.linear_value_head_dim
-        per_layer = (c.linear_conv_kernel_dim - 1) * conv_dim + (
-            c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim
-        )
-        full = layers - linear
-        return {
-            **out,
-            "kv_bytes_per_token": full * 2 * c.num_key_value_heads * c.head_dim * KV_BYTES,
-            "kv_layers": full,
-            "kv_heads": c.num_key_value_heads,
-            "head_dim": c.head_dim,
-            "state_bytes": linear * per_layer * KV_BYTES,
-        }
+    if kind in HYBRIDS:
+        return {**out, **_hybrid_layout(c, kind, layers)}
+    if kind == "gemma4_text":
+        return {**out, **_gemma4_layout(c)}
     if kind in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa"):
         # Multi-head latent attention: vLLM and SGLang cache the compressed latent and the
         # shared rope key, one vector per token and layer, not the expanded heads.
@@ -162,7 +229,8 @@ def build(data: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     import transformers  # noqa: PLC0415 - only the regenerating run has transformers
 
     kwargs = {k: v for k, v in data.items() if k not in ("auto_map", "model_type")}
-    config = transformers.AutoConfig.for_model(data["model_type"], **kwargs)
+    model_type = BUILT_AS.get(data["model_type"], data["model_type"])
+    config = transformers.AutoConfig.for_model(model_type, **kwargs)
     auto = (
         transformers.AutoModelForImageTextToText
         if config.model_type in VISION_LANGUAGE

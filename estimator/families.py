@@ -28,6 +28,10 @@ READ_BY_OWN_READER = (
     "qwen3_5_moe_text",
     "deepseek_v32",
     "glm_moe_dsa",
+    "nemotron_h",
+    "granitemoehybrid",
+    "falcon_h1",
+    "gemma4_text",
 )
 
 FAMILIES = (
@@ -67,6 +71,7 @@ FAMILIES = (
     "qwen3_vl",
     "qwen3_5_vl",
     "qwen3_5_moe_vl",
+    "gemma4_vl",
     "generic",
 )
 
@@ -109,6 +114,7 @@ FAMILY_OF_MODEL_TYPE = {
     "qwen3_vl": "qwen3_vl",
     "qwen3_5": "qwen3_5_vl",
     "qwen3_5_moe": "qwen3_5_moe_vl",
+    "gemma4": "gemma4_vl",  # Gemma4ForConditionalGeneration: text_config + vision_config
     "kimi_k2": "deepseek_v3",  # Kimi-K2 is DeepSeek-V3's architecture
     **{name: name for name in READ_BY_OWN_READER},
 }
@@ -136,6 +142,7 @@ VISION_LANGUAGE = {
     "qwen3_vl",
     "qwen3_5_vl",
     "qwen3_5_moe_vl",
+    "gemma4_vl",
 }
 GPT_LIKE = {"gpt2", "gpt_bigcode"}
 ENCODERS = {"bert", "roberta"}

@@ -276,9 +276,46 @@ def _unknown_family(facts: HubFacts, exact: ExactFigures, source: str, where: st
     )
 
 
+# Keys that say the layers do not all cache 2 x KV heads x head_dim for every token: latent
+# attention, SSM or linear-attention layers, windows, chunks, shared or per-layer caches,
+# multi-query flags, a nested language model. Set, the KV cache cannot be read from the
+# top-level attention fields: refused rather than guessed (the weights alone are not enough
+# for a verdict that holds).
+KV_SHAPE_KEYS = (
+    "kv_lora_rank",
+    "index_head_dim",
+    "state_size",
+    "ssm_state_size",
+    "mamba_d_state",
+    "linear_num_value_heads",
+    "layers_block_type",
+    "layer_types",
+    "hybrid_override_pattern",
+    "attn_layer_period",
+    "sliding_window",
+    "attention_chunk_size",
+    "num_kv_shared_layers",
+    "per_layer_config",
+    "cross_attention_layers",
+    "multi_query",
+    "new_decoder_architecture",
+    "text_config",
+)
+
+
 def attention_shape(config: Mapping[str, Any]) -> dict[str, int]:
     """hidden_size, num_layers, num_heads, num_kv_heads and head_dim from a config's
-    attention fields, or an EstimatorError naming the fields it lacks."""
+    attention fields, or an EstimatorError naming the fields it lacks or the keys that say
+    its layers cache otherwise."""
+    changing = [k for k in KV_SHAPE_KEYS if config.get(k) not in (None, False, 0, [], {}, "")]
+    if changing:
+        raise EstimatorError(
+            "config_json.model_type",
+            f"model_type {str(config.get('model_type'))[:40]!r} is not one the estimator "
+            f"counts, and its KV cache cannot be read from its attention fields: it sets "
+            f"{', '.join(changing)}, so its layers do not all cache the same per token",
+            code="unsupported_architecture",
+        )
     found: dict[str, int] = {}
     missing = []
     for spec_field, keys in _ATTENTION_KEYS.items():

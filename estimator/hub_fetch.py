@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import json
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -59,17 +61,21 @@ def fetch_hub_facts(
     token: str | None = None,
     timeout: float = 10.0,
     max_shards: int = MAX_SHARDS,
+    deadline_s: float | None = None,
 ) -> HubFacts:
     """What the Hub holds of ``ref``: its commit, config.json and every safetensors header.
 
     ``token`` (a gated model's) is sent to ``endpoint`` only; without one no token is sent,
-    not even one saved on this machine. ``timeout`` bounds each request.
+    not even one saved on this machine. ``timeout`` bounds each request; ``deadline_s``
+    the whole read: no request starts after it (one under way ends within ``timeout`` of
+    its last byte), so a slow Hub cannot keep this thread reading.
     """
     check_repo_id(ref.repo_id)  # never a request for an id or revision that is not one
     check_revision(ref.revision)
     api = _client(endpoint, token)
+    until = time.monotonic() + (deadline_s if deadline_s is not None else timeout * 4)
     try:
-        return _fetch(api, ref, timeout=timeout, max_shards=max_shards)
+        return _fetch(api, ref, timeout=timeout, max_shards=max_shards, until=until)
     except EstimatorError:
         raise
     except Exception as exc:  # the client's errors, by kind; anything else is the Hub's fault
@@ -86,19 +92,30 @@ def _client(endpoint: str, token: str | None) -> HfApi:
     return HfApi(endpoint=endpoint.rstrip("/"), token=token or False, library_name="gpuplatform")
 
 
-def _fetch(api: HfApi, ref: HubRef, *, timeout: float, max_shards: int) -> HubFacts:
+def _in_time(ref: HubRef, until: float) -> None:
+    """Refuse to start another request past the read's deadline."""
+    if time.monotonic() > until:
+        raise hub_error("hub_timeout", ref, "the Hub did not answer in time; try again")
+
+
+def _fetch(api: HfApi, ref: HubRef, *, timeout: float, max_shards: int, until: float) -> HubFacts:
     info = api.model_info(ref.repo_id, revision=ref.revision, timeout=timeout, files_metadata=True)
     commit = info.sha or ""
     if not is_commit(commit):
         raise hub_error("hub_unavailable", ref, "the Hub answered without a commit sha")
+    # The Hub answers any spelling of an id with its repository: keep the Hub's own.
+    if isinstance(info.id, str) and info.id.lower() == ref.repo_id.lower():
+        ref = HubRef(info.id, ref.revision)
     sizes = {s.rfilename: s.size for s in info.siblings or []}
     if CONFIG_FILE not in sizes:
         raise hub_error("hub_file_not_found", ref, "the repository has no config.json")
     with _scratch_dir() as scratch:
+        _in_time(ref, until)
         config = _json_file(api, ref, commit, CONFIG_FILE, sizes, scratch, timeout)
         if SINGLE_FILE in sizes:
             files = [SINGLE_FILE]
         elif INDEX_FILE in sizes:
+            _in_time(ref, until)
             index = _json_file(api, ref, commit, INDEX_FILE, sizes, scratch, timeout)
             files = _shards(ref, index, sizes, max_shards)
         else:
@@ -108,7 +125,7 @@ def _fetch(api: HfApi, ref: HubRef, *, timeout: float, max_shards: int) -> HubFa
                 f"the repository has neither {SINGLE_FILE} nor {INDEX_FILE}: only safetensors "
                 "checkpoints are read",
             )
-    headers = _headers(api, ref, commit, files, timeout)
+    headers = _headers(api, ref, commit, files, timeout, until)
     return hub_facts(ref, commit, config, headers)
 
 
@@ -129,7 +146,9 @@ def _json_file(
     timeout: float,
 ) -> dict[str, Any]:
     size = sizes.get(filename)
-    if size is not None and size > MAX_JSON_FILE_BYTES:
+    if size is None:  # never a download of unknown length
+        raise hub_error("hub_unavailable", ref, f"the Hub did not give the size of {filename}")
+    if size > MAX_JSON_FILE_BYTES:
         raise hub_error(
             "hub_too_large",
             ref,
@@ -179,30 +198,41 @@ def _shards(
 
 
 def _headers(
-    api: HfApi, ref: HubRef, commit: str, files: list[str], timeout: float
+    api: HfApi, ref: HubRef, commit: str, files: list[str], timeout: float, until: float
 ) -> dict[str, dict[str, Any]]:
-    """Each file's header as ``{tensor: {dtype, shape, data_offsets}}``, in file order."""
+    """Each file's header as ``{tensor: {dtype, shape, data_offsets}}``, in file order.
+    The first refusal (too many tensors, past the deadline, an error) cancels the reads
+    not yet started: a refused repository costs no more requests."""
+    count = [0]
+    lock = threading.Lock()
 
     def read(filename: str) -> dict[str, Any]:
+        _in_time(ref, until)
         meta = api.parse_safetensors_file_metadata(
             ref.repo_id, filename, revision=commit, timeout=timeout
         )
+        with lock:  # counted as each arrives: never 256 large headers held to find out
+            count[0] += len(meta.tensors)
+            if count[0] > MAX_TENSORS:
+                raise hub_error(
+                    "hub_too_large", ref, f"over {MAX_TENSORS:,} tensors in its safetensors files"
+                )
         return {
             name: {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": list(t.data_offsets)}
             for name, t in meta.tensors.items()
         }
 
-    headers: dict[str, dict[str, Any]] = {}
-    count = 0
-    with ThreadPoolExecutor(max_workers=min(SHARD_WORKERS, len(files))) as pool:
-        for filename, header in zip(files, pool.map(read, files), strict=True):
-            count += len(header)
-            if count > MAX_TENSORS:
-                raise hub_error(
-                    "hub_too_large", ref, f"over {MAX_TENSORS:,} tensors in its safetensors files"
-                )
-            headers[filename] = header
-    return headers
+    pool = ThreadPoolExecutor(max_workers=min(SHARD_WORKERS, len(files)))
+    try:
+        futures: list[Future[dict[str, Any]]] = [pool.submit(read, f) for f in files]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        failed = next((x for x in futures if x in done and x.exception() is not None), None)
+        if failed is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise failed.exception()  # type: ignore[misc]
+        return {f: future.result() for f, future in zip(files, futures, strict=True)}
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def hub_refusal(ref: HubRef, exc: BaseException) -> EstimatorError:

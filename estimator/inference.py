@@ -75,10 +75,13 @@ def _kv_cache(r: EstimateRequest, m: ModelSpec, kv_elem: int, notes: list[str]) 
     vllm = r.engine == "vllm"
     block = VLLM_BLOCK_TOKENS if vllm else 1
     slots = m.kv_token_slots(r.context_tokens, block)
-    kv = r.batch * slots * m.kv_elements_per_slot * kv_elem
+    kv = r.batch * m.kv_cache_elements(r.context_tokens, block) * kv_elem
     full = -(-r.context_tokens // block) * block
     index = r.batch * full * m.index_bytes_per_token  # the DSA indexer's keys: every token
-    if m.kv_width is None:
+    if m.kv_layer_widths is not None:
+        widths = sorted({w for w in m.kv_layer_widths if w})
+        width = f"{' or '.join(map(str, widths))} elements a layer"
+    elif m.kv_width is None:
         width = f"2 x {m.num_kv_heads} KV heads x {m.head_dim}"
     else:
         width = f"a {m.kv_width}-wide latent"  # latent attention caches one vector

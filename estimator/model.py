@@ -106,6 +106,9 @@ class ModelSpec:
     # Bytes per token whatever the KV dtype, on every layer that keeps them: the DSA
     # indexer's fp8 key cache with its scales (docs/estimator.md).
     index_bytes_per_token: int = 0
+    # Elements each layer caches per token where layers differ (Gemma-4: wider global layers,
+    # layers that reuse another's cache); None: kv_width (or 2 x kv_dim) on kv_layers layers.
+    kv_layer_widths: tuple[int, ...] | None = None
     # Counted by an estimator/architectures module (latent attention, SSM, vision towers).
     exact: ParamBreakdown | None = None
     read_as: str = ""  # the family the model was read as, and from what
@@ -161,6 +164,8 @@ class ModelSpec:
     def kv_layer_count(self) -> int:
         if self.encoder_only:
             return 0
+        if self.kv_layer_widths is not None:
+            return sum(1 for width in self.kv_layer_widths if width)
         return self.num_layers if self.kv_layers is None else self.kv_layers
 
     @property
@@ -170,10 +175,11 @@ class ModelSpec:
 
     def kv_bytes_per_token(self, bytes_per_element: float = 2) -> float:
         """KV cache per token over the caching layers (uncapped by any window)."""
-        return (
-            self.kv_elements_per_slot * bytes_per_element * self.kv_layer_count
-            + self.index_bytes_per_token
-        )
+        if self.kv_layer_widths is not None:
+            elements = sum(self.kv_layer_widths)
+        else:
+            elements = self.kv_elements_per_slot * self.kv_layer_count
+        return elements * bytes_per_element + self.index_bytes_per_token
 
     def state_bytes_per_sequence(self, bytes_per_element: float = 2) -> float:
         """Fixed recurrent state per sequence, whatever its length (SSM layers)."""
@@ -190,6 +196,19 @@ class ModelSpec:
             return layers * full
         capped = -(-min(context, self.sliding_window or context) // block) * block
         return sliding * capped + (layers - sliding) * full
+
+    def kv_cache_elements(self, context: int, block: int = 1) -> int:
+        """Elements one sequence of ``context`` tokens caches over every layer, each layer
+        capped at its window, rounded up to blocks."""
+        if self.kv_layer_widths is None:
+            return self.kv_token_slots(context, block) * self.kv_elements_per_slot
+        full = -(-context // block) * block
+        capped = -(-min(context, self.sliding_window or context) // block) * block
+        sliding = set(self.sliding_layers or ()) if self.sliding_window else set()
+        return sum(
+            width * (capped if i in sliding else full)
+            for i, width in enumerate(self.kv_layer_widths)
+        )
 
 
 def param_count(model: ModelSpec) -> int:

@@ -259,6 +259,11 @@ REST_FRAMEWORK = {
         "gateway_auth_failure": env.str(
             "GPUPLATFORM_THROTTLE_GATEWAY_AUTH_FAILURES", default="30/min"
         ),
+        # Hub models not read before (tenants.hub): each is up to one request to the Hub per
+        # shard, so a budget of its own, per address (anonymous) or per account; a model
+        # read before is free. /fit/, the estimate API and the launch all draw on it.
+        "hub_read_anon": env.str("GPUPLATFORM_THROTTLE_HUB_READ_ANON", default="10/hour"),
+        "hub_read_user": env.str("GPUPLATFORM_THROTTLE_HUB_READ_USER", default="60/hour"),
     },
     "DEFAULT_SCHEMA_CLASS": "gpuplatform.api.schema.ErrorAutoSchema",
     "EXCEPTION_HANDLER": "gpuplatform.api.errors.exception_handler",

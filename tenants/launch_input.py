@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 import estimator
+from estimator.hub import HubReader
 from gpuplatform.errors import ServiceError
 from nodes import command_env, isolation
 
@@ -119,7 +120,11 @@ def clean_ssh_key(key: str, *, required: bool) -> str:
     return f"{parsed.public_key} {parsed.comment}".strip()
 
 
-def launch_estimate_input(model_request: object, tier_mib: int) -> estimator.EstimateRequest:
+def launch_estimate_input(
+    model_request: object, tier_mib: int, *, hub: HubReader | None = None
+) -> estimator.EstimateRequest:
+    """The job's estimate request on ``tier_mib``. A launch passes ``hub``, the reader
+    tenants.hub.hub_prefetch made before its transaction (no network inside it)."""
     if not isinstance(model_request, dict) or not model_request:
         raise ServiceError(
             'Describe the job for the VRAM check, e.g. {"model": {"catalog": '
@@ -135,7 +140,7 @@ def launch_estimate_input(model_request: object, tier_mib: int) -> estimator.Est
             )
     try:
         return estimator.EstimateRequest.from_mapping(
-            {**model_request, "tier_mib": tier_mib}, hub=hub_model
+            {**model_request, "tier_mib": tier_mib}, hub=hub or hub_model
         )
     except estimator.EstimatorError as exc:
         raise ServiceError(

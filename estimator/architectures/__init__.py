@@ -17,7 +17,9 @@ from .decoders import (
     read_smollm3,
 )
 from .deepseek import read_deepseek
+from .gemma4 import read_gemma4_text
 from .hybrid import read_qwen3_next
+from .mamba_hybrid import read_falcon_h1, read_granitemoehybrid, read_nemotron_h
 from .ssm import read_jamba, read_mamba, read_mamba2
 
 # model_type -> reader: each returns the ModelSpec fields, the exact count among them.
@@ -46,6 +48,10 @@ READERS = {
     "qwen3_next": read_qwen3_next,
     "qwen3_5_text": read_qwen3_next,
     "qwen3_5_moe_text": read_qwen3_next,
+    "nemotron_h": read_nemotron_h,
+    "granitemoehybrid": read_granitemoehybrid,
+    "falcon_h1": read_falcon_h1,
+    "gemma4_text": read_gemma4_text,
 }
 
 __all__ = ["READERS"]

@@ -17,6 +17,7 @@ from .layers import (
     fused_experts,
     int_flags,
     layer_types,
+    pattern_kinds,
     plain_mlp,
     read_shape,
     spec,
@@ -78,10 +79,12 @@ def _dense(
 def read_smollm3(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
     """SmolLM3: Llama's layers (NoPE every few layers changes no weight); a window only
     where use_sliding_window is set and layer_types says so."""
-    s = read_shape(r, tied=True)
+    s = read_shape(r, tied=True, kv_default=4)
     bias = r.bool("attention_bias", "attention_bias", default=False)
     kinds = layer_types(r, s.layers)
     use_window = r.bool("use_sliding_window", "sliding_window", default=False)
+    if kinds is None:  # SmolLM3Config windows the NoPE layers where a window is used
+        kinds = ["sliding_attention" if not f else "full_attention" for f in _rope_flags(r, s)]
     window = windowed(r, kinds, SLIDING) if use_window else (None, None)
     return _dense(
         r, s, "Llama-style layers, no-RoPE every few layers", qkv_bias=bias, o_bias=bias,
@@ -89,10 +92,21 @@ def read_smollm3(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
     )  # fmt: skip
 
 
+def _rope_flags(r: Reader, s: Shape) -> list[int]:
+    """SmolLM3's no_rope_layers (1: the layer uses RoPE), its config class's when absent."""
+    flags = int_flags(r, "no_rope_layers", s.layers)
+    if flags is None:
+        interval = r.int("no_rope_layer_interval", "num_layers", default=4, maximum=MAX_LAYERS)
+        flags = [int((i + 1) % interval != 0) for i in range(s.layers)]
+    if len(flags) != s.layers:
+        raise EstimatorError(f"{r.field}.no_rope_layers", f"expected {s.layers} entries")
+    return flags
+
+
 def read_internlm3(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
     """InternLM3: Llama's layers; ``qkv_bias`` and ``bias`` are its names for Llama's
     attention_bias and mlp_bias (the config class refuses them differing)."""
-    s = read_shape(r, tied=False)
+    s = read_shape(r, tied=False, kv_default=2, head_dim_default=128)
     bias = r.bool("attention_bias", "attention_bias", default=bool(r.data.get("qkv_bias")))
     mlp_bias = r.bool("mlp_bias", "mlp_bias", default=bool(r.data.get("bias")))
     return _dense(r, s, "Llama-style layers", qkv_bias=bias, o_bias=bias, mlp_bias=mlp_bias)
@@ -110,7 +124,7 @@ def read_arcee(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
 
 def read_seed_oss(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
     """Seed-OSS: q/k/v biases from attention_bias, o's from attention_out_bias."""
-    s = read_shape(r, tied=False)
+    s = read_shape(r, tied=False, kv_default=8, head_dim_default=128)
     return _dense(
         r, s, "q/k/v biases, separate output bias",
         qkv_bias=r.bool("attention_bias", "attention_bias", default=True),
@@ -121,19 +135,31 @@ def read_seed_oss(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
 
 def read_ernie4_5(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
     """ERNIE-4.5 (dense): use_bias on every attention and MLP projection."""
-    s = read_shape(r, tied=True)
+    s = read_shape(r, tied=True, kv_default=2, head_dim_default=128)
     bias = r.bool("use_bias", "attention_bias", default=False)
     return _dense(r, s, "biases from use_bias", qkv_bias=bias, o_bias=bias, mlp_bias=bias)
 
 
 def read_exaone4(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
     """EXAONE-4: norms after attention and after the MLP (none before), per-head q/k
-    RMSNorms, windows where layer_types says."""
-    s = read_shape(r, tied=False)
+    RMSNorms, windows where layer_types (or sliding_window_pattern) says."""
+    s = read_shape(r, tied=False, kv_default=32)
     return _dense(
         r, s, "post-norms, per-head q/k norms, interleaved windows", qk_norm=2 * s.head_dim,
-        window=windowed(r, layer_types(r, s.layers), SLIDING),
+        window=_window_pattern(r, s.layers, 4096),
     )  # fmt: skip
+
+
+def _window_pattern(
+    r: Reader, layers: int, default: int
+) -> tuple[int | None, tuple[int, ...] | None]:
+    """Windows where layer_types says, else every sliding_window_pattern-th layer global
+    (the config classes' default of 4); ``default``: the class's window."""
+    absent = "sliding_window" not in r.data
+    kinds = layer_types(r, layers)
+    if kinds is None and (absent or r.data["sliding_window"] is not None):
+        kinds = pattern_kinds(r, layers, 4)
+    return windowed(r, kinds, SLIDING, default=default)
 
 
 def read_cohere(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
@@ -145,7 +171,7 @@ def read_cohere(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
     qk = r.bool("use_qk_norm", "qk_norm", default=False) if family == "cohere" else False
     window: tuple[int | None, tuple[int, ...] | None] = (None, None)
     if family == "cohere2":
-        window = windowed(r, layer_types(r, s.layers), SLIDING)
+        window = _window_pattern(r, s.layers, 4096)
     return _dense(
         r, s, "parallel attention and MLP from one bias-free LayerNorm", qkv_bias=bias,
         o_bias=bias, norms_per_layer=1, qk_norm=s.q_dim + s.kv_dim if qk else 0, window=window,
@@ -155,7 +181,7 @@ def read_cohere(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
 def read_gpt_oss(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
     """gpt-oss: biased attention with a learned sink per head, alternating windows, a
     biased router and experts with biases on every layer."""
-    s = read_shape(r, tied=False)
+    s = read_shape(r, tied=False, kv_default=8, head_dim_default=64)
     experts, per_token = _experts(r, "num_local_experts", "num_experts_per_tok", 4)
     bias = r.bool("attention_bias", "attention_bias", default=True)
     t = Tally()
@@ -165,7 +191,11 @@ def read_gpt_oss(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
     fused_experts(t, s.h, s.inter, experts, s.layers, per_token, bias=True)
     t.add("norms", s.layers * 2 * s.h)
     embeddings_and_head(t, s, final_norm=s.h)
-    window = windowed(r, layer_types(r, s.layers), SLIDING)
+    # GptOssConfig: a 128-token window on every other layer where the config says nothing
+    kinds = layer_types(r, s.layers) or [
+        "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(s.layers)
+    ]
+    window = windowed(r, kinds, SLIDING, default=128)
     return spec(
         s, t, r, f"{experts} experts with biases on every layer, attention sinks, "
         "alternating sliding windows", sliding_window=window[0], sliding_layers=window[1],
@@ -177,7 +207,7 @@ def read_glm4_moe(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
     """GLM-4.5/4.6/4.7: q/k/v biases from attention_bias (o unbiased), per-head q/k norms
     where use_qk_norm, first_k_dense_replace dense layers, then routed and shared experts
     (the score-correction bias is a buffer); the MTP layer is not built."""
-    s = read_shape(r, tied=False)
+    s = read_shape(r, tied=False, kv_default=8)
     experts, per_token = _experts(r, "n_routed_experts", "num_experts_per_tok", 8)
     e_inter = r.int("moe_intermediate_size", "moe_intermediate_size", maximum=MAX_INTERMEDIATE)
     shared = r.int("n_shared_experts", "num_experts", default=1, minimum=0, maximum=MAX_EXPERTS)
@@ -211,7 +241,7 @@ def _mtp_note(r: Reader, notes: list[str]) -> None:
 def read_minimax_m2(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
     """MiniMax-M2: unbiased attention with q and k RMSNorms over all heads, experts on
     every layer, no shared expert (the score-correction bias is a buffer)."""
-    s = read_shape(r, tied=False)
+    s = read_shape(r, tied=False, kv_default=8, head_dim_default=128)
     experts, per_token = _experts(r, "num_local_experts", "num_experts_per_tok", 8)
     t = Tally()
     attention(t, s, s.layers)
@@ -247,7 +277,7 @@ def read_ernie4_5_moe(r: Reader, family: str, notes: list[str]) -> dict[str, Any
     """ERNIE-4.5-MoE: experts every moe_layer_interval-th layer between the start and end
     indices, shared experts, a score-correction bias per expert (a parameter here), biases
     from use_bias, the head biased too."""
-    s = read_shape(r, tied=True)
+    s = read_shape(r, tied=True, kv_default=4)
     experts, per_token = _experts(r, "moe_num_experts", "moe_k", 6)
     e_inter = r.int("moe_intermediate_size", "moe_intermediate_size", maximum=MAX_INTERMEDIATE)
     shared = r.int(
@@ -279,7 +309,7 @@ def read_llama4_text(r: Reader, family: str, notes: list[str]) -> dict[str, Any]
     """Llama-4's text model: experts with a shared expert on the moe_layers (every
     interleave_moe_layer_step-th), dense layers of intermediate_size_mlp between, weightless
     q/k norms; RoPE layers attend in chunks of attention_chunk_size, NoPE layers globally."""
-    s = read_shape(r, tied=False)
+    s = read_shape(r, tied=False, kv_default=8, head_dim_default=128)
     experts, per_token = _experts(r, "num_local_experts", "num_experts_per_tok", 1)
     dense_inter = r.int(
         "intermediate_size_mlp", "intermediate_size", default=16384, maximum=MAX_INTERMEDIATE

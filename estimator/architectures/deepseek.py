@@ -46,6 +46,7 @@ class DeepSeekShape:
     index_heads: int = 0  # the DSA indexer's heads (0: no indexer)
     index_dim: int = 0
     index_layers: int = 0  # layers that run their own indexer (and cache its keys)
+    index_built: int = 0  # layers whose indexer weights transformers builds
 
     @property
     def moe_layers(self) -> int:
@@ -147,7 +148,10 @@ def _read_shape(r: Reader, family: str) -> DeepSeekShape:
         shape,
         index_heads=r.int("index_n_heads", "num_heads", default=64, maximum=MAX_HEADS),
         index_dim=r.int("index_head_dim", "head_dim", default=128, maximum=MAX_HIDDEN),
-        index_layers=_indexer_layers(r, layers),
+        index_layers=(index_layers := _indexer_layers(r, layers)),
+        # modeling_deepseek_v32.py builds an indexer on every layer whatever indexer_types
+        # says; GLM-5 builds none on its "shared" layers.
+        index_built=layers if family == "deepseek_v32" else index_layers,
     )
 
 
@@ -213,8 +217,8 @@ def _tally(s: DeepSeekShape) -> Tally:
     t.add("norms", layers * s.kv_rank)  # kv_a_layernorm
     t.linear("attention", "kv_b_proj", s.kv_rank, heads * (s.nope + s.v_dim), layers, bias=False)
     t.linear("attention", "o_proj", heads * s.v_dim, h, layers, bias=s.bias)
-    if s.index_layers:
-        n, d, count = s.index_heads, s.index_dim, s.index_layers
+    if s.index_built:
+        n, d, count = s.index_heads, s.index_dim, s.index_built
         t.linear("indexer", "indexer.wq_b", s.q_rank or h, n * d, count, bias=False)
         t.linear("indexer", "indexer.wk", h, d, count, bias=False)
         t.add("indexer", count * 2 * d)  # k_norm, a LayerNorm

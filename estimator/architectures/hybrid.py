@@ -13,11 +13,12 @@ from .counting import Reader, Tally
 from .layers import Shape, attention, embeddings_and_head, fused_experts, layer_types, read_shape
 from .layers import spec as decoder_spec
 
-# model_type -> (experts on the MLP layers, fused in_proj_qkvz/ba (Next) or split (3.5))
+# model_type -> (experts on the MLP layers, fused in_proj_qkvz/ba (Next) or split (3.5),
+# the config class's num_key_value_heads where the config leaves it out)
 VARIANTS = {
-    "qwen3_next": (True, True),
-    "qwen3_5_text": (False, False),
-    "qwen3_5_moe_text": (True, False),
+    "qwen3_next": (True, True, 2),
+    "qwen3_5_text": (False, False, 4),
+    "qwen3_5_moe_text": (True, False, 2),
 }
 
 
@@ -60,8 +61,9 @@ def _delta_net(t: Tally, r: Reader, h: int, count: int, *, fused: bool) -> int:
     return (kernel - 1) * conv_dim + v_heads * k_dim * v_dim
 
 
-def _mlps(t: Tally, r: Reader, s: Shape, moe: bool) -> dict[str, Any]:
-    """Experts with a gated shared expert where the family has them, else Qwen's MLP."""
+def _mlps(t: Tally, r: Reader, s: Shape, moe: bool, fused: bool) -> dict[str, Any]:
+    """Experts with a gated shared expert where the family has them, else Qwen's MLP; dense
+    layers by decoder_sparse_step and mlp_only_layers in Qwen3-Next (``fused``) only."""
     if not moe:
         t.gated_mlp("mlp", s.h, s.inter, s.layers)
         return {}
@@ -72,6 +74,8 @@ def _mlps(t: Tally, r: Reader, s: Shape, moe: bool) -> dict[str, Any]:
                     default=0, minimum=0, maximum=MAX_INTERMEDIATE)  # fmt: skip
     step = r.int("decoder_sparse_step", "num_moe_layers", default=1, maximum=MAX_LAYERS)
     dense_only = r.data.get("mlp_only_layers") or []
+    if not fused:  # modeling_qwen3_5_moe.py builds experts on every layer, whatever these say
+        step, dense_only = 1, []
     if not isinstance(dense_only, list):
         raise EstimatorError(f"{r.field}.mlp_only_layers", "expected a list of layer indices")
     moe_layers = sum(1 for i in range(s.layers) if (i + 1) % step == 0 and i not in dense_only)
@@ -81,7 +85,7 @@ def _mlps(t: Tally, r: Reader, s: Shape, moe: bool) -> dict[str, Any]:
     t.add("router", moe_layers * experts * s.h)
     fused_experts(t, s.h, e_inter, experts, moe_layers, per_token)
     t.gated_mlp("shared_expert", s.h, s_inter, moe_layers if s_inter else 0)
-    t.add("shared_expert", moe_layers * s.h if s_inter else 0)  # shared_expert_gate (h -> 1)
+    t.add("shared_expert", moe_layers * s.h)  # shared_expert_gate (h -> 1), built even at 0
     return {
         "num_experts": experts,
         "experts_per_token": per_token,
@@ -92,11 +96,13 @@ def _mlps(t: Tally, r: Reader, s: Shape, moe: bool) -> dict[str, Any]:
 
 
 def read_qwen3_next(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
-    moe, fused = VARIANTS[family]
+    moe, fused, kv_default = VARIANTS[family]
     # Qwen3.5-MoE puts experts on every layer and leaves intermediate_size out.
     fallback = r.int("moe_intermediate_size", "moe_intermediate_size", default=None,
                      maximum=MAX_INTERMEDIATE) if moe else None  # fmt: skip
-    s = read_shape(r, tied=False, inter_default=fallback)
+    s = read_shape(
+        r, tied=False, inter_default=fallback, kv_default=kv_default, head_dim_default=256
+    )
     kinds = _mixers(r, s.layers)
     full = sum(1 for k in kinds if k == "full_attention")
     t = Tally()
@@ -105,7 +111,7 @@ def read_qwen3_next(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
     attention(t, s, full, qkv_bias=bias, o_bias=bias, gate=True)
     t.add("norms", full * 2 * s.head_dim)
     per_layer_state = _delta_net(t, r, s.h, s.layers - full, fused=fused)
-    extra = _mlps(t, r, s, moe)
+    extra = _mlps(t, r, s, moe, fused)
     t.add("norms", s.layers * 2 * s.h)
     embeddings_and_head(t, s, final_norm=s.h)
     return decoder_spec(

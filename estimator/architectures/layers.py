@@ -37,13 +37,25 @@ class Shape:
         return self.kv_heads * self.head_dim
 
 
-def read_shape(r: Reader, *, tied: bool, inter_default: int | None = None) -> Shape:
-    """hidden, layers, heads, KV heads, head_dim (hidden / heads when absent), the MLP width
+def read_shape(
+    r: Reader,
+    *,
+    tied: bool,
+    inter_default: int | None = None,
+    kv_default: int | None = None,
+    head_dim_default: int | None = None,
+) -> Shape:
+    """hidden, layers, heads, KV heads, head_dim (hidden / heads when null), the MLP width
     (``inter_default`` where a family with experts everywhere may leave it out), the
-    vocabulary and whether the head is tied (``tied``: the config class's default)."""
+    vocabulary and whether the head is tied (``tied``: the config class's default).
+    ``kv_default`` and ``head_dim_default``: the config class's fixed defaults for a key
+    the config leaves out (an explicit null falls back to heads and hidden / heads)."""
     h = r.int("hidden_size", "hidden_size", maximum=MAX_HIDDEN)
     heads = r.int("num_attention_heads", "num_heads", maximum=MAX_HEADS)
-    head_dim = r.int("head_dim", "head_dim", default=None, maximum=MAX_HIDDEN)
+    absent = "head_dim" not in r.data
+    head_dim = r.int(
+        "head_dim", "head_dim", default=head_dim_default if absent else None, maximum=MAX_HIDDEN
+    )
     if head_dim is None:
         head_dim = h // heads
         if not head_dim:
@@ -52,7 +64,12 @@ def read_shape(r: Reader, *, tied: bool, inter_default: int | None = None) -> Sh
         h=h,
         layers=r.int("num_hidden_layers", "num_layers", maximum=MAX_LAYERS),
         heads=heads,
-        kv_heads=r.int("num_key_value_heads", "num_kv_heads", default=heads, maximum=MAX_HEADS),
+        kv_heads=r.int(
+            "num_key_value_heads",
+            "num_kv_heads",
+            default=absent_default(r, "num_key_value_heads", kv_default, heads),
+            maximum=MAX_HEADS,
+        ),  # fmt: skip
         head_dim=head_dim,
         inter=r.int(
             "intermediate_size",
@@ -65,6 +82,13 @@ def read_shape(r: Reader, *, tied: bool, inter_default: int | None = None) -> Sh
         vocab=r.int("vocab_size", "vocab_size", maximum=MAX_VOCAB),
         tied=r.bool("tie_word_embeddings", "tie_word_embeddings", default=tied),
     )
+
+
+def absent_default(r: Reader, key: str, fixed: int | None, fallback: int) -> int:
+    """A config class's default for ``key``: ``fixed`` (its dataclass default, where it has
+    one) when the config leaves the key out, ``fallback`` (what its __post_init__ computes
+    from None) when the key is absent without a fixed default or set to null."""
+    return fixed if fixed is not None and key not in r.data else fallback
 
 
 def attention(
@@ -148,6 +172,21 @@ def windowed(
         return None, None
     sliding = tuple(i for i, kind in enumerate(kinds) if kind in names)
     return (window, sliding) if sliding else (None, None)
+
+
+def pattern_kinds(
+    r: Reader, layers: int, every: int, key: str = "sliding_window_pattern"
+) -> list[str]:
+    """The ``layer_types`` a config class builds when the config leaves them out: every
+    ``every``-th layer full attention, the others windowed (``key``: the config's period)."""
+    period = r.data.get(key, every)
+    if not isinstance(period, int) or isinstance(period, bool) or period < 1:
+        raise EstimatorError(
+            f"{r.field}.{key}",
+            f"{key}={period!r} without layer_types is not counted exactly",
+            code="unsupported_architecture",
+        )
+    return ["sliding_attention" if (i + 1) % period else "full_attention" for i in range(layers)]
 
 
 def spec(s: Shape, t: Tally, r: Reader, read_as: str, **extra: Any) -> dict[str, Any]:

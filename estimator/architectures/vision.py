@@ -11,6 +11,7 @@ from ..errors import EstimatorError
 from ..model import MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, ModelSpec, ParamBreakdown
 from ..parsing import read_bool, read_int
 from .counting import Tally
+from .gemma4 import gemma4_vision
 
 
 def _mapping(data: Mapping[str, Any], key: str, field: str) -> Mapping[str, Any]:
@@ -179,7 +180,6 @@ def _llama4_vision(t: Tally, v: Mapping[str, Any], field: str, text_hidden: int)
     p_in = read_int(v, "projector_input_dim", field, default=4096, maximum=MAX_HIDDEN)
     p_out = read_int(v, "projector_output_dim", field, default=4096, maximum=MAX_HIDDEN)
     output = read_int(v, "vision_output_dim", field, default=7680, maximum=MAX_HIDDEN)
-    projector_bias = read_bool(v, "multi_modal_projector_bias", field, default=False)
     t.add("vision_tower", h + ((image // patch) ** 2 + 1) * h)  # class and position embeddings
     t.linear("vision_tower", "vision.patch_embedding", channels * patch * patch, h, 1, bias=False)
     t.add("vision_tower", 2 * 2 * h + layers * 2 * 2 * h)  # LayerNorms pre/post and per layer
@@ -189,7 +189,8 @@ def _llama4_vision(t: Tally, v: Mapping[str, Any], field: str, text_hidden: int)
     t.linear("vision_tower", "vision.fc2", inter, h, layers, bias=True)
     t.linear("projector", "vision_adapter.fc1", inter, p_in, 1, bias=False)
     t.linear("projector", "vision_adapter.fc2", p_out, p_out, 1, bias=False)
-    t.linear("projector", "multi_modal_projector", output, text_hidden, 1, bias=projector_bias)
+    # Llama4MultiModalProjector is unbiased whatever multi_modal_projector_bias says
+    t.linear("projector", "multi_modal_projector", output, text_hidden, 1, bias=False)
 
 
 # Vision-language families read through their text model: (text model_type, tower label).
@@ -198,6 +199,14 @@ TOWERED = {
     "qwen3_vl": ("qwen3", "Qwen3-VL vision tower, merger and deepstack mergers"),
     "qwen3_5_vl": ("qwen3_5_text", "Qwen3.5 vision tower and merger"),
     "qwen3_5_moe_vl": ("qwen3_5_moe_text", "Qwen3.5 vision tower and merger"),
+    "gemma4_vl": ("gemma4_text", "Gemma-4 vision tower and its projection"),
+}
+
+
+# Qwen3VLTextConfig's fixed defaults where they differ from Qwen3's reading (kv heads = heads,
+# head_dim = hidden / heads).
+TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "qwen3_vl": {"num_key_value_heads": 32, "head_dim": 128},
 }
 
 
@@ -206,14 +215,27 @@ def _towered(
 ) -> tuple[ModelSpec, Tally, str]:
     """The text model from text_config and the tower counted into a Tally."""
     text_type, tower = TOWERED[family]
-    text_data = {**_mapping(data, "text_config", field), "model_type": text_type}
-    if "tie_word_embeddings" in data:  # the top-level flag is the one transformers ties by
+    if family == "gemma4_vl" and data.get("audio_config"):
+        raise EstimatorError(
+            f"{field}.audio_config",
+            "Gemma-4's audio tower is not counted exactly yet; give the model's Hub id (its "
+            "safetensors headers give the exact weights) instead",
+            code="unsupported_architecture",
+        )
+    text_data = {**TEXT_DEFAULTS.get(family, {}), **_mapping(data, "text_config", field)}
+    text_data["model_type"] = text_type
+    # Qwen3-VL and Qwen3.5 tie by the top-level flag; Llama-4's inner Llama4ForCausalLM by
+    # text_config's own.
+    if "tie_word_embeddings" in data and family != "llama4_vl":
         text_data["tie_word_embeddings"] = data["tie_word_embeddings"]
     text = read(text_data, field=f"{field}.text_config")
     vision = _mapping(data, "vision_config", field)
     t = Tally()
     if family == "llama4_vl":
         _llama4_vision(t, vision, f"{field}.vision_config", text.hidden_size)
+    elif family == "gemma4_vl":
+        if vision:  # Gemma-4 E2B/E4B configs may leave the tower out
+            gemma4_vision(t, vision, f"{field}.vision_config", text.hidden_size)
     else:
         _qwen3_vision(t, vision, f"{field}.vision_config", deepstack=family == "qwen3_vl")
     return text, t, tower

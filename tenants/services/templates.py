@@ -9,10 +9,12 @@ from typing import TypedDict
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
+from estimator.hub import HubReader
 from gpuplatform.errors import Conflict, ServiceError
 from gpuplatform.ops import require_ops
 from nodes import engines
 
+from ..hub import hub_prefetch
 from ..launch_input import clean_command, clean_environment, launch_estimate_input
 from ..locks import template_lock
 from ..models import Image, LaunchTemplate
@@ -34,7 +36,7 @@ class _TemplateFields(TypedDict):
     model_request: object  # the job as given: launch_estimate_input has read it
 
 
-def _clean(current: Mapping[str, object]) -> _TemplateFields:
+def _clean(current: Mapping[str, object], hub: HubReader) -> _TemplateFields:
     name = str(current.get("name") or "").strip()
     if not name:
         raise ServiceError("A template needs a name.", field="name")
@@ -55,7 +57,7 @@ def _clean(current: Mapping[str, object]) -> _TemplateFields:
             field="command",
         )
     model_request = current.get("model_request") or {}
-    launch_estimate_input(model_request, _ANY_TIER_MIB)  # refused with the field it names
+    launch_estimate_input(model_request, _ANY_TIER_MIB, hub=hub)  # refused with its field
     return {
         "name": name[:64],
         "description": str(current.get("description") or "")[:300],
@@ -67,10 +69,18 @@ def _clean(current: Mapping[str, object]) -> _TemplateFields:
     }
 
 
-@transaction.atomic
 def template_create(*, actor: User, **fields: object) -> LaunchTemplate:
+    """A new template; a Hub model its job names is read before the transaction opens."""
+    hub = hub_prefetch(fields.get("model_request"), user=actor)
+    return _template_create(actor=actor, hub=hub, fields=fields)
+
+
+@transaction.atomic
+def _template_create(
+    *, actor: User, hub: HubReader, fields: Mapping[str, object]
+) -> LaunchTemplate:
     require_ops(actor, what="manage launch templates")
-    data = _clean(fields)
+    data = _clean(fields, hub)
     try:
         with transaction.atomic():
             return LaunchTemplate.objects.create(**data)
@@ -80,14 +90,23 @@ def template_create(*, actor: User, **fields: object) -> LaunchTemplate:
         ) from exc
 
 
-@transaction.atomic
 def template_update(*, actor: User, template: LaunchTemplate, **changes: object) -> LaunchTemplate:
-    """Change a template; slices launched from it keep what they started with."""
+    """Change a template; slices launched from it keep what they started with. A Hub model
+    its job names is read before the transaction opens."""
+    model_request = changes.get("model_request", template.model_request)
+    hub = hub_prefetch(model_request, user=actor)
+    return _template_update(actor=actor, template=template, hub=hub, changes=changes)
+
+
+@transaction.atomic
+def _template_update(
+    *, actor: User, template: LaunchTemplate, hub: HubReader, changes: Mapping[str, object]
+) -> LaunchTemplate:
     require_ops(actor, what="manage launch templates")
     template = template_lock(template.pk)
     current = {f: getattr(template, f) for f in FIELDS}
     current.update({k: v for k, v in changes.items() if k in FIELDS})
-    data = _clean(current)
+    data = _clean(current, hub)
     for field, value in data.items():
         setattr(template, field, value)
     if "is_active" in changes:

@@ -17,15 +17,15 @@ from gpuplatform.http import PageRequest
 from gpuplatform.pages import is_partial
 
 from ..forms.estimate import FORM_FIELD_FOR, FitForm, add_estimator_error, error_summary
-from ..hub import hub_model
+from ..hub import hub_reader
 from ..models import Tier
 
 
-def _fit_result(form: FitForm) -> dict[str, Any]:
+def _fit_result(form: FitForm, request: PageRequest) -> dict[str, Any]:
     """The verdict for a valid form, or only its errors: a bad value clears the verdict."""
     if not form.is_valid():
         return {"error": error_summary(form)}
-    context = estimate_for(form, form.to_mapping(), tiers=form.tiers)
+    context = estimate_for(form, form.to_mapping(), tiers=form.tiers, request=request)
     if "shown" in context:
         context["chart"] = chart_data(context["shown"])
     return context
@@ -37,7 +37,7 @@ def fit(request: PageRequest) -> HttpResponse:
     form = FitForm(request.GET or None)
     context: dict[str, Any] = {"form": form}
     if request.GET:
-        context.update(_fit_result(form))
+        context.update(_fit_result(form, request))
     else:
         bound = FitForm(
             {
@@ -53,7 +53,7 @@ def fit(request: PageRequest) -> HttpResponse:
                 "tier_mib": form.fields["tier_mib"].initial or "",
             }
         )
-        context.update(_fit_result(bound))
+        context.update(_fit_result(bound, request))
         context["form"] = bound
     partial = is_partial(request)
     context.update(
@@ -136,11 +136,15 @@ def chart_data(shown: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def estimate_for(form: forms.Form, mapping: dict[str, Any], *, tiers: list[Tier]) -> dict[str, Any]:
+def estimate_for(
+    form: forms.Form, mapping: dict[str, Any], *, tiers: list[Tier], request: PageRequest
+) -> dict[str, Any]:
     """Estimate a valid form's job: {"result", "shown"}, or {"error"} with the estimator's
     refusal on the field it names (the previous verdict is never kept)."""
     try:
-        result = estimator.estimate(estimator.EstimateRequest.from_mapping(mapping, hub=hub_model))
+        result = estimator.estimate(
+            estimator.EstimateRequest.from_mapping(mapping, hub=hub_reader(request))
+        )
     except estimator.EstimatorError as exc:
         add_estimator_error(form, exc)
         return {"error": error_summary(form)}

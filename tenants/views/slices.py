@@ -91,12 +91,15 @@ def dashboard(request: MemberRequest) -> HttpResponse:
     return render(request, "tenants/dashboard.html", context)
 
 
-def _launch_estimate(tenant: Tenant, data: Mapping[str, Any], tiers: list[Tier]) -> dict[str, Any]:
+def _launch_estimate(
+    request: MemberRequest, data: Mapping[str, Any], tiers: list[Tier]
+) -> dict[str, Any]:
     """The launch page's estimate panel for the job in `data` (its error slots included)."""
+    tenant = request.membership.tenant
     form = LaunchEstimateForm(data, tenant=tenant, tiers=tiers)
     context: dict[str, Any]
     if form.is_valid():
-        context = estimate_for(form, form.to_mapping(), tiers=tiers)
+        context = estimate_for(form, form.to_mapping(), tiers=tiers, request=request)
     else:
         context = {"error": error_summary(form)}
     return {"estimate_form": form, "error_fields": _job_fields(form), **context}
@@ -168,7 +171,7 @@ def launch(request: MemberRequest) -> HttpResponse:
     tiers = list(selectors.tier_list())
     if request.method == "GET" and "estimate" in request.GET and is_partial(request):
         # The live estimate (launch.js): the panel, and the job fields' error slots.
-        context = _launch_estimate(tenant, request.GET, tiers)
+        context = _launch_estimate(request, request.GET, tiers)
         return render(request, "tenants/_launch_estimate.html", {**context, "partial": True})
     chosen = _launch_template(request)
     form = LaunchForm(
@@ -230,7 +233,7 @@ def _launch_context(
     in_use = [] if form.usable else selectors.slices_holding_purchases(tenant)
     job = request.POST if request.method == "POST" else _launch_initial_job(form)
     return {
-        **_launch_estimate(tenant, job, tiers),
+        **_launch_estimate(request, job, tiers),
         "form": form,
         "refusal": refusal,
         "purchase_tiers": purchase_tiers,

@@ -224,3 +224,14 @@ def test_gpt_oss_20b_weights_come_out_at_its_stored_size(hub, anon_api):
     assert body["model"]["params"] == pasted["model"]["params"] == 20_914_757_184
     # the pasted config's quantization_config sizes the same storage from the layout
     assert _term(pasted, "weights")["mib"] == pytest.approx(GPT_OSS_STORED / 2**20, rel=0.002)
+
+
+def test_an_unknown_family_whose_layers_cache_differently_is_refused_not_guessed(hub, anon_api):
+    """gpt-oss under a name nobody knows: its windows on every other layer would make a
+    full-attention reading of its fields wrong, so the KV cache is refused, naming why."""
+    description = load_description("gpt-oss-20b")
+    description.update(repo_id="acme/windowed", config_overrides={"model_type": "windowed"})
+    hub.add(description)
+    refusal = _refusal(_post(anon_api, {"hub": "acme/windowed"}), "model.config_json.model_type")
+    assert refusal["code"] == "unsupported_architecture"
+    assert "sliding_window" in refusal["message"] and "layer_types" in refusal["message"]

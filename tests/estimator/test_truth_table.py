@@ -58,7 +58,8 @@ def test_kv_cache_and_state_per_token_are_exact(entry: dict) -> None:
 NEW_FAMILIES = {
     "gpt_oss", "llama4", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_vl", "glm4_moe",
     "minimax_m2", "deepseek_v32", "glm_moe_dsa", "smollm3", "cohere", "cohere2", "olmoe",
-    "arcee", "seed_oss", "ernie4_5", "ernie4_5_moe", "exaone4", "internlm3",
+    "arcee", "seed_oss", "ernie4_5", "ernie4_5_moe", "exaone4", "internlm3", "nemotron_h",
+    "granitemoehybrid", "falcon_h1", "gemma4", "kimi_k2",
 }  # fmt: skip
 
 

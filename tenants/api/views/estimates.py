@@ -2,7 +2,7 @@
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, extend_schema
-from rest_framework import status
+from rest_framework import exceptions, status
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -12,7 +12,7 @@ import estimator
 from gpuplatform.api.errors import error_body
 from gpuplatform.api.scopes import READ
 
-from ...hub import hub_model
+from ...hub import THROTTLED, hub_reader
 
 
 def estimator_error_response(exc: "estimator.EstimatorError") -> Response:
@@ -29,7 +29,8 @@ def estimator_error_response(exc: "estimator.EstimatorError") -> Response:
 
 class EstimateView(APIView):
     """Estimate a job's peak VRAM and compare it with a tier. Anyone may call it
-    (anonymous callers are throttled); nothing is stored."""
+    (anonymous callers are throttled, and a Hub model not read before is charged to a
+    stricter budget: hub_read_anon / hub_read_user); nothing is stored."""
 
     required_scope = READ
     permission_classes = [AllowAny]
@@ -78,9 +79,12 @@ class EstimateView(APIView):
             )
         try:
             result = estimator.estimate(
-                estimator.EstimateRequest.from_mapping(request.data, hub=hub_model)
+                estimator.EstimateRequest.from_mapping(request.data, hub=hub_reader(request))
             )
         except estimator.EstimatorError as exc:
+            if exc.code == THROTTLED:  # a budget of uncached Hub reads per caller: a 429
+                wait = getattr(exc.__cause__, "wait", None)
+                raise exceptions.Throttled(wait=wait, detail=exc.message) from exc
             return estimator_error_response(exc)
         return Response(result.to_dict())
 

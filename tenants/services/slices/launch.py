@@ -15,12 +15,14 @@ from django.db.models import Q
 from django.utils import timezone
 
 import estimator
+from estimator.hub import HubReader
 from gpuplatform.dispatch import enqueue
 from gpuplatform.errors import Conflict, NotAllowed, ServiceError
 from nodes import engines
 from nodes import selectors as node_selectors
 from nodes import services as node_services
 
+from ...hub import hub_prefetch
 from ...idempotency import (
     clean_idempotency_key,
     replay_check,
@@ -86,12 +88,12 @@ def slice_launch(
             "template": template.pk if template is not None else None,
         },
     )
-    if key:
-        existing = _slice_for_key(membership, key, same)
-        if existing is not None:
-            return existing, False
+    existing = _slice_for_key(membership, key, same) if key else None
+    if existing is not None:
+        return existing, False
     try:
         slice, created = _slice_launch(
+            hub=hub_prefetch(model_request, user=membership.user),  # read before the atomic
             membership=membership,
             purchase=purchase,
             image=image,
@@ -188,8 +190,10 @@ def _slice_launch(
     same: dict[str, object],
     volumes: list[dict[str, Any]] | None = None,
     template: LaunchTemplate | None = None,
+    hub: HubReader | None = None,
 ) -> tuple[Slice, bool]:
-    """The launch in its transaction; `command` and `environment` come cleaned."""
+    """The launch in its transaction; `command` and `environment` come cleaned, `hub`
+    answers from the Hub read made before it (never a request inside it)."""
     tenant = _tenant_may_start(membership, doing="launch")
     if not image.is_active:
         raise ServiceError("This image is not on the allowlist.", field="image")
@@ -207,7 +211,7 @@ def _slice_launch(
     # A purchase runs one slice at a time: the unique constraint
     # tenants_slice_one_live_per_purchase says so at insert (slice_launch turns it into
     # a 409), without a query of its own on every launch.
-    request = launch_estimate_input(model_request, purchase.tier.vram_mb)
+    request = launch_estimate_input(model_request, purchase.tier.vram_mb, hub=hub)
     slice, result = _new_slice(
         membership=membership,
         purchase=purchase,
@@ -459,9 +463,28 @@ def _why_waiting(slice: Slice, *, waiting: bool, node_id: int | None) -> str:
     return f"No GPU has room for this tier right now: waiting in line. {why}".strip()
 
 
-@transaction.atomic
 def slice_resume(
     *, membership: Membership, slice: Slice, purchase: Purchase, idempotency_key: str = ""
+) -> Slice:
+    """Resume, the slice's Hub model (if any) read before the transaction opens."""
+    hub = hub_prefetch(slice.model_request, user=membership.user)
+    return _slice_resume(
+        membership=membership,
+        slice=slice,
+        purchase=purchase,
+        idempotency_key=idempotency_key,
+        hub=hub,
+    )
+
+
+@transaction.atomic
+def _slice_resume(
+    *,
+    membership: Membership,
+    slice: Slice,
+    purchase: Purchase,
+    idempotency_key: str,
+    hub: HubReader,
 ) -> Slice:
     """Start a stopped (completed, failed) slice again: the same image, command, environment,
     volumes and tier, a new container, placed again (on its volumes' node), paid from
@@ -479,7 +502,7 @@ def slice_resume(
     purchase = _resume_purchase(purchase.pk, slice=slice, membership=membership)
     mounted = list(slice.mounts.select_related("volume").order_by("volume_id"))
     _mounts_still_ready([(m.volume, m.path) for m in mounted])
-    request = launch_estimate_input(slice.model_request, slice.vram_mb)
+    request = launch_estimate_input(slice.model_request, slice.vram_mb, hub=hub)
     if purchase.interruptible:
         _refuse_training_if_interruptible(request)
     result = estimator.estimate(request)
