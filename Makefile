@@ -83,7 +83,7 @@ lab-packages:
 ## test: install what the tests need and run the whole suite on PostgreSQL and Redis
 test: install-test chromium lab-packages
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) \
-	  $(PY) -m pytest $(PYTEST_ARGS)
+	  $(PY) -m pytest --durations=10 $(PYTEST_ARGS)
 
 ## screenshots: redraw the README's pictures (docs/screenshots/*.png: dashboard, launch, fit,
 ## fleet, incident ledger; each at 1366x900 as <name>.png and at 390x844 as <name>-phone.png)
