@@ -377,6 +377,8 @@ def _validate_spec(m: ModelSpec) -> None:
             "model.hidden_size", f"{breakdown.total:,} parameters is over the 10^13 limit"
         )
     m.__dict__["breakdown"] = breakdown  # fills the cached_property once
+    if m.quantization is not None:
+        _validate_quantization(m, m.quantization, breakdown, "model")
 
 
 def _validate_shape(m: ModelSpec, f: str) -> None:
@@ -451,12 +453,12 @@ def _validate_attention_span(m: ModelSpec, f: str) -> None:
     check_int(m.index_bytes_per_token, f"{f}.index_bytes_per_token", minimum=0, maximum=MAX_PARAMS)
 
 
-def _validate_quantization(m: ModelSpec, q: Quantization, f: str) -> None:
+def _validate_quantization(m: ModelSpec, q: Quantization, b: ParamBreakdown, f: str) -> None:
     """A quantized checkpoint's layout: it must convert something this model has, and name
     no single layer of a module it converts (the breakdown counts modules over all layers)."""
     if not isinstance(q, Quantization):
         raise EstimatorError(f"{f}.quantization", "expected a Quantization")
-    modules = [name for name, *_ in _count(m).linears]
+    modules = [name for name, *_ in b.linears]
     if q.experts_only and not any(role(name) == "experts" for name in modules):
         raise EstimatorError(
             f"{f}.quantization",
@@ -484,7 +486,5 @@ def _validate_provenance(m: ModelSpec, f: str) -> None:
         check_choice(m.stored_format, f"{f}.stored_format", WEIGHT_FORMATS)
     if m.quant_group_size is not None:
         check_int(m.quant_group_size, f"{f}.quant_group_size", maximum=1 << 20)
-    if m.quantization is not None:
-        _validate_quantization(m, m.quantization, f)
     if not isinstance(m.notes, tuple):
         raise EstimatorError(f"{f}.notes", "expected a tuple of strings")

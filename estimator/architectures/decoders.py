@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import EstimatorError
 from ..model import MAX_EXPERTS, MAX_INTERMEDIATE, MAX_LAYERS
 from .counting import Reader, Tally
 from .layers import (
@@ -17,9 +16,11 @@ from .layers import (
     fused_experts,
     int_flags,
     layer_types,
+    moe_fields,
     pattern_kinds,
     plain_mlp,
     read_shape,
+    rope_flags,
     spec,
     windowed,
 )
@@ -27,24 +28,11 @@ from .layers import (
 SLIDING = ("sliding_attention",)
 
 
-def _experts(
-    r: Reader, key: str, per_token_key: str, default_k: int | None = None
-) -> tuple[int, int]:
+def _experts(r: Reader, key: str, per_token_key: str, default_k: int) -> tuple[int, int]:
+    """The routed experts and how many a token takes (``default_k``: the class's)."""
     experts = r.int(key, "num_experts", maximum=MAX_EXPERTS)
-    if default_k is None:
-        per_token = r.int(per_token_key, "experts_per_token", maximum=experts)
-    else:
-        per_token = r.int(per_token_key, "experts_per_token", default=default_k, maximum=experts)
+    per_token = r.int(per_token_key, "experts_per_token", default=default_k, maximum=experts)
     return experts, per_token
-
-
-def _moe_fields(experts: int, per_token: int, e_inter: int, moe_layers: int) -> dict[str, Any]:
-    return {
-        "num_experts": experts,
-        "experts_per_token": per_token,
-        "moe_intermediate_size": e_inter,
-        "num_moe_layers": moe_layers,
-    }
 
 
 def _dense(
@@ -84,23 +72,13 @@ def read_smollm3(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
     kinds = layer_types(r, s.layers)
     use_window = r.bool("use_sliding_window", "sliding_window", default=False)
     if kinds is None:  # SmolLM3Config windows the NoPE layers where a window is used
-        kinds = ["sliding_attention" if not f else "full_attention" for f in _rope_flags(r, s)]
+        flags = rope_flags(r, s.layers, empty_is_default=False)
+        kinds = ["full_attention" if f else "sliding_attention" for f in flags]
     window = windowed(r, kinds, SLIDING) if use_window else (None, None)
     return _dense(
         r, s, "Llama-style layers, no-RoPE every few layers", qkv_bias=bias, o_bias=bias,
         mlp_bias=r.bool("mlp_bias", "mlp_bias", default=False), window=window,
     )  # fmt: skip
-
-
-def _rope_flags(r: Reader, s: Shape) -> list[int]:
-    """SmolLM3's no_rope_layers (1: the layer uses RoPE), its config class's when absent."""
-    flags = int_flags(r, "no_rope_layers", s.layers)
-    if flags is None:
-        interval = r.int("no_rope_layer_interval", "num_layers", default=4, maximum=MAX_LAYERS)
-        flags = [int((i + 1) % interval != 0) for i in range(s.layers)]
-    if len(flags) != s.layers:
-        raise EstimatorError(f"{r.field}.no_rope_layers", f"expected {s.layers} entries")
-    return flags
 
 
 def read_internlm3(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
@@ -199,7 +177,7 @@ def read_gpt_oss(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
     return spec(
         s, t, r, f"{experts} experts with biases on every layer, attention sinks, "
         "alternating sliding windows", sliding_window=window[0], sliding_layers=window[1],
-        **_moe_fields(experts, per_token, s.inter, s.layers),
+        **moe_fields(experts, per_token, s.inter, s.layers),
     )  # fmt: skip
 
 
@@ -225,7 +203,7 @@ def read_glm4_moe(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
     _mtp_note(r, notes)
     return spec(
         s, t, r, f"{dense} dense + {moe} MoE layers of {experts} routed + {shared} shared experts",
-        **_moe_fields(experts, per_token, e_inter, moe),
+        **moe_fields(experts, per_token, e_inter, moe),
     )  # fmt: skip
 
 
@@ -251,7 +229,7 @@ def read_minimax_m2(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
     embeddings_and_head(t, s, final_norm=s.h)
     return spec(
         s, t, r, f"{experts} experts on every layer, q/k norms over all heads",
-        **_moe_fields(experts, per_token, s.inter, s.layers),
+        **moe_fields(experts, per_token, s.inter, s.layers),
     )  # fmt: skip
 
 
@@ -269,7 +247,7 @@ def read_olmoe(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
     embeddings_and_head(t, s, final_norm=s.h)
     return spec(
         s, t, r, f"{experts} experts on every layer, q/k norms over all heads",
-        **_moe_fields(experts, per_token, s.inter, s.layers),
+        **moe_fields(experts, per_token, s.inter, s.layers),
     )  # fmt: skip
 
 
@@ -301,7 +279,7 @@ def read_ernie4_5_moe(r: Reader, family: str, notes: list[str]) -> dict[str, Any
     _mtp_note(r, notes)
     return spec(
         s, t, r, f"{moe} MoE layers of {experts} routed + {shared} shared experts",
-        **_moe_fields(experts, per_token, e_inter, moe),
+        **moe_fields(experts, per_token, e_inter, moe),
     )  # fmt: skip
 
 
@@ -331,7 +309,7 @@ def read_llama4_text(r: Reader, family: str, notes: list[str]) -> dict[str, Any]
     return spec(
         s, t, r, f"{moe} MoE layers of {experts} experts + a shared expert, chunked attention",
         sliding_window=window[0], sliding_layers=window[1],
-        **_moe_fields(experts, per_token, s.inter, moe),
+        **moe_fields(experts, per_token, s.inter, moe),
     )  # fmt: skip
 
 
@@ -339,12 +317,7 @@ def _chunked_layers(r: Reader, layers: int) -> tuple[int | None, tuple[int, ...]
     """Llama-4's chunked layers cache at most one chunk: vLLM sizes them like a window."""
     kinds = layer_types(r, layers)
     if kinds is None:
-        interval = r.int("no_rope_layer_interval", "num_layers", default=4, maximum=MAX_LAYERS)
-        flags = int_flags(r, "no_rope_layers", layers)
-        if not flags:
-            flags = [int((i + 1) % interval != 0) for i in range(layers)]
-        if len(flags) != layers:
-            raise EstimatorError(f"{r.field}.no_rope_layers", f"expected {layers} entries")
+        flags = rope_flags(r, layers, empty_is_default=True)
         kinds = ["chunked_attention" if f else "full_attention" for f in flags]
     return windowed(
         r, kinds, ("chunked_attention",), window_key="attention_chunk_size", default=8192

@@ -15,7 +15,7 @@ from ..errors import EstimatorError
 from ..model import MAX_EXPERTS, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_VOCAB
 from ..parsing import check_int, read_bool, read_int
 from .counting import Reader, Tally
-from .layers import embeddings_and_head, read_shape
+from .layers import embeddings_and_head, moe_fields, read_shape
 from .layers import spec as decoder_spec
 
 
@@ -150,8 +150,7 @@ def _experts(t: Tally, r: Reader, h: int, layers: int) -> dict[str, Any]:
     t.linear("experts", "experts.down_proj", e_inter, h, experts * layers, bias=False)
     t.inactive += (experts - per_token) * layers * 3 * h * e_inter
     t.add("norms", layers * 3 * h)
-    return {"num_experts": experts, "experts_per_token": per_token,
-            "moe_intermediate_size": e_inter, "num_moe_layers": layers}  # fmt: skip
+    return moe_fields(experts, per_token, e_inter, layers)
 
 
 def gemma4_vision(t: Tally, v: Mapping[str, Any], field: str, text_hidden: int) -> None:

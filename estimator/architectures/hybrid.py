@@ -10,7 +10,15 @@ from typing import Any
 from ..errors import EstimatorError
 from ..model import MAX_EXPERTS, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS
 from .counting import Reader, Tally
-from .layers import Shape, attention, embeddings_and_head, fused_experts, layer_types, read_shape
+from .layers import (
+    Shape,
+    attention,
+    embeddings_and_head,
+    fused_experts,
+    layer_types,
+    moe_fields,
+    read_shape,
+)
 from .layers import spec as decoder_spec
 
 # model_type -> (experts on the MLP layers, fused in_proj_qkvz/ba (Next) or split (3.5),
@@ -87,11 +95,8 @@ def _mlps(t: Tally, r: Reader, s: Shape, moe: bool, fused: bool) -> dict[str, An
     t.gated_mlp("shared_expert", s.h, s_inter, moe_layers if s_inter else 0)
     t.add("shared_expert", moe_layers * s.h)  # shared_expert_gate (h -> 1), built even at 0
     return {
-        "num_experts": experts,
-        "experts_per_token": per_token,
-        "moe_intermediate_size": e_inter,
+        **moe_fields(experts, per_token, e_inter, moe_layers),
         "shared_expert_intermediate_size": s_inter,
-        "num_moe_layers": moe_layers,
     }
 
 

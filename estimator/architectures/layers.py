@@ -5,7 +5,6 @@ reader reads the same way."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,12 +43,14 @@ def read_shape(
     inter_default: int | None = None,
     kv_default: int | None = None,
     head_dim_default: int | None = None,
+    layers: int | None = None,
 ) -> Shape:
     """hidden, layers, heads, KV heads, head_dim (hidden / heads when null), the MLP width
     (``inter_default`` where a family with experts everywhere may leave it out), the
     vocabulary and whether the head is tied (``tied``: the config class's default).
     ``kv_default`` and ``head_dim_default``: the config class's fixed defaults for a key
-    the config leaves out (an explicit null falls back to heads and hidden / heads)."""
+    the config leaves out (an explicit null falls back to heads and hidden / heads).
+    ``layers``: the layer count where a family takes it from its per-layer kinds."""
     h = r.int("hidden_size", "hidden_size", maximum=MAX_HIDDEN)
     heads = r.int("num_attention_heads", "num_heads", maximum=MAX_HEADS)
     absent = "head_dim" not in r.data
@@ -62,7 +63,7 @@ def read_shape(
             raise EstimatorError(f"{r.field}.num_attention_heads", f"more heads than {h} widths")
     return Shape(
         h=h,
-        layers=r.int("num_hidden_layers", "num_layers", maximum=MAX_LAYERS),
+        layers=layers or r.int("num_hidden_layers", "num_layers", maximum=MAX_LAYERS),
         heads=heads,
         kv_heads=r.int(
             "num_key_value_heads",
@@ -155,6 +156,29 @@ def int_flags(r: Reader, key: str, layers: int) -> list[int] | None:
     return [check_int(v, f"{r.field}.{key}", minimum=0, maximum=MAX_LAYERS) for v in value]
 
 
+def rope_flags(r: Reader, layers: int, *, empty_is_default: bool) -> list[int]:
+    """``no_rope_layers`` (1: the layer uses RoPE), else the config class's: every
+    ``no_rope_layer_interval``-th layer without (SmolLM3, Llama-4). ``empty_is_default``:
+    an empty list also takes the default (Llama4TextConfig), not only an absent one."""
+    flags = int_flags(r, "no_rope_layers", layers)
+    if flags is None or (empty_is_default and not flags):
+        interval = r.int("no_rope_layer_interval", "num_layers", default=4, maximum=MAX_LAYERS)
+        flags = [int((i + 1) % interval != 0) for i in range(layers)]
+    if len(flags) != layers:
+        raise EstimatorError(f"{r.field}.no_rope_layers", f"expected {layers} entries")
+    return flags
+
+
+def moe_fields(experts: int, per_token: int, e_inter: int, moe_layers: int) -> dict[str, Any]:
+    """The ModelSpec's mixture-of-experts fields."""
+    return {
+        "num_experts": experts,
+        "experts_per_token": per_token,
+        "moe_intermediate_size": e_inter,
+        "num_moe_layers": moe_layers,
+    }
+
+
 def windowed(
     r: Reader,
     kinds: list[str] | None,
@@ -209,16 +233,3 @@ def spec(s: Shape, t: Tally, r: Reader, read_as: str, **extra: Any) -> dict[str,
     }  # fmt: skip
     out.update(extra)
     return out
-
-
-def refuse_unread(data: Mapping[str, Any], field: str, keys: dict[str, Any]) -> None:
-    """Refuse a config that sets a key this reading does not model to anything but its
-    known value (a bias or a norm the family's modeling file would add)."""
-    for key, expected in keys.items():
-        if key in data and data[key] not in (expected, None):
-            raise EstimatorError(
-                f"{field}.{key}",
-                f"{key}={data[key]!r} changes the layers and is not counted exactly; give the "
-                "checkpoint's model.safetensors.index.json or its Hub id instead",
-                code="unsupported_architecture",
-            )

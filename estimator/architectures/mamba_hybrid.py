@@ -8,9 +8,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import EstimatorError
-from ..model import MAX_EXPERTS, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_VOCAB
+from ..model import MAX_EXPERTS, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS
 from .counting import Reader, Tally
-from .layers import Shape, absent_default, attention, embeddings_and_head, plain_mlp
+from .layers import Shape, attention, embeddings_and_head, moe_fields, plain_mlp, read_shape
 from .layers import spec as decoder_spec
 
 # Old names of layer kinds, as transformers' remap_legacy_layer_types renames them, and
@@ -74,31 +74,6 @@ def _kinds(r: Reader, keys: tuple[str, ...]) -> list[str]:
     raise EstimatorError(f"{r.field}.{keys[0]}", "required", code="required")
 
 
-def _shape(
-    r: Reader, layers: int, tied: bool, kv_default: int | None = None, head_dim: int | None = None
-) -> Shape:
-    """The attention and vocabulary widths; ``kv_default`` and ``head_dim``: the config
-    class's fixed defaults for a key the config leaves out."""
-    h = r.int("hidden_size", "hidden_size", maximum=MAX_HIDDEN)
-    heads = r.int("num_attention_heads", "num_heads", maximum=MAX_HEADS)
-    kv = absent_default(r, "num_key_value_heads", kv_default, heads)
-    return Shape(
-        h=h,
-        layers=layers,
-        heads=heads,
-        kv_heads=r.int("num_key_value_heads", "num_kv_heads", default=kv, maximum=MAX_HEADS),
-        head_dim=r.int(
-            "head_dim",
-            "head_dim",
-            maximum=MAX_HIDDEN,
-            default=absent_default(r, "head_dim", head_dim, h // heads or 1),
-        ),  # fmt: skip
-        inter=r.int("intermediate_size", "intermediate_size", maximum=MAX_INTERMEDIATE),
-        vocab=r.int("vocab_size", "vocab_size", maximum=MAX_VOCAB),
-        tied=r.bool("tie_word_embeddings", "tie_word_embeddings", default=tied),
-    )
-
-
 def _unknown(r: Reader, kinds: list[str], known: set[str]) -> None:
     unknown = sorted(set(kinds) - known)
     if unknown:
@@ -115,7 +90,10 @@ def read_nemotron_h(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
     kinds = _kinds(r, ("layers_block_type", "layer_types", "hybrid_override_pattern"))
     _unknown(r, kinds, {"linear_attention", "full_attention", "mlp", "moe"})
     # NemotronHForCausalLM ties nothing (_tied_weights_keys is empty), whatever the flag says
-    s = replace(_shape(r, len(kinds), tied=False, kv_default=8, head_dim=128), tied=False)
+    s = replace(
+        read_shape(r, tied=False, kv_default=8, head_dim_default=128, layers=len(kinds)),
+        tied=False,
+    )
     m = Mamba2(
         heads=r.int("mamba_num_heads", "num_heads", default=128, maximum=MAX_HEADS),
         head_dim=r.int("mamba_head_dim", "head_dim", default=64, maximum=MAX_HIDDEN),
@@ -162,8 +140,7 @@ def _nemotron_experts(t: Tally, r: Reader, s: Shape, moe: int, bias: bool) -> di
     t.inactive += (experts - per_token) * moe * 2 * width * e_inter
     t.add("router", moe * experts * s.h)
     plain_mlp(t, "shared_expert", s.h, s_inter, moe, bias=bias)
-    return {"num_experts": experts, "experts_per_token": per_token,
-            "moe_intermediate_size": e_inter, "num_moe_layers": moe}  # fmt: skip
+    return moe_fields(experts, per_token, e_inter, moe)
 
 
 def read_granitemoehybrid(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
@@ -180,7 +157,7 @@ def read_granitemoehybrid(r: Reader, family: str, notes: list[str]) -> dict[str,
     if len(kinds) != layers:
         raise EstimatorError(f"{r.field}.layer_types", f"expected {layers} entries")
     _unknown(r, kinds, {"linear_attention", "full_attention"})
-    s = _shape(r, layers, tied=False)
+    s = read_shape(r, tied=False, layers=layers)
     expand = r.int("mamba_expand", "intermediate_size", default=2, maximum=64)
     m = _mamba_n(r, expand * s.h, "mamba_expand x hidden_size")
     ssm = kinds.count("linear_attention")
@@ -202,7 +179,7 @@ def read_granitemoehybrid(r: Reader, family: str, notes: list[str]) -> dict[str,
     t.linear("shared_expert", "shared_mlp.output_linear", shared, s.h, layers, bias=False)
     t.add("norms", layers * 2 * s.h)
     embeddings_and_head(t, s, final_norm=s.h)
-    moe = {"num_experts": experts, "experts_per_token": per_token, "num_moe_layers": layers}
+    moe = moe_fields(experts, per_token, s.inter, layers)
     return decoder_spec(
         s, t, r,
         f"{ssm} Mamba-2 + {layers - ssm} attention layers, each with "
@@ -240,7 +217,7 @@ def read_falcon_h1(r: Reader, family: str, notes: list[str]) -> dict[str, Any]:
     MLP; the mixer's width is mamba_d_ssm (or mamba_expand x hidden), its gated norm only
     where mamba_rms_norm; the multipliers are constants, not weights."""
     layers = r.int("num_hidden_layers", "num_layers", maximum=MAX_LAYERS)
-    s = _shape(r, layers, tied=False, kv_default=8)
+    s = read_shape(r, tied=False, kv_default=8, layers=layers)
     expand = r.int("mamba_expand", "intermediate_size", default=2, maximum=64)
     inner = r.int("mamba_d_ssm", "intermediate_size", default=expand * s.h, maximum=MAX_HIDDEN)
     m = _mamba_n(r, inner, "the mixer's width (mamba_d_ssm)")
