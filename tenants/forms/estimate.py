@@ -41,7 +41,9 @@ def _choices(values: tuple[str, ...]) -> list[tuple[str, str]]:
 WORKLOADS = _choices(accepted.WORKLOADS)
 
 
-WEIGHTS = _choices(accepted.WEIGHT_DTYPES)
+# "": the request leaves weights_dtype out, and the estimator takes the checkpoint's own
+# format (a pre-quantized checkpoint as stored; 16-bit otherwise).
+WEIGHTS = [("", "as the checkpoint stores it"), *_choices(accepted.WEIGHT_DTYPES)]
 
 
 KV = _choices(accepted.KV_DTYPES)
@@ -90,7 +92,7 @@ class JobForm(forms.Form):
         help_text="Branch, tag or commit of the model id (empty: main).",
     )
     workload = forms.ChoiceField(choices=WORKLOADS, initial="inference")
-    weights_dtype = forms.ChoiceField(label="Weights", choices=WEIGHTS, initial="bf16")
+    weights_dtype = forms.ChoiceField(label="Weights", choices=WEIGHTS, initial="", required=False)
     kv_cache_dtype = forms.ChoiceField(label="KV cache", choices=KV, initial="bf16")
     engine = forms.ChoiceField(choices=ENGINES, initial="transformers")
     batch = forms.IntegerField(min_value=1, max_value=100_000, initial=1)
@@ -141,13 +143,14 @@ class JobForm(forms.Form):
         mapping: dict[str, Any] = {
             "model": model,
             "workload": data["workload"],
-            "weights_dtype": data["weights_dtype"],
             "kv_cache_dtype": data["kv_cache_dtype"],
             "engine": data["engine"],
             "batch": data["batch"],
             "context_tokens": data["context_tokens"],
         }
         # Only when set: a job that leaves them alone keeps the request it always had.
+        if data.get("weights_dtype"):
+            mapping["weights_dtype"] = data["weights_dtype"]
         if data.get("prefill_chunk"):
             mapping["prefill_chunk"] = data["prefill_chunk"]
         if data.get("enforce_eager"):
@@ -169,6 +172,7 @@ def _default_job(model: str, tier_mib: int) -> dict[str, Any]:
     job = {
         name: fields[name].initial
         for name in ("workload", "weights_dtype", "kv_cache_dtype", "engine", "batch")
+        if fields[name].initial != ""  # weights as stored: left out of the request
     }
     return {
         **job,

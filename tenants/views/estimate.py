@@ -16,7 +16,13 @@ import estimator
 from gpuplatform.http import PageRequest
 from gpuplatform.pages import is_partial
 
-from ..forms.estimate import FORM_FIELD_FOR, FitForm, add_estimator_error, error_summary
+from ..forms.estimate import (
+    DEFAULT_MODEL,
+    FORM_FIELD_FOR,
+    FitForm,
+    add_estimator_error,
+    error_summary,
+)
 from ..hub import hub_reader
 from ..models import Tier
 
@@ -39,19 +45,10 @@ def fit(request: PageRequest) -> HttpResponse:
     if request.GET:
         context.update(_fit_result(form, request))
     else:
+        # The form's own initial values (weights as the checkpoint stores them, ...).
+        initial = {n: f.initial for n, f in FitForm.base_fields.items() if f.initial is not None}
         bound = FitForm(
-            {
-                "model": "meta-llama/Llama-3.1-8B",
-                "workload": "inference",
-                "weights_dtype": "bf16",
-                "kv_cache_dtype": "bf16",
-                "engine": "transformers",
-                "batch": 1,
-                "context_tokens": 4096,
-                "method": "lora",
-                "optimizer": "adamw",
-                "tier_mib": form.fields["tier_mib"].initial or "",
-            }
+            {**initial, "model": DEFAULT_MODEL, "tier_mib": form.fields["tier_mib"].initial or ""}
         )
         context.update(_fit_result(bound, request))
         context["form"] = bound

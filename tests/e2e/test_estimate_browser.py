@@ -230,3 +230,26 @@ def test_fit_and_launch_on_a_phone_do_not_scroll_sideways_and_label_every_field(
         assert errors == []
     finally:
         context.close()
+
+
+def test_a_hub_model_id_is_read_when_the_field_changes_not_on_every_keystroke(page, hub):
+    """Typing an id reads nothing from the Hub; leaving the field reads it, and the
+    estimate comes from the safetensors headers there."""
+    page.goto("/fit/")
+    page.wait_for_function("() => typeof htmx === 'object' && typeof Chart === 'function'")
+    page.click("#id_hub_model")
+    page.keyboard.type("openai/gpt", delay=20)
+    page.wait_for_timeout(1000)  # past the live estimate's 400 ms pause
+    page.keyboard.type("-oss-20b", delay=20)
+    page.wait_for_timeout(1000)
+    assert hub.requests == []  # "openai/gpt" was never asked for
+    page.keyboard.press("Tab")  # the change
+    page.wait_for_function(
+        """() => (document.querySelector('#fit-result') || {}).textContent
+                   .includes('safetensors headers on the Hub')"""
+    )
+    # Weights "as the checkpoint stores it": its MXFP4 experts, 12.8 GiB, not 39 GiB of bf16
+    verdict_includes(page, "Fits the 24 GB tier")
+    asked = {path for _, path, _ in hub.requests}
+    assert all("openai/gpt-oss-20b" in path for path in asked), asked
+    assert page.js_errors == []
