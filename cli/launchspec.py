@@ -1,7 +1,8 @@
 """A launch as `gpp launch` sends it: a YAML or TOML file and the flags over it, with the
 names a person writes (an image's name, a tier, a volume's name) turned into the API's ids.
 
-    image: CUDA base              # a name or an id (gpp images)
+    image: CUDA base              # a name or an id (gpp images), or a reference of your
+                                  # own where ops allow its registry: ghcr.io/acme/train:2
     purchase: 12                  # or  tier: 8  (a purchase of that tier not in use)
     model: Qwen/Qwen2.5-1.5B      # a catalog model, or  config: ./config.json
     job: {context_tokens: 2048}   # the estimator's other settings
@@ -23,7 +24,7 @@ import click
 import yaml
 
 from cli import output
-from cli.client import Api, refused
+from cli.client import Api, CliError, refused
 from cli.common import find_by_name_or_id, find_tier
 from cli.estimate import build_job
 
@@ -133,8 +134,7 @@ def build(
     if chosen_image is None:
         raise click.UsageError("say which image: --image NAME (gpp images lists them)")
     job = _job(spec, model=model, config_json=config_json, job_flags=job_flags)
-    images = client.all("/images/")
-    found_image = find_by_name_or_id(images, str(chosen_image), kind="image")
+    found_image = _image(client, str(chosen_image))
     chosen_purchase = _purchase_id(client, spec, purchase=purchase, tier=tier)
 
     raw_command = command if command is not None else spec.get("command", [])
@@ -150,7 +150,7 @@ def build(
 
     body: dict[str, Any] = {
         "purchase": int(chosen_purchase),
-        "image": found_image["id"],
+        **({"image": found_image["id"]} if "id" in found_image else found_image),
         "model": job,
         "command": [str(a) for a in argv],
         "environment": environment,
@@ -161,6 +161,20 @@ def build(
     if chosen_guaranteed is not None:
         body["guaranteed"] = bool(chosen_guaranteed)
     return body
+
+
+def _image(client: Api, text: str) -> dict[str, Any]:
+    """The allowlisted image a name or id picks; else, for what reads as an image reference
+    (a tag, a registry or a path: `ghcr.io/acme/train:2`), the reference itself, which the
+    platform runs where the registry policy lets renters bring it (and refuses naming the
+    policy otherwise)."""
+    images = client.all("/images/")
+    try:
+        return find_by_name_or_id(images, text, kind="image")
+    except CliError:
+        if not any(c in text for c in "/:@") or " " in text.strip():
+            raise
+    return {"image_reference": text.strip()}
 
 
 def _job(

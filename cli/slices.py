@@ -115,7 +115,11 @@ def _refusal_hint(exc: CliError) -> CliError:
 @click.argument("file", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--purchase", type=int, help="The purchase that pays (gpp usage lists them).")
 @click.option("--tier", help="Or: a tier (e.g. 8); a free purchase of it pays.")
-@click.option("--image", help="The image's name or id (gpp images).")
+@click.option(
+    "--image",
+    help="The image's name or id (gpp images), or a reference of your own "
+    "(ghcr.io/acme/train:2) where ops allow its registry.",
+)
 @click.option("--model", help="A catalog model for the VRAM check (gpp estimate --models).")
 @job_options
 @click.option("--command", "command_line", help="The command, split as a shell would.")

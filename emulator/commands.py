@@ -170,6 +170,15 @@ def _head_tail(node: NodeState, inv: Invocation) -> int:
     return 0
 
 
+EMULATED_DISK_AVAIL = 500 * 1000**3  # what an emulated node's disks have free
+
+
+def _df(node: NodeState, inv: Invocation) -> int:
+    """GNU df as the platform asks it (`--output=avail -B1 -- PATH`): the bytes free."""
+    inv.out(f"    Avail\n{EMULATED_DISK_AVAIL}\n")
+    return 0
+
+
 def _rm(node: NodeState, inv: Invocation) -> int:
     force = any(a.startswith("-") and "f" in a for a in inv.argv[1:])
     status = 0
@@ -472,6 +481,7 @@ _REGISTRY: dict[str, Callable[[NodeState, Invocation], int]] = {
     "head": _head_tail,
     "tail": _head_tail,
     "rm": _rm,
+    "df": _df,
     "ls": _ls,
     "mkdir": lambda n, i: 0,
     "cd": lambda n, i: 0,

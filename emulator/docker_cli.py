@@ -55,8 +55,9 @@ _CONTAINER_ALIASES = {"ls": "ps", "list": "ps"}
 
 def cmd_docker(node: NodeState, inv: Invocation) -> int:
     args = inv.argv[1:]
-    while args and args[0] in ("--debug", "-D"):
-        args = args[1:]
+    while args and (args[0] in ("--debug", "-D", "--config") or args[0].startswith("--config=")):
+        # a client configuration directory (a pull's own registry login): nothing to read
+        args = args[2:] if args[0] == "--config" else args[1:]
     if not args or args[0] in ("--help", "-h", "help"):
         inv.out("\nUsage:  docker [OPTIONS] COMMAND\n\nA self-sufficient runtime for containers\n")
         return 0

@@ -118,6 +118,14 @@ ERROR_CODES = _codes(
         "The tenant is suspended: nothing new until ops reactivate it.",
     ),
     (
+        "image_not_allowed",
+        403,
+        "top",
+        "The image is on no allowlist and the registry policy does not let renters bring it "
+        "(the message names the rule); also a stopped slice's brought image that the policy "
+        "no longer allows (docs/images.md).",
+    ),
+    (
         "not_found",
         404,
         "top",
@@ -315,6 +323,13 @@ ERROR_CODES = _codes(
         400,
         "field",
         "The image itself sets an environment variable the platform reserves.",
+    ),
+    (
+        "image_reference_needs_tag",
+        400,
+        "field",
+        "An image reference names a digest without its tag: give repository:tag@sha256:… "
+        "(every start asks the registry for the tag with your tenant's own login).",
     ),
     (
         "interruptible_training",

@@ -52,3 +52,94 @@ def not_pulled_reason(*, node: Node, reference: str, detail: str) -> str:
     to the log, not to the tenant."""
     logger.warning("%s could not pull %s: %s", node.name, reference, detail)
     return f"image {reference} is not on node {node.name} and nodes here cannot pull it"
+
+
+# What a registry's refusal looks like in docker's words (dockerd 20.10 to 28), by kind.
+_PULL_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("platform", ("no matching manifest for",)),
+    ("rate", ("toomanyrequests", "too many requests", "rate limit")),
+    (
+        "login",
+        (
+            "no basic auth credentials",
+            "unauthorized",
+            "authentication required",
+            "pull access denied",
+            "denied:",
+            "403 forbidden",
+            "insufficient_scope",
+        ),
+    ),
+    ("missing", ("manifest unknown", "not found", "name unknown", "does not exist")),
+    (
+        "unreachable",
+        (
+            "connection refused",
+            "no such host",
+            "i/o timeout",
+            "dial tcp",
+            "tls:",
+            "x509:",
+            "http response to https client",
+            "context deadline exceeded",
+            "network is unreachable",
+        ),
+    ),
+)
+
+
+def pull_refusal_kind(detail: str) -> str:
+    """Which refusal docker's error line is: platform, rate, login, missing, unreachable,
+    or "" when it is none of these."""
+    text = (detail or "").lower()
+    for kind, words in _PULL_KINDS:
+        if any(w in text for w in words):
+            return kind
+    return ""
+
+
+def pull_refusal(*, node: Node, reference: str, registry: str, detail: str, login: bool) -> str:
+    """Why an image a renter brought could not be pulled, in words a renter acts on
+    (`login`: the tenant's own registry login was given). Docker's own text goes to the
+    log: it can name the node's resolver, addresses or the registry's internals."""
+    logger.warning("%s could not pull %s: %s", node.name, reference, detail)
+    kind = pull_refusal_kind(detail)
+    if kind == "login" and login:
+        return (
+            f"the registry {registry} refused your tenant's saved login for {reference}: "
+            "it does not read that repository (check the login on the Registries page)"
+        )
+    if kind == "login":
+        return (
+            f"the registry {registry} wants a login to pull {reference}: save one for "
+            f"{registry} on the Registries page (an image pulled with another tenant's "
+            "login is never run without your own)"
+        )
+    if kind == "missing":
+        return f"{reference} is not in its registry: no such repository, tag or digest"
+    if kind == "rate":
+        return f"the registry {registry} refused the pull for now (too many pulls): try later"
+    if kind == "platform":
+        return f"{reference} has no image for the node's platform (linux/amd64)"
+    if kind == "unreachable":
+        return f"the node could not reach the registry {registry}"
+    return f"the node could not pull {reference} from {registry}"
+
+
+GB = 1000**3  # images and disks are sized in decimal GB, as disks are sold
+
+
+def image_size_refusal(*, size: int, avail: int | None, max_gb: float, reserve_gb: float) -> str:
+    """Why an image is too large for a start ('' when it is not): larger than the platform
+    takes, or leaving the node's Docker disk (`avail` bytes free, the image already
+    unpacked; None: not read) with less than the reserve."""
+    if size > max_gb * GB:
+        return (
+            f"the image is {size / GB:.1f} GB unpacked; slices here run images up to {max_gb:g} GB"
+        )
+    if avail is not None and avail < reserve_gb * GB:
+        return (
+            f"the node's disk for images has {avail / GB:.1f} GB free with this image, "
+            f"under the {reserve_gb:g} GB it keeps free"
+        )
+    return ""

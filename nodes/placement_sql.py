@@ -38,3 +38,6 @@ AGENT_BLOCKS_SQL = (
     "SELECT 1 FROM nodes_nodeagent a WHERE a.node_id = n.id "
     "AND a.state IN ('absent', 'old', 'silent')"
 )
+# A node whose agent runs now (nodes.agent_models.AgentState.OK): the only nodes an image
+# a renter brought under "any image" may land on (docs/images.md).
+AGENT_RUNNING_SQL = "SELECT 1 FROM nodes_nodeagent a WHERE a.node_id = n.id AND a.state = 'ok'"

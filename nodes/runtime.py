@@ -16,6 +16,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from . import engines, host_keys, isolation, login_env, volumes
+from .image_refs import exposed_tcp_ports
 
 LABEL_OWNER = "gpuplatform.owner"
 LABEL_MANAGED = "gpuplatform.managed"
@@ -620,6 +621,8 @@ class ImageConfig:
     env: tuple[str, ...]  # the image configuration's Env, "NAME=value"
     repo_digests: tuple[str, ...]
     user: str = ""  # Config.User: whom the container runs as ("" = root), owns its volumes
+    exposed_ports: tuple[int, ...] = ()  # Config.ExposedPorts, tcp only, sorted
+    size: int = 0  # bytes, unpacked (docker's Size; 0 when it says none)
 
 
 def parse_image_inspect(text: str) -> ImageConfig:
@@ -636,11 +639,14 @@ def parse_image_inspect(text: str) -> ImageConfig:
     digests = doc.get("RepoDigests") or []
     if not isinstance(digests, list):
         raise RuntimeParseError("docker image inspect: RepoDigests is not a list")
+    size = doc.get("Size")
     return ImageConfig(
         id=_get(doc, "Id", str, "docker image inspect"),
         env=_env_list(config.get("Env"), "docker image inspect"),
         repo_digests=tuple(str(d) for d in digests),
         user=_opt_str(config, "User", "docker image inspect"),
+        exposed_ports=exposed_tcp_ports(config.get("ExposedPorts")),
+        size=size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0,
     )
 
 

@@ -195,6 +195,23 @@ def docker_root_argv() -> list[str]:
     return ["docker", "info", "--format", "{{.DockerRootDir}}"]
 
 
+_AVAIL_RE = re.compile(r"^\s*([0-9]{1,20})\s*$")
+
+
+def disk_avail_argv(path: str) -> list[str]:
+    """`df`'s bytes free (to unprivileged users) on the filesystem holding `path`: under
+    Docker's data root, what is left for images to unpack into."""
+    return ["df", "--output=avail", "-B1", "--", _check_host_path(path)]
+
+
+def parse_disk_avail(text: str) -> int:
+    """The number `disk_avail_argv` printed under its header; ValueError otherwise."""
+    lines = [line for line in (text or "").splitlines() if line.strip()]
+    if len(lines) < 2 or not _AVAIL_RE.match(lines[-1]):
+        raise ValueError(f"df printed no free space: {text[:200]!r}")
+    return int(lines[-1])
+
+
 @dataclass(frozen=True)
 class NodeDisks:
     """Where a node keeps its volumes' filesystems, and how its containers' ids map onto

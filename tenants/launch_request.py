@@ -11,15 +11,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .models import Image, LaunchTemplate, Purchase, Slice
 
-__all__ = ["LaunchRequest", "LaunchResult", "Refusal", "ResumeRequest"]
+__all__ = ["LaunchImage", "LaunchRequest", "LaunchResult", "Refusal", "ResumeRequest"]
 
 
 @dataclass(frozen=True)
 class LaunchRequest:
-    """What a launch asks for. `image` and `model_request` may be left to the template."""
+    """What a launch asks for. `image` and `model_request` may be left to the template;
+    `image_reference` names an image instead of `image` (an allowlisted one by its
+    reference, or one on no allowlist where the registry policy lets renters bring it)."""
 
     purchase: Purchase
     image: Image | None = None
+    image_reference: str = ""
     model_request: Mapping[str, Any] | None = None
     command: Sequence[str] = ()
     environment: Mapping[str, str] = field(default_factory=dict)
@@ -28,6 +31,18 @@ class LaunchRequest:
     volumes: Sequence[Mapping[str, Any]] = ()
     template: LaunchTemplate | None = None
     idempotency_key: str = ""
+
+
+@dataclass(frozen=True)
+class LaunchImage:
+    """The image a launch runs: an allowlist entry, or one the renter brought (`entry`
+    None) under the registry policy's `policy` mode ("registry" or "any"), with the
+    digest the renter pinned, if any."""
+
+    entry: Image | None
+    reference: str  # what the slice keeps as its image
+    policy: str = ""
+    digest: str = ""
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ A transaction that needs several takes them in this order (the order of this mod
     tenant -> slice -> purchase -> volume (by pk)
     tenant -> volume (by pk)
     image (alone)
+    a registry rule (alone, by pattern)
+    a registry login (alone, by tenant and registry)
     a user (their SSH keys: the cap on how many) -> one of their SSH keys
 
 and only then rows of `nodes` (`nodes.locks`: a slice's allocation and GPU come after the
@@ -30,6 +32,8 @@ from .models import (
     LaunchTemplate,
     Membership,
     Purchase,
+    RegistryCredential,
+    RegistryRule,
     Role,
     Slice,
     SshKey,
@@ -111,6 +115,24 @@ def image_lock(pk: int) -> Image:
 
 def template_lock(pk: int) -> LaunchTemplate:
     return LaunchTemplate.objects.select_for_update().get(pk=pk)
+
+
+def registry_rule_lock(pattern: str) -> RegistryRule | None:
+    """The registry policy's rule for `pattern`, or None (there is none yet)."""
+    return RegistryRule.objects.select_for_update().filter(pattern=pattern).first()
+
+
+def registry_credential_lock(*, tenant_id: int, registry: str) -> RegistryCredential | None:
+    """The tenant's login for `registry`, or None (it has none)."""
+    return (
+        RegistryCredential.objects.select_for_update()
+        .filter(tenant_id=tenant_id, registry=registry)
+        .first()
+    )
+
+
+def registry_credential_lock_by_pk(pk: int) -> RegistryCredential | None:
+    return RegistryCredential.objects.select_for_update().filter(pk=pk).first()
 
 
 def ssh_keys_owner_lock(user_id: int) -> User:

@@ -33,6 +33,7 @@ from ..image_refs import node_holds
 from ..models import (
     AGENT_BLOCKS,
     AgentEntry,
+    AgentState,
     Allocation,
     GateStatus,
     Gpu,
@@ -624,13 +625,21 @@ def images_on_placement_nodes(references: Iterable[str]) -> dict[str, int]:
 
 
 def placeable_gpus(
-    *, guaranteed: bool, node_id: int | None = None, interruptible: bool = False
+    *,
+    guaranteed: bool,
+    node_id: int | None = None,
+    interruptible: bool = False,
+    agent_running: bool = False,
 ) -> QuerySet[Gpu]:
     """GPUs a new reservation may land on (`Gpu.objects.taking_placements`), on one node
-    when `node_id` says (a slice mounting a node-local volume runs where the volume is)."""
+    when `node_id` says (a slice mounting a node-local volume runs where the volume is),
+    on nodes whose agent runs now when `agent_running` says (an image brought under
+    "any image": docs/images.md)."""
     gpus = Gpu.objects.taking_placements()
     if node_id is not None:
         gpus = gpus.filter(node_id=node_id)
+    if agent_running:
+        gpus = gpus.filter(node__agent__state=AgentState.OK)
     if interruptible:
         # spare room of any software-sliced card (an overcommitted card's margin or an idle
         # card): a full-price launch that needs it preempts it (tenants' preempt_for_room)

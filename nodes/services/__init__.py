@@ -42,6 +42,7 @@ from .gate import (
     node_preflight_request,
 )
 from .images import (
+    image_bring,
     node_images_read,
     node_images_store,
 )
@@ -98,6 +99,7 @@ __all__ = [
     "gpu_set_accepting",
     "gpu_set_overcommit",
     "gpus_recount_allocations",
+    "image_bring",
     "image_inspect",
     "node_accept_watchdog_only",
     "node_agent_check",

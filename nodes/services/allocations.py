@@ -18,7 +18,7 @@ from gpuplatform.errors import Conflict, ServiceError
 from ..locks import allocation_lock, gpu_lock, gpus_lock
 from ..models import Allocation, GateStatus, Gpu, Node
 from ..placement import Candidate, Choice, MigSlot, choose
-from ..placement_sql import AGENT_BLOCKS_SQL, ROOM_SQL, WHOLE_CARD_SQL
+from ..placement_sql import AGENT_BLOCKS_SQL, AGENT_RUNNING_SQL, ROOM_SQL, WHOLE_CARD_SQL
 from ..selectors import placeable_gpus
 
 logger = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 
 def _mig_candidates(
-    *, vram_mb: int, guaranteed: bool, node_id: int | None = None
+    *, vram_mb: int, guaranteed: bool, node_id: int | None = None, agent_running: bool = False
 ) -> list[Candidate]:
     """MIG-partitioned GPUs with their free devices (placement.choose picks the device)."""
     with connection.cursor() as cursor:  # most fleets have none: ask cheaply first
@@ -36,7 +36,7 @@ def _mig_candidates(
         if cursor.fetchone() is None:
             return []
     rows = list(
-        placeable_gpus(guaranteed=guaranteed, node_id=node_id)
+        placeable_gpus(guaranteed=guaranteed, node_id=node_id, agent_running=agent_running)
         .filter(mig_enabled=True)
         .values_list(
             "pk", "vram_total_mb", "allocated_mb", "overcommit_ratio", "mig_enabled", "mig_devices"
@@ -71,14 +71,21 @@ Attempt = Allocation | Literal[False] | None
 
 
 def _try_gpu(
-    choice: Choice, *, vram_mb: int, owner_key: str, guaranteed: bool, skip_locked: bool
+    choice: Choice,
+    *,
+    vram_mb: int,
+    owner_key: str,
+    guaranteed: bool,
+    skip_locked: bool,
+    agent_running: bool = False,
 ) -> Attempt:
     """Lock the chosen GPU's row and reserve on it if it still has room.
 
     Returns the allocation, False when the GPU no longer fits, or None when another
     reservation holds its lock (only with skip_locked)."""
     gpu = gpus_lock(
-        placeable_gpus(guaranteed=guaranteed).filter(pk=choice.gpu_id), skip_locked=skip_locked
+        placeable_gpus(guaranteed=guaranteed, agent_running=agent_running).filter(pk=choice.gpu_id),
+        skip_locked=skip_locked,
     ).first()
     if gpu is None:
         if skip_locked and Gpu.objects.filter(pk=choice.gpu_id).exists():
@@ -105,6 +112,7 @@ def allocation_reserve(
     guaranteed: bool = True,
     node_id: int | None = None,
     interruptible: bool = False,
+    agent_running: bool = False,
 ) -> Allocation | None:
     """Reserve `vram_mb` for `owner_key` on the best GPU, or return None (no capacity).
 
@@ -117,13 +125,15 @@ def allocation_reserve(
     this). The lock is held until the caller's transaction commits. With `node_id`, only
     that node's GPUs are candidates; `interruptible` ones land on any non-MIG GPU with
     room, an overcommitted card's margin first (a full-price launch that needs the room
-    later gives them notice: tenants.services.slices.preempt)."""
+    later gives them notice: tenants.services.slices.preempt). With `agent_running`, only
+    nodes whose node agent runs now (an image a renter brought under "any image":
+    docs/images.md)."""
     if vram_mb <= 0:
         raise ServiceError("A reservation needs some VRAM.", field="vram_mb")
     if interruptible and guaranteed:
         raise ServiceError("An interruptible reservation is not guaranteed.", field="guaranteed")
     if not interruptible:
-        allocation = _reserve_mig(vram_mb, owner_key, guaranteed, node_id)
+        allocation = _reserve_mig(vram_mb, owner_key, guaranteed, node_id, agent_running)
         if allocation is not None:
             return allocation
     result = _reserve_software(
@@ -133,49 +143,66 @@ def allocation_reserve(
         skip_locked=True,
         node_id=node_id,
         interruptible=interruptible,
+        agent_running=agent_running,
     )
     if result is not None:
         return result
-    return _reserve_software_waiting(vram_mb, owner_key, guaranteed, node_id, interruptible)
+    return _reserve_software_waiting(
+        vram_mb, owner_key, guaranteed, node_id, interruptible, agent_running
+    )
 
 
 def _reserve_mig(
-    vram_mb: int, owner_key: str, guaranteed: bool, node_id: int | None
+    vram_mb: int, owner_key: str, guaranteed: bool, node_id: int | None, agent_running: bool
 ) -> Allocation | None:
     """A free MIG device that fits exactly, if placement.choose picks one: the devices no
     other launch holds first, then, waiting, those that another launch held."""
-    candidates = _mig_candidates(vram_mb=vram_mb, guaranteed=guaranteed, node_id=node_id)
+    candidates = _mig_candidates(
+        vram_mb=vram_mb, guaranteed=guaranteed, node_id=node_id, agent_running=agent_running
+    )
     busy = []
     while candidates:
         choice = choose(candidates, vram_mb)
         if choice is None or not choice.mig_device_uuid:
             break
-        result = _try_in_savepoint(choice, vram_mb, owner_key, guaranteed, skip_locked=True)
+        result = _try_in_savepoint(
+            choice, vram_mb, owner_key, guaranteed, skip_locked=True, agent_running=agent_running
+        )
         if result:
             return result
         if result is None:
             busy.append(choice)
         candidates = _without(candidates, choice)
     for choice in busy:
-        result = _try_in_savepoint(choice, vram_mb, owner_key, guaranteed, skip_locked=False)
+        result = _try_in_savepoint(
+            choice, vram_mb, owner_key, guaranteed, skip_locked=False, agent_running=agent_running
+        )
         if result:
             return result
     return None
 
 
 def _reserve_software_waiting(
-    vram_mb: int, owner_key: str, guaranteed: bool, node_id: int | None, interruptible: bool
+    vram_mb: int,
+    owner_key: str,
+    guaranteed: bool,
+    node_id: int | None,
+    interruptible: bool,
+    agent_running: bool = False,
 ) -> Allocation | None:
     """Everything that fits may be locked by other launches: wait for the best one, a
     single row at a time (a scan that waits could hold rows it then skips)."""
     for _ in range(MAX_PLACEMENT_ATTEMPTS):
-        fits = _software_fits(vram_mb, guaranteed, node_id=node_id, interruptible=interruptible)
+        fits = _software_fits(
+            vram_mb, guaranteed, node_id=node_id, interruptible=interruptible,
+            agent_running=agent_running,
+        )  # fmt: skip
         best = fits.values_list("pk", flat=True).first()
         if best is None:
             return None
         result = _reserve_software(
             vram_mb, owner_key, guaranteed, skip_locked=False, pk=best, node_id=node_id,
-            interruptible=interruptible,
+            interruptible=interruptible, agent_running=agent_running,
         )  # fmt: skip
         if result is not None:
             return result
@@ -186,10 +213,19 @@ MAX_PLACEMENT_ATTEMPTS = 5
 
 
 def _software_fits(
-    vram_mb: int, guaranteed: bool, node_id: int | None = None, interruptible: bool = False
+    vram_mb: int,
+    guaranteed: bool,
+    node_id: int | None = None,
+    interruptible: bool = False,
+    agent_running: bool = False,
 ) -> models.QuerySet[Gpu]:
     return (
-        placeable_gpus(guaranteed=guaranteed, node_id=node_id, interruptible=interruptible)
+        placeable_gpus(
+            guaranteed=guaranteed,
+            node_id=node_id,
+            interruptible=interruptible,
+            agent_running=agent_running,
+        )
         .filter(mig_enabled=False)
         .annotate(room=RawSQL(ROOM_SQL[connection.vendor], ()))  # noqa: S611 - constant
         .filter(room__gte=vram_mb)
@@ -208,11 +244,12 @@ def _reserve_software(
     pk: int | None = None,
     node_id: int | None = None,
     interruptible: bool = False,
+    agent_running: bool = False,
 ) -> Allocation | None:
     """Best fit among non-MIG GPUs (or GPU `pk`), chosen and locked by one query. None:
     nothing fits (or, with skip_locked, all that fits is locked by other launches)."""
     if skip_locked:
-        gpu = _claim_best_fit(vram_mb, guaranteed, node_id, interruptible)
+        gpu = _claim_best_fit(vram_mb, guaranteed, node_id, interruptible, agent_running)
         if gpu is None:
             return None
         return _create_allocation(
@@ -220,7 +257,10 @@ def _reserve_software(
             interruptible=interruptible,
         )  # fmt: skip
     # Waiting for a lock: a row whose room went meanwhile must not stay locked.
-    gpus = _software_fits(vram_mb, guaranteed, node_id=node_id, interruptible=interruptible)
+    gpus = _software_fits(
+        vram_mb, guaranteed, node_id=node_id, interruptible=interruptible,
+        agent_running=agent_running,
+    )  # fmt: skip
     if pk is not None:
         gpus = gpus.filter(pk=pk)
     gpus = gpus_lock(gpus)
@@ -241,7 +281,11 @@ def _reserve_software(
 
 
 def _claim_best_fit(
-    vram_mb: int, guaranteed: bool, node_id: int | None = None, interruptible: bool = False
+    vram_mb: int,
+    guaranteed: bool,
+    node_id: int | None = None,
+    interruptible: bool = False,
+    agent_running: bool = False,
 ) -> Gpu | None:
     """The hot path of every launch, in one statement: choose the best-fit GPU that no
     other launch holds (SKIP LOCKED), lock it and count the VRAM on it. The row comes
@@ -250,6 +294,7 @@ def _claim_best_fit(
     lock = "FOR UPDATE OF g SKIP LOCKED" if vendor == "postgresql" else ""
     only_whole = "AND g.overcommit_ratio = 1" if guaranteed else ""
     on_node = "AND g.node_id = %s" if node_id is not None else ""
+    on_node += f" AND EXISTS ({AGENT_RUNNING_SQL})" if agent_running else ""
     room = ROOM_SQL[vendor]
     # spare room of overcommitted cards first: cards sold at their memory stay whole longer
     # for guaranteed work (an interruptible slice on one is preempted when it is needed)
@@ -327,7 +372,13 @@ def _create_allocation(
 
 
 def _try_in_savepoint(
-    choice: Choice, vram_mb: int, owner_key: str, guaranteed: bool, *, skip_locked: bool
+    choice: Choice,
+    vram_mb: int,
+    owner_key: str,
+    guaranteed: bool,
+    *,
+    skip_locked: bool,
+    agent_running: bool = False,
 ) -> Attempt:
     # Rolling back the savepoint drops the row lock of a GPU that did not fit, so a
     # reservation holds at most one GPU lock while it waits: no deadlock cycle.
@@ -339,6 +390,7 @@ def _try_in_savepoint(
             owner_key=owner_key,
             guaranteed=guaranteed,
             skip_locked=skip_locked,
+            agent_running=agent_running,
         )
     except BaseException:
         transaction.savepoint_rollback(sid)

@@ -4,17 +4,19 @@ container under its VRAM quota, inspect, logs, stop and remove, the container ev
 from __future__ import annotations
 
 import logging
+import posixpath
 import time
 from decimal import Decimal
 
 from django.conf import settings
 
-from .. import host_keys, isolation, login_env, runtime, ssh
+from .. import host_keys, isolation, login_env, runtime, ssh, volumes
 from ..devices import device_of
 from ..docker_messages import (
     cli_error_line,
     container_exit_reason,
     image_env_refusal,
+    image_size_refusal,
     not_pulled_reason,
 )
 from ..errors import ContainerError
@@ -85,23 +87,32 @@ def image_inspect(
 ) -> runtime.ImageConfig:
     """The image's configuration as the node has it (pulled first when the node lacks it).
     Raises ContainerError (no such image, a pull refused) or ssh.SSHError."""
+    return _image_config(node, reference, pool)[0]
+
+
+def _image_config(
+    node: Node, reference: str, pool: ssh.SSHPool | None
+) -> tuple[runtime.ImageConfig, bool]:
+    """image_inspect's answer, and whether it had to pull the image for it."""
     argv = runtime.image_inspect_argv(reference)
     result = node_run(node=node, argv=argv, pool=pool)
+    pulled = False
     if not result.ok and b"No such image" in result.stderr:
-        pulled = node_run(
+        pulled = True
+        pull = node_run(
             node=node, argv=runtime.pull_argv(reference), pool=pool, timeout=CONTAINER_START_TIMEOUT
         )
-        if not pulled.ok:
+        if not pull.ok:
             raise ContainerError(
                 not_pulled_reason(
-                    node=node, reference=reference, detail=cli_error_line(pulled.stderr)
+                    node=node, reference=reference, detail=cli_error_line(pull.stderr)
                 )
             )
         result = node_run(node=node, argv=argv, pool=pool)
     if not result.ok:
         raise ContainerError(f"docker image inspect failed: {cli_error_line(result.stderr)}")
     try:
-        return runtime.parse_image_inspect(result.stdout.decode("utf-8", "replace"))
+        return runtime.parse_image_inspect(result.stdout.decode("utf-8", "replace")), pulled
     except runtime.RuntimeParseError as exc:
         raise ContainerError(str(exc)) from None
 
@@ -250,13 +261,37 @@ def _files_remove(
 
 
 def _image_checked(node: Node, spec: runtime.ContainerSpec, pool: ssh.SSHPool | None) -> None:
-    """The image refused when its environment would undo the isolation; then the volumes
-    made ready for the user it runs as."""
-    config = image_inspect(node=node, reference=spec.image, pool=pool)
-    refusal = image_env_refusal(config)
+    """The image refused when its environment would undo the isolation, or when it is too
+    large (for any node, or, when this start pulled it, for this node's disk: an image
+    the node held already takes nothing more); then the volumes made ready for the user
+    it runs as."""
+    config, pulled = _image_config(node, spec.image, pool)
+    refusal = image_env_refusal(config) or image_size_refusal(
+        size=config.size,
+        avail=node_disk_avail(node=node, pool=pool) if pulled else None,
+        max_gb=settings.IMAGE_MAX_GB,
+        reserve_gb=settings.IMAGE_DISK_RESERVE_GB,
+    )
     if refusal:
         raise ContainerError(refusal)
     _volumes_ready(node, spec, config, pool)
+
+
+def node_disk_avail(*, node: Node, pool: ssh.SSHPool | None = None) -> int:
+    """Bytes free on the filesystem of the node's Docker data root, where images unpack.
+    Raises ContainerError when the node does not say, or ssh.SSHError."""
+    root = node_run(node=node, argv=volumes.docker_root_argv(), pool=pool)
+    path = root.stdout.decode("utf-8", "replace").strip() if root.ok else ""
+    try:
+        if not path.startswith("/"):
+            raise ValueError(f"docker info names no data root: {path[:100]!r}")
+        for where in (path, posixpath.dirname(path)):  # a remapped root may be closed
+            result = node_run(node=node, argv=volumes.disk_avail_argv(where), pool=pool)
+            if result.ok:
+                return volumes.parse_disk_avail(result.stdout.decode("utf-8", "replace"))
+        raise ValueError(cli_error_line(result.stderr))
+    except ValueError as exc:
+        raise ContainerError(f"the node's free disk for images could not be read: {exc}") from None
 
 
 def _volumes_ready(

@@ -1,12 +1,25 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from .views import accounts, billing, estimates, exports, slices, spend, templates, volumes
+from .views import (
+    accounts,
+    billing,
+    estimates,
+    exports,
+    registries,
+    slices,
+    spend,
+    templates,
+    volumes,
+)
 
 router = SimpleRouter()
 router.register("tiers", billing.TierViewSet, basename="tier")
 router.register("tokens", accounts.ApiTokenViewSet, basename="token")
 router.register("ssh-keys", accounts.SshKeyViewSet, basename="ssh-key")
+router.register(
+    "registry-credentials", registries.RegistryCredentialViewSet, basename="registry-credential"
+)
 router.register("members", accounts.MemberViewSet, basename="member")
 router.register("purchases", billing.PurchaseViewSet, basename="purchase")
 router.register("slices", slices.SliceViewSet, basename="slice")
@@ -17,6 +30,9 @@ router.register("images", slices.ImageViewSet, basename="image")
 router.register("templates", templates.TemplateViewSet, basename="template")
 router.register("ops/tenants", accounts.OpsTenantViewSet, basename="ops-tenant")
 router.register("ops/images", slices.OpsImageViewSet, basename="ops-image")
+router.register(
+    "ops/registry-rules", registries.OpsRegistryRuleViewSet, basename="ops-registry-rule"
+)
 router.register("ops/templates", templates.OpsTemplateViewSet, basename="ops-template")
 router.register("ops/credit-grants", billing.OpsCreditGrantViewSet, basename="ops-credit-grant")
 router.register("credit-requests", billing.CreditRequestViewSet, basename="credit-request")

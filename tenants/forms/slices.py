@@ -21,7 +21,7 @@ from nodes.models import Node
 from ..launch_input import clean_command, clean_environment
 from ..launch_request import LaunchRequest
 from ..models import Image, LaunchTemplate, Purchase, Slice, SshKey, Tenant, Tier, Volume
-from ..selectors import image_list, purchases_usable, ssh_keys_of
+from ..selectors import image_list, purchases_usable, registry_policy_open, ssh_keys_of
 from .estimate import JobForm, model_for_tier
 from .fields import TokenField, new_form_token
 
@@ -60,6 +60,15 @@ class LaunchForm(JobForm):
 
     purchase = PurchaseChoiceField(queryset=Purchase.objects.none(), empty_label=None)
     image = ImageChoiceField(queryset=Image.objects.none(), empty_label=None)
+    image_reference = forms.CharField(
+        label="Or an image of your own",
+        required=False,
+        max_length=255,
+        widget=forms.TextInput(attrs={"placeholder": "ghcr.io/acme/train:2"}),
+        help_text="An image reference, where the registry policy lets renters bring images "
+        "from its registry (your Registries page lists where). It is pulled at every start "
+        "with your tenant's own login for the registry and run by digest.",
+    )
     model = forms.ChoiceField(label="Model")
     command = forms.CharField(
         required=False,
@@ -126,6 +135,7 @@ class LaunchForm(JobForm):
         purchases.widget.choices = [(p.pk, purchases.label_from_instance(p)) for p in self.usable]
         self._preselect()
         form_field(self, "image", ImageChoiceField).queryset = image_list(active_only=True)
+        self.brings_images = self._offer_own_images()
         # An SSH image's login home may be a volume too, so the home survives a stop.
         self.home_paths = sorted(
             f"/home/{i.ssh_user}"
@@ -153,6 +163,17 @@ class LaunchForm(JobForm):
                 initial="/data" if n == 0 else "",
                 widget=forms.TextInput(attrs={"placeholder": "/data/models"}),
             )
+
+    def _offer_own_images(self) -> bool:
+        """An image of the renter's own is offered where some registry rule allows one;
+        else the form is the allowlist's alone, as it always was."""
+        if not registry_policy_open():
+            del self.fields["image_reference"]
+            return False
+        chosen = form_field(self, "image", ImageChoiceField)
+        chosen.required = False
+        chosen.empty_label = "(an image of your own: below)"
+        return True
 
     @property
     def images(self) -> QuerySet[Image]:
@@ -258,6 +279,7 @@ class LaunchForm(JobForm):
         return LaunchRequest(
             purchase=data["purchase"],
             image=data["image"],
+            image_reference=data.get("image_reference") or "",
             model_request=self.model_request(),
             command=data["command"],
             environment=data["environment"],

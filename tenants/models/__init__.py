@@ -1,6 +1,6 @@
 """The tenants app's models, by sub-domain: accounts (tenants, people, tokens, SSH keys, audit,
 two-factor recovery codes), billing (tiers, purchases, credit, metering), slices, their runs
-and volumes."""
+and volumes, and the images renters bring (registry rules and credentials)."""
 
 from .accounts import (
     ApiToken,
@@ -23,6 +23,7 @@ from .billing import (
     Tier,
     UsageRecord,
 )
+from .registries import RegistryCredential, RegistryMode, RegistryRule, RegistryRuleChange
 from .runs import SliceRun
 from .slices import Image, Slice, SliceLogLine, SliceTransition
 from .templates import LaunchTemplate
@@ -42,6 +43,10 @@ __all__ = [
     "Membership",
     "Purchase",
     "RecoveryCode",
+    "RegistryCredential",
+    "RegistryMode",
+    "RegistryRule",
+    "RegistryRuleChange",
     "Role",
     "Slice",
     "SliceLogLine",

@@ -141,6 +141,21 @@ class Slice(models.Model):
         related_name="slices",
         verbose_name="image",
     )
+    # An image on no allowlist (image_entry is None), brought as the registry policy
+    # allowed it (docs/images.md): how it was allowed, the digest its first authorised
+    # pull resolved (every later start runs exactly that, after asking the registry again
+    # with the tenant's own login), and the ports its configuration declares.
+    image_policy = models.CharField(
+        "brought under",
+        max_length=16,
+        blank=True,
+        help_text="registry or any: the registry policy's mode that let the renter bring "
+        "this image; blank for an allowlisted image.",
+    )
+    image_digest = models.CharField(
+        "image digest", max_length=71, blank=True, help_text="What every start runs: sha256:…"
+    )
+    image_ports = models.JSONField("ports the image declares", default=list, blank=True)
     vram_mb = models.PositiveIntegerField("VRAM quota (MiB)", default=0)
     guaranteed = models.BooleanField(
         "guaranteed",
@@ -282,6 +297,16 @@ class Slice(models.Model):
                 violation_error_message="A launch with this idempotency key already exists.",
             ),
             models.CheckConstraint(
+                condition=Q(image_policy="") | Q(image_entry__isnull=True),
+                name="%(app_label)s_%(class)s_brought_or_allowlisted",
+                violation_error_message="A slice runs an allowlisted image or a brought one.",
+            ),
+            models.CheckConstraint(
+                condition=Q(image_policy__in=["", "registry", "any"]),
+                name="%(app_label)s_%(class)s_image_policy_known",
+                violation_error_message="An image is brought under the registry or any mode.",
+            ),
+            models.CheckConstraint(
                 condition=Q(state__in=_MUST_HOLD_ALLOCATION_STATES, allocation__isnull=False)
                 | ~Q(state__in=_MUST_HOLD_ALLOCATION_STATES),
                 name="%(app_label)s_%(class)s_running_has_allocation",
@@ -300,6 +325,20 @@ class Slice(models.Model):
     @property
     def is_final(self) -> bool:
         return self.state in self.FINAL_STATES
+
+    @property
+    def brought(self) -> bool:
+        """An image the renter brought (on no allowlist), not an allowlist entry."""
+        return self.image_entry_id is None and bool(self.image_policy)
+
+    @property
+    def declared_ports(self) -> list[int]:
+        """The ports the slice's image declares: the allowlist entry's, or what a brought
+        image's configuration exposes (read at its start). The gateway and the edge reach
+        these only."""
+        if self.image_entry_id is not None and self.image_entry is not None:
+            return sorted(int(p) for p in self.image_entry.ports or [])
+        return sorted(int(p) for p in self.image_ports or [])
 
     @property
     def container_name(self) -> str:

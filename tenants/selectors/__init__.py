@@ -2,7 +2,8 @@
 sub-domain: `accounts` (tenants, members, invitations, tokens, SSH keys, the audit trail),
 `billing` (the credit rate, credit requests, tiers, purchases, the ledger, usage), `spend`
 (spend limits and what counts against them), `slices` (the allowlist, slices, the queue,
-VRAM, logs, the gateway, templates) and `volumes` (volumes, the storage price, mounts).
+VRAM, logs, the gateway, templates), `volumes` (volumes, the storage price, mounts) and
+`registries` (the registry policy, tenants' registry logins: the images renters bring).
 `from tenants.selectors import X` (or `selectors.X`) names any of them."""
 
 from .accounts import (
@@ -39,6 +40,16 @@ from .billing import (
     slices_holding_purchases,
     tier_list,
     usage_list,
+)
+from .registries import (
+    LoginUnreadable,
+    registry_agent_nodes,
+    registry_credentials_of,
+    registry_login_for,
+    registry_policy_decide,
+    registry_policy_open,
+    registry_rule_changes,
+    registry_rules,
 )
 from .slices import (
     GAUGE_WINDOW_MINUTES,
@@ -128,6 +139,7 @@ __all__ = [
     "images_on_nodes",
     "invitation_by_token",
     "invitation_pending_list",
+    "LoginUnreadable",
     "ledger_list",
     "measured_peak_mb",
     "member_list",
@@ -137,6 +149,13 @@ __all__ = [
     "purchase_list",
     "purchase_list_for_ops",
     "purchase_resume_default",
+    "registry_agent_nodes",
+    "registry_credentials_of",
+    "registry_login_for",
+    "registry_policy_decide",
+    "registry_policy_open",
+    "registry_rule_changes",
+    "registry_rules",
     "purchases_for_resume",
     "purchases_running_low",
     "purchases_usable",

@@ -3,6 +3,7 @@ keys (the SSH keys people sign in to the gateway with), two_factor (TOTP and rec
 codes), billing (credit grants, purchases, refunds, metering one slice, volume storage
 charged), credit (credit requests, the credit rate), spend (spend limits and the 80%
 warning), audit (the audit trail and mail to a tenant's members), images (the allowlist),
+registries (the registry policy for images renters bring, tenants' registry logins),
 templates (launch templates), logs (a slice's output kept), volumes, and `slices/` (the
 lifecycle: launch, provision, stop and the minute meter, reconcile, terminate, and the
 state machine every change goes through).
@@ -46,6 +47,14 @@ from .credit import (
 from .images import image_create, image_update
 from .keys import ssh_key_add, ssh_key_remove, ssh_key_touch
 from .logs import slice_logs_collect, slice_logs_note, slice_logs_prune, slice_logs_request
+from .registries import (
+    registry_credential_remove,
+    registry_credential_set,
+    registry_credential_touch,
+    registry_credentials_reseal,
+    registry_rule_remove,
+    registry_rule_set,
+)
 from .slices.launch import slice_launch, slice_resume, slices_dispatch_queue
 from .slices.preempt import slice_preempt_signal, slices_preempt_due
 from .slices.provision import slice_provision
@@ -97,6 +106,12 @@ __all__ = [
     "purchase_create",
     "purchase_refund",
     "recovery_codes_regenerate",
+    "registry_credential_remove",
+    "registry_credential_set",
+    "registry_credential_touch",
+    "registry_credentials_reseal",
+    "registry_rule_remove",
+    "registry_rule_set",
     "running_slices_meter",
     "slice_finish_stop",
     "slice_launch",

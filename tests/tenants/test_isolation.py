@@ -20,6 +20,7 @@ from tenants.models import (
     LedgerEntry,
     Membership,
     Purchase,
+    RegistryCredential,
     Role,
     Slice,
     SshKey,
@@ -81,11 +82,15 @@ def b_objects(owner_b, ops_user):
     credit_request = services.credit_request_create(membership=owner_b, amount="5", note="b")
     ssh_key = services.ssh_key_add(user=owner_b.user, name="b-key", public_key=public_line())
     node = Node.objects.create(name="b-node", address="10.9.0.1", host_key="k")
+    registry_login = services.registry_credential_set(
+        membership=owner_b, registry="ghcr.io", username="beta-bot", password="b-secret"
+    )
     volume = Volume.objects.create(  # as a node's answer leaves it: ready
         tenant=owner_b.tenant, node=node, name="b-volume", size_gb=5,
         docker_name="gpp-vol-1-0123abcd", state="ready", last_metered_at=now,
     )  # fmt: skip
     return {
+        "registry_login": registry_login,
         "volume": volume,
         "ssh_key": ssh_key,
         "credit_request": credit_request,
@@ -122,12 +127,15 @@ PAGE_ROUTES = [
     ("post", "/slices/{pk}/stop/", "slice"),
     ("get", "/incidents/{pk}/", "incident"),
     ("post", "/credit/requests/{pk}/withdraw/", "credit_request"),
+    ("post", "/registries/{pk}/remove/", "registry_login"),
 ]
 API_ROUTES = [
     ("get", "/api/v1/tokens/{pk}/", "token"),
     ("delete", "/api/v1/tokens/{pk}/", "token"),
     ("get", "/api/v1/ssh-keys/{pk}/", "ssh_key"),
     ("delete", "/api/v1/ssh-keys/{pk}/", "ssh_key"),
+    ("get", "/api/v1/registry-credentials/{pk}/", "registry_login"),
+    ("delete", "/api/v1/registry-credentials/{pk}/", "registry_login"),
     ("get", "/api/v1/members/{pk}/", "member"),
     ("get", "/api/v1/members/{pk}/", "owner"),
     ("get", "/api/v1/purchases/{pk}/", "purchase"),
@@ -182,6 +190,7 @@ def _snapshot(objs):
         SshKey.objects.filter(pk=objs["ssh_key"].pk).exists(),
         Volume.objects.values_list("state").get(pk=objs["volume"].pk),
         Slice.objects.values_list("terminated_at", "runs").get(pk=objs["slice"].pk),
+        RegistryCredential.objects.filter(pk=objs["registry_login"].pk).exists(),
     )
 
 

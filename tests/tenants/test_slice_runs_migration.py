@@ -1,7 +1,8 @@
 """The migration that splits every existing slice into its runs (tenants 0021): run
 boundaries at the transitions to "requested", each run's minutes and purchase from the
 usage records that fall in it, the last run the slice's current fields; usage records and
-the ledger untouched. Built at the migration before it, then migrated forward."""
+the ledger untouched. Built at the migration before it (its slices with the model as it was
+then: later migrations add fields), then migrated forward."""
 
 from datetime import timedelta
 from decimal import Decimal
@@ -29,12 +30,17 @@ def _migrate(targets):
     return executor.loader.project_state(targets).apps
 
 
+def _latest():
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes())
+
+
 @pytest.fixture
 def at_0020():
-    _migrate(BEFORE)
-    yield
-    executor = MigrationExecutor(connection)
-    executor.migrate(executor.loader.graph.leaf_nodes())
+    """The Slice model as it was at 0020 (the rows are made with it)."""
+    yield _migrate(BEFORE).get_model("tenants", "Slice")
+    _latest()
 
 
 def _at(row, **times):
@@ -42,19 +48,21 @@ def _at(row, **times):
 
 
 def _transition(slice, to, at, reason="", before=""):
-    t = SliceTransition.objects.create(slice=slice, from_state=before, to_state=to, reason=reason)
+    t = SliceTransition.objects.create(
+        slice_id=slice.pk, from_state=before, to_state=to, reason=reason
+    )
     _at(t, at=at)
 
 
 def _usage(slice, purchase, start, minutes):
     UsageRecord.objects.create(
-        tenant_id=slice.tenant_id, slice=slice, purchase=purchase, minutes=minutes,
+        tenant_id=slice.tenant_id, slice_id=slice.pk, purchase=purchase, minutes=minutes,
         minutes_left_after=max(0, purchase.minutes_left - minutes), period_start=start,
         period_end=start + timedelta(minutes=minutes),
     )  # fmt: skip
 
 
-def _resumed_slice(owner, first, second, t0):
+def _resumed_slice(Slice, owner, first, second, t0):  # noqa: N803 - the model at 0020
     """Launched on `first` (10 minutes, stopped), resumed on `second` (8 minutes, stopped),
     on a node whose allocation the second run released."""
     node = Node.objects.create(name="gpu-m", address="10.0.0.9", status="active")
@@ -65,8 +73,9 @@ def _resumed_slice(owner, first, second, t0):
         gpu=gpu, vram_mb=8192, owner_key="x", state="released", released_at=t0
     )
     s = Slice.objects.create(
-        tenant=owner.tenant, purchase=second, image="img", vram_mb=8192, state="stopped",
-        state_reason="Stopped by you.", runs=2, minutes_used=18, allocation=allocation,
+        tenant_id=owner.tenant_id, purchase_id=second.pk, image="img", vram_mb=8192,
+        state="stopped", state_reason="Stopped by you.", runs=2, minutes_used=18,
+        allocation_id=allocation.pk,
         container_id="c2", connection={"kind": "jupyter", "token": "secret", "host": "10.0.0.9",
                                        "url": "http://10.0.0.9:1/?token=secret"},
         started_at=t0 + timedelta(minutes=21), stopped_at=t0 + timedelta(minutes=29),
@@ -92,17 +101,19 @@ def _price(purchase, minutes):
 def test_existing_slices_become_runs_with_usage_and_ledger_unchanged(
     owner_a, owner_b, funded, at_0020
 ):
+    old_slice = at_0020
     first = funded(owner_a, vram_gb=8, hours=2)
     second = funded(owner_a, vram_gb=8, hours=5)
     t0 = timezone.now() - timedelta(hours=3)
-    resumed = _resumed_slice(owner_a, first, second, t0)
-    queued = Slice.objects.create(
-        tenant=owner_a.tenant, purchase=first, image="img", vram_mb=8192, state="queued"
-    )
+    resumed = _resumed_slice(old_slice, owner_a, first, second, t0)
+    queued = old_slice.objects.create(
+        tenant_id=owner_a.tenant_id, purchase_id=first.pk, image="img", vram_mb=8192,
+        state="queued",
+    )  # fmt: skip
     _transition(queued, "requested", t0 + timedelta(minutes=40))
     legacy_purchase = funded(owner_b, vram_gb=8, hours=2)
-    legacy = Slice.objects.create(  # no transitions kept at all
-        tenant=owner_b.tenant, purchase=legacy_purchase, image="img", vram_mb=8192,
+    legacy = old_slice.objects.create(  # no transitions kept at all
+        tenant_id=owner_b.tenant_id, purchase_id=legacy_purchase.pk, image="img", vram_mb=8192,
         state="failed", minutes_used=4, exit_code=3, ended_by="job",
         stopped_at=t0 + timedelta(minutes=5),
     )  # fmt: skip
@@ -123,7 +134,7 @@ def test_existing_slices_become_runs_with_usage_and_ledger_unchanged(
     ) == usage
     for s in (resumed, queued, legacy):
         run_minutes = SliceRun.objects.filter(slice_id=s.pk).aggregate(n=Sum("minutes"))["n"]
-        used = UsageRecord.objects.filter(slice=s).aggregate(n=Sum("minutes"))["n"] or 0
+        used = UsageRecord.objects.filter(slice_id=s.pk).aggregate(n=Sum("minutes"))["n"] or 0
         assert run_minutes == used, s.pk
     one, two = SliceRun.objects.filter(slice_id=resumed.pk).order_by("number")
     assert (one.number, one.purchase_id, one.minutes) == (1, first.pk, 10)
@@ -145,6 +156,7 @@ def test_existing_slices_become_runs_with_usage_and_ledger_unchanged(
     )  # fmt: skip
     assert only.tenant_id == owner_b.tenant_id and only.ended_by == "job"
     # the slice's cost so far is its runs', each at its own purchase's price
+    _latest()  # (the model as it is now)
     assert Slice.objects.get(pk=resumed.pk).cost_so_far == _price(first, 10) + _price(second, 8)
 
     _migrate(BEFORE)  # reversible: the runs go with their table

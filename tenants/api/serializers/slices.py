@@ -279,10 +279,29 @@ class SliceDetailSerializer(SliceSerializer):
         help_text='That key\'s fingerprint as `ssh-keygen -l` prints it (SHA256:...); "" '
         "when there is none."
     )
+    image_policy = serializers.CharField(
+        read_only=True,
+        help_text="For an image you brought (on no allowlist): the registry policy's mode "
+        'that let it run, "registry" or "any"; "" for an allowlisted image.',
+    )
+    image_digest = serializers.CharField(
+        read_only=True,
+        help_text="For an image you brought: the digest every start runs (its first start's "
+        'pull resolved it, or you named it); "" before its first start.',
+    )
+    declared_ports = serializers.ListField(
+        child=serializers.IntegerField(),
+        read_only=True,
+        help_text="The ports the image declares: the allowlist entry's, or the ones a "
+        "brought image's configuration exposes (read at its start).",
+    )
 
     class Meta(SliceSerializer.Meta):
         fields = [
             *SliceSerializer.Meta.fields,
+            "image_policy",
+            "image_digest",
+            "declared_ports",
             "ssh_host_key_public",
             "ssh_host_key_fingerprint",
             "queue_position",
@@ -383,6 +402,17 @@ class SliceCreateSerializer(StrictSerializer):
         queryset=Image.objects.all(),
         required=False,
         help_text="An allowlisted image's id (GET /images/); with a template, its image.",
+    )
+    image_reference = serializers.CharField(
+        max_length=255,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="Instead of `image`: an image reference, e.g. ghcr.io/acme/train:2. An "
+        "allowlisted one runs as its entry; one on no allowlist runs where the registry "
+        "policy lets renters bring it (403 `image_not_allowed` naming the rule otherwise), "
+        "pulled at every start with your tenant's own registry login and run by digest "
+        "(docs/images.md).",
     )
     model = serializers.JSONField(
         required=False,

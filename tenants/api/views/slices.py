@@ -91,6 +91,7 @@ class SliceViewSet(
             request=LaunchRequest(
                 purchase=values["purchase"],
                 image=values.get("image"),
+                image_reference=values.get("image_reference", ""),
                 model_request=values.get("model"),
                 command=values.get("command") or (),
                 environment=values.get("environment") or {},

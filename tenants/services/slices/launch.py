@@ -28,12 +28,15 @@ from ...idempotency import (
     replay_check,
     request_fingerprint,
 )
+from ...image_policy import ANY
 from ...launch_input import clean_command, clean_environment, clean_ssh_key, launch_estimate_input
+from ...launch_request import LaunchImage
 from ...locks import purchase_lock, slice_lock, slice_queue_head_lock, volumes_lock
 from ...models import Image, LaunchTemplate, Membership, Purchase, Slice, Tenant, Volume
 from ...selectors import mounts_clean, slice_volume_node_id, spend_check
 from ...ssh_host_keys import host_key_make
 from ..volumes import mounts_record
+from .brought import launch_image_choose, slice_image_policy_refresh
 from .preempt import slice_preempt_for_room, slices_preempt_due
 from .state import S, slice_record_requested, slice_transition
 
@@ -56,8 +59,9 @@ def slice_launch(
     *,
     membership: Membership,
     purchase: Purchase,
-    image: Image,
     model_request: dict[str, Any],
+    image: Image | None = None,
+    image_reference: str = "",
     command: list[str] | None = None,
     environment: dict[str, str] | None = None,
     ssh_public_key: str = "",
@@ -66,18 +70,16 @@ def slice_launch(
     volumes: list[dict[str, Any]] | None = None,
     template: LaunchTemplate | None = None,
 ) -> tuple[Slice, bool]:
-    """Check, place and queue a launch. Returns (slice, created). `volumes` mounts the
-    tenant's own volumes ([{"volume": id, "path": "/data/..."}]) and the slice runs on
-    their node; a `template`'s engine is told the slice's budget (docs/templates.md).
-    A job that will not fit its tier is recorded as refused (nothing reserved) and
-    ServiceRefusal raised after commit; a repeated idempotency key returns the first
-    slice, the same key with another request is a conflict."""
+    """Check, place and queue a launch of `image` or `image_reference` (docs/images.md):
+    (slice, created). A job that will not fit its tier is recorded as refused and
+    ServiceRefusal raised after commit; a repeated idempotency key returns the first slice
+    (another request: a conflict). `volumes`: the slice runs on their node."""
     key = clean_idempotency_key(idempotency_key)
-    command = clean_command(command)
-    environment = clean_environment(environment)
+    chosen = launch_image_choose(image=image, reference=image_reference)
+    command, environment = clean_command(command), clean_environment(environment)
     same = _launch_asked(
         purchase=purchase,
-        image=image,
+        image=chosen,
         command=command,
         environment=environment,
         model_request=model_request,
@@ -96,7 +98,7 @@ def slice_launch(
             hub=hub_prefetch(model_request, user=membership.user),  # read before the atomic
             membership=membership,
             purchase=purchase,
-            image=image,
+            image=chosen,
             model_request=model_request,
             command=command,
             environment=environment,
@@ -117,7 +119,7 @@ def slice_launch(
 def _launch_asked(
     *,
     purchase: Purchase,
-    image: Image,
+    image: LaunchImage,
     command: list[str],
     environment: dict[str, str],
     model_request: dict[str, Any],
@@ -127,11 +129,13 @@ def _launch_asked(
     request asked (`extra`: what the slice does not keep as given): it must match all."""
     same: dict[str, object] = {
         "purchase_id": purchase.pk,
-        "image_entry_id": image.pk,
+        "image_entry_id": image.entry.pk if image.entry is not None else None,
         "command": command,
         "environment": environment,
         "model_request": model_request,
     }
+    if image.entry is None:  # a brought image: its reference is what was asked
+        same["image"] = image.reference
     same["fingerprint"] = request_fingerprint(**same, **extra)
     return same
 
@@ -180,7 +184,7 @@ def _slice_launch(
     *,
     membership: Membership,
     purchase: Purchase,
-    image: Image,
+    image: LaunchImage,
     model_request: dict[str, Any],
     command: list[str],
     environment: dict[str, str],
@@ -195,10 +199,9 @@ def _slice_launch(
     """The launch in its transaction; `command` and `environment` come cleaned, `hub`
     answers from the Hub read made before it (never a request inside it)."""
     tenant = _tenant_may_start(membership, doing="launch")
-    if not image.is_active:
-        raise ServiceError("This image is not on the allowlist.", field="image")
-    ssh_public_key = clean_ssh_key(ssh_public_key, required=image.connect == Image.Connect.SSH)
-    mounts = mounts_clean(tenant=tenant, mounts=volumes, image=image)
+    entry = _allowed_entry(image)
+    ssh_public_key = clean_ssh_key(ssh_public_key, required=_runs_sshd(entry))
+    mounts = mounts_clean(tenant=tenant, mounts=volumes, image=entry)
     purchase = purchase_lock(purchase.pk, tenant=tenant)
     mounts = _mounts_still_ready(mounts)
     if key:
@@ -235,6 +238,17 @@ def _slice_launch(
         return slice, True
     _place_or_queue(slice, actor=membership.user)
     return slice, True
+
+
+def _allowed_entry(image: LaunchImage) -> Image | None:
+    """The launch's allowlist entry while it is still allowed (None: a brought image)."""
+    if image.entry is not None and not image.entry.is_active:
+        raise ServiceError("This image is not on the allowlist.", field="image")
+    return image.entry
+
+
+def _runs_sshd(entry: Image | None) -> bool:
+    return entry is not None and entry.connect == Image.Connect.SSH
 
 
 def _slice_refuse(slice: Slice, *, actor: User) -> None:
@@ -298,7 +312,7 @@ def _new_slice(
     *,
     membership: Membership,
     purchase: Purchase,
-    image: Image,
+    image: LaunchImage,
     template: LaunchTemplate | None,
     request: estimator.EstimateRequest,
     guaranteed: bool,
@@ -313,10 +327,11 @@ def _new_slice(
         guaranteed = False  # preempted when its card runs short: never a guarantee
     elif request.training:
         guaranteed = True  # docs/domain.md: never overcommit training jobs
-    connection: dict[str, str] = {"kind": image.connect}
-    if image.connect == Image.Connect.JUPYTER:
+    entry = image.entry
+    connection: dict[str, str] = {"kind": entry.connect if entry else Image.Connect.SERVICE}
+    if entry is not None and entry.connect == Image.Connect.JUPYTER:
         connection["token"] = secrets.token_urlsafe(24)
-    engine, budget_mb = _template_engine(template, image, asked["command"], request, tier.vram_mb)
+    engine, budget_mb = _template_engine(template, entry, asked["command"], request, tier.vram_mb)
     result = estimator.estimate(request, suggestions=False)
     if not result.fits:
         result = estimator.estimate(request, suggestions=True)
@@ -326,8 +341,10 @@ def _new_slice(
         engine_budget_mb=budget_mb,
         tenant=membership.tenant,
         purchase=purchase,
-        image=image.pinned_reference,
-        image_entry=image,
+        image=image.reference,
+        image_entry=entry,
+        image_policy=image.policy,
+        image_digest=image.digest,
         vram_mb=tier.vram_mb,
         guaranteed=bool(guaranteed),
         connection=connection,
@@ -354,7 +371,7 @@ def _host_key_give(slice: Slice) -> tuple[str, ...]:
 
 def _template_engine(
     template: LaunchTemplate | None,
-    image: Image,
+    image: Image | None,
     command: list[str],
     request: estimator.EstimateRequest,
     tier_mb: int,
@@ -365,7 +382,7 @@ def _template_engine(
         return "", None
     if not template.is_active:
         raise ServiceError("This template is not offered any more.", field="template")
-    if template.image_id != image.pk:
+    if image is None or template.image_id != image.pk:
         raise ServiceError(
             f"The {template.name} template runs the image {template.image.name}.", field="image"
         )
@@ -405,6 +422,7 @@ def _place_or_queue(slice: Slice, *, actor: User | None = None) -> bool:
             guaranteed=slice.guaranteed,
             node_id=node_id,
             interruptible=interruptible,
+            agent_running=slice.image_policy == ANY,
         )
     )
     if allocation is None:
@@ -459,6 +477,11 @@ def _why_waiting(slice: Slice, *, waiting: bool, node_id: int | None) -> str:
     noticed = slice_preempt_for_room(slice=slice, node_id=node_id)
     if noticed:
         return noticed
+    if slice.image_policy == ANY:
+        return (
+            "This image runs only on nodes whose node agent runs (the registry policy's "
+            "'any image'); none of them has room for this tier right now: waiting in line."
+        )
     why = node_selectors.placement_shortfall(vram_mb=slice.vram_mb, guaranteed=slice.guaranteed)
     return f"No GPU has room for this tier right now: waiting in line. {why}".strip()
 
@@ -556,7 +579,11 @@ def _resumable_slice(pk: int, *, tenant: Tenant) -> Slice:
         raise Conflict(f"Only a stopped slice can be resumed; this one is {slice.state}.",
                        code="invalid_transition", field="state")  # fmt: skip
     image = slice.image_entry
-    if image is None or not image.is_active:
+    if slice.brought:
+        why = slice_image_policy_refresh(slice=slice)
+        if why:
+            raise NotAllowed(why, code="image_not_allowed", field="image")
+    elif image is None or not image.is_active:
         raise ServiceError("This slice's image is no longer on the allowlist.", field="image")
     return slice
 
@@ -604,7 +631,7 @@ def _slice_reset_for_run(
     return ("runs", "purchase", "guaranteed", "allocation", "container_id", "connection",
             "exit_code", "ended_by", "started_at", "stopped_at", "last_metered_at", "queued_at",
             "provision_started_at", "provision_attempts", "estimate", "estimate_mb",
-            "preempt_notice_at", "preempt_deadline")  # fmt: skip
+            "preempt_notice_at", "preempt_deadline", "image_policy")  # fmt: skip
 
 
 def slices_dispatch_queue(*, limit: int = 200) -> int:
@@ -646,6 +673,12 @@ def _no_longer_launchable(slice: Slice) -> str:
         return "Cancelled while waiting: the tenant is suspended. Nothing was charged."
     if slice.image_entry is not None and not slice.image_entry.is_active:
         return "Cancelled while waiting: the image was taken off the allowlist."
+    mode = slice.image_policy
+    why = slice_image_policy_refresh(slice=slice)
+    if why:
+        return f"Cancelled while waiting: {why}"
+    if slice.image_policy != mode:  # the policy changed how it may be placed
+        slice.save(update_fields=["image_policy"])
     if slice.purchase.minutes_left <= 0:
         return "Cancelled while waiting: the purchase has no minutes left."
     return ""

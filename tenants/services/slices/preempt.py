@@ -26,6 +26,7 @@ from nodes import services as node_services
 from nodes.models import Allocation
 from nodes.placement_sql import ROOM_SQL
 
+from ...image_policy import ANY
 from ...locks import slice_lock
 from ...models import Slice, SliceTransition
 from ..logs import slice_logs_note
@@ -67,7 +68,9 @@ def slice_preempt_for_room(*, slice: Slice, node_id: int | None = None) -> str:
     caller's transaction; the signal and the webhook leave after commit."""
     if slice.purchase.interruptible:
         return ""
-    held = _interruptible_held(guaranteed=slice.guaranteed, node_id=node_id)
+    held = _interruptible_held(
+        guaranteed=slice.guaranteed, node_id=node_id, agent_running=slice.image_policy == ANY
+    )
     if not held:
         return ""
     rooms = _card_rooms([h.gpu_id for h in held], guaranteed=slice.guaranteed)
@@ -101,11 +104,15 @@ def slice_preempt_for_room(*, slice: Slice, node_id: int | None = None) -> str:
     )
 
 
-def _interruptible_held(*, guaranteed: bool, node_id: int | None) -> list[_Held]:
+def _interruptible_held(
+    *, guaranteed: bool, node_id: int | None, agent_running: bool = False
+) -> list[_Held]:
     """The live interruptible reservations on the cards this launch could use (software
     slices only: a whole-card-only card is left to the watchdog's rules)."""
     cards = (
-        node_selectors.placeable_gpus(guaranteed=guaranteed, node_id=node_id)
+        node_selectors.placeable_gpus(
+            guaranteed=guaranteed, node_id=node_id, agent_running=agent_running
+        )
         .filter(mig_enabled=False, whole_card_only=False)
         .values("pk")
     )

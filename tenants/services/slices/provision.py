@@ -17,6 +17,7 @@ from ...locks import slice_lock
 from ...models import Image, Slice, SliceMount, Volume
 from ...run_ends import run_end_of
 from ...selectors import gateway_details, image_mount_home, slice_mount_args
+from .brought import slice_image_bring
 from .state import (
     S,
     container_remove_after_commit,
@@ -47,7 +48,7 @@ def _connection_details(slice: Slice, info: runtime.ContainerInfo) -> dict[str, 
     out["ports"] = {str(k): v for k, v in sorted(ports.items())}
     image = slice.image_entry
     user = image.ssh_user if image else "root"
-    declared = sorted(int(p) for p in (image.ports if image else []))
+    declared = slice.declared_ports
     if declared:
         out["gateway"] = gateway_details(
             slice.pk,
@@ -93,7 +94,8 @@ def _volume_gone(slice: Slice) -> bool:
 
 
 def slice_provision(*, slice_id: int, final_attempt: bool = True) -> str:
-    """Start the slice's container and mark it running; safe to run twice.
+    """Start the slice's container and mark it running; safe to run twice. A brought image
+    is pulled first with its tenant's own login, and runs by digest (docs/images.md).
 
     Raises ssh.SSHError when the node did not answer and this is not the final attempt
     (the task retries); on the final attempt, or when docker refuses, the slice fails and
@@ -121,23 +123,22 @@ def slice_provision(*, slice_id: int, final_attempt: bool = True) -> str:
     # an engine that sizes itself from the device is told the slice, after the tenant's
     # own arguments (the last one given wins): docs/templates.md
     told = engine_args(
-        allocation=slice.allocation,
-        engine=slice.engine,
-        budget_mb=slice.engine_budget_mb,
+        allocation=slice.allocation, engine=slice.engine, budget_mb=slice.engine_budget_mb
     )
     if told and command and slice.engine_args != told:
         Slice.objects.filter(pk=slice.pk).update(engine_args=told)
     try:
+        run = slice_image_bring(slice=slice).reference if slice.brought else slice.image
         info = node_services.container_start(
             allocation=slice.allocation,
             name=slice.container_name,
-            image=slice.image,
+            image=run,
             cpus=tier.cpu_cores,
             memory_mb=tier.host_ram_mb,
             pids_limit=tier.pids_limit,
             command=command + told if command else command,
             environment=_container_environment(slice),
-            ports=[int(p) for p in (image.ports if image else [])],
+            ports=slice.declared_ports,
             mounts=slice_mount_args(slice),
             mount_home=image_mount_home(image),
             host_key=slice.ssh_host_key,

@@ -36,6 +36,7 @@ def slice_launch_request(*, membership: Membership, request: LaunchRequest) -> L
             membership=membership,
             purchase=request.purchase,
             image=image,
+            image_reference=request.image_reference,
             model_request=model_request,
             command=command,
             environment=environment,
@@ -72,18 +73,20 @@ def slice_resume_request(
 
 def _with_template(
     request: LaunchRequest,
-) -> tuple[Image, Any, list[str], dict[str, str]]:
-    """(image, job, command, environment) with the template's defaults under the request's."""
+) -> tuple[Image | None, Any, list[str], dict[str, str]]:
+    """(image, job, command, environment) with the template's defaults under the request's
+    (an image named by reference stands for the template's: the launch says whether the
+    two agree)."""
     template = request.template
     image, job = request.image, request.model_request
     command, environment = list(request.command), dict(request.environment)
     if template is not None:
-        image = image or template.image
+        image = image or (None if request.image_reference.strip() else template.image)
         if job is None or isinstance(job, Mapping):  # anything else: the check names it
             job = {**(template.model_request or {}), **(job or {})}
         command = command or list(template.command or [])
         environment = {**(template.environment or {}), **environment}
-    if image is None:
+    if image is None and not request.image_reference.strip():
         raise ServiceError("Pick an image, or a template.", code="required", field="image")
     if job is None or job == {}:
         raise ServiceError(
