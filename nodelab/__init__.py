@@ -10,6 +10,7 @@ from .build import (
     SSH_PORT,
     SSH_USER_IN_IMAGE,
 )
+from .jupyter_image import JUPYTER_IMAGE, JUPYTER_PORT, JUPYTER_USER_IN_IMAGE
 from .lab import CONTAINER_NETWORK, Lab
 from .labnode import SSH_USER, LabContainer, LabNode, LabNodeSpec
 from .prereqs import LabUnavailable, problems
@@ -20,6 +21,9 @@ __all__ = [
     "HTTP_IMAGE",
     "HTTP_PORT",
     "IMAGE",
+    "JUPYTER_IMAGE",
+    "JUPYTER_PORT",
+    "JUPYTER_USER_IN_IMAGE",
     "PROBING_NEIGHBOUR",
     "SSH_IMAGE",
     "SSH_PORT",

@@ -30,6 +30,7 @@ def demo_specs(count: int, prefix: str = "lab", base_port: int = 0) -> list[LabN
             DEMO_LAYOUT[i % len(DEMO_LAYOUT)][0],
             quota_library=DEMO_LAYOUT[i % len(DEMO_LAYOUT)][1],
             port=base_port + i if base_port else 0,
+            jupyter=True,  # the demo's Jupyter template may be placed on any node
         )
         for i in range(count)
     ]

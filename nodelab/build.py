@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from .jupyter_image import jupyter_context, saved_image
 from .prereqs import NODE_PATH, LabUnavailable
 
 HERE = Path(__file__).resolve().parent
@@ -26,6 +27,10 @@ SSH_USER_IN_IMAGE = "renter"
 # where the platform gives an SSH image its slice's own host key (nodes.host_keys)
 HOST_KEY_IN_CONTAINER = "/run/gpuplatform/ssh_host_ed25519_key"
 IMAGES = {IMAGE: "Dockerfile", SSH_IMAGE: "Dockerfile.ssh", HTTP_IMAGE: "Dockerfile.http"}
+# under the build directory: links to the Jupyter image's context and to where that image
+# is saved once built (nodelab.jupyter_image)
+JUPYTER_CONTEXT = "jupyter"
+JUPYTER_SAVED = "jupyter.tar"
 # what OpenSSH needs inside: the server, and ssh-keygen for a host key made at first start
 OPENSSH_BINARIES = ("/usr/sbin/sshd", "/usr/bin/ssh-keygen")
 # rsync's receiving end (`rsync -e ssh` runs `rsync --server` inside), Debian's as well
@@ -37,12 +42,22 @@ BUSYBOX_APPLETS = (
 )  # fmt: skip
 
 
-def build_artifacts(out: Path) -> Path:
+def build_artifacts(out: Path, *, jupyter: bool = False) -> Path:
     """Compile the emulated driver library, the quota library and the workload, and lay
-    out the workload image's build context. Returns the build directory."""
+    out the workload image's build context; with `jupyter`, link to the Jupyter image's
+    context and saved image (nodelab.jupyter_image, made once and kept). Returns the build
+    directory."""
     out.mkdir(parents=True, exist_ok=True)
     _compile(out)
     _image_context(out)
+    if jupyter:
+        context = jupyter_context()
+        for name, target in (
+            (JUPYTER_CONTEXT, context),
+            (JUPYTER_SAVED, saved_image(context, out / "image" / "rootfs")),
+        ):
+            (out / name).unlink(missing_ok=True)
+            (out / name).symlink_to(target)
     return out
 
 

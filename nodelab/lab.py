@@ -89,7 +89,7 @@ class Lab:
         (root / "owner.pid").write_text(str(os.getpid()))
         lab = cls(root, [], owned_root=owned)
         try:
-            build = build_artifacts(root / "build")
+            build = build_artifacts(root / "build", jupyter=any(s.jupyter for s in specs))
             lab.nodes = [LabNode(spec, root, build) for spec in specs]
             for node in lab.nodes:
                 node.prepare(authorized_keys)

@@ -18,7 +18,8 @@ from typing import Any
 
 from emulator.catalog import GpuSpec
 
-from .build import IMAGES, NODE_FILES
+from .build import IMAGES, JUPYTER_CONTEXT, JUPYTER_SAVED, NODE_FILES
+from .jupyter_image import JUPYTER_IMAGE
 from .node import gpuctl
 from .prereqs import DOCKERD, NODE_PATH, SSHD, LabUnavailable
 from .processes import (
@@ -59,6 +60,9 @@ class LabNodeSpec:
     driver_version: str = "550.54.15"
     cuda_version: str = "12.4"
     toolkit_version: str = "1.19.1"  # what the stand-in hook reports for --version
+    # the node holds the Jupyter image too (nodelab.jupyter_image): the demo's nodes and the
+    # tests that open Jupyter; the others go without its build
+    jupyter: bool = False
 
 
 @dataclass
@@ -259,7 +263,8 @@ class LabNode:
 
     def build_image(self) -> None:
         """The lab's images, from one context (the second and third reuse the first's
-        layer): the workload, and the SSH and HTTP stand-ins."""
+        layer): the workload, and the SSH and HTTP stand-ins; then, where the spec asks,
+        the Jupyter image."""
         context = self.build / "image"
         for image, dockerfile in IMAGES.items():
             if self.docker("image", "inspect", image, check=False).returncode == 0:
@@ -268,6 +273,26 @@ class LabNode:
                 "build", "--quiet", "--tag", image, "--file", str(context / dockerfile),
                 str(context), timeout=120,
             )  # fmt: skip
+        if self.spec.jupyter:
+            self._jupyter_image()
+
+    def _jupyter_image(self) -> None:
+        """Loaded where an earlier node saved it, else built on the workload image and
+        saved for the next (nodelab.jupyter_image)."""
+        if self.docker("image", "inspect", JUPYTER_IMAGE, check=False).returncode == 0:
+            return
+        saved = (self.build / JUPYTER_SAVED).resolve()
+        if saved.exists():
+            self.docker("load", "--quiet", "--input", str(saved), timeout=300)
+            return
+        context = (self.build / JUPYTER_CONTEXT).resolve()
+        self.docker("build", "--quiet", "--tag", JUPYTER_IMAGE, str(context), timeout=300)
+        partial = saved.with_name(f".{saved.name}.{self.name}.{os.getpid()}")
+        try:
+            self.docker("save", "--output", str(partial), JUPYTER_IMAGE, timeout=300)
+            partial.replace(saved)  # whichever node saves last, the same image
+        finally:
+            partial.unlink(missing_ok=True)
 
     def sshd_config(self) -> str:
         setenv = {
@@ -545,7 +570,7 @@ class LabNode:
                 ids = self.container_ids()
                 if ids:
                     self.docker("rm", "--force", *ids, timeout=120)
-                self.docker("image", "rm", "--force", *IMAGES, check=False)
+                self.docker("image", "rm", "--force", *IMAGES, JUPYTER_IMAGE, check=False)
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 left.append(f"{self.name}: containers: {exc}")
         stop_process(self._procs.pop("dockerd", None), timeout=30)

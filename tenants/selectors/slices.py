@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypedDict
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.db.models import (
@@ -33,6 +34,7 @@ from nodes.allowlist import AllowlistedImage
 from nodes.devices import VramQuota, allocation_quota
 from nodes.models import ProcessSample
 from nodes.selectors import gpu_shapes_in_service
+from nodes.volumes import home_of
 
 from ..models import (
     Image,
@@ -323,8 +325,9 @@ def gateway_details(
 ) -> dict[str, Any]:
     """How a renter reaches the slice through the platform's SSH gateway: a forward per
     declared port (on a free local port), `ssh -J` to the container's own sshd where the
-    image has one, an ~/.ssh/config snippet, the gateway's host key to pin and the slice's
-    own host key (which the snippet pins, so a resumed slice asks nothing)."""
+    image has one, an ~/.ssh/config snippet, the gateway's host key to pin, the slice's
+    own host key (which the snippet pins, so a resumed slice asks nothing) and links that
+    open the slice in a desktop IDE through the snippet's host."""
     host, _, port = settings.GATEWAY_ADDRESS.rpartition(":")
     host = settings.GATEWAY_PUBLIC_HOST or host.strip("[]") or "127.0.0.1"
     name = f"slice-{slice_id}"
@@ -356,7 +359,27 @@ def gateway_details(
         "slice_host_key": known_hosts.split(" ", 1)[1] if known_hosts else "",
         "slice_host_key_fingerprint": host_key_fingerprint(host_key_public) if sshd else "",
         "known_hosts": known_hosts,
+        "ide": ide_links(host_alias=name, ssh_user=ssh_user) if sshd else [],
     }
+
+
+def ide_links(*, host_alias: str, ssh_user: str) -> list[dict[str, str]]:
+    """Links that open a slice with an sshd in a desktop IDE over SSH: each names the host
+    of the ~/.ssh/config snippet (`gateway_details`), whose ProxyJump goes through the
+    gateway, and opens the login user's home. VS Code and Cursor (Remote - SSH's own
+    `vscode-remote` URI) open the folder; JetBrains Gateway's `connect` link fills in its
+    SSH connection (the renter then picks the IDE to run there)."""
+    folder = home_of(ssh_user) or ("/root" if ssh_user == "root" else "/")
+    gateway = urlencode({"type": "ssh", "deploy": "false", "host": host_alias, "port": "22",
+                         "user": ssh_user, "projectPath": folder})  # fmt: skip
+    return [
+        {"id": "vscode", "name": "VS Code",
+         "url": f"vscode://vscode-remote/ssh-remote+{host_alias}{folder}"},
+        {"id": "cursor", "name": "Cursor",
+         "url": f"cursor://vscode-remote/ssh-remote+{host_alias}{folder}"},
+        {"id": "jetbrains", "name": "JetBrains Gateway",
+         "url": f"jetbrains-gateway://connect#{gateway}"},
+    ]  # fmt: skip
 
 
 def slice_transitions(*, slice: Slice) -> QuerySet[SliceTransition]:

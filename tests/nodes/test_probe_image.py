@@ -227,6 +227,7 @@ def test_the_demo_seeding_chooses_the_labs_image_explicitly(settings, tmp_path) 
     from tenants.models import LaunchTemplate  # noqa: PLC0415 - the one tenants model read here
 
     assert sorted(LaunchTemplate.objects.values_list("name", "image__name")) == [
+        ("Jupyter", "Jupyter (lab)"),
         ("Model server", "HTTP service (lab)"),
         ("SSH workspace", "SSH (lab)"),
     ]

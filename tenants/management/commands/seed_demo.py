@@ -21,11 +21,12 @@ from tenants.models import Image, LaunchTemplate, LedgerEntry, Membership
 # The allowlist a fresh demo starts with (ops edit it on /ops/images/): only images the
 # demo's nodes hold, since nothing can be pulled there. On the node lab (make run's far end
 # where it can start) these are built on each lab node at start: the workload, and small
-# stand-ins that do what they say (a real OpenSSH sshd, an HTTP service), each running the
-# GPU job too. The emulated far end holds any image.
+# stand-ins that do what they say (a real OpenSSH sshd, an HTTP service, JupyterLab on the
+# machine's python3), each running the GPU job too. The emulated far end holds any image.
 LAB_IMAGE = "gpuplatform-lab/workload:1"
 LAB_SSH_IMAGE = "gpuplatform-lab/ssh:1"
 LAB_HTTP_IMAGE = "gpuplatform-lab/http:1"
+LAB_JUPYTER_IMAGE = "gpuplatform-lab/jupyter:1"
 DEMO_IMAGES: list[dict[str, object]] = [
     {
         "name": "GPU workload (lab)",
@@ -53,6 +54,14 @@ DEMO_IMAGES: list[dict[str, object]] = [
         "ports": [8000],
         "connect": Image.Connect.SERVICE,
     },
+    {
+        "name": "Jupyter (lab)",
+        "reference": LAB_JUPYTER_IMAGE,
+        "description": "JupyterLab on port 8888 as user renter (not root), with a token of "
+        "the slice's own that the platform gives it, beside the lab's CUDA job.",
+        "ports": [8888],
+        "connect": Image.Connect.JUPYTER,
+    },
 ]
 # Templates on the demo's images (an engine template needs its engine's image, which the
 # lab's nodes do not hold: ops add those on real nodes, docs/templates.md).
@@ -69,6 +78,13 @@ DEMO_TEMPLATES: list[dict[str, object]] = [
         "image": "HTTP service (lab)",
         "description": "An OpenAI-style endpoint on port 8000, reached with ssh -L.",
         "model_request": {"model": {"catalog": "Qwen/Qwen2.5-1.5B"}, "context_tokens": 4096},
+    },
+    {
+        "name": "Jupyter",
+        "image": "Jupyter (lab)",
+        "description": "JupyterLab, opened from the slice page (or with ssh -L through the "
+        "gateway); the slice's own token, on the page for its tenant's members.",
+        "model_request": {"model": {"catalog": "Qwen/Qwen2.5-0.5B"}, "context_tokens": 2048},
     },
 ]
 DEMO_CREDIT = "50.00"
