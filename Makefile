@@ -38,6 +38,9 @@ run: export DJANGO_SECURE_HSTS_SECONDS ?= 0
 run: export DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS ?= false
 run: export DJANGO_SECURE_HSTS_PRELOAD ?= false
 run: export DJANGO_BEHIND_TLS_PROXY ?= false
+# the slices' port addresses over plain HTTP on the edge's port: http://s<id>-<port>.gpp-proxy.localhost:8001/
+run: export GPUPLATFORM_PROXY_SCHEME ?= http
+run: export GPUPLATFORM_PROXY_PUBLIC_PORT ?= 8001
 
 var/secret-key: | $(PY)
 	@mkdir -p var
@@ -105,7 +108,8 @@ format: install-test
 ## vendor: refresh static/vendor/ from the pinned npm packages (files are committed)
 vendor:
 	npm ci --no-audit --no-fund
-	rm -rf $(VENDOR) && mkdir -p $(VENDOR)/htmx $(VENDOR)/chartjs $(VENDOR)/pico $(VENDOR)/swagger-ui
+	rm -rf $(VENDOR) && mkdir -p $(VENDOR)/htmx $(VENDOR)/chartjs $(VENDOR)/pico $(VENDOR)/swagger-ui \
+	  $(VENDOR)/xterm
 	cp node_modules/htmx.org/dist/htmx.min.js node_modules/htmx.org/LICENSE $(VENDOR)/htmx/
 	cp node_modules/chart.js/dist/chart.umd.min.js node_modules/chart.js/dist/chart.umd.min.js.map \
 	   node_modules/chart.js/LICENSE.md $(VENDOR)/chartjs/
@@ -116,6 +120,10 @@ vendor:
 	   node_modules/swagger-ui-dist/swagger-ui.css.map \
 	   node_modules/swagger-ui-dist/favicon-32x32.png \
 	   node_modules/swagger-ui-dist/LICENSE $(VENDOR)/swagger-ui/
+	cp node_modules/@xterm/xterm/lib/xterm.js node_modules/@xterm/xterm/lib/xterm.js.map \
+	   node_modules/@xterm/xterm/css/xterm.css node_modules/@xterm/xterm/LICENSE \
+	   node_modules/@xterm/addon-fit/lib/addon-fit.js node_modules/@xterm/addon-fit/lib/addon-fit.js.map \
+	   $(VENDOR)/xterm/
 	node -e 'const p=require("./package.json").devDependencies;console.log(Object.entries(p).map(e=>e.join("@")).join("\n"))' > $(VENDOR)/VERSIONS.txt
 
 clean:

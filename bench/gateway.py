@@ -144,21 +144,30 @@ def openssh(port: int, key: Path, known: Path, *args: str) -> list[str]:
 # --- set-up ------------------------------------------------------------------------------
 
 
-def platform(lab: Lab, payload_mib: int, renter_public: str) -> Slice:
+def platform(
+    lab: Lab,
+    payload_mib: int,
+    renter_public: str,
+    *,
+    reference: str = IMAGE,
+    command: list[str] | None = None,
+) -> Slice:
     """Register the lab node as ops would, then a tenant whose member launches the
-    serving slice; returns it running."""
+    serving slice (`command`, by default serve_command's, in `reference`); returns it
+    running."""
     User = get_user_model()  # noqa: N806
     ops = User.objects.create_user(
         username="ops@gw.test", email="ops@gw.test", password="x" * 16, is_staff=True
     )
     image = Image.objects.create(
         name="Lab payload",
-        reference=IMAGE,
+        reference=reference,
         ports=[HTTP_PORT, ECHO_PORT],
         connect=Image.Connect.SERVICE,
     )
+    probe = image if reference == IMAGE else Image.objects.create(name="Lab", reference=IMAGE)
     node_services.preflight_policy_update(
-        actor=ops, reason="the bench's probe image", probe_image=image.reference
+        actor=ops, reason="the bench's probe image", probe_image=probe.reference
     )
     for far in lab.nodes:
         node = node_services.node_register(
@@ -186,7 +195,7 @@ def platform(lab: Lab, payload_mib: int, renter_public: str) -> Slice:
         purchase=purchase,
         image=image,
         model_request=MODEL,
-        command=serve_command(payload_mib),
+        command=command or serve_command(payload_mib),
         environment={"WORKLOAD_MB": "500"},
     )
     s.refresh_from_db()

@@ -5,6 +5,7 @@ anything else is refused with a reason that tells nothing about other tenants.""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from tenants.selectors import ssh_key_owner
 from tenants.services import ssh_key_touch
 
 from .models import GatewayStream
+from .relays import Target
 
 SLICE_HOST_RE = re.compile(r"^slice-([1-9][0-9]{0,11})$")
 CONNECT_ROLES = (Role.OWNER, Role.MEMBER)  # viewers look, they do not get in
@@ -70,24 +72,16 @@ class Identity:
     label: str  # for logs: the user's email
 
 
-@dataclass(frozen=True)
-class Target:
-    slice_id: int
-    tenant_id: int
-    container_id: str
-    endpoint: ssh.Endpoint
-    port: int
-
-
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _fresh(fn: Callable[P, R]) -> Callable[P, R]:
+def fresh(fn: Callable[P, R]) -> Callable[P, R]:
     """Database work from one of the event loop's worker threads: its own connection,
     closed afterwards, so no thread holds one between the loop's calls (the loop's
     threads come and go; the rechecks are batched so this stays cheap)."""
 
+    @functools.wraps(fn)
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
         close_old_connections()
         try:
@@ -95,8 +89,6 @@ def _fresh(fn: Callable[P, R]) -> Callable[P, R]:
         finally:
             connections.close_all()
 
-    run.__name__ = fn.__name__
-    run.__doc__ = fn.__doc__
     return run
 
 
@@ -115,7 +107,7 @@ def _throttle_request(address: str) -> Request:
     return Request(request)
 
 
-@_fresh
+@fresh
 def address_blocked(address: str) -> bool:
     """Past the gateway's per-address rate of failed sign-ins."""
     throttle = GatewayAuthFailureThrottle()
@@ -125,12 +117,12 @@ def address_blocked(address: str) -> bool:
     return len(throttle.history) >= throttle.num_requests
 
 
-@_fresh
+@fresh
 def auth_failed(address: str) -> None:
     GatewayAuthFailureThrottle().record_failure(_throttle_request(address))
 
 
-@_fresh
+@fresh
 def identify(fingerprint: str) -> Identity | None:
     """The active user whose registered key this is. Only a lookup: the client may just be
     asking whether the key would do (an unsigned query), which proves nothing, so it
@@ -144,7 +136,7 @@ def identify(fingerprint: str) -> Identity | None:
     return Identity(user_id=user.pk, key_id=key.pk, fingerprint=fingerprint, label=user.email)
 
 
-@_fresh
+@fresh
 def signed_in(identity: Identity, address: str) -> frozenset[int]:
     """After a verified signature: the key's last use noted, and the tenants in which the
     user may connect now. The connection stands for these rights: losing any of them
@@ -173,7 +165,7 @@ def _gone(identity: Identity) -> str:
     return "the key was removed"
 
 
-@_fresh
+@fresh
 def stream_target(*, identity: Identity, destination: str, port: int) -> Target:
     """Where a `direct-tcpip` channel to destination:port goes, or Refused. Asked of the
     database as it is now, for every channel: the key still registered to this user, the
@@ -210,7 +202,7 @@ def stream_target(*, identity: Identity, destination: str, port: int) -> Target:
         raise Refused(f"{s.tenant.name} is suspended")
     if s.state != Slice.State.RUNNING or not s.container_id or s.allocation is None:
         raise Refused(f"slice {slice_id} is {s.state}, not running")
-    declared = sorted(int(p) for p in (s.image_entry.ports if s.image_entry else []) or [])
+    declared = s.declared_ports
     if port not in declared:
         ports = ", ".join(map(str, declared)) or "none"
         raise Refused(
@@ -226,7 +218,7 @@ def stream_target(*, identity: Identity, destination: str, port: int) -> Target:
     )
 
 
-@_fresh
+@fresh
 def still_allowed(
     streams: list[tuple[Identity, Target]],
     signed: list[tuple[Identity, frozenset[int]]],
@@ -274,7 +266,7 @@ def _why_close(identity: Identity, target: Target) -> str:
     return ""
 
 
-@_fresh
+@fresh
 def audit_refused(
     *, identity: Identity, destination: str, port: int, address: str, reason: str
 ) -> None:
@@ -295,7 +287,7 @@ def audit_refused(
     )
 
 
-@_fresh
+@fresh
 def audit_opened(*, identity: Identity, target: Target, destination: str, address: str) -> int:
     return GatewayStream.objects.create(
         user_id=identity.user_id,
@@ -308,7 +300,7 @@ def audit_opened(*, identity: Identity, target: Target, destination: str, addres
     ).pk
 
 
-@_fresh
+@fresh
 def audit_closed(*, stream_id: int, up: int, down: int, because: str) -> None:
     with transaction.atomic():
         GatewayStream.objects.filter(pk=stream_id, closed_at__isnull=True).update(

@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "tenants",
     "incidents",
     "gateway",
+    "edge",
 ]
 
 MIDDLEWARE = [
@@ -381,12 +382,55 @@ GATEWAY_STARTUPS_PER_ADDRESS = env.int("GPUPLATFORM_GATEWAY_STARTUPS_PER_ADDRESS
 GATEWAY_STARTUP_BURST = env.int("GPUPLATFORM_GATEWAY_STARTUP_BURST", default=10)
 GATEWAY_STARTUPS_PER_MINUTE = env.float("GPUPLATFORM_GATEWAY_STARTUPS_PER_MINUTE", default=60)
 
+# --- the edge: the web terminal's WebSockets and the slices' HTTPS addresses (edge/) ----
+# host:port the edge process listens on (aiohttp, beside the gateway; never beyond it)
+EDGE_ADDRESS = env.str("GPUPLATFORM_EDGE_ADDRESS", default="127.0.0.1:8001")
+# the edge's address as browsers reach it for the web terminal (scheme://host[:port]);
+# empty: http://EDGE_ADDRESS (make run); behind TLS, the public https address
+EDGE_PUBLIC_URL = env.str("GPUPLATFORM_EDGE_PUBLIC_URL", default="")
+# the domain every slice port's address lies under: s<slice>-<port>.<domain>. It must lie
+# outside the platform's own registrable domain (a slice's page can then never read or
+# set the platform's cookies); a wildcard DNS name and certificate point it at the edge.
+PROXY_DOMAIN = env.str("GPUPLATFORM_PROXY_DOMAIN", default="gpp-proxy.localhost")
+PROXY_SCHEME = env.str("GPUPLATFORM_PROXY_SCHEME", default="https")
+# the port in the addresses shown to renters ("" for the scheme's own: 443 behind TLS)
+PROXY_PUBLIC_PORT = env.str("GPUPLATFORM_PROXY_PUBLIC_PORT", default="")
+# how long the platform's signed hand-off to a port's address may wait to be used
+PROXY_HANDOFF_S = env.int("GPUPLATFORM_PROXY_HANDOFF_S", default=60)
+# how long a port address's own session cookie lasts (then: Open again on the slice page)
+PROXY_SESSION_S = env.int("GPUPLATFORM_PROXY_SESSION_S", default=4 * 3600)
+PROXY_MAX_BODY_BYTES = env.int("GPUPLATFORM_PROXY_MAX_BODY_BYTES", default=64 * 1024 * 1024)
+PROXY_IDLE_TIMEOUT_S = env.int("GPUPLATFORM_PROXY_IDLE_TIMEOUT_S", default=900)
+# requests and WebSockets in flight at once: per user (or per public address), per slice,
+# and in all
+PROXY_CONNECTIONS_PER_USER = env.int("GPUPLATFORM_PROXY_CONNECTIONS_PER_USER", default=256)
+PROXY_CONNECTIONS_PER_SLICE = env.int("GPUPLATFORM_PROXY_CONNECTIONS_PER_SLICE", default=512)
+PROXY_CONNECTIONS_TOTAL = env.int("GPUPLATFORM_PROXY_CONNECTIONS_TOTAL", default=4096)
+# how long a decision to let a user's requests through is reused before the database is
+# asked again (open WebSockets are rechecked on the gateway's GATEWAY_RECHECK_S)
+PROXY_RECHECK_S = env.float("GPUPLATFORM_PROXY_RECHECK_S", default=2.0)
+# the slice page's Open buttons post to the platform, which redirects the browser to a
+# port's address: CSP's form-action covers the redirect's target too
+CONTENT_SECURITY_POLICY["DIRECTIVES"]["form-action"].append(f"*.{PROXY_DOMAIN}:*")
+# web terminals: how long the page's one-use ticket lasts, sessions open per user at once
+TERMINAL_TICKET_S = env.int("GPUPLATFORM_TERMINAL_TICKET_S", default=30)
+TERMINAL_SESSIONS_PER_USER = env.int("GPUPLATFORM_TERMINAL_SESSIONS_PER_USER", default=8)
+
 # Whether the nodes can pull an image they do not hold from its registry: "yes", "no", or
 # "" (not known). The launch page says so beside an image no node holds.
 _PULL_WORDS = {"1": "yes", "true": "yes", "yes": "yes", "0": "no", "false": "no", "no": "no"}
 NODES_CAN_PULL = _PULL_WORDS.get(
     env.str("GPUPLATFORM_NODES_CAN_PULL", default="").strip().lower(), ""
 )
+# Images renters bring (docs/images.md). Every image, allowlisted or brought, is refused at
+# its start when it is larger than IMAGE_MAX_GB (Docker's size of it, unpacked) or would
+# leave the node's Docker disk less than IMAGE_DISK_RESERVE_GB free.
+IMAGE_MAX_GB = env.float("GPUPLATFORM_IMAGE_MAX_GB", default=80.0)
+IMAGE_DISK_RESERVE_GB = env.float("GPUPLATFORM_IMAGE_DISK_RESERVE_GB", default=5.0)
+# The secrets a tenant's registry logins are sealed with (tenants/sealing.py): the first
+# seals, all unseal (put a new one first to rotate). Empty: derived from DJANGO_SECRET_KEY,
+# so changing that key makes the stored logins unreadable (renters then enter them again).
+CREDENTIALS_KEYS: list[str] = env.list("GPUPLATFORM_CREDENTIALS_KEYS", default=[])
 # Seconds to wait after `docker run` before checking the container still runs.
 NODES_CONTAINER_SETTLE_S = env.float("GPUPLATFORM_CONTAINER_SETTLE_S", default=1.0)
 # A slice still provisioning after this long is retried (3 attempts) or failed by reconcile.

@@ -37,4 +37,5 @@ urlpatterns = [
     path("", include("tenants.urls")),
     path("", include("nodes.urls")),
     path("", include("incidents.urls")),
+    path("", include("edge.urls")),
 ]

@@ -1,6 +1,16 @@
 from django.urls import path
 
-from .views import accounts, billing, estimate, slices, spend, two_factor, volumes
+from .views import (
+    accounts,
+    billing,
+    estimate,
+    registries,
+    slices,
+    spend,
+    terminal,
+    two_factor,
+    volumes,
+)
 
 app_name = "tenants"
 
@@ -69,6 +79,7 @@ urlpatterns = [
     path("slices/<int:pk>/", slices.slice_detail, name="slice_detail"),
     path("slices/<int:pk>/stop/", slices.slice_stop, name="slice_stop"),
     path("slices/<int:pk>/logs/", slices.slice_logs, name="slice_logs"),
+    path("slices/<int:pk>/terminal/", terminal.terminal_ticket, name="slice_terminal"),
     path("slices/<int:pk>/resume/", volumes.slice_resume, name="slice_resume"),
     path("slices/<int:pk>/terminate/", volumes.slice_terminate, name="slice_terminate"),
     path("volumes/", volumes.volumes, name="volumes"),
@@ -78,5 +89,18 @@ urlpatterns = [
     path("ops/images/", slices.ops_images, name="ops_images"),
     path("ops/images/<int:pk>/", slices.ops_image_edit, name="ops_image_edit"),
     path("ops/images/<int:pk>/active/", slices.ops_image_active, name="ops_image_active"),
+    # images renters bring: the registry policy, tenants' registry logins
+    path("ops/registries/", registries.ops_registries, name="ops_registries"),
+    path(
+        "ops/registries/<int:pk>/remove/",
+        registries.ops_registry_remove,
+        name="ops_registry_remove",
+    ),
+    path("registries/", registries.registries, name="registries"),
+    path(
+        "registries/<int:pk>/remove/",
+        registries.registry_login_remove,
+        name="registry_login_remove",
+    ),
     path("ops/calibration/", slices.ops_calibration, name="ops_calibration"),
 ]

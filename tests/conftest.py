@@ -337,6 +337,22 @@ def ready_volume(membership, name: str) -> Volume:
 
 
 @pytest.fixture
+def edge(settings):
+    """The edge on a free loopback port; slice port addresses under gpp-proxy.localhost
+    point at it over plain HTTP."""
+    from tests.edge.support import EdgeThread  # noqa: PLC0415 - aiohttp only here
+
+    settings.GATEWAY_RECHECK_S = 0.5
+    settings.PROXY_SCHEME = "http"
+    settings.PROXY_DOMAIN = "gpp-proxy.localhost"
+    thread = EdgeThread().start()
+    settings.PROXY_PUBLIC_PORT = str(thread.port)
+    settings.EDGE_PUBLIC_URL = f"http://127.0.0.1:{thread.port}"
+    yield thread
+    thread.stop()
+
+
+@pytest.fixture
 def gateway(settings, tmp_path):
     from tests.gateway.support import GatewayThread  # noqa: PLC0415 - asyncssh only here
 

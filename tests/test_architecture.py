@@ -19,7 +19,7 @@ from gpuplatform.celery import app as celery_app
 from gpuplatform.urls import urlpatterns
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCTION = ("gpuplatform", "tenants", "nodes", "incidents", "gateway", "estimator", "cli")
+PRODUCTION = ("gpuplatform", "tenants", "nodes", "incidents", "gateway", "edge", "estimator", "cli")
 TEST_EQUIPMENT = ("emulator", "nodelab")
 MAX_MODULE_LINES = 700
 # A function a reader holds in one screen: longer ones are split into named steps.

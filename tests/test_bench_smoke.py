@@ -73,6 +73,11 @@ SMOKE: dict[str, tuple[list[str], set[str]]] = {
             for what in ("ms", "growth", "queries")
         },
     ),  # fmt: skip
+    "proxy": (
+        ["--hold-s", "3", "--connections", "4", "--fetches", "1"]
+        + ["--payload-mb", "2", "--ws-messages", "5", "--interval-s", "1"],
+        {"proxy_throughput_mb_s", "proxy_ws_rtt_p95_ms", "proxy_concurrent_ok"},
+    ),
     "sampling": (
         [
             "--nodes",

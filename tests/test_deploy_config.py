@@ -33,8 +33,8 @@ SETTINGS_FILE = ROOT / "gpuplatform" / "settings.py"
 
 # one Celery worker service per queue, each scaled on its own (docs/scale-out.md)
 WORKERS = tuple(f"worker-{queue}" for queue in django_settings.CELERY_QUEUE_NAMES)
-SERVICES = {"postgres", "redis", "migrate", "web", *WORKERS, "beat", "gateway"}
-APP_SERVICES = ("web", *WORKERS, "beat", "gateway")
+SERVICES = {"postgres", "redis", "migrate", "web", *WORKERS, "beat", "gateway", "edge"}
+APP_SERVICES = ("web", *WORKERS, "beat", "gateway", "edge")
 
 # "NAME=value" or, for a documented default, "# NAME=value".
 _ENV_LINE = re.compile(r"^(#\s?)?([A-Z][A-Z0-9_]*)=(.*)$")
@@ -269,7 +269,7 @@ def test_scaled_services_neither_name_their_container_nor_publish_a_host_port(co
         for name, service in compose["services"].items()
         if service.get("ports")
     }
-    assert set(published) == {"web", "gateway"}
+    assert set(published) == {"web", "gateway", "edge"}
     ports = [port for ports in published.values() for port in ports]
     assert len(ports) == len(set(ports)), published
 
@@ -458,3 +458,14 @@ def test_docker_compose_accepts_the_file(tmp_path):
         timeout=30,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_the_edge_runs_on_loopback_behind_the_tls_proxy_with_the_platform_key(compose):
+    edge = compose["services"]["edge"]
+    assert command_argv(edge["command"]) == ["python", "manage.py", "run_edge"]
+    env = container_env(compose, "edge", **filled_secrets())
+    assert env["GPUPLATFORM_EDGE_ADDRESS"] == "0.0.0.0:8001"
+    # published on the host's loopback only: the TLS proxy in front terminates the
+    # wildcard name of the proxy domain and passes WebSocket upgrades on
+    assert [str(p) for p in edge["ports"]] == ["127.0.0.1:8001:8001"]
+    assert "platform-ssh:/app/var/ssh" in edge["volumes"]

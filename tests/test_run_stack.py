@@ -245,7 +245,7 @@ def test_run_stack_serves_runs_tasks_and_stops_everything_on_ctrl_c(
             raise
     assert code == 0, log.read_text()
     text = log.read_text()
-    for name in (far_end, "web", "worker", "beat", "gateway"):
+    for name in (far_end, "web", "worker", "beat", "gateway", "edge"):
         assert f"stopped {name}" in text
     time.sleep(0.5)
     alive = [pid for pid in children if _running(pid)]

@@ -41,6 +41,7 @@ from ..models import Image, LaunchTemplate, Membership, Slice, Tenant, Tier
 from ..permissions import member_required, redact_for_viewers
 from ..selectors.slices import slice_runs
 from .estimate import estimate_for, present
+from .terminal import allow_edge, terminal_context
 
 LIVE_SECONDS = 3
 
@@ -229,7 +230,7 @@ def _launch_context(
     tenant = request.membership.tenant
     images = form.images
     purchase_tiers = {str(p.pk): p.tier.vram_mb for p in form.usable}
-    has_images = images.exists()
+    has_images = images.exists() or form.brings_images  # or an image of the tenant's own
     in_use = [] if form.usable else selectors.slices_holding_purchases(tenant)
     job = request.POST if request.method == "POST" else _launch_initial_job(form)
     return {
@@ -303,7 +304,8 @@ def slice_detail(request: MemberRequest, pk: int) -> HttpResponse:
     services.slice_logs_request(slice=slice)
     context.update(slice_log_tail(slice))
     context["run_history"] = list(slice_runs(slice=slice))
-    return render(request, "tenants/slice_detail.html", context)
+    context.update(terminal_context(slice, request.membership))
+    return allow_edge(render(request, "tenants/slice_detail.html", context))
 
 
 @member_required

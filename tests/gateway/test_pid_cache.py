@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gateway import access, server
+from gateway import access, relays
 from nodes import relay, ssh
 
 CONTAINER = "c" * 64
@@ -75,12 +75,12 @@ class FakeNodes:
 
     async def acquire(self, endpoint):
         self.taken += 1
-        return server.NodeConnection(self.node)
+        return relays.NodeConnection(self.node)
 
     def release(self, conn) -> None:
         self.taken -= 1
 
-    starting = server.Nodes.starting
+    starting = relays.Nodes.starting
     _starting: dict  # per instance, set in the fixture
 
 
@@ -105,18 +105,18 @@ def target(container: str = CONTAINER) -> access.Target:
 @pytest.fixture
 def gw(settings):
     def make(node: FakeNode, ttl_s: float = 30.0):
-        gateway = server.Gateway.__new__(server.Gateway)
+        gateway = relays.Relays.__new__(relays.Relays)
         gateway.nodes = FakeNodes(node)
         gateway.nodes._starting = {}
         gateway.clock = Clock()
-        gateway.pids = server.PidCache(ttl_s=ttl_s, clock=gateway.clock)
+        gateway.pids = relays.PidCache(ttl_s=ttl_s, clock=gateway.clock)
         return gateway
 
     return make
 
 
 def open_relay(gateway, t: access.Target | None = None):
-    return asyncio.run(gateway._connect_relay(t or target(), 8080))
+    return asyncio.run(gateway.connect(t or target(), 8080))
 
 
 def test_a_second_open_skips_the_pid_lookup(gw) -> None:
@@ -239,8 +239,8 @@ def test_a_burst_of_opens_starts_a_few_relays_on_a_node_at_a_time(gw) -> None:
     gateway = gw(node)
 
     async def burst() -> list:
-        return await asyncio.gather(*(gateway._connect_relay(target(), 8080) for _ in range(20)))
+        return await asyncio.gather(*(gateway.connect(target(), 8080) for _ in range(20)))
 
     opened = asyncio.run(burst())
     assert len(opened) == 20 and len(node.relays) == 20  # every one started, in turn
-    assert node.most == server.RELAY_STARTS_PER_NODE
+    assert node.most == relays.RELAY_STARTS_PER_NODE

@@ -21,12 +21,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
         logging.getLogger("asyncssh").setLevel(logging.WARNING)
-        if options["addr"]:
-            host, _, port = options["addr"].rpartition(":")
-            address = (host.strip("[]") or "127.0.0.1", int(port))
-        else:
-            address = server.listen_address()
-        asyncio.run(self._serve(*address))
+        asyncio.run(self._serve(*server.listen_address(options["addr"])))
 
     async def _serve(self, host: str, port: int) -> None:
         host_key, client_key = server.load_keys()

@@ -1,5 +1,5 @@
-"""Run the demo fleet, web, Celery worker, Celery beat and the SSH gateway as real
-processes; Ctrl-C stops them all.
+"""Run the demo fleet, web, Celery worker, Celery beat, the SSH gateway and the edge as
+real processes; Ctrl-C stops them all.
 
 The demo fleet is the node lab (real sshd and dockerd per node, emulated GPUs) wherever
 it can start (root, Docker Engine and OpenSSH installed), else the pure-Python node
@@ -59,7 +59,7 @@ def _fleet_commands(*, count: int, base_port: int) -> Commands:
 
 
 def _service_commands(addr: str) -> Commands:
-    """Web, worker, beat and the gateway, in the order they start."""
+    """Web, worker, beat, the gateway and the edge, in the order they start."""
     python = sys.executable
     return {
         "web": [python, "manage.py", "runserver", addr, "--noreload"],
@@ -68,11 +68,17 @@ def _service_commands(addr: str) -> Commands:
         "beat": [python, "-m", "celery", "-A", "gpuplatform", "beat", "--loglevel", "INFO"],
         # renters reach their slices through it (GPUPLATFORM_GATEWAY_ADDRESS)
         "gateway": [python, "manage.py", "run_gateway"],
+        # the web terminal's WebSockets and the slices' port addresses
+        # (GPUPLATFORM_EDGE_ADDRESS, GPUPLATFORM_PROXY_DOMAIN)
+        "edge": [python, "manage.py", "run_edge"],
     }
 
 
 class Command(BaseCommand):
-    help = "Start the demo fleet (node lab or emulator), web, a Celery worker, beat, the gateway."
+    help = (
+        "Start the demo fleet (node lab or emulator), web, a Celery worker, beat, the gateway "
+        "and the edge."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--addr", default=os.environ.get("GPUPLATFORM_ADDR", "127.0.0.1:8000"))
