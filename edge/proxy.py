@@ -5,83 +5,77 @@ Upstream, each request goes through an aiohttp client whose connector opens a ga
 relay (gateway/relays.py) instead of a TCP connection: the relay's SSH session is handed
 to aiohttp as one end of a socket pair, so aiohttp speaks HTTP/1.1 (keep-alive, chunked
 bodies, the WebSocket upgrade) over it as over any socket. Connections are pooled per
-person, slice and container: a browser's many requests to a Jupyter share a few relays,
+person (or public address), slice, container, port and kind: a browser's many requests to
+a Jupyter share a few relays, no relay carries two people's requests or another port's,
 and each relay is one ProxyStream row (who, from where, bytes each way, how it ended).
 
 Who gets through is edge/access.py's; the signed hand-off and the session cookie are
-edge/addresses.py's. The platform's own cookies never reach the proxy domain (it lies
-outside the platform's registrable domain); the proxy's own session cookie and token
-header are taken out of what the slice sees."""
+edge/addresses.py's; what passes each way is edge/forwarding.py's. The platform's own
+cookies never reach the proxy domain (it lies outside the platform's registrable domain);
+the proxy's own session cookie and token header are taken out of what the slice sees."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import hashlib
 import logging
 import socket
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import asyncssh
 from aiohttp import web
 from django.conf import settings
 from django.core.cache import cache
-from yarl import URL
 
 from gateway.relays import Relays, Target
 
 from . import access, addresses
+from . import forwarding as fw
 from .access import Pass
 
 log = logging.getLogger("edge")
-CHUNK = 65536
-TOKEN_HEADER = "X-Gpuplatform-Token"  # noqa: S105 - a header's name, not a secret
-# headers that describe one hop, never forwarded (RFC 9110 7.6.1), and the Host, which is
-# set as asked
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-    "trailer", "transfer-encoding", "upgrade", "host", "proxy-connection",
-    TOKEN_HEADER.lower(),
-})  # fmt: skip
-# what aiohttp's WebSocket client writes itself
-WS_OWN = frozenset({
-    "sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
-    "sec-websocket-protocol", "sec-websocket-accept", "content-length",
-})  # fmt: skip
-NO_SUCH = "No such address.\n"
+CHUNK = fw.CHUNK
+DECISIONS_KEPT = 10_000  # decisions remembered at most (the oldest go first)
+# who asked for the relay a request is about to open: its audit row says so
+_ASKER: contextvars.ContextVar[str] = contextvars.ContextVar("edge_asker", default="")
+no_such_address = fw.no_such_address
 
 
-def no_such_address() -> web.Response:
-    """The one answer for a slice, port or public secret that is not there for the asker,
-    whether it exists or not."""
-    return web.Response(status=404, text=NO_SUCH, headers={"Cache-Control": "no-store"})
-
-
-@dataclass(eq=False)
+@dataclass(frozen=True)
 class Route:
     """What one pool of upstream connections is for: who, which container and port."""
 
     who: Pass
     target: Target
-    host: str
-    address: str
+    audit_host: str  # the address, its public secret (if any) left out
     websocket: bool
-    used_at: float = field(default_factory=time.monotonic)
 
 
 @dataclass(eq=False)
-class OpenSocket:
-    """A WebSocket relayed through an address, rechecked while it is open."""
+class InFlight:
+    """A request or WebSocket relayed through an address, rechecked while it lasts."""
 
     who: Pass
     target: Target
     secret: str
-    client: web.WebSocketResponse
+    task: asyncio.Task[Any] | None = None  # an HTTP request's handler, cancelled to end it
+    started: float = field(default_factory=time.monotonic)
     last_active: float = field(default_factory=time.monotonic)
     because: str = ""
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def end(self, because: str) -> None:
+        self.because = self.because or because
+        self.done.set()
+        if self.task is not None:
+            self.task.cancel()
 
 
 class RelayConnector(aiohttp.BaseConnector):
@@ -96,8 +90,8 @@ class RelayConnector(aiohttp.BaseConnector):
         if route is None:
             raise aiohttp.ClientConnectionError("no route")
         try:
-            sock = await self._proxy.open_relay(route)
-        except (TimeoutError, OSError, ValueError) as exc:
+            sock = await self._proxy.open_relay(route, _ASKER.get())
+        except (TimeoutError, OSError, ValueError, asyncssh.Error) as exc:
             raise aiohttp.ClientConnectionError(str(exc) or type(exc).__name__) from exc
         _, protocol = await self._loop.create_connection(self._factory, sock=sock)
         return protocol
@@ -107,11 +101,11 @@ class Proxy:
     def __init__(self, relays: Relays) -> None:
         self.relays = relays
         self.routes: dict[str, Route] = {}
-        self.sockets: set[OpenSocket] = set()
+        self.in_flight: set[InFlight] = set()
         self.per_user: Counter[object] = Counter()
         self.per_slice: Counter[int] = Counter()
         self.total = 0
-        self._decisions: dict[tuple, tuple[float, Target | None]] = {}
+        self._decisions: OrderedDict[tuple, tuple[float, Target | None]] = OrderedDict()
         self._pumps: set[asyncio.Task[None]] = set()
         self._session: aiohttp.ClientSession | None = None
         self._checker: asyncio.Task[None] | None = None
@@ -133,9 +127,11 @@ class Proxy:
     async def stop(self) -> None:
         if self._checker is not None:
             self._checker.cancel()
-        for s in list(self.sockets):
-            s.because = "the edge is stopping"
-            await s.client.close(code=aiohttp.WSCloseCode.GOING_AWAY, message=b"edge stopping")
+        for flight in list(self.in_flight):
+            flight.end("the edge is stopping")
+        deadline = time.monotonic() + 5
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         if self._session is not None:
             await self._session.close()
         if self._pumps:
@@ -145,27 +141,37 @@ class Proxy:
     async def handle(self, request: web.Request, where: addresses.Address) -> web.StreamResponse:
         if request.path == addresses.HANDOFF_PATH:
             return await self._handoff(request, where)
-        address = request.remote or ""
+        address = fw.request_address(request)
         who = await self._who(request, where, address)
         if who is None:
-            return _sign_in_first(where)
+            return fw.sign_in_first(where)
+        if who.via == "session" and fw.cross_site(request):
+            return fw.cross_site_refused()
         target = await self._decide(who, where)
         if target is None:
-            await asyncio.to_thread(
-                access.audit_refused,
-                user_id=who.user_id,
-                host=request.host,
-                port=where.port,
-                address=address,
-                reason="no running slice, declared port or public address there",
-            )
-            return no_such_address()
+            if who.user_id is not None:  # a person's refusal; anyone can guess secrets
+                await asyncio.to_thread(
+                    access.audit_refused,
+                    user_id=who.user_id,
+                    host=request.host,
+                    port=where.port,
+                    address=address,
+                    reason="no running slice, declared port or public address there",
+                )
+            return fw.no_such_address()
         with self._slot(who, target) as refused:
             if refused is not None:
                 return refused
-            if _is_websocket(request):
-                return await self._websocket(request, who, target, where.secret)
-            return await self._http(request, who, target)
+            _ASKER.set(address)
+            flight = InFlight(who=who, target=target, secret=where.secret)
+            self.in_flight.add(flight)
+            try:
+                if fw.is_websocket(request):
+                    return await self._websocket(request, flight, where)
+                flight.task = asyncio.current_task()
+                return await self._http(request, flight, where, address)
+            finally:
+                self.in_flight.discard(flight)
         raise AssertionError("unreachable")  # pragma: no cover - the with returns
 
     async def _who(
@@ -173,7 +179,7 @@ class Proxy:
     ) -> Pass | None:
         if where.secret:
             return Pass(user_id=None, via="public")
-        token = request.headers.get(TOKEN_HEADER, "")
+        token = request.headers.get(fw.TOKEN_HEADER, "")
         if token:
             user_id = await asyncio.to_thread(access.token_user, token, address)
             return Pass(user_id=user_id, via="token") if user_id is not None else None
@@ -182,17 +188,19 @@ class Proxy:
         return Pass(user_id=user_id, via="session") if user_id is not None else None
 
     async def _decide(self, who: Pass, where: addresses.Address) -> Target | None:
-        """access.decide, remembered for PROXY_RECHECK_S per asker and address: a page's
-        burst of requests costs one database read."""
+        """access.decide, remembered for PROXY_RECHECK_S per asker and address (the
+        newest DECISIONS_KEPT): a page's burst of requests costs one database read."""
         key = (who, where)
         now = time.monotonic()
         hit = self._decisions.get(key)
         if hit is not None and hit[0] > now:
+            self._decisions.move_to_end(key)
             return hit[1]
         target = await asyncio.to_thread(access.decide, who, where, where.secret)
-        if len(self._decisions) > 10_000:
-            self._decisions = {k: v for k, v in self._decisions.items() if v[0] > now}
         self._decisions[key] = (now + settings.PROXY_RECHECK_S, target)
+        self._decisions.move_to_end(key)
+        while len(self._decisions) > DECISIONS_KEPT:
+            self._decisions.popitem(last=False)
         return target
 
     async def _handoff(self, request: web.Request, where: addresses.Address) -> web.Response:
@@ -203,16 +211,16 @@ class Proxy:
             request.query.get("t", ""), request.query.get("next", ""), where
         )
         if read is None:
-            return _sign_in_first(where, "This link is not valid (or is too old).")
+            return fw.sign_in_first(where, "This link is not valid (or is too old).")
         user_id, nonce, next_path = read
         spent = await asyncio.to_thread(
             cache.add, f"edge:handoff:{nonce}", 1, settings.PROXY_HANDOFF_S + 5
         )
         if not spent:
-            return _sign_in_first(where, "This link was used already.")
+            return fw.sign_in_first(where, "This link was used already.")
         who = Pass(user_id=user_id, via="session")
         if await asyncio.to_thread(access.decide, who, where) is None:
-            return no_such_address()
+            return fw.no_such_address()
         response = web.HTTPSeeOther(next_path, headers={"Cache-Control": "no-store"})
         response.set_cookie(
             addresses.SESSION_COOKIE,
@@ -230,7 +238,9 @@ class Proxy:
         """A place under the limits for one request or WebSocket (or a 429 saying which),
         taken and given back with no await between check and count."""
         user_key: object = who.user_id if who.user_id is not None else ("public", target)
-        refused = _over_limits(self.per_user[user_key], self.per_slice[target.slice_id], self.total)
+        refused = fw.over_limits(
+            self.per_user[user_key], self.per_slice[target.slice_id], self.total
+        )
         if refused is not None:
             yield refused
             return
@@ -249,35 +259,37 @@ class Proxy:
                 del self.per_slice[target.slice_id]
 
     # -- upstream --------------------------------------------------------------------
-    def _route(self, request: web.Request, who: Pass, target: Target, *, websocket: bool) -> str:
-        """The upstream host name of a pool: one per person and how they came in (or public
-        address), slice, container and kind, so no relay carries two people's requests."""
-        person = f"u{who.user_id}{who.via}" if who.user_id is not None else "public"
-        kind = "w" if websocket else "h"
-        label = f"{person}-{target.slice_id}-{target.container_id[:16]}-{kind}.relay"
-        route = self.routes.get(label)
-        if route is None or route.target != target:
-            route = self.routes[label] = Route(
-                who, target, request.host, request.remote or "", websocket
-            )
-        route.used_at = time.monotonic()
+    def _route(self, flight: InFlight, where: addresses.Address, *, websocket: bool) -> str:
+        """The upstream host name of a pool: one per person and how they came in (or
+        public secret), slice, container, port and kind, so no relay carries two people's
+        requests, nor one port's requests to another."""
+        who, target = flight.who, flight.target
+        key = repr((who, target, addresses.secret_hash(flight.secret), websocket))
+        label = f"r{hashlib.sha256(key.encode()).hexdigest()[:32]}.relay"
+        if label not in self.routes:
+            audit_host = f"s{where.slice_id}-{where.port}" + (" (public)" if where.secret else "")
+            self.routes[label] = Route(who, target, audit_host, websocket)
         return label
 
-    async def open_relay(self, route: Route) -> socket.socket:
+    async def open_relay(self, route: Route, asker: str) -> socket.socket:
         """A relay into the route's container port, as one end of a socket pair whose
         other end is pumped to and from the relay's SSH session."""
         node, reader, writer = await self.relays.connect(route.target, route.target.port)
+        ours = theirs = None
         try:
             ours, theirs = socket.socketpair()
             audit_id = await asyncio.to_thread(
                 access.audit_opened,
                 who=route.who,
                 target=route.target,
-                host=route.host,
-                address=route.address,
+                host=route.audit_host,
+                address=asker,
                 websocket=route.websocket,
             )
         except BaseException:
+            for sock in (ours, theirs):
+                if sock is not None:
+                    sock.close()
             writer.close()
             self.relays.nodes.release(node)
             raise
@@ -287,18 +299,13 @@ class Proxy:
         return ours
 
     async def _pump(
-        self,
-        sock: socket.socket,
-        node: Any,
-        relay_r: Any,
-        relay_w: Any,
-        audit_id: int,
+        self, sock: socket.socket, node: Any, relay_r: Any, relay_w: Any, audit_id: int
     ) -> None:
         counts = {"up": 0, "down": 0}
-        local_r, local_w = await asyncio.open_connection(sock=sock, limit=CHUNK * 4)
+        local_w: asyncio.StreamWriter | None = None
 
-        async def up() -> None:
-            with contextlib.suppress(OSError, ConnectionError, Exception):
+        async def up(local_r: asyncio.StreamReader) -> None:
+            with contextlib.suppress(Exception):
                 while data := await local_r.read(CHUNK):
                     counts["up"] += len(data)
                     relay_w.write(data)
@@ -306,8 +313,8 @@ class Proxy:
             with contextlib.suppress(Exception):
                 relay_w.write_eof()
 
-        async def down() -> None:
-            with contextlib.suppress(OSError, ConnectionError, Exception):
+        async def down(local_w: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(Exception):
                 while data := await relay_r.read(CHUNK):
                     counts["down"] += len(data)
                     local_w.write(data)
@@ -315,128 +322,157 @@ class Proxy:
             with contextlib.suppress(Exception):
                 local_w.close()
 
-        tasks = [asyncio.create_task(up()), asyncio.create_task(down())]
+        tasks: list[asyncio.Task[None]] = []
         try:
+            local_r, local_w = await asyncio.open_connection(sock=sock, limit=CHUNK * 4)
+            tasks = [asyncio.create_task(up(local_r)), asyncio.create_task(down(local_w))]
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             await asyncio.wait(tasks, timeout=5)
         finally:
             for task in tasks:
                 task.cancel()
             relay_w.close()
-            local_w.close()
+            if local_w is not None:
+                local_w.close()
+            sock.close()
             self.relays.nodes.release(node)
-            await asyncio.to_thread(
-                access.audit_closed,
-                stream_id=audit_id,
-                up=counts["up"],
-                down=counts["down"],
-                because="closed",
-            )
+            with contextlib.suppress(Exception):  # a stopping loop's executor may be gone
+                await asyncio.to_thread(
+                    access.audit_closed,
+                    stream_id=audit_id,
+                    up=counts["up"],
+                    down=counts["down"],
+                    because="closed",
+                )
 
-    async def _http(self, request: web.Request, who: Pass, target: Target) -> web.StreamResponse:
+    async def _http(
+        self, request: web.Request, flight: InFlight, where: addresses.Address, address: str
+    ) -> web.StreamResponse:
         assert self._session is not None
-        body = await _body(request) if request.body_exists else None
-        url = _upstream_url(self._route(request, who, target, websocket=False), request)
+        refused = fw.too_big(request)
+        if refused is not None:
+            return refused
+        url = fw.upstream_url(self._route(flight, where, websocket=False), request)
+        response: web.StreamResponse | None = None
         try:
             async with self._session.request(
                 request.method,
                 url,
-                headers=_forwarded_headers(request),
-                data=body,
+                headers=fw.forwarded_headers(request, address),
+                data=fw.body(request) if request.body_exists else None,
                 allow_redirects=False,
             ) as upstream:
+                if upstream.status < 200:  # a 1xx is no answer to pass on
+                    return fw.bad_gateway(flight.target)
                 response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-                for name, value in upstream.headers.items():
-                    if name.lower() not in HOP_BY_HOP and not _our_cookie_set(name, value):
-                        response.headers.add(name, value)
+                fw.answer_headers(response, upstream.headers)
                 await response.prepare(request)
                 async for chunk in upstream.content.iter_any():
+                    flight.last_active = time.monotonic()
                     await response.write(chunk)
                 await response.write_eof()
                 return response
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            return _bad_gateway(target, exc)
+        except web.HTTPRequestEntityTooLarge as exc:
+            if response is None:
+                return web.Response(status=413, text=f"{exc.text}\n")
+            raise
+        except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
+            if response is None or not response.prepared:
+                return fw.bad_gateway(flight.target, exc)
+            # the answer had begun: end the connection rather than write a second one
+            # into the first one's body
+            response.force_close()
+            if request.transport is not None:
+                request.transport.abort()
+            return response
 
     async def _websocket(
-        self, request: web.Request, who: Pass, target: Target, secret: str
+        self, request: web.Request, flight: InFlight, where: addresses.Address
     ) -> web.StreamResponse:
         assert self._session is not None
-        url = _upstream_url(self._route(request, who, target, websocket=True), request)
+        url = fw.upstream_url(self._route(flight, where, websocket=True), request)
         protocols = [
             p.strip()
             for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")
             if p.strip()
         ]
-        headers = {k: v for k, v in _forwarded_headers(request).items() if k.lower() not in WS_OWN}
+        headers = {
+            k: v
+            for k, v in fw.forwarded_headers(request, _ASKER.get()).items()
+            if k.lower() not in fw.WS_OWN
+        }
+        limit = settings.PROXY_MAX_MESSAGE_BYTES
         try:
             upstream = await self._session.ws_connect(
-                url, headers=headers, protocols=protocols, autoping=False, max_msg_size=0
+                url, headers=headers, protocols=protocols, autoping=False, max_msg_size=limit
             )
         except aiohttp.WSServerHandshakeError as exc:
-            return web.Response(status=exc.status or 502, text=f"{exc.message}\n")
+            status = exc.status if 400 <= (exc.status or 0) < 600 else 502
+            return web.Response(status=status, text="The slice refused the WebSocket.\n")
         except (aiohttp.ClientError, TimeoutError) as exc:
-            return _bad_gateway(target, exc)
+            return fw.bad_gateway(flight.target, exc)
         client = web.WebSocketResponse(
             protocols=(upstream.protocol,) if upstream.protocol else (),
             autoping=False,
-            max_msg_size=0,
+            max_msg_size=limit,
+            compress=False,
         )
-        await client.prepare(request)
-        opened = OpenSocket(who=who, target=target, secret=secret, client=client)
-        self.sockets.add(opened)
         try:
-            await _splice(opened, client, upstream)
+            await client.prepare(request)
+            await _splice(flight, client, upstream)
         finally:
-            self.sockets.discard(opened)
             await upstream.close()
             if not client.closed:
-                await client.close(
-                    code=aiohttp.WSCloseCode.POLICY_VIOLATION, message=opened.because.encode()[:120]
-                )
+                code: int = upstream.close_code or aiohttp.WSCloseCode.OK
+                message = ""
+                if flight.because:
+                    code, message = aiohttp.WSCloseCode.POLICY_VIOLATION, flight.because
+                await client.close(code=code, message=message.encode()[:120])
         return client
 
     async def _recheck(self) -> None:
-        """Close WebSockets within seconds of the slice stopping, the member leaving or a
-        public secret being revoked, and idle ones after PROXY_IDLE_TIMEOUT_S; forget pools
-        nobody used for a while."""
+        """End requests and WebSockets within seconds of the slice stopping, the member
+        leaving or a public secret being revoked, and idle WebSockets after
+        PROXY_IDLE_TIMEOUT_S."""
         while True:
             await asyncio.sleep(settings.GATEWAY_RECHECK_S)
-            now = time.monotonic()
-            for label, route in list(self.routes.items()):
-                if now - route.used_at > 3600:
-                    del self.routes[label]
-            open_ = [s for s in self.sockets if not s.because]
-            for s in open_:
-                if now - s.last_active > settings.PROXY_IDLE_TIMEOUT_S:
-                    s.because = f"idle for {settings.PROXY_IDLE_TIMEOUT_S} s"
-            open_ = [s for s in open_ if not s.because]
-            if not open_:
-                continue
             try:
-                answers = await asyncio.to_thread(
-                    access.still_allowed, [(s.who, s.target, s.secret) for s in open_]
-                )
+                await self._recheck_once()
             except Exception:  # noqa: BLE001 - a database hiccup must not kill the loop
                 log.exception("edge: proxy recheck failed")
-                continue
-            for s, why in zip(open_, answers, strict=True):
-                if why:
-                    s.because = why
-            for s in self.sockets:
-                if s.because and not s.client.closed:
-                    await s.client.close(
-                        code=aiohttp.WSCloseCode.POLICY_VIOLATION, message=s.because.encode()[:120]
-                    )
+
+    async def _recheck_once(self) -> None:
+        now = time.monotonic()
+        # a request younger than PROXY_RECHECK_S was let in on a decision that fresh: it
+        # finishes (a new one is decided anew); streams that last are checked
+        open_ = [
+            f
+            for f in list(self.in_flight)
+            if not f.because and (f.task is None or now - f.started > settings.PROXY_RECHECK_S)
+        ]
+        for f in open_:
+            if now - f.last_active > settings.PROXY_IDLE_TIMEOUT_S:
+                f.end(f"idle for {settings.PROXY_IDLE_TIMEOUT_S} s")
+        open_ = [f for f in open_ if not f.because]
+        if not open_:
+            return
+        answers = await asyncio.to_thread(
+            access.still_allowed, [(f.who, f.target, f.secret) for f in open_]
+        )
+        for f, why in zip(open_, answers, strict=True):
+            if why:
+                f.end(why)
 
 
 async def _splice(
-    opened: OpenSocket, client: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse
+    flight: InFlight, client: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse
 ) -> None:
-    """Messages both ways, as they are (pings and pongs included), until one side closes."""
+    """Messages both ways, as they are (pings and pongs included), until one side closes
+    or the recheck ends the WebSocket."""
 
     async def pipe(src: Any, dst: Any) -> None:
         async for msg in src:
-            opened.last_active = time.monotonic()
+            flight.last_active = time.monotonic()
             if msg.type == aiohttp.WSMsgType.TEXT:
                 await dst.send_str(msg.data)
             elif msg.type == aiohttp.WSMsgType.BINARY:
@@ -451,110 +487,10 @@ async def _splice(
     tasks = [
         asyncio.create_task(pipe(client, upstream)),
         asyncio.create_task(pipe(upstream, client)),
+        asyncio.create_task(flight.done.wait()),
     ]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for task in tasks:
             task.cancel()
-
-
-async def _body(request: web.Request) -> bytes:
-    """The request's body, refused with 413 past PROXY_MAX_BODY_BYTES (before it is read
-    when it says its length)."""
-    limit = settings.PROXY_MAX_BODY_BYTES
-    too_big = web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length or 0)
-    if request.content_length is not None and request.content_length > limit:
-        raise too_big
-    body = bytearray()
-    async for chunk in request.content.iter_any():
-        body += chunk
-        if len(body) > limit:
-            raise too_big
-    return bytes(body)
-
-
-def _is_websocket(request: web.Request) -> bool:
-    return (
-        request.method == "GET"
-        and request.headers.get("Upgrade", "").lower() == "websocket"
-        and "upgrade" in request.headers.get("Connection", "").lower()
-    )
-
-
-def _upstream_url(label: str, request: web.Request) -> URL:
-    return URL(f"http://{label}{request.raw_path}", encoded=True)
-
-
-def _without_our_cookie(header: str) -> str:
-    kept = [
-        part.strip()
-        for part in header.split(";")
-        if part.strip() and part.strip().split("=", 1)[0] != addresses.SESSION_COOKIE
-    ]
-    return "; ".join(kept)
-
-
-def _our_cookie_set(name: str, value: str) -> bool:
-    """A slice may not set (or clear) the address's own session cookie."""
-    return name.lower() == "set-cookie" and value.lstrip().startswith(addresses.SESSION_COOKIE)
-
-
-def _forwarded_headers(request: web.Request) -> dict[str, str]:
-    """The request's headers as the slice sees them: no hop-by-hop header, none of the
-    proxy's own (its token header, its session cookie), the Host as asked, and who asked
-    (X-Forwarded-*, set here, never passed on from the client)."""
-    headers: dict[str, str] = {}
-    for name, value in request.headers.items():
-        low = name.lower()
-        if low in HOP_BY_HOP or low.startswith("x-forwarded-") or low == "forwarded":
-            continue
-        if low == "cookie":
-            value = _without_our_cookie(value)
-            if not value:
-                continue
-        headers[name] = value if name not in headers else f"{headers[name]}, {value}"
-    headers["Host"] = request.host
-    headers["X-Forwarded-For"] = request.remote or ""
-    headers["X-Forwarded-Proto"] = settings.PROXY_SCHEME
-    headers["X-Forwarded-Host"] = request.host
-    return headers
-
-
-def _over_limits(user: int, slice_count: int, total: int) -> web.Response | None:
-    for count, limit, what in (
-        (user, settings.PROXY_CONNECTIONS_PER_USER, "per person"),
-        (slice_count, settings.PROXY_CONNECTIONS_PER_SLICE, "per slice"),
-        (total, settings.PROXY_CONNECTIONS_TOTAL, "in all"),
-    ):
-        if count >= limit:
-            return web.Response(
-                status=429,
-                text=f"Too many requests in flight: at most {limit} {what}.\n",
-                headers={"Retry-After": "1"},
-            )
-    return None
-
-
-def _bad_gateway(target: Target, exc: BaseException) -> web.Response:
-    detail = str(exc) or type(exc).__name__
-    log.info("edge: slice %s port %s: %s", target.slice_id, target.port, detail[:200])
-    return web.Response(
-        status=502,
-        text=f"Slice {target.slice_id} did not answer on port {target.port}: "
-        "is its service listening?\n",
-    )
-
-
-def _sign_in_first(where: addresses.Address, why: str = "") -> web.Response:
-    slice_page = f"{settings.SITE_URL.rstrip('/')}/slices/{where.slice_id}/"
-    text = (
-        (why + "\n" if why else "")
-        + "This address is private. Sign in to the platform and open the port from the "
-        f"slice's page: {slice_page}\n"
-    )
-    return web.Response(
-        status=401,
-        text=text,
-        headers={"Cache-Control": "no-store", "WWW-Authenticate": f'Token header="{TOKEN_HEADER}"'},
-    )

@@ -30,14 +30,13 @@ import asyncssh
 from aiohttp import WSMsgType, web
 from django.conf import settings
 from django.core.cache import cache
-from django.http import HttpRequest
 
 from gateway.access import printable
 from gateway.relays import NodeConnection, Relays
-from gpuplatform.http import client_address
 
 from . import terminal_access as access
 from . import tickets
+from .forwarding import request_address
 
 log = logging.getLogger("edge")
 PATH_RE = re.compile(r"^/terminal/([1-9][0-9]{0,11})$")
@@ -110,17 +109,6 @@ def _close_reason(text: str) -> bytes:
     return data[:123].decode(errors="ignore").encode()
 
 
-def _address(request: web.Request) -> str:
-    """The client's address, read as the platform reads its own requests' (a proxy's
-    X-Forwarded-For only where settings say proxies stand in front)."""
-    stand_in = HttpRequest()
-    stand_in.META = {
-        "REMOTE_ADDR": request.remote or "",
-        "HTTP_X_FORWARDED_FOR": request.headers.get("X-Forwarded-For", ""),
-    }
-    return client_address(stand_in)
-
-
 @dataclass(eq=False)  # each session is itself, kept in a set
 class Session:
     opening: access.Opening
@@ -168,7 +156,7 @@ class Terminals:
                 text="A web terminal is a WebSocket: open it on the slice page.\n"
             )
         slice_id = int(match.group(1))
-        address = _address(request)
+        address = request_address(request)
         ticket = tickets.read(request.query.get("ticket", ""))
         self._busy += 1
         try:
@@ -263,8 +251,10 @@ class Terminals:
         mark = secrets.token_hex(16)
         try:
             node, process = await self._exec(opening, mark, *_query_size(request))
-        except (OSError, asyncssh.Error, ValueError) as exc:
+        except BaseException as exc:
             self._unreserve(opening.user_id)
+            if not isinstance(exc, (OSError, asyncssh.Error, ValueError)):
+                raise  # cancelled (the browser went) or a bug: its place is given back
             reason = f"the node could not start a shell: {str(exc) or type(exc).__name__}"
             await asyncio.to_thread(
                 access.audit_refused,
@@ -273,7 +263,11 @@ class Terminals:
                 address=address,
                 reason=reason,
             )
-            await ws.close(code=NODE_FAILED, message=_close_reason(reason))
+            # the node's own words (addresses, paths) go to the audit, not the browser
+            await ws.close(
+                code=NODE_FAILED,
+                message=_close_reason("the node could not start a shell: try again"),
+            )
             return
         session: Session | None = None
         try:

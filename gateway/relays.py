@@ -205,6 +205,7 @@ class Relays:
     async def _start_relay(self, target: Target, pid: int, port: int) -> Relay:
         check = target.container_id if relay.checkable(target.container_id) else ""
         node = await self.nodes.acquire(target.endpoint)
+        writer: asyncssh.SSHWriter[bytes] | None = None
         try:
             async with self.nodes.starting(target.endpoint):
                 writer, reader, errors = await node.conn.open_session(
@@ -213,11 +214,14 @@ class Relays:
                 first = await asyncio.wait_for(reader.readline(), RELAY_CONNECT_TIMEOUT_S)
             if first != relay.CONNECTED:
                 detail = (await asyncio.wait_for(errors.read(500), 2)).decode(errors="replace")
-                writer.close()
                 if relay.lost_the_container(detail):
                     raise LostContainer(detail.strip())
                 raise OSError(detail.strip() or f"nothing listens on port {port}")
         except BaseException:
+            # a relay that did not start (refused, timed out, or its opener went) closes
+            # its session: the node's sshd counts it against MaxSessions until then
+            if writer is not None:
+                writer.close()
             self.nodes.release(node)
             raise
         return node, reader, writer

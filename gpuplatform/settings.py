@@ -401,6 +401,8 @@ PROXY_HANDOFF_S = env.int("GPUPLATFORM_PROXY_HANDOFF_S", default=60)
 PROXY_SESSION_S = env.int("GPUPLATFORM_PROXY_SESSION_S", default=4 * 3600)
 PROXY_MAX_BODY_BYTES = env.int("GPUPLATFORM_PROXY_MAX_BODY_BYTES", default=64 * 1024 * 1024)
 PROXY_IDLE_TIMEOUT_S = env.int("GPUPLATFORM_PROXY_IDLE_TIMEOUT_S", default=900)
+# one WebSocket message, either way (a notebook's output with its images fits)
+PROXY_MAX_MESSAGE_BYTES = env.int("GPUPLATFORM_PROXY_MAX_MESSAGE_BYTES", default=32 * 1024 * 1024)
 # requests and WebSockets in flight at once: per user (or per public address), per slice,
 # and in all
 PROXY_CONNECTIONS_PER_USER = env.int("GPUPLATFORM_PROXY_CONNECTIONS_PER_USER", default=256)

@@ -16,10 +16,11 @@ register = template.Library()
 @register.inclusion_tag("edge/_slice_ports.html")
 def slice_ports(slice: Slice, membership: Membership) -> dict[str, Any]:
     running = slice.state == Slice.State.RUNNING
-    ports = services.port_addresses(slice=slice) if not slice.is_final else []
+    ports = services.port_addresses(slice=slice)
     return {
         "slice": slice,
         "ports": ports,
+        "public_any": any(p["public"] for p in ports),
         "jupyter": _jupyter(slice, membership, ports),
         "running": running,
         "may_open": membership.role in services.OPEN_ROLES,

@@ -5,6 +5,7 @@ sees of a request, WebSockets both ways, the limits, and the answers to stranger
 from __future__ import annotations
 
 import asyncio
+import http.client
 import threading
 import time
 from urllib.parse import urlsplit
@@ -24,10 +25,30 @@ from tests.factories import MembershipFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SEEN: list[dict[str, str]] = []
+OTHER_PORT = 7860
 
 
 async def _echo(request: web.Request) -> web.StreamResponse:
     SEEN.append(dict(request.headers))
+    if request.path == "/whoami":
+        return web.Response(text=request.app["name"])
+    if request.path == "/cut":  # says 100 bytes, sends 10, and hangs up
+        response = web.StreamResponse(headers={"Content-Length": "100"})
+        await response.prepare(request)
+        await response.write(b"0123456789")
+        request.transport.close()
+        return response
+    if request.path == "/stream":  # an answer that goes on (server-sent events, a log)
+        response = web.StreamResponse()
+        await response.prepare(request)
+        for _ in range(200):
+            await response.write(b"tick\n")
+            await asyncio.sleep(0.1)
+        return response
+    if request.path == "/cookie":
+        response = web.Response(text="ok")
+        response.headers.add("Set-Cookie", "plant=1; Domain=gpp-proxy.localhost; Path=/")
+        return response
     if request.headers.get("Upgrade", "").lower() == "websocket":
         ws = web.WebSocketResponse(protocols=("jupyter",))
         await ws.prepare(request)
@@ -47,13 +68,15 @@ async def _echo(request: web.Request) -> web.StreamResponse:
 class Upstream:
     """A local server standing in for the container's port, on its own loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "main") -> None:
+        self.name = name
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
         self.port = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
 
     async def _start(self) -> int:
         app = web.Application()
+        app["name"] = self.name
         app.router.add_route("*", "/{tail:.*}", _echo)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
@@ -69,9 +92,11 @@ class Upstream:
 @pytest.fixture
 def upstream(monkeypatch):
     server = Upstream()
+    other = Upstream("other")  # the slice's second port
 
     async def connect(self, target, port):
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        where = other if port == OTHER_PORT else server
+        reader, writer = await asyncio.open_connection("127.0.0.1", where.port)
         return relays.NodeConnection(conn=None), reader, writer
 
     monkeypatch.setattr(relays.Relays, "connect", connect)
@@ -79,12 +104,13 @@ def upstream(monkeypatch):
     SEEN.clear()
     yield server
     server.stop()
+    other.stop()
 
 
-def cookie_for(edge, member, s) -> str:
+def cookie_for(edge, member, s, port: int = PORT) -> str:
     client = Client()
     client.force_login(member.user)
-    location = client.post(f"/slices/{s.pk}/ports/{PORT}/open/", {"next": "/lab?x=1"})["Location"]
+    location = client.post(f"/slices/{s.pk}/ports/{port}/open/", {"next": "/lab?x=1"})["Location"]
     url = urlsplit(location)
     answer = fetch(edge.port, url.netloc, f"{url.path}?{url.query}")
     assert answer.status == 303 and answer.headers["location"] == "/lab?x=1"
@@ -240,3 +266,72 @@ def test_open_websockets_close_within_seconds_of_a_revoke_or_a_member_leaving(
     assert why == "the public address was revoked" and took < 5
     why, took = asyncio.run(held(host(slice_), {"Cookie": cookie}, member.delete))
     assert why == "no longer a member who may connect" and took < 5
+
+
+def test_each_port_has_its_own_relays_even_for_one_person_on_one_connection(
+    edge, upstream, slice_, owner_a
+):
+    slice_.image_entry.ports = [PORT, OTHER_PORT]
+    slice_.image_entry.save()
+    cookie = cookie_for(edge, owner_a, slice_)
+    other_host = addresses.host_for(slice_.pk, OTHER_PORT)
+    other_cookie = cookie_for(edge, owner_a, slice_, port=OTHER_PORT)
+    for _ in range(3):  # kept-alive relays of one port are never another's
+        assert fetch(edge.port, host(slice_), "/whoami", headers={"Cookie": cookie}).body == b"main"
+        answer = fetch(edge.port, other_host, "/whoami", headers={"Cookie": other_cookie})
+        assert answer.body == b"other"
+
+
+def test_another_sites_page_cannot_use_the_session_but_a_link_followed_can(
+    edge, upstream, slice_, owner_a
+):
+    cookie = cookie_for(edge, owner_a, slice_)
+    elsewhere = {"Cookie": cookie, "Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "cors"}
+    refused = fetch(edge.port, host(slice_), "/api", method="POST", body=b"x", headers=elsewhere)
+    assert refused.status == 403 and b"another site" in refused.body
+    link = {"Cookie": cookie, "Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"}
+    assert fetch(edge.port, host(slice_), "/", headers=link).status == 200
+    own = {"Cookie": cookie, "Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors"}
+    assert fetch(edge.port, host(slice_), "/", method="POST", body=b"x", headers=own).status == 200
+
+    async def socket_from(origin: str) -> int:
+        async with aiohttp.ClientSession() as session:
+            try:
+                async with session.ws_connect(
+                    f"http://127.0.0.1:{edge.port}/ws",
+                    headers={"Host": host(slice_), "Cookie": cookie, "Origin": origin},
+                ):
+                    return 101
+            except aiohttp.WSServerHandshakeError as exc:
+                return exc.status
+
+    other = addresses.url_for(slice_.pk + 1, PORT).rstrip("/")
+    assert asyncio.run(socket_from(other)) == 403
+    assert asyncio.run(socket_from(f"http://{host(slice_)}")) == 101
+
+
+def test_a_slice_cannot_plant_cookies_on_other_addresses_nor_answer_twice(
+    edge, upstream, slice_, owner_a
+):
+    cookie = cookie_for(edge, owner_a, slice_)
+    planted = fetch(edge.port, host(slice_), "/cookie", headers={"Cookie": cookie})
+    assert planted.headers["set-cookie"] == "plant=1; Path=/"  # for its own host only
+    with pytest.raises(http.client.IncompleteRead):  # cut, as the slice cut it
+        fetch(edge.port, host(slice_), "/cut", headers={"Cookie": cookie})
+
+
+def test_a_streaming_answer_is_cut_within_seconds_of_a_revoke(edge, upstream, slice_, owner_a):
+    from edge import services  # noqa: PLC0415 - Django apps ready only in tests
+
+    public = services.port_public_create(actor=owner_a.user, slice=slice_, port=PORT)
+    conn = http.client.HTTPConnection("127.0.0.1", edge.port, timeout=20)
+    conn.request("GET", "/stream", headers={"Host": public.split("/")[2]})
+    answer = conn.getresponse()
+    assert answer.status == 200 and answer.readline() == b"tick\n"
+    services.port_public_revoke(actor=owner_a.user, slice=slice_, port=PORT)
+    t0 = time.monotonic()
+    with pytest.raises((http.client.IncompleteRead, ConnectionError)):
+        while answer.readline():
+            assert time.monotonic() - t0 < 10, "still streaming 10 s after the revoke"
+        raise ConnectionError("ended")  # a clean end would do too: it ended
+    assert time.monotonic() - t0 < 6
