@@ -463,6 +463,29 @@ def node_refusals(log: Path) -> list[str]:
     ]
 
 
+def lab_and_database(
+    stack: contextlib.ExitStack, spec: LabNodeSpec, platform_public: str, name: str
+) -> Lab:
+    """One lab node and a throwaway PostgreSQL database for bench/<name>.py, both gone when
+    `stack` closes; a clear exit where either cannot be had."""
+    try:
+        lab = Lab.start([spec], authorized_keys=[platform_public])
+    except LabUnavailable as exc:
+        raise SystemExit(f"bench/{name}.py needs the node lab, which cannot start: {exc}") from None
+
+    def stop_lab() -> None:
+        ssh.reset_pool()
+        left = lab.stop()
+        if left:
+            print(f"the lab left behind: {left}")
+
+    stack.callback(stop_lab)
+    connection = stack.enter_context(throwaway_database(name))
+    if connection.vendor != "postgresql":
+        raise SystemExit(f"bench/{name}.py needs PostgreSQL: set DATABASE_URL")
+    return lab
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--hold-s", type=float, default=60.0)
@@ -489,25 +512,9 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, tmp, ignore_errors=True)
         t0 = time.perf_counter()
-        try:
-            lab = Lab.start(
-                [LabNodeSpec("gw-lab", (GpuSpec("NVIDIA A30"),))], authorized_keys=[platform_public]
-            )
-        except LabUnavailable as exc:
-            raise SystemExit(
-                f"bench/gateway.py needs the node lab, which cannot start: {exc}"
-            ) from None
-
-        def stop_lab() -> None:
-            ssh.reset_pool()
-            left = lab.stop()
-            if left:
-                print(f"the lab left behind: {left}")
-
-        stack.callback(stop_lab)
-        connection = stack.enter_context(throwaway_database("gateway"))
-        if connection.vendor != "postgresql":
-            raise SystemExit("bench/gateway.py needs PostgreSQL: set DATABASE_URL")
+        lab = lab_and_database(
+            stack, LabNodeSpec("gw-lab", (GpuSpec("NVIDIA A30"),)), platform_public, "gateway"
+        )
         renter_path, renter_public = make_key(tmp, "renter")
         s = platform(lab, args.payload_mb, renter_public)
         print(f"lab node up and slice {s.pk} running in {time.perf_counter() - t0:.1f} s")

@@ -42,7 +42,7 @@ os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/9")
 
 # bench/ is on sys.path; importing _db sets Django up, so it comes before the platform's
 # imports below
-from _db import ROOT, throwaway_database
+from _db import ROOT
 
 # isort: split
 import aiohttp
@@ -52,7 +52,7 @@ from edge import addresses, server
 from edge import services as edge_services
 from emulator.catalog import GpuSpec
 from gpuplatform.celery import app
-from nodelab import JUPYTER_IMAGE, Lab, LabNodeSpec, LabUnavailable
+from nodelab import JUPYTER_IMAGE, LabNodeSpec
 from nodes import ssh
 from tenants.models import Membership, Slice
 
@@ -313,26 +313,12 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, tmp, ignore_errors=True)
         t0 = time.perf_counter()
-        try:
-            lab = Lab.start(
-                [LabNodeSpec("px-lab", (GpuSpec("NVIDIA A30"),), jupyter=True)],
-                authorized_keys=[platform_public],
-            )
-        except LabUnavailable as exc:
-            raise SystemExit(
-                f"bench/proxy.py needs the node lab, which cannot start: {exc}"
-            ) from None
-
-        def stop_lab() -> None:
-            ssh.reset_pool()
-            left = lab.stop()
-            if left:
-                print(f"the lab left behind: {left}")
-
-        stack.callback(stop_lab)
-        connection = stack.enter_context(throwaway_database("proxy"))
-        if connection.vendor != "postgresql":
-            raise SystemExit("bench/proxy.py needs PostgreSQL: set DATABASE_URL")
+        lab = gw_bench.lab_and_database(
+            stack,
+            LabNodeSpec("px-lab", (GpuSpec("NVIDIA A30"),), jupyter=True),
+            platform_public,
+            "proxy",
+        )
         renter_path, renter_public = gw_bench.make_key(tmp, "renter")
         s = gw_bench.platform(
             lab,
