@@ -55,12 +55,14 @@ def legacy_allocation_reserve(
     guaranteed: bool = True,
     node_id: int | None = None,
     interruptible: bool = False,
+    agent_running: bool = False,
 ):
     """The placement this issue started from: every choice aggregates all live
     allocations of every GPU; then the chosen GPU is locked and its allocations
     re-counted. Correct, but each admission reads the whole allocation table. Takes
     the service's keywords (`node_id` narrows the candidates; the benchmark's launches
-    are never interruptible, so that one is accepted and changes nothing)."""
+    are never interruptible and run allowlisted images, which need no node agent, so
+    those two are accepted and change nothing)."""
     for _ in range(5):
         live = ~Q(allocations__state=Allocation.State.RELEASED)
         candidates_qs = Gpu.objects.filter(
