@@ -95,18 +95,43 @@ def decide(who: Pass, where: addresses.Address, secret: str = "") -> Target | No
 
 @fresh
 def still_allowed(items: list[tuple[Pass, Target, str]]) -> list[str]:
-    """For each open WebSocket (who, where, the public secret or ""): why it must close now
-    ("" while it may stay)."""
+    """For each open WebSocket or streaming request (who, where, the public secret or ""):
+    why it must end now ("" while it may stay). Three queries for the whole batch,
+    however many are open."""
+    slices = {
+        row["pk"]: row
+        for row in Slice.objects.filter(pk__in={t.slice_id for _, t, _ in items}).values(
+            "pk", "state", "container_id", "tenant_id", "tenant__status"
+        )
+    }
+    users = {who.user_id for who, _, _ in items if who.user_id is not None}
+    members = set(
+        Membership.objects.filter(
+            user_id__in=users, role__in=CONNECT_ROLES, user__is_active=True
+        ).values_list("user_id", "tenant_id")
+    )
+    hashes = {addresses.secret_hash(secret) for who, _, secret in items if who.user_id is None}
+    public = set(
+        PublicPort.objects.filter(secret_hash__in=hashes, revoked_at__isnull=True).values_list(
+            "slice_id", "port", "secret_hash"
+        )
+    )
     answers = []
     for who, target, secret in items:
-        s = _slice(target.slice_id)
-        if s is None or s.state != Slice.State.RUNNING or s.container_id != target.container_id:
+        s = slices.get(target.slice_id)
+        if (
+            s is None
+            or s["state"] != Slice.State.RUNNING
+            or s["container_id"] != target.container_id
+        ):
             answers.append(f"slice {target.slice_id} stopped")
-        elif s.tenant.status != Tenant.Status.ACTIVE:
+        elif s["tenant__status"] != Tenant.Status.ACTIVE:
             answers.append("the tenant was suspended")
-        elif who.user_id is None and not _public_slice(secret, s.pk, target.port):
+        elif who.user_id is None and (
+            (target.slice_id, target.port, addresses.secret_hash(secret)) not in public
+        ):
             answers.append("the public address was revoked")
-        elif who.user_id is not None and not _may_connect(who.user_id, s.tenant_id):
+        elif who.user_id is not None and (who.user_id, s["tenant_id"]) not in members:
             answers.append("no longer a member who may connect")
         else:
             answers.append("")

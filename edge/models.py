@@ -89,7 +89,6 @@ class ProxyStream(models.Model):
     opened_at = models.DateTimeField("opened at", auto_now_add=True)
     closed_at = models.DateTimeField("closed at", null=True, blank=True)
     closed_because = models.CharField("closed because", max_length=200, blank=True)
-    requests = models.PositiveIntegerField("requests", default=0)
     bytes_up = models.PositiveBigIntegerField("bytes to the slice", default=0)
     bytes_down = models.PositiveBigIntegerField("bytes from the slice", default=0)
 

@@ -45,7 +45,6 @@ CHUNK = fw.CHUNK
 DECISIONS_KEPT = 10_000  # decisions remembered at most (the oldest go first)
 # who asked for the relay a request is about to open: its audit row says so
 _ASKER: contextvars.ContextVar[str] = contextvars.ContextVar("edge_asker", default="")
-no_such_address = fw.no_such_address
 
 
 @dataclass(frozen=True)

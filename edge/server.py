@@ -19,7 +19,8 @@ from gateway.server import split_address
 from nodes import ssh
 
 from . import addresses
-from .proxy import Proxy, no_such_address
+from .forwarding import no_such_address
+from .proxy import Proxy
 from .terminal import Terminals
 
 log = logging.getLogger("edge")

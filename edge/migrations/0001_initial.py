@@ -64,7 +64,6 @@ class Migration(migrations.Migration):
                     "closed_because",
                     models.CharField(blank=True, max_length=200, verbose_name="closed because"),
                 ),
-                ("requests", models.PositiveIntegerField(default=0, verbose_name="requests")),
                 (
                     "bytes_up",
                     models.PositiveBigIntegerField(default=0, verbose_name="bytes to the slice"),
